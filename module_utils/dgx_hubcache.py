@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+"""Reading a Hugging Face hub cache: repo folders, refs, snapshot entries and their link chains.
+
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import fnmatch
+import json
+import os
+import re
+
+from ansible.module_utils.dgx_errors import StageError
+
+REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+class SnapshotEntry(object):
+    """One file of a snapshot: a link into the repo's blobs/ or a real file inside the snapshot."""
+
+    __slots__ = ("path", "kind", "etag", "source", "size")
+
+    def __init__(self, path, kind, etag, source, size):
+        self.path = path        # snapshot-relative, '/'-separated
+        self.kind = kind        # "link" or "real"
+        self.etag = etag        # blob name for links, None for real files
+        self.source = source    # real path of the content on the source hub
+        self.size = size
+
+    def __repr__(self):
+        return "SnapshotEntry(%r, %r, %r, %d)" % (self.path, self.kind, self.etag, self.size)
+
+
+def repo_folder_name(repo_id, repo_type="model"):
+    """`org/name` -> `models--org--name`, refusing ids that could leave the hub root."""
+    if repo_type not in REPO_TYPE_PREFIX:
+        raise StageError("unknown repo_type %r: use one of %s" % (repo_type, ", ".join(sorted(REPO_TYPE_PREFIX))))
+    parts = (repo_id or "").split("/")
+    if not repo_id or any(p in ("", ".", "..") for p in parts) or len(parts) > 2:
+        raise StageError("invalid repo_id %r: expected 'org/name'" % (repo_id,))
+    return "--".join([REPO_TYPE_PREFIX[repo_type]] + parts)
+
+
+def list_refs(repo_dir):
+    """All refs of a repo folder as {name: commit}; names may contain '/' (refs/pr/1)."""
+    refs_dir = os.path.join(repo_dir, "refs")
+    refs = {}
+    for dirpath, _dirs, files in os.walk(refs_dir):
+        for name in files:
+            full = os.path.join(dirpath, name)
+            with open(full) as handle:
+                refs[os.path.relpath(full, refs_dir).replace(os.sep, "/")] = handle.read().strip()
+    return refs
+
+
+def list_snapshots(repo_dir):
+    snap_dir = os.path.join(repo_dir, "snapshots")
+    if not os.path.isdir(snap_dir):
+        return []
+    return sorted(os.listdir(snap_dir))
+
+
+def resolve_commit(repo_dir, revision):
+    """The commit a branch, tag or commit hash names, or a StageError listing what exists."""
+    if not revision or revision.startswith("/") or ".." in revision.split("/"):
+        raise StageError("invalid revision %r" % (revision,))
+    refs = list_refs(repo_dir)
+    snapshots = list_snapshots(repo_dir)
+    if revision in refs:
+        commit = refs[revision]
+        if not COMMIT_RE.match(commit):
+            raise StageError("%s holds %r, not a 40-hex commit hash: fix or remove that ref file"
+                             % (os.path.join(repo_dir, "refs", revision), commit))
+    elif COMMIT_RE.match(revision) and revision in snapshots:
+        commit = revision
+    else:
+        raise StageError("unknown revision %r in %s: refs there: %s; snapshots there: %s"
+                         % (revision, repo_dir, ", ".join(sorted(refs)) or "none", ", ".join(snapshots) or "none"))
+    if commit not in snapshots:
+        raise StageError("refs/%s in %s points at commit %s but snapshots/%s is missing"
+                         % (revision, repo_dir, commit, commit))
+    return commit
+
+
+def is_within(path, root):
+    """True when the (already real) path is root itself or below it."""
+    root = root.rstrip(os.sep) or os.sep
+    return path == root or path.startswith(root + os.sep) or root == os.sep
+
+
+def _blob_name_of_link(link_path, repo_dir, real):
+    """The blob name a snapshot link stands for: its first hop must be `<repo>/blobs/<name>`."""
+    first_hop = os.path.normpath(os.path.join(os.path.dirname(link_path), os.readlink(link_path)))
+    if os.path.dirname(first_hop) == os.path.join(repo_dir, "blobs"):
+        return os.path.basename(first_hop)
+    raise StageError("%s links to %s, not into the repo's blobs/ dir: not a hub cache snapshot link"
+                     % (link_path, os.readlink(link_path)))
+
+
+def scan_snapshot(repo_dir, commit, hub_root):
+    """Every file of `snapshots/<commit>` as SnapshotEntry, following link chains to real content.
+
+    Refuses (StageError naming the entry) dangling links, link loops and links whose chain ends
+    outside `hub_root`: staging must never copy something the hub does not own.
+    """
+    hub_real = os.path.realpath(hub_root)
+    repo_dir = os.path.abspath(repo_dir)
+    snap_dir = os.path.join(repo_dir, "snapshots", commit)
+    entries = []
+    for dirpath, dirnames, filenames in os.walk(snap_dir):
+        for name in list(dirnames):
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise StageError("%s is a symlinked directory; snapshot directories must be real"
+                                 % os.path.join(dirpath, name))
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, snap_dir).replace(os.sep, "/")
+            if not os.path.islink(full):
+                entries.append(SnapshotEntry(rel, "real", None, full, os.stat(full).st_size))
+                continue
+            real = os.path.realpath(full)
+            if not is_within(real, hub_real):
+                raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
+                                 % (full, real, hub_real))
+            if not os.path.isfile(real):
+                raise StageError("%s is a dangling link (chain ends at missing %s): repair the source hub"
+                                 % (full, real))
+            etag = _blob_name_of_link(full, repo_dir, real)
+            entries.append(SnapshotEntry(rel, "link", etag, real, os.stat(real).st_size))
+    return entries
+
+
+def _directory_pattern(pattern):
+    pattern = pattern.replace("\\", "/")
+    return pattern + "*" if pattern.endswith("/") else pattern
+
+
+def path_selected(path, allow_patterns, ignore_patterns):
+    """huggingface_hub's filter_repo_objects rule: fnmatchcase, `*` crosses '/', 'dir/' means below dir."""
+    if allow_patterns and not any(fnmatch.fnmatchcase(path, _directory_pattern(p)) for p in allow_patterns):
+        return False
+    return not (ignore_patterns and any(fnmatch.fnmatchcase(path, _directory_pattern(p)) for p in ignore_patterns))
+
+
+def unmatched_patterns(paths, patterns):
+    """Patterns that match none of the paths (worth a warning: usually a typo)."""
+    return [p for p in patterns or [] if not any(fnmatch.fnmatchcase(x, _directory_pattern(p)) for x in paths)]
+
+
+def blob_link_target(path, etag):
+    """Relative link text from `snapshots/<commit>/<path>` to `blobs/<etag>`, as huggingface_hub writes it."""
+    depth = path.count("/")
+    return "../" * (depth + 2) + "blobs/" + etag
+
+
+def read_tree_listing(repo_dir, commit):
+    """The `trees/<commit>.json` listing as a dict, or None when the source has none."""
+    path = os.path.join(repo_dir, "trees", commit + ".json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+        files = data["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StageError("%s is not a valid tree listing (%s): remove it or restore it from the hub" % (path, exc))
+    if not isinstance(files, dict):
+        raise StageError("%s: 'files' is not a mapping" % path)
+    return data
+
+
+def tree_listing_for(listing, paths):
+    """The listing restricted to the staged paths, so an offline load of the partial copy is complete."""
+    wanted = set(paths)
+    data = dict(listing)
+    data["files"] = dict((p, info) for p, info in listing["files"].items() if p in wanted)
+    return json.dumps(data, indent=2, sort_keys=True).encode("utf-8") + b"\n"

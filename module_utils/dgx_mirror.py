@@ -304,7 +304,7 @@ def check_space(plan, req):
             % (req.dest, req.repo_id, plan.commit[:12], need, human_bytes(need), max(available, 0),
                human_bytes(max(available, 0)), human_bytes(free), human_bytes(plan.freed_bytes),
                human_bytes(reserve)))
-    return {"free": free, "reserve": reserve, "need": need}
+    return {"free": free, "reserve": reserve, "need": need, "reclaimable": plan.freed_bytes}
 
 
 class Progress(object):

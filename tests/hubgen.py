@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+"""Synthetic NAS Hugging Face hub cache holding every trap from the 2026-09-27 night-shift log.
+
+Used by the unit/integration tests, ``make demo`` (scripts/demo.py), the Molecule scenarios and the
+benchmark. Stdlib only; everything is deterministic from ``seed`` (reruns are byte-identical).
+
+Layout written under ``ROOT/hub`` (the NAS hub root)::
+
+    hub/
+      .locks/models--.../<etag>.lock                 noise (empty)
+      blobs/.huggingface-shared-blobs                 hub-level 2-char store marker ("1\\n")
+      blobs/<xx>/<name>                               real payloads of store-backed shards
+      blobs/<xx>/<name>.refs / <name>.lock            store bookkeeping noise (as huggingface_hub writes it)
+      models--coolbho3k--DeepSeek-V4.1-Flash-EXL3-3bpw/
+        refs/main -> current commit, refs/v1 -> old commit
+        blobs/<etag>                                  real file | ../../blobs/<xx>/<etag> | /abs/hub/blobs/<xx>/<etag>
+        blobs/<etag>.incomplete                       interrupted-download noise
+        snapshots/<commit>/...                        ../../blobs/<etag> links (+1 ../ per sub-dir)
+        snapshots/<commit>/page15/{a,b}/...           REAL files (the optional pack, never staged)
+        snapshots/<old_commit>/...                    older revision, one shard with other content
+        trees/<commit>.json                           huggingface_hub 2.x tree listing
+        .no_exist/<commit>/generation_config.json     empty marker
+      models--coolbho3k--DSpark-drafter/              small repo, plain real blobs
+
+Traps reproduced: link -> repo blob -> hub store (relative and absolute hops); page15 as real files
+inside the snapshot; every weight shard has the same size but different content (size-based dedup
+binds the wrong shard); an older revision with a same-size, different shard; non-content noise.
+
+CLI: ``python3 tests/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--json]``
+"""
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import random
+import struct
+import sys
+import time
+
+MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
+DRAFTER_REPO = "coolbho3k/DSpark-drafter"
+
+#: The demo's stage patterns: everything except the optional page15 pack.
+ALLOW_PATTERNS = ["*"]
+IGNORE_PATTERNS = ["page15/"]
+
+#: Forms a repo-level ``blobs/<etag>`` takes (see module docstring).
+FORM_REAL = "real"
+FORM_REL_STORE = "rel-store"
+FORM_ABS_STORE = "abs-store"
+_SHARD_FORMS = (FORM_REL_STORE, FORM_ABS_STORE, FORM_REAL)  # shard i gets _SHARD_FORMS[i % 3]
+
+SHARED_STORE_MARKER = ".huggingface-shared-blobs"  # huggingface_hub >= 2.4 skips a marked hub/blobs
+_CHUNK = 1 << 20
+_TENSORS_PER_SHARD = 3
+MIN_SHARD_SIZE = 1024
+
+
+# --------------------------------------------------------------------------------------------
+# hashing helpers (public: other tests use them)
+# --------------------------------------------------------------------------------------------
+
+def git_blob_sha1(data):
+    """Git blob id of ``data``: sha1(b"blob <size>\\0" + data), 40 hex. Regular hub files are named by it."""
+    h = hashlib.sha1(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
+def sha256_hex(data):
+    """sha256 of ``data``, 64 hex. LFS hub files are named by it."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def lfs_pointer(sha256, size):
+    """The git-lfs pointer text the Hub stores in git for an LFS file."""
+    return ("version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (sha256, size)).encode()
+
+
+# --------------------------------------------------------------------------------------------
+# safetensors
+# --------------------------------------------------------------------------------------------
+
+def _header_json(entries):
+    """entries: list of (name, size) in data order -> compact header JSON bytes (unpadded)."""
+    header = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, size in entries:
+        header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
+        offset += size
+    return json.dumps(header, separators=(",", ":")).encode()
+
+
+def _pad8(raw):
+    return raw + b" " * (-len(raw) % 8)
+
+
+def _plan_safetensors(names_sizes, total_size=None):
+    """Return (header_bytes_padded, final [(name, size)]) for a U8-only safetensors file.
+
+    With ``total_size`` the LAST tensor grows so the file is exactly ``total_size`` bytes.
+    """
+    entries = [(str(n), int(s)) for n, s in names_sizes]
+    if not entries:
+        raise ValueError("a safetensors file needs at least one tensor")
+    if any(s < 0 for _, s in entries):
+        raise ValueError("negative tensor size")
+    if total_size is None:
+        return _pad8(_header_json(entries)), entries
+    # Size the header with a last tensor at least as long (in digits) as any real value, then pad
+    # the real header to that length: the file size no longer depends on the header's digits.
+    fixed = entries[:-1]
+    probe = _pad8(_header_json(fixed + [(entries[-1][0], int(total_size))]))
+    last = int(total_size) - 8 - len(probe) - sum(s for _, s in fixed)
+    if last < entries[-1][1]:
+        raise ValueError("total_size %d too small for these tensors (need >= %d)"
+                         % (total_size, int(total_size) - last + entries[-1][1]))
+    final = fixed + [(entries[-1][0], last)]
+    raw = _header_json(final)
+    header = raw + b" " * (len(probe) - len(raw))
+    return header, final
+
+
+def write_safetensors(path_or_fileobj, tensors, total_size=None):
+    """Write a valid safetensors file of U8 tensors and return the bytes written.
+
+    ``tensors``: {name: raw bytes}, in data order. With ``total_size`` the last tensor is zero-padded
+    so the file is exactly ``total_size`` bytes (the trap: shards of equal size). ``path_or_fileobj``
+    may be a path, a binary file object, or None (just return the bytes).
+    """
+    items = list(tensors.items())
+    header, final = _plan_safetensors([(n, len(b)) for n, b in items], total_size)
+    parts = [struct.pack("<Q", len(header)), header]
+    for (name, data), (_, size) in zip(items, final):
+        parts.append(bytes(data) + b"\0" * (size - len(data)))
+    blob = b"".join(parts)
+    if path_or_fileobj is None:
+        return blob
+    if hasattr(path_or_fileobj, "write"):
+        path_or_fileobj.write(blob)
+    else:
+        with open(path_or_fileobj, "wb") as fh:
+            fh.write(blob)
+    return blob
+
+
+def read_safetensors_header(path):
+    """Parse a safetensors file's header: returns (header_len, header dict). For tests."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        return n, json.loads(fh.read(n).decode("utf-8"))
+
+
+# --------------------------------------------------------------------------------------------
+# deterministic content
+# --------------------------------------------------------------------------------------------
+
+def _rng(seed, label):
+    return random.Random("hubgen:%d:%s" % (seed, label))
+
+
+def _data_stream(seed, label, length):
+    """Yield ``length`` deterministic pseudo-random bytes in <= 1 MiB chunks, without holding them all.
+
+    One random block (<= 1 MiB) per stream; chunk c is that block rotated by c*7919 and stamped with c,
+    so every MiB differs at every offset and two streams (labels) never share a window.
+    """
+    if length <= 0:
+        return
+    blk_len = min(length, _CHUNK)
+    block = memoryview(_rng(seed, label).randbytes(blk_len))
+    c = 0
+    while length > 0:
+        n = min(blk_len, length)
+        if c == 0 or blk_len < 16:
+            yield block[:n]
+        else:
+            # chunk = pack(c) + (block rotated left by k)[8:n], as zero-copy slices of the block
+            k = (c * 7919) % blk_len
+            yield struct.pack("<Q", c)[:n]
+            start, want = (k + 8) % blk_len, n - 8
+            while want > 0:
+                take = min(want, blk_len - start)
+                yield block[start:start + take]
+                want -= take
+                start = 0
+        length -= n
+        c += 1
+
+
+def _small_bytes(seed, label, size):
+    return _rng(seed, label).randbytes(size)
+
+
+def _json_bytes(obj):
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _commit(seed, label):
+    return hashlib.sha1(("hubgen-commit:%d:%s" % (seed, label)).encode()).hexdigest()
+
+
+def _xet_name(etag):
+    """Stand-in for a Xet hash (huggingface_hub names its store entries so): 64 hex, != content sha256."""
+    return hashlib.sha256(("xet-sim:" + etag).encode()).hexdigest()
+
+
+def repo_folder(repo_id, repo_type="model"):
+    return "%ss--%s" % (repo_type, repo_id.replace("/", "--"))
+
+
+# --------------------------------------------------------------------------------------------
+# builder
+# --------------------------------------------------------------------------------------------
+
+class _Hub(object):
+    def __init__(self, hub, seed, hf_native):
+        self.hub = hub
+        self.seed = seed
+        self.hf_native = hf_native
+        self.store = os.path.join(hub, "blobs")
+        self.noise = []
+        self._store_refs = {}  # store path -> [hub-relative repo blob paths]
+
+    # -- blobs ----------------------------------------------------------------------------
+    def put_blob(self, repo_dir, chunks, size, lfs, form):
+        """Stream ``chunks`` (total ``size`` bytes) into the repo's blob store in the given form.
+
+        Returns a dict: etag, size, sha256, blob_id (git sha1 of content), form, store_path.
+        """
+        blobs = os.path.join(repo_dir, "blobs")
+        tmp = os.path.join(blobs, ".hubgen.tmp")
+        h256 = hashlib.sha256()
+        h1 = hashlib.sha1(b"blob %d\0" % size)
+        written = 0
+        with open(tmp, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+                h256.update(chunk)
+                h1.update(chunk)
+                written += len(chunk)
+        if written != size:
+            raise AssertionError("stream produced %d bytes, expected %d" % (written, size))
+        sha256 = h256.hexdigest()
+        blob_id = h1.hexdigest()
+        etag = sha256 if lfs else blob_id
+        repo_blob = os.path.join(blobs, etag)
+        info = {"etag": etag, "size": size, "sha256": sha256, "blob_id": blob_id,
+                "form": form, "store_path": None}
+        if os.path.lexists(repo_blob):  # same content twice in one repo: one blob
+            os.unlink(tmp)
+            info["form"] = self._form_of(repo_blob)
+            info["store_path"] = os.path.realpath(repo_blob) if info["form"] != FORM_REAL else None
+            return info
+        if form == FORM_REAL:
+            os.rename(tmp, repo_blob)
+            return info
+        if not lfs:
+            raise ValueError("only sha256-named (LFS) blobs live in the hub store")
+        name = _xet_name(etag) if self.hf_native else etag
+        prefix = os.path.join(self.store, name[:2])
+        if not os.path.isdir(prefix):
+            os.makedirs(prefix)
+        store_path = os.path.join(prefix, name)
+        os.rename(tmp, store_path)
+        if form == FORM_REL_STORE:
+            os.symlink(os.path.relpath(store_path, blobs), repo_blob)
+        elif form == FORM_ABS_STORE:
+            os.symlink(store_path, repo_blob)
+        else:
+            raise ValueError("unknown blob form %r" % (form,))
+        self._store_refs.setdefault(store_path, []).append(os.path.relpath(repo_blob, self.hub))
+        info["store_path"] = store_path
+        return info
+
+    @staticmethod
+    def _form_of(repo_blob):
+        if not os.path.islink(repo_blob):
+            return FORM_REAL
+        return FORM_ABS_STORE if os.path.isabs(os.readlink(repo_blob)) else FORM_REL_STORE
+
+    def put_bytes(self, repo_dir, data, lfs=False, form=FORM_REAL):
+        return self.put_blob(repo_dir, [data], len(data), lfs, form)
+
+    def finish_store(self):
+        """Write huggingface_hub's store bookkeeping: marker, <name>.refs manifests, a .lock."""
+        if not self._store_refs:
+            return
+        marker = os.path.join(self.store, SHARED_STORE_MARKER)
+        with open(marker, "w") as fh:
+            fh.write("1\n")
+        self.noise.append(os.path.relpath(marker, self.hub))
+        for i, (store_path, refs) in enumerate(sorted(self._store_refs.items())):
+            manifest = store_path + ".refs"
+            with open(manifest, "w") as fh:
+                fh.write("".join(r + "\n" for r in refs))
+            self.noise.append(os.path.relpath(manifest, self.hub))
+            if i == 0:
+                open(store_path + ".lock", "w").close()
+                self.noise.append(os.path.relpath(store_path + ".lock", self.hub))
+
+    # -- snapshots --------------------------------------------------------------------------
+    @staticmethod
+    def link(snapshot, rel, repo_dir, etag):
+        dst = os.path.join(snapshot, *rel.split("/"))
+        parent = os.path.dirname(dst)
+        if not os.path.isdir(parent):
+            os.makedirs(parent)
+        os.symlink(os.path.relpath(os.path.join(repo_dir, "blobs", etag), parent), dst)
+
+    @staticmethod
+    def real_file(snapshot, rel, data):
+        dst = os.path.join(snapshot, *rel.split("/"))
+        parent = os.path.dirname(dst)
+        if not os.path.isdir(parent):
+            os.makedirs(parent)
+        with open(dst, "wb") as fh:
+            fh.write(data)
+
+
+def _new_repo(hub, repo_id):
+    repo_dir = os.path.join(hub, repo_folder(repo_id))
+    for sub in ("blobs", "refs", "snapshots"):
+        os.makedirs(os.path.join(repo_dir, sub))
+    return repo_dir
+
+
+def _write_text(path, text):
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        os.makedirs(parent)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def _file_entry(info, kind="link"):
+    return {"kind": kind, "etag": info["etag"] if kind == "link" else None, "size": info["size"],
+            "sha256": info["sha256"], "blob_id": info["blob_id"],
+            "blob_form": info["form"] if kind == "link" else None, "store_path": info.get("store_path")}
+
+
+def _write_trees(hub_obj, repo_dir, commit, files):
+    """trees/<commit>.json exactly as huggingface_hub 2.x writes it (indent=1, sorted paths)."""
+    out = {}
+    for path in sorted(files):
+        f = files[path]
+        lfs = f["kind"] == "link" and len(f["etag"]) == 64
+        if lfs and hub_obj.hf_native:
+            entry = {"size": f["size"], "blob_id": git_blob_sha1(lfs_pointer(f["sha256"], f["size"]))}
+        else:
+            entry = {"size": f["size"], "blob_id": f["blob_id"]}
+        if lfs:
+            entry["lfs_sha256"] = f["sha256"]
+            entry["lfs_size"] = f["size"]
+            if hub_obj.hf_native:
+                entry["xet_hash"] = _xet_name(f["etag"])
+        out[path] = entry
+    path = os.path.join(repo_dir, "trees", commit + ".json")
+    _write_text(path, json.dumps({"format_version": 1, "files": out}, indent=1))
+    return path
+
+
+def _shard_names(n):
+    return ["model-%05d-of-%05d.safetensors" % (i + 1, n) for i in range(n)]
+
+
+def _write_shard(hub_obj, repo_dir, label, tensor_names, shard_size, form):
+    """Stream one safetensors shard of exactly ``shard_size`` bytes; returns (blob info, [(name, size)])."""
+    overhead = 8 + len(_pad8(_header_json([(t, shard_size) for t in tensor_names])))
+    data_len = shard_size - overhead
+    if data_len < len(tensor_names):
+        raise ValueError("shard_size %d too small (minimum about %d)" % (shard_size, overhead + 64))
+    quarter = max(1, data_len // (len(tensor_names) + 1))
+    header, final = _plan_safetensors([(t, quarter) for t in tensor_names[:-1]]
+                                      + [(tensor_names[-1], 1)], shard_size)
+    data_total = sum(s for _, s in final)
+    chunks = itertools.chain([struct.pack("<Q", len(header)) + header],
+                             _data_stream(hub_obj.seed, label, data_total))
+    info = hub_obj.put_blob(repo_dir, chunks, shard_size, lfs=True, form=form)
+    return info, final
+
+
+def _build_main(hub_obj, shard_size, n_shards):
+    seed = hub_obj.seed
+    repo_id = MAIN_REPO
+    repo_dir = _new_repo(hub_obj.hub, repo_id)
+    commit = _commit(seed, repo_id + "@main")
+    old_commit = _commit(seed, repo_id + "@v1")
+    snap = os.path.join(repo_dir, "snapshots", commit)
+    old_snap = os.path.join(repo_dir, "snapshots", old_commit)
+    os.makedirs(snap)
+    os.makedirs(old_snap)
+    files = {}
+
+    small = {
+        "config.json": _json_bytes({
+            "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+            "hidden_size": 7168, "num_hidden_layers": n_shards, "n_routed_experts": 384,
+            "num_experts_per_tok": 8, "vocab_size": 129280, "torch_dtype": "bfloat16",
+            "hubgen_seed": seed}),
+        "tokenizer.json": _json_bytes({
+            "version": "1.0", "model": {"type": "BPE", "vocab": {
+                _small_bytes(seed, "tok%d" % i, 6).hex(): i for i in range(160)}}}),
+        "tokenizer_config.json": _json_bytes({
+            "bos_token": "<|begin_of_sentence|>", "eos_token": "<|end_of_sentence|>",
+            "model_max_length": 163840, "tokenizer_class": "LlamaTokenizerFast"}),
+        "quantization_config.json": _json_bytes({
+            "quant_method": "exl3", "bits": 3.0, "head_bits": 6, "calibration": {"rows": 250},
+            "version": "0.0.7"}),
+        "extras/generation_config.json": _json_bytes({
+            "bos_token_id": 0, "eos_token_id": 1, "do_sample": True, "temperature": 0.6}),
+        "extras/chat/chat_template.jinja": (
+            "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|Assistant|>\n").encode(),
+    }
+    for rel, data in small.items():
+        info = hub_obj.put_bytes(repo_dir, data)
+        hub_obj.link(snap, rel, repo_dir, info["etag"])
+        files[rel] = _file_entry(info)
+
+    # Weight shards: same size, different content, three blob forms.
+    shard_names = _shard_names(n_shards)
+    weight_map = {}
+    total_size = 0
+    shard_tensors = {}
+    for i, name in enumerate(shard_names):
+        tnames = ["model.layers.%d.mlp.experts.%d.w1.trellis" % (i, 300 + j)
+                  for j in range(_TENSORS_PER_SHARD)]
+        info, final = _write_shard(hub_obj, repo_dir, "%s:%s" % (repo_id, name), tnames, shard_size,
+                                   _SHARD_FORMS[i % len(_SHARD_FORMS)])
+        hub_obj.link(snap, name, repo_dir, info["etag"])
+        files[name] = _file_entry(info)
+        shard_tensors[name] = final
+        for t, s in final:
+            weight_map[t] = name
+            total_size += s
+    index = _json_bytes({"metadata": {"total_size": total_size},
+                         "weight_map": dict(sorted(weight_map.items()))})
+    info = hub_obj.put_bytes(repo_dir, index)
+    hub_obj.link(snap, "model.safetensors.index.json", repo_dir, info["etag"])
+    files["model.safetensors.index.json"] = _file_entry(info)
+
+    # page15 pack: REAL files inside the snapshot (never staged; bound from the NAS).
+    page15 = []
+    for k, rel in enumerate(["page15/a/engram-0000.bin", "page15/a/engram-0001.bin",
+                             "page15/a/engram-0002.bin", "page15/b/engram-0003.bin",
+                             "page15/b/pack.json"]):
+        if rel.endswith(".json"):
+            data = _json_bytes({"pack": "page15", "optional": True, "decode_gain": "+1.4%",
+                                "files": sorted(page15),
+                                "engram_table": [_small_bytes(seed, "page15:%d" % e, 16).hex()
+                                                 for e in range(48)]})
+        else:
+            data = _small_bytes(seed, "%s:%s" % (repo_id, rel), 3072 + 1111 * k)
+        hub_obj.real_file(snap, rel, data)
+        files[rel] = {"kind": "real", "etag": None, "size": len(data), "sha256": sha256_hex(data),
+                      "blob_id": git_blob_sha1(data), "blob_form": None, "store_path": None}
+        page15.append(rel)
+
+    trees = _write_trees(hub_obj, repo_dir, commit, files)
+
+    # Old revision: shares some blobs, has a same-size different first shard; never staged.
+    old_files = {}
+    for rel in ("config.json", "tokenizer.json"):
+        hub_obj.link(old_snap, rel, repo_dir, files[rel]["etag"])
+        old_files[rel] = dict(files[rel])
+    first = shard_names[0]
+    tnames = [t for t, _ in shard_tensors[first]]
+    info, _ = _write_shard(hub_obj, repo_dir, "%s:%s@old" % (repo_id, first), tnames, shard_size, FORM_REAL)
+    hub_obj.link(old_snap, first, repo_dir, info["etag"])
+    old_files[first] = _file_entry(info)
+    old_only = sorted(set(f["etag"] for f in old_files.values())
+                      - set(f["etag"] for f in files.values() if f["etag"]))
+
+    _write_text(os.path.join(repo_dir, "refs", "main"), commit)
+    _write_text(os.path.join(repo_dir, "refs", "v1"), old_commit)
+
+    # Noise that is not content.
+    marker = os.path.join(repo_dir, ".no_exist", commit, "generation_config.json")
+    _write_text(marker, "")
+    lock = os.path.join(hub_obj.hub, ".locks", repo_folder(repo_id), files["config.json"]["etag"] + ".lock")
+    _write_text(lock, "")
+    partial = os.path.join(repo_dir, "blobs", sha256_hex(b"interrupted") + ".incomplete")
+    with open(partial, "wb") as fh:
+        fh.write(_small_bytes(seed, "incomplete", 1000))
+    hub_obj.noise.extend(os.path.relpath(p, hub_obj.hub) for p in (marker, lock, partial))
+
+    pairs = [[a, b] for a, b in itertools.combinations(shard_names, 2)]
+    return repo_id, {
+        "folder": repo_folder(repo_id), "commit": commit, "old_commit": old_commit,
+        "refs": {"main": commit, "v1": old_commit},
+        "files": files, "page15": page15, "same_size_pairs": pairs,
+        "shards": shard_names, "old_files": old_files, "old_only_etags": old_only,
+        "trees": trees,
+    }
+
+
+def _build_drafter(hub_obj):
+    seed = hub_obj.seed
+    repo_id = DRAFTER_REPO
+    repo_dir = _new_repo(hub_obj.hub, repo_id)
+    commit = _commit(seed, repo_id + "@main")
+    snap = os.path.join(repo_dir, "snapshots", commit)
+    os.makedirs(snap)
+    files = {}
+    cfg = _json_bytes({"architectures": ["DSparkDrafter"], "model_type": "dspark", "num_hidden_layers": 2,
+                       "hidden_size": 2048, "target": MAIN_REPO})
+    info = hub_obj.put_bytes(repo_dir, cfg)
+    hub_obj.link(snap, "config.json", repo_dir, info["etag"])
+    files["config.json"] = _file_entry(info)
+    names = _shard_names(2)
+    weight_map = {}
+    total = 0
+    for i, (name, size) in enumerate(zip(names, (12288, 9216))):
+        tensors = {"model.layers.%d.self_attn.q_proj.weight" % i:
+                   _small_bytes(seed, "%s:%s:q" % (repo_id, name), 2048),
+                   "model.layers.%d.mlp.down_proj.weight" % i:
+                   _small_bytes(seed, "%s:%s:d" % (repo_id, name), 1024)}
+        data = write_safetensors(None, tensors, total_size=size)
+        _, header = _parse_header_bytes(data)
+        for t, meta in header.items():
+            if t != "__metadata__":
+                weight_map[t] = name
+                total += meta["data_offsets"][1] - meta["data_offsets"][0]
+        info = hub_obj.put_bytes(repo_dir, data, lfs=True, form=FORM_REAL)
+        hub_obj.link(snap, name, repo_dir, info["etag"])
+        files[name] = _file_entry(info)
+    index = _json_bytes({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    info = hub_obj.put_bytes(repo_dir, index)
+    hub_obj.link(snap, "model.safetensors.index.json", repo_dir, info["etag"])
+    files["model.safetensors.index.json"] = _file_entry(info)
+    trees = _write_trees(hub_obj, repo_dir, commit, files)
+    _write_text(os.path.join(repo_dir, "refs", "main"), commit)
+    return repo_id, {
+        "folder": repo_folder(repo_id), "commit": commit, "old_commit": None, "refs": {"main": commit},
+        "files": files, "page15": [], "same_size_pairs": [], "shards": names, "old_files": {},
+        "old_only_etags": [], "trees": trees,
+    }
+
+
+def _parse_header_bytes(data):
+    (n,) = struct.unpack("<Q", data[:8])
+    return n, json.loads(data[8:8 + n].decode("utf-8"))
+
+
+def build_nas_hub(root, shard_size=64 * 1024, n_shards=6, seed=0, hf_native=False):
+    """Create ``root/hub`` (must not exist) with both repos and every trap; return its description.
+
+    Returned dict::
+
+        {"hub": abs hub root, "store": abs hub/blobs,
+         "repos": {repo_id: {"folder", "commit", "old_commit" (or None), "refs": {name: commit},
+                             "files": {snapshot-relative path: {"kind": "link"|"real",
+                                       "etag" (None for real), "size", "sha256", "blob_id" (git sha1),
+                                       "blob_form": "real"|"rel-store"|"abs-store"|None,
+                                       "store_path": abs path in hub/blobs or None}},
+                             "page15": [...], "same_size_pairs": [[a, b], ...], "shards": [...],
+                             "old_files": {...same shape...}, "old_only_etags": [...],
+                             "trees": abs path of trees/<commit>.json}},
+         "allow_patterns": [...], "ignore_patterns": [...],
+         "noise": [hub-relative paths that are not content], "shard_size", "n_shards", "seed",
+         "hf_native", "duration_s"}
+
+    ``hf_native=True`` switches two details to what huggingface_hub 2.4 itself produces: store entries
+    are named by a (simulated) Xet hash instead of the etag, and trees' ``blob_id`` of LFS files is the
+    git sha1 of the LFS pointer, not of the content.
+    """
+    t0 = time.monotonic()
+    shard_size = int(shard_size)
+    n_shards = int(n_shards)
+    if n_shards < 1 or n_shards > 99999:
+        raise ValueError("n_shards must be 1..99999")
+    if shard_size < MIN_SHARD_SIZE:
+        raise ValueError("shard_size must be >= %d bytes" % MIN_SHARD_SIZE)
+    root = os.path.abspath(os.fspath(root))
+    hub = os.path.join(root, "hub")
+    if os.path.lexists(hub):
+        raise FileExistsError("%s already exists; hubgen only creates a fresh hub" % hub)
+    if not os.path.isdir(root):
+        os.makedirs(root)
+    os.mkdir(hub)
+    hub_obj = _Hub(hub, int(seed), bool(hf_native))
+    os.makedirs(os.path.join(hub, ".locks"))
+    repos = {}
+    for builder in (lambda: _build_main(hub_obj, shard_size, n_shards), lambda: _build_drafter(hub_obj)):
+        repo_id, desc = builder()
+        repos[repo_id] = desc
+    hub_obj.finish_store()
+    return {
+        "hub": hub, "store": hub_obj.store, "repos": repos,
+        "allow_patterns": list(ALLOW_PATTERNS), "ignore_patterns": list(IGNORE_PATTERNS),
+        "noise": sorted(hub_obj.noise), "shard_size": shard_size, "n_shards": n_shards,
+        "seed": int(seed), "hf_native": bool(hf_native),
+        "duration_s": round(time.monotonic() - t0, 3),
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", required=True, help="directory to create hub/ in (hub/ must not exist)")
+    p.add_argument("--shard-size", type=int, default=64 * 1024, help="bytes per weight shard (all equal)")
+    p.add_argument("--shards", type=int, default=6, help="number of weight shards in the main repo")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf-native", action="store_true",
+                   help="Xet-named store entries and pointer blob_ids, as huggingface_hub 2.4 writes them")
+    p.add_argument("--json", action="store_true", help="print the JSON description")
+    a = p.parse_args(argv)
+    try:
+        desc = build_nas_hub(a.root, shard_size=a.shard_size, n_shards=a.shards, seed=a.seed,
+                             hf_native=a.hf_native)
+    except (ValueError, OSError) as e:
+        p.exit(2, "hubgen: error: %s\n" % e)
+    if a.json:
+        json.dump(desc, sys.stdout, indent=1, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        for repo_id, r in sorted(desc["repos"].items()):
+            print("%s  commit %s  files %d (page15 %d)" % (repo_id, r["commit"], len(r["files"]), len(r["page15"])))
+        print("hub %s  (%d x %d-byte shards, %.2fs)" % (desc["hub"], desc["n_shards"], desc["shard_size"],
+                                                         desc["duration_s"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

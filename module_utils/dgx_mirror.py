@@ -9,6 +9,7 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
 
+import copy
 import json
 import os
 import re
@@ -435,8 +436,12 @@ def run_mirror(req, check_mode=False, progress_path=None):
         space = check_space(plan, req)
         dangling = []
     else:
+        # Bad input and a disk that cannot even hold the missing files are refused before the lock
+        # file is created: a read-only pass that stats but reads no content (verify none).
+        quick = copy.copy(req)
+        quick.verify = "none"
+        check_space(plan_mirror(quick), quick)
         lock_path = os.path.join(req.dest, ".locks", req.folder, "dgx-stage.lock")
-        check_roots(req)
         with RepoLock(lock_path, req.lock_timeout):
             plan = plan_mirror(req)
             space = check_space(plan, req)

@@ -13,20 +13,10 @@ import os
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import fsync_dir
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, fsync_dir, is_temp_name, temp_path_for  # noqa: F401
+from ansible.module_utils.dgx_hashing import feed_file
 
-TEMP_PREFIX = ".dgx-stage-tmp."
 COPY_CHUNK = 16 * 1024 * 1024
-
-
-def temp_path_for(final_path):
-    """A unique sibling of final_path (same dir, so os.replace is atomic) recognisable as debris."""
-    directory, name = os.path.split(final_path)
-    return os.path.join(directory, "%s%s.%d.%s" % (TEMP_PREFIX, name, os.getpid(), os.urandom(4).hex()))
-
-
-def is_temp_name(name):
-    return name.startswith(TEMP_PREFIX)
 
 
 def _copy_kernel(src_fd, dst_fd, size, progress):
@@ -42,28 +32,11 @@ def _copy_kernel(src_fd, dst_fd, size, progress):
     return offset
 
 
-def _copy_hashing(src_fd, dst_fd, size, hasher, progress):
-    buf = bytearray(COPY_CHUNK)
-    view = memoryview(buf)
-    copied = 0
-    while copied < size:
-        got = os.readv(src_fd, [view[:min(COPY_CHUNK, size - copied)]])
-        if got == 0:
-            break
-        hasher.update(view[:got])
-        written = 0
-        while written < got:
-            written += os.write(dst_fd, view[written:got])
-        copied += got
-        if progress:
-            progress(got)
-    return copied
-
-
 def copy_atomic(source, final_path, size, hasher=None, check=None, progress=None):
     """Copy source to final_path via a fsynced temp file and a rename.
 
-    hasher: fed every byte (verify while copying, one read of the source).
+    hasher: fed the complete temp file, which the copy just left in the page cache; proving the
+    local bytes (not the NAS stream) catches a bad write as well as a corrupt NAS blob.
     check(temp_path) -> error text or None: runs on the complete temp file before it gets its name.
     Replacing by rename also breaks any hardlink the old file had, so a wrong shard that was
     hardlinked here is never written through.
@@ -73,17 +46,14 @@ def copy_atomic(source, final_path, size, hasher=None, check=None, progress=None
     try:
         dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            if hasher is None:
-                copied = _copy_kernel(src_fd, dst_fd, size, progress)
-            else:
-                copied = _copy_hashing(src_fd, dst_fd, size, hasher, progress)
+            copied = _copy_kernel(src_fd, dst_fd, size, progress)
             if copied != size or os.fstat(src_fd).st_size != size:
                 raise StageError("%s changed while it was copied (%d of %d bytes): is something writing "
                                  "the NAS copy? Re-run when it is stable" % (source, copied, size))
             os.fsync(dst_fd)
         finally:
             os.close(dst_fd)
-        if hasher is not None and not hasher.matches():
+        if hasher is not None and (feed_file(temp, hasher) != size or not hasher.matches()):
             raise StageError("%s does not hash to its own name %s: the NAS blob is corrupt; "
                              "re-download it on the NAS, nothing was staged for it" % (source, hasher.name))
         problem = check(temp) if check else None

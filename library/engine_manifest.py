@@ -1,0 +1,171 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+DOCUMENTATION = r"""
+---
+module: engine_manifest
+short_description: Compute the engine container's mount list for staged hub repos
+description:
+  - For each repo, resolves the commit (local C(refs/<revision>), else a 40-hex revision with a
+    local snapshot, else the same on the NAS) and walks the NAS snapshot, the source of truth for
+    every file.
+  - A file whose local copy resolves to a regular file inside O(hub_local_root) is bound from that
+    local blob (C(origin=local)).
+  - Everything else is bound read-only from the NAS (C(origin=nas)). A maximal directory with no
+    local file in it (the optional page15 pack) becomes one directory mount; other files get one
+    mount each, with the NAS file as source.
+  - A directory is only bound whole when every file in it is a real file (or a relative link that
+    stays inside it). Snapshot links such as C(../../blobs/<sha>) would dangle inside the
+    container, so such files are bound one by one, resolved on the host.
+  - Before returning, checks that every source exists, no two mounts share a target, no target
+    is nested in a directory mount, every NAS mount is read-only, and every NAS snapshot file is
+    reachable through exactly one mount.
+  - Changes nothing; a role renders RV(manifest) to C(engine_manifest_path) with a template.
+options:
+  hub_local_root:
+    description: Node-local hub cache root (holds C(models--*)). May be missing; then nothing is local.
+    type: path
+    required: true
+  hub_nas_root:
+    description: NAS hub cache root (holds C(models--*)); read only.
+    type: path
+    required: true
+  repos:
+    description:
+      - Repos to mount; C(stage_repos) can be passed unchanged.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      repo_id:
+        description: C(org/name).
+        type: str
+        required: true
+      revision:
+        description: Branch, tag or 40-hex commit.
+        type: str
+        default: main
+      repo_type:
+        description: Hub repo type.
+        type: str
+        choices: [model, dataset, space]
+        default: model
+      allow_patterns:
+        description: Accepted so C(stage_repos) entries pass validation; not used here.
+        type: raw
+      ignore_patterns:
+        description: Accepted so C(stage_repos) entries pass validation; not used here.
+        type: raw
+      rank_patterns:
+        description: Accepted so C(stage_repos) entries pass validation; not used here.
+        type: raw
+  target_root:
+    description: Hub root inside the container; targets are C(<target_root>/<repo folder>/snapshots/<commit>/<path>).
+    type: str
+    default: /hub
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details:
+      - Read-only; computes the same manifest in check mode.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  idempotent:
+    description:
+      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    support: full
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+author: dgx-stage
+"""
+
+EXAMPLES = r"""
+- name: Compute the engine mounts
+  engine_manifest:
+    hub_local_root: "{{ hub_local_root }}"
+    hub_nas_root: "{{ hub_nas_root }}"
+    repos: "{{ stage_repos }}"
+  register: engine_mounts
+
+- name: Write the manifest
+  ansible.builtin.copy:
+    content: "{{ engine_mounts.manifest | to_nice_json(indent=2) }}"
+    dest: "{{ engine_manifest_path }}"
+    mode: "0644"
+"""
+
+RETURN = r"""
+manifest:
+  description: C({repos, mounts, counts}); mounts are sorted by target.
+  returned: success
+  type: dict
+  sample:
+    repos:
+      - repo_id: org/name
+        repo_type: model
+        revision: main
+        commit: 0123456789abcdef0123456789abcdef01234567
+        folder: models--org--name
+        local_snapshot: /nvme/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
+        nas_snapshot: /nas/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
+        target: /hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
+    mounts:
+      - source: /nvme/hub/models--org--name/blobs/4d2f0c
+        target: /hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567/config.json
+        read_only: true
+        origin: local
+      - source: /nas/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567/page15
+        target: /hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567/page15
+        read_only: true
+        origin: nas
+    counts: {local: 1, nas: 1, total: 2}
+counts:
+  description: Mounts by origin.
+  returned: success
+  type: dict
+  sample: {local: 141, nas: 30, total: 171}
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_manifest import build_manifest
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            hub_local_root=dict(type="path", required=True),
+            hub_nas_root=dict(type="path", required=True),
+            repos=dict(type="list", elements="dict", required=True, options=dict(
+                repo_id=dict(type="str", required=True),
+                revision=dict(type="str", default="main"),
+                repo_type=dict(type="str", choices=["model", "dataset", "space"], default="model"),
+                allow_patterns=dict(type="raw"),
+                ignore_patterns=dict(type="raw"),
+                rank_patterns=dict(type="raw"),
+            )),
+            target_root=dict(type="str", default="/hub"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        manifest, _nas_files = build_manifest(params["hub_local_root"], params["hub_nas_root"],
+                                              params["repos"], params["target_root"])
+    except StageError as exc:
+        module.fail_json(msg=str(exc))
+    if not os.path.isdir(params["hub_local_root"]):
+        module.warn("hub_local_root %s does not exist: every file is mounted from the NAS"
+                    % params["hub_local_root"])
+    module.exit_json(changed=False, manifest=manifest, counts=manifest["counts"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""Compute the engine container's mount list for staged hub repos.
+
+The NAS snapshot is the source of truth for "every file". A file staged on local disk is bound
+from its local blob; what is not staged is bound read-only from the NAS, one mount per maximal
+directory with nothing local in it (page15/), else one mount per file.
+"""
+import json
+import os
+import posixpath
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_hubcache import COMMIT_RE, repo_folder_name
+
+
+def is_inside(path, root):
+    """True if path is root or below it (both already normalised)."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root if root == "/" else root + "/")
+
+
+def repo_folder(repo_id, repo_type="model"):
+    """Hub cache folder name, models--org--name; shared with the mirror so both agree."""
+    return repo_folder_name(repo_id, repo_type)
+
+
+def read_ref(repo_dir, revision):
+    """Return the commit in repo_dir/refs/<revision>, or None if there is no such ref."""
+    path = os.path.join(repo_dir, "refs", revision)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        commit = handle.read().strip()
+    if not COMMIT_RE.match(commit):
+        raise StageError("%s holds %r, not a 40-hex commit; re-stage the repo to rewrite the ref"
+                         % (path, commit[:80]))
+    return commit
+
+
+def resolve_commit(local_repo, nas_repo, revision):
+    """Local ref, else a 40-hex revision with a local snapshot, else the same on the NAS."""
+    if not revision or os.path.isabs(revision) or ".." in revision.split("/"):
+        raise StageError("revision %r is not a branch, tag or commit; fix stage_repos" % (revision,))
+    for repo_dir in (local_repo, nas_repo):
+        commit = read_ref(repo_dir, revision)
+        if commit:
+            return commit
+        if COMMIT_RE.match(revision) and os.path.isdir(os.path.join(repo_dir, "snapshots", revision)):
+            return revision
+    raise StageError("cannot resolve revision %r: neither %s nor %s exists, and it is not a commit "
+                     "with a snapshot there; stage the repo (hf_hub_mirror) or fix the revision"
+                     % (revision, os.path.join(local_repo, "refs", revision),
+                        os.path.join(nas_repo, "refs", revision)))
+
+
+def list_snapshot_files(snapshot):
+    """Sorted snapshot-relative paths of every file below snapshot; symlinks count as files."""
+    found = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        try:
+            with os.scandir(os.path.join(snapshot, rel) if rel else snapshot) as listing:
+                entries = list(listing)
+        except OSError as exc:
+            raise StageError("cannot list %s: %s; check the NAS mount" % (os.path.join(snapshot, rel), exc))
+        for entry in entries:
+            child = posixpath.join(rel, entry.name) if rel else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(child)
+            else:
+                found.append(child)
+    return sorted(found)
+
+
+def local_source(local_snapshot, rel, local_root_real):
+    """Realpath of the staged copy of rel if it is a regular file inside the local hub, else None."""
+    path = os.path.join(local_snapshot, rel)
+    if not os.path.lexists(path):
+        return None
+    real = os.path.realpath(path)
+    # A local link that still resolves into the NAS (or anywhere else) is not staged.
+    if os.path.isfile(real) and is_inside(real, local_root_real):
+        return real
+    return None
+
+
+def stays_inside(link_path, directory):
+    """True if a file is reachable inside a bind of directory: a real file, or a relative
+    symlink whose target, lexically and resolved, stays inside directory.
+
+    An absolute link, or one leaving the directory (../../blobs/...), dangles in the container.
+    """
+    if not os.path.islink(link_path):
+        return True
+    text = os.readlink(link_path)
+    if os.path.isabs(text):
+        return False
+    lexical = os.path.normpath(os.path.join(os.path.dirname(link_path), text))
+    return (is_inside(lexical, os.path.normpath(directory))
+            and is_inside(os.path.realpath(link_path), os.path.realpath(directory)))
+
+
+def _mount(source, target, origin):
+    return {"source": source, "target": target, "read_only": True, "origin": origin}
+
+
+def _below(files, rel_dir):
+    if not rel_dir:
+        return files
+    prefix = rel_dir + "/"
+    return [f for f in files if f.startswith(prefix)]
+
+
+def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot):
+    """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local realpath}."""
+    mounts = []
+
+    def visit(rel_dir):
+        below = _below(files, rel_dir)
+        nas_dir = os.path.join(nas_snapshot, rel_dir) if rel_dir else nas_snapshot
+        if not any(f in local for f in below) and all(
+                stays_inside(os.path.join(nas_snapshot, f), nas_dir) for f in below):
+            target = posixpath.join(target_snapshot, rel_dir) if rel_dir else target_snapshot
+            mounts.append(_mount(nas_dir, target, "nas"))
+            return
+        depth = len(rel_dir.split("/")) if rel_dir else 0
+        subdirs = set()
+        for rel in below:
+            parts = rel.split("/")
+            if len(parts) > depth + 1:
+                subdirs.add("/".join(parts[:depth + 1]))
+            elif rel in local:
+                mounts.append(_mount(local[rel], posixpath.join(target_snapshot, rel), "local"))
+            else:
+                mounts.append(_mount(os.path.join(nas_snapshot, rel),
+                                     posixpath.join(target_snapshot, rel), "nas"))
+        for sub in sorted(subdirs):
+            visit(sub)
+
+    if files:
+        visit("")
+    return mounts
+
+
+def normalise_repo(entry):
+    """Defaults for one stage_repos entry; extra keys (allow_patterns, ...) are ignored."""
+    if not isinstance(entry, dict) or not entry.get("repo_id"):
+        raise StageError("every repos entry needs a repo_id; got %r" % (entry,))
+    return {"repo_id": entry["repo_id"],
+            "revision": entry.get("revision") or "main",
+            "repo_type": entry.get("repo_type") or "model"}
+
+
+def _check_root(name, path, must_exist):
+    if not path or not os.path.isabs(path):
+        raise StageError("%s %r must be an absolute path; fix the inventory" % (name, path))
+    path = os.path.normpath(path)
+    if must_exist and not os.path.isdir(path):
+        raise StageError("%s %s is not a directory; mount the NAS hub or fix %s" % (name, path, name))
+    return path
+
+
+def plan_repo(hub_local_root, hub_nas_root, entry, target_root):
+    """Return (repo record, mounts, NAS file paths) for one repo."""
+    repo = normalise_repo(entry)
+    folder = repo_folder(repo["repo_id"], repo["repo_type"])
+    local_repo = os.path.join(hub_local_root, folder)
+    nas_repo = os.path.join(hub_nas_root, folder)
+    commit = resolve_commit(local_repo, nas_repo, repo["revision"])
+    nas_snapshot = os.path.join(nas_repo, "snapshots", commit)
+    if not os.path.isdir(nas_snapshot):
+        raise StageError("%s does not exist: the NAS has no snapshot for %s@%s (commit %s); "
+                         "fix the revision or the local ref %s"
+                         % (nas_snapshot, repo["repo_id"], repo["revision"], commit,
+                            os.path.join(local_repo, "refs", repo["revision"])))
+    local_snapshot = os.path.join(local_repo, "snapshots", commit)
+    target = posixpath.join(target_root, folder, "snapshots", commit)
+    files = list_snapshot_files(nas_snapshot)
+    local_root_real = os.path.realpath(hub_local_root)
+    local = {}
+    for rel in files:
+        source = local_source(local_snapshot, rel, local_root_real)
+        if source:
+            local[rel] = source
+    record = dict(repo, commit=commit, folder=folder, local_snapshot=local_snapshot,
+                  nas_snapshot=nas_snapshot, target=target)
+    mounts = plan_snapshot_mounts(files, local, nas_snapshot, target)
+    return record, mounts, [os.path.join(nas_snapshot, f) for f in files]
+
+
+def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub"):
+    """Return (manifest, NAS file paths); raises StageError if the result fails coverage_problems."""
+    hub_local_root = _check_root("hub_local_root", hub_local_root, False)
+    hub_nas_root = _check_root("hub_nas_root", hub_nas_root, True)
+    if not target_root or not posixpath.isabs(target_root):
+        raise StageError("target_root %r must be an absolute in-container path" % (target_root,))
+    target_root = posixpath.normpath(target_root)
+    if not repos:
+        raise StageError("repos is empty: nothing to mount; set stage_repos")
+    records, mounts, nas_files, folders = [], [], [], set()
+    for entry in repos:
+        record, repo_mounts, files = plan_repo(hub_local_root, hub_nas_root, entry, target_root)
+        if record["folder"] in folders:
+            raise StageError("repo %s is listed twice in repos; remove one entry" % record["repo_id"])
+        folders.add(record["folder"])
+        records.append(record)
+        mounts.extend(repo_mounts)
+        nas_files.extend(files)
+    mounts.sort(key=lambda m: m["target"])
+    local_count = sum(1 for m in mounts if m["origin"] == "local")
+    manifest = {"repos": records, "mounts": mounts,
+                "counts": {"local": local_count, "nas": len(mounts) - local_count,
+                           "total": len(mounts)}}
+    problems = coverage_problems(manifest, nas_files)
+    if problems:
+        raise StageError("mount manifest is inconsistent: %s" % "; ".join(problems[:10])
+                         + ("; and %d more" % (len(problems) - 10) if len(problems) > 10 else ""))
+    return manifest, nas_files
+
+
+def _file_target(repos, nas_file):
+    for repo in repos:
+        if is_inside(nas_file, repo["nas_snapshot"]):
+            rel = os.path.relpath(nas_file, repo["nas_snapshot"])
+            return posixpath.join(repo["target"], rel.replace(os.sep, "/"))
+    return None
+
+
+def _ancestors(target):
+    parent = posixpath.dirname(target)
+    while parent and parent != target:
+        yield parent
+        target, parent = parent, posixpath.dirname(parent)
+
+
+def mount_problems(mounts):
+    """Problems of the mount list alone: missing sources, shared or nested targets, rw NAS."""
+    problems = []
+    by_target = {}
+    for mount in mounts:
+        if mount["target"] in by_target:
+            problems.append("two mounts share target %s (%s and %s)"
+                            % (mount["target"], by_target[mount["target"]]["source"], mount["source"]))
+        by_target[mount["target"]] = mount
+        if not os.path.exists(mount["source"]):
+            problems.append("mount source %s does not exist (or is a dangling link)" % mount["source"])
+        if mount.get("origin") not in ("local", "nas"):
+            problems.append("mount %s has origin %r, not local or nas"
+                            % (mount["target"], mount.get("origin")))
+        if mount.get("origin") == "nas" and mount.get("read_only") is not True:
+            problems.append("NAS mount %s is not read_only" % mount["source"])
+    for mount in mounts:
+        for parent in _ancestors(mount["target"]):
+            outer = by_target.get(parent)
+            if outer is not None and os.path.isdir(outer["source"]):
+                problems.append("target %s is nested inside directory mount %s"
+                                % (mount["target"], parent))
+    return problems
+
+
+def coverage_problems(manifest, nas_files):
+    """List every way the manifest breaks the contract; empty means valid.
+
+    Beyond mount_problems: each NAS snapshot file must be reachable through exactly one mount,
+    and a file reached through a NAS directory mount must not be a link leaving that directory.
+    """
+    mounts = manifest["mounts"]
+    problems = mount_problems(mounts)
+    by_target = {m["target"]: m for m in mounts}
+    for nas_file in nas_files:
+        target = _file_target(manifest["repos"], nas_file)
+        if target is None:
+            problems.append("%s is not in any listed repo's NAS snapshot" % nas_file)
+            continue
+        covering = [t for t in [target] + list(_ancestors(target)) if t in by_target]
+        if len(covering) != 1:
+            problems.append("%s is reachable through %d mounts (%s), not exactly one"
+                            % (nas_file, len(covering), ", ".join(covering) or "none"))
+            continue
+        mount = by_target[covering[0]]
+        if covering[0] != target and not stays_inside(nas_file, mount["source"]):
+            problems.append("%s is a symlink leaving directory mount %s; it would dangle in the "
+                            "container" % (nas_file, mount["source"]))
+    return problems
+
+
+def render_manifest_json(manifest):
+    """The manifest file's text, as the role's to_nice_json(indent=2) template renders it."""
+    return json.dumps(manifest, indent=2, sort_keys=True)

@@ -1,0 +1,342 @@
+"""dgx_manifest: engine mount list from the NAS snapshot and what is staged locally."""
+import copy
+import hashlib
+import json
+import os
+
+import pytest
+from ansible.plugins.filter.core import to_nice_json
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_manifest import (build_manifest, coverage_problems,
+                                               render_manifest_json, resolve_commit)
+
+REPO = "org/name"
+FOLDER = "models--org--name"
+COMMIT = "a" * 40
+OLD = "b" * 40
+
+LINKED = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+          "sub/tok.json", "sub/extra.bin"]
+PAGE15 = ["page15/a/x.bin", "page15/a/y.bin", "page15/b/z.bin"]
+STAGED = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+          "sub/tok.json"]
+
+
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def add_link(repo_dir, commit, rel, content):
+    """snapshots/<commit>/<rel> -> ../../blobs/<sha256> (one more ../ per sub-dir)."""
+    blob = os.path.join(repo_dir, "blobs", sha(content))
+    os.makedirs(os.path.dirname(blob), exist_ok=True)
+    with open(blob, "w") as handle:
+        handle.write(content)
+    link = os.path.join(repo_dir, "snapshots", commit, rel)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    depth = rel.count("/")
+    os.symlink(os.path.join(*([".."] * (2 + depth) + ["blobs", sha(content)])), link)
+    return blob
+
+
+def add_real(repo_dir, commit, rel, content):
+    path = os.path.join(repo_dir, "snapshots", commit, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(content)
+
+
+def set_ref(repo_dir, commit, name="main"):
+    os.makedirs(os.path.join(repo_dir, "refs"), exist_ok=True)
+    with open(os.path.join(repo_dir, "refs", name), "w") as handle:
+        handle.write(commit)
+
+
+@pytest.fixture
+def hubs(tmp_path):
+    """NAS hub with linked files + real page15 files; local hub with STAGED staged."""
+    nas, local = tmp_path / "nas", tmp_path / "local"
+    nas_repo, local_repo = str(nas / FOLDER), str(local / FOLDER)
+    set_ref(nas_repo, COMMIT)
+    for rel in LINKED:
+        add_link(nas_repo, COMMIT, rel, "content of " + rel)
+    for rel in PAGE15:
+        add_real(nas_repo, COMMIT, rel, "page15 " + rel)
+    set_ref(local_repo, COMMIT)
+    for rel in STAGED:
+        add_link(local_repo, COMMIT, rel, "content of " + rel)
+    return str(local), str(nas)
+
+
+def target(rel=""):
+    base = "/hub/%s/snapshots/%s" % (FOLDER, COMMIT)
+    return base + "/" + rel if rel else base
+
+
+def nas_path(nas, rel=""):
+    base = os.path.join(nas, FOLDER, "snapshots", COMMIT)
+    return os.path.join(base, rel) if rel else base
+
+
+def by_target(manifest):
+    return {m["target"]: m for m in manifest["mounts"]}
+
+
+def build(local, nas, repos=None, **kwargs):
+    return build_manifest(local, nas, repos or [{"repo_id": REPO}], **kwargs)[0]
+
+
+def test_staged_files_local_page15_one_dir_mount_rest_per_file(hubs):
+    local, nas = hubs
+    manifest = build(local, nas)
+    mounts = by_target(manifest)
+    assert manifest["counts"] == {"local": 4, "nas": 2, "total": 6}
+    for rel in STAGED:
+        mount = mounts[target(rel)]
+        assert mount["origin"] == "local" and mount["read_only"] is True
+        assert mount["source"] == os.path.join(local, FOLDER, "blobs", sha("content of " + rel))
+    assert mounts[target("page15")] == {"source": nas_path(nas, "page15"), "target": target("page15"),
+                                        "read_only": True, "origin": "nas"}
+    # sub/ holds a local file, so its unstaged sibling is bound on its own, from the NAS file.
+    assert mounts[target("sub/extra.bin")] == {"source": nas_path(nas, "sub/extra.bin"),
+                                               "target": target("sub/extra.bin"),
+                                               "read_only": True, "origin": "nas"}
+
+
+def test_mounts_sorted_by_target_and_repo_record(hubs):
+    local, nas = hubs
+    manifest = build(local, nas)
+    targets = [m["target"] for m in manifest["mounts"]]
+    assert targets == sorted(targets)
+    assert manifest["repos"] == [{
+        "repo_id": REPO, "repo_type": "model", "revision": "main", "commit": COMMIT,
+        "folder": FOLDER, "local_snapshot": os.path.join(local, FOLDER, "snapshots", COMMIT),
+        "nas_snapshot": nas_path(nas), "target": target()}]
+
+
+def test_custom_target_root(hubs):
+    local, nas = hubs
+    manifest = build(local, nas, target_root="/models/hub/")
+    assert all(m["target"].startswith("/models/hub/%s/snapshots/%s/" % (FOLDER, COMMIT))
+               for m in manifest["mounts"])
+
+
+def test_partially_staged_page15_splits_at_the_right_level(hubs):
+    local, nas = hubs
+    add_link(os.path.join(local, FOLDER), COMMIT, "page15/a/x.bin", "page15 page15/a/x.bin")
+    mounts = by_target(build(local, nas))
+    assert mounts[target("page15/a/x.bin")]["origin"] == "local"
+    assert mounts[target("page15/a/y.bin")]["source"] == nas_path(nas, "page15/a/y.bin")
+    assert mounts[target("page15/b")]["source"] == nas_path(nas, "page15/b")
+    assert target("page15") not in mounts and target("page15/a") not in mounts
+
+
+def test_local_link_resolving_into_the_nas_is_not_local(hubs):
+    local, nas = hubs
+    link = os.path.join(local, FOLDER, "snapshots", COMMIT, "config.json")
+    os.unlink(link)
+    os.symlink(os.path.realpath(nas_path(nas, "config.json")), link)
+    mount = by_target(build(local, nas))[target("config.json")]
+    assert mount["origin"] == "nas" and mount["source"] == nas_path(nas, "config.json")
+
+
+def test_dangling_local_link_is_not_local(hubs):
+    local, nas = hubs
+    os.unlink(os.path.join(local, FOLDER, "blobs", sha("content of sub/tok.json")))
+    assert by_target(build(local, nas))[target("sub/tok.json")]["origin"] == "nas"
+
+
+def test_local_file_via_hub_level_store_is_local(hubs):
+    local, nas = hubs
+    blob = os.path.join(local, FOLDER, "blobs", sha("content of config.json"))
+    store = os.path.join(local, "blobs", "xx", "store-config")
+    os.makedirs(os.path.dirname(store))
+    os.replace(blob, store)
+    os.symlink(os.path.relpath(store, os.path.dirname(blob)), blob)
+    assert by_target(build(local, nas))[target("config.json")]["source"] == store
+
+
+def test_nothing_local_real_files_is_one_snapshot_mount(tmp_path):
+    nas = str(tmp_path / "nas")
+    set_ref(os.path.join(nas, FOLDER), COMMIT)
+    for rel in PAGE15:
+        add_real(os.path.join(nas, FOLDER), COMMIT, rel, rel)
+    manifest = build(str(tmp_path / "no-local"), nas)
+    assert manifest["mounts"] == [{"source": nas_path(nas), "target": target(),
+                                   "read_only": True, "origin": "nas"}]
+    assert manifest["counts"] == {"local": 0, "nas": 1, "total": 1}
+
+
+def test_nothing_local_blob_links_are_bound_per_file(tmp_path):
+    """A dir bind of ../../blobs links would dangle in the container: bind each file instead."""
+    nas = str(tmp_path / "nas")
+    set_ref(os.path.join(nas, FOLDER), COMMIT)
+    for rel in LINKED:
+        add_link(os.path.join(nas, FOLDER), COMMIT, rel, rel)
+    manifest = build(str(tmp_path / "no-local"), nas)
+    assert sorted(by_target(manifest)) == sorted(target(rel) for rel in LINKED)
+    assert all(m["origin"] == "nas" for m in manifest["mounts"])
+
+
+def test_relative_link_inside_a_dir_keeps_the_dir_mount(tmp_path):
+    nas = str(tmp_path / "nas")
+    set_ref(os.path.join(nas, FOLDER), COMMIT)
+    add_real(os.path.join(nas, FOLDER), COMMIT, "page15/x.bin", "x")
+    os.symlink("x.bin", nas_path(nas, "page15/alias.bin"))
+    add_link(os.path.join(nas, FOLDER), COMMIT, "config.json", "c")
+    mounts = by_target(build(str(tmp_path / "none"), nas))
+    assert sorted(mounts) == [target("config.json"), target("page15")]
+
+
+def test_second_repo_and_pattern_keys_are_accepted(hubs):
+    local, nas = hubs
+    drafter = os.path.join(nas, "models--org--drafter")
+    set_ref(drafter, OLD)
+    add_real(drafter, OLD, "weights.bin", "d")
+    repos = [{"repo_id": REPO, "allow_patterns": ["*"], "ignore_patterns": ["page15/"]},
+             {"repo_id": "org/drafter", "revision": None}]
+    manifest = build(local, nas, repos)
+    assert [r["folder"] for r in manifest["repos"]] == [FOLDER, "models--org--drafter"]
+    assert by_target(manifest)["/hub/models--org--drafter/snapshots/" + OLD]["origin"] == "nas"
+    assert manifest["counts"]["total"] == 7
+
+
+def test_repo_listed_twice_is_refused(hubs):
+    local, nas = hubs
+    with pytest.raises(StageError, match="listed twice"):
+        build(local, nas, [{"repo_id": REPO}, {"repo_id": REPO, "revision": "main"}])
+
+
+def test_empty_repos_refused(hubs):
+    with pytest.raises(StageError, match="repos is empty"):
+        build_manifest(hubs[0], hubs[1], [])
+
+
+def test_nas_root_must_exist(tmp_path):
+    with pytest.raises(StageError, match="hub_nas_root"):
+        build(str(tmp_path), str(tmp_path / "nope"))
+
+
+# --- commit resolution -----------------------------------------------------------------------
+
+def test_local_ref_wins_over_nas_ref(hubs):
+    local, nas = hubs
+    set_ref(os.path.join(nas, FOLDER), OLD)  # the NAS moved on after staging
+    assert resolve_commit(os.path.join(local, FOLDER), os.path.join(nas, FOLDER), "main") == COMMIT
+
+
+def test_nas_ref_is_the_fallback(hubs):
+    local, nas = hubs
+    os.unlink(os.path.join(local, FOLDER, "refs", "main"))
+    assert resolve_commit(os.path.join(local, FOLDER), os.path.join(nas, FOLDER), "main") == COMMIT
+
+
+def test_commit_hash_revision_with_local_snapshot(hubs):
+    local, nas = hubs
+    os.unlink(os.path.join(local, FOLDER, "refs", "main"))
+    os.unlink(os.path.join(nas, FOLDER, "refs", "main"))
+    manifest = build(local, nas, [{"repo_id": REPO, "revision": COMMIT}])
+    assert manifest["repos"][0]["commit"] == COMMIT and manifest["counts"]["local"] == 4
+
+
+def test_unknown_revision_names_both_ref_files(hubs):
+    local, nas = hubs
+    with pytest.raises(StageError) as err:
+        build(local, nas, [{"repo_id": REPO, "revision": "v2"}])
+    assert os.path.join(local, FOLDER, "refs", "v2") in str(err.value)
+    assert os.path.join(nas, FOLDER, "refs", "v2") in str(err.value)
+
+
+def test_malformed_ref_names_the_file(hubs):
+    local, nas = hubs
+    set_ref(os.path.join(local, FOLDER), "not-a-commit")
+    with pytest.raises(StageError, match="refs/main holds 'not-a-commit'"):
+        build(local, nas)
+
+
+def test_commit_without_nas_snapshot_names_the_dir(hubs):
+    local, nas = hubs
+    set_ref(os.path.join(local, FOLDER), OLD)
+    with pytest.raises(StageError, match="snapshots/%s does not exist" % OLD):
+        build(local, nas)
+
+
+@pytest.mark.parametrize("revision", ["../main", "/etc/passwd"])
+def test_revision_that_leaves_refs_is_refused(hubs, revision):
+    with pytest.raises(StageError, match="revision"):
+        build(hubs[0], hubs[1], [{"repo_id": REPO, "revision": revision}])
+
+
+# --- coverage_problems -----------------------------------------------------------------------
+
+def built(hubs):
+    return build_manifest(hubs[0], hubs[1], [{"repo_id": REPO}])
+
+
+def test_valid_manifest_has_no_problems(hubs):
+    manifest, nas_files = built(hubs)
+    assert len(nas_files) == len(LINKED) + len(PAGE15)
+    assert coverage_problems(manifest, nas_files) == []
+
+
+def test_unreachable_file_is_a_problem(hubs):
+    manifest, nas_files = built(hubs)
+    manifest["mounts"] = [m for m in manifest["mounts"] if m["target"] != target("page15")]
+    problems = coverage_problems(manifest, nas_files)
+    assert len(problems) == len(PAGE15)
+    assert all("reachable through 0 mounts" in p for p in problems)
+
+
+def test_shared_target_is_a_problem(hubs):
+    manifest, nas_files = built(hubs)
+    manifest["mounts"].append(copy.deepcopy(by_target(manifest)[target("config.json")]))
+    assert any("share target %s" % target("config.json") in p
+               for p in coverage_problems(manifest, nas_files))
+
+
+def test_target_nested_in_directory_mount_is_a_problem(hubs):
+    manifest, nas_files = built(hubs)
+    manifest["mounts"].append({"source": nas_path(hubs[1], "page15/a/x.bin"),
+                               "target": target("page15/a/x.bin"), "read_only": True, "origin": "nas"})
+    problems = coverage_problems(manifest, nas_files)
+    assert any("nested inside directory mount %s" % target("page15") in p for p in problems)
+    assert any("reachable through 2 mounts" in p for p in problems)
+
+
+def test_writable_nas_mount_is_a_problem(hubs):
+    manifest, nas_files = built(hubs)
+    by_target(manifest)[target("page15")]["read_only"] = False
+    assert any("not read_only" in p for p in coverage_problems(manifest, nas_files))
+
+
+def test_missing_source_is_a_problem(hubs):
+    manifest, nas_files = built(hubs)
+    os.unlink(by_target(manifest)[target("config.json")]["source"])
+    assert any("does not exist" in p for p in coverage_problems(manifest, nas_files))
+
+
+def test_dir_mount_over_blob_links_is_a_problem(hubs):
+    """What a naive 'bind the whole unstaged dir' would do to ../../../blobs links."""
+    manifest, nas_files = built(hubs)
+    manifest["mounts"] = [m for m in manifest["mounts"] if "/sub/" not in m["target"]]
+    manifest["mounts"].append({"source": nas_path(hubs[1], "sub"), "target": target("sub"),
+                               "read_only": True, "origin": "nas"})
+    problems = coverage_problems(manifest, nas_files)
+    assert any("sub/tok.json is a symlink leaving directory mount" in p for p in problems)
+
+
+def test_file_outside_listed_repos_is_a_problem(hubs):
+    manifest, nas_files = built(hubs)
+    assert coverage_problems(manifest, nas_files + ["/elsewhere/file"]) == [
+        "/elsewhere/file is not in any listed repo's NAS snapshot"]
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+def test_render_matches_the_roles_to_nice_json_template(hubs):
+    manifest = build(*hubs)
+    text = render_manifest_json(manifest)
+    assert text == to_nice_json(manifest, indent=2)
+    assert json.loads(text) == manifest
+    assert text.index('"counts"') < text.index('"mounts"') < text.index('"repos"')

@@ -126,7 +126,9 @@ snapshot:
   returned: success
   type: str
 files:
-  description: Files of the source snapshot: total, staged locally, excluded by patterns, and local entries that do not resolve to a local file.
+  description:
+    - Files of the source snapshot. C(total), C(local) (staged), C(excluded) (by the patterns) and
+      C(dangling) (local entries that do not resolve to a local file).
   returned: success
   type: dict
   sample: {total: 14, local: 9, excluded: 5, dangling: 0}

@@ -126,11 +126,22 @@ def disk_space(path):
     return stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
 
 
-def check_roots(req):
-    for label, root in (("src", req.src), ("dest", req.dest)):
-        if not os.path.isdir(root):
-            raise StageError("%s hub root %s does not exist or is not a directory: check hub_nas_root/"
-                             "hub_local_root (the NAS mounted? the local dir created?)" % (label, root))
+def existing_ancestor(path):
+    """path itself or its nearest existing parent: where free space is measured."""
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def check_roots(req, check_mode=False):
+    """Both hub roots exist and do not overlap. In check mode a dest not created yet is fine
+    (a fresh node: the stage play creates it), measured as empty."""
+    if not os.path.isdir(req.src):
+        raise StageError("src hub root %s does not exist or is not a directory: is the NAS mounted? "
+                         "(hub_nas_root)" % req.src)
+    if not os.path.isdir(req.dest) and not (check_mode and not os.path.exists(req.dest)):
+        raise StageError("dest hub root %s does not exist or is not a directory: create it first "
+                         "(hub_local_root; the stage role does)" % req.dest)
     src_real, dest_real = os.path.realpath(req.src), os.path.realpath(req.dest)
     if is_within(dest_real, src_real) or is_within(src_real, dest_real):
         raise StageError("src %s and dest %s overlap: the local hub must be outside the NAS hub and vice versa"
@@ -186,9 +197,9 @@ def _freed_by_removal(path):
     return st.st_size if (not os.path.islink(path) and st.st_nlink == 1) else 0
 
 
-def plan_mirror(req):
+def plan_mirror(req, check_mode=False):
     """Read the source and the local copy and decide every action. Writes nothing."""
-    check_roots(req)
+    check_roots(req, check_mode)
     plan = Plan()
     plan.src_repo = os.path.join(req.src, req.folder)
     if not os.path.isdir(plan.src_repo):
@@ -292,8 +303,7 @@ def _plan_cleanup(plan, req):
 
 def check_space(plan, req):
     """Refuse, before anything is written, a plan that would leave less than `reserve` free."""
-    probe = req.dest
-    free, total = disk_space(probe)
+    free, total = disk_space(existing_ancestor(req.dest))
     reserve = parse_reserve(req.reserve, total)
     need = plan.write_bytes
     available = free + plan.freed_bytes - reserve
@@ -432,7 +442,7 @@ def run_mirror(req, check_mode=False, progress_path=None):
     """Plan, check space, apply (unless check_mode) and return the module result."""
     started = time.monotonic()
     if check_mode:
-        plan = plan_mirror(req)
+        plan = plan_mirror(req, check_mode=True)
         space = check_space(plan, req)
         dangling = []
     else:
@@ -440,7 +450,12 @@ def run_mirror(req, check_mode=False, progress_path=None):
         # file is created: a read-only pass that stats but reads no content (verify none).
         quick = copy.copy(req)
         quick.verify = "none"
-        check_space(plan_mirror(quick), quick)
+        try:
+            preflight = plan_mirror(quick)
+        except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
+            preflight = None
+        if preflight is not None:
+            check_space(preflight, quick)
         lock_path = os.path.join(req.dest, ".locks", req.folder, "dgx-stage.lock")
         with RepoLock(lock_path, req.lock_timeout):
             plan = plan_mirror(req)

@@ -1,0 +1,96 @@
+# dgx-stage: set-up, demo and tests. `make demo` and `make test` are the two entry points;
+# `make help` lists the rest. Run from the repo root (ansible.cfg is picked up from here).
+
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+# The test steps must run one after the other, and in the listed order, even under -j.
+.NOTPARALLEL:
+MAKEFLAGS += --no-builtin-rules
+
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+CACHE := $(CURDIR)/.cache
+BASE_IMAGE := dgx-stage-base:bookworm
+
+# Re-install the Python deps only when requirements.txt changes: the stamp name carries its hash.
+REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
+REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH).stamp
+
+# Environment for every recipe (scripts and tools see the same set-up as CI).
+export PATH := $(VENV)/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export CONTAINERS_CONF := $(CURDIR)/molecule/containers.conf
+export PYTHONDONTWRITEBYTECODE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# Molecule's podman playbooks write under $HOME; keep that and Ansible's temp dirs disposable.
+# Molecule also replaces ANSIBLE_CONFIG with its own generated ansible.cfg, so the repo's
+# library/, module_utils/ and roles/ paths are passed again as environment variables.
+MOLECULE_ENV := HOME=$(CACHE)/home \
+	ANSIBLE_REMOTE_TMP=$(CACHE)/ansible/remote-tmp \
+	ANSIBLE_LOCAL_TEMP=$(CACHE)/ansible/local-tmp \
+	ANSIBLE_LIBRARY=$(CURDIR)/library \
+	ANSIBLE_MODULE_UTILS=$(CURDIR)/module_utils \
+	ANSIBLE_ROLES_PATH=$(CURDIR)/roles
+MOLECULE_SCENARIOS := $(wildcard molecule/*/molecule.yml)
+MOLECULE_BASE := $(wildcard molecule/base.yml)
+
+# $(call pytest,DIR): run pytest on DIR; "no tests collected" (exit 5) is not a failure.
+define pytest
+rc=0; $(VENV)/bin/pytest -q $(1) || rc=$$?; \
+if [[ $$rc -eq 5 ]]; then echo "no tests collected in $(1)"; rc=0; fi; \
+exit $$rc
+endef
+
+.PHONY: help setup system-packages demo test lint unit integration molecule bench image clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
+		awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+setup: system-packages $(REQ_STAMP) ## venv, Python deps, bundled collections, system packages (idempotent)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(REQ_STAMP): | $(VENV)/bin/python
+	$(VENV)/bin/pip install --quiet --requirement requirements.txt
+	rm -f $(VENV)/.requirements-*.stamp
+	echo "$(REQ_HASH)" > $@
+
+system-packages:
+	@PYTHON=$(PYTHON) scripts/setup-system.sh
+
+demo: setup ## build a synthetic NAS hub and stage it on localhost
+	$(VENV)/bin/python scripts/demo.py
+
+test: setup lint unit integration molecule ## everything CI runs: lint, unit, integration, Molecule
+
+lint: setup ## yamllint + ansible-lint (production profile, offline)
+	$(VENV)/bin/yamllint -s .
+	$(VENV)/bin/ansible-lint
+
+unit: setup ## unit tests (tests/unit)
+	@$(call pytest,tests/unit)
+
+integration: setup ## integration tests (tests/integration)
+	@$(call pytest,tests/integration)
+
+ifneq ($(MOLECULE_SCENARIOS),)
+molecule: setup image ## Molecule scenarios (Podman)
+	mkdir -p $(CACHE)/home $(CACHE)/ansible
+	$(MOLECULE_ENV) $(VENV)/bin/molecule $(if $(MOLECULE_BASE),--base-config $(MOLECULE_BASE)) test --all
+else
+molecule: setup
+	@echo "no molecule scenarios yet"
+endif
+
+bench: setup ## benchmarks (scripts/bench.py)
+	$(VENV)/bin/python scripts/bench.py
+
+image: system-packages ## Podman base image for Molecule (dgx-stage-base:bookworm), built once
+	@BASE_IMAGE=$(BASE_IMAGE) scripts/build-base-image.sh
+
+clean: ## remove reports/ and .cache/ (keeps .venv/)
+	rm -rf reports/ $(CACHE)/

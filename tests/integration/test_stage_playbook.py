@@ -1,0 +1,173 @@
+"""stage-deepseek.yml's preflight, stage and verify plays on a generated NAS hub, run on localhost
+through ansible-playbook with a throwaway inventory that sets the design card's variables."""
+import json
+import os
+import subprocess
+
+import pytest
+from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
+
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, snapshot_diff, tree_snapshot
+from hubgen import DRAFTER_REPO, MAIN_REPO
+
+STAGE_TAGS = "preflight,stage,verify"
+
+
+def write_inventory(tmp_path, nas, local, **extra):
+    group_vars = {
+        "lane": "exl3_2x",
+        "hub_nas_root": nas,
+        "hub_local_root": local,
+        "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
+        "stage_report_dir": str(tmp_path / "reports"),
+        "engine_enabled": False,
+    }
+    group_vars.update(extra)
+    inventory = {"all": {"children": {"exl3_2x": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}}}},
+        "vars": group_vars}}
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps(inventory))
+    return str(path)
+
+
+def play(tmp_path, inventory, *args, **kwargs):
+    """Run the playbook; returns (exit code, {task name: [host results]}, stats of localhost)."""
+    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory, os.path.join(REPO_ROOT, "stage-deepseek.yml"),
+           "--tags", kwargs.get("tags", STAGE_TAGS)] + list(args)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(tmp_path), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=600)
+    data = json.loads(proc.stdout.decode())
+    tasks = {}
+    for each in data["plays"]:
+        for task in each["tasks"]:
+            # The json callback names role tasks "role : name", templated per include.
+            name = task["task"]["name"].split(" : ", 1)[-1]
+            tasks.setdefault(name, []).append(task["hosts"].get("localhost", {}))
+    return proc.returncode, tasks, data["stats"].get("localhost", {})
+
+
+def mirror_results(tasks, stage_pass):
+    name = "Mirror | Each repo from the NAS hub to the local hub, pass %s" % stage_pass
+    return [r for run in tasks[name] for r in run["results"]]
+
+
+def test_stage_verify_then_idempotent_and_loadable_offline(tmp_path, nas_hub, local_hub):
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
+    code, tasks, stats = play(tmp_path, inventory)
+    assert code == 0, tasks
+    staged = {r["item"]["repo_id"]: r for r in mirror_results(tasks, "stage")}
+    main = staged[MAIN_REPO]
+    assert main["files"]["excluded"] == len(nas_hub["repos"][MAIN_REPO]["page15"])
+    assert main["files"]["dangling"] == 0 and main["blobs"]["copied"] > 0
+    report = json.loads((tmp_path / "reports" / "localhost.json").read_text())
+    assert [r["repo_id"] for r in report["passes"]["verify"]] == [MAIN_REPO, DRAFTER_REPO]
+    assert report["weights"][0]["shards"] == nas_hub["n_shards"]
+
+    # Second run: nothing to do anywhere.
+    code, tasks, stats = play(tmp_path, inventory)
+    assert code == 0 and stats["changed"] == 0, stats
+
+    # The local copy is a hub cache huggingface_hub loads with no network.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        path = snapshot_download(MAIN_REPO, cache_dir=str(local_hub), local_files_only=True)
+        assert os.path.realpath(path).startswith(os.path.realpath(str(local_hub)))
+        config = hf_hub_download(MAIN_REPO, "config.json", cache_dir=str(local_hub), local_files_only=True)
+        assert os.path.isfile(config)
+    finally:
+        del os.environ["HF_HUB_OFFLINE"]
+    assert scan_cache_dir(str(local_hub)).warnings == []
+
+
+def test_check_mode_on_a_fresh_node_changes_nothing(tmp_path, nas_hub, local_hub):
+    """The local root does not exist yet: --check still plans every copy and creates nothing."""
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub / "not-yet" / "hub"))
+    before = tree_snapshot(local_hub)
+    code, tasks, stats = play(tmp_path, inventory, "--check")
+    assert code == 0, tasks
+    would = {r["item"]["repo_id"]: r for r in mirror_results(tasks, "stage")}
+    assert would[MAIN_REPO]["changed"] and would[MAIN_REPO]["blobs"]["copied"] > 0
+    assert snapshot_diff(before, tree_snapshot(local_hub)) == []
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs as the local disk: its free space is exact and nobody else writes to it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-capped tmpfs needs root (CI runs as root)")
+    path = tmp_path / "small-disk"
+    path.mkdir()
+    subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)])
+    yield path
+    subprocess.check_call(["umount", str(path)])
+
+
+def free_bytes(path):
+    stats = os.statvfs(str(path))
+    return stats.f_bavail * stats.f_frsize
+
+
+def test_preflight_refuses_a_too_small_disk_before_writing(tmp_path, nas_hub, small_disk):
+    local_hub = small_disk
+    # Leave room for less than the checkpoint: reserve all but 4 KiB of the free space.
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_reserve=str(free_bytes(local_hub) - 4096))
+    before = tree_snapshot(local_hub)
+    code, tasks, stats = play(tmp_path, inventory, tags="preflight,stage")
+    assert code != 0
+    failed = [r for run in tasks.get("Mirror | Each repo from the NAS hub to the local hub, pass preflight", [])
+              for r in run.get("results", []) if r.get("failed")]
+    assert failed and "not enough space" in failed[0]["msg"] and "need" in failed[0]["msg"]
+    assert "Stage | Look for the local hub root" not in tasks      # the stage play never started
+    assert snapshot_diff(before, tree_snapshot(local_hub)) == []
+
+
+def test_preflight_refuses_space_for_all_repos_together(tmp_path, nas_hub, small_disk):
+    """Each repo fits alone, both together do not: the aggregate check catches it."""
+    local_hub = small_disk
+    sizes = {}
+    for repo_id, repo in nas_hub["repos"].items():
+        sizes[repo_id] = sum(f["size"] for p, f in repo["files"].items() if not p.startswith("page15/"))
+    room = max(sizes.values()) + min(sizes.values()) // 2
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub),
+                                stage_reserve=str(free_bytes(local_hub) - room))
+    code, tasks, stats = play(tmp_path, inventory, tags="preflight,stage")
+    assert code != 0
+    total = tasks["Preflight | The local disk holds all repos together, with the reserve left free"][0]
+    assert total.get("failed") and "Not enough space" in total["msg"], total
+    assert not (local_hub / "models--coolbho3k--DeepSeek-V4.1-Flash-EXL3-3bpw").exists()
+
+
+@pytest.mark.parametrize("bad", [
+    {"hub_nas_root": "/nonexistent/nas/hub"},
+    {"stage_repos": [{"repo_id": "nobody/missing"}]},
+    {"stage_repos": [{"repo_id": MAIN_REPO, "revision": "no-such-branch"}]},
+    {"stage_repos": [{"repo_id": MAIN_REPO, "allow_patterns": ["*.gguf"]}]},
+    {"lane": "no_such_lane"},
+])
+def test_bad_input_fails_in_preflight_with_nothing_written(tmp_path, nas_hub, local_hub, bad):
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), **bad)
+    before = tree_snapshot(local_hub)
+    code, tasks, stats = play(tmp_path, inventory, tags="preflight,stage")
+    assert code != 0
+    assert "Stage | Look for the local hub root" not in tasks
+    assert snapshot_diff(before, tree_snapshot(local_hub)) == []
+
+
+def test_verify_repairs_swapped_same_size_shards(tmp_path, nas_hub, local_hub):
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
+    assert play(tmp_path, inventory)[0] == 0
+    repo = nas_hub["repos"][MAIN_REPO]
+    path_a, path_b = repo["same_size_pairs"][0]
+    blobs = local_hub / repo["folder"] / "blobs"
+    blob_a, blob_b = blobs / repo["files"][path_a]["etag"], blobs / repo["files"][path_b]["etag"]
+    data_a, data_b = blob_a.read_bytes(), blob_b.read_bytes()
+    blob_a.write_bytes(data_b)
+    blob_b.write_bytes(data_a)
+    code, tasks, stats = play(tmp_path, inventory)
+    assert code == 0, tasks
+    assert [r["blobs"]["copied"] for r in mirror_results(tasks, "stage")] == [0, 0]   # size looks fine to stage
+    verified = {r["item"]["repo_id"]: r for r in mirror_results(tasks, "verify")}
+    assert verified[MAIN_REPO]["blobs"]["repaired"] == 2
+    assert sorted(verified[MAIN_REPO]["repaired_paths"]) == sorted([path_a, path_b])
+    assert blob_a.read_bytes() == data_a and blob_b.read_bytes() == data_b

@@ -1,0 +1,207 @@
+"""Fixtures shared by the integration tests: a read-only synthetic NAS hub, a local hub, the module runner.
+
+The NAS is read-only to every node. Tests run as root here, so `chmod a-w` does not stop a write:
+every NAS fixture therefore also snapshots the whole NAS tree (path, lstat mode/size/mtime, link
+text, sha256 of content) and fails the test at teardown if a single byte or inode attribute changed.
+"""
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from hubgen import build_nas_hub
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The ansible binaries of the interpreter running pytest (the project venv in CI); no machine paths.
+BIN_DIR = os.path.dirname(sys.executable)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running crash test (still part of `make test`)")
+
+
+# ------------------------------------------------------------------------------------------------
+# tree snapshots
+# ------------------------------------------------------------------------------------------------
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(8 * 1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tree_snapshot(root, content=True):
+    """{relative path: (mode, inode, size, mtime_ns, link text, sha256)} for root and everything below it.
+
+    Directories are included (their mtime changes when an entry is created or removed), links are
+    never followed.
+    """
+    root = str(root)
+    snap = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [""] + sorted(dirnames) + sorted(filenames):
+            full = os.path.join(dirpath, name) if name else dirpath
+            if not name and dirpath != root:
+                continue  # directories are recorded by their parent's listing
+            st = os.lstat(full)
+            link = os.readlink(full) if stat.S_ISLNK(st.st_mode) else None
+            digest = _sha256(full) if (content and stat.S_ISREG(st.st_mode)) else None
+            rel = os.path.relpath(full, root)
+            snap[rel] = (st.st_mode, st.st_ino, st.st_size if not stat.S_ISDIR(st.st_mode) else None,
+                         st.st_mtime_ns, link, digest)
+    return snap
+
+
+def snapshot_diff(before, after):
+    """Readable list of what changed between two tree_snapshot() results."""
+    changes = []
+    for path in sorted(set(before) | set(after)):
+        if path not in after:
+            changes.append("removed %s" % path)
+        elif path not in before:
+            changes.append("added %s" % path)
+        elif before[path] != after[path]:
+            changes.append("changed %s: %r -> %r" % (path, before[path], after[path]))
+    return changes
+
+
+def _set_writable(root, writable):
+    """chmod -R a-w (or u+w back) on a tree, never following links."""
+    for dirpath, dirnames, filenames in os.walk(str(root)):
+        for name in [None] + dirnames + filenames:
+            full = dirpath if name is None else os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            os.chmod(full, (mode | stat.S_IWUSR) if writable else (mode & ~0o222))
+
+
+class NasHub(dict):
+    """hubgen's description dict, plus the frozen snapshot the teardown compares against."""
+
+    def freeze(self):
+        """(Re-)take the reference snapshot, e.g. after a test deliberately planted a trap."""
+        self.frozen = tree_snapshot(self["root"])
+
+    def assert_unchanged(self):
+        changes = snapshot_diff(self.frozen, tree_snapshot(self["root"]))
+        assert not changes, "the read-only NAS tree was modified:\n" + "\n".join(changes[:20])
+
+
+@pytest.fixture
+def make_nas_hub(tmp_path):
+    """Factory: make_nas_hub(shard_size=..., n_shards=..., seed=...) -> NasHub, read-only, checked at teardown."""
+    made = []
+
+    def make(shard_size=64 * 1024, n_shards=6, seed=0, name="nas"):
+        root = tmp_path / name
+        desc = NasHub(build_nas_hub(str(root), shard_size=shard_size, n_shards=n_shards, seed=seed))
+        desc["root"] = str(root)
+        _set_writable(root, False)
+        desc.freeze()
+        made.append(desc)
+        return desc
+
+    yield make
+    try:
+        for desc in made:
+            desc.assert_unchanged()
+    finally:
+        for desc in made:
+            _set_writable(desc["root"], True)
+
+
+@pytest.fixture
+def nas_hub(make_nas_hub):
+    """A small synthetic NAS hub (6 x 64 KiB shards, every trap of the log), read-only."""
+    return make_nas_hub()
+
+
+@pytest.fixture
+def local_hub(tmp_path):
+    """An empty local hub root (exists, as hub_local_root must)."""
+    path = tmp_path / "local"
+    path.mkdir()
+    return path
+
+
+def ansible_env(tmp_path):
+    env = dict(os.environ)
+    env.update({
+        "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local-tmp"),
+        "ANSIBLE_REMOTE_TMP": str(tmp_path / "ansible-remote-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+        "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
+    })
+    return env
+
+
+def module_command(args, check=False, diff=False):
+    """The ad-hoc command running hf_hub_mirror on localhost with the test interpreter."""
+    cmd = [os.path.join(BIN_DIR, "ansible"), "localhost", "-i", "localhost,", "-c", "local",
+           "-e", "ansible_python_interpreter=%s" % sys.executable,
+           "-m", "hf_hub_mirror", "-a", json.dumps(args)]
+    if check:
+        cmd.append("--check")
+    if diff:
+        cmd.append("--diff")
+    return cmd
+
+
+def parse_module_output(stdout):
+    """The localhost result of the single ad-hoc task from the json callback's output."""
+    data = json.loads(stdout)
+    return data["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+@pytest.fixture
+def run_module(tmp_path):
+    """run_module(args, check=False, diff=False) -> the module's result dict (parsed json callback)."""
+
+    def run(args, check=False, diff=False, timeout=300):
+        proc = subprocess.run(module_command(args, check, diff), cwd=REPO_ROOT, env=ansible_env(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        out = proc.stdout.decode("utf-8", "replace")
+        try:
+            result = parse_module_output(out)
+        except (ValueError, KeyError, IndexError):
+            raise AssertionError("ansible rc=%d, output not parseable:\nstdout:\n%s\nstderr:\n%s"
+                                 % (proc.returncode, out, proc.stderr.decode("utf-8", "replace")))
+        # rc 2 = a host failed; anything else non-zero is ansible itself going wrong.
+        assert proc.returncode == (2 if result.get("failed") else 0), (proc.returncode, result)
+        return result
+
+    return run
+
+
+@pytest.fixture
+def spawn_module(tmp_path):
+    """spawn_module(args) -> Popen of the ad-hoc run in a new session, for tests that kill it."""
+
+    def spawn(args, check=False, diff=False):
+        return subprocess.Popen(module_command(args, check, diff), cwd=REPO_ROOT, env=ansible_env(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+    return spawn
+
+
+@pytest.fixture
+def tree_state():
+    """tree_state(root) -> snapshot; tree_state.diff(before, after) -> list of changes ([] when identical)."""
+
+    def take(root):
+        return tree_snapshot(root)
+
+    take.diff = snapshot_diff
+    return take

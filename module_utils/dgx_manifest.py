@@ -9,47 +9,17 @@ import os
 import posixpath
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_hubcache import COMMIT_RE, repo_folder_name
-
-
-def is_inside(path, root):
-    """True if path is root or below it (both already normalised)."""
-    root = root.rstrip("/") or "/"
-    return path == root or path.startswith(root if root == "/" else root + "/")
-
-
-def repo_folder(repo_id, repo_type="model"):
-    """Hub cache folder name, models--org--name; shared with the mirror so both agree."""
-    return repo_folder_name(repo_id, repo_type)
-
-
-def read_ref(repo_dir, revision):
-    """Return the commit in repo_dir/refs/<revision>, or None if there is no such ref."""
-    path = os.path.join(repo_dir, "refs", revision)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as handle:
-        commit = handle.read().strip()
-    if not COMMIT_RE.match(commit):
-        raise StageError("%s holds %r, not a 40-hex commit; re-stage the repo to rewrite the ref"
-                         % (path, commit[:80]))
-    return commit
+from ansible.module_utils.dgx_hubcache import is_within as is_inside
+from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name
+from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 
 
 def resolve_commit(local_repo, nas_repo, revision):
-    """Local ref, else a 40-hex revision with a local snapshot, else the same on the NAS."""
-    if not revision or os.path.isabs(revision) or ".." in revision.split("/"):
-        raise StageError("revision %r is not a branch, tag or commit; fix stage_repos" % (revision,))
-    for repo_dir in (local_repo, nas_repo):
-        commit = read_ref(repo_dir, revision)
-        if commit:
-            return commit
-        if COMMIT_RE.match(revision) and os.path.isdir(os.path.join(repo_dir, "snapshots", revision)):
-            return revision
-    raise StageError("cannot resolve revision %r: neither %s nor %s exists, and it is not a commit "
-                     "with a snapshot there; stage the repo (hf_hub_mirror) or fix the revision"
-                     % (revision, os.path.join(local_repo, "refs", revision),
-                        os.path.join(nas_repo, "refs", revision)))
+    """The local copy's commit for revision when it has that ref or snapshot, else the NAS's.
+    A broken local ref is an error, not a silent fall-back."""
+    if revision in list_refs(local_repo) or os.path.isdir(os.path.join(local_repo, "snapshots", revision)):
+        return hubcache_resolve_commit(local_repo, revision)
+    return hubcache_resolve_commit(nas_repo, revision)
 
 
 def list_snapshot_files(snapshot):
@@ -163,7 +133,7 @@ def _check_root(name, path, must_exist):
 def plan_repo(hub_local_root, hub_nas_root, entry, target_root):
     """Return (repo record, mounts, NAS file paths) for one repo."""
     repo = normalise_repo(entry)
-    folder = repo_folder(repo["repo_id"], repo["repo_type"])
+    folder = repo_folder_name(repo["repo_id"], repo["repo_type"])
     local_repo = os.path.join(hub_local_root, folder)
     nas_repo = os.path.join(hub_nas_root, folder)
     commit = resolve_commit(local_repo, nas_repo, repo["revision"])

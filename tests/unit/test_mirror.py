@@ -1,0 +1,1014 @@
+"""hf_hub_mirror's engine (module_utils/dgx_mirror.py) against synthetic NAS hubs holding every trap of
+the 2026-09-27 night-shift log. One test (or group) per lesson; each asserts the behaviour tightly
+enough to fail when the code implementing it is removed.
+
+Every NAS hub here is read-only by contract: it is chmod a-w and, because the tests run as root,
+also compared byte for byte (and lstat for lstat) after every test.
+"""
+import builtins
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hubgen
+from ansible.module_utils import dgx_mirror as mirror
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_hashing import sample_ranges
+from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
+from ansible.module_utils.dgx_transfer import TEMP_PREFIX
+
+MAIN = hubgen.MAIN_REPO
+DRAFTER = hubgen.DRAFTER_REPO
+PAGE15 = ["page15/"]
+BIG_SHARD = 3 * 1024 * 1024   # > 2 MiB edges + 8 x 64 KiB middle blocks: sampling really samples
+MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "module_utils")
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers
+# ------------------------------------------------------------------------------------------------
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def hashes_to_name(path, name):
+    """True when the file's content is what its hub blob name says (sha256 or git blob sha1)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if len(name) == 64:
+        return hashlib.sha256(data).hexdigest() == name
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == name
+
+
+def tree_snapshot(root):
+    """{relpath: (mode, ino, size, mtime_ns, link text, sha256)} of root and everything below, no link followed."""
+    root = str(root)
+    snap = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        paths = ([dirpath] if dirpath == root else []) + [os.path.join(dirpath, n) for n in dirnames + filenames]
+        for full in paths:
+            st = os.lstat(full)
+            link = os.readlink(full) if stat.S_ISLNK(st.st_mode) else None
+            digest = sha256_file(full) if stat.S_ISREG(st.st_mode) else None
+            size = None if stat.S_ISDIR(st.st_mode) else st.st_size
+            snap[os.path.relpath(full, root)] = (st.st_mode, st.st_ino, size, st.st_mtime_ns, link, digest)
+    return snap
+
+
+def changed_paths(before, after):
+    return sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+
+
+def set_writable(root, writable):
+    for dirpath, dirnames, filenames in os.walk(str(root)):
+        for full in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
+            st = os.lstat(full)
+            if not stat.S_ISLNK(st.st_mode):
+                mode = stat.S_IMODE(st.st_mode)
+                os.chmod(full, (mode | stat.S_IWUSR) if writable else (mode & ~0o222))
+
+
+class Nas(dict):
+    """hubgen's description + the reference snapshot of the read-only NAS tree."""
+
+    def freeze(self):
+        set_writable(self["root"], False)
+        self.frozen = tree_snapshot(self["root"])
+
+    def thaw(self):
+        set_writable(self["root"], True)
+
+    def assert_unchanged(self):
+        changes = changed_paths(self.frozen, tree_snapshot(self["root"]))
+        if changes:
+            self.freeze()   # report it once, not again in every later test sharing this hub
+        assert changes == [], "the NAS tree was written"
+
+    def repo(self, repo_id=MAIN):
+        return self["repos"][repo_id]
+
+    def repo_dir(self, repo_id=MAIN):
+        return os.path.join(self["hub"], self.repo(repo_id)["folder"])
+
+    def snapshot_dir(self, repo_id=MAIN):
+        return os.path.join(self.repo_dir(repo_id), "snapshots", self.repo(repo_id)["commit"])
+
+
+def build_nas(root, **kwargs):
+    nas = Nas(hubgen.build_nas_hub(str(root), **kwargs))
+    nas["root"] = str(root)
+    nas.freeze()
+    return nas
+
+
+@pytest.fixture(scope="module")
+def _small_nas(tmp_path_factory):
+    nas = build_nas(tmp_path_factory.mktemp("small") / "nas")
+    yield nas
+    nas.thaw()
+
+
+@pytest.fixture(scope="module")
+def _big_nas(tmp_path_factory):
+    nas = build_nas(tmp_path_factory.mktemp("big") / "nas", shard_size=BIG_SHARD, n_shards=3)
+    yield nas
+    nas.thaw()
+
+
+@pytest.fixture
+def nas(_small_nas):
+    """Shared small NAS hub (6 x 64 KiB shards); fails the test if it was written."""
+    yield _small_nas
+    _small_nas.assert_unchanged()
+
+
+@pytest.fixture
+def big_nas(_big_nas):
+    """Shared NAS hub with 3 MiB shards, so sample verification reads samples, not whole files."""
+    yield _big_nas
+    _big_nas.assert_unchanged()
+
+
+@pytest.fixture
+def fresh_nas(tmp_path):
+    """A NAS hub of this test's own, for tests that plant traps in it (call .freeze() afterwards)."""
+    nas = build_nas(tmp_path / "nas")
+    yield nas
+    nas.assert_unchanged()
+    nas.thaw()
+
+
+def _stage_template(nas, tmp_path_factory, name):
+    root = tmp_path_factory.mktemp(name)
+    run_mirror(MirrorRequest(src=nas["hub"], dest=str(root), repo_id=MAIN, ignore_patterns=PAGE15))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def _small_template(_small_nas, tmp_path_factory):
+    return _stage_template(_small_nas, tmp_path_factory, "small-staged")
+
+
+@pytest.fixture(scope="module")
+def _big_template(_big_nas, tmp_path_factory):
+    return _stage_template(_big_nas, tmp_path_factory, "big-staged")
+
+
+@pytest.fixture
+def prestage(request):
+    """prestage(nas, local): the local hub a first run (ignore page15/) leaves, cloned from one real run
+    per shared NAS hub (copying files is much cheaper than the fsyncs of staging again)."""
+
+    def clone(nas, local):
+        template = request.getfixturevalue("_big_template" if nas["shard_size"] == BIG_SHARD else "_small_template")
+        folder = nas.repo()["folder"]
+        shutil.copytree(os.path.join(template, folder), os.path.join(str(local), folder), symlinks=True)
+        assert_all_local(nas, local)
+
+    return clone
+
+
+@pytest.fixture
+def local(tmp_path):
+    path = tmp_path / "local"
+    path.mkdir()
+    return path
+
+
+def mirror_request(nas, local, repo_id=MAIN, **kwargs):
+    return MirrorRequest(src=nas["hub"], dest=str(local), repo_id=repo_id, **kwargs)
+
+
+def stage(nas, local, repo_id=MAIN, **kwargs):
+    return run_mirror(mirror_request(nas, local, repo_id, **kwargs))
+
+
+def selected(nas, repo_id=MAIN, ignore_page15=True):
+    """{path: file description} of what staging with(out) the page15 pattern selects."""
+    files = nas.repo(repo_id)["files"]
+    return dict((p, f) for p, f in files.items() if not (ignore_page15 and p.startswith("page15/")))
+
+
+def unique_blobs(files):
+    return dict((f["etag"], f["size"]) for f in files.values() if f["kind"] == "link")
+
+
+def local_repo(nas, local, repo_id=MAIN):
+    return os.path.join(str(local), nas.repo(repo_id)["folder"])
+
+
+def local_snapshot(nas, local, repo_id=MAIN, commit=None):
+    return os.path.join(local_repo(nas, local, repo_id), "snapshots", commit or nas.repo(repo_id)["commit"])
+
+
+def local_blob(nas, local, etag, repo_id=MAIN):
+    return os.path.join(local_repo(nas, local, repo_id), "blobs", etag)
+
+
+def nas_blob_real(nas, etag, repo_id=MAIN):
+    return os.path.realpath(os.path.join(nas.repo_dir(repo_id), "blobs", etag))
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def assert_all_local(nas, local, repo_id=MAIN, ignore_page15=True):
+    """Every selected entry is a correct relative link to a real, correct local blob (or a real file)."""
+    local_real = os.path.realpath(str(local))
+    snap = local_snapshot(nas, local, repo_id)
+    for path, info in selected(nas, repo_id, ignore_page15).items():
+        entry = os.path.join(snap, *path.split("/"))
+        assert os.path.realpath(entry).startswith(local_real + os.sep), path
+        if info["kind"] == "real":
+            assert stat.S_ISREG(os.lstat(entry).st_mode), path
+            assert sha256_file(entry) == info["sha256"], path
+            continue
+        assert os.path.islink(entry), path
+        assert os.readlink(entry) == "../" * (path.count("/") + 2) + "blobs/" + info["etag"], path
+        blob = local_blob(nas, local, info["etag"], repo_id)
+        assert stat.S_ISREG(os.lstat(blob).st_mode), "%s: local blob is not a regular file" % path
+        assert hashes_to_name(blob, info["etag"]), path
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 1: link chains through the hub-level store
+# ------------------------------------------------------------------------------------------------
+
+def test_link_chains_through_hub_store_end_in_local_real_blobs(nas, local):
+    files = selected(nas)
+    forms = set(f["blob_form"] for f in files.values())
+    assert {"real", "rel-store", "abs-store"} <= forms      # the trap is really there
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["blobs"] == {"copied": len(unique_blobs(files)), "reused": 0, "repaired": 0}
+    assert result["files"]["dangling"] == 0
+    assert_all_local(nas, local)
+    # extra ../ per sub-directory, exactly as huggingface_hub writes them
+    snap = local_snapshot(nas, local)
+    assert os.readlink(os.path.join(snap, "extras", "chat", "chat_template.jinja")).startswith("../../../../blobs/")
+    # nothing anywhere in the local hub resolves into the NAS
+    local_real = os.path.realpath(str(local))
+    nas_real = os.path.realpath(nas["root"])
+    for dirpath, dirnames, filenames in os.walk(str(local)):
+        for name in dirnames + filenames:
+            real = os.path.realpath(os.path.join(dirpath, name))
+            assert real.startswith(local_real + os.sep) and not real.startswith(nas_real + os.sep), real
+
+
+def test_generation1_blob_links_into_nas_store_are_repaired(prestage, nas, local):
+    files = selected(nas)
+    prestage(nas, local)
+    by_form = {}
+    for path, info in sorted(files.items()):
+        by_form.setdefault(info["blob_form"], path)
+    planted = {}
+    for form in ("rel-store", "abs-store", "real"):      # gen 1: local blobs/<sha> -> NAS (rel and abs)
+        path = by_form[form]
+        etag = files[path]["etag"]
+        blob = local_blob(nas, local, etag)
+        os.unlink(blob)
+        target = nas_blob_real(nas, etag)
+        os.symlink(os.path.relpath(target, os.path.dirname(blob)) if form == "rel-store" else target, blob)
+        assert os.path.realpath(os.path.join(local_snapshot(nas, local), path)) == target  # resolves into NAS
+        planted[path] = blob
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["changed"] is True
+    assert result["blobs"]["repaired"] == 3
+    assert result["blobs"]["copied"] == 0
+    assert result["repaired_paths"] == sorted(planted)
+    for blob in planted.values():
+        assert not os.path.islink(blob) and os.path.isfile(blob)
+    assert_all_local(nas, local)
+
+
+def test_hf_native_store_names_are_not_blob_names(tmp_path, local):
+    # huggingface_hub 2.4 names store entries by a Xet hash: the local blob must take the etag the
+    # snapshot link names (first hop), not the name at the end of the chain.
+    nas = build_nas(tmp_path / "nas", hf_native=True)
+    files = selected(nas)
+    store_backed = [p for p, f in files.items() if f["store_path"]]
+    assert store_backed and all(os.path.basename(files[p]["store_path"]) != files[p]["etag"] for p in store_backed)
+    result = stage(nas, local, ignore_patterns=PAGE15, verify="full")
+    assert result["blobs"]["copied"] == len(unique_blobs(files))
+    assert sorted(os.listdir(os.path.join(local_repo(nas, local), "blobs"))) == sorted(unique_blobs(files))
+    assert_all_local(nas, local)
+    nas.assert_unchanged()
+    nas.thaw()
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 2: page15 real files inside the snapshot
+# ------------------------------------------------------------------------------------------------
+
+def test_page15_excluded_by_pattern_is_not_staged(nas, local):
+    page15 = nas.repo()["page15"]
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert sorted(result["excluded_paths"]) == sorted(page15)
+    assert result["files"] == {"total": len(nas.repo()["files"]), "local": len(nas.repo()["files"]) - len(page15),
+                               "excluded": len(page15), "dangling": 0}
+    assert result["real_files"] == {"copied": 0, "repaired": 0}
+    assert not os.path.lexists(os.path.join(local_snapshot(nas, local), "page15"))
+    assert result["bytes_copied"] == sum(unique_blobs(selected(nas)).values())
+
+
+def test_page15_without_patterns_is_staged_as_real_files(nas, local):
+    page15 = nas.repo()["page15"]
+    result = stage(nas, local)
+    assert result["excluded_paths"] == []
+    assert result["real_files"] == {"copied": len(page15), "repaired": 0}
+    snap = local_snapshot(nas, local)
+    for path in page15:
+        entry = os.path.join(snap, *path.split("/"))
+        assert stat.S_ISREG(os.lstat(entry).st_mode), path
+        with open(entry, "rb") as mine, open(os.path.join(nas.snapshot_dir(), *path.split("/")), "rb") as theirs:
+            assert mine.read() == theirs.read(), path
+    assert_all_local(nas, local, ignore_page15=False)
+
+
+def test_stale_page15_copy_is_reported_then_pruned(nas, local):
+    page15 = nas.repo()["page15"]
+    snap = local_snapshot(nas, local)
+    stage(nas, local)                                    # an earlier run staged page15
+    kept = stage(nas, local, ignore_patterns=PAGE15)     # prune off: reported, kept
+    stale = sorted(os.path.join(snap, *p.split("/")) for p in page15)
+    assert sorted(kept["stale_paths"]) == stale
+    assert kept["pruned"] == []
+    assert any("prune" in w and "page15" in w for w in kept["warnings"])
+    assert all(os.path.isfile(p) for p in stale)
+    pruned = stage(nas, local, ignore_patterns=PAGE15, prune=True)
+    assert sorted(pruned["pruned"]) == stale
+    assert pruned["stale_paths"] == [] and pruned["changed"] is True
+    assert not os.path.lexists(os.path.join(snap, "page15"))   # emptied dirs go too
+    assert_all_local(nas, local)
+    again = stage(nas, local, ignore_patterns=PAGE15, prune=True)
+    assert again["changed"] is False and again["pruned"] == [] and again["stale_paths"] == []
+
+
+def test_space_check_counts_bytes_that_prune_frees(nas, local, monkeypatch):
+    files = selected(nas)
+    page15_bytes = sum(nas.repo()["files"][p]["size"] for p in nas.repo()["page15"])
+    stage(nas, local)                                    # page15 staged as real files
+    shard = nas.repo()["shards"][0]
+    os.unlink(local_blob(nas, local, files[shard]["etag"]))   # one blob must be copied again
+    need = files[shard]["size"]
+    assert need > page15_bytes
+    plan = plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, prune=True, reserve="0"))
+    assert plan.freed_bytes == page15_bytes and plan.write_bytes == need
+    # free space that fits the copy only once the pruned page15 copy is counted as reclaimable
+    free = need - page15_bytes + 1
+    monkeypatch.setattr(mirror, "disk_space", lambda path: (free, 10 * 1024 ** 3))
+    with pytest.raises(StageError, match=r"need %d bytes .*available %d bytes" % (need, free)):
+        stage(nas, local, ignore_patterns=PAGE15, reserve="0")
+    result = stage(nas, local, ignore_patterns=PAGE15, reserve="0", prune=True)
+    assert result["space"]["need"] == need and result["blobs"]["copied"] == 1
+    assert result["space"]["reclaimable"] == page15_bytes
+    assert_all_local(nas, local)
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 3: idempotence, no EEXIST, copytree-style snapshots fixed
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verify", ["sample", "full", "none"])
+def test_second_run_rewrites_nothing(nas, local, verify):
+    first = stage(nas, local, ignore_patterns=PAGE15, verify=verify)
+    assert first["changed"] is True
+    before = tree_snapshot(local_repo(nas, local))
+    second = stage(nas, local, ignore_patterns=PAGE15, verify=verify)
+    assert second["changed"] is False
+    assert second["blobs"] == {"copied": 0, "reused": len(unique_blobs(selected(nas))), "repaired": 0}
+    assert second["bytes_copied"] == 0 and second["links_written"] == 0 and second["refs_written"] == []
+    assert second["diff_text"] == ""
+    # same inodes, same mtimes: not one blob, link, ref or listing rewritten
+    assert changed_paths(before, tree_snapshot(local_repo(nas, local))) == []
+
+
+def test_copytree_style_snapshot_gets_links_and_blobs(nas, local):
+    # generation 2 of the log: shutil.copytree of the NAS snapshot (links followed -> regular files)
+    snap = local_snapshot(nas, local)
+    shutil.copytree(nas.snapshot_dir(), snap)
+    for dirpath, _dirs, names in os.walk(snap):   # copytree keeps the NAS's read-only modes
+        os.chmod(dirpath, 0o755)
+    files = selected(nas)
+    link_entries = [p for p, f in files.items() if f["kind"] == "link"]
+    assert all(stat.S_ISREG(os.lstat(os.path.join(snap, *p.split("/"))).st_mode) for p in link_entries)
+    result = stage(nas, local, ignore_patterns=PAGE15)   # no EEXIST on the existing files
+    assert result["links_written"] == len(link_entries)
+    assert result["blobs"]["copied"] == len(unique_blobs(files))
+    assert_all_local(nas, local)
+    # and the same again with the links now in place: no EEXIST, nothing to do
+    assert stage(nas, local, ignore_patterns=PAGE15, prune=True)["links_written"] == 0
+    assert stage(nas, local, ignore_patterns=PAGE15, prune=True)["changed"] is False
+
+
+def test_wrong_link_text_is_rewritten(prestage, nas, local):
+    prestage(nas, local)
+    snap = local_snapshot(nas, local)
+    entry = os.path.join(snap, "extras", "generation_config.json")
+    etag = selected(nas)["extras/generation_config.json"]["etag"]
+    os.unlink(entry)
+    os.symlink(os.path.abspath(local_blob(nas, local, etag)), entry)  # resolves fine, but absolute
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["links_written"] == 1 and result["changed"] is True
+    assert os.readlink(entry) == "../../../blobs/" + etag
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 4: NFS mtime staleness - content decides, never size/mtime
+# ------------------------------------------------------------------------------------------------
+
+CORRUPTIONS = {
+    # kind: {verify mode: detected?}
+    "zero-filled": {"none": False, "sample": True, "full": True},
+    "flip-in-middle-sample": {"none": False, "sample": True, "full": True},
+    "flip-between-samples": {"none": False, "sample": False, "full": True},
+}
+
+
+def _corrupt(path, kind, size):
+    ranges = sample_ranges(size)
+    assert len(ranges) == 10, "shards must be large enough for real sampling"
+    if kind == "zero-filled":
+        with open(path, "wb") as handle:
+            handle.write(b"\0" * size)
+    elif kind == "flip-in-middle-sample":
+        offset, length = ranges[4]
+        flip_byte(path, offset + length // 2)
+    else:
+        offset, length = ranges[4]
+        gap = offset + length + 100
+        assert gap < ranges[5][0]
+        flip_byte(path, gap)
+
+
+@pytest.mark.parametrize("verify", ["none", "sample", "full"])
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_same_size_same_mtime_wrong_content(prestage, big_nas, local, kind, verify):
+    nas = big_nas
+    shard = nas.repo()["shards"][1]
+    info = selected(nas)[shard]
+    prestage(nas, local)
+    blob = local_blob(nas, local, info["etag"])
+    _corrupt(blob, kind, info["size"])
+    nas_st = os.stat(nas_blob_real(nas, info["etag"]))
+    os.utime(blob, ns=(nas_st.st_atime_ns, nas_st.st_mtime_ns))    # NFS: attributes say "same file"
+    assert os.stat(blob).st_size == nas_st.st_size and os.stat(blob).st_mtime_ns == nas_st.st_mtime_ns
+    ino = os.stat(blob).st_ino
+    result = stage(nas, local, ignore_patterns=PAGE15, verify=verify)
+    if CORRUPTIONS[kind][verify]:
+        assert result["changed"] is True
+        assert result["blobs"]["repaired"] == 1 and result["repaired_paths"] == [shard]
+        assert result["bytes_copied"] == info["size"]
+        assert hashes_to_name(blob, info["etag"]) and os.stat(blob).st_ino != ino
+        assert_all_local(nas, local)
+    else:  # documents the mode's limit: it trusts what it does not read
+        assert result["changed"] is False and result["blobs"]["repaired"] == 0
+        assert not hashes_to_name(blob, info["etag"]) and os.stat(blob).st_ino == ino
+
+
+def test_truncated_local_blob_is_repaired_even_without_verify(prestage, big_nas, local):
+    nas = big_nas
+    info = selected(nas)[nas.repo()["shards"][0]]
+    prestage(nas, local)
+    blob = local_blob(nas, local, info["etag"])
+    os.truncate(blob, info["size"] // 2)
+    result = stage(nas, local, ignore_patterns=PAGE15, verify="none")
+    assert result["repaired_paths"] == [nas.repo()["shards"][0]]
+    assert hashes_to_name(blob, info["etag"])
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 5: size-based hardlink dedup bound the wrong shard
+# ------------------------------------------------------------------------------------------------
+
+def test_hardlinked_wrong_shard_is_split_and_repaired(prestage, big_nas, local):
+    nas = big_nas
+    shard_a, shard_b = nas.repo()["same_size_pairs"][0]
+    files = selected(nas)
+    etag_a, etag_b = files[shard_a]["etag"], files[shard_b]["etag"]
+    assert files[shard_a]["size"] == files[shard_b]["size"] and etag_a != etag_b
+    prestage(nas, local)
+    blob_a, blob_b = local_blob(nas, local, etag_a), local_blob(nas, local, etag_b)
+    os.unlink(blob_a)
+    os.link(blob_b, blob_a)                              # the log's bad dedup: A is now B's content
+    st_b = os.stat(blob_b)
+    assert os.stat(blob_a).st_ino == st_b.st_ino and st_b.st_nlink == 2
+    result = stage(nas, local, ignore_patterns=PAGE15, verify="sample")
+    assert result["blobs"] == {"copied": 0, "reused": len(unique_blobs(files)) - 1, "repaired": 1}
+    assert result["repaired_paths"] == [shard_a]
+    after_b = os.stat(blob_b)
+    assert (after_b.st_ino, after_b.st_mtime_ns) == (st_b.st_ino, st_b.st_mtime_ns)   # B untouched
+    assert after_b.st_nlink == 1 and os.stat(blob_a).st_ino != after_b.st_ino
+    assert hashes_to_name(blob_a, etag_a) and hashes_to_name(blob_b, etag_b)
+    assert_all_local(nas, local)
+
+
+def test_two_paths_of_one_blob_share_one_verified_copy(fresh_nas, local):
+    # dedup by NAME (the content hash) is the right dedup: one blob, one copy, both paths repaired together
+    nas = fresh_nas
+    etag = nas.repo()["files"]["config.json"]["etag"]
+    nas.thaw()
+    os.symlink("../../../blobs/" + etag, os.path.join(nas.snapshot_dir(), "extras", "config-copy.json"))
+    nas.freeze()
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["blobs"]["copied"] == len(unique_blobs(selected(nas)))
+    assert result["files"]["local"] == len(selected(nas)) + 1
+    snap = local_snapshot(nas, local)
+    assert os.readlink(os.path.join(snap, "extras", "config-copy.json")) == "../../../blobs/" + etag
+    blob = local_blob(nas, local, etag)
+    with open(blob, "r+b") as handle:
+        handle.write(b"[")                                  # same size, wrong content
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["blobs"]["repaired"] == 1
+    assert result["repaired_paths"] == ["config.json", "extras/config-copy.json"]
+    assert hashes_to_name(blob, etag)
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 6: verify=full proves blobs against their names, no NAS read
+# ------------------------------------------------------------------------------------------------
+
+def _record_opens(monkeypatch):
+    opened = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def rec_open(file, *args, **kwargs):
+        if not isinstance(file, int):
+            opened.append(os.path.realpath(os.fsdecode(file)))
+        return real_open(file, *args, **kwargs)
+
+    def rec_os_open(path, *args, **kwargs):
+        opened.append(os.path.realpath(os.fsdecode(path)))
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", rec_open)
+    monkeypatch.setattr(os, "open", rec_os_open)
+    return opened
+
+
+def test_full_verify_reads_no_nas_blob(prestage, nas, local, monkeypatch):
+    prestage(nas, local)
+    nas_stores = [os.path.realpath(os.path.join(nas.repo_dir(), "blobs")), os.path.realpath(nas["store"])]
+
+    def nas_blob_reads(paths):
+        return [p for p in paths if any(p.startswith(s + os.sep) for s in nas_stores)]
+
+    opened = _record_opens(monkeypatch)
+    result = stage(nas, local, ignore_patterns=PAGE15, verify="full")
+    full_opens = list(opened)
+    del opened[:]
+    sample = stage(nas, local, ignore_patterns=PAGE15, verify="sample")
+    monkeypatch.undo()
+    assert result["changed"] is False and result["blobs"]["reused"] == len(unique_blobs(selected(nas)))
+    assert nas_blob_reads(full_opens) == []
+    # ...yet every local blob was read (hashed against its name), not skipped
+    local_blobs = set(os.path.realpath(local_blob(nas, local, e)) for e in unique_blobs(selected(nas)))
+    assert local_blobs <= set(full_opens)
+    # the recorder does see NAS reads: sample mode compares with the NAS copy
+    assert sample["changed"] is False and len(set(nas_blob_reads(opened))) == len(local_blobs)
+
+
+def test_full_verify_catches_corruption_without_nas(prestage, nas, local):
+    info = selected(nas)[nas.repo()["shards"][2]]
+    prestage(nas, local)
+    blob = local_blob(nas, local, info["etag"])
+    flip_byte(blob, info["size"] - 1)
+    result = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, verify="full"), check_mode=True)
+    assert result["repaired_paths"] == [nas.repo()["shards"][2]]
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 7: disk-space preflight, size parsing
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_space_preflight_refuses_before_writing(nas, local, check_mode):
+    stats = os.statvfs(str(local))
+    reserve = stats.f_bavail * stats.f_frsize + 1024 ** 3       # more than is free, whatever others write
+    need = sum(unique_blobs(selected(nas)).values())
+    before = tree_snapshot(local)
+    with pytest.raises(StageError) as err:
+        run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, reserve=str(reserve)), check_mode=check_mode)
+    message = str(err.value)
+    assert re.search(r"need %d bytes" % need, message), message
+    assert re.search(r"available \d+ bytes", message), message
+    assert changed_paths(before, tree_snapshot(local)) == []
+    assert os.listdir(str(local)) == []
+
+
+def test_space_preflight_with_percent_reserve(nas, local, monkeypatch):
+    need = sum(unique_blobs(selected(nas)).values())
+    total = 100 * need
+    monkeypatch.setattr(mirror, "disk_space", lambda path: (need + 10 * need, total))  # 11% free
+    with pytest.raises(StageError, match="need %d bytes" % need):
+        stage(nas, local, ignore_patterns=PAGE15, reserve="10.5%")       # leaves 0.5% < need
+    assert os.listdir(str(local)) == []
+    result = stage(nas, local, ignore_patterns=PAGE15, reserve="9%")
+    assert result["space"]["reserve"] == 9 * need and result["space"]["need"] == need
+
+
+@pytest.mark.parametrize("text, expected", [
+    (12345, 12345), ("12345", 12345), (" 7 ", 7), ("10G", 10 * 1024 ** 3), ("10g", 10 * 1024 ** 3),
+    ("10GiB", 10 * 1024 ** 3), ("10GB", 10 * 1024 ** 3), ("512M", 512 * 1024 ** 2), ("4K", 4096),
+    ("1.5T", int(1.5 * 1024 ** 4)), ("0", 0),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "ten", "10X", "-5", "5%", "1e9", "10 G B", "G"])
+def test_parse_size_refuses(text):
+    with pytest.raises(StageError, match="size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("text, total, expected", [
+    ("2%", 1000, 20), ("0%", 1000, 0), ("99.5%", 1000, 995), (" 10 % ", 1000, 100), ("2%", 0, 0),
+    ("1G", 5, 1024 ** 3), ("4096", 1000, 4096), (4096, 1000, 4096),
+])
+def test_parse_reserve(text, total, expected):
+    assert parse_reserve(text, total) == expected
+
+
+@pytest.mark.parametrize("text", ["100%", "150%", "-1%", "abc%", "%", "lots"])
+def test_parse_reserve_refuses(text):
+    with pytest.raises(StageError):
+        parse_reserve(text, 1000)
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 8 (unit part; the SIGKILL test is in tests/integration): crash order and debris
+# ------------------------------------------------------------------------------------------------
+
+def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch):
+    real_copy = mirror.copy_atomic
+    calls = []
+
+    def dies_on_fourth(source, final_path, size, **kwargs):
+        calls.append(final_path)
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed mid-copy")
+        return real_copy(source, final_path, size, **kwargs)
+
+    monkeypatch.setattr(mirror, "copy_atomic", dies_on_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        stage(nas, local, ignore_patterns=PAGE15)
+    monkeypatch.undo()
+    repo = local_repo(nas, local)
+    blobs = os.listdir(os.path.join(repo, "blobs"))
+    assert len(blobs) == 3 and all(hashes_to_name(os.path.join(repo, "blobs", b), b) for b in blobs)
+    # refs and the tree listing come last: no ref may point at an incomplete snapshot
+    assert not os.path.exists(os.path.join(repo, "refs")) and not os.path.exists(os.path.join(repo, "trees"))
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["blobs"] == {"copied": len(unique_blobs(selected(nas))) - 3, "reused": 3, "repaired": 0}
+    assert_all_local(nas, local)
+
+
+def test_debris_of_killed_small_writes_is_removed(prestage, nas, local):
+    # a run killed while writing refs/main or trees/<commit>.json leaves the temp file of that write;
+    # huggingface_hub's scan_cache_dir then reports a bogus ref, so the next run must remove it.
+    hf = pytest.importorskip("huggingface_hub")
+    commit = nas.repo()["commit"]
+    prestage(nas, local)
+    repo = local_repo(nas, local)
+    os.unlink(os.path.join(repo, "refs", "main"))
+    os.unlink(os.path.join(repo, "trees", commit + ".json"))
+    monkey_kill = []
+
+    def killed_before_rename(src, dst):
+        monkey_kill.append(src)
+        raise SystemExit("SIGKILL stand-in")
+
+    real_replace = os.replace
+    os.replace = killed_before_rename
+    try:
+        # the leftover is whatever the small-file writer had open when the process died
+        with pytest.raises(SystemExit):
+            mirror.apply_plan(plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15)),
+                              mirror_request(nas, local, ignore_patterns=PAGE15))
+    finally:
+        os.replace = real_replace
+    leftovers = [p for p in monkey_kill if os.path.exists(p)]
+    for path in list(monkey_kill):
+        if not os.path.exists(path):     # writers that clean up after themselves: plant what SIGKILL leaves
+            with open(path, "wb") as handle:
+                handle.write(b"")
+            leftovers.append(path)
+    assert leftovers and any("/refs/" in p for p in leftovers)
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert sorted(result["debris_removed"]) == sorted(leftovers)
+    assert sorted(os.listdir(os.path.join(repo, "refs"))) == ["main"]
+    assert sorted(os.listdir(os.path.join(repo, "trees"))) == [commit + ".json"]
+    assert hf.scan_cache_dir(str(local)).warnings == []
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 9: the repo lock
+# ------------------------------------------------------------------------------------------------
+
+HOLDER = """
+import sys
+import ansible.module_utils
+ansible.module_utils.__path__.append(sys.argv[1])
+from ansible.module_utils.dgx_transfer import RepoLock
+with RepoLock(sys.argv[2], 30):
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+class LockHolder(object):
+    """Another process holding the repo lock (RepoLock, as a concurrent dgx-stage run would)."""
+
+    def __init__(self, lock_path):
+        self.lock_path = lock_path
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, MODULE_UTILS, self.lock_path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdout.readline().strip() == b"locked"
+        return self.proc
+
+    def __exit__(self, *exc_info):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        return False
+
+
+def lock_path_of(nas, local):
+    return os.path.join(str(local), ".locks", nas.repo()["folder"], "dgx-stage.lock")
+
+
+def test_held_lock_refuses_and_writes_nothing(nas, local):
+    lock_path = lock_path_of(nas, local)
+    with LockHolder(lock_path) as holder:
+        before = tree_snapshot(local)
+        started = time.monotonic()
+        with pytest.raises(StageError) as err:
+            stage(nas, local, ignore_patterns=PAGE15, lock_timeout=1)
+        assert 1 <= time.monotonic() - started < 10
+        assert "holds" in str(err.value) and "pid %d" % holder.pid in str(err.value)
+        assert lock_path in str(err.value)
+        assert changed_paths(before, tree_snapshot(local)) == []
+    assert stage(nas, local, ignore_patterns=PAGE15, lock_timeout=1)["changed"] is True   # released: works
+
+
+def test_run_waits_for_lock_while_the_holder_changes_the_local_copy(prestage, nas, local, monkeypatch):
+    # The holder (run A) is copying: its temp file gets its final name at any moment, so a file
+    # listed while looking at the local copy can be gone a moment later. Run B must wait for the
+    # lock (and time out naming the holder), not crash on the vanished file before taking the lock.
+    prestage(nas, local)
+    blobs_dir = os.path.join(local_repo(nas, local), "blobs")
+    vanished = os.path.join(blobs_dir, TEMP_PREFIX + "e" * 64 + ".4242.0badf00d")
+    real_find = mirror.find_temp_debris
+    monkeypatch.setattr(mirror, "find_temp_debris", lambda top: sorted(real_find(top) + [vanished]))
+    with LockHolder(lock_path_of(nas, local)) as holder:
+        with pytest.raises(StageError) as err:
+            stage(nas, local, ignore_patterns=PAGE15, lock_timeout=1)
+        assert "holds" in str(err.value) and "pid %d" % holder.pid in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 10: prune keeps other local snapshots
+# ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("old_revision", ["v1", "commit"])
+def test_prune_removes_debris_stale_and_orphans_but_keeps_other_snapshot(nas, local, old_revision):
+    repo = nas.repo()
+    old = stage(nas, local, revision=repo["old_commit"] if old_revision == "commit" else old_revision)
+    assert old["commit"] == repo["old_commit"]
+    old_only = repo["old_only_etags"]
+    assert old_only and all(os.path.isfile(local_blob(nas, local, e)) for e in old_only)
+    stage(nas, local)                                              # main, page15 included
+    blobs_dir = os.path.join(local_repo(nas, local), "blobs")
+    orphan = os.path.join(blobs_dir, hashlib.sha256(b"orphan").hexdigest())
+    with open(orphan, "wb") as handle:
+        handle.write(b"orphan")
+    debris = os.path.join(blobs_dir, TEMP_PREFIX + repo["files"][repo["shards"][0]]["etag"] + ".4242.deadbeef")
+    with open(debris, "wb") as handle:
+        handle.write(b"\0" * 4096)
+    snap = local_snapshot(nas, local)
+    page15 = sorted(os.path.join(snap, *p.split("/")) for p in repo["page15"])
+
+    result = stage(nas, local, ignore_patterns=PAGE15, prune=True)
+    assert result["debris_removed"] == [debris]
+    assert sorted(result["pruned"]) == sorted(page15 + [orphan])
+    for path in page15 + [orphan, debris]:
+        assert not os.path.lexists(path), path
+    # the old revision is still complete and local
+    old_snap = local_snapshot(nas, local, commit=repo["old_commit"])
+    for path, info in repo["old_files"].items():
+        entry = os.path.join(old_snap, *path.split("/"))
+        assert os.path.realpath(entry) == os.path.realpath(local_blob(nas, local, info["etag"]))
+        assert hashes_to_name(entry, info["etag"]), path
+    with open(os.path.join(local_repo(nas, local), "refs", "v1")) as handle:
+        assert handle.read() == repo["old_commit"]
+    assert_all_local(nas, local)
+    assert stage(nas, local, ignore_patterns=PAGE15, prune=True)["changed"] is False
+
+
+def test_without_prune_orphans_are_only_reported(prestage, nas, local):
+    prestage(nas, local)
+    orphan = os.path.join(local_repo(nas, local), "blobs", hashlib.sha256(b"x").hexdigest())
+    with open(orphan, "wb") as handle:
+        handle.write(b"x")
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert result["stale_paths"] == [orphan] and result["pruned"] == [] and result["changed"] is False
+    assert os.path.isfile(orphan)
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 11: refusals, with nothing written
+# ------------------------------------------------------------------------------------------------
+
+def _plant_dangling(nas, tmp_path):
+    nas.thaw()
+    link = os.path.join(nas.snapshot_dir(), "extras", "missing.bin")
+    os.symlink("../../../blobs/" + "0" * 64, link)
+    nas.freeze()
+    return {}, [link, "dangling"]
+
+
+def _plant_escaping_snapshot_link(nas, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.bin").write_bytes(b"not the hub's")
+    nas.thaw()
+    link = os.path.join(nas.snapshot_dir(), "leak.bin")
+    os.symlink(str(outside / "secret.bin"), link)
+    nas.freeze()
+    return {}, [link, "outside the source hub root"]
+
+
+def _plant_escaping_blob_link(nas, tmp_path):
+    """The repo-level blob (not the snapshot entry) points outside the hub."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    info = nas.repo()["files"]["config.json"]
+    (outside / "cfg").write_bytes(b"{}")
+    nas.thaw()
+    blob = os.path.join(nas.repo_dir(), "blobs", info["etag"])
+    os.unlink(blob)
+    os.symlink(str(outside / "cfg"), blob)
+    nas.freeze()
+    return {}, [os.path.join(nas.snapshot_dir(), "config.json"), "outside the source hub root"]
+
+
+REFUSALS = {
+    "missing-src": lambda nas, tmp: ({"src": str(tmp / "no-nas")}, [str(tmp / "no-nas"), "src hub root"]),
+    "missing-dest": lambda nas, tmp: ({"dest": str(tmp / "no-local")}, [str(tmp / "no-local"), "dest hub root"]),
+    "dest-is-a-file": lambda nas, tmp: (_dest_file(tmp), [str(tmp / "a-file"), "dest hub root"]),
+    "dest-inside-src": lambda nas, tmp: ({"dest": nas["hub"]}, ["overlap"]),
+    "unknown-repo": lambda nas, tmp: ({"repo_id": "coolbho3k/NoSuchModel"},
+                                      ["unknown repo coolbho3k/NoSuchModel", nas.repo(MAIN)["folder"],
+                                       nas.repo(DRAFTER)["folder"]]),
+    "bad-repo-id": lambda nas, tmp: ({"repo_id": "../etc"}, ["invalid repo_id"]),
+    "unknown-revision": lambda nas, tmp: ({"revision": "v9"}, ["'v9'", "main", "v1"]),
+    "unknown-commit": lambda nas, tmp: ({"revision": "f" * 40}, ["f" * 40]),
+    "dangling-link": _plant_dangling,
+    "escaping-snapshot-link": _plant_escaping_snapshot_link,
+    "escaping-blob-link": _plant_escaping_blob_link,
+    "patterns-select-nothing": lambda nas, tmp: ({"allow_patterns": ["*.gguf"]}, ["*.gguf", "select none"]),
+    "ignore-everything": lambda nas, tmp: ({"ignore_patterns": ["*"]}, ["select none"]),
+}
+
+
+def _dest_file(tmp):
+    (tmp / "a-file").write_bytes(b"not a directory")
+    return {"dest": str(tmp / "a-file")}
+
+
+PLANTED = ("dangling-link", "escaping-snapshot-link", "escaping-blob-link")   # need a NAS of their own
+APPLY_ONLY = ("missing-dest",)   # check mode on a fresh node: the stage play creates the dest later
+
+
+REFUSAL_RUNS = [(case, check) for case in sorted(REFUSALS) for check in (False, True)
+                if not (check and case in APPLY_ONLY)]
+
+
+@pytest.mark.parametrize("case, check_mode", REFUSAL_RUNS,
+                         ids=["%s-%s" % (case, "check" if check else "apply") for case, check in REFUSAL_RUNS])
+def test_refusals_name_the_problem_and_write_nothing(request, local, tmp_path, case, check_mode):
+    nas = request.getfixturevalue("fresh_nas" if case in PLANTED else "nas")
+    overrides, fragments = REFUSALS[case](nas, tmp_path)
+    args = dict(src=nas["hub"], dest=str(local), repo_id=MAIN)
+    args.update(overrides)
+    before = tree_snapshot(local)
+    with pytest.raises(StageError) as err:
+        run_mirror(MirrorRequest(**args), check_mode=check_mode)
+    for fragment in fragments:
+        assert fragment in str(err.value), (fragment, str(err.value))
+    assert changed_paths(before, tree_snapshot(local)) == []
+    assert not os.path.exists(str(tmp_path / "no-local"))
+
+
+def test_refuses_unknown_verify_mode(nas, local):
+    with pytest.raises(StageError, match="verify must be one of"):
+        mirror_request(nas, local, verify="fast")
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 12: check mode
+# ------------------------------------------------------------------------------------------------
+
+def test_check_mode_on_empty_local_hub_reports_everything_writes_nothing(nas, local):
+    blobs = unique_blobs(selected(nas))
+    result = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
+    assert result["changed"] is True
+    assert result["blobs"] == {"copied": len(blobs), "reused": 0, "repaired": 0}
+    assert result["bytes_copied"] == sum(blobs.values())
+    assert result["refs_written"] == ["main"]
+    assert result["diff_text"].count("+ copy ") == len(blobs)
+    assert os.listdir(str(local)) == []                          # no .locks, no repo folder
+
+
+def test_check_mode_with_missing_dest_creates_nothing(nas, tmp_path):
+    # a fresh node: hub_local_root does not exist yet (the stage play creates it); --check must still
+    # report the whole copy, and create nothing
+    dest = tmp_path / "fresh-node" / "hub"
+    blobs = unique_blobs(selected(nas))
+    result = run_mirror(mirror_request(nas, dest, ignore_patterns=PAGE15), check_mode=True)
+    assert result["changed"] is True
+    assert result["blobs"] == {"copied": len(blobs), "reused": 0, "repaired": 0}
+    assert result["bytes_copied"] == sum(blobs.values())
+    assert not os.path.exists(str(tmp_path / "fresh-node"))
+
+
+def test_check_mode_reports_a_corrupt_blob_without_fixing_it(prestage, big_nas, local):
+    nas = big_nas
+    shard = nas.repo()["shards"][2]
+    info = selected(nas)[shard]
+    prestage(nas, local)
+    blob = local_blob(nas, local, info["etag"])
+    flip_byte(blob, sample_ranges(info["size"])[3][0] + 7)
+    before = tree_snapshot(local)
+    result = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
+    assert result["changed"] is True
+    assert result["repaired_paths"] == [shard] and result["blobs"]["repaired"] == 1
+    assert "repair (content) %s" % blob in result["diff_text"]
+    assert changed_paths(before, tree_snapshot(local)) == []
+    assert not hashes_to_name(blob, info["etag"])
+
+
+# ------------------------------------------------------------------------------------------------
+# lesson 13: the partial local copy loads offline with huggingface_hub
+# ------------------------------------------------------------------------------------------------
+
+def test_partial_copy_loads_offline_with_huggingface_hub(nas, local):
+    hf = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    repo = nas.repo()
+    stage(nas, local, ignore_patterns=PAGE15)
+    local_real = os.path.realpath(str(local))
+    for name in ("config.json", repo["shards"][0], "extras/chat/chat_template.jinja"):
+        path = hf.hf_hub_download(MAIN, name, cache_dir=str(local), local_files_only=True)
+        assert os.path.realpath(path).startswith(local_real + os.sep)
+        assert sha256_file(path) == repo["files"][name]["sha256"]
+    snap = hf.snapshot_download(MAIN, cache_dir=str(local), local_files_only=True)  # no IncompleteSnapshotError
+    assert os.path.realpath(snap) == os.path.realpath(local_snapshot(nas, local))
+    with open(os.path.join(local_repo(nas, local), "trees", repo["commit"] + ".json")) as handle:
+        assert sorted(json.load(handle)["files"]) == sorted(selected(nas))
+    info = hf.scan_cache_dir(str(local))
+    assert info.warnings == []
+    [cached] = [r for r in info.repos if r.repo_id == MAIN]
+    [revision] = cached.revisions
+    assert revision.commit_hash == repo["commit"] and revision.refs == frozenset(["main"])
+    assert revision.nb_files == len(selected(nas))
+    # refs of the old revision are not written when staging main: v1 does not resolve offline
+    assert os.listdir(os.path.join(local_repo(nas, local), "refs")) == ["main"]
+    with pytest.raises(LocalEntryNotFoundError):
+        hf.hf_hub_download(MAIN, "config.json", revision="v1", cache_dir=str(local), local_files_only=True)
+    # staging v1 explicitly writes its ref, and both revisions load
+    stage(nas, local, revision="v1")
+    first = repo["shards"][0]
+    path = hf.hf_hub_download(MAIN, first, revision="v1", cache_dir=str(local), local_files_only=True)
+    assert sha256_file(path) == repo["old_files"][first]["sha256"] != repo["files"][first]["sha256"]
+    assert hf.scan_cache_dir(str(local)).warnings == []
+
+
+def test_drafter_repo_stages_next_to_main(nas, local):
+    stage(nas, local, ignore_patterns=PAGE15)
+    result = stage(nas, local, repo_id=DRAFTER)
+    assert result["blobs"]["copied"] == len(unique_blobs(selected(nas, DRAFTER)))
+    assert_all_local(nas, local, DRAFTER)
+    assert_all_local(nas, local, MAIN)

@@ -21,6 +21,8 @@ NAS_PARENT = os.path.join(DEMO_ROOT, "nas")
 NAS_HUB = os.path.join(NAS_PARENT, "hub")
 REPORT = os.path.join(DEMO_ROOT, "reports", "localhost.json")
 SHARD_SIZE = 8 * 1024 * 1024
+RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
+STALE_RECEIPTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
 
 
 def ensure_nas_hub():
@@ -30,6 +32,15 @@ def ensure_nas_hub():
     desc = hubgen.build_nas_hub(NAS_PARENT, shard_size=SHARD_SIZE, n_shards=6)
     print("demo: built a synthetic NAS hub at %s (%d repos) in %.1f s"
           % (desc["hub"], len(desc["repos"]), desc["duration_s"]))
+    # Yesterday's receipts, read-only as the root-owned ones of the log: the receipts play clears them.
+    for name in STALE_RECEIPTS:
+        root = os.path.join(RECEIPT_PARENT, name)
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, "worker.json"), "w") as handle:
+            handle.write('{"run": "yesterday"}\n')
+        os.chmod(os.path.join(root, "worker.json"), 0o444)
+        os.chmod(root, 0o555)
+    print("demo: planted stale engine receipts under %s" % RECEIPT_PARENT)
 
 
 def playbook_command(extra_args):
@@ -59,6 +70,13 @@ def summary():
     for weights in report["weights"]:
         lines.append("  %s: %d shards, %d tensors, index matches headers"
                      % (weights["repo_id"], weights["shards"], weights["tensors"]))
+    manifest = report.get("engine", {}).get("manifest")
+    if manifest:
+        counts = manifest["counts"]
+        lines.append("  mount manifest: %d local + %d NAS read-only binds = %d mounts (%s)"
+                     % (counts["local"], counts["nas"], counts["total"], os.path.relpath(manifest["path"], REPO)))
+    left = [n for n in STALE_RECEIPTS if os.path.lexists(os.path.join(RECEIPT_PARENT, n))]
+    lines.append("  stale engine receipts left: %s" % (", ".join(left) if left else "none"))
     changed = any(p["changed"] for p in report["passes"]["stage"])
     lines.append("  staging changed anything: %s" % ("yes" if changed else "no (already staged)"))
     lines.append("  report: %s" % os.path.relpath(REPORT, REPO))

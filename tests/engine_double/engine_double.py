@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""engine_double: a TEST DOUBLE of the inference engine, for the engine role's tests. Not an engine.
+
+Serves the OpenAI-style endpoints the engine role and engine_probe use, and debug endpoints that
+report what the container sees, so tests can prove the mount manifest's binds resolve inside a
+container and that NAS binds are read-only:
+
+  GET  /v1/models                 {"object": "list", "data": [{"id": DOUBLE_MODEL_ID, ...}]}
+  POST /v1/chat/completions       non-stream: "a*b" (also + - /) in the last user message is
+                                  answered correctly, anything else is echoed back;
+                                  stream: SSE chunks "data: {...}\\n\\n", one token per chunk,
+                                  max_tokens tokens at DOUBLE_TOKENS_PER_S, then "data: [DONE]"
+  GET  /debug/mounts              {"mounts": [{"mount_point", "read_only", "options"}], "env": {...}}
+                                  (mounts parsed from /proc/self/mountinfo)
+  POST /debug/mounts {"paths"}    the same plus "files": {path: {"readable", "sha256", "size", "error"}}
+  POST /debug/try-write {"path"}  {"ok": bool, "errno": int|null, "error": str}: a directory gets a
+                                  probe file created (and removed), a file is opened for writing
+                                  without writing a byte
+
+At start-up it behaves like the engine's strict-on-exists receipt writer: if any receipt root under
+DOUBLE_RECEIPT_PARENT (default /cache) exists it prints "FileExistsError: <path>" and exits 1;
+otherwise it creates each root (mkdir exist_ok=False) and a worker.json in it (open 'xb').
+
+Environment: DOUBLE_PORT (8000; --port wins), DOUBLE_TOKENS_PER_S (200), DOUBLE_MODEL_ID
+("engine-double"), DOUBLE_STARTUP_DELAY_S (0: seconds before the
+API answers, like a model load), DOUBLE_RECEIPT_PARENT (/cache), DOUBLE_RECEIPT_ROOTS
+(comma-separated; the three ds41-* names). Stdlib only.
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from socketserver import ThreadingMixIn
+from urllib.parse import urlparse
+
+RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
+ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HF_HUB_OFFLINE", "MODEL_PATH")
+ARITH = re.compile(r"(-?\d+)\s*([*x\u00d7+/-])\s*(-?\d+)")
+
+
+def write_receipts(parent, names, rank):
+    """Strict-on-exists, like the engine: FileExistsError if a root from an earlier run is there."""
+    os.makedirs(parent, exist_ok=True)
+    for name in names:
+        root = os.path.join(parent, name)
+        if os.path.lexists(root):
+            raise FileExistsError(root)
+    for name in names:
+        root = os.path.join(parent, name)
+        os.mkdir(root)  # exist_ok=False semantics
+        with open(os.path.join(root, "worker.json"), "xb") as handle:
+            handle.write(json.dumps({"rank": rank, "pid": os.getpid(), "started": time.time()}).encode())
+
+
+def answer(text):
+    """The double's "model": arithmetic is answered, anything else echoed."""
+    match = ARITH.search(text or "")
+    if not match:
+        return "echo: %s" % text
+    a, op, b = int(match.group(1)), match.group(2), int(match.group(3))
+    if op in ("*", "x", "\u00d7"):
+        value = a * b
+    elif op == "+":
+        value = a + b
+    elif op == "-":
+        value = a - b
+    else:
+        value = a / b if b else "undefined"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return "%s %s %s = %s" % (a, op, b, value)
+
+
+def last_user_text(messages):
+    for message in reversed(messages or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):  # [{"type": "text", "text": ...}]
+                return " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+            return content or ""
+    return ""
+
+
+def parse_mountinfo(path="/proc/self/mountinfo"):
+    mounts = []
+    with open(path) as handle:
+        for line in handle:
+            fields = line.split()
+            # id parent major:minor root mount_point options [optional...] - fstype source super_opts
+            mount_point = fields[4].replace("\\040", " ")
+            options = fields[5].split(",")
+            mounts.append({"mount_point": mount_point, "read_only": "ro" in options,
+                           "options": fields[5]})
+    return mounts
+
+
+def file_info(path):
+    try:
+        digest = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+        return {"readable": True, "sha256": digest.hexdigest(), "size": size, "error": None}
+    except OSError as exc:
+        return {"readable": False, "sha256": None, "size": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def try_write(path):
+    """Attempt a write without changing anything that already exists."""
+    try:
+        if os.path.isdir(path):
+            probe = os.path.join(path, ".engine-double-write-probe")
+            with open(probe, "xb"):
+                pass
+            os.unlink(probe)
+        else:
+            with open(path, "r+b"):
+                pass
+        return {"ok": True, "errno": None, "error": ""}
+    except OSError as exc:
+        return {"ok": False, "errno": exc.errno, "error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+class Double(object):
+    def __init__(self, model_id, tokens_per_s, ready_at):
+        self.model_id = model_id
+        self.tokens_per_s = tokens_per_s
+        self.ready_at = ready_at
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    double = None
+
+    def log_message(self, fmt, *args):  # one line per request on stderr, container logs show it
+        sys.stderr.write("engine_double: %s\n" % (fmt % args))
+
+    def _json(self, status, body):
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if not length:
+            return {}
+        return json.loads(self.rfile.read(length).decode("utf-8"))
+
+    def _debug(self, paths):
+        env = dict((k, os.environ.get(k)) for k in ENV_KEYS)
+        body = {"mounts": parse_mountinfo(), "env": env}
+        if paths is not None:
+            body["files"] = dict((p, file_info(p)) for p in paths)
+        return body
+
+    def do_GET(self):
+        path = urlparse(self.path).path
+        if path == "/debug/mounts":
+            return self._json(200, self._debug(None))
+        if time.monotonic() < self.double.ready_at:
+            return self._json(503, {"error": "loading"})
+        if path == "/v1/models":
+            return self._json(200, {"object": "list", "data": [
+                {"id": self.double.model_id, "object": "model", "owned_by": "engine_double"}]})
+        return self._json(404, {"error": "not found: %s" % path})
+
+    def do_POST(self):
+        path = urlparse(self.path).path
+        try:
+            body = self._body()
+        except ValueError as exc:
+            return self._json(400, {"error": "bad JSON: %s" % exc})
+        if path == "/debug/mounts":
+            return self._json(200, self._debug(list(body.get("paths") or [])))
+        if path == "/debug/try-write":
+            return self._json(200, try_write(body.get("path", "")))
+        if time.monotonic() < self.double.ready_at:
+            return self._json(503, {"error": "loading"})
+        if path != "/v1/chat/completions":
+            return self._json(404, {"error": "not found: %s" % path})
+        prompt = last_user_text(body.get("messages"))
+        if body.get("stream"):
+            return self._stream(body, prompt)
+        text = answer(prompt)
+        return self._json(200, {
+            "id": "chatcmpl-double", "object": "chat.completion", "created": int(time.time()),
+            "model": self.double.model_id,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
+                      "total_tokens": len(prompt.split()) + len(text.split())}})
+
+    def _chunk(self, payload):
+        data = b"data: " + payload + b"\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _stream(self, body, prompt):
+        n_tokens = int(body.get("max_tokens") or 16)
+        interval = 1.0 / self.double.tokens_per_s
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(delta, finish=None):
+            return json.dumps({"id": "chatcmpl-double", "object": "chat.completion.chunk",
+                               "model": self.double.model_id,
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
+
+        self._chunk(chunk({"role": "assistant"}))
+        start = time.monotonic()
+        for i in range(n_tokens):
+            delay = start + i * interval - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            self._chunk(chunk({"content": " tok%d" % i}))
+        self._chunk(chunk({}, "length"))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self._chunk(json.dumps({"id": "chatcmpl-double", "object": "chat.completion.chunk", "choices": [],
+                                    "usage": {"prompt_tokens": len(prompt.split()),
+                                              "completion_tokens": n_tokens,
+                                              "total_tokens": len(prompt.split()) + n_tokens}}).encode())
+        self._chunk(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+class Server(ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="engine_double: test double of the inference engine")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("DOUBLE_PORT", "8000")))
+    args = parser.parse_args(argv)
+    # PID 1 in a container gets no default SIGTERM action: exit promptly on stop.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+    parent = os.environ.get("DOUBLE_RECEIPT_PARENT", "/cache")
+    names = [n for n in os.environ.get("DOUBLE_RECEIPT_ROOTS", ",".join(RECEIPT_ROOTS)).split(",") if n]
+    try:
+        write_receipts(parent, names, os.environ.get("RANK"))
+    except FileExistsError as exc:
+        sys.stderr.write("FileExistsError: %s\n" % exc)
+        sys.stderr.flush()
+        return 1
+    model_id = os.environ.get("DOUBLE_MODEL_ID") or "engine-double"
+    Handler.double = Double(model_id, float(os.environ.get("DOUBLE_TOKENS_PER_S", "200")),
+                            time.monotonic() + float(os.environ.get("DOUBLE_STARTUP_DELAY_S", "0")))
+    server = Server((args.host, args.port), Handler)
+    sys.stderr.write("engine_double: serving on %s:%d (model %s, rank %s)\n"
+                     % (args.host, args.port, model_id, os.environ.get("RANK")))
+    sys.stderr.flush()
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""The engine role against a real container runtime (Podman), with engine_double, a TEST DOUBLE of the
+inference engine (tests/engine_double), as the image.
+
+One rank on localhost (the Molecule engine scenario covers two). The lane is staged from a generated
+hub without the optional page15 pack, the manifest written, the double started through the engine
+role with engine_runtime=podman. The double reports what it sees from inside the container, which
+proves: every local bind resolves to the staged bytes, page15 is visible through a read-only NAS bind
+(a write there fails), the rank environment is set. Then: smoke and decode probe results are in the host
+report, a re-run changes nothing (the container is not recreated), and yesterday's stale receipts make
+the engine fail when nobody clears them, but not when the plays do (crash layer 2 of the night-shift log).
+"""
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from hubgen import build_nas_hub
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN_DIR = os.path.dirname(sys.executable)  # the venv running pytest; no machine paths
+IMAGE = "dgx-stage-engine-double:test"
+RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
+MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
+DRAFTER_REPO = "coolbho3k/DSpark-drafter"
+TOKENS_PER_S = 400  # the double's decode speed; 400 tokens take ~1 s
+OTHER_UID = 4242
+
+
+def podman_env():
+    env = dict(os.environ)
+    conf = os.path.join(REPO_ROOT, "molecule", "containers.conf")
+    if "CONTAINERS_CONF" not in env and os.path.exists(conf):
+        env["CONTAINERS_CONF"] = conf  # runtime=runc and the VM's ulimits (the Makefile exports the same)
+    return env
+
+
+def podman(*args, **kwargs):
+    return subprocess.run(["podman"] + list(args), env=podman_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
+def podman_unusable():
+    """Why Podman cannot run containers here, or None."""
+    if not shutil.which("podman"):
+        return "podman is not installed (make setup installs it)"
+    try:
+        info = podman("info", "--format", "{{.Host.OCIRuntime.Name}}", timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "podman info failed: %s" % exc
+    if info.returncode != 0:
+        return "podman is not usable: %s" % info.stderr.decode("utf-8", "replace").strip()[:300]
+    return None
+
+
+pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sha256(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def plant_stale_receipts(parent):
+    """Yesterday's receipts: root dirs owned by another user, a read-only worker.json in each."""
+    for name in RECEIPT_NAMES:
+        root = os.path.join(parent, name)
+        os.makedirs(root)
+        worker = os.path.join(root, "worker.json")
+        with open(worker, "w") as handle:
+            handle.write('{"from": "yesterday"}')
+        os.chmod(worker, 0o444)
+        os.lchown(worker, OTHER_UID, OTHER_UID)
+        os.lchown(root, OTHER_UID, OTHER_UID)
+
+
+def run_playbook(workdir, inventory, *args):
+    env = podman_env()
+    env.update({
+        "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_LOCAL_TEMP": os.path.join(workdir, "ansible-local-tmp"),
+        "ANSIBLE_REMOTE_TMP": os.path.join(workdir, "ansible-remote-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+        "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
+    })
+    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory,
+           os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args)
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    out = proc.stdout.decode("utf-8", "replace")
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise AssertionError("ansible-playbook rc=%d, output is not JSON:\n%s\n%s"
+                             % (proc.returncode, out[-5000:], proc.stderr.decode("utf-8", "replace")[-3000:]))
+    data["elapsed_s"] = time.monotonic() - started
+    return proc.returncode, data
+
+
+def failures(data):
+    return ["%s %s: %s" % (host, task["task"]["name"], result.get("msg"))
+            for play in data["plays"] for task in play["tasks"]
+            for host, result in task["hosts"].items() if result.get("failed")]
+
+
+def changed_tasks(data):
+    return [task["task"]["name"] for play in data["plays"] for task in play["tasks"]
+            if any(r.get("changed") for r in task["hosts"].values())]
+
+
+def task_result(data, name_part):
+    for play in data["plays"]:
+        for task in play["tasks"]:
+            if name_part in task["task"]["name"]:
+                return list(task["hosts"].values())[0]
+    raise AssertionError("no task named like %r ran" % name_part)
+
+
+def double(lane, path, payload=None):
+    """Ask the running engine_double (GET, or POST JSON)."""
+    url = "http://127.0.0.1:%d%s" % (lane["port"], path)
+    data = json.dumps(payload).encode() if payload is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read().decode())
+
+
+@pytest.fixture(scope="module")
+def lane(tmp_path_factory):
+    """Image built, a generated hub, a one-rank podman lane; the whole sequence run once."""
+    build = subprocess.run(["bash", os.path.join(REPO_ROOT, "tests", "engine_double", "build.sh")],
+                           env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert build.returncode == 0, build.stdout.decode("utf-8", "replace")
+
+    work = str(tmp_path_factory.mktemp("engine"))
+    nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=4)
+    port = free_port()
+    name = "dgx-stage-test-engine-double-%s" % uuid.uuid4().hex[:8]
+    cache = os.path.join(work, "cache")
+    os.makedirs(cache)
+    plant_stale_receipts(cache)
+    settings = {
+        "lane": "exl3_2x",
+        "hub_nas_root": nas["hub"],
+        "hub_local_root": os.path.join(work, "local", "hub"),
+        "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
+        "stage_report_dir": os.path.join(work, "reports"),
+        "receipt_parent": cache,
+        "engine_manifest_path": os.path.join(work, "local", "engine-manifest.json"),
+        "engine_enabled": True,
+        "engine_runtime": "podman",
+        "engine_image": IMAGE,
+        "engine_name": name,
+        "engine_port": port,
+        "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", str(port)],
+        "engine_env": {"DOUBLE_TOKENS_PER_S": TOKENS_PER_S, "DOUBLE_STARTUP_DELAY_S": 2},
+        "engine_gpu_devices": [],  # no GPU here
+        "engine_master_port": 29511,
+        "engine_ready_timeout": 60,
+        "engine_ready_poll": 2,
+        "engine_decode_floor": 30.78,
+    }
+    inventory = os.path.join(work, "inventory")
+    os.makedirs(os.path.join(inventory, "group_vars", "all"))
+    with open(os.path.join(inventory, "hosts.yml"), "w") as handle:
+        json.dump({"all": {"children": {"exl3_2x": {"hosts": {"localhost": {
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}, handle)
+    with open(os.path.join(inventory, "group_vars", "all", "lane.yml"), "w") as handle:
+        json.dump(settings, handle)
+
+    info = {"work": work, "nas": nas, "port": port, "name": name, "cache": cache, "inventory": inventory,
+            "settings": settings, "report": os.path.join(work, "reports", "localhost.json")}
+    try:
+        rc, data = run_playbook(work, inventory, "--tags", "stage,receipts,manifest,engine,smoke")
+        info["first_run"] = (rc, data)
+        yield info
+    finally:
+        podman("rm", "--force", "--ignore", name)
+
+
+def test_first_run_starts_the_engine_and_reports_smoke_and_decode(lane):
+    rc, data = lane["first_run"]
+    assert rc == 0, failures(data)
+    # The stale receipts were cleared before the start; the double then wrote this run's receipts.
+    assert sorted(os.listdir(lane["cache"])) == RECEIPT_NAMES
+    for name in RECEIPT_NAMES:
+        with open(os.path.join(lane["cache"], name, "worker.json")) as handle:
+            assert json.load(handle)["rank"] == "0"
+    with open(lane["report"]) as handle:
+        engine = json.load(handle)["engine"]
+    assert engine["runtime"] == "podman" and engine["rank"] == 0 and engine["world_size"] == 1
+    assert engine["smoke"]["passed"] is True and "11303" in engine["smoke"]["answer"]
+    decode = engine["decode"]
+    assert decode["tokens"] == 400 and decode["passed"] is True and decode["floor"] == 30.78
+    # The double paces its stream at TOKENS_PER_S; the probe measures it from first to last token.
+    assert 0.6 * TOKENS_PER_S <= decode["decode_tok_s"] <= 1.1 * TOKENS_PER_S
+    assert engine["manifest"]["counts"]["nas"] == 1
+
+
+def test_manifest_binds_resolve_inside_the_container_and_nas_binds_are_read_only(lane):
+    with open(lane["settings"]["engine_manifest_path"]) as handle:
+        manifest = json.load(handle)
+    local = [m for m in manifest["mounts"] if m["origin"] == "local"]
+    nas_dirs = [m for m in manifest["mounts"] if m["origin"] == "nas"]
+    main = [r for r in manifest["repos"] if r["repo_id"] == MAIN_REPO][0]
+    page15 = lane["nas"]["repos"][MAIN_REPO]["page15"]
+    assert [m["target"] for m in nas_dirs] == [main["target"] + "/page15"]
+
+    paths = [m["target"] for m in local] + [main["target"] + "/" + rel for rel in page15]
+    seen = double(lane, "/debug/mounts", {"paths": paths})
+    mounts = dict((m["mount_point"], m) for m in seen["mounts"])
+    for mount in local + nas_dirs:
+        assert mount["target"] in mounts, "%s is not mounted in the container" % mount["target"]
+        assert mounts[mount["target"]]["read_only"], mount["target"]
+    assert mounts["/cache"]["read_only"] is False  # the engine writes its receipts there
+
+    # Every local bind carries the staged bytes; page15 resolves through the NAS bind.
+    for mount in local:
+        got = seen["files"][mount["target"]]
+        assert got["readable"] and got["sha256"] == sha256(mount["source"]), mount["target"]
+    for rel in page15:
+        got = seen["files"][main["target"] + "/" + rel]
+        assert got["readable"], (rel, got["error"])
+        assert got["sha256"] == lane["nas"]["repos"][MAIN_REPO]["files"][rel]["sha256"]
+
+    # The NAS is read-only inside the container.
+    for target in (nas_dirs[0]["target"], main["target"] + "/" + page15[0]):
+        attempt = double(lane, "/debug/try-write", {"path": target})
+        assert attempt["ok"] is False and attempt["errno"] == errno.EROFS, attempt
+
+    assert seen["env"] == {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": "29511",
+                           "HF_HUB_OFFLINE": "1", "MODEL_PATH": main["target"]}
+
+
+def test_rerun_changes_nothing_and_keeps_the_container(lane):
+    before = podman("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", lane["name"]).stdout
+    # The bench (tag bench, not run by default) rides along: the shipped 5-item sample, floor 5.
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "receipts,manifest,engine,smoke,bench",
+                            "-e", "engine_bench_floor=5")
+    assert rc == 0, failures(data)
+    assert data["stats"]["localhost"]["changed"] == 0, changed_tasks(data)
+    assert podman("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", lane["name"]).stdout == before
+    # The live run's receipts were left alone.
+    assert sorted(os.listdir(lane["cache"])) == RECEIPT_NAMES
+    with open(lane["report"]) as handle:
+        bench = json.load(handle)["engine"]["bench"]
+    assert (bench["total"], bench["passed"], bench["floor"], bench["failed"]) == (5, 5, 5, [])
+
+
+def test_decode_below_the_floor_fails_clearly_and_is_still_reported(lane):
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "smoke", "-e", "engine_decode_floor=100000")
+    assert rc != 0
+    assert any("below engine_decode_floor=100000" in f for f in failures(data)), failures(data)
+    with open(lane["report"]) as handle:
+        decode = json.load(handle)["engine"]["decode"]
+    assert decode["passed"] is False and decode["floor"] == 100000 and decode["decode_tok_s"] > 30.78
+
+
+def test_stale_receipts_break_a_restart_unless_the_plays_clear_them(lane):
+    # Yesterday's run ended; its receipts stay behind, owned by another user.
+    assert podman("rm", "--force", lane["name"]).returncode == 0
+    shutil.rmtree(lane["cache"])
+    os.makedirs(lane["cache"])
+    plant_stale_receipts(lane["cache"])
+
+    # Started directly, nobody clears them: the strict-on-exists receipt writer refuses to start.
+    direct = podman("run", "--rm", "--network", "host", "-v", "%s:/cache" % lane["cache"], IMAGE,
+                    "python3", "/opt/engine_double/engine_double.py", "--port", str(free_port()))
+    assert direct.returncode != 0
+    assert b"FileExistsError: /cache/ds41-backend-attestation" in direct.stderr
+
+    # Through the plays with cleanup switched off (no receipt roots listed): the engine dies on start,
+    # and the wait stops at once with its log instead of waiting out engine_ready_timeout.
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine",
+                            "-e", json.dumps({"receipt_roots": []}))
+    assert rc != 0
+    assert any("FileExistsError" in f and "not running" in f for f in failures(data)), failures(data)
+    assert data["elapsed_s"] < lane["settings"]["engine_ready_timeout"]
+
+    # With the receipts play as shipped: cleared, the engine starts and answers.
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "receipts,engine")
+    assert rc == 0, failures(data)
+    assert sorted(task_result(data, "Remove the receipt roots")["removed"]) == sorted(
+        os.path.join(lane["cache"], n) for n in RECEIPT_NAMES)
+    with open(os.path.join(lane["cache"], RECEIPT_NAMES[0], "worker.json")) as handle:
+        assert "from" not in json.load(handle)  # this run's receipt, not yesterday's
+    assert double(lane, "/v1/models")["data"][0]["id"] == "engine-double"

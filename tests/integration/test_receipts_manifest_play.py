@@ -1,0 +1,211 @@
+"""The receipts and manifest plays of stage-deepseek.yml on a generated hub, through ansible-playbook.
+
+A temporary inventory puts localhost in the exl3_2x lane with the engine disabled. The receipt parent
+holds yesterday's receipt roots the way the night-shift log found them: owned by another user, with
+read-only files, one root a symlink whose target must survive. Checks: receipts gone (and only they),
+manifest counts as the staged tree implies, every NAS file reachable exactly once, NAS binds read-only,
+local binds resolving to the right bytes, re-run changed=0, --check changes nothing, and the engine plays
+skip cleanly when engine_enabled is false.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN_DIR = os.path.dirname(sys.executable)  # the venv running pytest; no machine paths
+RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
+OTHER_UID = 4242  # "yesterday's" receipts belong to someone else
+MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
+DRAFTER_REPO = "coolbho3k/DSpark-drafter"
+
+
+def sha256(path):
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def plant_stale_receipts(parent, link_target):
+    """Yesterday's receipt roots: another owner, read-only files and dirs; one root is a symlink."""
+    os.makedirs(parent, exist_ok=True)
+    for name in (RECEIPT_NAMES[0], RECEIPT_NAMES[2]):
+        run_dir = os.path.join(parent, name, "run")
+        os.makedirs(run_dir)
+        worker = os.path.join(run_dir, "worker.json")
+        with open(worker, "w") as handle:
+            handle.write('{"rank": 0, "from": "yesterday"}')
+        os.chmod(worker, 0o444)
+        os.chmod(run_dir, 0o555)
+        for path in (worker, run_dir, os.path.join(parent, name)):
+            os.lchown(path, OTHER_UID, OTHER_UID)
+    os.makedirs(link_target, exist_ok=True)
+    with open(os.path.join(link_target, "keep.json"), "w") as handle:
+        handle.write('{"not": "a receipt"}')
+    os.symlink(link_target, os.path.join(parent, RECEIPT_NAMES[1]))
+
+
+def write_inventory(tmp_path, nas_hub):
+    inv = tmp_path / "inventory"
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    (inv / "hosts.yml").write_text(json.dumps({"all": {"children": {"exl3_2x": {"hosts": {"localhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+    settings = {
+        "lane": "exl3_2x",
+        "hub_nas_root": nas_hub,
+        "hub_local_root": str(tmp_path / "local" / "hub"),
+        "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
+        "stage_verify": "sample",
+        "stage_report_dir": str(tmp_path / "reports"),
+        "receipt_parent": str(tmp_path / "cache"),
+        "engine_enabled": False,
+        "engine_manifest_path": str(tmp_path / "local" / "engine-manifest.json"),
+    }
+    (inv / "group_vars" / "all" / "lane.yml").write_text(json.dumps(settings))
+    return inv
+
+
+def run_playbook(tmp_path, inventory, *args):
+    env = dict(os.environ)
+    env.update({
+        "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local-tmp"),
+        "ANSIBLE_REMOTE_TMP": str(tmp_path / "ansible-remote-tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_DEPRECATION_WARNINGS": "0",
+        "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
+    })
+    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", str(inventory),
+           os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    out = proc.stdout.decode("utf-8", "replace")
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise AssertionError("ansible-playbook rc=%d, output is not JSON:\n%s\n%s"
+                             % (proc.returncode, out[-5000:], proc.stderr.decode("utf-8", "replace")[-3000:]))
+    return proc.returncode, data
+
+
+def failures(data):
+    """Readable failed task results from the json callback's output."""
+    found = []
+    for play in data["plays"]:
+        for task in play["tasks"]:
+            for host, result in task["hosts"].items():
+                if result.get("failed"):
+                    found.append("%s %s: %s" % (host, task["task"]["name"], result.get("msg")))
+    return found
+
+
+def task_results(data, name_part):
+    return [(task["task"]["name"], result) for play in data["plays"] for task in play["tasks"]
+            if name_part in task["task"]["name"] for result in task["hosts"].values()]
+
+
+def covering_mounts(manifest, target):
+    """Mounts whose target is the file's target or a directory above it."""
+    return [m for m in manifest["mounts"] if target == m["target"] or target.startswith(m["target"] + "/")]
+
+
+@pytest.fixture
+def lane(tmp_path, nas_hub):
+    inventory = write_inventory(tmp_path, nas_hub["hub"])
+    cache = str(tmp_path / "cache")
+    link_target = str(tmp_path / "elsewhere" / "real-dir")
+    plant_stale_receipts(cache, link_target)
+    os.makedirs(os.path.join(cache, "ds41-other"))  # not a listed root: must survive
+    return {"inventory": inventory, "cache": cache, "link_target": link_target, "nas": nas_hub,
+            "manifest": str(tmp_path / "local" / "engine-manifest.json"),
+            "report": str(tmp_path / "reports" / "localhost.json"), "local": str(tmp_path / "local" / "hub")}
+
+
+def test_receipts_and_manifest_plays_run_idempotent_and_check_safe(tmp_path, lane):
+    nas = lane["nas"]
+
+    # 1. Stage, then the before-serve plays; the engine is disabled, so its plays skip cleanly.
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--tags", "stage,receipts,manifest,engine,smoke")
+    assert rc == 0, failures(data)
+    assert data["stats"]["localhost"]["failures"] == 0
+
+    # Receipts: the three roots are gone whoever owned them; the symlinked root was unlinked, its target kept.
+    assert sorted(os.listdir(lane["cache"])) == ["ds41-other"]
+    assert os.listdir(lane["link_target"]) == ["keep.json"]
+    assert json.load(open(os.path.join(lane["link_target"], "keep.json"))) == {"not": "a receipt"}
+    removed = task_results(data, "Remove the receipt roots")[0][1]["removed"]
+    assert sorted(removed) == sorted(os.path.join(lane["cache"], n) for n in RECEIPT_NAMES)
+
+    # The engine, smoke and bench plays started nothing.
+    assert not task_results(data, "Container |") and not task_results(data, "Smoke |")
+    assert task_results(data, "Nothing to start")[0][1]["msg"].endswith("engine_enabled is false")
+
+    # Manifest: counts as the staged tree implies (every non-page15 file local, page15 one NAS dir).
+    with open(lane["manifest"]) as handle:
+        manifest = json.load(handle)
+    assert set(manifest) == {"repos", "mounts", "counts"}
+    staged = sum(1 for r in nas["repos"].values() for p in r["files"] if not p.startswith("page15/"))
+    page15_repos = [r for r in nas["repos"].values() if r["page15"]]
+    assert manifest["counts"] == {"local": staged, "nas": len(page15_repos), "total": staged + len(page15_repos)}
+    assert len(manifest["mounts"]) == manifest["counts"]["total"]
+    targets = [m["target"] for m in manifest["mounts"]]
+    assert len(targets) == len(set(targets))
+    assert all(m["target"].startswith("/hub/") for m in manifest["mounts"])
+    for mount in manifest["mounts"]:
+        assert mount["read_only"] is True
+        assert os.path.exists(mount["source"])
+        if mount["origin"] == "nas":
+            assert mount["source"].startswith(nas["hub"] + "/") and mount["target"].endswith("/page15")
+        else:
+            assert mount["source"].startswith(lane["local"] + "/")
+
+    # Every NAS snapshot file is reachable exactly once, and local binds carry the NAS file's bytes.
+    by_repo = {r["repo_id"]: r for r in manifest["repos"]}
+    for repo_id, repo in nas["repos"].items():
+        record = by_repo[repo_id]
+        assert record["commit"] == repo["commit"]
+        for rel, info in repo["files"].items():
+            target = record["target"] + "/" + rel
+            covering = covering_mounts(manifest, target)
+            assert len(covering) == 1, (rel, covering)
+            mount = covering[0]
+            if rel.startswith("page15/"):
+                assert mount["origin"] == "nas"
+                path = os.path.join(mount["source"], os.path.relpath(target, mount["target"]))
+            else:
+                assert mount["origin"] == "local" and mount["target"] == target
+                path = mount["source"]
+            assert sha256(path) == info["sha256"], rel
+
+    # The host report carries the manifest counts.
+    with open(lane["report"]) as handle:
+        report = json.load(handle)
+    assert report["engine"]["manifest"]["counts"] == manifest["counts"]
+    assert report["engine"]["manifest"]["path"] == lane["manifest"]
+
+    # 2. Re-run the plays of the before-serve sequence: nothing changes.
+    before = os.stat(lane["manifest"])
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--tags", "receipts,manifest,engine,smoke")
+    assert rc == 0, failures(data)
+    assert data["stats"]["localhost"]["changed"] == 0, [
+        task["task"]["name"] for play in data["plays"] for task in play["tasks"]
+        if any(r.get("changed") for r in task["hosts"].values())]
+    after = os.stat(lane["manifest"])
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+    # 3. --check with new stale receipts and no manifest: reports what it would do, does none of it.
+    plant_stale_receipts(lane["cache"], lane["link_target"])
+    os.unlink(lane["manifest"])
+    listing = sorted(os.listdir(lane["cache"]))
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--check", "--tags", "receipts,manifest")
+    assert rc == 0, failures(data)
+    would = task_results(data, "Remove the receipt roots")[0][1]
+    assert would["changed"] and sorted(would["removed"]) == sorted(
+        os.path.join(lane["cache"], n) for n in RECEIPT_NAMES)
+    assert task_results(data, "Write the manifest")[0][1]["changed"]
+    assert sorted(os.listdir(lane["cache"])) == listing
+    assert os.path.islink(os.path.join(lane["cache"], RECEIPT_NAMES[1]))
+    assert not os.path.exists(lane["manifest"])

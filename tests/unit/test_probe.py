@@ -1,0 +1,266 @@
+"""dgx_probe: the engine API probes (readiness, smoke, decode tok/s, bench) as pure functions."""
+import io
+import json
+
+import pytest
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils import dgx_probe
+from ansible.module_utils.dgx_probe import (DECODE_PROMPT, api_url, bench, bench_summary, chat_payload,
+                                            completion_text, contains_expected, decode_probe, decode_rate,
+                                            decode_result, first_model_id, parse_bench_jsonl, parse_sse,
+                                            poll_ready, smoke)
+
+
+class FakeClock(object):
+    """A clock the fakes advance; sleep() advances it too."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class FakeResponse(io.BytesIO):
+    """A response whose readline() advances the clock per line (streamed token arrival)."""
+
+    def __init__(self, raw, clock=None, per_line=0.0):
+        io.BytesIO.__init__(self, raw)
+        self.clock = clock
+        self.per_line = per_line
+
+    def readline(self, *args):
+        if self.clock is not None:
+            self.clock.now += self.per_line
+        return io.BytesIO.readline(self, *args)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def sse(events):
+    return b"".join(b"data: " + (e if isinstance(e, bytes) else json.dumps(e).encode()) + b"\n\n" for e in events)
+
+
+def token_chunk(text):
+    return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+
+
+# --- pure helpers -------------------------------------------------------------------------------
+
+def test_api_url_joins_base_and_path_with_or_without_v1():
+    assert api_url("http://dgx1:8000", "/v1/models") == "http://dgx1:8000/v1/models"
+    assert api_url("http://dgx1:8000/", "/v1/models") == "http://dgx1:8000/v1/models"
+    assert api_url("http://dgx1:8000/v1", "/v1/chat/completions") == "http://dgx1:8000/v1/chat/completions"
+    with pytest.raises(StageError, match="http://"):
+        api_url("dgx1:8000", "/v1/models")
+
+
+def test_chat_payload_is_temperature_zero_and_asks_for_usage_when_streaming():
+    body = chat_payload("m", "hi", 400, stream=True)
+    assert body["temperature"] == 0 and body["max_tokens"] == 400 and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert "stream_options" not in chat_payload("m", "hi", 8)
+
+
+def test_first_model_id_and_a_clear_error_without_models():
+    assert first_model_id({"data": [{"id": "a"}, {"id": "b"}]}) == "a"
+    with pytest.raises(StageError, match="engine_served_model"):
+        first_model_id({"data": []})
+
+
+def test_completion_text_joins_reasoning_and_content():
+    body = {"choices": [{"message": {"reasoning_content": "127*89 is ", "content": "11303"}}]}
+    assert completion_text(body) == "127*89 is 11303"
+    with pytest.raises(StageError, match="choices"):
+        completion_text({"error": "x"})
+
+
+def test_contains_expected():
+    assert contains_expected("127 * 89 = 11303.", "11303")
+    assert not contains_expected("11,303", "11303")
+    assert not contains_expected(None, "11303")
+
+
+def test_decode_prompt_is_fixed_and_about_487_tokens():
+    # ~4.2 characters per BPE token for English prose: 487 tokens ~ 2,050 characters.
+    assert 1900 <= len(DECODE_PROMPT) <= 2200
+    assert 330 <= len(DECODE_PROMPT.split()) <= 400
+
+
+# --- decode tok/s ---------------------------------------------------------------------------------
+
+def test_decode_rate_is_tokens_minus_one_over_first_to_last():
+    assert decode_rate(400, 10.0, 20.0) == pytest.approx(39.9)
+    assert decode_rate(2, 0.0, 0.5) == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("tokens, first, last", [(1, 0.0, 1.0), (0, None, None), (5, 2.0, 2.0), (5, None, 1.0)])
+def test_decode_rate_refuses_what_cannot_be_measured(tokens, first, last):
+    with pytest.raises(StageError, match="at least 2 tokens"):
+        decode_rate(tokens, first, last)
+
+
+def test_parse_sse_times_only_token_bearing_chunks_and_reads_usage():
+    lines = [(1.0, b": keep-alive\n"),
+             (1.1, b'data: {"choices": [{"delta": {"role": "assistant"}}]}\n'), (1.1, b"\n"),
+             (2.0, b'data: {"choices": [{"delta": {"content": "a"}}]}\n'),
+             (2.5, b'data: {"choices": [{"delta": {"reasoning_content": "b"}}]}\n'),
+             (3.0, b'data: {"choices": [{"delta": {"content": ""}}]}\n'),
+             (4.0, b'data: {"choices": [{"delta": {"content": "c"}, "finish_reason": "length"}]}\n'),
+             (4.2, b'data: {"choices": [], "usage": {"prompt_tokens": 487, "completion_tokens": 3}}\n'),
+             (4.3, b"data: [DONE]\n"),
+             (9.0, b'data: {"choices": [{"delta": {"content": "after done"}}]}\n')]
+    out = parse_sse(lines)
+    assert out["chunks"] == 3 and out["t_first"] == 2.0 and out["t_last"] == 4.0
+    assert out["text"] == "abc" and out["done"] and out["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 3
+
+
+def test_parse_sse_surfaces_a_mid_stream_error():
+    with pytest.raises(StageError, match="mid-stream"):
+        parse_sse([(0, b'data: {"error": {"message": "CUDA OOM"}}\n')])
+    with pytest.raises(StageError, match="not JSON"):
+        parse_sse([(0, b"data: {oops\n")])
+
+
+def test_decode_result_prefers_the_servers_token_count():
+    # Speculative decoding: 3 chunks carried 7 tokens; the server's usage count is the truth.
+    stream = {"chunks": 3, "t_first": 10.0, "t_last": 12.0, "usage": {"completion_tokens": 7, "prompt_tokens": 487},
+              "finish_reason": "length"}
+    result = decode_result(stream, 9.0, 12.5)
+    assert result["tokens"] == 7 and result["token_source"] == "usage"
+    assert result["decode_tok_s"] == 3.0 and result["ttft_s"] == 1.0 and result["prompt_tokens"] == 487
+    stream["usage"] = None
+    result = decode_result(stream, 9.0, 12.5)
+    assert result["tokens"] == 3 and result["token_source"] == "chunks" and result["decode_tok_s"] == 1.0
+
+
+def test_decode_probe_measures_a_stream_at_35_tokens_per_second():
+    clock = FakeClock()
+    events = [{"choices": [{"delta": {"role": "assistant"}}]}] + [token_chunk("t") for _ in range(400)]
+    events += [{"choices": [], "usage": {"prompt_tokens": 487, "completion_tokens": 400}}, b"[DONE]"]
+    raw = sse(events)
+    sent = []
+
+    def opener(request, timeout):
+        sent.append(json.loads(request.data.decode()))
+        # two lines per event ("data: ..." and the blank separator): 1/35 s per token event
+        return FakeResponse(raw, clock, per_line=1.0 / 70)
+
+    result = decode_probe("http://dgx1:8000", "m", opener=opener, clock=clock)
+    assert sent[0]["stream"] is True and sent[0]["temperature"] == 0 and sent[0]["max_tokens"] == 400
+    assert sent[0]["messages"][0]["content"] == DECODE_PROMPT
+    assert result["tokens"] == 400 and result["decode_tok_s"] == pytest.approx(35.0, rel=1e-3)
+    assert result["done"] is True
+
+
+def test_decode_probe_reports_an_unreachable_engine():
+    def opener(request, timeout):
+        raise dgx_probe.URLError("Connection refused")
+
+    with pytest.raises(StageError, match="unreachable"):
+        decode_probe("http://dgx1:8000", "m", opener=opener)
+
+
+# --- readiness ------------------------------------------------------------------------------------
+
+def test_poll_ready_returns_once_the_models_are_listed():
+    clock = FakeClock()
+    answers = [dgx_probe.URLError("refused"), dgx_probe.URLError("refused"),
+               FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())]
+
+    def opener(request, timeout):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    result = poll_ready("http://dgx1:8000", 10, interval=1, opener=opener, clock=clock, sleep=clock.sleep)
+    assert result["ready"] and result["models"] == ["ds41"] and result["polls"] == 3
+    assert result["elapsed_s"] == 2.0
+
+
+def test_poll_ready_gives_up_after_wait_for_with_the_last_error():
+    clock = FakeClock()
+
+    def opener(request, timeout):
+        raise dgx_probe.URLError("refused")
+
+    result = poll_ready("http://dgx1:8000", 5, interval=1, opener=opener, clock=clock, sleep=clock.sleep)
+    assert not result["ready"] and "refused" in result["status"] and result["elapsed_s"] <= 5
+
+
+def test_poll_ready_stops_at_once_when_the_container_is_gone():
+    clock = FakeClock()
+
+    def opener(request, timeout):
+        raise dgx_probe.URLError("refused")
+
+    result = poll_ready("http://dgx1:8000", 600, interval=1, is_running=lambda: False, opener=opener,
+                        clock=clock, sleep=clock.sleep)
+    assert not result["ready"] and result["running"] is False and result["polls"] == 1
+
+
+# --- smoke and bench ------------------------------------------------------------------------------
+
+def completion(text):
+    return FakeResponse(json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode())
+
+
+def test_smoke_passes_only_when_the_answer_contains_11303():
+    asked = []
+
+    def opener(request, timeout):
+        asked.append(json.loads(request.data.decode()))
+        return completion("The product is 11303.")
+
+    result = smoke("http://dgx1:8000", "m", opener=opener)
+    assert result["passed"] and "127*89" in asked[0]["messages"][0]["content"] and asked[0]["temperature"] == 0
+    result = smoke("http://dgx1:8000", "m", opener=lambda request, timeout: completion("11302"))
+    assert not result["passed"] and result["answer"] == "11302"
+
+
+def test_parse_bench_jsonl_skips_blanks_and_comments_and_names_bad_lines():
+    items = parse_bench_jsonl('# sample\n{"prompt": "p1", "expected": "a"}\n\n{"prompt": "p2", "expected": 42}\n')
+    assert items == [{"prompt": "p1", "expected": "a", "line": 2}, {"prompt": "p2", "expected": "42", "line": 4}]
+    with pytest.raises(StageError, match="line 2 is not JSON"):
+        parse_bench_jsonl('{"prompt": "p", "expected": "a"}\n{nope\n')
+    with pytest.raises(StageError, match="line 1 needs"):
+        parse_bench_jsonl('{"prompt": "p"}\n')
+    with pytest.raises(StageError, match="no items"):
+        parse_bench_jsonl("# only a comment\n")
+
+
+def test_bench_counts_passes_and_lists_failures():
+    items = parse_bench_jsonl('{"prompt": "2*3", "expected": "6"}\n{"prompt": "2*4", "expected": "9"}\n')
+    answers = {"2*3": "6", "2*4": "8"}
+
+    def opener(request, timeout):
+        body = json.loads(request.data.decode())
+        assert body["temperature"] == 0 and body["stream"] is False
+        return completion(answers[body["messages"][0]["content"]])
+
+    result = bench("http://dgx1:8000", "m", items, opener=opener)
+    assert result["total"] == 2 and result["passed"] == 1
+    assert result["failed"] == [{"line": 2, "expected": "9", "answer": "8"}]
+
+
+def test_bench_summary_truncates_long_answers():
+    summary = bench_summary([{"line": 1, "expected": "x", "answer": "y" * 1000, "passed": False}])
+    assert summary == {"total": 1, "passed": 0, "failed": [{"line": 1, "expected": "x", "answer": "y" * 300}]}
+
+
+def test_the_shipped_bench_sample_parses():
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "engine", "files", "bench-sample.jsonl")
+    with open(path) as handle:
+        items = parse_bench_jsonl(handle.read(), path)
+    assert len(items) == 5

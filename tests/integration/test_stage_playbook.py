@@ -171,3 +171,25 @@ def test_verify_repairs_swapped_same_size_shards(tmp_path, nas_hub, local_hub):
     assert verified[MAIN_REPO]["blobs"]["repaired"] == 2
     assert sorted(verified[MAIN_REPO]["repaired_paths"]) == sorted([path_a, path_b])
     assert blob_a.read_bytes() == data_a and blob_b.read_bytes() == data_b
+
+
+def test_wrong_shard_is_caught_by_verify_before_serve_even_without_content_checks(tmp_path, nas_hub, local_hub):
+    """Crash layer 1 of the log: a weight blob bound to the wrong same-size shard. With content
+    checks off (stage_verify none) the header check is the last line: it fails the verify play,
+    naming the duplicate key, and no later play (receipts, manifest, engine) runs."""
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_verify="none")
+    assert play(tmp_path, inventory)[0] == 0
+    repo = nas_hub["repos"][MAIN_REPO]
+    path_a, path_b = repo["same_size_pairs"][0]
+    blobs = local_hub / repo["folder"] / "blobs"
+    blob_a = blobs / repo["files"][path_a]["etag"]
+    blob_a.unlink()
+    os.link(str(blobs / repo["files"][path_b]["etag"]), str(blob_a))      # the log's size-based dedup
+    code, tasks, stats = play(tmp_path, inventory, tags="all")
+    assert code != 0
+    checks = [r for run in tasks["Verify | Check each snapshot's safetensors index against the shard headers"]
+              for r in run["results"]]
+    failed = [r for r in checks if r.get("failed")]
+    assert failed and "Duplicate mapped checkpoint key" in failed[0]["msg"], checks
+    later = ("Receipt |", "Manifest |", "Main |", "Status |", "Container |", "Smoke |")
+    assert not any(name.startswith(later) for name in tasks), sorted(tasks)

@@ -13,7 +13,7 @@ import os
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, fsync_dir, is_temp_name, temp_path_for  # noqa: F401
+from ansible.module_utils.dgx_fsutil import fsync_dir, is_temp_name, temp_path_for
 from ansible.module_utils.dgx_hashing import feed_file
 
 COPY_CHUNK = 16 * 1024 * 1024

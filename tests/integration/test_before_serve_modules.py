@@ -14,28 +14,12 @@ import pytest
 
 from ansible.module_utils.dgx_manifest import render_manifest_json
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN_DIR = os.path.dirname(sys.executable)  # the venv running pytest; no machine paths
+from conftest import BIN_DIR, REPO_ROOT, ansible_env
 RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
 
 
-def env_for(tmp_path):
-    env = dict(os.environ)
-    env.update({
-        "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local-tmp"),
-        "ANSIBLE_REMOTE_TMP": str(tmp_path / "ansible-remote-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_DEPRECATION_WARNINGS": "0",
-        "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
-    })
-    return env
-
-
 def run_ansible(tmp_path, cmd):
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env_for(tmp_path), stdout=subprocess.PIPE,
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(tmp_path), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, timeout=300)
     try:
         return proc.returncode, json.loads(proc.stdout.decode("utf-8", "replace"))

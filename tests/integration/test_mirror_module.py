@@ -15,7 +15,7 @@ import pytest
 import hubgen
 
 MAIN = hubgen.MAIN_REPO
-TEMP_PREFIX = ".dgx-stage-tmp."   # dgx_transfer.TEMP_PREFIX: what a killed copy leaves behind
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX  # what a killed copy leaves behind
 DOCUMENTED = {"changed", "commit", "snapshot", "files", "blobs", "bytes_copied", "excluded_paths", "duration_s"}
 
 

@@ -15,8 +15,7 @@ import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN_DIR = os.path.dirname(sys.executable)  # the venv running pytest; no machine paths
+from conftest import BIN_DIR, REPO_ROOT, ansible_env
 RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
 OTHER_UID = 4242  # "yesterday's" receipts belong to someone else
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
@@ -68,17 +67,7 @@ def write_inventory(tmp_path, nas_hub):
 
 
 def run_playbook(tmp_path, inventory, *args):
-    env = dict(os.environ)
-    env.update({
-        "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local-tmp"),
-        "ANSIBLE_REMOTE_TMP": str(tmp_path / "ansible-remote-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_DEPRECATION_WARNINGS": "0",
-        "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
-    })
+    env = ansible_env(tmp_path)
     cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", str(inventory),
            os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)

@@ -1,6 +1,5 @@
 """Reading a hub cache: repo names, refs, link chains, pattern selection."""
 import json
-import os
 
 import pytest
 from huggingface_hub.utils import filter_repo_objects

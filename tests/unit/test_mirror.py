@@ -23,7 +23,7 @@ from ansible.module_utils import dgx_mirror as mirror
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
-from ansible.module_utils.dgx_transfer import TEMP_PREFIX
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 
 MAIN = hubgen.MAIN_REPO
 DRAFTER = hubgen.DRAFTER_REPO

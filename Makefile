@@ -35,6 +35,8 @@ MOLECULE_ENV := HOME=$(CACHE)/home \
 	ANSIBLE_ROLES_PATH=$(CURDIR)/roles
 MOLECULE_SCENARIOS := $(wildcard molecule/*/molecule.yml)
 MOLECULE_BASE := $(wildcard molecule/base.yml)
+# `make molecule MOLECULE_ARGS="test -s faults"` runs one scenario.
+MOLECULE_ARGS ?= test --all
 
 # $(call pytest,DIR): run pytest on DIR; "no tests collected" (exit 5) is not a failure.
 define pytest
@@ -78,9 +80,11 @@ integration: setup ## integration tests (tests/integration)
 	@$(call pytest,tests/integration)
 
 ifneq ($(MOLECULE_SCENARIOS),)
-molecule: setup image ## Molecule scenarios (Podman)
+molecule: setup image ## Molecule scenarios (Podman): dgx_2x, faults, engine
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
-	$(MOLECULE_ENV) $(VENV)/bin/molecule $(if $(MOLECULE_BASE),--base-config $(MOLECULE_BASE)) test --all
+	$(VENV)/bin/python tests/molecule/nas_hub.py build $(CACHE)/molecule/nas
+	BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh
+	$(MOLECULE_ENV) $(VENV)/bin/molecule $(if $(MOLECULE_BASE),--base-config $(MOLECULE_BASE)) $(MOLECULE_ARGS)
 else
 molecule: setup
 	@echo "no molecule scenarios yet"

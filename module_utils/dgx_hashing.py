@@ -10,7 +10,7 @@ import re
 
 SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
 GIT_SHA1_NAME = re.compile(r"^[0-9a-f]{40}$")
-READ_CHUNK = 8 * 1024 * 1024
+READ_CHUNK = 1024 * 1024
 
 # Sampled comparison: head and tail catch truncation and headers; blocks spread over the middle
 # catch a different shard of the same size. Cheap (~2.5 MiB a blob) and it reads content, so it
@@ -44,15 +44,17 @@ def name_is_hash(name):
 
 
 def feed_file(path, consumer, chunk=READ_CHUNK):
-    """Stream a file into consumer.update(); returns the byte count."""
+    """Stream a file into consumer.update() through one reused buffer; returns the byte count."""
+    buf = bytearray(chunk)
+    view = memoryview(buf)
     total = 0
-    with open(path, "rb") as handle:
+    with open(path, "rb", buffering=0) as handle:
         while True:
-            data = handle.read(chunk)
-            if not data:
+            got = handle.readinto(buf)
+            if not got:
                 return total
-            consumer.update(data)
-            total += len(data)
+            consumer.update(view[:got])
+            total += got
 
 
 def file_matches_name(path, name, size):

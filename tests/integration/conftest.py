@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,13 +139,39 @@ def ansible_env(tmp_path):
         "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-local-tmp"),
-        "ANSIBLE_REMOTE_TMP": str(tmp_path / "ansible-remote-tmp"),
+        "ANSIBLE_LOCAL_TEMP": os.path.join(str(tmp_path), "ansible-local-tmp"),
+        "ANSIBLE_REMOTE_TMP": os.path.join(str(tmp_path), "ansible-remote-tmp"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_DEPRECATION_WARNINGS": "0",
         "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
     })
     return env
+
+
+def run_playbook(workdir, inventory, *args):
+    """Run stage-deepseek.yml with the json callback: (exit code, parsed output with elapsed_s)."""
+    env = ansible_env(workdir)
+    conf = os.path.join(REPO_ROOT, "molecule", "containers.conf")
+    env.setdefault("CONTAINERS_CONF", conf)   # runc and the VM's ulimits, as the Makefile exports
+    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", str(inventory),
+           os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args)
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    out = proc.stdout.decode("utf-8", "replace")
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise AssertionError("ansible-playbook rc=%d, output is not JSON:\n%s\n%s"
+                             % (proc.returncode, out[-5000:], proc.stderr.decode("utf-8", "replace")[-3000:]))
+    data["elapsed_s"] = time.monotonic() - started
+    return proc.returncode, data
+
+
+def failures(data):
+    """Readable 'host task: msg' lines of the failed results in a run_playbook() output."""
+    return ["%s %s: %s" % (host, task["task"]["name"], result.get("msg"))
+            for play in data["plays"] for task in play["tasks"]
+            for host, result in task["hosts"].items() if result.get("failed")]
 
 
 def module_command(args, check=False, diff=False):

@@ -17,16 +17,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 
 import pytest
 
+from conftest import REPO_ROOT, failures, run_playbook
 from hubgen import build_nas_hub
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN_DIR = os.path.dirname(sys.executable)  # the venv running pytest; no machine paths
 IMAGE = "dgx-stage-engine-double:test"
 RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
@@ -86,38 +84,6 @@ def plant_stale_receipts(parent):
         os.chmod(worker, 0o444)
         os.lchown(worker, OTHER_UID, OTHER_UID)
         os.lchown(root, OTHER_UID, OTHER_UID)
-
-
-def run_playbook(workdir, inventory, *args):
-    env = podman_env()
-    env.update({
-        "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_LOCAL_TEMP": os.path.join(workdir, "ansible-local-tmp"),
-        "ANSIBLE_REMOTE_TMP": os.path.join(workdir, "ansible-remote-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_DEPRECATION_WARNINGS": "0",
-        "PATH": BIN_DIR + os.pathsep + env.get("PATH", ""),
-    })
-    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory,
-           os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args)
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
-    out = proc.stdout.decode("utf-8", "replace")
-    try:
-        data = json.loads(out)
-    except ValueError:
-        raise AssertionError("ansible-playbook rc=%d, output is not JSON:\n%s\n%s"
-                             % (proc.returncode, out[-5000:], proc.stderr.decode("utf-8", "replace")[-3000:]))
-    data["elapsed_s"] = time.monotonic() - started
-    return proc.returncode, data
-
-
-def failures(data):
-    return ["%s %s: %s" % (host, task["task"]["name"], result.get("msg"))
-            for play in data["plays"] for task in play["tasks"]
-            for host, result in task["hosts"].items() if result.get("failed")]
 
 
 def changed_tasks(data):

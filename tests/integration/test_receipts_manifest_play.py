@@ -10,12 +10,11 @@ skip cleanly when engine_enabled is false.
 import hashlib
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import BIN_DIR, REPO_ROOT, ansible_env
+from conftest import failures, run_playbook
 RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
 OTHER_UID = 4242  # "yesterday's" receipts belong to someone else
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
@@ -64,31 +63,6 @@ def write_inventory(tmp_path, nas_hub):
     }
     (inv / "group_vars" / "all" / "lane.yml").write_text(json.dumps(settings))
     return inv
-
-
-def run_playbook(tmp_path, inventory, *args):
-    env = ansible_env(tmp_path)
-    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", str(inventory),
-           os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args)
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
-    out = proc.stdout.decode("utf-8", "replace")
-    try:
-        data = json.loads(out)
-    except ValueError:
-        raise AssertionError("ansible-playbook rc=%d, output is not JSON:\n%s\n%s"
-                             % (proc.returncode, out[-5000:], proc.stderr.decode("utf-8", "replace")[-3000:]))
-    return proc.returncode, data
-
-
-def failures(data):
-    """Readable failed task results from the json callback's output."""
-    found = []
-    for play in data["plays"]:
-        for task in play["tasks"]:
-            for host, result in task["hosts"].items():
-                if result.get("failed"):
-                    found.append("%s %s: %s" % (host, task["task"]["name"], result.get("msg")))
-    return found
 
 
 def task_results(data, name_part):

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 
-from conftest import BIN_DIR, REPO_ROOT, ansible_env, snapshot_diff, tree_snapshot
+from conftest import run_playbook, snapshot_diff, tree_snapshot
 from hubgen import DRAFTER_REPO, MAIN_REPO
 
 STAGE_TAGS = "preflight,stage,verify"
@@ -33,18 +33,14 @@ def write_inventory(tmp_path, nas, local, **extra):
 
 def play(tmp_path, inventory, *args, **kwargs):
     """Run the playbook; returns (exit code, {task name: [host results]}, stats of localhost)."""
-    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory, os.path.join(REPO_ROOT, "stage-deepseek.yml"),
-           "--tags", kwargs.get("tags", STAGE_TAGS)] + list(args)
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(tmp_path), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=600)
-    data = json.loads(proc.stdout.decode())
+    code, data = run_playbook(tmp_path, inventory, "--tags", kwargs.get("tags", STAGE_TAGS), *args)
     tasks = {}
     for each in data["plays"]:
         for task in each["tasks"]:
             # The json callback names role tasks "role : name", templated per include.
             name = task["task"]["name"].split(" : ", 1)[-1]
             tasks.setdefault(name, []).append(task["hosts"].get("localhost", {}))
-    return proc.returncode, tasks, data["stats"].get("localhost", {})
+    return code, tasks, data["stats"].get("localhost", {})
 
 
 def mirror_results(tasks, stage_pass):

@@ -29,6 +29,13 @@ options:
       - Index file, relative to O(path). Shard names in it are relative to its directory.
       - When omitted, C(model.safetensors.index.json) is used if present. When given, it must exist.
     type: str
+  absent_ok:
+    description:
+      - Snapshot-relative paths the staging patterns left out on purpose (a rank's sparse copy, from
+        hf_hub_mirror's C(excluded_paths)). A shard listed here may be missing; its keys are not looked for.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -56,6 +63,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+absent:
+  description: Shards named in the index that are not on disk and are allowed to be (O(absent_ok)).
+  returned: success
+  type: list
+  elements: str
 shards:
   description: Number of shard files whose headers were checked.
   returned: always
@@ -93,11 +105,12 @@ def main():
         argument_spec=dict(
             path=dict(type="path", required=True),
             index=dict(type="str"),
+            absent_ok=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )
     try:
-        result = check_snapshot(module.params["path"], module.params["index"])
+        result = check_snapshot(module.params["path"], module.params["index"], module.params["absent_ok"])
     except StageError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)

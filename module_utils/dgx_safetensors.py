@@ -164,18 +164,24 @@ def _summarise(problems):
     return "; ".join(shown) + tail
 
 
-def check_shards(base, shards, weight_map=None, index_path=None):
+def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=()):
     """Read every shard header; check keys against weight_map and for cross-shard duplicates.
 
-    Returns {shards, tensors, checked_bytes}. Raises StageError listing every problem found.
+    absent_ok: absolute paths of shards left out on purpose (a rank's sparse copy); their
+    absence is not a problem and their keys are not looked for.
+    Returns {shards, tensors, checked_bytes, absent}. Raises StageError listing every problem found.
     """
     problems = []
+    absent = []
     keys = {}
     owner = {}
     checked = 0
     tensors = 0
     for shard in shards:
         path = _shard_path(base, shard)
+        if not os.path.lexists(path) and os.path.normpath(path) in absent_ok:
+            absent.append(shard)
+            continue
         if not os.path.exists(path):
             kind = "a dangling symlink" if os.path.islink(path) else "missing"
             problems.append("shard %s named in %s is %s; stage it again"
@@ -205,14 +211,16 @@ def check_shards(base, shards, weight_map=None, index_path=None):
                             % (index_path, name, shard, found))
     if problems:
         raise StageError("safetensors check failed in %s: %s" % (base, _summarise(problems)))
-    return {"shards": len(shards), "tensors": tensors, "checked_bytes": checked}
+    return {"shards": len(shards) - len(absent), "tensors": tensors, "checked_bytes": checked, "absent": absent}
 
 
-def check_snapshot(path, index=None):
+def check_snapshot(path, index=None, absent_ok=()):
     """Check a snapshot dir: through its index if any, else its top-level *.safetensors files.
 
-    Returns {shards, tensors, checked_bytes, index, msg}.
+    absent_ok: snapshot-relative paths the staging patterns left out (they may be missing).
+    Returns {shards, tensors, checked_bytes, absent, index, msg}.
     """
+    absent_ok = set(os.path.normpath(os.path.join(path, p)) for p in absent_ok)
     if not os.path.isdir(path):
         raise StageError("%s is not a directory; point path at a local snapshot dir "
                          "(<hub>/models--org--name/snapshots/<commit>)" % path)
@@ -221,7 +229,7 @@ def check_snapshot(path, index=None):
         weight_map = load_weight_map(index_path)
         base = os.path.dirname(index_path)
         shards = sorted(set(weight_map.values()))
-        result = check_shards(base, shards, weight_map, index_path)
+        result = check_shards(base, shards, weight_map, index_path, absent_ok)
         result.update(index=index_path, msg="%d shards, %d tensors match %s" % (
             result["shards"], result["tensors"], index_path))
         return result
@@ -231,7 +239,7 @@ def check_snapshot(path, index=None):
     # No index: loaders read every top-level *.safetensors, so check each and look for duplicates.
     shards = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not shards:
-        return {"shards": 0, "tensors": 0, "checked_bytes": 0, "index": None,
+        return {"shards": 0, "tensors": 0, "checked_bytes": 0, "absent": [], "index": None,
                 "msg": "no safetensors files in %s: nothing to check" % path}
     result = check_shards(path, shards)
     result.update(index=None, msg="no index; %d safetensors file(s), %d tensors checked" % (

@@ -10,6 +10,7 @@ import pytest
 from ansible.module_utils import dgx_safetensors
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_safetensors import check_snapshot, read_header
+from hubgen import write_safetensors
 
 WIDTH = {"F16": 2, "BF16": 2, "F32": 4, "I16": 2, "U8": 1}
 
@@ -299,3 +300,18 @@ def test_weight_map_shard_outside_snapshot_refused(tmp_path):
 def test_path_must_be_a_directory(tmp_path):
     with pytest.raises(StageError, match="not a directory"):
         check_snapshot(str(tmp_path / "missing"))
+
+
+def test_shards_left_out_on_purpose_may_be_absent_but_others_may_not(tmp_path):
+    """A rank's sparse copy stages some shards only: absent_ok names the ones left out."""
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    shard_a = write_safetensors(None, {"a.w": b"1" * 8})
+    (snap / "model-00001-of-00002.safetensors").write_bytes(shard_a)
+    index = {"metadata": {}, "weight_map": {"a.w": "model-00001-of-00002.safetensors",
+                                            "b.w": "model-00002-of-00002.safetensors"}}
+    (snap / "model.safetensors.index.json").write_text(json.dumps(index))
+    result = check_snapshot(str(snap), absent_ok=["model-00002-of-00002.safetensors"])
+    assert result["shards"] == 1 and result["absent"] == ["model-00002-of-00002.safetensors"]
+    with pytest.raises(StageError, match="model-00002-of-00002.safetensors named in .* is missing"):
+        check_snapshot(str(snap))

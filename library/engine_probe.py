@@ -67,21 +67,19 @@ options:
   bench_jsonl:
     description: V(bench) only. JSONL text, one C({"prompt", "expected"}) object a line.
     type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Read-only requests; behaves the same in check mode.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    description: Only reads from the engine's API; it never changes the engine.
     support: full
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 author: dgx-stage

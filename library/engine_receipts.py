@@ -38,21 +38,19 @@ options:
       - Remove the roots even if a live process holds a file under one of them.
     type: bool
     default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Reports in RV(removed) what would be removed and touches nothing; the in-use check still runs.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    description: Once the roots are gone a second run reports C(changed=false).
     support: full
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 notes:

@@ -83,16 +83,21 @@ options:
     description: Seconds to wait for another run holding the repo lock before failing.
     type: int
     default: 60
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Reports what would be copied, repaired and pruned; changes nothing (takes no lock).
+    details: Reports what would be copied, repaired and pruned; changes nothing (takes no lock).
   diff_mode:
     support: full
-    description: The diff lists every copy, repair, link, ref and prune.
+    details: The diff lists every copy, repair, link, ref and prune.
   idempotent:
     support: full
     description: A second run with the same arguments reports C(changed=false).
+  platform:
+    support: full
+    platforms: posix
 notes:
   - Runs on the node with the system Python; stdlib only.
 """

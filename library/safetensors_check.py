@@ -36,21 +36,19 @@ options:
     type: list
     elements: str
     default: []
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details:
       - Read-only; behaves the same in check mode.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
-    description:
-      - When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    description: Only reads shard headers; it never writes.
     support: full
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 author: dgx-stage

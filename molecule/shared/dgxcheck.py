@@ -5,7 +5,6 @@ finds on each node, never taken from a module's own report.
 Every check returns a list of problems (empty = pass), so a failing test names all of them.
 """
 import fnmatch
-import hashlib
 import json
 import os
 import subprocess
@@ -16,6 +15,10 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.dirname(os.path.dirname(HERE))
 NAS_ROOT = os.path.join(PROJECT, ".cache", "molecule", "nas")
+sys.path.insert(0, os.path.join(PROJECT, "tests"))  # the test oracles every suite shares
+
+from hubgen import repo_folder  # noqa: E402
+from treestate import sha256_file  # noqa: E402
 RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
 
 with open(os.path.join(HERE, "probe.py")) as _handle:
@@ -61,18 +64,6 @@ def report(host_name):
 # ------------------------------------------------------------------------------------------------
 # the NAS side (read on the controller: the same files the nodes see read-only)
 # ------------------------------------------------------------------------------------------------
-
-def repo_folder(repo_id, repo_type="model"):
-    return "%ss--%s" % (repo_type, repo_id.replace("/", "--"))
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
 
 def nas_snapshot(nas_root, repo):
     """(commit, {snapshot-relative path: {"sha256", "size", "kind": "link"|"real"}}) of a repo revision."""

@@ -4,10 +4,8 @@ The NAS is read-only to every node. Tests run as root here, so `chmod a-w` does 
 every NAS fixture therefore also snapshots the whole NAS tree (path, lstat mode/size/mtime, link
 text, sha256 of content) and fails the test at teardown if a single byte or inode attribute changed.
 """
-import hashlib
 import json
 import os
-import stat
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import time
 import pytest
 
 from hubgen import build_nas_hub
+from treestate import set_writable, snapshot_diff, tree_snapshot
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The ansible binaries of the interpreter running pytest (the project venv in CI); no machine paths.
@@ -28,61 +27,6 @@ def pytest_configure(config):
 # ------------------------------------------------------------------------------------------------
 # tree snapshots
 # ------------------------------------------------------------------------------------------------
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(8 * 1024 * 1024), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def tree_snapshot(root, content=True):
-    """{relative path: (mode, inode, size, mtime_ns, link text, sha256)} for root and everything below it.
-
-    Directories are included (their mtime changes when an entry is created or removed), links are
-    never followed.
-    """
-    root = str(root)
-    snap = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in [""] + sorted(dirnames) + sorted(filenames):
-            full = os.path.join(dirpath, name) if name else dirpath
-            if not name and dirpath != root:
-                continue  # directories are recorded by their parent's listing
-            st = os.lstat(full)
-            link = os.readlink(full) if stat.S_ISLNK(st.st_mode) else None
-            digest = _sha256(full) if (content and stat.S_ISREG(st.st_mode)) else None
-            rel = os.path.relpath(full, root)
-            snap[rel] = (st.st_mode, st.st_ino, st.st_size if not stat.S_ISDIR(st.st_mode) else None,
-                         st.st_mtime_ns, link, digest)
-    return snap
-
-
-def snapshot_diff(before, after):
-    """Readable list of what changed between two tree_snapshot() results."""
-    changes = []
-    for path in sorted(set(before) | set(after)):
-        if path not in after:
-            changes.append("removed %s" % path)
-        elif path not in before:
-            changes.append("added %s" % path)
-        elif before[path] != after[path]:
-            changes.append("changed %s: %r -> %r" % (path, before[path], after[path]))
-    return changes
-
-
-def _set_writable(root, writable):
-    """chmod -R a-w (or u+w back) on a tree, never following links."""
-    for dirpath, dirnames, filenames in os.walk(str(root)):
-        for name in [None] + dirnames + filenames:
-            full = dirpath if name is None else os.path.join(dirpath, name)
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                continue
-            mode = stat.S_IMODE(st.st_mode)
-            os.chmod(full, (mode | stat.S_IWUSR) if writable else (mode & ~0o222))
-
 
 class NasHub(dict):
     """hubgen's description dict, plus the frozen snapshot the teardown compares against."""
@@ -105,7 +49,7 @@ def make_nas_hub(tmp_path):
         root = tmp_path / name
         desc = NasHub(build_nas_hub(str(root), shard_size=shard_size, n_shards=n_shards, seed=seed))
         desc["root"] = str(root)
-        _set_writable(root, False)
+        set_writable(root, False)
         desc.freeze()
         made.append(desc)
         return desc
@@ -116,7 +60,7 @@ def make_nas_hub(tmp_path):
             desc.assert_unchanged()
     finally:
         for desc in made:
-            _set_writable(desc["root"], True)
+            set_writable(desc["root"], True)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ report, a re-run changes nothing (the container is not recreated), and yesterday
 the engine fail when nobody clears them, but not when the plays do (crash layer 2 of the night-shift log).
 """
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ import uuid
 import pytest
 
 from conftest import REPO_ROOT, failures, run_playbook
+from treestate import sha256_file
 from hubgen import build_nas_hub
 
 IMAGE = "dgx-stage-engine-double:test"
@@ -66,11 +66,6 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def sha256(path):
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def plant_stale_receipts(parent):
@@ -200,7 +195,7 @@ def test_manifest_binds_resolve_inside_the_container_and_nas_binds_are_read_only
     # Every local bind carries the staged bytes; page15 resolves through the NAS bind.
     for mount in local:
         got = seen["files"][mount["target"]]
-        assert got["readable"] and got["sha256"] == sha256(mount["source"]), mount["target"]
+        assert got["readable"] and got["sha256"] == sha256_file(mount["source"]), mount["target"]
     for rel in page15:
         got = seen["files"][main["target"] + "/" + rel]
         assert got["readable"], (rel, got["error"])

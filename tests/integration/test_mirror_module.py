@@ -3,7 +3,6 @@
 The NAS fixtures (conftest.py) fail a test whose run changed a single byte or inode attribute of
 the NAS tree.
 """
-import hashlib
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import time
 import pytest
 
 import hubgen
+from treestate import blob_matches_name
 
 MAIN = hubgen.MAIN_REPO
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX  # what a killed copy leaves behind
@@ -31,14 +31,6 @@ def staged_files(nas):
 
 def unique_blobs(files):
     return dict((f["etag"], f["size"]) for f in files.values() if f["kind"] == "link")
-
-
-def hashes_to_name(path, name):
-    digest = hashlib.sha256() if len(name) == 64 else hashlib.sha1(b"blob %d\0" % os.path.getsize(path))
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 23), b""):
-            digest.update(chunk)
-    return digest.hexdigest() == name
 
 
 def local_repo(nas, local):
@@ -65,7 +57,7 @@ def test_module_run_returns_documented_keys_and_is_idempotent(nas_hub, local_hub
     for path, info in files.items():
         entry = os.path.join(first["snapshot"], *path.split("/"))
         assert os.readlink(entry) == "../" * (path.count("/") + 2) + "blobs/" + info["etag"]
-        assert hashes_to_name(entry, info["etag"])
+        assert blob_matches_name(entry, info["etag"])
     second = run_module(main_args(nas_hub, local_hub))
     assert second["changed"] is False
     assert second["blobs"] == {"copied": 0, "reused": len(blobs), "repaired": 0}
@@ -195,7 +187,7 @@ def test_sigkill_mid_copy_leaves_no_torn_blob_and_rerun_recovers(make_nas_hub, l
     names = os.listdir(blob_dir)
     finals = [n for n in names if not n.startswith(TEMP_PREFIX)]
     for name in finals:                          # nothing under a final name is torn
-        assert hashes_to_name(os.path.join(blob_dir, name), name), "torn blob under its final name: " + name
+        assert blob_matches_name(os.path.join(blob_dir, name), name), "torn blob under its final name: " + name
     assert not os.path.exists(os.path.join(local_repo(nas, local_hub), "refs", "main"))
     debris = sorted(os.path.join(blob_dir, n) for n in names if n.startswith(TEMP_PREFIX))
     assert debris, "the kill landed after the copy finished: no debris to recover from"
@@ -209,7 +201,7 @@ def test_sigkill_mid_copy_leaves_no_torn_blob_and_rerun_recovers(make_nas_hub, l
     assert not [n for n in remaining if n.startswith(TEMP_PREFIX)]
     assert sorted(remaining) == sorted(unique_blobs(files))
     for name in remaining:
-        assert hashes_to_name(os.path.join(blob_dir, name), name), name
+        assert blob_matches_name(os.path.join(blob_dir, name), name), name
 
     # the result is a complete, offline-loadable hub cache whose files are the blobs just verified
     # (a subprocess: huggingface_hub reads HF_HUB_OFFLINE at import time)

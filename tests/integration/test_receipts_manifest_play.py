@@ -7,7 +7,6 @@ manifest counts as the staged tree implies, every NAS file reachable exactly onc
 local binds resolving to the right bytes, re-run changed=0, --check changes nothing, and the engine plays
 skip cleanly when engine_enabled is false.
 """
-import hashlib
 import json
 import os
 import sys
@@ -15,15 +14,11 @@ import sys
 import pytest
 
 from conftest import failures, run_playbook
+from treestate import sha256_file
 RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
 OTHER_UID = 4242  # "yesterday's" receipts belong to someone else
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
 DRAFTER_REPO = "coolbho3k/DSpark-drafter"
-
-
-def sha256(path):
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def plant_stale_receipts(parent, link_target):
@@ -141,7 +136,7 @@ def test_receipts_and_manifest_plays_run_idempotent_and_check_safe(tmp_path, lan
             else:
                 assert mount["origin"] == "local" and mount["target"] == target
                 path = mount["source"]
-            assert sha256(path) == info["sha256"], rel
+            assert sha256_file(path) == info["sha256"], rel
 
     # The host report carries the manifest counts.
     with open(lane["report"]) as handle:

@@ -7,7 +7,8 @@ import subprocess
 import pytest
 from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 
-from conftest import failures, run_playbook, snapshot_diff, tree_snapshot
+from conftest import failures, run_playbook
+from treestate import snapshot_diff, tree_snapshot
 from hubgen import DRAFTER_REPO, MAIN_REPO
 
 STAGE_TAGS = "preflight,stage,verify"

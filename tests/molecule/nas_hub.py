@@ -16,17 +16,16 @@ Commands:
 
 Stdlib only (plus tests/hubgen.py).
 """
-import hashlib
 import json
 import os
 import shutil
-import stat
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/: hubgen
 
 import hubgen  # noqa: E402
+from treestate import snapshot_diff, tree_snapshot  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -40,47 +39,14 @@ HUBS = {
 STAMP = "hubs.json"
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(4 * MIB), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fingerprint(root):
-    """{relative path: [mode, inode, size, mtime_ns, link text, sha256]}; links are never followed."""
-    root = os.path.abspath(root)
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in [""] + dirnames + sorted(filenames):
-            if not name and dirpath != root:
-                continue  # a directory is recorded once, by its parent's listing
-            full = os.path.join(dirpath, name) if name else dirpath
-            rel = os.path.relpath(full, root)
-            if rel == STAMP:
-                continue
-            st = os.lstat(full)
-            is_dir = stat.S_ISDIR(st.st_mode)
-            out[rel] = [st.st_mode, st.st_ino, None if is_dir else st.st_size, st.st_mtime_ns,
-                        os.readlink(full) if stat.S_ISLNK(st.st_mode) else None,
-                        _sha256(full) if stat.S_ISREG(st.st_mode) else None]
-    return out
+    """{relative path: [mode, inode, size, mtime_ns, link text, sha256]} (JSON-ready); links are never followed."""
+    return dict((rel, list(state)) for rel, state in tree_snapshot(os.path.abspath(root)).items() if rel != STAMP)
 
 
 def differences(before, after, limit=20):
     """Human lines for what changed between two fingerprints (empty when identical)."""
-    lines = []
-    for rel in sorted(set(before) | set(after)):
-        if rel not in after:
-            lines.append("removed: %s" % rel)
-        elif rel not in before:
-            lines.append("added: %s" % rel)
-        elif before[rel] != after[rel]:
-            fields = ("mode", "inode", "size", "mtime_ns", "link", "sha256")
-            changed = [f for f, a, b in zip(fields, before[rel], after[rel]) if a != b]
-            lines.append("changed (%s): %s" % (", ".join(changed), rel))
+    lines = snapshot_diff(before, after)
     if len(lines) > limit:
         lines = lines[:limit] + ["... and %d more" % (len(lines) - limit)]
     return lines

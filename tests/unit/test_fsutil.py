@@ -1,45 +1,17 @@
 """dgx_fsutil: atomic writes and tree removal that copes with read-only entries."""
 import os
-import pathlib
 import shutil
 import stat
-import tempfile
 
 import pytest
 
 from ansible.module_utils import dgx_fsutil
 from ansible.module_utils.dgx_fsutil import atomic_write_bytes, remove_path
-
-NOBODY = 65534
-
-
-def run_as_nobody(func, *args):
-    """Run func in a forked child with uid/gid nobody (as root), so permissions apply; return rc."""
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 1
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            func(*args)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
+from privilege import nobody_owned_dir, run_as_nobody
 
 @pytest.fixture
 def shared_dir(tmp_path):
-    """A directory the nobody user owns and can reach (pytest's tmp dirs are private to root)."""
-    if os.geteuid() != 0:
-        yield tmp_path
-        return
-    path = tempfile.mkdtemp(prefix="dgx-fsutil-")
-    os.chmod(path, 0o755)
-    os.chown(path, NOBODY, NOBODY)
-    yield pathlib.Path(path)
-    shutil.rmtree(path, onerror=lambda func, p, exc: (os.chmod(os.path.dirname(p), 0o755), func(p)))
+    yield from nobody_owned_dir(tmp_path, "dgx-fsutil-")
 
 
 def test_atomic_write_creates_file_with_content_and_mode(tmp_path):

@@ -24,6 +24,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
+from treestate import blob_matches_name, set_writable, sha256_file, snapshot_diff, tree_snapshot
 
 MAIN = hubgen.MAIN_REPO
 DRAFTER = hubgen.DRAFTER_REPO
@@ -37,51 +38,6 @@ MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 # helpers
 # ------------------------------------------------------------------------------------------------
 
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def hashes_to_name(path, name):
-    """True when the file's content is what its hub blob name says (sha256 or git blob sha1)."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    if len(name) == 64:
-        return hashlib.sha256(data).hexdigest() == name
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == name
-
-
-def tree_snapshot(root):
-    """{relpath: (mode, ino, size, mtime_ns, link text, sha256)} of root and everything below, no link followed."""
-    root = str(root)
-    snap = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        paths = ([dirpath] if dirpath == root else []) + [os.path.join(dirpath, n) for n in dirnames + filenames]
-        for full in paths:
-            st = os.lstat(full)
-            link = os.readlink(full) if stat.S_ISLNK(st.st_mode) else None
-            digest = sha256_file(full) if stat.S_ISREG(st.st_mode) else None
-            size = None if stat.S_ISDIR(st.st_mode) else st.st_size
-            snap[os.path.relpath(full, root)] = (st.st_mode, st.st_ino, size, st.st_mtime_ns, link, digest)
-    return snap
-
-
-def changed_paths(before, after):
-    return sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
-
-
-def set_writable(root, writable):
-    for dirpath, dirnames, filenames in os.walk(str(root)):
-        for full in [dirpath] + [os.path.join(dirpath, n) for n in dirnames + filenames]:
-            st = os.lstat(full)
-            if not stat.S_ISLNK(st.st_mode):
-                mode = stat.S_IMODE(st.st_mode)
-                os.chmod(full, (mode | stat.S_IWUSR) if writable else (mode & ~0o222))
-
-
 class Nas(dict):
     """hubgen's description + the reference snapshot of the read-only NAS tree."""
 
@@ -93,7 +49,7 @@ class Nas(dict):
         set_writable(self["root"], True)
 
     def assert_unchanged(self):
-        changes = changed_paths(self.frozen, tree_snapshot(self["root"]))
+        changes = snapshot_diff(self.frozen, tree_snapshot(self["root"]))
         if changes:
             self.freeze()   # report it once, not again in every later test sharing this hub
         assert changes == [], "the NAS tree was written"
@@ -246,7 +202,7 @@ def assert_all_local(nas, local, repo_id=MAIN, ignore_page15=True):
         assert os.readlink(entry) == "../" * (path.count("/") + 2) + "blobs/" + info["etag"], path
         blob = local_blob(nas, local, info["etag"], repo_id)
         assert stat.S_ISREG(os.lstat(blob).st_mode), "%s: local blob is not a regular file" % path
-        assert hashes_to_name(blob, info["etag"]), path
+        assert blob_matches_name(blob, info["etag"]), path
 
 
 # ------------------------------------------------------------------------------------------------
@@ -398,7 +354,7 @@ def test_second_run_rewrites_nothing(nas, local, verify):
     assert second["bytes_copied"] == 0 and second["links_written"] == 0 and second["refs_written"] == []
     assert second["diff_text"] == ""
     # same inodes, same mtimes: not one blob, link, ref or listing rewritten
-    assert changed_paths(before, tree_snapshot(local_repo(nas, local))) == []
+    assert snapshot_diff(before, tree_snapshot(local_repo(nas, local))) == []
 
 
 def test_copytree_style_snapshot_gets_links_and_blobs(nas, local):
@@ -477,11 +433,11 @@ def test_same_size_same_mtime_wrong_content(prestage, big_nas, local, kind, veri
         assert result["changed"] is True
         assert result["blobs"]["repaired"] == 1 and result["repaired_paths"] == [shard]
         assert result["bytes_copied"] == info["size"]
-        assert hashes_to_name(blob, info["etag"]) and os.stat(blob).st_ino != ino
+        assert blob_matches_name(blob, info["etag"]) and os.stat(blob).st_ino != ino
         assert_all_local(nas, local)
     else:  # documents the mode's limit: it trusts what it does not read
         assert result["changed"] is False and result["blobs"]["repaired"] == 0
-        assert not hashes_to_name(blob, info["etag"]) and os.stat(blob).st_ino == ino
+        assert not blob_matches_name(blob, info["etag"]) and os.stat(blob).st_ino == ino
 
 
 def test_truncated_local_blob_is_repaired_even_without_verify(prestage, big_nas, local):
@@ -492,7 +448,7 @@ def test_truncated_local_blob_is_repaired_even_without_verify(prestage, big_nas,
     os.truncate(blob, info["size"] // 2)
     result = stage(nas, local, ignore_patterns=PAGE15, verify="none")
     assert result["repaired_paths"] == [nas.repo()["shards"][0]]
-    assert hashes_to_name(blob, info["etag"])
+    assert blob_matches_name(blob, info["etag"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -517,7 +473,7 @@ def test_hardlinked_wrong_shard_is_split_and_repaired(prestage, big_nas, local):
     after_b = os.stat(blob_b)
     assert (after_b.st_ino, after_b.st_mtime_ns) == (st_b.st_ino, st_b.st_mtime_ns)   # B untouched
     assert after_b.st_nlink == 1 and os.stat(blob_a).st_ino != after_b.st_ino
-    assert hashes_to_name(blob_a, etag_a) and hashes_to_name(blob_b, etag_b)
+    assert blob_matches_name(blob_a, etag_a) and blob_matches_name(blob_b, etag_b)
     assert_all_local(nas, local)
 
 
@@ -539,7 +495,7 @@ def test_two_paths_of_one_blob_share_one_verified_copy(fresh_nas, local):
     result = stage(nas, local, ignore_patterns=PAGE15)
     assert result["blobs"]["repaired"] == 1
     assert result["repaired_paths"] == ["config.json", "extras/config-copy.json"]
-    assert hashes_to_name(blob, etag)
+    assert blob_matches_name(blob, etag)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -610,7 +566,7 @@ def test_space_preflight_refuses_before_writing(nas, local, check_mode):
     message = str(err.value)
     assert re.search(r"need %d bytes" % need, message), message
     assert re.search(r"available \d+ bytes", message), message
-    assert changed_paths(before, tree_snapshot(local)) == []
+    assert snapshot_diff(before, tree_snapshot(local)) == []
     assert os.listdir(str(local)) == []
 
 
@@ -674,7 +630,7 @@ def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch)
     monkeypatch.undo()
     repo = local_repo(nas, local)
     blobs = os.listdir(os.path.join(repo, "blobs"))
-    assert len(blobs) == 3 and all(hashes_to_name(os.path.join(repo, "blobs", b), b) for b in blobs)
+    assert len(blobs) == 3 and all(blob_matches_name(os.path.join(repo, "blobs", b), b) for b in blobs)
     # refs and the tree listing come last: no ref may point at an incomplete snapshot
     assert not os.path.exists(os.path.join(repo, "refs")) and not os.path.exists(os.path.join(repo, "trees"))
     result = stage(nas, local, ignore_patterns=PAGE15)
@@ -768,7 +724,7 @@ def test_held_lock_refuses_and_writes_nothing(nas, local):
         assert 1 <= time.monotonic() - started < 10
         assert "holds" in str(err.value) and "pid %d" % holder.pid in str(err.value)
         assert lock_path in str(err.value)
-        assert changed_paths(before, tree_snapshot(local)) == []
+        assert snapshot_diff(before, tree_snapshot(local)) == []
     assert stage(nas, local, ignore_patterns=PAGE15, lock_timeout=1)["changed"] is True   # released: works
 
 
@@ -819,7 +775,7 @@ def test_prune_removes_debris_stale_and_orphans_but_keeps_other_snapshot(nas, lo
     for path, info in repo["old_files"].items():
         entry = os.path.join(old_snap, *path.split("/"))
         assert os.path.realpath(entry) == os.path.realpath(local_blob(nas, local, info["etag"]))
-        assert hashes_to_name(entry, info["etag"]), path
+        assert blob_matches_name(entry, info["etag"]), path
     with open(os.path.join(local_repo(nas, local), "refs", "v1")) as handle:
         assert handle.read() == repo["old_commit"]
     assert_all_local(nas, local)
@@ -917,7 +873,7 @@ def test_refusals_name_the_problem_and_write_nothing(request, local, tmp_path, c
         run_mirror(MirrorRequest(**args), check_mode=check_mode)
     for fragment in fragments:
         assert fragment in str(err.value), (fragment, str(err.value))
-    assert changed_paths(before, tree_snapshot(local)) == []
+    assert snapshot_diff(before, tree_snapshot(local)) == []
     assert not os.path.exists(str(tmp_path / "no-local"))
 
 
@@ -965,8 +921,8 @@ def test_check_mode_reports_a_corrupt_blob_without_fixing_it(prestage, big_nas, 
     assert result["changed"] is True
     assert result["repaired_paths"] == [shard] and result["blobs"]["repaired"] == 1
     assert "repair (content) %s" % blob in result["diff_text"]
-    assert changed_paths(before, tree_snapshot(local)) == []
-    assert not hashes_to_name(blob, info["etag"])
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+    assert not blob_matches_name(blob, info["etag"])
 
 
 # ------------------------------------------------------------------------------------------------

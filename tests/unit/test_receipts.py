@@ -1,14 +1,12 @@
 """dgx_receipts: clearing the engine's strict-on-exists receipt roots, safely."""
 import os
-import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
+from privilege import nobody_owned_dir, run_as_nobody
 from ansible.module_utils.dgx_receipts import (DEFAULT_NAMES, clear_receipts, find_holders,
                                                plan_removal)
 
@@ -94,38 +92,9 @@ def test_symlink_root_is_unlinked_and_target_kept(tmp_path):
     assert (target / "worker.json").read_text() == "keep"
 
 
-NOBODY = 65534
-
-
 @pytest.fixture
 def owned_parent(tmp_path):
-    """A parent dir owned by nobody, reachable by nobody (pytest's tmp dirs are private to root)."""
-    if os.geteuid() != 0:
-        yield tmp_path
-        return
-    path = tempfile.mkdtemp(prefix="dgx-receipts-")
-    os.chmod(path, 0o755)
-    os.chown(path, NOBODY, NOBODY)
-    yield pathlib.Path(path)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _as_owner(func):
-    """Run func as nobody when we are root, so read-only modes really apply; return its exit code."""
-    if os.geteuid() != 0:
-        func()
-        return 0
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            func()
-            code = 0
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    yield from nobody_owned_dir(tmp_path, "dgx-receipts-")
 
 
 def test_read_only_contents_are_removed_by_their_owner(owned_parent):
@@ -139,7 +108,7 @@ def test_read_only_contents_are_removed_by_their_owner(owned_parent):
         os.chmod(str(root), 0o555)
         clear_receipts(str(owned_parent), NAMES)
 
-    assert _as_owner(build_and_clear) == 0
+    assert run_as_nobody(build_and_clear) == 0
     assert os.listdir(str(owned_parent)) == []
 
 

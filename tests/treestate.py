@@ -1,0 +1,72 @@
+"""Test oracles shared by every suite: file and blob-name hashes computed independently of
+module_utils, and whole-tree snapshots to prove "nothing was written" (the NAS is read-only to
+every node, but tests run as root, so permissions alone would not catch a write)."""
+import hashlib
+import os
+import stat
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(4 * 1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def blob_matches_name(path, name):
+    """True when the file's content is what its hub blob name says (sha256 or git blob sha1)."""
+    if len(name) == 64:
+        return sha256_file(path) == name
+    digest = hashlib.sha1(b"blob %d\0" % os.path.getsize(path))
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(4 * 1024 * 1024), b""):
+            digest.update(chunk)
+    return digest.hexdigest() == name
+
+
+def tree_snapshot(root, content=True):
+    """{relative path: (mode, inode, size, mtime_ns, link text, sha256)} for root and everything below it.
+
+    Directories are included (their mtime changes when an entry is created or removed), links are
+    never followed.
+    """
+    root = str(root)
+    snap = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [""] + sorted(dirnames) + sorted(filenames):
+            full = os.path.join(dirpath, name) if name else dirpath
+            if not name and dirpath != root:
+                continue  # directories are recorded by their parent's listing
+            st = os.lstat(full)
+            link = os.readlink(full) if stat.S_ISLNK(st.st_mode) else None
+            digest = sha256_file(full) if (content and stat.S_ISREG(st.st_mode)) else None
+            rel = os.path.relpath(full, root)
+            snap[rel] = (st.st_mode, st.st_ino, st.st_size if not stat.S_ISDIR(st.st_mode) else None,
+                         st.st_mtime_ns, link, digest)
+    return snap
+
+
+def snapshot_diff(before, after):
+    """Readable list of what changed between two tree_snapshot() results ([] when identical)."""
+    changes = []
+    for path in sorted(set(before) | set(after)):
+        if path not in after:
+            changes.append("removed %s" % path)
+        elif path not in before:
+            changes.append("added %s" % path)
+        elif before[path] != after[path]:
+            changes.append("changed %s: %r -> %r" % (path, before[path], after[path]))
+    return changes
+
+
+def set_writable(root, writable):
+    """chmod -R a-w (or u+w back) on a tree, never following links."""
+    for dirpath, dirnames, filenames in os.walk(str(root)):
+        for name in [None] + dirnames + filenames:
+            full = dirpath if name is None else os.path.join(dirpath, name)
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            os.chmod(full, (mode | stat.S_IWUSR) if writable else (mode & ~0o222))

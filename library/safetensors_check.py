@@ -8,13 +8,31 @@ module: safetensors_check
 short_description: Check a staged snapshot's safetensors index against its shard headers
 description:
   - Reads the index's C(weight_map) and the header of every shard it names (an 8-byte
-    little-endian length plus JSON); tensor data is never read, so a 300 GB checkpoint is
-    checked in seconds.
-  - Fails, naming shard and tensor, when a tensor is mapped to a shard that lacks it, a tensor is
-    in two shards (C(Duplicate mapped checkpoint key), the error the engine raises when a shard
-    link points at the wrong blob), a header is malformed (bad length, invalid JSON, a tensor
-    without dtype/shape/data_offsets, offsets that disagree with dtype and shape), data offsets
-    run past the end of the file or overlap, or a shard named by the index is missing.
+    little-endian length N, then N bytes of JSON); tensor data is never read, so a 300 GB checkpoint
+    is checked in seconds.
+  - A shard passes exactly when the C(safetensors) loader would load it (the rules of the Rust
+    crate's C(read_metadata) and C(validate), checked against the Python package safetensors 0.8.0
+    by the unit tests), with one deliberate difference - a tensor name given twice in one header is
+    refused here, where the loader silently keeps the last entry.
+  - So a passing shard is proven to have a header length N of at most 100,000,000 bytes that fits
+    in the file, and a header that is UTF-8 JSON (no NaN/Infinity, no number beyond a double's
+    range, no unpaired surrogate escape), nested at most 127 levels deep (measured before parsing,
+    so no header can exhaust the stack), and a JSON object whose C(__metadata__), if present, maps
+    strings to strings.
+  - Every tensor in it has a known dtype (BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16,
+    F32, F64, C64, F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, and the sub-byte F4,
+    F6_E2M3, F6_E3M2), a shape of non-negative integers and C(data_offsets) [begin, end] with
+    begin <= end spanning exactly shape times element size (a whole number of bytes).
+  - Sorted by offset, its tensors cover the data section exactly, from offset 0 to the end of the
+    file, with no gap, no overlap and no trailing byte.
+  - Tensor values are not read, so they are not proven here; hf_hub_mirror proves every staged
+    byte against its blob name.
+  - Across shards it fails when a tensor is mapped to a shard that lacks it or a tensor is in two
+    shards (C(Duplicate mapped checkpoint key), the error the engine raises when a shard link points
+    at the wrong blob), or a shard named by the index is missing.
+  - One broken shard does not stop the others being checked. The failure message names the failing
+    shards first, then key problems (ten entries at most, with the count of the rest);
+    RV(problems) lists every problem found.
   - Shards are normally symlinks into C(../../blobs); they are followed.
   - Without an index, every top-level C(*.safetensors) file (usually the single
     C(model.safetensors)) is checked. A snapshot without safetensors files passes with RV(shards=0).
@@ -87,30 +105,37 @@ index:
   type: str
   sample: /nvme/hub/models--org--name/snapshots/0123abcd/model.safetensors.index.json
 msg:
-  description: One-line summary.
+  description: One-line summary; on failure, every failing shard (up to ten) with its first problems.
   returned: always
   type: str
   sample: 69 shards, 94211 tensors match model.safetensors.index.json
+problems:
+  description: Every problem found, one line each, naming the shard (and the tensor where there is one).
+  returned: failure
+  type: list
+  elements: str
+  sample:
+    - "/nvme/hub/models--org--name/snapshots/0123abcd/model-00002-of-00069.safetensors: tensor
+      layers.1.w: unknown dtype 'F8_E4M3FN' (the safetensors loader refuses it)"
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_safetensors import check_snapshot
 
+ARGUMENT_SPEC = dict(
+    path=dict(type="path", required=True),
+    index=dict(type="str"),
+    absent_ok=dict(type="list", elements="str", default=[]),
+)
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", required=True),
-            index=dict(type="str"),
-            absent_ok=dict(type="list", elements="str", default=[]),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         result = check_snapshot(module.params["path"], module.params["index"], module.params["absent_ok"])
     except StageError as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=str(exc), problems=getattr(exc, "problems", [str(exc)]))
     module.exit_json(changed=False, **result)
 
 

@@ -1,133 +1,366 @@
 """Check a snapshot's safetensors index against its shard headers, reading headers only.
 
-A shard's header is an 8-byte little-endian length followed by that many bytes of JSON
-({name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}); offsets are
-relative to the end of the header. Tensor data is never read.
+A shard is an 8-byte little-endian unsigned length N, N bytes of UTF-8 JSON (the header), then the
+data section. The header maps each tensor name to {dtype, shape, data_offsets: [begin, end]}
+(offsets relative to the start of the data section) and may hold "__metadata__", a map of strings.
+Tensor data is never read: the data section's size is the file size minus 8 minus N.
+
+A header passes exactly when the safetensors loader accepts it (rules of the Rust crate's
+SafeTensors::read_metadata and Metadata::validate, checked against the Python package
+safetensors 0.8.0 on a 64-bit host), with one deliberate exception: a tensor name given twice in one
+header is refused here, where the loader silently keeps the last entry. The rules:
+
+ 1. The file has at least 8 bytes; N <= 100,000,000 (MAX_HEADER_BYTES); 8 + N <= file size.
+ 2. The header is UTF-8 holding one JSON value (whitespace around it allowed, so space padding is
+    fine), parsed like serde_json: no NaN/Infinity, no number beyond a double's range, no \\u escape
+    naming half of a UTF-16 surrogate pair, at most MAX_NESTING levels of [ and {. Depth is measured
+    before parsing, so a deeply nested header cannot exhaust the stack.
+ 3. The value is an object. "__metadata__" appears at most once and is null or an object whose
+    values are all strings. Every other key is a tensor.
+ 4. A tensor entry is an object with dtype, shape and data_offsets, each exactly once (other fields
+    are ignored), or an array [dtype, shape, data_offsets].
+ 5. dtype names a known element type (DTYPE_BITS; the loader also takes the form {"F16": null}).
+ 6. shape is an array of integers in [0, 2**64); data_offsets is an array of two such integers,
+    begin <= end. Integers written with a fraction or exponent, or as -0, are floats: refused.
+ 7. Elements (the product of shape, left to right) times bits per element stays below 2**64, is a
+    whole number of bytes, and equals end - begin.
+ 8. Sorted by (begin, end) the tensors tile the data section: the first begins at 0, each begins
+    where the previous ended (no gap, no overlap; a zero-size tensor sits on a boundary) and the
+    last ends at the end of the file (no trailing bytes). No tensors: the data section is empty.
 """
 import json
+import math
 import os
+import re
 import struct
 
 from ansible.module_utils.dgx_errors import StageError
 
 DEFAULT_INDEX = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-# Real headers are a few MiB at most; a bigger length means a corrupt or non-safetensors file.
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-# Bytes per element of the byte-aligned dtypes; others (sub-byte float formats) are not size-checked.
-DTYPE_BYTES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-    "U32": 4, "I32": 4, "F32": 4, "C64": 8,
-    "U64": 8, "I64": 8, "F64": 8,
+# safetensors' MAX_HEADER_SIZE: the loader refuses a longer header whatever the file size.
+MAX_HEADER_BYTES = 100000000
+# serde_json's recursion limit as the loader meets it: 127 levels of [ / { load, 128 do not.
+MAX_NESTING = 127
+U64_MAX = 2 ** 64 - 1
+# Bits per element of every dtype the safetensors 0.8.0 loader knows (its Dtype enum).
+DTYPE_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "C64": 64, "F64": 64, "I64": 64, "U64": 64,
 }
+TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
 _MAX_PROBLEMS_SHOWN = 10
+_MAX_SHARD_PROBLEMS_SHOWN = 3
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile(u"[\ud800-\udfff]")
 
 
-def _unique_keys(pairs):
-    """json object hook: a key given twice in one header would silently shadow a tensor."""
-    seen = {}
-    for key, value in pairs:
-        if key in seen:
-            raise ValueError("key %r appears twice" % key)
-        seen[key] = value
-    return seen
+class ShardError(StageError):
+    """One shard breaks the format; ``problems`` lists every way it does."""
+
+    def __init__(self, path, problems):
+        self.path = path
+        self.problems = list(problems)
+        shown = self.problems[:_MAX_SHARD_PROBLEMS_SHOWN]
+        more = len(self.problems) - len(shown)
+        StageError.__init__(self, "%s: malformed safetensors header: %s%s; re-stage this shard" % (
+            path, "; ".join(shown), " (and %d more problems)" % more if more else ""))
+
+
+class SafetensorsCheckError(StageError):
+    """The check failed; the message summarises, ``problems`` lists every problem found."""
+
+    def __init__(self, msg, problems):
+        StageError.__init__(self, msg)
+        self.problems = list(problems)
+
+
+# --- JSON the way the loader parses it ----------------------------------------------------------
+
+class _JsonObject(dict):
+    """A parsed JSON object. As in the loader's maps the last of repeated keys wins; the earlier
+    (key, value) pairs are kept in ``shadowed`` because the loader still type-checks them."""
+
+    shadowed = ()
+
+
+def _shadowed(obj):
+    return getattr(obj, "shadowed", ())
+
+
+def _object_from_pairs(pairs):
+    obj = _JsonObject(pairs)
+    if len(obj) != len(pairs):
+        last = dict((key, i) for i, (key, _value) in enumerate(pairs))
+        obj.shadowed = [pair for i, pair in enumerate(pairs) if last[pair[0]] != i]
+    return obj
+
+
+def _parse_int(literal):
+    if not literal.isascii():
+        raise ValueError("number %r is not ASCII" % literal)
+    if literal == "-0":
+        return -0.0  # serde_json reads -0 as a float
+    if len(literal) > 300 and math.isinf(float(literal)):
+        raise ValueError("number %s... is out of range" % literal[:20])
+    return int(literal)
+
+
+def _parse_float(literal):
+    value = float(literal)
+    if math.isinf(value) or not literal.isascii():
+        raise ValueError("number %s is out of range" % literal[:40])
+    return value
+
+
+def _parse_constant(name):
+    raise ValueError("%s is not a JSON value" % name)
+
+
+def nesting_depth(text, limit=MAX_NESTING):
+    """Deepest nesting of [ and { outside strings; stops counting once past ``limit``.
+
+    For valid JSON this is exact; for invalid JSON it bounds how deep a parser gets before the
+    error, so a parse is safe when this is small.
+    """
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = deepest = 0
+    for char in brackets:
+        if char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def _has_lone_surrogate(value):
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+            stack.extend(earlier for _key, earlier in _shadowed(item))
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _bounded_loads(text, **hooks):
+    """json.loads after a nesting pre-scan: raises ValueError, never RecursionError."""
+    if nesting_depth(text) > MAX_NESTING:
+        raise ValueError("JSON nested more than %d levels deep (the safetensors loader stops there)"
+                         % MAX_NESTING)
+    try:
+        return json.loads(text, **hooks)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse")
+    except ValueError as exc:
+        raise ValueError("invalid JSON (%s)" % exc)
+
+
+def parse_header_json(text):
+    """Parse header text as the loader does; raise ValueError saying why it would refuse it."""
+    value = _bounded_loads(text, object_pairs_hook=_object_from_pairs, parse_int=_parse_int,
+                           parse_float=_parse_float, parse_constant=_parse_constant)
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+        raise ValueError("invalid JSON (a \\u escape is half of a UTF-16 surrogate pair)")
+    return value
+
+
+# --- one header ----------------------------------------------------------------------------------
+
+def _malformed(path, why):
+    return ShardError(path, [why])
 
 
 def read_header(path, max_bytes=MAX_HEADER_BYTES):
-    """Return (header dict, header bytes read incl. the 8-byte length, file size)."""
+    """Return (header object, header bytes read incl. the 8-byte length, file size)."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as handle:
             prefix = handle.read(8)
             if len(prefix) != 8:
-                raise StageError("%s: malformed safetensors header: file is %d bytes, shorter than "
-                                 "the 8-byte header length; re-stage this shard" % (path, size))
+                raise _malformed(path, "file is %d bytes, shorter than the 8-byte header length"
+                                 % size)
             (length,) = struct.unpack("<Q", prefix)
-            if length < 2 or length > max_bytes or 8 + length > size:
-                raise StageError("%s: malformed safetensors header: header length %d is impossible "
-                                 "for a %d-byte file (cap %d); re-stage this shard"
-                                 % (path, length, size, max_bytes))
+            if length > max_bytes:
+                raise _malformed(path, "header length %d is over the format's cap %d"
+                                 % (length, max_bytes))
+            if 8 + length > size:
+                raise _malformed(path, "header length %d runs past the end of the %d-byte file"
+                                 % (length, size))
             raw = handle.read(length)
     except OSError as exc:
         raise StageError("%s: cannot read shard header: %s; check the file and its blob link"
                          % (path, exc))
     if len(raw) != length:
-        raise StageError("%s: malformed safetensors header: short read (%d of %d bytes); "
-                         "re-stage this shard" % (path, len(raw), length))
+        raise _malformed(path, "short read (%d of %d bytes)" % (len(raw), length))
+    if not length:
+        raise _malformed(path, "header length 0 leaves no room for the JSON header")
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise StageError("%s: malformed safetensors header: invalid JSON (%s); re-stage this shard"
-                         % (path, exc))
+        header = parse_header_json(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _malformed(path, "invalid JSON (not UTF-8: %s)" % exc)
+    except ValueError as exc:
+        raise _malformed(path, str(exc))
     if not isinstance(header, dict):
-        raise StageError("%s: malformed safetensors header: not a JSON object; re-stage this shard"
-                         % path)
+        raise _malformed(path, "not a JSON object")
     return header, 8 + length, size
 
 
-def _is_uint(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _is_u64(value):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
 
 
-def tensor_problem(name, info):
-    """Return why one header entry is malformed, or None."""
-    if not isinstance(info, dict):
-        return "entry is not an object"
-    for field in ("dtype", "shape", "data_offsets"):
-        if field not in info:
-            return "missing %s" % field
-    if not isinstance(info["dtype"], str):
-        return "dtype is not a string"
-    shape = info["shape"]
-    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
-        return "shape %r is not a list of non-negative integers" % (shape,)
-    offsets = info["data_offsets"]
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets):
-        return "data_offsets %r is not [begin, end]" % (offsets,)
-    if offsets[1] < offsets[0]:
-        return "data_offsets %r are inverted" % (offsets,)
-    width = DTYPE_BYTES.get(info["dtype"])
-    if width is not None:
-        count = 1
-        for dim in shape:
-            count *= dim
-        if count * width != offsets[1] - offsets[0]:
-            return "data_offsets %r span %d bytes but %s%r needs %d" % (
-                offsets, offsets[1] - offsets[0], info["dtype"], shape, count * width)
-    return None
+def dtype_name(value):
+    """The dtype an entry names; ValueError when the loader knows no such dtype."""
+    if isinstance(value, dict) and len(value) == 1 and not _shadowed(value):
+        name, unit = next(iter(value.items()))
+        if unit is not None:
+            raise ValueError("dtype %r is not a dtype name" % (value,))
+    elif isinstance(value, str):
+        name = value
+    else:
+        raise ValueError("dtype %r is not a dtype name" % (value,))
+    if name not in DTYPE_BITS:
+        raise ValueError("unknown dtype %r (the safetensors loader refuses it)" % name)
+    return name
 
 
-def check_header(path, header, header_bytes, file_size):
-    """Return the tensor names of one shard header; raise on any malformed entry or bad offset."""
-    data_size = file_size - header_bytes
+def byte_size(dtype, shape):
+    """Bytes a tensor of ``dtype`` and ``shape`` takes, computed as the loader does."""
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > U64_MAX:
+            raise ValueError("shape %r has more than 2**64 elements" % (shape,))
+    bits = count * DTYPE_BITS[dtype]
+    if bits > U64_MAX:
+        raise ValueError("%s%r is more than 2**64 bits" % (dtype, shape))
+    if bits % 8:
+        raise ValueError("%s%r is %d bits, not a whole number of bytes" % (dtype, shape, bits))
+    return bits // 8
+
+
+def tensor_span(info):
+    """Return (begin, end) of one header entry; raise ValueError saying why it is malformed."""
+    if isinstance(info, list):
+        if len(info) != 3:
+            raise ValueError("entry is an array of %d items, not [dtype, shape, data_offsets]"
+                             % len(info))
+        dtype, shape, offsets = info
+    elif isinstance(info, dict):
+        repeated = set(key for key, _value in _shadowed(info))
+        for field in TENSOR_FIELDS:
+            if field not in info:
+                raise ValueError("missing %s" % field)
+            if field in repeated:
+                raise ValueError("%s given twice" % field)
+        dtype, shape, offsets = (info[field] for field in TENSOR_FIELDS)
+    else:
+        raise ValueError("entry is not an object")
+    dtype = dtype_name(dtype)
+    if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
+        raise ValueError("shape %r is not a list of non-negative integers (each below 2**64)"
+                         % (shape,))
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_u64(o) for o in offsets):
+        raise ValueError("data_offsets %r is not [begin, end] of non-negative integers"
+                         % (offsets,))
+    begin, end = offsets
+    if end < begin:
+        raise ValueError("data_offsets %r are inverted" % (offsets,))
+    size = byte_size(dtype, shape)
+    if size != end - begin:
+        raise ValueError("data_offsets %r span %d bytes but %s%r needs %d"
+                         % (offsets, end - begin, dtype, shape, size))
+    return begin, end
+
+
+def metadata_problems(header):
+    """Why the header's __metadata__ breaks the format (a list, empty when it is fine)."""
+    if any(key == "__metadata__" for key, _value in _shadowed(header)):
+        return ["__metadata__ appears twice"]
+    metadata = header.get("__metadata__")
+    if metadata is None:
+        return []
+    if not isinstance(metadata, dict):
+        return ["__metadata__ is not an object of strings"]
+    pairs = list(_shadowed(metadata)) + list(metadata.items())
+    bad = sorted(set(key for key, value in pairs if not isinstance(value, str)))
+    return ["__metadata__ %s is not a string" % key for key in bad]
+
+
+def layout_problems(spans, data_size):
+    """Why the tensors' (begin, end, name) spans do not tile a data section of ``data_size`` bytes."""
+    if not spans and data_size:
+        return ["the header lists no tensors but the data section holds %d bytes" % data_size]
+    problems = []
+    covered, last = 0, None
+    for begin, end, name in sorted(spans):
+        if begin > covered:
+            problems.append("data bytes [%d, %d) before tensor %s belong to no tensor (a gap)"
+                            % (covered, begin, name))
+        elif begin < covered:
+            problems.append("tensors %s and %s have overlapping data_offsets (%s starts at %d, "
+                            "before %d)" % (last, name, name, begin, covered))
+        if end >= covered:
+            covered, last = end, name
+    if covered > data_size:
+        problems.append("tensor %s data_offsets end at %d and run past the end of the file (%d "
+                        "data bytes); the shard is truncated or the wrong blob" % (last, covered, data_size))
+    elif covered < data_size:
+        problems.append("%d trailing data bytes after the last tensor (tensors cover %d of %d)"
+                        % (data_size - covered, covered, data_size))
+    return problems
+
+
+def _inspect(header, data_size):
+    """(problems, spans) of one parsed header: spans are (begin, end, name) in data order."""
+    problems = metadata_problems(header)
+    for name in sorted(set(key for key, _value in _shadowed(header) if key != "__metadata__")):
+        problems.append("tensor %s appears twice; a loader would silently keep only the last" % name)
     spans = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        problem = tensor_problem(name, info)
-        if problem:
-            raise StageError("%s: malformed safetensors header: tensor %s: %s; re-stage this shard"
-                             % (path, name, problem))
-        begin, end = info["data_offsets"]
-        if end > data_size:
-            raise StageError("%s: tensor %s data_offsets [%d, %d] run past the end of the file "
-                             "(%d data bytes); the shard is truncated or the wrong blob, re-stage it"
-                             % (path, name, begin, end, data_size))
+        try:
+            begin, end = tensor_span(info)
+        except ValueError as exc:
+            problems.append("tensor %s: %s" % (name, exc))
+            continue
         spans.append((begin, end, name))
     spans.sort()
-    # Track the furthest end so far: comparing neighbours only misses overlaps across a
-    # zero-length tensor sitting between two overlapping ones.
-    last_end, last_name = 0, None
-    for begin, end, name in spans:
-        if end == begin:
-            continue
-        if begin < last_end:
-            raise StageError("%s: tensors %s and %s have overlapping data_offsets (%s starts at %d, "
-                             "before %d); the header is corrupt, re-stage this shard"
-                             % (path, last_name, name, name, begin, last_end))
-        last_end, last_name = end, name
-    return [s[2] for s in spans]
+    if not problems:
+        problems = layout_problems(spans, data_size)
+    return problems, spans
+
+
+def header_problems(header, data_size):
+    """Every way one parsed header breaks the format ([] when the loader would accept it)."""
+    return _inspect(header, data_size)[0]
+
+
+def check_header(path, header, header_bytes, file_size):
+    """Return the tensor names of one shard header in data order; raise ShardError listing
+    every problem."""
+    problems, spans = _inspect(header, file_size - header_bytes)
+    if problems:
+        raise ShardError(path, problems)
+    return [name for _begin, _end, name in spans]
 
 
 def read_shard(path):
@@ -136,11 +369,13 @@ def read_shard(path):
     return check_header(path, header, header_bytes, size), header_bytes
 
 
+# --- index and snapshot ------------------------------------------------------------------------
+
 def load_weight_map(index_path):
     """Return the index's weight_map {tensor: shard file name}."""
     try:
         with open(index_path, "rb") as handle:
-            index = json.loads(handle.read().decode("utf-8"))
+            index = _bounded_loads(handle.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise StageError("%s: cannot read the safetensors index: %s; re-stage it" % (index_path, exc))
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -169,9 +404,13 @@ def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=()):
 
     absent_ok: absolute paths of shards left out on purpose (a rank's sparse copy); their
     absence is not a problem and their keys are not looked for.
-    Returns {shards, tensors, checked_bytes, absent}. Raises StageError listing every problem found.
+    Returns {shards, tensors, checked_bytes, absent}. A broken shard does not stop the others
+    being checked: raises SafetensorsCheckError whose message names the failing shards first (up
+    to ten entries in all), then key problems, and whose ``problems`` lists every problem found.
     """
-    problems = []
+    shard_problems = []  # one summary line per missing or malformed shard
+    key_problems = []
+    details = []
     absent = []
     keys = {}
     owner = {}
@@ -184,33 +423,42 @@ def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=()):
             continue
         if not os.path.exists(path):
             kind = "a dangling symlink" if os.path.islink(path) else "missing"
-            problems.append("shard %s named in %s is %s; stage it again"
-                            % (path, index_path or "the snapshot", kind))
+            shard_problems.append("shard %s named in %s is %s; stage it again"
+                                  % (path, index_path or "the snapshot", kind))
+            details.append(shard_problems[-1])
             continue
         try:
             names, header_bytes = read_shard(path)
+        except ShardError as exc:
+            shard_problems.append(str(exc))
+            details.extend("%s: %s" % (path, problem) for problem in exc.problems)
+            continue
         except StageError as exc:
-            problems.append(str(exc))
+            shard_problems.append(str(exc))
+            details.append(str(exc))
             continue
         checked += header_bytes
         tensors += len(names)
         keys[shard] = set(names)
         for name in names:
             if name in owner:
-                problems.append("Duplicate mapped checkpoint key: %s is in both %s and %s; a "
-                                "shard link points at the wrong blob, re-stage and verify"
-                                % (name, owner[name], shard))
+                key_problems.append("Duplicate mapped checkpoint key: %s is in both %s and %s; a "
+                                    "shard link points at the wrong blob, re-stage and verify"
+                                    % (name, owner[name], shard))
+                details.append(key_problems[-1])
             else:
                 owner[name] = shard
     for name in sorted(weight_map or {}):
         shard = weight_map[name]
         if shard in keys and name not in keys[shard]:
             found = " (it is in %s)" % owner[name] if name in owner else ""
-            problems.append("%s maps %s to %s, but that shard lacks it%s; the shard link points "
-                            "at the wrong blob, re-stage and verify"
-                            % (index_path, name, shard, found))
-    if problems:
-        raise StageError("safetensors check failed in %s: %s" % (base, _summarise(problems)))
+            key_problems.append("%s maps %s to %s, but that shard lacks it%s; the shard link points "
+                                "at the wrong blob, re-stage and verify"
+                                % (index_path, name, shard, found))
+            details.append(key_problems[-1])
+    if shard_problems or key_problems:
+        raise SafetensorsCheckError("safetensors check failed in %s: %s"
+                                    % (base, _summarise(shard_problems + key_problems)), details)
     return {"shards": len(shards) - len(absent), "tensors": tensors, "checked_bytes": checked, "absent": absent}
 
 

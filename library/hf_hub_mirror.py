@@ -18,10 +18,23 @@ description:
     real file and nothing local resolves into the NAS.
   - Real files inside the NAS snapshot (the optional page15 pack) are staged only when the patterns
     select them; excluded paths are returned for the NAS-fallback mount manifest.
-  - Existing local blobs are checked by content (C(verify)), never trusted by size alone; a wrong one
-    (for example another shard of the same size hardlinked in its place) is replaced atomically.
+  - Every blob written under C(blobs/<name>) (a copy or a repair, whatever C(verify) says) is hashed against
+    its name (sha256, or git blob sha1 for 40-hex names) on the same read pass that writes it, and is renamed
+    to its name only when it matches. A NAS blob that fails is listed in C(nas_corrupt) and the module
+    fails for the repo; a local copy that hashes to its name is kept, one that does not is removed.
+  - Real files inside a snapshot have no name to check; their copy is refused when the NAS file changes
+    size or mtime during the copy.
+  - Existing local blobs are checked as C(verify) says, never trusted by size alone unless C(verify=none); a
+    wrong one (for example another shard of the same size hardlinked in its place) is replaced atomically.
+  - Every directory it writes or removes in (repo folder, C(blobs/), C(snapshots/<commit>/...), C(refs/),
+    C(trees/), C(.locks/)) must be a real directory inside C(dest); a symlinked one is refused, naming the
+    link and its target, before anything is written (in check mode too). Writes never follow links.
+  - A link between snapshot files resolves to the blob its chain reaches; a link to a real snapshot file
+    stays a link when both are staged.
   - Refuses before writing anything when the disk cannot hold the copy plus C(reserve), and on bad
-    input (missing roots, unknown repo or revision, dangling or escaping links, patterns selecting nothing).
+    input (missing roots, an empty NAS root (is it mounted?), unknown repo or revision, dangling or escaping
+    links, blobs not named by a hash, patterns selecting nothing). A local disk that fills up or fails
+    mid-copy is reported with the file, the disk, the bytes still needed and free; no temp file is left.
   - Writes go to a temp file, are fsynced and renamed; a killed run leaves no torn blob and the next
     run removes its debris. A per-repo lock keeps two runs from interleaving.
   - Progress of long copies is written to C(<dest>/.locks/<repo folder>/dgx-stage.progress.json).
@@ -170,11 +183,53 @@ duration_s:
   description: The module's own run time in seconds.
   returned: success
   type: float
+nas_corrupt:
+  description:
+    - Snapshot paths whose NAS blob does not hash to its name (also returned when the module fails).
+  returned: always
+  type: list
+  elements: str
+nas_corrupt_blobs:
+  description: One record per NAS blob that failed its name.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: First snapshot path of the blob.
+      type: str
+    paths:
+      description: Every snapshot path of the blob.
+      type: list
+      elements: str
+    blob:
+      description: The blob name (the expected hash).
+      type: str
+    nas_source:
+      description: The NAS file that was read.
+      type: str
+    nas_hash:
+      description: What the NAS bytes hashed to.
+      type: str
+    local:
+      description: C(kept) (the local copy hashes to its name), C(removed) (it did not) or C(absent).
+      type: str
+unstaged_paths:
+  description: Selected snapshot paths with no good local content after this run (links to them are not written).
+  returned: always
+  type: list
+  elements: str
+report:
+  description:
+    - This repo's row of the host report, shaped by the module (repo_id, revision, commit, files, blobs,
+      bytes, duration, verify, nas_corrupt, status C(ok), C(failed) or C(check)).
+  returned: always
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_mirror import MirrorRequest, run_mirror
+from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
 
 
 def main():
@@ -201,9 +256,12 @@ def main():
             revision=params["revision"], allow_patterns=params["allow_patterns"],
             ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
             prune=params["prune"], lock_timeout=params["lock_timeout"])
-        progress = None if module.check_mode else "%s/.locks/%s/dgx-stage.progress.json" % (
-            request.dest, request.folder)
-        result = run_mirror(request, check_mode=module.check_mode, progress_path=progress)
+        result = run_mirror(request, check_mode=module.check_mode)
+    except MirrorFailed as exc:
+        result = exc.result
+        for key in ("diff_text", "warnings"):
+            result.pop(key)
+        module.fail_json(msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc), **result)
     except (StageError, OSError) as exc:
         module.fail_json(msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))
     diff_text = result.pop("diff_text")

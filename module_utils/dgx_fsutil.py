@@ -1,4 +1,5 @@
 """Small filesystem helpers shared by the dgx-stage modules (stdlib only, Python 3.8+)."""
+import hashlib
 import os
 import shutil
 import stat
@@ -8,50 +9,84 @@ import sys
 # Every temp file the project writes carries this prefix, so the next run can tell a killed
 # run's leftovers from real content and remove them.
 TEMP_PREFIX = ".dgx-stage-tmp."
+# The longest file name the local filesystems take (ext4, xfs: 255 bytes).
+NAME_MAX = 255
+
+
+def temp_name_for(name):
+    """A unique temp name for `name`, recognisable as debris and never longer than NAME_MAX bytes.
+
+    A final name close to NAME_MAX keeps only its head plus a digest of the whole name, so the
+    temp name of a 250-byte file name still fits (instead of failing with ENAMETOOLONG).
+    """
+    tail = ".%d.%s" % (os.getpid(), os.urandom(4).hex())
+    room = NAME_MAX - len(TEMP_PREFIX) - len(tail)
+    encoded = os.fsencode(name)
+    if len(encoded) > room:
+        digest = hashlib.sha1(encoded).hexdigest()[:12]
+        # fsdecode maps any byte slice (even one cutting a UTF-8 sequence) back to the same bytes.
+        name = "%s~%s" % (os.fsdecode(encoded[:room - len(digest) - 1]), digest)
+    return TEMP_PREFIX + name + tail
 
 
 def temp_path_for(final_path):
     """A unique sibling of final_path (same dir, so os.replace is atomic) recognisable as debris."""
     directory, name = os.path.split(os.path.abspath(final_path))
-    return os.path.join(directory, "%s%s.%d.%s" % (TEMP_PREFIX, name, os.getpid(), os.urandom(4).hex()))
+    return os.path.join(directory, temp_name_for(name))
 
 
 def is_temp_name(name):
     return name.startswith(TEMP_PREFIX)
 
 
-def fsync_dir(path):
-    """fsync a directory so a rename or unlink inside it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
+def fsync_dir(path=None, dir_fd=None):
+    """fsync a directory (by path, or an open dir_fd) so a rename or unlink inside it survives a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY) if dir_fd is None else dir_fd
     try:
         os.fsync(fd)
     finally:
-        os.close(fd)
+        if dir_fd is None:
+            os.close(fd)
 
 
-def atomic_write_bytes(path, data, mode=0o644):
+def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
     """Write data to path atomically: temp file in the same dir, fsync, os.replace, fsync dir.
 
+    With dir_fd, path is a plain name inside that open directory: nothing on the way is resolved
+    again, and neither the temp file nor the final name is ever followed if it is a symlink.
     Readers see either the old file or the new one, never a partial write.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = temp_path_for(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    if dir_fd is None:
+        directory, name = os.path.split(os.path.abspath(path))
+        parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    else:
+        name, parent_fd = path, dir_fd
+    tmp = temp_name_for(name)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # mkstemp creates 0600; set the requested mode before the file becomes visible.
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=parent_fd)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(directory)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                # Created 0600; set the requested mode before the file becomes visible.
+                os.fchmod(handle.fileno(), mode)
+                os.fsync(handle.fileno())
+            os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        except BaseException:
+            unlink_quietly(tmp, dir_fd=parent_fd)
+            raise
+        fsync_dir(dir_fd=parent_fd)
+    finally:
+        if dir_fd is None:
+            os.close(parent_fd)
+
+
+def unlink_quietly(path, dir_fd=None):
+    """Remove a file or symlink if it is there; never raises (cleanup on an error path)."""
+    try:
+        os.unlink(path, dir_fd=dir_fd)
+    except OSError:
+        pass
 
 
 def make_dirs_owner_writable(root):

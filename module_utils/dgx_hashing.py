@@ -35,8 +35,11 @@ class NameHasher(object):
     def update(self, data):
         self._hash.update(data)
 
+    def hexdigest(self):
+        return self._hash.hexdigest()
+
     def matches(self):
-        return self._hash.hexdigest() == self.name
+        return self.hexdigest() == self.name
 
 
 def name_is_hash(name):

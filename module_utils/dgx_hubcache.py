@@ -19,14 +19,15 @@ COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 class SnapshotEntry(object):
     """One file of a snapshot: a link into the repo's blobs/ or a real file inside the snapshot."""
 
-    __slots__ = ("path", "kind", "etag", "source", "size")
+    __slots__ = ("path", "kind", "etag", "source", "size", "alias_of")
 
-    def __init__(self, path, kind, etag, source, size):
-        self.path = path        # snapshot-relative, '/'-separated
-        self.kind = kind        # "link" or "real"
-        self.etag = etag        # blob name for links, None for real files
-        self.source = source    # real path of the content on the source hub
+    def __init__(self, path, kind, etag, source, size, alias_of=None):
+        self.path = path            # snapshot-relative, '/'-separated
+        self.kind = kind            # "link" (content is blobs/<etag>) or "real" (content lives in the snapshot)
+        self.etag = etag            # blob name for links, None for real files
+        self.source = source        # real path of the content on the hub
         self.size = size
+        self.alias_of = alias_of    # real files only: the snapshot path a link chain led to (else None)
 
     def __repr__(self):
         return "SnapshotEntry(%r, %r, %r, %d)" % (self.path, self.kind, self.etag, self.size)
@@ -89,20 +90,55 @@ def is_within(path, root):
     return path == root or path.startswith(root + os.sep) or root == os.sep
 
 
-def _blob_name_of_link(link_path, repo_dir, real):
-    """The blob name a snapshot link stands for: its first hop must be `<repo>/blobs/<name>`."""
-    first_hop = os.path.normpath(os.path.join(os.path.dirname(link_path), os.readlink(link_path)))
-    if os.path.dirname(first_hop) == os.path.join(repo_dir, "blobs"):
-        return os.path.basename(first_hop)
-    raise StageError("%s links to %s, not into the repo's blobs/ dir: not a hub cache snapshot link"
-                     % (link_path, os.readlink(link_path)))
+# A snapshot link may point at another snapshot file that links on; a chain longer than this is a loop.
+MAX_LINK_HOPS = 40
+
+
+def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
+    """Follow one snapshot link hop by hop to the content it stands for.
+
+    Returns (etag, alias_of, source): etag is the name of the first hop into `<repo>/blobs/` (what the
+    content is checked against, whatever hub-level store the chain then passes); alias_of is the
+    snapshot path of the real snapshot file a chain without a blob hop ends at. Raises StageError
+    naming the link for dangling chains, loops, chains that end outside `hub_real`, and links that
+    lead anywhere else (another repo, another snapshot).
+    """
+    source = _content_of(link_path, hub_real)
+    blobs_dir = os.path.join(repo_dir, "blobs")
+    current = link_path
+    for _hop in range(MAX_LINK_HOPS):
+        hop = os.path.normpath(os.path.join(os.path.dirname(current), os.readlink(current)))
+        if os.path.dirname(hop) == blobs_dir:
+            return (os.path.basename(hop), None, source)
+        if not is_within(hop, snap_dir) or hop == snap_dir:
+            raise StageError("%s links to %s, not into the repo's blobs/ dir or its own snapshot: not a hub cache "
+                             "snapshot link" % (link_path, os.readlink(current)))
+        if not os.path.islink(hop):
+            return (None, os.path.relpath(hop, snap_dir).replace(os.sep, "/"), source)
+        current = hop
+    raise StageError("%s is a link loop (more than %d hops): repair the source hub" % (link_path, MAX_LINK_HOPS))
+
+
+def _content_of(link_path, hub_real):
+    """The real file a link chain ends at: a regular file inside the hub, else StageError."""
+    real = os.path.realpath(link_path)
+    if not is_within(real, hub_real):
+        raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
+                         % (link_path, real, hub_real))
+    if not os.path.exists(real):
+        raise StageError("%s is a dangling link (chain ends at missing %s): repair the source hub"
+                         % (link_path, real))
+    if not os.path.isfile(real):
+        raise StageError("%s ends at %s, which is not a regular file: repair the source hub" % (link_path, real))
+    return real
 
 
 def scan_snapshot(repo_dir, commit, hub_root):
     """Every file of `snapshots/<commit>` as SnapshotEntry, following link chains to real content.
 
-    Refuses (StageError naming the entry) dangling links, link loops and links whose chain ends
-    outside `hub_root`: staging must never copy something the hub does not own.
+    The one snapshot walker: the mirror plans from it and the manifest binds from it. Refuses
+    (StageError naming the entry) symlinked directories, dangling links, link loops and links whose
+    chain ends outside `hub_root`: staging and binding must never reach something the hub does not own.
     """
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
@@ -120,15 +156,9 @@ def scan_snapshot(repo_dir, commit, hub_root):
             if not os.path.islink(full):
                 entries.append(SnapshotEntry(rel, "real", None, full, os.stat(full).st_size))
                 continue
-            real = os.path.realpath(full)
-            if not is_within(real, hub_real):
-                raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
-                                 % (full, real, hub_real))
-            if not os.path.isfile(real):
-                raise StageError("%s is a dangling link (chain ends at missing %s): repair the source hub"
-                                 % (full, real))
-            etag = _blob_name_of_link(full, repo_dir, real)
-            entries.append(SnapshotEntry(rel, "link", etag, real, os.stat(real).st_size))
+            etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
+            entries.append(SnapshotEntry(rel, "real" if etag is None else "link", etag, source,
+                                         os.stat(source).st_size, alias_of))
     return entries
 
 

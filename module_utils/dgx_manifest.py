@@ -10,7 +10,7 @@ import posixpath
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hubcache import is_within as is_inside
-from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name
+from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 
 
@@ -22,36 +22,37 @@ def resolve_commit(local_repo, nas_repo, revision):
     return hubcache_resolve_commit(nas_repo, revision)
 
 
-def list_snapshot_files(snapshot):
-    """Sorted snapshot-relative paths of every file below snapshot; symlinks count as files."""
-    found = []
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        try:
-            with os.scandir(os.path.join(snapshot, rel) if rel else snapshot) as listing:
-                entries = list(listing)
-        except OSError as exc:
-            raise StageError("cannot list %s: %s; check the NAS mount" % (os.path.join(snapshot, rel), exc))
-        for entry in entries:
-            child = posixpath.join(rel, entry.name) if rel else entry.name
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(child)
-            else:
-                found.append(child)
-    return sorted(found)
-
-
-def local_source(local_snapshot, rel, local_root_real):
-    """Realpath of the staged copy of rel if it is a regular file inside the local hub, else None."""
-    path = os.path.join(local_snapshot, rel)
-    if not os.path.lexists(path):
-        return None
+def _staged_file(path, root_real, size):
+    """Realpath of path when it resolves to a regular file of `size` bytes inside root_real, else None."""
     real = os.path.realpath(path)
-    # A local link that still resolves into the NAS (or anywhere else) is not staged.
-    if os.path.isfile(real) and is_inside(real, local_root_real):
+    if os.path.isfile(real) and is_inside(real, root_real) and os.path.getsize(real) == size:
         return real
     return None
+
+
+def local_source(local_repo, local_snapshot, entry, local_root_real):
+    """Realpath of the staged copy of one NAS snapshot entry, or None (then the NAS is bound).
+
+    The mirror's rules: the local entry is walked with the same link-chain walker, and a blob link
+    is local only when it names the same blob as the NAS entry and that local blob is a file of the
+    NAS size inside the local hub. A link to the wrong same-size blob, a link into the NAS, or a
+    broken local link all leave the file to the NAS.
+    """
+    path = os.path.join(local_snapshot, *entry.path.split("/"))
+    if not os.path.lexists(path):
+        return None
+    etag = None
+    if os.path.islink(path):
+        try:
+            etag, _alias_of, _real = resolve_snapshot_link(path, local_repo, local_snapshot, local_root_real)
+        except StageError:
+            return None
+    if entry.kind == "link":
+        if etag != entry.etag:
+            return None
+        return _staged_file(os.path.join(local_repo, "blobs", etag), local_root_real, entry.size)
+    # A real NAS file has no name to compare: a local file of its size (the verify play compares content).
+    return _staged_file(path, local_root_real, entry.size)
 
 
 def stays_inside(link_path, directory):
@@ -145,13 +146,14 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root):
                             os.path.join(local_repo, "refs", repo["revision"])))
     local_snapshot = os.path.join(local_repo, "snapshots", commit)
     target = posixpath.join(target_root, folder, "snapshots", commit)
-    files = list_snapshot_files(nas_snapshot)
+    entries = scan_snapshot(nas_repo, commit, hub_nas_root)
+    files = [e.path for e in entries]
     local_root_real = os.path.realpath(hub_local_root)
     local = {}
-    for rel in files:
-        source = local_source(local_snapshot, rel, local_root_real)
+    for entry in entries:
+        source = local_source(local_repo, local_snapshot, entry, local_root_real)
         if source:
-            local[rel] = source
+            local[entry.path] = source
     record = dict(repo, commit=commit, folder=folder, local_snapshot=local_snapshot,
                   nas_snapshot=nas_snapshot, target=target)
     mounts = plan_snapshot_mounts(files, local, nas_snapshot, target)

@@ -10,20 +10,23 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 from __future__ import absolute_import, division, print_function
 
 import copy
+import errno
 import json
 import os
+import posixpath
 import re
 import shutil
+import stat
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import atomic_write_bytes
-from ansible.module_utils.dgx_hashing import (NameHasher, file_matches_name, file_sha256, name_is_hash,
-                                              samples_match)
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes, fsync_dir
+from ansible.module_utils.dgx_hashing import file_matches_name, file_sha256, name_is_hash, samples_match
 from ansible.module_utils.dgx_hubcache import (blob_link_target, is_within, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
-from ansible.module_utils.dgx_transfer import (RepoLock, copy_atomic, find_temp_debris, symlink_atomic)
+from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, CopyBuffer, LocalTree, LocalWriteError, RepoLock,
+                                               SourceProblem, copy_verified, find_temp_debris, symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")
 SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
@@ -48,6 +51,14 @@ class MirrorRequest(object):
         self.prune = prune
         self.lock_timeout = lock_timeout
         self.folder = repo_folder_name(repo_id, repo_type)
+
+
+class MirrorFailed(StageError):
+    """The run could not stage everything; `result` holds what it did and what is wrong (nas_corrupt)."""
+
+    def __init__(self, message, result):
+        StageError.__init__(self, message)
+        self.result = result
 
 
 class Work(object):
@@ -204,8 +215,13 @@ def plan_mirror(req, check_mode=False):
     plan.src_repo = os.path.join(req.src, req.folder)
     if not os.path.isdir(plan.src_repo):
         known = sorted(d for d in os.listdir(req.src) if "--" in d)
+        if not known:
+            raise StageError("unknown repo %s: the NAS hub root %s holds no repo folders at all (no models--*, "
+                             "datasets--*): is the NAS mounted there? An empty mount point looks exactly like "
+                             "this; check `findmnt %s` on the node, or fix hub_nas_root"
+                             % (req.repo_id, req.src, req.src))
         raise StageError("unknown repo %s: %s not found; the NAS hub holds: %s"
-                         % (req.repo_id, plan.src_repo, ", ".join(known) or "nothing"))
+                         % (req.repo_id, plan.src_repo, ", ".join(known)))
     plan.commit = resolve_commit(plan.src_repo, req.revision)
     plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src)
     if not plan.entries:
@@ -220,18 +236,48 @@ def plan_mirror(req, check_mode=False):
     for pattern in unmatched_patterns([e.path for e in plan.entries], req.allow_patterns):
         plan.warnings.append("allow pattern %r matches no file of %s@%s" % (pattern, req.repo_id, plan.commit))
 
+    for entry in plan.selected:
+        if entry.etag and not name_is_hash(entry.etag):
+            raise StageError("%s links to blobs/%s, which is not named by a sha256 or git blob sha1: its content "
+                             "cannot be proven against its name, so it is not staged; repair the source hub"
+                             % (entry.path, entry.etag))
     plan.dest_repo = os.path.join(req.dest, req.folder)
     plan.snapshot = os.path.join(plan.dest_repo, "snapshots", plan.commit)
+    refuse_linked_local_dirs(req, plan.commit)
     _plan_files(plan, req)
     _plan_metadata(plan, req)
     _plan_cleanup(plan, req)
     return plan
 
 
+def refuse_linked_local_dirs(req, commit):
+    """Every directory the run may write or remove in must be a real directory inside dest (check
+    mode too): a symlinked repo folder, blobs/, snapshot or lock dir is refused, naming the link."""
+    if not os.path.isdir(req.dest):
+        return
+    tree = LocalTree(req.dest)
+    folder = req.folder
+    tree.refuse_links([folder + "/blobs", folder + "/trees", ".locks/" + folder])
+    for rel in (folder + "/snapshots/" + commit, folder + "/refs"):
+        tree.refuse_links_below(rel)
+
+
+def alias_link_text(path, alias_of):
+    """Relative link text from snapshot path `path` to snapshot path `alias_of`."""
+    return posixpath.relpath(alias_of, posixpath.dirname(path) or ".")
+
+
 def _plan_files(plan, req):
     by_blob = {}
+    selected_paths = set(e.path for e in plan.selected)
     for entry in plan.selected:
         local = os.path.join(plan.snapshot, *entry.path.split("/"))
+        if entry.alias_of and entry.alias_of in selected_paths:
+            # A link between two real snapshot files stays a link, so the content is stored once.
+            target = alias_link_text(entry.path, entry.alias_of)
+            if not (os.path.islink(local) and os.readlink(local) == target):
+                plan.links.append((local, target))
+            continue
         if entry.kind == "real":
             reason = content_problem(local, entry.source, entry.size, None, req.verify)
             if reason:
@@ -318,11 +364,19 @@ def check_space(plan, req):
     return {"free": free, "reserve": reserve, "need": need, "reclaimable": plan.freed_bytes}
 
 
+PROGRESS_NAME = "dgx-stage.progress.json"
+
+
+def lock_dir_rel(folder):
+    """`.locks/<repo folder>` below the local hub root: the repo lock and the progress file."""
+    return ".locks/" + folder
+
+
 class Progress(object):
     """Throttled progress file next to the repo lock, for operators watching a long copy."""
 
-    def __init__(self, path, total, label):
-        self.path, self.total, self.label = path, total, label
+    def __init__(self, lock_dir, total, label):
+        self.lock_dir, self.total, self.label = lock_dir, total, label
         self.done = 0
         self.started = time.monotonic()
         self._last = 0.0
@@ -330,54 +384,52 @@ class Progress(object):
     def __call__(self, count):
         self.done += count
         now = time.monotonic()
-        if self.path and now - self._last >= 2.0:
+        if self.lock_dir is not None and now - self._last >= 2.0:
             self._last = now
             self.write(finished=False)
 
     def write(self, finished):
+        if self.lock_dir is None:
+            return
         elapsed = max(time.monotonic() - self.started, 1e-6)
         rate = self.done / elapsed
         state = {"repo": self.label, "bytes_done": self.done, "bytes_total": self.total,
                  "mib_per_s": round(rate / 1048576, 1), "elapsed_s": round(elapsed, 1),
                  "eta_s": round((self.total - self.done) / rate, 1) if rate and not finished else 0,
                  "finished": finished}
-        atomic_write_bytes(self.path, json.dumps(state).encode("utf-8"))
+        atomic_write_bytes(PROGRESS_NAME, json.dumps(state).encode("utf-8"), dir_fd=self.lock_dir.fd)
 
 
-def _sample_check(source, size):
-    def check(temp):
-        if not samples_match(temp, source, size):
-            return "copy of %s reads back different from the NAS: check the local disk" % source
-        return None
-    return check
+class Outcome(object):
+    """What applying a plan did, blob by blob, and which source problems it met."""
+
+    def __init__(self):
+        self.written = []          # Work items now under their final name
+        self.nas_corrupt = []      # {path, paths, blob, nas_sha, local} for NAS blobs failing their name
+        self.source_errors = []    # messages of other source problems (changed during the copy, unreadable)
+        self.unavailable = set()   # snapshot paths with no good local content after this run
+
+    @property
+    def failed(self):
+        return bool(self.nas_corrupt or self.source_errors)
 
 
-def _ensure_parent(path):
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        os.makedirs(parent)
+def _rel(tree, path):
+    return os.path.relpath(path, tree.root)
 
 
-def _copy_one(work, verify, progress):
-    _ensure_parent(work.final)
-    hasher, check = None, None
-    if verify == "full" and work.etag and name_is_hash(work.etag):
-        hasher = NameHasher(work.etag, work.size)
-    elif verify != "none":
-        check = _sample_check(work.source, work.size)
-    copy_atomic(work.source, work.final, work.size, hasher=hasher, check=check, progress=progress)
-
-
-def _write_small_file(path, data):
-    _ensure_parent(path)
-    atomic_write_bytes(path, data)
-
-
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+def _remove_local(tree, path):
+    """Remove a file, a link (never its target) or a directory tree below the local hub root."""
+    with tree.open_dir(os.path.dirname(_rel(tree, path))) as parent:
+        name = os.path.basename(path)
+        try:
+            st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)    # rmtree never follows links inside the tree it removes
+        else:
+            os.unlink(name, dir_fd=parent.fd)
 
 
 def _remove_empty_dirs(top):
@@ -386,25 +438,120 @@ def _remove_empty_dirs(top):
             os.rmdir(dirpath)
 
 
-def apply_plan(plan, req, progress_path=None):
-    """Carry the plan out; debris and prune first so their space is free for the copies."""
+def _disk_error(exc, req, plan, progress):
+    """A local write error turned into what the operator needs: file, disk, bytes needed and free."""
+    free, _total = disk_space(existing_ancestor(req.dest))
+    still_needed = max(plan.write_bytes - progress.done, 0)
+    cause = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the disk quota is exhausted",
+             errno.EIO: "the local disk reported an I/O error", errno.EROFS: "the local disk is read-only"}.get(
+                 exc.errno, "the local write failed")
+    return StageError(
+        "%s while writing %s (%s of this file written; temp file removed): this run still needs %s (%d bytes) "
+        "on %s, which has %s (%d bytes) free. %s; blobs already staged are kept and re-used by the next run"
+        % (cause, exc.path, human_bytes(exc.written), human_bytes(still_needed), still_needed, req.dest,
+           human_bytes(free), free,
+           "Free space on the disk or narrow the patterns, then re-run" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "Check the disk (dmesg, smartctl) before re-running"))
+
+
+def _place(tree, directory, work, progress, buf, outcome):
+    """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised."""
+    name = os.path.basename(work.final)
+    try:
+        copy_verified(work.source, directory, name, work.size, blob_name=work.etag, progress=progress, buf=buf)
+        outcome.written.append(work)
+    except SourceProblem as problem:
+        if work.etag is None or problem.got is None:
+            outcome.source_errors.append(str(problem))
+            outcome.unavailable.update(work.paths)
+            return
+        outcome.nas_corrupt.append(_nas_corrupt_record(tree, directory, work, problem, outcome))
+
+
+def _nas_corrupt_record(tree, directory, work, problem, outcome):
+    """A NAS blob failed its name: keep a local copy that passes it, remove one that does not."""
+    name = os.path.basename(work.final)
+    local = "absent"
+    try:
+        st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and file_matches_name(work.final, work.etag, work.size):
+        local = "kept"
+    elif st is not None:
+        os.unlink(name, dir_fd=directory.fd)   # it has the name but not the bytes: never serve it
+        local = "removed"
+    if local != "kept":
+        outcome.unavailable.update(work.paths)
+    return {"path": work.paths[0], "paths": list(work.paths), "blob": work.etag, "nas_source": work.source,
+            "nas_hash": problem.got, "local": local}
+
+
+def _write_blobs(tree, plan, req, progress, outcome):
+    buf = CopyBuffer()
+    dirs = {}
+    try:
+        for work in sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)):
+            parent = os.path.dirname(work.final)
+            if parent not in dirs:
+                dirs[parent] = tree.open_dir(_rel(tree, parent), create=True)
+            try:
+                _place(tree, dirs[parent], work, progress, buf, outcome)
+            except LocalWriteError as exc:
+                if exc.errno in DISK_ERRNOS:
+                    raise _disk_error(exc, req, plan, progress)
+                raise
+        for directory in dirs.values():
+            fsync_dir(dir_fd=directory.fd)
+    finally:
+        for directory in dirs.values():
+            directory.close()
+
+
+def _write_links(tree, plan):
+    """Snapshot links in one rename each; every directory that got links is fsynced before refs are written."""
+    by_dir = {}
+    for link, target in plan.links:
+        by_dir.setdefault(os.path.dirname(link), []).append((os.path.basename(link), target))
+    for parent in sorted(by_dir):
+        with tree.open_dir(_rel(tree, parent), create=True) as directory:
+            for name, target in by_dir[parent]:
+                symlink_atomic(directory, name, target)
+            fsync_dir(dir_fd=directory.fd)
+
+
+def _write_small_file(tree, path, data):
+    with tree.open_dir(_rel(tree, os.path.dirname(path)), create=True) as directory:
+        atomic_write_bytes(os.path.basename(path), data, dir_fd=directory.fd)
+
+
+def apply_plan(plan, req, progress_dir=None):
+    """Carry the plan out; debris and prune first so their space is free for the copies.
+
+    Returns an Outcome. NAS-side problems of single blobs do not stop the other copies; while any
+    selected path has no good local content, no link to it is written and refs/ and trees/ stay as
+    they were, so no ref ever points at an incomplete snapshot.
+    """
+    tree = LocalTree(req.dest)
+    outcome = Outcome()
     for path in plan.debris + plan.prune:
-        _remove(path)
+        _remove_local(tree, path)
     if plan.prune and os.path.isdir(plan.snapshot):
         _remove_empty_dirs(plan.snapshot)
-    progress = Progress(progress_path, plan.write_bytes, "%s@%s" % (req.repo_id, plan.commit[:12]))
-    blobs_first = sorted(plan.writes, key=lambda w: (w.etag is None, w.final))
-    for work in blobs_first:
-        _copy_one(work, req.verify, progress)
-    for link, target in plan.links:
-        _ensure_parent(link)
-        symlink_atomic(target, link)
-    for name, commit in sorted(plan.refs.items()):
-        _write_small_file(os.path.join(plan.dest_repo, "refs", *name.split("/")), commit.encode("ascii"))
-    if plan.tree_listing is not None:
-        _write_small_file(os.path.join(plan.dest_repo, "trees", plan.commit + ".json"), plan.tree_listing)
-    if progress_path:
-        progress.write(finished=True)
+    progress = Progress(progress_dir, plan.write_bytes, "%s@%s" % (req.repo_id, plan.commit[:12]))
+    _write_blobs(tree, plan, req, progress, outcome)
+    # No link to content this run could not stage (nor an alias link to such a file).
+    blocked = set(os.path.join(plan.snapshot, *p.split("/")) for p in outcome.unavailable)
+    plan.links = [(link, target) for link, target in plan.links
+                  if link not in blocked and os.path.normpath(os.path.join(os.path.dirname(link), target)) not in blocked]
+    _write_links(tree, plan)
+    if not outcome.unavailable:
+        for name, commit in sorted(plan.refs.items()):
+            _write_small_file(tree, os.path.join(plan.dest_repo, "refs", *name.split("/")), commit.encode("ascii"))
+        if plan.tree_listing is not None:
+            _write_small_file(tree, os.path.join(plan.dest_repo, "trees", plan.commit + ".json"), plan.tree_listing)
+    progress.write(finished=True)
+    return outcome
 
 
 def count_dangling(plan, dest_root):
@@ -438,55 +585,106 @@ def describe_plan(plan):
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def run_mirror(req, check_mode=False, progress_path=None):
-    """Plan, check space, apply (unless check_mode) and return the module result."""
+def run_mirror(req, check_mode=False, progress=True):
+    """Plan, check space, apply (unless check_mode) and return the module result.
+
+    Raises StageError for bad input (nothing written), MirrorFailed (with the result) when some
+    selected file could not be staged or a NAS blob fails its name.
+    """
     started = time.monotonic()
     if check_mode:
         plan = plan_mirror(req, check_mode=True)
         space = check_space(plan, req)
-        dangling = []
-    else:
-        # Bad input and a disk that cannot even hold the missing files are refused before the lock
-        # file is created: a read-only pass that stats but reads no content (verify none).
-        quick = copy.copy(req)
-        quick.verify = "none"
-        try:
-            preflight = plan_mirror(quick)
-        except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
-            preflight = None
-        if preflight is not None:
-            check_space(preflight, quick)
-        lock_path = os.path.join(req.dest, ".locks", req.folder, "dgx-stage.lock")
-        with RepoLock(lock_path, req.lock_timeout):
-            plan = plan_mirror(req)
-            space = check_space(plan, req)
-            apply_plan(plan, req, progress_path)
-            dangling = count_dangling(plan, req.dest)
-        if dangling:
-            raise StageError("after staging, %d file(s) of %s still do not resolve to local files (e.g. %s): "
-                             "the local disk changed under the run; re-run" % (len(dangling), req.repo_id,
-                                                                              dangling[0]))
-    copies = [w for w in plan.writes if w.etag and not w.is_repair]
-    repairs = [w for w in plan.writes if w.etag and w.is_repair]
-    real_writes = [w for w in plan.writes if not w.etag]
+        return with_report(_result(plan, req, None, space, [], started), req, check_mode=True)
+    # Bad input and a disk that cannot even hold the missing files are refused before the lock
+    # file is created: a read-only pass that stats but reads no content (verify none).
+    quick = copy.copy(req)
+    quick.verify = "none"
+    try:
+        preflight = plan_mirror(quick)
+    except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
+        preflight = None
+    if preflight is not None:
+        check_space(preflight, quick)
+    tree = LocalTree(req.dest)
+    with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout):
+        plan = plan_mirror(req)
+        space = check_space(plan, req)
+        with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
+            outcome = apply_plan(plan, req, lock_dir if progress else None)
+        dangling = count_dangling(plan, req.dest)
+    result = _result(plan, req, outcome, space, dangling, started)
+    if outcome.failed:
+        raise MirrorFailed(_failure_text(req, plan, outcome), with_report(result, req, failed=True))
+    if dangling:
+        raise MirrorFailed("after staging, %d file(s) of %s still do not resolve to local files (e.g. %s): "
+                           "the local disk changed under the run; re-run" % (len(dangling), req.repo_id, dangling[0]),
+                           with_report(result, req, failed=True))
+    return with_report(result, req)
+
+
+REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "duration_s", "verify",
+               "changed", "repaired_paths", "pruned", "excluded_paths", "nas_corrupt", "unstaged_paths")
+
+
+def with_report(result, req, check_mode=False, failed=False):
+    """Add `report`: this repo's row of the host report, shaped here so the role only passes it on."""
+    row = dict((key, result[key]) for key in REPORT_KEYS)
+    row.update(repo_id=req.repo_id, revision=req.revision, check_mode=check_mode,
+               status="failed" if failed else ("check" if check_mode else "ok"))
+    result["report"] = row
+    return result
+
+
+def _failure_text(req, plan, outcome):
+    local_words = {"kept": "the local copy was kept: it hashes to its name",
+                   "removed": "the local copy did not hash to its name either and was removed",
+                   "absent": "nothing was staged under that name"}
+    parts = ["%s (blobs/%s) hashes to %s on the NAS (%s); %s"
+             % (r["path"], r["blob"], r["nas_hash"], r["nas_source"], local_words[r["local"]])
+             for r in outcome.nas_corrupt]
+    text = ""
+    if parts:
+        text = ("%d NAS blob(s) of %s@%s do not hash to their names: %s. Re-download them on the NAS, then re-run"
+                % (len(parts), req.repo_id, plan.commit[:12], "; ".join(parts)))
+    if outcome.source_errors:
+        text += ("; " if text else "") + "; ".join(outcome.source_errors)
+    if outcome.unavailable:
+        text += ("; %d snapshot path(s) are not staged, so refs/ and trees/ were left as they were"
+                 % len(outcome.unavailable))
+    return text
+
+
+def _result(plan, req, outcome, space, dangling, started):
+    """The module result; in check mode (outcome None) what the plan would do."""
+    done = plan.writes if outcome is None else outcome.written
+    refs_written = sorted(plan.refs) if outcome is None or not outcome.unavailable else []
+    nas_corrupt = [] if outcome is None else outcome.nas_corrupt
     return {
-        "changed": plan.changes,
+        "changed": plan.changes if outcome is None else bool(
+            outcome.written or plan.links or refs_written or plan.prune or plan.debris
+            or (plan.tree_listing is not None and not outcome.unavailable)
+            or any(r["local"] == "removed" for r in nas_corrupt)),
         "commit": plan.commit,
         "snapshot": plan.snapshot,
         "files": {"total": len(plan.entries), "local": len(plan.selected), "excluded": len(plan.excluded),
                   "dangling": len(dangling)},
-        "blobs": {"copied": len(copies), "reused": plan.blobs_reused, "repaired": len(repairs)},
-        "real_files": {"copied": len([w for w in real_writes if not w.is_repair]),
-                       "repaired": len([w for w in real_writes if w.is_repair])},
-        "repaired_paths": sorted(p for w in plan.writes if w.is_repair for p in w.paths),
+        "blobs": {"copied": len([w for w in done if w.etag and not w.is_repair]), "reused": plan.blobs_reused,
+                  "repaired": len([w for w in done if w.etag and w.is_repair])},
+        "real_files": {"copied": len([w for w in done if not w.etag and not w.is_repair]),
+                       "repaired": len([w for w in done if not w.etag and w.is_repair])},
+        "repaired_paths": sorted(p for w in done if w.is_repair for p in w.paths),
         "links_written": len(plan.links),
-        "refs_written": sorted(plan.refs),
-        "bytes_copied": plan.write_bytes,
+        "refs_written": refs_written,
+        "bytes_copied": sum(w.size for w in done),
         "bytes_staged": sum(e.size for e in plan.selected),
         "excluded_paths": [e.path for e in plan.excluded],
         "pruned": plan.prune,
         "stale_paths": plan.stale,
         "debris_removed": plan.debris,
+        "nas_corrupt": sorted(p for r in nas_corrupt for p in r["paths"]),
+        "nas_corrupt_blobs": nas_corrupt,
+        "unstaged_paths": [] if outcome is None else sorted(outcome.unavailable),
         "verify": req.verify,
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),

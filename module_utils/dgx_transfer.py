@@ -1,8 +1,11 @@
 # -*- coding: utf-8 -*-
-"""Crash-safe file placement on the local disk: atomic copies and links, temp debris, repo locks.
+"""Crash-safe file placement on the local disk: the local hub as a tree of real directories,
+name-checked copies, atomic links, temp debris, repo locks.
 
-A file only ever appears under its final name complete and fsynced; anything a killed run left
-behind carries TEMP_PREFIX and is removed by the next run (under the repo lock).
+A file only ever appears under its final name complete and fsynced, and a blob only when the bytes
+that were written hash to its name; anything a killed run left behind carries TEMP_PREFIX and is
+removed by the next run (under the repo lock). Every write and removal happens relative to a
+directory opened without following symlinks, so nothing outside the local hub is ever touched.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -10,82 +13,253 @@ from __future__ import absolute_import, division, print_function
 import errno
 import fcntl
 import os
+import stat
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import fsync_dir, is_temp_name, temp_path_for
-from ansible.module_utils.dgx_hashing import feed_file
+from ansible.module_utils.dgx_fsutil import is_temp_name, temp_name_for, unlink_quietly
+from ansible.module_utils.dgx_hashing import NameHasher
 
-COPY_CHUNK = 16 * 1024 * 1024
-
-
-def _copy_kernel(src_fd, dst_fd, size, progress):
-    """sendfile keeps the bytes in the kernel: as fast as cp when nothing needs to see them."""
-    offset = 0
-    while offset < size:
-        sent = os.sendfile(dst_fd, src_fd, offset, min(COPY_CHUNK, size - offset))
-        if sent == 0:
-            break
-        offset += sent
-        if progress:
-            progress(sent)
-    return offset
+# Large reads keep the NAS streaming; the buffer is reused for every chunk of every blob a worker copies.
+COPY_CHUNK = 8 * 1024 * 1024
+_FADVISE = hasattr(os, "posix_fadvise")
+# Errors of the local disk a copy cannot get past, reported with the space figures.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
 
 
-def copy_atomic(source, final_path, size, hasher=None, check=None, progress=None):
-    """Copy source to final_path via a fsynced temp file and a rename.
+class SourceProblem(StageError):
+    """The NAS side of one copy is wrong (hash, size, changed underneath); other copies can go on."""
 
-    hasher: fed the complete temp file, which the copy just left in the page cache; proving the
-    local bytes (not the NAS stream) catches a bad write as well as a corrupt NAS blob.
-    check(temp_path) -> error text or None: runs on the complete temp file before it gets its name.
-    Replacing by rename also breaks any hardlink the old file had, so a wrong shard that was
-    hardlinked here is never written through.
+    def __init__(self, message, source, blob_name=None, got=None):
+        StageError.__init__(self, message)
+        self.source, self.blob_name, self.got = source, blob_name, got
+
+
+class LocalWriteError(StageError):
+    """Writing the local disk failed (no space, I/O error): the run cannot go on."""
+
+    def __init__(self, message, path, written, error):
+        StageError.__init__(self, message)
+        self.path, self.written, self.errno = path, written, error
+
+
+class LocalDir(object):
+    """An open directory of the local tree (fd + path for messages); a context manager."""
+
+    def __init__(self, fd, path):
+        self.fd, self.path = fd, path
+
+    def join(self, name):
+        return os.path.join(self.path, name)
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+        return False
+
+
+def _split(rel):
+    return [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]
+
+
+def linked_dir_problem(root, rel):
+    """Why `root/rel` cannot be written through (a component is a symlink or not a directory), or None.
+
+    Missing components are fine (they will be created as real directories). The root itself may be
+    a symlink: that is where the operator put the hub.
     """
-    temp = temp_path_for(final_path)
-    src_fd = os.open(source, os.O_RDONLY)
-    try:
-        dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    path = root
+    for part in _split(rel):
+        if part == "..":
+            return "%s leaves the local hub root %s" % (rel, root)
+        path = os.path.join(path, part)
         try:
-            copied = _copy_kernel(src_fd, dst_fd, size, progress)
-            if copied != size or os.fstat(src_fd).st_size != size:
-                raise StageError("%s changed while it was copied (%d of %d bytes): is something writing "
-                                 "the NAS copy? Re-run when it is stable" % (source, copied, size))
-            os.fsync(dst_fd)
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return ("%s is a symlink to %s: the local hub must be real directories, and dgx-stage never writes or "
+                    "removes through a link (it could reach the NAS or another repo's files). Replace the link "
+                    "with a real directory (or point hub_local_root at the real location); nothing was written "
+                    "or removed" % (path, os.readlink(path)))
+        if not stat.S_ISDIR(st.st_mode):
+            return "%s is not a directory: move it out of the local hub; nothing was written or removed" % path
+    return None
+
+
+class LocalTree(object):
+    """The local hub root: a tree of real directories this module owns and writes only inside."""
+
+    def __init__(self, root):
+        self.root = os.path.abspath(root)
+
+    def refuse_links(self, rel_dirs):
+        """StageError for the first directory on the way to any of rel_dirs that is a symlink."""
+        for rel in rel_dirs:
+            problem = linked_dir_problem(self.root, rel)
+            if problem:
+                raise StageError(problem)
+
+    def refuse_links_below(self, rel):
+        """Like refuse_links for rel and every directory below it (snapshots nest)."""
+        self.refuse_links([rel])
+        top = os.path.join(self.root, rel)
+        for dirpath, dirnames, _files in os.walk(top):
+            for name in dirnames:
+                self.refuse_links([os.path.relpath(os.path.join(dirpath, name), self.root)])
+
+    def open_dir(self, rel, create=False):
+        """LocalDir for root/rel, opened component by component without following any symlink."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        path = self.root
+        try:
+            for part in _split(rel):
+                if part == "..":
+                    raise StageError("%s leaves the local hub root %s" % (rel, self.root))
+                path = os.path.join(path, part)
+                fd = self._open_child(fd, part, path, create)
+        except BaseException:
+            os.close(fd)
+            raise
+        return LocalDir(fd, path)
+
+    def _open_child(self, parent_fd, name, path, create):
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+        try:
+            child = os.open(name, flags, dir_fd=parent_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+            child = os.open(name, flags, dir_fd=parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise StageError(linked_dir_problem(os.path.dirname(path), name)
+                                 or "%s is not a directory: %s" % (path, exc))
+            raise
+        os.close(parent_fd)
+        return child
+
+
+def _fadvise(fd, advice, offset=0, length=0):
+    if _FADVISE:
+        try:
+            os.posix_fadvise(fd, offset, length, advice)
+        except OSError:
+            pass    # only a hint
+
+
+def _write_all(fd, view):
+    while len(view):
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class CopyBuffer(object):
+    """One reusable read buffer (a worker's): constant memory whatever the blob size."""
+
+    def __init__(self, size=COPY_CHUNK):
+        self.data = bytearray(size)
+        self.view = memoryview(self.data)
+
+
+def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None):
+    """Copy `source` to `directory/name` through a fsynced temp file and one rename; returns bytes copied.
+
+    The source is read once, in large chunks: each chunk is hashed (when blob_name is given: sha256 or
+    git blob sha1, as the hub named the blob) and written from the same buffer. The temp file gets
+    `name` only when the source kept its size and mtime during the copy and the bytes hash to
+    blob_name; otherwise SourceProblem, and no file by that name is created or replaced.
+    Replacing by rename also breaks any hardlink the old file had (a wrong shard is never written through).
+    Local write failures raise LocalWriteError; every failure removes the temp file.
+    """
+    buf = buf or CopyBuffer()
+    hasher = NameHasher(blob_name, size) if blob_name else None
+    final = directory.join(name)
+    try:
+        src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
+    temp = temp_name_for(name)
+    created = False
+    copied = 0
+    try:
+        before = os.fstat(src_fd)
+        _fadvise(src_fd, getattr(os, "POSIX_FADV_SEQUENTIAL", 2))
+        try:
+            dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=directory.fd)
+        except OSError as exc:
+            raise LocalWriteError("cannot create a temp file in %s: %s" % (directory.path, exc),
+                                  final, 0, exc.errno)
+        created = True
+        try:
+            while copied <= size:
+                try:
+                    got = os.readv(src_fd, [buf.data])
+                except OSError as exc:
+                    raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
+                                        % (source, copied, size, exc), source)
+                if not got:
+                    break
+                chunk = buf.view[:got]
+                if hasher is not None:
+                    hasher.update(chunk)
+                try:
+                    _write_all(dst_fd, chunk)
+                except OSError as exc:
+                    raise LocalWriteError("writing %s failed after %d of %d bytes: %s"
+                                          % (final, copied, size, exc), final, copied, exc.errno)
+                copied += got
+                if progress is not None:
+                    progress(got)
+            after = os.fstat(src_fd)
+            if copied != size or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+                raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
+                                    "is something writing the NAS copy? Re-run when it is stable; nothing was "
+                                    "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
+            try:
+                os.fsync(dst_fd)
+            except OSError as exc:
+                raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
+            # 300 GB of weights must not evict the running engine's page cache.
+            _fadvise(dst_fd, getattr(os, "POSIX_FADV_DONTNEED", 4))
+            _fadvise(src_fd, getattr(os, "POSIX_FADV_DONTNEED", 4))
         finally:
             os.close(dst_fd)
-        if hasher is not None and (feed_file(temp, hasher) != size or not hasher.matches()):
-            raise StageError("%s does not hash to its own name %s: the NAS blob is corrupt; "
-                             "re-download it on the NAS, nothing was staged for it" % (source, hasher.name))
-        problem = check(temp) if check else None
-        if problem:
-            raise StageError(problem)
-        os.chmod(temp, 0o644)
-        os.replace(temp, final_path)
-        fsync_dir(os.path.dirname(final_path))
+        if hasher is not None and not hasher.matches():
+            raise SourceProblem("%s does not hash to its own name %s (its bytes hash to %s): the NAS blob is "
+                                "corrupt; re-download it on the NAS; nothing was staged under that name"
+                                % (source, blob_name, hasher.hexdigest()), source, blob_name, hasher.hexdigest())
+        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
     except BaseException:
-        _unlink_quietly(temp)
+        if created:
+            unlink_quietly(temp, dir_fd=directory.fd)
         raise
     finally:
         os.close(src_fd)
     return copied
 
 
-def symlink_atomic(target, final_path):
-    """Point final_path at target, replacing whatever is there (file, link) in one rename."""
-    temp = temp_path_for(final_path)
-    os.symlink(target, temp)
+def symlink_atomic(directory, name, target):
+    """Point directory/name at target, replacing whatever is there (file, link) in one rename."""
+    temp = temp_name_for(name)
+    os.symlink(target, temp, dir_fd=directory.fd)
     try:
-        os.replace(temp, final_path)
+        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
     except BaseException:
-        _unlink_quietly(temp)
+        unlink_quietly(temp, dir_fd=directory.fd)
         raise
-
-
-def _unlink_quietly(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def find_temp_debris(top):
@@ -97,18 +271,22 @@ def find_temp_debris(top):
 
 
 class RepoLock(object):
-    """An exclusive flock on a lock file; two runs on one local repo never interleave."""
+    """An exclusive flock on `<dest>/.locks/<folder>/dgx-stage.lock`; two runs on one local repo never
+    interleave. The lock directory is opened through the local tree (never through a symlink)."""
 
-    def __init__(self, path, timeout):
-        self.path = path
+    NAME = "dgx-stage.lock"
+
+    def __init__(self, tree, lock_dir_rel, timeout):
+        self.tree = tree
+        self.lock_dir_rel = lock_dir_rel
         self.timeout = timeout
+        self.path = os.path.join(tree.root, lock_dir_rel, self.NAME)
         self._fd = None
 
     def __enter__(self):
-        lock_dir = os.path.dirname(self.path)
-        if not os.path.isdir(lock_dir):
-            os.makedirs(lock_dir)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        with self.tree.open_dir(self.lock_dir_rel, create=True) as lock_dir:
+            self._fd = os.open(self.NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                               dir_fd=lock_dir.fd)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -131,3 +309,4 @@ class RepoLock(object):
         os.close(self._fd)
         self._fd = None
         return False
+

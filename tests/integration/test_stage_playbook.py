@@ -214,3 +214,58 @@ def test_rank_patterns_give_each_rank_of_the_lane_its_own_shards(tmp_path, nas_h
         staged = sorted(p.name for p in snapshot.iterdir() if p.name.endswith(".safetensors"))
         assert staged == wanted, (name, staged)
         assert (snapshot / "config.json").is_file()
+
+
+def _corrupt_nas_shard(nas_hub, shard):
+    """Bit rot on the read-only NAS: same size and mtime, one byte flipped; the fixture re-freezes."""
+    info = nas_hub["repos"][MAIN_REPO]["files"][shard]
+    real = os.path.realpath(os.path.join(nas_hub["hub"], nas_hub["repos"][MAIN_REPO]["folder"], "blobs",
+                                         info["etag"]))
+    st = os.stat(real)
+    os.chmod(real, 0o644)
+    with open(real, "r+b") as handle:
+        handle.seek(st.st_size // 2)
+        byte = handle.read(1)
+        handle.seek(st.st_size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.chmod(real, st.st_mode)
+    os.utime(real, ns=(st.st_atime_ns, st.st_mtime_ns))
+    nas_hub.freeze()
+    return info
+
+
+def test_corrupt_nas_blob_fails_the_stage_play_and_is_named_in_the_host_report(tmp_path, nas_hub, local_hub):
+    shard = nas_hub["repos"][MAIN_REPO]["shards"][1]
+    info = _corrupt_nas_shard(nas_hub, shard)
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
+    code, tasks, stats = play(tmp_path, inventory)
+    assert code != 0 and stats["failures"] == 1
+    failed = [r for r in mirror_results(tasks, "stage") if r.get("failed")]
+    assert [r["item"]["repo_id"] for r in failed] == [MAIN_REPO]
+    assert shard in failed[0]["msg"] and info["etag"] in failed[0]["msg"]
+    assert failed[0]["nas_corrupt"] == [shard]
+    report = json.loads((tmp_path / "reports" / "localhost.json").read_text())
+    rows = {row["repo_id"]: row for row in report["passes"]["stage"]}
+    assert rows[MAIN_REPO]["status"] == "failed" and rows[MAIN_REPO]["nas_corrupt"] == [shard]
+    assert rows[DRAFTER_REPO]["status"] == "ok" and rows[DRAFTER_REPO]["nas_corrupt"] == []
+    blob = os.path.join(str(local_hub), nas_hub["repos"][MAIN_REPO]["folder"], "blobs", info["etag"])
+    assert not os.path.lexists(blob)
+    assert "verify" not in report["passes"]     # the host failed in stage: later plays did not run for it
+
+
+def test_symlinked_local_blobs_dir_is_refused_in_preflight_and_its_target_untouched(tmp_path, nas_hub, local_hub):
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_prune=True)
+    code, tasks, _stats = play(tmp_path, inventory)
+    assert code == 0, tasks
+    blobs = os.path.join(str(local_hub), nas_hub["repos"][MAIN_REPO]["folder"], "blobs")
+    shared = tmp_path / "shared-blobs"
+    os.rename(blobs, str(shared))
+    (shared / ("0" * 64)).write_bytes(b"another repo's blob")     # prune would delete it through the link
+    os.symlink(str(shared), blobs)
+    before = tree_snapshot(str(shared))
+    code, tasks, _stats = play(tmp_path, inventory)
+    assert code != 0
+    preflight = mirror_results(tasks, "preflight")
+    assert any("%s is a symlink to %s" % (blobs, shared) in r.get("msg", "") for r in preflight), preflight
+    assert "Mirror | Each repo from the NAS hub to the local hub, pass stage" not in tasks
+    assert snapshot_diff(before, tree_snapshot(str(shared))) == []

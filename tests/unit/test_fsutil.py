@@ -39,7 +39,7 @@ def test_atomic_write_failure_keeps_old_file_and_cleans_temp(tmp_path, monkeypat
     target = tmp_path / "out.json"
     target.write_bytes(b"old")
 
-    def broken_replace(src, dst):
+    def broken_replace(src, dst, **_dir_fds):
         raise OSError("simulated crash before rename")
 
     monkeypatch.setattr(dgx_fsutil.os, "replace", broken_replace)

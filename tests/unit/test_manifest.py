@@ -340,3 +340,63 @@ def test_render_matches_the_roles_to_nice_json_template(hubs):
     assert text == to_nice_json(manifest, indent=2)
     assert json.loads(text) == manifest
     assert text.index('"counts"') < text.index('"mounts"') < text.index('"repos"')
+
+
+# ------------------------------------------------------------------------------------------------
+# the mirror's rules: one link-chain walker for both modules
+# ------------------------------------------------------------------------------------------------
+
+def test_nas_link_to_a_host_file_is_refused_not_bound(hubs):
+    local, nas = hubs
+    os.symlink("/etc/hostname", nas_path(nas, "hostname.txt"))
+    with pytest.raises(StageError, match=r"hostname\.txt resolves to .*outside the source hub root"):
+        build(local, nas)
+
+
+def test_nas_link_escaping_the_nas_hub_is_refused(hubs, tmp_path):
+    local, nas = hubs
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not the hub's")
+    os.symlink(os.path.relpath(str(outside), nas_path(nas, "sub")), nas_path(nas, "sub/leak.bin"))
+    with pytest.raises(StageError, match=r"sub/leak\.bin resolves to .*outside the source hub root"):
+        build(local, nas)
+
+
+def test_dangling_nas_link_is_refused(hubs):
+    local, nas = hubs
+    os.symlink("../../blobs/" + "0" * 64, nas_path(nas, "gone.bin"))
+    with pytest.raises(StageError, match=r"gone\.bin is a dangling link"):
+        build(local, nas)
+
+
+def test_local_link_to_the_wrong_same_size_blob_is_not_local(hubs):
+    # size-based dedup bound the wrong shard: both shards have the same size, the local link names
+    # the other one. The NAS entry's blob name decides, not the size.
+    local, nas = hubs
+    one, two = LINKED[1], LINKED[2]
+    assert len("content of " + one) == len("content of " + two)
+    link = os.path.join(local, FOLDER, "snapshots", COMMIT, one)
+    os.unlink(link)
+    os.symlink("../../blobs/" + sha("content of " + two), link)
+    mounts = by_target(build(local, nas))
+    assert mounts[target(one)] == {"source": nas_path(nas, one), "target": target(one),
+                                   "read_only": True, "origin": "nas"}
+    assert mounts[target(two)]["origin"] == "local"
+
+
+def test_local_blob_of_another_size_is_not_local(hubs):
+    local, nas = hubs
+    blob = os.path.join(local, FOLDER, "blobs", sha("content of config.json"))
+    with open(blob, "a") as handle:
+        handle.write("truncated-then-padded")
+    assert by_target(build(local, nas))[target("config.json")]["origin"] == "nas"
+
+
+def test_nas_link_to_another_snapshot_file_is_bound_from_its_blob(hubs):
+    local, nas = hubs
+    os.symlink("tok.json", nas_path(nas, "sub/tok-alias.json"))
+    local_alias = os.path.join(local, FOLDER, "snapshots", COMMIT, "sub", "tok-alias.json")
+    os.symlink("../../../blobs/" + sha("content of sub/tok.json"), local_alias)
+    mounts = by_target(build(local, nas))
+    assert mounts[target("sub/tok-alias.json")]["origin"] == "local"
+    assert mounts[target("sub/tok-alias.json")]["source"] == mounts[target("sub/tok.json")]["source"]

@@ -6,6 +6,7 @@ Every NAS hub here is read-only by contract: it is chmod a-w and, because the te
 also compared byte for byte (and lstat for lstat) after every test.
 """
 import builtins
+import errno
 import hashlib
 import json
 import os
@@ -615,16 +616,16 @@ def test_parse_reserve_refuses(text):
 # ------------------------------------------------------------------------------------------------
 
 def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch):
-    real_copy = mirror.copy_atomic
+    real_copy = mirror.copy_verified
     calls = []
 
-    def dies_on_fourth(source, final_path, size, **kwargs):
-        calls.append(final_path)
+    def dies_on_fourth(source, directory, name, size, **kwargs):
+        calls.append(name)
         if len(calls) == 4:
             raise KeyboardInterrupt("killed mid-copy")
-        return real_copy(source, final_path, size, **kwargs)
+        return real_copy(source, directory, name, size, **kwargs)
 
-    monkeypatch.setattr(mirror, "copy_atomic", dies_on_fourth)
+    monkeypatch.setattr(mirror, "copy_verified", dies_on_fourth)
     with pytest.raises(KeyboardInterrupt):
         stage(nas, local, ignore_patterns=PAGE15)
     monkeypatch.undo()
@@ -649,8 +650,10 @@ def test_debris_of_killed_small_writes_is_removed(prestage, nas, local):
     os.unlink(os.path.join(repo, "trees", commit + ".json"))
     monkey_kill = []
 
-    def killed_before_rename(src, dst):
-        monkey_kill.append(src)
+    def killed_before_rename(src, dst, src_dir_fd=None, **_dst_dir_fd):
+        # writes are relative to an open directory: record the temp file's full path
+        directory = os.readlink("/proc/self/fd/%d" % src_dir_fd) if src_dir_fd is not None else ""
+        monkey_kill.append(os.path.join(directory, src))
         raise SystemExit("SIGKILL stand-in")
 
     real_replace = os.replace
@@ -681,11 +684,14 @@ def test_debris_of_killed_small_writes_is_removed(prestage, nas, local):
 # ------------------------------------------------------------------------------------------------
 
 HOLDER = """
+import os
 import sys
 import ansible.module_utils
 ansible.module_utils.__path__.append(sys.argv[1])
-from ansible.module_utils.dgx_transfer import RepoLock
-with RepoLock(sys.argv[2], 30):
+from ansible.module_utils.dgx_transfer import LocalTree, RepoLock
+lock_dir = os.path.dirname(sys.argv[2])
+root = os.path.dirname(os.path.dirname(lock_dir))
+with RepoLock(LocalTree(root), os.path.relpath(lock_dir, root), 30):
     print("locked", flush=True)
     sys.stdin.read()
 """
@@ -968,3 +974,280 @@ def test_drafter_repo_stages_next_to_main(nas, local):
     assert result["blobs"]["copied"] == len(unique_blobs(selected(nas, DRAFTER)))
     assert_all_local(nas, local, DRAFTER)
     assert_all_local(nas, local, MAIN)
+
+
+# ------------------------------------------------------------------------------------------------
+# hash-verified: no blob ever gets its name unless its bytes hash to that name
+# ------------------------------------------------------------------------------------------------
+
+def corrupt_nas_blob(nas, etag, repo_id=MAIN):
+    """Bit rot on the NAS: same size, same mtime, one byte of the middle flipped."""
+    real = nas_blob_real(nas, etag, repo_id)
+    st = os.stat(real)
+    nas.thaw()
+    flip_byte(real, st.st_size // 2)
+    os.utime(real, ns=(st.st_atime_ns, st.st_mtime_ns))
+    nas.freeze()
+    return real
+
+
+def expect_failure(nas, local, **kwargs):
+    with pytest.raises(mirror.MirrorFailed) as err:
+        stage(nas, local, **kwargs)
+    return err.value
+
+
+@pytest.mark.parametrize("verify", ["none", "sample", "full"])
+def test_corrupt_nas_blob_is_never_staged_under_its_name(fresh_nas, local, verify):
+    nas = fresh_nas
+    shard = nas.repo()["shards"][2]
+    info = selected(nas)[shard]
+    corrupt_nas_blob(nas, info["etag"])
+    failure = expect_failure(nas, local, ignore_patterns=PAGE15, verify=verify)
+    message = str(failure)
+    assert shard in message and info["etag"] in message and "nothing was staged" in message
+    nas_hash = failure.result["nas_corrupt_blobs"][0]["nas_hash"]
+    assert nas_hash == sha256_file(nas_blob_real(nas, info["etag"])) and nas_hash in message
+    assert failure.result["nas_corrupt"] == [shard]
+    assert not os.path.lexists(local_blob(nas, local, info["etag"]))
+    assert not os.path.lexists(os.path.join(local_snapshot(nas, local), shard))
+    # the other blobs are staged and proven; no ref may point at the incomplete snapshot
+    others = [e for e in unique_blobs(selected(nas)) if e != info["etag"]]
+    assert all(blob_matches_name(local_blob(nas, local, e), e) for e in others)
+    assert not os.path.exists(os.path.join(local_repo(nas, local), "refs"))
+    assert failure.result["unstaged_paths"] == [shard] and failure.result["refs_written"] == []
+
+
+def _good_copy_then_corrupt_nas(nas, local, shard):
+    info = selected(nas)[shard]
+    stage(nas, local, ignore_patterns=PAGE15, verify="full")
+    blob = local_blob(nas, local, info["etag"])
+    ino = os.stat(blob).st_ino
+    corrupt_nas_blob(nas, info["etag"])
+    return info, blob, ino
+
+
+def test_good_local_blob_is_kept_when_the_nas_copy_rots(fresh_nas, local):
+    # Before: verify=sample saw local != NAS and "repaired" the good local blob with the corrupt NAS bytes.
+    nas = fresh_nas
+    shard = nas.repo()["shards"][0]
+    info, blob, ino = _good_copy_then_corrupt_nas(nas, local, shard)
+    failure = expect_failure(nas, local, ignore_patterns=PAGE15, verify="sample")
+    assert "the local copy was kept" in str(failure) and "Re-download" in str(failure)
+    assert failure.result["nas_corrupt"] == [shard]
+    assert failure.result["nas_corrupt_blobs"][0]["local"] == "kept"
+    assert failure.result["blobs"]["repaired"] == 0 and failure.result["repaired_paths"] == []
+    assert os.stat(blob).st_ino == ino and blob_matches_name(blob, info["etag"])
+    assert_all_local(nas, local)
+
+
+@pytest.mark.parametrize("verify", ["none", "full"])
+def test_modes_that_do_not_read_the_nas_keep_serving_the_good_local_blob(fresh_nas, local, verify):
+    nas = fresh_nas
+    info, blob, ino = _good_copy_then_corrupt_nas(nas, local, nas.repo()["shards"][1])
+    result = stage(nas, local, ignore_patterns=PAGE15, verify=verify)
+    assert result["changed"] is False and result["nas_corrupt"] == []
+    assert os.stat(blob).st_ino == ino and blob_matches_name(blob, info["etag"])
+
+
+def test_wrong_local_blob_with_a_corrupt_nas_copy_is_removed_not_served(fresh_nas, local):
+    nas = fresh_nas
+    shard = nas.repo()["shards"][1]
+    info, blob, _ino = _good_copy_then_corrupt_nas(nas, local, shard)
+    flip_byte(blob, 0)            # the local copy is wrong too (sampled region: the head)
+    failure = expect_failure(nas, local, ignore_patterns=PAGE15, verify="sample")
+    assert failure.result["nas_corrupt_blobs"][0]["local"] == "removed"
+    assert "was removed" in str(failure)
+    assert not os.path.lexists(blob)
+
+
+def test_verify_full_repair_from_a_corrupt_nas_leaves_nothing_under_the_name(fresh_nas, local):
+    nas = fresh_nas
+    shard = nas.repo()["shards"][1]
+    info, blob, _ino = _good_copy_then_corrupt_nas(nas, local, shard)
+    flip_byte(blob, info["size"] // 3)
+    failure = expect_failure(nas, local, ignore_patterns=PAGE15, verify="full")
+    assert failure.result["nas_corrupt"] == [shard] and not os.path.lexists(blob)
+    assert find_debris(local) == []
+
+
+def find_debris(local):
+    return [p for p in tree_snapshot(local) if TEMP_PREFIX in p]
+
+
+# ------------------------------------------------------------------------------------------------
+# the local side is a tree the module owns: symlinked directories are refused, never followed
+# ------------------------------------------------------------------------------------------------
+
+def _link_local_dir(nas, local, tmp_path, which):
+    """Stage once, then replace a local directory by a symlink to a copy of it elsewhere."""
+    stage(nas, local)                                   # page15 included: prune has work to do after
+    repo = local_repo(nas, local)
+    target = {"repo": repo, "blobs": os.path.join(repo, "blobs"),
+              "snapshot": local_snapshot(nas, local), "locks": os.path.join(str(local), ".locks")}[which]
+    elsewhere = str(tmp_path / ("elsewhere-" + which))
+    shutil.copytree(target, elsewhere, symlinks=True)
+    with open(os.path.join(elsewhere, "not-ours.bin"), "wb") as handle:
+        handle.write(b"another tree's file")
+    shutil.rmtree(target)
+    os.symlink(elsewhere, target)
+    return target, elsewhere
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
+@pytest.mark.parametrize("which", ["repo", "blobs", "snapshot", "locks"])
+def test_symlinked_local_directory_is_refused_and_its_target_untouched(nas, local, tmp_path, which, check_mode):
+    link, elsewhere = _link_local_dir(nas, local, tmp_path, which)
+    before_elsewhere = tree_snapshot(elsewhere)
+    before_local = tree_snapshot(local)
+    with pytest.raises(StageError) as err:
+        run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, prune=True), check_mode=check_mode)
+    assert "%s is a symlink to %s" % (link, elsewhere) in str(err.value)
+    assert "nothing was written or removed" in str(err.value)
+    assert snapshot_diff(before_elsewhere, tree_snapshot(elsewhere)) == []
+    assert snapshot_diff(before_local, tree_snapshot(local)) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# legal trees stage: links inside excluded folders, links between snapshot files, long names
+# ------------------------------------------------------------------------------------------------
+
+def _plant_in_snapshot(nas, rel, link_text=None, data=None):
+    nas.thaw()
+    path = os.path.join(nas.snapshot_dir(), *rel.split("/"))
+    if not os.path.isdir(os.path.dirname(path)):
+        os.makedirs(os.path.dirname(path))
+    if link_text is not None:
+        os.symlink(link_text, path)
+    else:
+        with open(path, "wb") as handle:
+            handle.write(data)
+    nas.freeze()
+    return path
+
+
+def test_link_between_real_files_inside_an_excluded_folder_is_left_to_the_nas(fresh_nas, local):
+    nas = fresh_nas
+    pack = nas.repo()["page15"][0]
+    latest = posixpath_join(os.path.dirname(pack), "latest.bin")
+    _plant_in_snapshot(nas, latest, link_text=os.path.basename(pack))
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert latest in result["excluded_paths"]
+    assert not os.path.lexists(os.path.join(local_snapshot(nas, local), "page15"))
+    assert_all_local(nas, local)
+    # staged too (no pattern): the link stays a link to the one local copy of the pack
+    result = stage(nas, local)
+    local_latest = os.path.join(local_snapshot(nas, local), *latest.split("/"))
+    assert os.readlink(local_latest) == os.path.basename(pack)
+    with open(local_latest, "rb") as handle:
+        assert hashlib.sha256(handle.read()).hexdigest() == nas.repo()["files"][pack]["sha256"]
+
+
+def posixpath_join(*parts):
+    return "/".join(p for p in parts if p)
+
+
+def test_link_to_another_snapshot_file_resolves_to_that_files_blob(fresh_nas, local):
+    nas = fresh_nas
+    info = nas.repo()["files"]["tokenizer.json"]
+    _plant_in_snapshot(nas, "extras/tokenizer-alias.json", link_text="../tokenizer.json")
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    alias = os.path.join(local_snapshot(nas, local), "extras", "tokenizer-alias.json")
+    assert os.readlink(alias) == "../../../blobs/" + info["etag"]
+    assert result["files"]["dangling"] == 0
+    assert blob_matches_name(os.path.realpath(alias), info["etag"])
+
+
+def test_a_250_byte_file_name_stages(fresh_nas, local):
+    nas = fresh_nas
+    info = nas.repo()["files"]["config.json"]
+    long_name = "c" * 245 + ".json"
+    _plant_in_snapshot(nas, long_name, link_text="../../blobs/" + info["etag"])
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert os.readlink(os.path.join(local_snapshot(nas, local), long_name)) == "../../blobs/" + info["etag"]
+    assert result["files"]["dangling"] == 0 and find_debris(local) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# errors that say what to do
+# ------------------------------------------------------------------------------------------------
+
+def test_empty_nas_mount_point_suggests_checking_the_mount(tmp_path, local):
+    empty = tmp_path / "nas-mount-point"
+    empty.mkdir()
+    with pytest.raises(StageError, match=r"holds no repo folders at all.*is the NAS mounted there"):
+        run_mirror(MirrorRequest(src=str(empty), dest=str(local), repo_id=MAIN))
+    assert os.listdir(str(local)) == []
+
+
+def test_disk_full_mid_copy_names_file_disk_need_and_free(nas, local, monkeypatch):
+    from ansible.module_utils import dgx_transfer
+    real_write = os.write
+    written = []
+
+    def fills_up(fd, data):
+        if sum(written) > 100 * 1024:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(len(data))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(dgx_transfer.os, "write", fills_up)
+    with pytest.raises(StageError) as err:
+        stage(nas, local, ignore_patterns=PAGE15)
+    message = str(err.value)
+    assert "the local disk is full while writing %s" % os.path.join(local_repo(nas, local), "blobs") in message
+    assert re.search(r"still needs [\d.]+ \w+ \(\d+ bytes\) on %s, which has .* free" % re.escape(str(local)),
+                     message)
+    assert find_debris(local) == []
+
+
+def test_snapshot_dirs_are_fsynced_after_their_links_and_before_refs(nas, local, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fd_path(fd):
+        return os.readlink("/proc/self/fd/%d" % fd)
+
+    def recording_fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("fsync", fd_path(fd)))
+        return real_fsync(fd)
+
+    def recording_replace(src, dst, src_dir_fd=None, dst_dir_fd=None):
+        events.append(("rename", os.path.join(fd_path(dst_dir_fd), dst) if dst_dir_fd is not None else dst))
+        return real_replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    stage(nas, local, ignore_patterns=PAGE15)
+    monkeypatch.undo()
+    ref = events.index(("rename", os.path.join(local_repo(nas, local), "refs", "main")))
+    snap = local_snapshot(nas, local)
+    link_dirs = set(os.path.dirname(p) for kind, p in events if kind == "rename" and p.startswith(snap + os.sep))
+    assert snap in link_dirs and os.path.join(snap, "extras", "chat") in link_dirs
+    for directory in link_dirs:
+        last_link = max(i for i, (kind, p) in enumerate(events) if kind == "rename" and os.path.dirname(p) == directory)
+        synced = [i for i, e in enumerate(events) if e == ("fsync", directory)]
+        assert synced and last_link < synced[-1] < ref, directory
+
+
+def test_real_enospc_mid_copy_on_a_tmpfs_leaves_no_temp_file(nas, tmp_path, monkeypatch):
+    # The space preflight is switched off so the kernel itself says ENOSPC half-way through the copies.
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-capped tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "tiny-disk"
+    disk.mkdir()
+    subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)])
+    try:
+        monkeypatch.setattr(mirror, "check_space", lambda plan, req: {})
+        with pytest.raises(StageError) as err:
+            stage(nas, disk, ignore_patterns=PAGE15)
+        message = str(err.value)
+        assert "the local disk is full while writing %s" % os.path.join(local_repo(nas, disk), "blobs") in message
+        assert "on %s, which has" % disk in message
+        assert find_debris(disk) == []
+        blobs_dir = os.path.join(local_repo(nas, disk), "blobs")
+        assert all(blob_matches_name(os.path.join(blobs_dir, b), b) for b in os.listdir(blobs_dir))
+        assert not os.path.exists(os.path.join(local_repo(nas, disk), "refs"))
+    finally:
+        subprocess.check_call(["umount", str(disk)])

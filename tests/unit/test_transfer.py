@@ -1,93 +1,197 @@
-"""Atomic placement, debris and locking."""
+"""Atomic, name-checked placement inside the local tree, debris and locking."""
+import errno
 import hashlib
 import os
+import re
 import threading
 
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_hashing as hs
 from ansible.module_utils import dgx_transfer as tr
+from ansible.module_utils.dgx_fsutil import NAME_MAX, is_temp_name, temp_name_for
 
 
-def test_copy_atomic_kernel_path(tmp_path):
+def sha256_name(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def git_name(data):
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def open_tmp(tmp_path, rel="."):
+    return tr.LocalTree(str(tmp_path)).open_dir(rel, create=True)
+
+
+def test_copy_verified_hashes_and_writes_from_one_read(tmp_path, monkeypatch):
+    data = os.urandom(3 * tr.COPY_CHUNK // 2 + 7)
     src = tmp_path / "src"
-    src.write_bytes(os.urandom(3 * 1024 * 1024 + 7))
-    dst = tmp_path / "dst"
+    src.write_bytes(data)
+    reads = []
+    real_readv = os.readv
+    monkeypatch.setattr(tr.os, "readv", lambda fd, bufs: reads.append(fd) or real_readv(fd, bufs))
     seen = []
-    assert tr.copy_atomic(str(src), str(dst), src.stat().st_size, progress=seen.append) == src.stat().st_size
-    assert dst.read_bytes() == src.read_bytes()
-    assert sum(seen) == src.stat().st_size
+    with open_tmp(tmp_path, "blobs") as blobs:
+        name = sha256_name(data)
+        assert tr.copy_verified(str(src), blobs, name, len(data), blob_name=name, progress=seen.append) == len(data)
+    dst = tmp_path / "blobs" / name
+    assert dst.read_bytes() == data
+    assert sum(seen) == len(data)
+    assert len(reads) == 3          # two chunks and the end of file: the source is read once
     assert oct(dst.stat().st_mode & 0o777) == "0o644"
     assert tr.find_temp_debris(str(tmp_path)) == []
 
 
-def test_copy_atomic_hash_mismatch_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("namer", [sha256_name, git_name], ids=["sha256", "git-sha1"])
+def test_copy_verified_refuses_bytes_that_do_not_hash_to_the_name(tmp_path, namer):
     src = tmp_path / "src"
     src.write_bytes(b"corrupt on the NAS")
-    dst = tmp_path / "dst"
-    hasher = hs.NameHasher(hashlib.sha256(b"the real content").hexdigest(), src.stat().st_size)
-    with pytest.raises(StageError, match="does not hash to its own name"):
-        tr.copy_atomic(str(src), str(dst), src.stat().st_size, hasher=hasher)
-    assert not dst.exists()
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    name = namer(b"the real content!!")   # same size, other bytes
+    with open_tmp(tmp_path, "blobs") as blobs:
+        with pytest.raises(tr.SourceProblem, match="does not hash to its own name") as err:
+            tr.copy_verified(str(src), blobs, name, src.stat().st_size, blob_name=name)
+    assert err.value.got == namer(b"corrupt on the NAS") and err.value.blob_name == name
+    assert os.listdir(str(tmp_path / "blobs")) == []
 
 
-def test_copy_atomic_failing_check_keeps_old_file(tmp_path):
+def test_copy_verified_keeps_the_old_file_when_the_new_bytes_fail(tmp_path):
+    good = b"good local copy"
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / sha256_name(good)).write_bytes(good)
     src = tmp_path / "src"
-    src.write_bytes(b"new")
-    dst = tmp_path / "dst"
-    dst.write_bytes(b"old")
-    with pytest.raises(StageError, match="reads back"):
-        tr.copy_atomic(str(src), str(dst), 3, check=lambda temp: "reads back different")
-    assert dst.read_bytes() == b"old"
+    src.write_bytes(b"bad nas content")
+    with open_tmp(tmp_path, "blobs") as blobs:
+        with pytest.raises(tr.SourceProblem):
+            tr.copy_verified(str(src), blobs, sha256_name(good), len(good), blob_name=sha256_name(good))
+    assert (tmp_path / "blobs" / sha256_name(good)).read_bytes() == good
     assert tr.find_temp_debris(str(tmp_path)) == []
 
 
-def test_copy_atomic_replaces_hardlink_without_writing_through(tmp_path):
+def test_copy_verified_replaces_hardlink_without_writing_through(tmp_path):
     other = tmp_path / "other-shard"
     other.write_bytes(b"B" * 100)
-    dst = tmp_path / "blob"
-    os.link(str(other), str(dst))
+    os.link(str(other), str(tmp_path / "blob"))
     src = tmp_path / "src"
     src.write_bytes(b"A" * 100)
-    tr.copy_atomic(str(src), str(dst), 100)
-    assert dst.read_bytes() == b"A" * 100
+    with open_tmp(tmp_path) as top:
+        tr.copy_verified(str(src), top, "blob", 100, blob_name=sha256_name(b"A" * 100))
+    assert (tmp_path / "blob").read_bytes() == b"A" * 100
     assert other.read_bytes() == b"B" * 100
 
 
-def test_copy_atomic_refuses_short_source(tmp_path):
+def test_copy_verified_refuses_short_source(tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"12345")
-    with pytest.raises(StageError, match="changed while it was copied"):
-        tr.copy_atomic(str(src), str(tmp_path / "dst"), 10)
+    with open_tmp(tmp_path) as top:
+        with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
+            tr.copy_verified(str(src), top, "dst", 10)
     assert not (tmp_path / "dst").exists()
+    assert tr.find_temp_debris(str(tmp_path)) == []
+
+
+def test_copy_verified_refuses_a_source_rewritten_during_the_copy(tmp_path):
+    # a real file inside a snapshot has no name to check: size and mtime must hold still
+    data = b"x" * (2 * tr.COPY_CHUNK)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+
+    def rewrite_source(_count):
+        os.utime(str(src), ns=(1, 1))
+
+    with open_tmp(tmp_path) as top:
+        with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
+            tr.copy_verified(str(src), top, "page", len(data), progress=rewrite_source)
+    assert not (tmp_path / "page").exists()
+    assert tr.find_temp_debris(str(tmp_path)) == []
+
+
+def test_copy_verified_disk_error_names_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.write_bytes(b"y" * 4096)
+
+    def disk_full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tr.os, "write", disk_full)
+    with open_tmp(tmp_path, "blobs") as blobs:
+        with pytest.raises(tr.LocalWriteError) as err:
+            tr.copy_verified(str(src), blobs, "f" * 64, 4096)
+    assert err.value.errno == errno.ENOSPC and err.value.path == str(tmp_path / "blobs" / ("f" * 64))
+    assert os.listdir(str(tmp_path / "blobs")) == []
+
+
+def test_copy_verified_temp_name_fits_name_max(tmp_path):
+    name = "n" * 250 + ".json"
+    src = tmp_path / "src"
+    src.write_bytes(b"{}")
+    with open_tmp(tmp_path, "snap") as snap:
+        tr.copy_verified(str(src), snap, name, 2)
+    assert (tmp_path / "snap" / name).read_bytes() == b"{}"
+
+
+def test_temp_names_fit_name_max_and_stay_recognisable():
+    for name in ["a", "n" * 255, "\u00e9" * 127, "x" * 200 + "\u00e9" * 20]:
+        temp = temp_name_for(name)
+        assert len(os.fsencode(temp)) <= NAME_MAX and is_temp_name(temp), name
+    assert temp_name_for("n" * 255) != temp_name_for("n" * 254 + "m")
 
 
 def test_symlink_atomic_replaces_file_and_link(tmp_path):
     path = tmp_path / "entry"
     path.write_bytes(b"copied content instead of a link")
-    tr.symlink_atomic("../../blobs/x", str(path))
-    assert os.readlink(str(path)) == "../../blobs/x"
-    tr.symlink_atomic("../../blobs/y", str(path))
+    with open_tmp(tmp_path) as top:
+        tr.symlink_atomic(top, "entry", "../../blobs/x")
+        assert os.readlink(str(path)) == "../../blobs/x"
+        tr.symlink_atomic(top, "entry", "../../blobs/y")
     assert os.readlink(str(path)) == "../../blobs/y"
+    assert sorted(os.listdir(str(tmp_path))) == ["entry"]
 
 
 def test_debris_is_recognised(tmp_path):
-    temp = tr.temp_path_for(str(tmp_path / "blob"))
+    temp = str(tmp_path / temp_name_for("blob"))
     open(temp, "w").close()
     (tmp_path / "blob").write_text("x")
     assert tr.find_temp_debris(str(tmp_path)) == [temp]
 
 
+@pytest.mark.parametrize("linked", ["models--o--n", "models--o--n/blobs", "models--o--n/snapshots/c"])
+def test_local_tree_never_writes_through_a_symlinked_directory(tmp_path, linked):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    root = tmp_path / "hub"
+    parent = root / os.path.dirname(linked)
+    parent.mkdir(parents=True)
+    os.symlink(str(elsewhere), str(root / linked))
+    tree = tr.LocalTree(str(root))
+    for rel in (linked, linked + "/deeper"):
+        with pytest.raises(StageError, match=r"%s is a symlink to %s" % (re.escape(str(root / linked)),
+                                                                         re.escape(str(elsewhere)))):
+            tree.open_dir(rel, create=True)
+        with pytest.raises(StageError, match="is a symlink"):
+            tree.refuse_links([rel])
+    assert os.listdir(str(elsewhere)) == []
+
+
+def test_local_tree_creates_real_directories_and_finds_links_below(tmp_path):
+    tree = tr.LocalTree(str(tmp_path))
+    with tree.open_dir("a/b/c", create=True) as opened:
+        assert opened.path == str(tmp_path / "a" / "b" / "c")
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    tree.refuse_links_below("a")
+    os.symlink("/", str(tmp_path / "a" / "b" / "root-link"))
+    with pytest.raises(StageError, match="root-link is a symlink to /"):
+        tree.refuse_links_below("a")
+
+
 def test_repo_lock_excludes_a_second_holder(tmp_path):
-    path = str(tmp_path / "locks" / "repo.lock")
-    with tr.RepoLock(path, timeout=5):
+    tree = tr.LocalTree(str(tmp_path))
+    with tr.RepoLock(tree, "locks", timeout=5):
         errors = []
 
         def contender():
             try:
-                with tr.RepoLock(path, timeout=0.3):
+                with tr.RepoLock(tree, "locks", timeout=0.3):
                     pass
             except StageError as exc:
                 errors.append(str(exc))
@@ -96,5 +200,5 @@ def test_repo_lock_excludes_a_second_holder(tmp_path):
         thread.start()
         thread.join()
         assert errors and "holds" in errors[0] and str(os.getpid()) in errors[0]
-    with tr.RepoLock(path, timeout=0):
+    with tr.RepoLock(tree, "locks", timeout=0):
         pass

@@ -96,6 +96,12 @@ options:
     description: Seconds to wait for another run holding the repo lock before failing.
     type: int
     default: 60
+  workers:
+    description:
+      - Files in flight at once, for copies and for content checks. Each worker reads its file in 8 MiB
+        chunks into one reused buffer, so memory stays constant (about 8 MiB a worker) whatever the file size.
+      - When unset, the node's CPU count, at least 2 and at most 8.
+    type: int
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -246,6 +252,7 @@ def main():
             reserve=dict(type="str", default="2%"),
             prune=dict(type="bool", default=False),
             lock_timeout=dict(type="int", default=60),
+            workers=dict(type="int"),
         ),
         supports_check_mode=True,
     )
@@ -255,7 +262,7 @@ def main():
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
             revision=params["revision"], allow_patterns=params["allow_patterns"],
             ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
-            prune=params["prune"], lock_timeout=params["lock_timeout"])
+            prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"])
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result

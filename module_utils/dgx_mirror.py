@@ -17,6 +17,7 @@ import posixpath
 import re
 import shutil
 import stat
+import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
@@ -25,8 +26,9 @@ from ansible.module_utils.dgx_hashing import file_matches_name, file_sha256, nam
 from ansible.module_utils.dgx_hubcache import (blob_link_target, is_within, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
-from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, CopyBuffer, LocalTree, LocalWriteError, RepoLock,
-                                               SourceProblem, copy_verified, find_temp_debris, symlink_atomic)
+from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, LocalTree, LocalWriteError, RepoLock, SourceProblem,
+                                               copy_verified, default_workers, find_temp_debris, run_workers,
+                                               symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")
 SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
@@ -36,7 +38,7 @@ class MirrorRequest(object):
     """The module's parameters, validated once."""
 
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
-                 ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60):
+                 ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None):
         if verify not in VERIFY_MODES:
             raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
         self.src = os.path.abspath(src)
@@ -50,6 +52,9 @@ class MirrorRequest(object):
         self.reserve = reserve
         self.prune = prune
         self.lock_timeout = lock_timeout
+        if workers is not None and not 1 <= int(workers) <= 64:
+            raise StageError("workers must be between 1 and 64, not %r" % (workers,))
+        self.workers = int(workers) if workers else default_workers()
         self.folder = repo_folder_name(repo_id, repo_type)
 
 
@@ -83,6 +88,7 @@ class Plan(object):
         self.selected = []         # the ones the patterns stage
         self.excluded = []
         self.writes = []           # Work items: blobs and real files to copy or repair
+        self.to_prove = []         # Work items present with the right size, whose content verify must prove
         self.blobs_reused = 0
         self.links = []            # (link path, target text) to (re)write
         self.refs = {}             # ref name -> commit to write
@@ -159,23 +165,40 @@ def check_roots(req, check_mode=False):
                          % (req.src, req.dest))
 
 
-def content_problem(local, source, size, etag, verify):
-    """Why an existing local file is not a good copy, or None. Content decides, never size alone."""
-    if os.path.islink(local):
-        return "link"               # e.g. a link into the NAS store: nothing local behind it
-    if not os.path.exists(local):
+def presence_problem(local, size):
+    """Why an existing local file cannot be a good copy without reading it, or None (then its
+    content decides, as `verify` says). A link is never a copy: e.g. a link into the NAS store."""
+    try:
+        st = os.lstat(local)
+    except FileNotFoundError:
         return "missing"
-    if not os.path.isfile(local):
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if not stat.S_ISREG(st.st_mode):
         return "not-a-file"
-    if os.stat(local).st_size != size:
-        return "size"
-    if verify == "none":
-        return None
+    return "size" if st.st_size != size else None
+
+
+def content_matches(work, verify, buf):
+    """Prove one present file: sampled raw compare with the NAS (sample), or every byte against the
+    blob's name (full; a real snapshot file has no name and is compared with the NAS by sha256)."""
     if verify == "sample":
-        return None if samples_match(local, source, size) else "content"
-    if etag and name_is_hash(etag):
-        return None if file_matches_name(local, etag, size) else "content"
-    return None if file_sha256(local) == file_sha256(source) else "content"
+        return samples_match(work.final, work.source, work.size)
+    if work.etag:
+        return file_matches_name(work.final, work.etag, work.size, buf)
+    return file_sha256(work.final, buf) == file_sha256(work.source, buf)
+
+
+def prove_present(plan, req):
+    """Content checks of every present file, `req.workers` at a time; a failed one becomes a repair."""
+    failed = []
+    if req.verify != "none":
+        def prove(work, buf):
+            if not content_matches(work, req.verify, buf):
+                failed.append(work)     # list.append is atomic: no lock needed across workers
+        run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers)
+    plan.writes.extend(failed)
+    plan.blobs_reused += len([w for w in plan.to_prove if w.etag and w not in failed])
 
 
 def _blobs_of_other_snapshots(dest_repo, commit):
@@ -279,9 +302,7 @@ def _plan_files(plan, req):
                 plan.links.append((local, target))
             continue
         if entry.kind == "real":
-            reason = content_problem(local, entry.source, entry.size, None, req.verify)
-            if reason:
-                plan.writes.append(Work(local, entry.source, entry.size, None, reason, [entry.path]))
+            _plan_content(plan, Work(local, entry.source, entry.size, None, "content", [entry.path]))
             continue
         by_blob.setdefault(entry.etag, []).append(entry)
         target = blob_link_target(entry.path, entry.etag)
@@ -290,12 +311,18 @@ def _plan_files(plan, req):
     for etag in sorted(by_blob):
         first = by_blob[etag][0]
         final = os.path.join(plan.dest_repo, "blobs", etag)
-        reason = content_problem(final, first.source, first.size, etag, req.verify)
-        if reason:
-            plan.writes.append(Work(final, first.source, first.size, etag, reason,
-                                    [e.path for e in by_blob[etag]]))
-        else:
-            plan.blobs_reused += 1
+        _plan_content(plan, Work(final, first.source, first.size, etag, "content", [e.path for e in by_blob[etag]]))
+    prove_present(plan, req)
+
+
+def _plan_content(plan, work):
+    """A missing or wrong-shaped file is written; a present one is proven by content (prove_present)."""
+    problem = presence_problem(work.final, work.size)
+    if problem:
+        work.reason = problem
+        plan.writes.append(work)
+    else:
+        plan.to_prove.append(work)
 
 
 def _plan_metadata(plan, req):
@@ -380,11 +407,14 @@ class Progress(object):
         self.done = 0
         self.started = time.monotonic()
         self._last = 0.0
+        self._lock = threading.Lock()    # workers report concurrently
 
     def __call__(self, count):
-        self.done += count
-        now = time.monotonic()
-        if self.lock_dir is not None and now - self._last >= 2.0:
+        with self._lock:
+            self.done += count
+            now = time.monotonic()
+            if self.lock_dir is None or now - self._last < 2.0:
+                return
             self._last = now
             self.write(finished=False)
 
@@ -488,19 +518,23 @@ def _nas_corrupt_record(tree, directory, work, problem, outcome):
 
 
 def _write_blobs(tree, plan, req, progress, outcome):
-    buf = CopyBuffer()
+    """Copies and repairs, `req.workers` in flight, biggest first; blobs before real snapshot files."""
     dirs = {}
     try:
-        for work in sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)):
+        for work in plan.writes:
             parent = os.path.dirname(work.final)
             if parent not in dirs:
                 dirs[parent] = tree.open_dir(_rel(tree, parent), create=True)
+
+        def place(work, buf):
             try:
-                _place(tree, dirs[parent], work, progress, buf, outcome)
+                _place(tree, dirs[os.path.dirname(work.final)], work, progress, buf, outcome)
             except LocalWriteError as exc:
                 if exc.errno in DISK_ERRNOS:
                     raise _disk_error(exc, req, plan, progress)
                 raise
+
+        run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers)
         for directory in dirs.values():
             fsync_dir(dir_fd=directory.fd)
     finally:

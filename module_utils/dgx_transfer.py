@@ -10,19 +10,18 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
 
+import collections
 import errno
 import fcntl
 import os
 import stat
+import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_temp_name, temp_name_for, unlink_quietly
-from ansible.module_utils.dgx_hashing import NameHasher
+from ansible.module_utils.dgx_hashing import ChunkBuffer, NameHasher, advise
 
-# Large reads keep the NAS streaming; the buffer is reused for every chunk of every blob a worker copies.
-COPY_CHUNK = 8 * 1024 * 1024
-_FADVISE = hasattr(os, "posix_fadvise")
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
 
@@ -151,26 +150,10 @@ class LocalTree(object):
         return child
 
 
-def _fadvise(fd, advice, offset=0, length=0):
-    if _FADVISE:
-        try:
-            os.posix_fadvise(fd, offset, length, advice)
-        except OSError:
-            pass    # only a hint
-
-
 def _write_all(fd, view):
     while len(view):
         written = os.write(fd, view)
         view = view[written:]
-
-
-class CopyBuffer(object):
-    """One reusable read buffer (a worker's): constant memory whatever the blob size."""
-
-    def __init__(self, size=COPY_CHUNK):
-        self.data = bytearray(size)
-        self.view = memoryview(self.data)
 
 
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None):
@@ -183,7 +166,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     Replacing by rename also breaks any hardlink the old file had (a wrong shard is never written through).
     Local write failures raise LocalWriteError; every failure removes the temp file.
     """
-    buf = buf or CopyBuffer()
+    buf = buf or ChunkBuffer()
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)
     try:
@@ -195,7 +178,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     copied = 0
     try:
         before = os.fstat(src_fd)
-        _fadvise(src_fd, getattr(os, "POSIX_FADV_SEQUENTIAL", 2))
+        advise(src_fd, "POSIX_FADV_SEQUENTIAL")
         try:
             dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                              dir_fd=directory.fd)
@@ -233,8 +216,8 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
             except OSError as exc:
                 raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
             # 300 GB of weights must not evict the running engine's page cache.
-            _fadvise(dst_fd, getattr(os, "POSIX_FADV_DONTNEED", 4))
-            _fadvise(src_fd, getattr(os, "POSIX_FADV_DONTNEED", 4))
+            advise(dst_fd, "POSIX_FADV_DONTNEED")
+            advise(src_fd, "POSIX_FADV_DONTNEED")
         finally:
             os.close(dst_fd)
         if hasher is not None and not hasher.matches():
@@ -249,6 +232,62 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     finally:
         os.close(src_fd)
     return copied
+
+
+# Blobs in flight by default: enough to overlap NAS reads, hashing and local writes on every core,
+# capped so the buffers (one READ_CHUNK each) stay well under 100 MB.
+MAX_WORKERS = 8
+
+
+def default_workers():
+    return max(2, min(os.cpu_count() or 2, MAX_WORKERS))
+
+
+def run_workers(items, task, workers):
+    """Call task(item, buf) for every item, `workers` at a time, in the order given (biggest first
+    keeps the tail short). Each worker owns one ChunkBuffer, so memory is constant.
+
+    task handles per-item problems itself; an exception it raises (a full disk, Ctrl-C) stops
+    handing out items, lets the items in flight finish, and is raised here. With one worker (or
+    one item) everything runs in the caller's thread.
+    """
+    pending = collections.deque(items)
+    if workers <= 1 or len(pending) <= 1:
+        buf = ChunkBuffer()
+        for item in pending:
+            task(item, buf)
+        return
+    lock = threading.Lock()
+    errors = []
+
+    def worker():
+        buf = ChunkBuffer()
+        while True:
+            with lock:
+                if errors or not pending:
+                    return
+                item = pending.popleft()
+            try:
+                task(item, buf)
+            except BaseException as exc:  # pylint: disable=broad-except  # re-raised in the caller
+                with lock:
+                    errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker, name="dgx-stage-%d" % i) for i in range(min(workers, len(pending)))]
+    for thread in threads:
+        thread.daemon = True      # a killed run must not wait for its copies; the next run removes their debris
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # short joins keep Ctrl-C deliverable to this thread
+    except BaseException:
+        with lock:
+            errors.append(None)   # stop handing out items
+        raise
+    if errors:
+        raise errors[0]
 
 
 def symlink_atomic(directory, name, target):

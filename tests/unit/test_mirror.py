@@ -15,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -627,7 +628,7 @@ def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch)
 
     monkeypatch.setattr(mirror, "copy_verified", dies_on_fourth)
     with pytest.raises(KeyboardInterrupt):
-        stage(nas, local, ignore_patterns=PAGE15)
+        stage(nas, local, ignore_patterns=PAGE15, workers=1)   # one at a time: exactly three finished
     monkeypatch.undo()
     repo = local_repo(nas, local)
     blobs = os.listdir(os.path.join(repo, "blobs"))
@@ -1251,3 +1252,65 @@ def test_real_enospc_mid_copy_on_a_tmpfs_leaves_no_temp_file(nas, tmp_path, monk
         assert not os.path.exists(os.path.join(local_repo(nas, disk), "refs"))
     finally:
         subprocess.check_call(["umount", str(disk)])
+
+
+# ------------------------------------------------------------------------------------------------
+# several files in flight: the same guarantees
+# ------------------------------------------------------------------------------------------------
+
+def _count_concurrency(monkeypatch, name):
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0, "calls": 0}
+    real = getattr(mirror, name)
+
+    def counted(*args, **kwargs):
+        with lock:
+            state["now"] += 1
+            state["calls"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        try:
+            time.sleep(0.02)          # hold the slot long enough for the others to start
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    monkeypatch.setattr(mirror, name, counted)
+    return state
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_copies_run_workers_at_once_biggest_first_and_prove_every_blob(nas, local, monkeypatch, workers):
+    order = []
+    real_copy = mirror.copy_verified
+    monkeypatch.setattr(mirror, "copy_verified",
+                        lambda source, directory, name, size, **kw: order.append(size) or real_copy(
+                            source, directory, name, size, **kw))
+    state = _count_concurrency(monkeypatch, "copy_verified")
+    result = stage(nas, local, ignore_patterns=PAGE15, workers=workers)
+    assert state["peak"] == workers and state["calls"] == len(unique_blobs(selected(nas)))
+    assert result["blobs"]["copied"] == len(unique_blobs(selected(nas)))
+    if workers == 1:
+        assert order == sorted(order, reverse=True)
+    assert_all_local(nas, local)
+
+
+@pytest.mark.parametrize("verify", ["sample", "full"])
+def test_content_checks_run_workers_at_once_and_still_catch_a_wrong_blob(prestage, big_nas, local, monkeypatch,
+                                                                           verify):
+    nas = big_nas
+    prestage(nas, local)
+    shard = nas.repo()["shards"][2]
+    blob = local_blob(nas, local, selected(nas)[shard]["etag"])
+    flip_byte(blob, 0)
+    state = _count_concurrency(monkeypatch, "content_matches")
+    result = stage(nas, local, ignore_patterns=PAGE15, verify=verify, workers=3)
+    assert state["peak"] == 3
+    assert result["repaired_paths"] == [shard]
+    assert_all_local(nas, local)
+
+
+def test_workers_out_of_range_is_refused(nas, local):
+    for bad in (0, -1, 65):
+        with pytest.raises(StageError, match="workers must be between 1 and 64"):
+            stage(nas, local, workers=bad)

@@ -10,6 +10,7 @@ import pytest
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_transfer as tr
 from ansible.module_utils.dgx_fsutil import NAME_MAX, is_temp_name, temp_name_for
+from ansible.module_utils.dgx_hashing import READ_CHUNK
 
 
 def sha256_name(data):
@@ -25,7 +26,7 @@ def open_tmp(tmp_path, rel="."):
 
 
 def test_copy_verified_hashes_and_writes_from_one_read(tmp_path, monkeypatch):
-    data = os.urandom(3 * tr.COPY_CHUNK // 2 + 7)
+    data = os.urandom(3 * READ_CHUNK // 2 + 7)
     src = tmp_path / "src"
     src.write_bytes(data)
     reads = []
@@ -92,7 +93,7 @@ def test_copy_verified_refuses_short_source(tmp_path):
 
 def test_copy_verified_refuses_a_source_rewritten_during_the_copy(tmp_path):
     # a real file inside a snapshot has no name to check: size and mtime must hold still
-    data = b"x" * (2 * tr.COPY_CHUNK)
+    data = b"x" * (2 * READ_CHUNK)
     src = tmp_path / "src"
     src.write_bytes(data)
 
@@ -202,3 +203,54 @@ def test_repo_lock_excludes_a_second_holder(tmp_path):
         assert errors and "holds" in errors[0] and str(os.getpid()) in errors[0]
     with tr.RepoLock(tree, "locks", timeout=0):
         pass
+
+
+# ------------------------------------------------------------------------------------------------
+# the worker pool: several files in flight, biggest first, constant memory, first fatal error raised
+# ------------------------------------------------------------------------------------------------
+
+def test_run_workers_runs_every_item_at_most_workers_at_once_in_order_handed_out():
+    lock = threading.Lock()
+    state = {"now": 0, "peak": 0}
+    started, buffers = [], set()
+    gate = threading.Barrier(3)
+
+    def task(item, buf):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+            started.append(item)
+            buffers.add(id(buf))
+        if item < 3:
+            gate.wait(timeout=5)     # the first three really run at the same time
+        with lock:
+            state["now"] -= 1
+
+    tr.run_workers(list(range(10)), task, workers=3)
+    assert sorted(started) == list(range(10)) and started[:3] == sorted(started[:3])
+    assert state["peak"] == 3 and len(buffers) == 3
+
+
+def test_run_workers_stops_handing_out_after_a_fatal_error_and_raises_it():
+    done = []
+
+    def task(item, buf):
+        if item == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        done.append(item)
+
+    with pytest.raises(OSError, match="No space"):
+        tr.run_workers(list(range(100)), task, workers=2)
+    assert len(done) < 10
+
+
+def test_run_workers_with_one_worker_runs_in_the_callers_thread():
+    threads = set()
+    tr.run_workers([1, 2, 3], lambda item, buf: threads.add(threading.current_thread()), workers=1)
+    assert threads == {threading.current_thread()}
+
+
+def test_default_workers_is_the_cpu_count_within_bounds(monkeypatch):
+    for cpus, expected in ((None, 2), (1, 2), (2, 2), (6, 6), (64, tr.MAX_WORKERS)):
+        monkeypatch.setattr(tr.os, "cpu_count", lambda cpus=cpus: cpus)
+        assert tr.default_workers() == expected

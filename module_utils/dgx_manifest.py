@@ -12,6 +12,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hubcache import is_within as is_inside
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
+from ansible.module_utils.dgx_mountspec import mount_path_problem
 
 
 def resolve_commit(local_repo, nas_repo, revision):
@@ -206,10 +207,15 @@ def _ancestors(target):
 
 
 def mount_problems(mounts):
-    """Problems of the mount list alone: missing sources, shared or nested targets, rw NAS."""
+    """Problems of the mount list alone: paths no runtime binds exactly as written, missing sources,
+    shared or nested targets, rw NAS."""
     problems = []
     by_target = {}
     for mount in mounts:
+        for key in ("source", "target"):
+            problem = mount_path_problem(mount[key])
+            if problem:
+                problems.append("mount %s %s" % (key, problem))
         if mount["target"] in by_target:
             problems.append("two mounts share target %s (%s and %s)"
                             % (mount["target"], by_target[mount["target"]]["source"], mount["source"]))

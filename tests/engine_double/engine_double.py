@@ -11,8 +11,10 @@ container and that NAS binds are read-only:
                                   stream: SSE chunks "data: {...}\\n\\n", one token per chunk,
                                   max_tokens tokens at DOUBLE_TOKENS_PER_S, then "data: [DONE]"
   GET  /debug/mounts              {"mounts": [{"mount_point", "read_only", "options"}], "env": {...}}
-                                  (mounts parsed from /proc/self/mountinfo)
-  POST /debug/mounts {"paths"}    the same plus "files": {path: {"readable", "sha256", "size", "error"}}
+                                  (mounts parsed from /proc/self/mountinfo, octal escapes decoded)
+  POST /debug/mounts {"paths", "dirs"}
+                                  the same plus "files": {path: {"readable", "sha256", "size", "error"}}
+                                  and "dirs": {dir: sorted entry names, or "<error>"}
   POST /debug/try-write {"path"}  {"ok": bool, "errno": int|null, "error": str}: a directory gets a
                                   probe file created (and removed), a file is opened for writing
                                   without writing a byte
@@ -86,16 +88,25 @@ def last_user_text(messages):
     return ""
 
 
+MOUNTINFO_ESCAPE = re.compile(rb"\\([0-7]{3})")
+
+
+def unescape_mountinfo(field):
+    """The kernel writes space, tab, newline and backslash in mountinfo paths as \\ooo octal escapes."""
+    raw = MOUNTINFO_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), field)
+    return raw.decode("utf-8", "surrogateescape")
+
+
 def parse_mountinfo(path="/proc/self/mountinfo"):
     mounts = []
-    with open(path) as handle:
+    with open(path, "rb") as handle:
         for line in handle:
             fields = line.split()
             # id parent major:minor root mount_point options [optional...] - fstype source super_opts
-            mount_point = fields[4].replace("\\040", " ")
-            options = fields[5].split(",")
+            mount_point = unescape_mountinfo(fields[4])
+            options = fields[5].decode("ascii", "replace").split(",")
             mounts.append({"mount_point": mount_point, "read_only": "ro" in options,
-                           "options": fields[5]})
+                           "options": fields[5].decode("ascii", "replace")})
     return mounts
 
 
@@ -110,6 +121,13 @@ def file_info(path):
         return {"readable": True, "sha256": digest.hexdigest(), "size": size, "error": None}
     except OSError as exc:
         return {"readable": False, "sha256": None, "size": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def list_dir(path):
+    try:
+        return sorted(os.listdir(path))
+    except OSError as exc:
+        return "%s: %s" % (type(exc).__name__, exc)
 
 
 def try_write(path):
@@ -156,11 +174,13 @@ class Handler(BaseHTTPRequestHandler):
             return {}
         return json.loads(self.rfile.read(length).decode("utf-8"))
 
-    def _debug(self, paths):
+    def _debug(self, paths, dirs=None):
         env = dict((k, os.environ.get(k)) for k in ENV_KEYS)
         body = {"mounts": parse_mountinfo(), "env": env}
         if paths is not None:
             body["files"] = dict((p, file_info(p)) for p in paths)
+        if dirs:
+            body["dirs"] = dict((d, list_dir(d)) for d in dirs)
         return body
 
     def do_GET(self):
@@ -181,7 +201,7 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             return self._json(400, {"error": "bad JSON: %s" % exc})
         if path == "/debug/mounts":
-            return self._json(200, self._debug(list(body.get("paths") or [])))
+            return self._json(200, self._debug(list(body.get("paths") or []), list(body.get("dirs") or [])))
         if path == "/debug/try-write":
             return self._json(200, try_write(body.get("path", "")))
         if time.monotonic() < self.double.ready_at:

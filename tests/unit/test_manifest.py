@@ -400,3 +400,10 @@ def test_nas_link_to_another_snapshot_file_is_bound_from_its_blob(hubs):
     mounts = by_target(build(local, nas))
     assert mounts[target("sub/tok-alias.json")]["origin"] == "local"
     assert mounts[target("sub/tok-alias.json")]["source"] == mounts[target("sub/tok.json")]["source"]
+
+
+def test_a_file_name_no_runtime_can_bind_is_refused_by_name(hubs):
+    local, nas = hubs
+    add_link(os.path.join(nas, FOLDER), COMMIT, "odd\nname.json", "content of odd name")
+    with pytest.raises(StageError, match=r"mount source .*odd\\nname\.json.*newline"):
+        build(local, nas)

@@ -1,0 +1,75 @@
+# -*- coding: utf-8 -*-
+"""dgx_mountspec: can a path be bound into the engine container exactly as written?
+
+Docker takes binds as API fields; Podman takes `--mount type=bind,source=...,destination=...` specs,
+which Podman >= 4.1 reads with Go's encoding/csv, so a `:`, `,`, `"`, `=` or space in a name is
+fine once the field is CSV-quoted (roles/engine/filter_plugins/engine_mounts.py does that). What
+neither runtime binds exactly as written is refused here, before a manifest names it:
+
+- invalid UTF-8 (a surrogate-escaped byte): Podman replaces it with U+FFFD and binds another path;
+- a carriage return: encoding/csv turns CR LF into LF, so another path is bound; any other control
+  character (newline, tab, NUL...) is refused with it: one rule, no name that breaks line-based tools;
+- a relative path, or one not in normal form (`//`, `/./`, `/../`, a trailing `/`): both runtimes
+  clean mount paths, so the container's mount table would not say what the manifest says, and two
+  spellings of one target would pass a string-based uniqueness check;
+- a path of PATH_MAX (4096) bytes or more: no system call takes it.
+
+Stdlib only, Python 3.8 syntax: runs on the nodes inside engine_manifest.
+"""
+
+import posixpath
+import unicodedata
+
+PATH_MAX = 4096
+
+_CONTROL_NAMES = {
+    0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0B: "vertical tab", 0x0C: "form feed",
+    0x0D: "carriage return", 0x1B: "escape", 0x7F: "DEL",
+}
+
+
+def _control_char(path):
+    for char in path:
+        code = ord(char)
+        if code < 0x20 or code == 0x7F:
+            return code
+    return None
+
+
+def mount_path_problem(path):
+    """Why `path` cannot be a container bind source or target exactly as written, or None if it can.
+
+    The answer is a sentence that starts with the path (repr-quoted, so control characters show),
+    e.g. "'/hub/a\\nb' contains a newline (U+000A): ...". Callers prefix what the path is:
+    problems.append("mount source %s" % problem).
+    """
+    if not isinstance(path, str):
+        return "%r is not a text path (%s)" % (path, type(path).__name__)
+    if not path:
+        return "'' is empty: a bind needs an absolute path"
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return ("%r is not valid UTF-8 (undecodable byte at character %d): Podman would replace it "
+                "with U+FFFD and bind another path; rename the file" % (path, exc.start))
+    code = _control_char(path)
+    if code is not None:
+        name = _CONTROL_NAMES.get(code) or unicodedata.name(chr(code), "control character")
+        if code == 0x0D:
+            why = "Podman's --mount parser (Go encoding/csv) turns CR LF into LF and binds another path"
+        else:
+            why = "control characters are refused in bind paths (mount tables, logs and CSV mount specs rewrite them)"
+        return "%r contains a %s (U+%04X): %s; rename the file" % (path, name, code, why)
+    if not path.startswith("/"):
+        return "%r is not absolute: a bind needs an absolute path" % path
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):
+        normal = "/" + normal.lstrip("/")
+    if normal != path:
+        return ("%r is not in normal form (no '//', '.', '..' or trailing '/'; it would be %r): Docker and "
+                "Podman clean bind paths, so the container would not show what the manifest says"
+                % (path, normal))
+    if len(encoded) >= PATH_MAX:
+        return "%r is %d bytes long: a path must be shorter than PATH_MAX (%d bytes)" % (
+            path[:64] + "...", len(encoded), PATH_MAX)
+    return None

@@ -1,0 +1,145 @@
+# -*- coding: utf-8 -*-
+"""Engine role filters: the container's binds, shaped for Docker and Podman, and checked.
+
+dgx_binds(manifest_mounts, extra_binds)  -> [{source, target, read_only}]: the manifest's binds
+                                            (all read-only) followed by extra_binds (the receipt bind)
+dgx_docker_mounts(binds)                 -> community.docker `mounts`: [{type: bind, source, target, read_only}]
+dgx_podman_mount_specs(binds)            -> containers.podman `mount`: ["type=bind,source=...,destination=...,ro=true"]
+dgx_mounts_digest(specs)                 -> sha256 hex of the specs in order (an exact, case-sensitive
+                                            fingerprint: podman_container compares `mount` lowercased)
+
+Podman >= 4.1 reads a --mount spec with Go's encoding/csv: a field holding a comma, a double quote or
+edge whitespace is written as a CSV-quoted field ("source=/a,b", an inner " doubled); `:`, `=`,
+spaces and non-ASCII need nothing. Every path goes through mount_path_problem first and a path no
+runtime binds exactly as written raises AnsibleFilterError naming it.
+
+mount_path_problem here is a copy of module_utils/dgx_mountspec.py (controller-side plugins cannot
+import the project's module_utils); tests/unit/test_mountspec.py keeps the two in step.
+"""
+
+import hashlib
+import posixpath
+import unicodedata
+
+from ansible.errors import AnsibleFilterError
+
+PATH_MAX = 4096
+
+_CONTROL_NAMES = {
+    0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0B: "vertical tab", 0x0C: "form feed",
+    0x0D: "carriage return", 0x1B: "escape", 0x7F: "DEL",
+}
+
+
+def _control_char(path):
+    for char in path:
+        code = ord(char)
+        if code < 0x20 or code == 0x7F:
+            return code
+    return None
+
+
+def mount_path_problem(path):
+    """Why `path` cannot be a container bind source or target exactly as written, or None if it can."""
+    if not isinstance(path, str):
+        return "%r is not a text path (%s)" % (path, type(path).__name__)
+    if not path:
+        return "'' is empty: a bind needs an absolute path"
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return ("%r is not valid UTF-8 (undecodable byte at character %d): Podman would replace it "
+                "with U+FFFD and bind another path; rename the file" % (path, exc.start))
+    code = _control_char(path)
+    if code is not None:
+        name = _CONTROL_NAMES.get(code) or unicodedata.name(chr(code), "control character")
+        if code == 0x0D:
+            why = "Podman's --mount parser (Go encoding/csv) turns CR LF into LF and binds another path"
+        else:
+            why = "control characters are refused in bind paths (mount tables, logs and CSV mount specs rewrite them)"
+        return "%r contains a %s (U+%04X): %s; rename the file" % (path, name, code, why)
+    if not path.startswith("/"):
+        return "%r is not absolute: a bind needs an absolute path" % path
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):
+        normal = "/" + normal.lstrip("/")
+    if normal != path:
+        return ("%r is not in normal form (no '//', '.', '..' or trailing '/'; it would be %r): Docker and "
+                "Podman clean bind paths, so the container would not show what the manifest says"
+                % (path, normal))
+    if len(encoded) >= PATH_MAX:
+        return "%r is %d bytes long: a path must be shorter than PATH_MAX (%d bytes)" % (
+            path[:64] + "...", len(encoded), PATH_MAX)
+    return None
+
+
+def _checked(binds, what):
+    """The binds as plain {source, target, read_only} dicts; AnsibleFilterError on the first bad one."""
+    if not isinstance(binds, (list, tuple)):
+        raise AnsibleFilterError("%s: expected a list of binds, got %s" % (what, type(binds).__name__))
+    out = []
+    for index, bind in enumerate(binds):
+        if not isinstance(bind, dict):
+            raise AnsibleFilterError("%s: bind %d is a %s, not a dict" % (what, index, type(bind).__name__))
+        for key in ("source", "target"):
+            problem = mount_path_problem(bind.get(key))
+            if problem is not None:
+                raise AnsibleFilterError("%s: bind %d refused, its %s %s" % (what, index, key, problem))
+        read_only = bind.get("read_only", True)
+        if not isinstance(read_only, bool):
+            raise AnsibleFilterError("%s: bind %r has read_only %r, not a boolean"
+                                     % (what, bind["target"], read_only))
+        out.append({"source": str(bind["source"]), "target": str(bind["target"]), "read_only": read_only})
+    return out
+
+
+def dgx_binds(manifest_mounts, extra_binds=None):
+    """The manifest's binds (read-only, whatever else the entries carry) followed by extra_binds."""
+    manifest = _checked(manifest_mounts, "dgx_binds (manifest mounts)")
+    for bind in manifest:
+        bind["read_only"] = True
+    return manifest + _checked(list(extra_binds or []), "dgx_binds (extra binds)")
+
+
+def dgx_docker_mounts(binds):
+    """community.docker docker_container `mounts` entries (API fields: no quoting needed)."""
+    return [{"type": "bind", "source": b["source"], "target": b["target"], "read_only": b["read_only"]}
+            for b in _checked(binds, "dgx_docker_mounts")]
+
+
+def _csv_field(field):
+    """One field of a --mount spec as Go's encoding/csv reads it back unchanged."""
+    if any(c in field for c in ',"\r\n') or field != field.strip():
+        return '"' + field.replace('"', '""') + '"'
+    return field
+
+
+def podman_mount_spec(bind):
+    """One `--mount` value for a checked bind."""
+    fields = ["type=bind", "source=" + bind["source"], "destination=" + bind["target"],
+              "ro=true" if bind["read_only"] else "ro=false"]
+    return ",".join(_csv_field(field) for field in fields)
+
+
+def dgx_podman_mount_specs(binds):
+    """containers.podman podman_container `mount` entries, one CSV-quoted spec per bind."""
+    return [podman_mount_spec(b) for b in _checked(binds, "dgx_podman_mount_specs")]
+
+
+def dgx_mounts_digest(specs):
+    """sha256 hex of the specs in their order, NUL-separated."""
+    if not isinstance(specs, (list, tuple)):
+        raise AnsibleFilterError("dgx_mounts_digest: expected a list of strings, got %s" % type(specs).__name__)
+    return hashlib.sha256("\0".join(str(s) for s in specs).encode("utf-8")).hexdigest()
+
+
+class FilterModule(object):
+    """Engine role filters (see the module docstring)."""
+
+    def filters(self):
+        return {
+            "dgx_binds": dgx_binds,
+            "dgx_docker_mounts": dgx_docker_mounts,
+            "dgx_podman_mount_specs": dgx_podman_mount_specs,
+            "dgx_mounts_digest": dgx_mounts_digest,
+        }

@@ -235,6 +235,7 @@ report:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
 
 
@@ -268,9 +269,10 @@ def main():
         result = exc.result
         for key in ("diff_text", "warnings"):
             result.pop(key)
-        module.fail_json(msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc), **result)
+        module.fail_json(**printable_names(dict(result, msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))))
     except (StageError, OSError) as exc:
-        module.fail_json(msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))
+        module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)))
+    result = printable_names(result)
     diff_text = result.pop("diff_text")
     warnings = result.pop("warnings")
     for warning in warnings:

@@ -1,6 +1,7 @@
 """Small filesystem helpers shared by the dgx-stage modules (stdlib only, Python 3.8+)."""
 import hashlib
 import os
+import re
 import shutil
 import stat
 import sys
@@ -35,8 +36,12 @@ def temp_path_for(final_path):
     return os.path.join(directory, temp_name_for(name))
 
 
+# prefix, name (or head~digest), pid, 8 hex: what temp_name_for makes, and nothing a hub would hold by chance.
+_TEMP_NAME = re.compile(r"^%s.+\.\d+\.[0-9a-f]{8}$" % re.escape(TEMP_PREFIX), re.DOTALL)
+
+
 def is_temp_name(name):
-    return name.startswith(TEMP_PREFIX)
+    return bool(_TEMP_NAME.match(name))
 
 
 def fsync_dir(path=None, dir_fd=None):
@@ -135,3 +140,15 @@ def remove_path(path):
     else:
         shutil.rmtree(path, onerror=_chmod_and_retry)
     return True
+
+
+def printable_names(value):
+    """value with every str made valid UTF-8 for Ansible's JSON result: file names with undecodable
+    bytes (surrogate escapes) show U+FFFD instead of failing the whole result on the controller."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return dict((printable_names(k), printable_names(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [printable_names(v) for v in value]
+    return value

@@ -5,29 +5,33 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
 
+import errno
 import fnmatch
 import json
 import os
 import re
+import stat
 
 from ansible.module_utils.dgx_errors import StageError
 
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+REF_MAX_BYTES = 128       # a commit hash and a newline; more is not a ref
 
 
 class SnapshotEntry(object):
     """One file of a snapshot: a link into the repo's blobs/ or a real file inside the snapshot."""
 
-    __slots__ = ("path", "kind", "etag", "source", "size", "alias_of")
+    __slots__ = ("path", "kind", "etag", "source", "size", "alias_of", "problem")
 
-    def __init__(self, path, kind, etag, source, size, alias_of=None):
+    def __init__(self, path, kind, etag, source, size, alias_of=None, problem=None):
         self.path = path            # snapshot-relative, '/'-separated
         self.kind = kind            # "link" (content is blobs/<etag>) or "real" (content lives in the snapshot)
         self.etag = etag            # blob name for links, None for real files
         self.source = source        # real path of the content on the hub
         self.size = size
         self.alias_of = alias_of    # real files only: the snapshot path a link chain led to (else None)
+        self.problem = problem      # kind "bad": why this entry can be neither staged nor bound
 
     def __repr__(self):
         return "SnapshotEntry(%r, %r, %r, %d)" % (self.path, self.kind, self.etag, self.size)
@@ -50,8 +54,13 @@ def list_refs(repo_dir):
     for dirpath, _dirs, files in os.walk(refs_dir):
         for name in files:
             full = os.path.join(dirpath, name)
-            with open(full) as handle:
-                refs[os.path.relpath(full, refs_dir).replace(os.sep, "/")] = handle.read().strip()
+            if not stat.S_ISREG(os.lstat(full).st_mode):
+                # huggingface_hub writes refs as small regular files; a link or a FIFO is not one
+                raise StageError("%s is not a regular file: a ref holds a commit hash as text; remove it or "
+                                 "restore it from the hub" % full)
+            with open(full, "rb") as handle:
+                text = handle.read(REF_MAX_BYTES).decode("utf-8", "replace").strip()
+            refs[os.path.relpath(full, refs_dir).replace(os.sep, "/")] = text
     return refs
 
 
@@ -125,24 +134,35 @@ def _content_of(link_path, hub_real):
     if not is_within(real, hub_real):
         raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
                          % (link_path, real, hub_real))
-    if not os.path.exists(real):
+    try:
+        st = os.stat(link_path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StageError("%s is a link loop: repair the source hub" % link_path)
         raise StageError("%s is a dangling link (chain ends at missing %s): repair the source hub"
                          % (link_path, real))
-    if not os.path.isfile(real):
+    if not stat.S_ISREG(st.st_mode):
         raise StageError("%s ends at %s, which is not a regular file: repair the source hub" % (link_path, real))
     return real
 
 
-def scan_snapshot(repo_dir, commit, hub_root):
+def scan_snapshot(repo_dir, commit, hub_root, strict=True):
     """Every file of `snapshots/<commit>` as SnapshotEntry, following link chains to real content.
 
     The one snapshot walker: the mirror plans from it and the manifest binds from it. Refuses
-    (StageError naming the entry) symlinked directories, dangling links, link loops and links whose
-    chain ends outside `hub_root`: staging and binding must never reach something the hub does not own.
+    (StageError naming the entry) a snapshot directory outside `hub_root`, symlinked directories
+    inside it, entries that are not regular files (a FIFO would hang a copy), dangling links, link
+    loops and links whose chain ends outside `hub_root`: staging and binding must never reach
+    something the hub does not own. With strict=False a bad entry is returned with kind "bad" and
+    its `problem` instead, so a caller can leave entries it does not need to the NAS.
     """
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
     snap_dir = os.path.join(repo_dir, "snapshots", commit)
+    snap_real = os.path.realpath(snap_dir)
+    if not is_within(snap_real, hub_real):
+        raise StageError("%s resolves to %s, outside the source hub root %s: refusing to read it"
+                         % (snap_dir, snap_real, hub_real))
     entries = []
     for dirpath, dirnames, filenames in os.walk(snap_dir):
         for name in list(dirnames):
@@ -153,13 +173,24 @@ def scan_snapshot(repo_dir, commit, hub_root):
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, snap_dir).replace(os.sep, "/")
-            if not os.path.islink(full):
-                entries.append(SnapshotEntry(rel, "real", None, full, os.stat(full).st_size))
-                continue
-            etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
-            entries.append(SnapshotEntry(rel, "real" if etag is None else "link", etag, source,
-                                         os.stat(source).st_size, alias_of))
+            try:
+                entries.append(_snapshot_entry(full, rel, repo_dir, snap_dir, hub_real))
+            except StageError as exc:
+                if strict:
+                    raise
+                entries.append(SnapshotEntry(rel, "bad", None, full, 0, problem=str(exc)))
     return entries
+
+
+def _snapshot_entry(full, rel, repo_dir, snap_dir, hub_real):
+    st = os.lstat(full)
+    if stat.S_ISLNK(st.st_mode):
+        etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
+        return SnapshotEntry(rel, "real" if etag is None else "link", etag, source, os.stat(source).st_size,
+                             alias_of)
+    if not stat.S_ISREG(st.st_mode):
+        raise StageError("%s is not a regular file (a FIFO, socket or device): repair the source hub" % full)
+    return SnapshotEntry(rel, "real", None, full, st.st_size)
 
 
 def _directory_pattern(pattern):

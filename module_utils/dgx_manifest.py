@@ -7,8 +7,10 @@ directory with nothing local in it (page15/), else one mount per file.
 import json
 import os
 import posixpath
+import stat
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_hashing import file_matches_own_name
 from ansible.module_utils.dgx_hubcache import is_within as is_inside
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
@@ -23,37 +25,43 @@ def resolve_commit(local_repo, nas_repo, revision):
     return hubcache_resolve_commit(nas_repo, revision)
 
 
-def _staged_file(path, root_real, size):
-    """Realpath of path when it resolves to a regular file of `size` bytes inside root_real, else None."""
-    real = os.path.realpath(path)
-    if os.path.isfile(real) and is_inside(real, root_real) and os.path.getsize(real) == size:
-        return real
+def _regular_file(path, size=None):
+    """path itself (never through a link) when it is a regular file (of `size` bytes, when given), else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size):
+        return path
     return None
 
 
 def local_source(local_repo, local_snapshot, entry, local_root_real):
-    """Realpath of the staged copy of one NAS snapshot entry, or None (then the NAS is bound).
+    """The staged copy of one NAS snapshot entry, or None (then the NAS is bound).
 
-    The mirror's rules: the local entry is walked with the same link-chain walker, and a blob link
-    is local only when it names the same blob as the NAS entry and that local blob is a file of the
-    NAS size inside the local hub. A link to the wrong same-size blob, a link into the NAS, or a
-    broken local link all leave the file to the NAS.
+    The mirror's rules, with the same link-chain walker: a blob link is local only when the local
+    link names the same blob as the NAS entry and `blobs/<name>` is a regular file. The name decides,
+    not the NAS size: a NAS blob that rotted after staging must not displace the proven local copy.
+    When the local blob's size differs from the NAS's, the local blob is hashed against its name
+    (this blob only) to tell which side is wrong. A real NAS file (no name) is local only as a regular file of the NAS size (or a link between
+    snapshot files ending at one). A link to another same-size blob, a blob that is itself a link
+    (into the NAS, or to another blob), or a broken local link all leave the file to the NAS.
     """
     path = os.path.join(local_snapshot, *entry.path.split("/"))
-    if not os.path.lexists(path):
+    if not os.path.islink(path):
+        return _regular_file(path, entry.size) if entry.kind == "real" else None
+    try:
+        etag, alias_of, _real = resolve_snapshot_link(path, local_repo, local_snapshot, local_root_real)
+    except StageError:
         return None
-    etag = None
-    if os.path.islink(path):
-        try:
-            etag, _alias_of, _real = resolve_snapshot_link(path, local_repo, local_snapshot, local_root_real)
-        except StageError:
-            return None
     if entry.kind == "link":
-        if etag != entry.etag:
-            return None
-        return _staged_file(os.path.join(local_repo, "blobs", etag), local_root_real, entry.size)
-    # A real NAS file has no name to compare: a local file of its size (the verify play compares content).
-    return _staged_file(path, local_root_real, entry.size)
+        blob = _regular_file(os.path.join(local_repo, "blobs", etag)) if etag == entry.etag else None
+        if blob and os.lstat(blob).st_size != entry.size and not file_matches_own_name(blob, etag):
+            return None       # the sizes disagree and the local copy is the wrong side
+        return blob
+    if alias_of is None or entry.alias_of is None:
+        return None
+    return _regular_file(os.path.join(local_snapshot, *alias_of.split("/")), entry.size)
 
 
 def stays_inside(link_path, directory):

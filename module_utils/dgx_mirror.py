@@ -21,8 +21,9 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import atomic_write_bytes, fsync_dir
-from ansible.module_utils.dgx_hashing import file_matches_name, file_sha256, name_is_hash, samples_match
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name
+from ansible.module_utils.dgx_hashing import (file_matches_name, file_matches_own_name, file_sha256, name_is_hash,
+                                              samples_match)
 from ansible.module_utils.dgx_hubcache import (blob_link_target, is_within, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
@@ -88,7 +89,8 @@ class Plan(object):
         self.selected = []         # the ones the patterns stage
         self.excluded = []
         self.writes = []           # Work items: blobs and real files to copy or repair
-        self.to_prove = []         # Work items present with the right size, whose content verify must prove
+        self.to_prove = []         # Work items present locally, whose content prove_present decides
+        self.nas_corrupt = []      # nas_corrupt_record()s found while planning (the local copy is kept)
         self.blobs_reused = 0
         self.links = []            # (link path, target text) to (re)write
         self.refs = {}             # ref name -> commit to write
@@ -190,15 +192,46 @@ def content_matches(work, verify, buf):
 
 
 def prove_present(plan, req):
-    """Content checks of every present file, `req.workers` at a time; a failed one becomes a repair."""
-    failed = []
-    if req.verify != "none":
-        def prove(work, buf):
-            if not content_matches(work, req.verify, buf):
-                failed.append(work)     # list.append is atomic: no lock needed across workers
-        run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers)
-    plan.writes.extend(failed)
-    plan.blobs_reused += len([w for w in plan.to_prove if w.etag and w not in failed])
+    """Content checks of every present file, `req.workers` at a time.
+
+    A file that fails becomes a repair. A blob whose local copy disagrees with the NAS (sampled bytes,
+    or size) is first hashed against its own name: when the local copy passes, the NAS copy is the
+    corrupt one; it is reported in `nas_corrupt` and the good local copy is kept, in check mode too.
+    """
+    outcome = {}        # id(work) -> "ok" | "repair" | "nas-corrupt"; dict writes are atomic across workers
+
+    def prove(work, buf):
+        if work.reason != "size" and (req.verify == "none" or content_matches(work, req.verify, buf)):
+            outcome[id(work)] = "ok"
+        elif work.etag and not (req.verify == "full" and work.reason != "size") and \
+                file_matches_own_name(work.final, work.etag, buf):
+            outcome[id(work)] = "nas-corrupt"
+        else:
+            outcome[id(work)] = "repair"
+
+    run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers)
+    for work in plan.to_prove:
+        verdict = outcome[id(work)]
+        if verdict == "repair":
+            work.reason = "size" if work.reason == "size" else "content"
+            plan.writes.append(work)
+        elif verdict == "nas-corrupt":
+            plan.nas_corrupt.append(nas_corrupt_record(work, None, "kept", _disagreement(work, req)))
+        elif work.etag:
+            plan.blobs_reused += 1
+
+
+def _disagreement(work, req):
+    if work.reason == "size":
+        return "its NAS size (%d bytes) differs from the blob's true size (%d)" % (
+            work.size, os.lstat(work.final).st_size)
+    return "its sampled bytes differ from the local copy's" if req.verify == "sample" else "it differs"
+
+
+def nas_corrupt_record(work, nas_hash, local, why):
+    """One `nas_corrupt_blobs` entry: a NAS blob that does not hold the bytes its name says."""
+    return {"path": work.paths[0], "paths": list(work.paths), "blob": work.etag, "nas_source": work.source,
+            "nas_hash": nas_hash, "local": local, "why": why}
 
 
 def _blobs_of_other_snapshots(dest_repo, commit):
@@ -246,7 +279,7 @@ def plan_mirror(req, check_mode=False):
         raise StageError("unknown repo %s: %s not found; the NAS hub holds: %s"
                          % (req.repo_id, plan.src_repo, ", ".join(known)))
     plan.commit = resolve_commit(plan.src_repo, req.revision)
-    plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src)
+    plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src, strict=False)
     if not plan.entries:
         raise StageError("snapshot %s of %s is empty on the NAS" % (plan.commit, req.repo_id))
     plan.selected = [e for e in plan.entries if path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
@@ -258,19 +291,44 @@ def plan_mirror(req, check_mode=False):
                             plan.commit))
     for pattern in unmatched_patterns([e.path for e in plan.entries], req.allow_patterns):
         plan.warnings.append("allow pattern %r matches no file of %s@%s" % (pattern, req.repo_id, plan.commit))
-
-    for entry in plan.selected:
-        if entry.etag and not name_is_hash(entry.etag):
-            raise StageError("%s links to blobs/%s, which is not named by a sha256 or git blob sha1: its content "
-                             "cannot be proven against its name, so it is not staged; repair the source hub"
-                             % (entry.path, entry.etag))
+    _refuse_bad_entries(plan, req)
     plan.dest_repo = os.path.join(req.dest, req.folder)
     plan.snapshot = os.path.join(plan.dest_repo, "snapshots", plan.commit)
     refuse_linked_local_dirs(req, plan.commit)
+    _refuse_in_the_way(plan)
     _plan_files(plan, req)
     _plan_metadata(plan, req)
     _plan_cleanup(plan, req)
     return plan
+
+
+def _refuse_bad_entries(plan, req):
+    """What the patterns select must be stageable; an excluded bad entry is left to the NAS, with a warning."""
+    for entry in plan.excluded:
+        if entry.kind == "bad":
+            plan.warnings.append("%s (excluded by the patterns, left to the NAS): %s" % (entry.path, entry.problem))
+    for entry in plan.selected:
+        if entry.kind == "bad":
+            raise StageError(entry.problem)
+        if is_temp_name(os.path.basename(entry.path)):
+            raise StageError("%s: the name has the form of dgx-stage's temp files (%s...), which a later run would "
+                             "remove as debris; rename it on the hub or exclude it" % (entry.path, TEMP_PREFIX))
+        if entry.etag and not name_is_hash(entry.etag):
+            raise StageError("%s links to blobs/%s, which is not named by a sha256 or git blob sha1: its content "
+                             "cannot be proven against its name, so it is not staged; repair the source hub"
+                             % (entry.path, entry.etag))
+
+
+def _refuse_in_the_way(plan):
+    """A directory where the run must put a file (a snapshot entry, a blob, a ref, the tree listing)."""
+    paths = [os.path.join(plan.snapshot, *e.path.split("/")) for e in plan.selected]
+    paths += [os.path.join(plan.dest_repo, "blobs", e.etag) for e in plan.selected if e.etag]
+    paths += [os.path.join(plan.dest_repo, "refs", *name.split("/")) for name in list_refs(plan.src_repo)]
+    paths.append(os.path.join(plan.dest_repo, "trees", plan.commit + ".json"))
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise StageError("%s is a directory where the staged revision has a file: move it out of the local hub "
+                             "and re-run; nothing was written" % path)
 
 
 def refuse_linked_local_dirs(req, commit):
@@ -316,13 +374,15 @@ def _plan_files(plan, req):
 
 
 def _plan_content(plan, work):
-    """A missing or wrong-shaped file is written; a present one is proven by content (prove_present)."""
+    """A missing file, a link or a non-file is written; a present one (even of another size: the NAS
+    may be the wrong side) is proven by prove_present."""
     problem = presence_problem(work.final, work.size)
-    if problem:
+    if problem in (None, "size"):
+        work.reason = problem or "content"
+        plan.to_prove.append(work)
+    else:
         work.reason = problem
         plan.writes.append(work)
-    else:
-        plan.to_prove.append(work)
 
 
 def _plan_metadata(plan, req):
@@ -351,7 +411,10 @@ def _plan_metadata(plan, req):
 def _plan_cleanup(plan, req):
     if not os.path.isdir(plan.dest_repo):
         return
-    plan.debris = find_temp_debris(plan.dest_repo)
+    # Debris only where this run writes: another revision's snapshot is that revision's business.
+    plan.debris = sorted(p for top in (os.path.join(plan.dest_repo, d) for d in ("blobs", "refs", "trees"))
+                         for p in find_temp_debris(top)) + find_temp_debris(plan.snapshot) + find_temp_debris(
+                             os.path.join(req.dest, lock_dir_rel(req.folder)))
     debris = set(plan.debris)
     wanted_paths = set(e.path for e in plan.selected)
     unwanted = []
@@ -378,7 +441,7 @@ def check_space(plan, req):
     """Refuse, before anything is written, a plan that would leave less than `reserve` free."""
     free, total = disk_space(existing_ancestor(req.dest))
     reserve = parse_reserve(req.reserve, total)
-    need = plan.write_bytes
+    need = plan.write_bytes   # file bytes; block rounding and metadata are what stage_reserve is for
     available = free + plan.freed_bytes - reserve
     if need > available:
         raise StageError(
@@ -427,7 +490,10 @@ class Progress(object):
                  "mib_per_s": round(rate / 1048576, 1), "elapsed_s": round(elapsed, 1),
                  "eta_s": round((self.total - self.done) / rate, 1) if rate and not finished else 0,
                  "finished": finished}
-        atomic_write_bytes(PROGRESS_NAME, json.dumps(state).encode("utf-8"), dir_fd=self.lock_dir.fd)
+        try:
+            atomic_write_bytes(PROGRESS_NAME, json.dumps(state).encode("utf-8"), dir_fd=self.lock_dir.fd)
+        except OSError:
+            pass   # the progress file is for watching; a full or failing disk is reported by the copy itself
 
 
 class Outcome(object):
@@ -468,19 +534,19 @@ def _remove_empty_dirs(top):
             os.rmdir(dirpath)
 
 
-def _disk_error(exc, req, plan, progress):
+def _disk_error(error, what, req, plan, progress, written=None):
     """A local write error turned into what the operator needs: file, disk, bytes needed and free."""
     free, _total = disk_space(existing_ancestor(req.dest))
     still_needed = max(plan.write_bytes - progress.done, 0)
     cause = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the disk quota is exhausted",
              errno.EIO: "the local disk reported an I/O error", errno.EROFS: "the local disk is read-only"}.get(
-                 exc.errno, "the local write failed")
+                 error, "the local write failed")
     return StageError(
-        "%s while writing %s (%s of this file written; temp file removed): this run still needs %s (%d bytes) "
-        "on %s, which has %s (%d bytes) free. %s; blobs already staged are kept and re-used by the next run"
-        % (cause, exc.path, human_bytes(exc.written), human_bytes(still_needed), still_needed, req.dest,
-           human_bytes(free), free,
-           "Free space on the disk or narrow the patterns, then re-run" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        "%s while writing %s%s: this run still needs %s (%d bytes) on %s, which has %s (%d bytes) free. %s; "
+        "what is already staged is kept and re-used by the next run"
+        % (cause, what, "" if written is None else " (%s of this file written; temp file removed)"
+           % human_bytes(written), human_bytes(still_needed), still_needed, req.dest, human_bytes(free), free,
+           "Free space on the disk or narrow the patterns, then re-run" if error in (errno.ENOSPC, errno.EDQUOT)
            else "Check the disk (dmesg, smartctl) before re-running"))
 
 
@@ -499,22 +565,21 @@ def _place(tree, directory, work, progress, buf, outcome):
 
 
 def _nas_corrupt_record(tree, directory, work, problem, outcome):
-    """A NAS blob failed its name: keep a local copy that passes it, remove one that does not."""
+    """A NAS blob failed its name while copied: keep a local copy that passes it, remove one that does not."""
     name = os.path.basename(work.final)
     local = "absent"
     try:
         st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISREG(st.st_mode) and file_matches_name(work.final, work.etag, work.size):
+    if st is not None and stat.S_ISREG(st.st_mode) and file_matches_own_name(work.final, work.etag):
         local = "kept"
     elif st is not None:
         os.unlink(name, dir_fd=directory.fd)   # it has the name but not the bytes: never serve it
         local = "removed"
     if local != "kept":
         outcome.unavailable.update(work.paths)
-    return {"path": work.paths[0], "paths": list(work.paths), "blob": work.etag, "nas_source": work.source,
-            "nas_hash": problem.got, "local": local}
+    return nas_corrupt_record(work, problem.got, local, "its bytes hash to %s" % problem.got)
 
 
 def _write_blobs(tree, plan, req, progress, outcome):
@@ -531,12 +596,15 @@ def _write_blobs(tree, plan, req, progress, outcome):
                 _place(tree, dirs[os.path.dirname(work.final)], work, progress, buf, outcome)
             except LocalWriteError as exc:
                 if exc.errno in DISK_ERRNOS:
-                    raise _disk_error(exc, req, plan, progress)
+                    raise _disk_error(exc.errno, exc.path, req, plan, progress, exc.written)
                 raise
 
         run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers)
         for directory in dirs.values():
-            fsync_dir(dir_fd=directory.fd)
+            try:
+                fsync_dir(dir_fd=directory.fd)
+            except OSError as exc:
+                raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, progress)
     finally:
         for directory in dirs.values():
             directory.close()
@@ -568,6 +636,7 @@ def apply_plan(plan, req, progress_dir=None):
     """
     tree = LocalTree(req.dest)
     outcome = Outcome()
+    outcome.nas_corrupt.extend(plan.nas_corrupt)
     for path in plan.debris + plan.prune:
         _remove_local(tree, path)
     if plan.prune and os.path.isdir(plan.snapshot):
@@ -578,12 +647,20 @@ def apply_plan(plan, req, progress_dir=None):
     blocked = set(os.path.join(plan.snapshot, *p.split("/")) for p in outcome.unavailable)
     plan.links = [(link, target) for link, target in plan.links
                   if link not in blocked and os.path.normpath(os.path.join(os.path.dirname(link), target)) not in blocked]
-    _write_links(tree, plan)
-    if not outcome.unavailable:
-        for name, commit in sorted(plan.refs.items()):
-            _write_small_file(tree, os.path.join(plan.dest_repo, "refs", *name.split("/")), commit.encode("ascii"))
-        if plan.tree_listing is not None:
-            _write_small_file(tree, os.path.join(plan.dest_repo, "trees", plan.commit + ".json"), plan.tree_listing)
+    try:
+        _write_links(tree, plan)
+        if not outcome.unavailable:
+            for name, commit in sorted(plan.refs.items()):
+                _write_small_file(tree, os.path.join(plan.dest_repo, "refs", *name.split("/")),
+                                  commit.encode("ascii"))
+            if plan.tree_listing is not None:
+                _write_small_file(tree, os.path.join(plan.dest_repo, "trees", plan.commit + ".json"),
+                                  plan.tree_listing)
+    except OSError as exc:
+        if exc.errno in DISK_ERRNOS:
+            raise _disk_error(exc.errno, "the snapshot links, refs and tree listing of %s" % plan.snapshot,
+                              req, plan, progress)
+        raise
     progress.write(finished=True)
     return outcome
 
@@ -629,7 +706,13 @@ def run_mirror(req, check_mode=False, progress=True):
     if check_mode:
         plan = plan_mirror(req, check_mode=True)
         space = check_space(plan, req)
-        return with_report(_result(plan, req, None, space, [], started), req, check_mode=True)
+        result = _result(plan, req, None, space, [], started)
+        if plan.nas_corrupt:   # the real run would fail the same way: say so now
+            outcome = Outcome()
+            outcome.nas_corrupt.extend(plan.nas_corrupt)
+            raise MirrorFailed(_failure_text(req, plan, outcome), with_report(result, req, check_mode=True,
+                                                                              failed=True))
+        return with_report(result, req, check_mode=True)
     # Bad input and a disk that cannot even hold the missing files are refused before the lock
     # file is created: a read-only pass that stats but reads no content (verify none).
     quick = copy.copy(req)
@@ -674,12 +757,13 @@ def _failure_text(req, plan, outcome):
     local_words = {"kept": "the local copy was kept: it hashes to its name",
                    "removed": "the local copy did not hash to its name either and was removed",
                    "absent": "nothing was staged under that name"}
-    parts = ["%s (blobs/%s) hashes to %s on the NAS (%s); %s"
-             % (r["path"], r["blob"], r["nas_hash"], r["nas_source"], local_words[r["local"]])
+    parts = ["%s (blobs/%s): %s on the NAS (%s); %s"
+             % (r["path"], r["blob"], r["why"], r["nas_source"], local_words[r["local"]])
              for r in outcome.nas_corrupt]
     text = ""
     if parts:
-        text = ("%d NAS blob(s) of %s@%s do not hash to their names: %s. Re-download them on the NAS, then re-run"
+        text = ("%d NAS blob(s) of %s@%s do not hold the bytes their names say: %s. Re-download them on the NAS, "
+                "then re-run"
                 % (len(parts), req.repo_id, plan.commit[:12], "; ".join(parts)))
     if outcome.source_errors:
         text += ("; " if text else "") + "; ".join(outcome.source_errors)
@@ -693,7 +777,7 @@ def _result(plan, req, outcome, space, dangling, started):
     """The module result; in check mode (outcome None) what the plan would do."""
     done = plan.writes if outcome is None else outcome.written
     refs_written = sorted(plan.refs) if outcome is None or not outcome.unavailable else []
-    nas_corrupt = [] if outcome is None else outcome.nas_corrupt
+    nas_corrupt = plan.nas_corrupt if outcome is None else outcome.nas_corrupt
     return {
         "changed": plan.changes if outcome is None else bool(
             outcome.written or plan.links or refs_written or plan.prune or plan.debris

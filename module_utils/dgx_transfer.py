@@ -156,6 +156,11 @@ def _write_all(fd, view):
         view = view[written:]
 
 
+def _identity(st):
+    """What must hold still while a file is copied: a rewrite that restores the mtime still moves ctime."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None):
     """Copy `source` to `directory/name` through a fsynced temp file and one rename; returns bytes copied.
 
@@ -170,7 +175,8 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)
     try:
-        src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted on the NAS must fail the open, not hang the run holding the lock.
+        src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
     temp = temp_name_for(name)
@@ -178,6 +184,8 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     copied = 0
     try:
         before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise SourceProblem("%s is not a regular file: repair the source hub" % source, source)
         advise(src_fd, "POSIX_FADV_SEQUENTIAL")
         try:
             dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
@@ -207,7 +215,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
                 if progress is not None:
                     progress(got)
             after = os.fstat(src_fd)
-            if copied != size or (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+            if copied != size or _identity(after) != _identity(before):
                 raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
                                     "is something writing the NAS copy? Re-run when it is stable; nothing was "
                                     "staged for it" % (source, copied, size, before.st_size, after.st_size), source)

@@ -192,9 +192,12 @@ def test_sigkill_mid_copy_leaves_no_torn_blob_and_rerun_recovers(make_nas_hub, l
     debris = sorted(os.path.join(blob_dir, n) for n in names if n.startswith(TEMP_PREFIX))
     assert debris, "the kill landed after the copy finished: no debris to recover from"
 
+    lock_dir = os.path.join(str(local_hub), ".locks", nas["repos"][MAIN]["folder"])
+    progress_debris = [os.path.join(lock_dir, n) for n in os.listdir(lock_dir) if n.startswith(TEMP_PREFIX)]
     result = run_module(args)
     assert result["changed"] is True and not result.get("failed")
-    assert sorted(result["debris_removed"]) == debris
+    # a progress file killed mid-write is debris too
+    assert sorted(result["debris_removed"]) == sorted(debris + progress_debris)
     assert result["blobs"]["copied"] + result["blobs"]["reused"] == len(unique_blobs(files))
     assert result["blobs"]["reused"] == len(finals)
     remaining = os.listdir(blob_dir)
@@ -220,3 +223,22 @@ def test_sigkill_mid_copy_leaves_no_torn_blob_and_rerun_recovers(make_nas_hub, l
     assert out.returncode == 0, out.stderr.decode()
     resolved = dict(line.split(" ", 1) for line in out.stdout.decode().splitlines())
     assert resolved == dict((p, os.path.realpath(os.path.join(blob_dir, f["etag"]))) for p, f in files.items())
+
+
+def test_non_utf8_file_names_do_not_break_the_result(make_nas_hub, local_hub, run_module):
+    # a page15 file whose name is not UTF-8 (an old tool's Latin-1): staged or excluded, the module's
+    # result still reaches the controller, the name shown with U+FFFD
+    nas = make_nas_hub()
+    snap = os.path.join(nas["hub"], nas["repos"][MAIN]["folder"], "snapshots", nas["repos"][MAIN]["commit"])
+    page15 = os.path.join(snap, "page15")
+    os.chmod(page15, 0o755)
+    with open(os.path.join(os.fsencode(page15), b"caf\xe9.bin"), "wb") as handle:
+        handle.write(b"latin-1 named")
+    os.chmod(page15, 0o555)
+    nas.freeze()
+    excluded = run_module(main_args(nas, local_hub))
+    assert "page15/caf\ufffd.bin" in excluded["excluded_paths"]
+    staged = run_module(main_args(nas, local_hub, ignore_patterns=[]))
+    assert staged["changed"] is True and not staged.get("failed")
+    assert os.path.isfile(os.path.join(os.fsencode(local_repo(nas, local_hub)), b"snapshots",
+                                       nas["repos"][MAIN]["commit"].encode(), b"page15", b"caf\xe9.bin"))

@@ -124,7 +124,7 @@ def test_custom_target_root(hubs):
 
 def test_partially_staged_page15_splits_at_the_right_level(hubs):
     local, nas = hubs
-    add_link(os.path.join(local, FOLDER), COMMIT, "page15/a/x.bin", "page15 page15/a/x.bin")
+    add_real(os.path.join(local, FOLDER), COMMIT, "page15/a/x.bin", "page15 page15/a/x.bin")
     mounts = by_target(build(local, nas))
     assert mounts[target("page15/a/x.bin")]["origin"] == "local"
     assert mounts[target("page15/a/y.bin")]["source"] == nas_path(nas, "page15/a/y.bin")
@@ -147,14 +147,16 @@ def test_dangling_local_link_is_not_local(hubs):
     assert by_target(build(local, nas))[target("sub/tok.json")]["origin"] == "nas"
 
 
-def test_local_file_via_hub_level_store_is_local(hubs):
+def test_local_blob_that_is_itself_a_link_is_not_local(hubs):
+    # The mirror writes every local blob as a regular file; a blob that is a link (into a store, or to
+    # another blob of the same size) is not what the mirror proved, so the NAS is bound.
     local, nas = hubs
     blob = os.path.join(local, FOLDER, "blobs", sha("content of config.json"))
     store = os.path.join(local, "blobs", "xx", "store-config")
     os.makedirs(os.path.dirname(store))
     os.replace(blob, store)
     os.symlink(os.path.relpath(store, os.path.dirname(blob)), blob)
-    assert by_target(build(local, nas))[target("config.json")]["source"] == store
+    assert by_target(build(local, nas))[target("config.json")]["source"] == nas_path(nas, "config.json")
 
 
 def test_nothing_local_real_files_is_one_snapshot_mount(tmp_path):
@@ -406,4 +408,40 @@ def test_a_file_name_no_runtime_can_bind_is_refused_by_name(hubs):
     local, nas = hubs
     add_link(os.path.join(nas, FOLDER), COMMIT, "odd\nname.json", "content of odd name")
     with pytest.raises(StageError, match=r"mount source .*odd\\nname\.json.*newline"):
+        build(local, nas)
+
+
+def test_nas_blob_that_changed_size_after_staging_does_not_displace_the_local_copy(hubs):
+    local, nas = hubs
+    real = os.path.realpath(nas_path(nas, "config.json"))
+    with open(real, "a") as handle:
+        handle.write(" padded on the NAS")
+    mount = by_target(build(local, nas))[target("config.json")]
+    assert mount["origin"] == "local"
+    assert mount["source"] == os.path.join(local, FOLDER, "blobs", sha("content of config.json"))
+
+
+def test_local_link_for_a_real_nas_file_is_not_local(hubs):
+    local, nas = hubs
+    add_link(os.path.join(local, FOLDER), COMMIT, "page15/a/x.bin", "page15 page15/a/x.bin")
+    mounts = by_target(build(local, nas))
+    assert mounts[target("page15")]["origin"] == "nas" and target("page15/a/x.bin") not in mounts
+
+
+def test_nas_snapshot_dir_linked_outside_the_hub_is_refused(hubs, tmp_path):
+    local, nas = hubs
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not the hub's")
+    snapshot = nas_path(nas)
+    os.rename(snapshot, str(tmp_path / "moved"))
+    os.symlink(str(outside), snapshot)
+    with pytest.raises(StageError, match="outside the source hub root"):
+        build(local, nas)
+
+
+def test_dangling_link_in_a_nas_bound_folder_is_refused_by_name(hubs):
+    local, nas = hubs
+    os.symlink("missing.bin", nas_path(nas, "page15/b/gone.bin"))
+    with pytest.raises(StageError, match=r"page15/b/gone\.bin is a dangling link"):
         build(local, nas)

@@ -1314,3 +1314,159 @@ def test_workers_out_of_range_is_refused(nas, local):
     for bad in (0, -1, 65):
         with pytest.raises(StageError, match="workers must be between 1 and 64"):
             stage(nas, local, workers=bad)
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile review of the above: each finding is a test
+# ------------------------------------------------------------------------------------------------
+
+def _resize_nas_blob(nas, etag, how):
+    real = nas_blob_real(nas, etag)
+    nas.thaw()
+    if how == "truncated":
+        os.truncate(real, os.stat(real).st_size - 100)
+    else:
+        with open(real, "ab") as handle:
+            handle.write(b"!")
+    nas.freeze()
+
+
+@pytest.mark.parametrize("verify", ["none", "sample", "full"])
+@pytest.mark.parametrize("how", ["truncated", "padded"])
+def test_good_local_blob_survives_a_nas_copy_of_another_size(fresh_nas, local, how, verify):
+    nas = fresh_nas
+    shard = nas.repo()["shards"][0]
+    info, blob, ino = _good_copy_then_corrupt_nas(nas, local, shard)   # flipped, and now resized too
+    _resize_nas_blob(nas, info["etag"], how)
+    for check_mode in (True, False):          # check mode tells the same story as the real run
+        with pytest.raises(mirror.MirrorFailed) as err:
+            run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, verify=verify), check_mode=check_mode)
+        record = err.value.result["nas_corrupt_blobs"][0]
+        assert record["local"] == "kept" and "true size (%d)" % info["size"] in record["why"], record
+        assert err.value.result["report"]["status"] == "failed"
+    assert os.stat(blob).st_ino == ino and blob_matches_name(blob, info["etag"])
+    assert_all_local(nas, local)
+
+
+def test_check_mode_over_a_good_local_copy_with_a_rotten_nas_blob_reports_it_and_writes_nothing(
+        prestage, big_nas, local):
+    nas = big_nas
+    shard = nas.repo()["shards"][1]
+    info = selected(nas)[shard]
+    prestage(nas, local)
+    real = nas_blob_real(nas, info["etag"])
+    offset = sample_ranges(info["size"])[4][0]
+    nas.thaw()
+    flip_byte(real, offset)                      # inside a sampled block: sample sees it
+    before = tree_snapshot(local)
+    try:
+        with pytest.raises(mirror.MirrorFailed) as err:
+            run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
+        assert err.value.result["nas_corrupt"] == [shard]
+        assert err.value.result["repaired_paths"] == [] and "sampled bytes differ" in str(err.value)
+        assert snapshot_diff(before, tree_snapshot(local)) == []
+    finally:
+        flip_byte(real, offset)
+        nas.freeze()
+
+
+@pytest.mark.parametrize("which", ["snapshot", "repo"])
+def test_nas_directory_linked_outside_the_hub_is_refused(fresh_nas, local, tmp_path, which):
+    # plain files only behind the link: no link chain to trip over, the directory itself escapes
+    nas = fresh_nas
+    commit = nas.repo()["commit"]
+    outside = tmp_path / "outside"
+    snap = outside / "snapshots" / commit if which == "repo" else outside
+    snap.mkdir(parents=True)
+    (snap / "secret.txt").write_bytes(b"not the hub's")
+    if which == "repo":
+        (outside / "refs").mkdir()
+        (outside / "refs" / "main").write_text(commit)
+    target = nas.snapshot_dir() if which == "snapshot" else nas.repo_dir()
+    nas.thaw()
+    shutil.rmtree(target)
+    os.symlink(str(outside), target)
+    nas.freeze()
+    with pytest.raises(StageError, match="outside the source hub root"):
+        stage(nas, local)
+    assert os.listdir(str(local)) == []
+
+
+def test_fifo_on_the_nas_is_refused_not_waited_on(fresh_nas, local):
+    nas = fresh_nas
+    nas.thaw()
+    os.mkfifo(os.path.join(nas.snapshot_dir(), "pipe.bin"))
+    nas.freeze()
+    started = time.monotonic()
+    with pytest.raises(StageError, match=r"pipe\.bin is not a regular file"):
+        stage(nas, local)
+    assert time.monotonic() - started < 10
+
+
+def test_nas_ref_that_is_not_a_regular_file_is_refused_without_echoing_it(fresh_nas, local, tmp_path):
+    nas = fresh_nas
+    secret = tmp_path / "secret"
+    secret.write_text("root:x:0:0 do not print me")
+    nas.thaw()
+    os.symlink(str(secret), os.path.join(nas.repo_dir(), "refs", "leak"))
+    nas.freeze()
+    with pytest.raises(StageError) as err:
+        stage(nas, local)
+    assert "refs/leak is not a regular file" in str(err.value) and "do not print me" not in str(err.value)
+
+
+def test_hub_names_that_look_like_temp_debris(fresh_nas, local):
+    nas = fresh_nas
+    etag = nas.repo()["files"]["config.json"]["etag"]
+    debris_like = ".dgx-stage-tmp.config.json.4242.0badf00d"
+    nas.thaw()
+    os.symlink("../../blobs/" + etag, os.path.join(nas.snapshot_dir(), ".dgx-stage-tmp.notes"))
+    nas.freeze()
+    stage(nas, local, ignore_patterns=PAGE15)
+    assert stage(nas, local, ignore_patterns=PAGE15)["changed"] is False      # not taken for debris
+    assert os.path.islink(os.path.join(local_snapshot(nas, local), ".dgx-stage-tmp.notes"))
+    nas.thaw()
+    os.symlink("../../blobs/" + etag, os.path.join(nas.snapshot_dir(), debris_like))
+    nas.freeze()
+    with pytest.raises(StageError, match="has the form of dgx-stage's temp files"):
+        stage(nas, local, ignore_patterns=PAGE15)
+
+
+def test_dangling_link_in_an_excluded_folder_is_left_to_the_nas_with_a_warning(fresh_nas, local):
+    nas = fresh_nas
+    pack_dir = os.path.dirname(nas.repo()["page15"][0])
+    _plant_in_snapshot(nas, pack_dir + "/gone.bin", link_text="missing-pack.bin")
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert any("gone.bin (excluded by the patterns, left to the NAS)" in w for w in result["warnings"])
+    assert_all_local(nas, local)
+    with pytest.raises(StageError, match=r"gone\.bin is a dangling link"):
+        stage(nas, local)                       # selected: refused, naming it
+
+
+def test_a_directory_in_the_way_is_refused_before_anything_is_written(nas, local):
+    snap = local_snapshot(nas, local)
+    os.makedirs(os.path.join(snap, "config.json"))
+    before = tree_snapshot(local)
+    with pytest.raises(StageError, match=r"config\.json is a directory where the staged revision has a file"):
+        stage(nas, local, ignore_patterns=PAGE15)
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+
+
+def test_disk_full_while_writing_links_names_the_disk(nas, local, monkeypatch):
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mirror, "symlink_atomic", no_room)
+    with pytest.raises(StageError, match=r"the local disk is full while writing the snapshot links, refs and tree "
+                                         r"listing of .* which has .* free"):
+        stage(nas, local, ignore_patterns=PAGE15)
+
+
+def test_progress_debris_of_a_killed_run_is_removed(prestage, nas, local):
+    prestage(nas, local)
+    lock_dir = os.path.join(str(local), ".locks", nas.repo()["folder"])
+    os.makedirs(lock_dir, exist_ok=True)
+    leftover = os.path.join(lock_dir, ".dgx-stage-tmp.dgx-stage.progress.json.4242.0badf00d")
+    open(leftover, "w").close()
+    result = stage(nas, local, ignore_patterns=PAGE15)
+    assert leftover in result["debris_removed"] and not os.path.exists(leftover)

@@ -254,3 +254,20 @@ def test_default_workers_is_the_cpu_count_within_bounds(monkeypatch):
     for cpus, expected in ((None, 2), (1, 2), (2, 2), (6, 6), (64, tr.MAX_WORKERS)):
         monkeypatch.setattr(tr.os, "cpu_count", lambda cpus=cpus: cpus)
         assert tr.default_workers() == expected
+
+
+def test_copy_verified_refuses_a_rewrite_that_restores_the_mtime(tmp_path):
+    data = b"x" * (2 * READ_CHUNK)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    st = os.stat(str(src))
+
+    def rewrite_and_hide_it(_count):
+        with open(str(src), "r+b") as handle:
+            handle.write(b"y")
+        os.utime(str(src), ns=(st.st_atime_ns, st.st_mtime_ns))   # size and mtime as before; ctime moves
+
+    with open_tmp(tmp_path) as top:
+        with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
+            tr.copy_verified(str(src), top, "page", len(data), progress=rewrite_and_hide_it)
+    assert not (tmp_path / "page").exists()

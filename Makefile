@@ -90,7 +90,13 @@ molecule: setup
 	@echo "no molecule scenarios yet"
 endif
 
-bench: setup ## benchmarks (scripts/bench.py)
+bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
+	@command -v rsync >/dev/null 2>&1 || { \
+		if [[ $$(id -u) -eq 0 ]]; then sudo=; else sudo="sudo -n"; fi; \
+		echo "bench: installing rsync (baseline of the warm re-run)"; \
+		{ $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y --no-install-recommends rsync; } || \
+		echo "bench: could not install rsync; the warm re-run runs without its baseline" >&2; }
 	$(VENV)/bin/python scripts/bench.py
 
 image: system-packages ## Podman base image for Molecule (dgx-stage-base:bookworm), built once

@@ -156,6 +156,20 @@ def _write_all(fd, view):
         view = view[written:]
 
 
+# Written data is flushed and dropped from the page cache every FLUSH_EVERY bytes: 300 GB of weights
+# never pile up as dirty pages or evict the running engine's cache, and the final fsync is short.
+FLUSH_EVERY = 64 * 1024 * 1024
+
+
+def _flush(dst_fd, final, flushed, copied):
+    try:
+        os.fdatasync(dst_fd)
+    except OSError as exc:
+        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
+    advise(dst_fd, "POSIX_FADV_DONTNEED", flushed, copied - flushed)
+    return copied
+
+
 def _identity(st):
     """What must hold still while a file is copied: a rewrite that restores the mtime still moves ctime."""
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -181,7 +195,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
         raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
     temp = temp_name_for(name)
     created = False
-    copied = 0
+    copied = flushed = 0
     try:
         before = os.fstat(src_fd)
         if not stat.S_ISREG(before.st_mode):
@@ -211,7 +225,10 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
                 except OSError as exc:
                     raise LocalWriteError("writing %s failed after %d of %d bytes: %s"
                                           % (final, copied, size, exc), final, copied, exc.errno)
+                advise(src_fd, "POSIX_FADV_DONTNEED", copied, got)
                 copied += got
+                if copied - flushed >= FLUSH_EVERY:
+                    flushed = _flush(dst_fd, final, flushed, copied)
                 if progress is not None:
                     progress(got)
             after = os.fstat(src_fd)
@@ -223,9 +240,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
                 os.fsync(dst_fd)
             except OSError as exc:
                 raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
-            # 300 GB of weights must not evict the running engine's page cache.
             advise(dst_fd, "POSIX_FADV_DONTNEED")
-            advise(src_fd, "POSIX_FADV_DONTNEED")
         finally:
             os.close(dst_fd)
         if hasher is not None and not hasher.matches():

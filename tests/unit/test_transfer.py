@@ -271,3 +271,27 @@ def test_copy_verified_refuses_a_rewrite_that_restores_the_mtime(tmp_path):
         with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
             tr.copy_verified(str(src), top, "page", len(data), progress=rewrite_and_hide_it)
     assert not (tmp_path / "page").exists()
+
+
+def test_copy_verified_flushes_as_it_goes_and_a_failed_flush_is_a_local_write_error(tmp_path, monkeypatch):
+    # written data is flushed every FLUSH_EVERY bytes (no pile of dirty pages, a short final fsync)
+    monkeypatch.setattr(tr, "FLUSH_EVERY", READ_CHUNK)
+    data = os.urandom(3 * READ_CHUNK + 5)
+    src = tmp_path / "src"
+    src.write_bytes(data)
+    flushes = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(tr.os, "fdatasync", lambda fd: flushes.append(fd) or real_fdatasync(fd))
+    with open_tmp(tmp_path) as top:
+        tr.copy_verified(str(src), top, "blob", len(data), blob_name=sha256_name(data))
+    assert len(flushes) == 3 and (tmp_path / "blob").read_bytes() == data
+
+    def disk_gone(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(tr.os, "fdatasync", disk_gone)
+    with open_tmp(tmp_path) as top:
+        with pytest.raises(tr.LocalWriteError) as err:
+            tr.copy_verified(str(src), top, "blob2", len(data), blob_name=sha256_name(data))
+    assert err.value.errno == errno.EIO and not (tmp_path / "blob2").exists()
+    assert tr.find_temp_debris(str(tmp_path)) == []

@@ -98,9 +98,10 @@ options:
     default: 60
   workers:
     description:
-      - Files in flight at once, for copies and for content checks. Each worker reads its file in 8 MiB
-        chunks into one reused buffer, so memory stays constant (about 8 MiB a worker) whatever the file size.
-      - When unset, the node's CPU count, at least 2 and at most 8.
+      - Files in flight at once, for copies and for content checks. Each worker reads its file in chunks
+        (up to 8 MiB) into one reused buffer, so memory stays constant whatever the file size.
+      - When unset, the node's CPU count, at least 2 and at most 8; at most 32. The read buffers of all
+        workers together stay within 32 MiB (a worker's chunk shrinks as workers are added).
     type: int
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -237,6 +238,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
+from ansible.module_utils.dgx_transfer import raise_interrupt_on_sigterm
 
 
 def main():
@@ -258,6 +260,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    raise_interrupt_on_sigterm()
     try:
         request = MirrorRequest(
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
@@ -272,6 +275,10 @@ def main():
         module.fail_json(**printable_names(dict(result, msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))))
     except (StageError, OSError) as exc:
         module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)))
+    except KeyboardInterrupt as exc:
+        module.fail_json(msg="hf_hub_mirror %s: interrupted (%s): the copies in flight were stopped and their temp "
+                             "files removed; no ref was written for an incomplete snapshot. Re-run to finish"
+                         % (params["repo_id"], exc or "Ctrl-C"))
     result = printable_names(result)
     diff_text = result.pop("diff_text")
     warnings = result.pop("warnings")

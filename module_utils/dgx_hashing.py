@@ -47,16 +47,38 @@ def name_is_hash(name):
     return bool(SHA256_NAME.match(name) or GIT_SHA1_NAME.match(name))
 
 
+class Cancelled(BaseException):
+    """The run is stopping (Ctrl-C, SIGTERM, a fatal error in another worker): a long read stops at its
+    next chunk, and whoever holds a temp file removes it on the way out."""
+
+
 class ChunkBuffer(object):
     """One reusable read buffer (a worker's): constant memory whatever the file size.
 
     Large chunks keep an NFS mount streaming; hashlib releases the GIL on large updates, so
-    workers hashing different files at once use every core.
+    workers hashing different files at once use every core. The memory is taken on first use
+    (proving by samples needs none), and `check()` raises Cancelled once the run is stopping.
     """
 
-    def __init__(self, size=READ_CHUNK):
-        self.data = bytearray(size)
-        self.view = memoryview(self.data)
+    def __init__(self, size=READ_CHUNK, stop=None):
+        self.size = size
+        self._stop = stop
+        self._data = self._view = None
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = bytearray(self.size)
+            self._view = memoryview(self._data)
+        return self._data
+
+    @property
+    def view(self):
+        return self._view if self._view is not None else memoryview(self.data)
+
+    def check(self):
+        if self._stop is not None and self._stop.is_set():
+            raise Cancelled()
 
 
 def advise(fd, advice, offset=0, length=0):
@@ -81,6 +103,7 @@ def feed_file(path, consumer, buf=None):
     try:
         advise(fd, "POSIX_FADV_SEQUENTIAL")
         while True:
+            buf.check()
             got = os.readv(fd, [buf.data])
             if not got:
                 break

@@ -32,6 +32,7 @@ from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, LocalTree, LocalWrit
                                                symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")
+MAX_WORKERS_PARAM = 32
 SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
 
 
@@ -53,8 +54,8 @@ class MirrorRequest(object):
         self.reserve = reserve
         self.prune = prune
         self.lock_timeout = lock_timeout
-        if workers is not None and not 1 <= int(workers) <= 64:
-            raise StageError("workers must be between 1 and 64, not %r" % (workers,))
+        if workers is not None and not 1 <= int(workers) <= MAX_WORKERS_PARAM:
+            raise StageError("workers must be between 1 and %d, not %r" % (MAX_WORKERS_PARAM, workers))
         self.workers = int(workers) if workers else default_workers()
         self.folder = repo_folder_name(repo_id, repo_type)
 
@@ -198,27 +199,34 @@ def prove_present(plan, req):
     or size) is first hashed against its own name: when the local copy passes, the NAS copy is the
     corrupt one; it is reported in `nas_corrupt` and the good local copy is kept, in check mode too.
     """
-    outcome = {}        # id(work) -> "ok" | "repair" | "nas-corrupt"; dict writes are atomic across workers
+    verdicts = {}        # id(work) -> content_verdict(); dict writes are atomic across workers
 
     def prove(work, buf):
-        if work.reason != "size" and (req.verify == "none" or content_matches(work, req.verify, buf)):
-            outcome[id(work)] = "ok"
-        elif work.etag and not (req.verify == "full" and work.reason != "size") and \
-                file_matches_own_name(work.final, work.etag, buf):
-            outcome[id(work)] = "nas-corrupt"
-        else:
-            outcome[id(work)] = "repair"
+        verdicts[id(work)] = content_verdict(work, req.verify, buf)
 
     run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers)
     for work in plan.to_prove:
-        verdict = outcome[id(work)]
-        if verdict == "repair":
-            work.reason = "size" if work.reason == "size" else "content"
+        verdict = verdicts[id(work)]
+        if verdict in ("missing", "size", "content"):
+            work.reason = verdict
             plan.writes.append(work)
         elif verdict == "nas-corrupt":
             plan.nas_corrupt.append(nas_corrupt_record(work, None, "kept", _disagreement(work, req)))
         elif work.etag:
             plan.blobs_reused += 1
+
+
+def content_verdict(work, verify, buf):
+    """"ok", "nas-corrupt" (the local copy passes its name, the NAS disagrees) or why to repair it."""
+    try:
+        if work.reason != "size" and (verify == "none" or content_matches(work, verify, buf)):
+            return "ok"
+        if work.etag and not (verify == "full" and work.reason != "size") and \
+                file_matches_own_name(work.final, work.etag, buf):
+            return "nas-corrupt"
+        return work.reason
+    except FileNotFoundError:     # removed under us (not by a dgx-stage run: we hold the lock)
+        return "missing"
 
 
 def _disagreement(work, req):
@@ -550,7 +558,7 @@ def _disk_error(error, what, req, plan, progress, written=None):
            else "Check the disk (dmesg, smartctl) before re-running"))
 
 
-def _place(tree, directory, work, progress, buf, outcome):
+def _place(directory, work, progress, buf, outcome):
     """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised."""
     name = os.path.basename(work.final)
     try:
@@ -561,10 +569,10 @@ def _place(tree, directory, work, progress, buf, outcome):
             outcome.source_errors.append(str(problem))
             outcome.unavailable.update(work.paths)
             return
-        outcome.nas_corrupt.append(_nas_corrupt_record(tree, directory, work, problem, outcome))
+        outcome.nas_corrupt.append(_nas_corrupt_record(directory, work, problem, outcome, buf))
 
 
-def _nas_corrupt_record(tree, directory, work, problem, outcome):
+def _nas_corrupt_record(directory, work, problem, outcome, buf):
     """A NAS blob failed its name while copied: keep a local copy that passes it, remove one that does not."""
     name = os.path.basename(work.final)
     local = "absent"
@@ -572,7 +580,7 @@ def _nas_corrupt_record(tree, directory, work, problem, outcome):
         st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISREG(st.st_mode) and file_matches_own_name(work.final, work.etag):
+    if st is not None and stat.S_ISREG(st.st_mode) and file_matches_own_name(work.final, work.etag, buf):
         local = "kept"
     elif st is not None:
         os.unlink(name, dir_fd=directory.fd)   # it has the name but not the bytes: never serve it
@@ -593,7 +601,7 @@ def _write_blobs(tree, plan, req, progress, outcome):
 
         def place(work, buf):
             try:
-                _place(tree, dirs[os.path.dirname(work.final)], work, progress, buf, outcome)
+                _place(dirs[os.path.dirname(work.final)], work, progress, buf, outcome)
             except LocalWriteError as exc:
                 if exc.errno in DISK_ERRNOS:
                     raise _disk_error(exc.errno, exc.path, req, plan, progress, exc.written)
@@ -627,15 +635,14 @@ def _write_small_file(tree, path, data):
         atomic_write_bytes(os.path.basename(path), data, dir_fd=directory.fd)
 
 
-def apply_plan(plan, req, progress_dir=None):
+def apply_plan(plan, req, outcome, progress_dir=None):
     """Carry the plan out; debris and prune first so their space is free for the copies.
 
-    Returns an Outcome. NAS-side problems of single blobs do not stop the other copies; while any
+    Fills `outcome` as it goes (so a run that fails half-way still reports what it did). NAS-side problems of single blobs do not stop the other copies; while any
     selected path has no good local content, no link to it is written and refs/ and trees/ stay as
     they were, so no ref ever points at an incomplete snapshot.
     """
     tree = LocalTree(req.dest)
-    outcome = Outcome()
     outcome.nas_corrupt.extend(plan.nas_corrupt)
     for path in plan.debris + plan.prune:
         _remove_local(tree, path)
@@ -662,7 +669,6 @@ def apply_plan(plan, req, progress_dir=None):
                               req, plan, progress)
         raise
     progress.write(finished=True)
-    return outcome
 
 
 def count_dangling(plan, dest_root):
@@ -727,8 +733,14 @@ def run_mirror(req, check_mode=False, progress=True):
     with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout):
         plan = plan_mirror(req)
         space = check_space(plan, req)
-        with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
-            outcome = apply_plan(plan, req, lock_dir if progress else None)
+        outcome = Outcome()
+        try:
+            with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
+                apply_plan(plan, req, outcome, lock_dir if progress else None)
+        except StageError as exc:   # a full or failing disk: stop, but say what was done and found
+            found = _failure_text(req, plan, outcome)
+            raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
+                               with_report(_result(plan, req, outcome, space, [], started), req, failed=True))
         dangling = count_dangling(plan, req.dest)
     result = _result(plan, req, outcome, space, dangling, started)
     if outcome.failed:

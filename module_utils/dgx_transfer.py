@@ -14,13 +14,14 @@ import collections
 import errno
 import fcntl
 import os
+import signal
 import stat
 import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_temp_name, temp_name_for, unlink_quietly
-from ansible.module_utils.dgx_hashing import ChunkBuffer, NameHasher, advise
+from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -52,9 +53,9 @@ class LocalDir(object):
         return os.path.join(self.path, name)
 
     def close(self):
-        if self.fd is not None:
+        if self.fd >= 0:
             os.close(self.fd)
-            self.fd = None
+            self.fd = -1    # a stray use after close fails with EBADF, never resolves against the cwd
 
     def __enter__(self):
         return self
@@ -210,6 +211,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
         created = True
         try:
             while copied <= size:
+                buf.check()
                 try:
                     got = os.readv(src_fd, [buf.data])
                 except OSError as exc:
@@ -257,60 +259,82 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     return copied
 
 
-# Blobs in flight by default: enough to overlap NAS reads, hashing and local writes on every core,
-# capped so the buffers (one READ_CHUNK each) stay well under 100 MB.
+# Blobs in flight by default: enough to overlap NAS reads, hashing and local writes on every core.
 MAX_WORKERS = 8
+# The read buffers of all workers together stay within this, so memory is constant whatever the
+# file sizes and worker count (a worker's chunk shrinks, down to 1 MiB, as workers are added).
+BUFFER_BUDGET = 32 * 1024 * 1024
+MIN_CHUNK = 1024 * 1024
 
 
 def default_workers():
     return max(2, min(os.cpu_count() or 2, MAX_WORKERS))
 
 
+def chunk_size(workers):
+    return max(MIN_CHUNK, min(READ_CHUNK, BUFFER_BUDGET // max(workers, 1)))
+
+
 def run_workers(items, task, workers):
     """Call task(item, buf) for every item, `workers` at a time, in the order given (biggest first
     keeps the tail short). Each worker owns one ChunkBuffer, so memory is constant.
 
-    task handles per-item problems itself; an exception it raises (a full disk, Ctrl-C) stops
-    handing out items, lets the items in flight finish, and is raised here. With one worker (or
-    one item) everything runs in the caller's thread.
+    task handles per-item problems itself. An exception it raises (a full disk) stops the pool: no
+    new item starts, the items in flight stop at their next chunk (Cancelled, removing their temp
+    files), and the exception is raised here. Ctrl-C or SIGTERM in the caller's thread does the same
+    before it propagates, so no worker outlives the call. With one worker (or one item) everything
+    runs in the caller's thread.
     """
     pending = collections.deque(items)
+    size = chunk_size(workers)
     if workers <= 1 or len(pending) <= 1:
-        buf = ChunkBuffer()
+        buf = ChunkBuffer(size)
         for item in pending:
             task(item, buf)
         return
     lock = threading.Lock()
+    stop = threading.Event()
     errors = []
 
     def worker():
-        buf = ChunkBuffer()
-        while True:
+        buf = ChunkBuffer(size, stop)
+        while not stop.is_set():
             with lock:
-                if errors or not pending:
+                if not pending:
                     return
                 item = pending.popleft()
             try:
                 task(item, buf)
+            except Cancelled:
+                return
             except BaseException as exc:  # pylint: disable=broad-except  # re-raised in the caller
                 with lock:
                     errors.append(exc)
+                stop.set()
                 return
 
     threads = [threading.Thread(target=worker, name="dgx-stage-%d" % i) for i in range(min(workers, len(pending)))]
     for thread in threads:
-        thread.daemon = True      # a killed run must not wait for its copies; the next run removes their debris
+        thread.daemon = True      # SIGKILL aside, every exit below joins them first
         thread.start()
     try:
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.2)  # short joins keep Ctrl-C deliverable to this thread
     except BaseException:
-        with lock:
-            errors.append(None)   # stop handing out items
+        stop.set()
+        for thread in threads:
+            thread.join()         # each stops within one chunk and removes its temp file
         raise
     if errors:
         raise errors[0]
+
+
+def raise_interrupt_on_sigterm():
+    """SIGTERM stops a run the way Ctrl-C does (workers stopped, temp files removed, a result returned)."""
+    def interrupt(signum, _frame):
+        raise KeyboardInterrupt("signal %d" % signum)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def symlink_atomic(directory, name, target):

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import hubgen
+from conftest import parse_module_output
 from treestate import blob_matches_name
 
 MAIN = hubgen.MAIN_REPO
@@ -242,3 +243,43 @@ def test_non_utf8_file_names_do_not_break_the_result(make_nas_hub, local_hub, ru
     assert staged["changed"] is True and not staged.get("failed")
     assert os.path.isfile(os.path.join(os.fsencode(local_repo(nas, local_hub)), b"snapshots",
                                        nas["repos"][MAIN]["commit"].encode(), b"page15", b"caf\xe9.bin"))
+
+
+def _module_pids():
+    """The AnsiballZ python processes of hf_hub_mirror running now."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                if b"AnsiballZ_hf_hub_mirror" in handle.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_mid_copy_stops_the_workers_removes_their_temp_files_and_reports(make_nas_hub, local_hub,
+                                                                                  spawn_module, run_module):
+    shard_size = 128 * 1024 * 1024
+    nas = make_nas_hub(shard_size=shard_size, n_shards=3)
+    blob_dir = os.path.join(local_repo(nas, local_hub), "blobs")
+    args = main_args(nas, local_hub, workers=3)
+    proc = spawn_module(args)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _copy_in_flight(blob_dir, 1024 * 1024, shard_size):
+            time.sleep(0.002)
+        pids = _module_pids()
+        assert pids, "no module process found"
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        out, _err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+    result = parse_module_output(out.decode("utf-8", "replace"))
+    assert result.get("failed") and "interrupted" in result["msg"], result
+    assert not [n for n in os.listdir(blob_dir) if n.startswith(TEMP_PREFIX)]
+    assert not os.path.exists(os.path.join(local_repo(nas, local_hub), "refs", "main"))
+    assert run_module(args)["changed"] is True and run_module(args)["changed"] is False

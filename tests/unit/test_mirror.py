@@ -663,7 +663,7 @@ def test_debris_of_killed_small_writes_is_removed(prestage, nas, local):
         # the leftover is whatever the small-file writer had open when the process died
         with pytest.raises(SystemExit):
             mirror.apply_plan(plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15)),
-                              mirror_request(nas, local, ignore_patterns=PAGE15))
+                              mirror_request(nas, local, ignore_patterns=PAGE15), mirror.Outcome())
     finally:
         os.replace = real_replace
     leftovers = [p for p in monkey_kill if os.path.exists(p)]
@@ -1311,8 +1311,8 @@ def test_content_checks_run_workers_at_once_and_still_catch_a_wrong_blob(prestag
 
 
 def test_workers_out_of_range_is_refused(nas, local):
-    for bad in (0, -1, 65):
-        with pytest.raises(StageError, match="workers must be between 1 and 64"):
+    for bad in (0, -1, 33):
+        with pytest.raises(StageError, match="workers must be between 1 and 32"):
             stage(nas, local, workers=bad)
 
 
@@ -1470,3 +1470,49 @@ def test_progress_debris_of_a_killed_run_is_removed(prestage, nas, local):
     open(leftover, "w").close()
     result = stage(nas, local, ignore_patterns=PAGE15)
     assert leftover in result["debris_removed"] and not os.path.exists(leftover)
+
+
+def test_ctrl_c_mid_copy_with_workers_leaves_no_temp_file_and_no_thread(big_nas, local, tmp_path, monkeypatch):
+    import _thread
+    from ansible.module_utils import dgx_transfer
+    nas = big_nas
+    monkeypatch.chdir(str(tmp_path))               # a stray relative write would land here
+    monkeypatch.setattr(dgx_transfer, "chunk_size", lambda workers: 64 * 1024)
+    real_readv = os.readv
+
+    def slow_readv(fd, buffers):
+        time.sleep(0.01)                           # 3 MiB blobs in 64 KiB chunks: ~0.5 s each
+        return real_readv(fd, buffers)
+
+    monkeypatch.setattr(dgx_transfer.os, "readv", slow_readv)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        stage(nas, local, ignore_patterns=PAGE15, workers=3)
+    assert find_debris(local) == [] and not os.path.exists(os.path.join(local_repo(nas, local), "refs"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+    time.sleep(0.3)
+    assert sorted(os.listdir(str(tmp_path))) == ["local"]
+    monkeypatch.undo()
+    assert stage(nas, local, ignore_patterns=PAGE15)["changed"] is True
+    assert_all_local(nas, local)
+
+
+def test_disk_failure_in_one_worker_still_reports_the_nas_corruption_another_found(fresh_nas, local, monkeypatch):
+    nas = fresh_nas
+    # same-size shards are copied in blob-name order with one worker: the corrupt one comes first
+    shards = sorted(nas.repo()["shards"][:2], key=lambda p: selected(nas)[p]["etag"])
+    corrupt = selected(nas)[shards[0]]
+    corrupt_nas_blob(nas, corrupt["etag"])
+    real_copy = mirror.copy_verified
+    full_disk_for = selected(nas)[shards[1]]["etag"]
+
+    def copy_or_fill_up(source, directory, name, size, **kwargs):
+        if name == full_disk_for:
+            raise mirror.LocalWriteError("No space left", directory.join(name), 0, errno.ENOSPC)
+        return real_copy(source, directory, name, size, **kwargs)
+
+    monkeypatch.setattr(mirror, "copy_verified", copy_or_fill_up)
+    failure = expect_failure(nas, local, ignore_patterns=PAGE15, workers=1)
+    assert "the local disk is full" in str(failure) and "also:" in str(failure)
+    assert failure.result["nas_corrupt"] == [shards[0]] and failure.result["report"]["status"] == "failed"

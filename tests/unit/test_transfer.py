@@ -4,6 +4,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 
 import pytest
 
@@ -295,3 +296,55 @@ def test_copy_verified_flushes_as_it_goes_and_a_failed_flush_is_a_local_write_er
             tr.copy_verified(str(src), top, "blob2", len(data), blob_name=sha256_name(data))
     assert err.value.errno == errno.EIO and not (tmp_path / "blob2").exists()
     assert tr.find_temp_debris(str(tmp_path)) == []
+
+
+def test_ctrl_c_stops_every_worker_before_it_propagates(tmp_path):
+    import _thread
+    cleaned, started = [], threading.Event()
+
+    def long_task(item, buf):
+        started.set()
+        try:
+            while True:
+                buf.check()              # where copy_verified and feed_file look between chunks
+                time.sleep(0.01)
+        except tr.Cancelled:
+            cleaned.append(item)         # copy_verified removes its temp file here
+            raise
+
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        tr.run_workers(list(range(4)), long_task, workers=4)
+    assert started.is_set() and sorted(cleaned) == [0, 1, 2, 3]
+    assert not [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+
+
+def test_a_fatal_error_in_one_worker_stops_the_others_within_a_chunk():
+    stopped = []
+
+    def task(item, buf):
+        if item == 0:
+            time.sleep(0.05)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        try:
+            for _ in range(1000):
+                buf.check()
+                time.sleep(0.01)
+        except tr.Cancelled:
+            stopped.append(item)
+            raise
+
+    started = time.monotonic()
+    with pytest.raises(OSError, match="No space"):
+        tr.run_workers(list(range(3)), task, workers=3)
+    assert sorted(stopped) == [1, 2] and time.monotonic() - started < 5
+
+
+def test_buffers_stay_within_the_budget_and_are_taken_on_first_use():
+    for workers in (1, 2, 8, 32):
+        assert workers * tr.chunk_size(workers) <= max(tr.BUFFER_BUDGET, workers * tr.MIN_CHUNK)
+        assert tr.chunk_size(workers) >= tr.MIN_CHUNK
+    assert 32 * tr.chunk_size(32) <= tr.BUFFER_BUDGET
+    buf = tr.ChunkBuffer(READ_CHUNK)
+    assert buf._data is None and len(buf.data) == READ_CHUNK

@@ -5,6 +5,7 @@ dgx_binds(manifest_mounts, extra_binds)  -> [{source, target, read_only}]: the m
                                             (all read-only) followed by extra_binds (the receipt bind)
 dgx_docker_mounts(binds)                 -> community.docker `mounts`: [{type: bind, source, target, read_only}]
 dgx_podman_mount_specs(binds)            -> containers.podman `mount`: ["type=bind,source=...,destination=...,ro=true"]
+dgx_container_env(engine_env, rank_env)  -> the container's environment, every value a string, rank_env winning
 dgx_mounts_digest(specs)                 -> sha256 hex of the specs in order (an exact, case-sensitive
                                             fingerprint: podman_container compares `mount` lowercased)
 
@@ -133,6 +134,13 @@ def dgx_mounts_digest(specs):
     return hashlib.sha256("\0".join(str(s) for s in specs).encode("utf-8")).hexdigest()
 
 
+def dgx_container_env(extra_env, rank_env):
+    """The container environment: every value a string, the rank environment winning over engine_env."""
+    env = dict((str(key), str(value)) for key, value in (extra_env or {}).items())
+    env.update((str(key), str(value)) for key, value in rank_env.items())
+    return env
+
+
 class FilterModule(object):
     """Engine role filters (see the module docstring)."""
 
@@ -142,4 +150,5 @@ class FilterModule(object):
             "dgx_docker_mounts": dgx_docker_mounts,
             "dgx_podman_mount_specs": dgx_podman_mount_specs,
             "dgx_mounts_digest": dgx_mounts_digest,
+            "dgx_container_env": dgx_container_env,
         }

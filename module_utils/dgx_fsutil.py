@@ -2,9 +2,7 @@
 import hashlib
 import os
 import re
-import shutil
 import stat
-import sys
 
 
 # Every temp file the project writes carries this prefix, so the next run can tell a killed
@@ -28,12 +26,6 @@ def temp_name_for(name):
         # fsdecode maps any byte slice (even one cutting a UTF-8 sequence) back to the same bytes.
         name = "%s~%s" % (os.fsdecode(encoded[:room - len(digest) - 1]), digest)
     return TEMP_PREFIX + name + tail
-
-
-def temp_path_for(final_path):
-    """A unique sibling of final_path (same dir, so os.replace is atomic) recognisable as debris."""
-    directory, name = os.path.split(os.path.abspath(final_path))
-    return os.path.join(directory, temp_name_for(name))
 
 
 # prefix, name (or head~digest), pid, 8 hex: what temp_name_for makes, and nothing a hub would hold by chance.
@@ -94,52 +86,68 @@ def unlink_quietly(path, dir_fd=None):
         pass
 
 
-def make_dirs_owner_writable(root):
-    """Add u+rwx to root and every directory below it, never following symlinks.
+def is_within(path, root):
+    """True when path is root itself or below it (both already real, or both lexical: no resolving here)."""
+    root = root.rstrip(os.sep) or os.sep
+    return path == root or path.startswith(root + os.sep) or root == os.sep
 
-    Lets a tree with read-only (or unreadable) directories be removed by its owner.
+
+def walk_tree(top):
+    """Every entry below top as (path, rel, is_dir): the one way the modules walk a tree.
+
+    Parents come before their contents and names are sorted, so the order is the same on every run.
+    `rel` is relative to top and '/'-separated. A link is never entered: a link to a directory is
+    listed with is_dir true (as os.walk sorts it), any other link with is_dir false. A missing top
+    yields nothing.
     """
-    _add_owner_rwx(root)
-    for dirpath, dirnames, _filenames in os.walk(root):
-        for name in dirnames:
-            _add_owner_rwx(os.path.join(dirpath, name))
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for names, is_dir in ((dirnames, True), (sorted(filenames), False)):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                yield path, os.path.relpath(path, top).replace(os.sep, "/"), is_dir
 
 
-def _add_owner_rwx(path):
-    st = os.lstat(path)
-    # os.walk lists symlinks to directories in dirnames; chmod would follow them out of the tree.
-    if stat.S_ISDIR(st.st_mode) and (st.st_mode & 0o700) != 0o700:
-        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _chmod_and_retry(func, path, _exc):
-    """rmtree error hook: make the entry and its parent writable, then retry once."""
-    parent = os.path.dirname(path)
-    _add_owner_rwx(parent)
-    if os.path.isdir(path) and not os.path.islink(path):
-        _add_owner_rwx(path)
-    func(path)
+def remove_path(path, dir_fd=None):
+    """Remove a file, a symlink (never its target) or a whole directory tree; False if nothing was there.
 
-
-def remove_path(path):
-    """Remove a file, a symlink (never its target) or a whole directory tree.
-
-    Read-only directories and files inside a tree are chmod-ed before removal.
-    Returns False if nothing was there.
+    With dir_fd, path is a plain name inside that open directory. Nothing is followed: a tree is
+    emptied through file descriptors, each directory opened without following a link relative to
+    its parent, so a link inside it (or one swapped in while it is removed) never leads the removal
+    outside. Directories the owner may not read or write are given u+rwx first, so an unprivileged
+    owner removes a tree with read-only parts as root would.
     """
     try:
-        st = os.lstat(path)
+        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return True
-    make_dirs_owner_writable(path)
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=_chmod_and_retry)  # pylint: disable=unexpected-keyword-arg
+    if stat.S_ISDIR(st.st_mode):
+        _remove_tree(path, dir_fd, st.st_mode)
     else:
-        shutil.rmtree(path, onerror=_chmod_and_retry)
+        os.unlink(path, dir_fd=dir_fd)
     return True
+
+
+def _remove_tree(name, parent_fd, mode):
+    """Remove the directory `name` (of lstat mode `mode`) inside parent_fd and everything in it."""
+    if (mode & 0o700) != 0o700:
+        # lstat said directory just now (Linux has no chmod that refuses a link)
+        os.chmod(name, stat.S_IMODE(mode) | 0o700, dir_fd=parent_fd)
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        with os.scandir(fd) as entries:
+            children = [(entry.name, entry.stat(follow_symlinks=False).st_mode) for entry in entries]
+        for child, child_mode in children:
+            if stat.S_ISDIR(child_mode):
+                _remove_tree(child, fd, child_mode)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
 
 
 def printable_names(value):

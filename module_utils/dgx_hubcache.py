@@ -13,6 +13,7 @@ import re
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import is_within, walk_tree
 
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -49,18 +50,16 @@ def repo_folder_name(repo_id, repo_type="model"):
 
 def list_refs(repo_dir):
     """All refs of a repo folder as {name: commit}; names may contain '/' (refs/pr/1)."""
-    refs_dir = os.path.join(repo_dir, "refs")
     refs = {}
-    for dirpath, _dirs, files in os.walk(refs_dir):
-        for name in files:
-            full = os.path.join(dirpath, name)
-            if not stat.S_ISREG(os.lstat(full).st_mode):
-                # huggingface_hub writes refs as small regular files; a link or a FIFO is not one
-                raise StageError("%s is not a regular file: a ref holds a commit hash as text; remove it or "
-                                 "restore it from the hub" % full)
-            with open(full, "rb") as handle:
-                text = handle.read(REF_MAX_BYTES).decode("utf-8", "replace").strip()
-            refs[os.path.relpath(full, refs_dir).replace(os.sep, "/")] = text
+    for full, rel, is_dir in walk_tree(os.path.join(repo_dir, "refs")):
+        if is_dir:
+            continue
+        if not stat.S_ISREG(os.lstat(full).st_mode):
+            # huggingface_hub writes refs as small regular files; a link or a FIFO is not one
+            raise StageError("%s is not a regular file: a ref holds a commit hash as text; remove it or "
+                             "restore it from the hub" % full)
+        with open(full, "rb") as handle:
+            refs[rel] = handle.read(REF_MAX_BYTES).decode("utf-8", "replace").strip()
     return refs
 
 
@@ -93,12 +92,6 @@ def resolve_commit(repo_dir, revision):
     return commit
 
 
-def is_within(path, root):
-    """True when the (already real) path is root itself or below it."""
-    root = root.rstrip(os.sep) or os.sep
-    return path == root or path.startswith(root + os.sep) or root == os.sep
-
-
 # A snapshot link may point at another snapshot file that links on; a chain longer than this is a loop.
 MAX_LINK_HOPS = 40
 
@@ -112,7 +105,7 @@ def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
     naming the link for dangling chains, loops, chains that end outside `hub_real`, and links that
     lead anywhere else (another repo, another snapshot).
     """
-    source = _content_of(link_path, hub_real)
+    source = content_of(link_path, hub_real)
     blobs_dir = os.path.join(repo_dir, "blobs")
     current = link_path
     for _hop in range(MAX_LINK_HOPS):
@@ -128,8 +121,9 @@ def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
     raise StageError("%s is a link loop (more than %d hops): repair the source hub" % (link_path, MAX_LINK_HOPS))
 
 
-def _content_of(link_path, hub_real):
-    """The real file a link chain ends at: a regular file inside the hub, else StageError."""
+def content_of(link_path, hub_real):
+    """The real file a path (a link chain, or a file itself) ends at: a regular file inside the hub
+    `hub_real` (a real path), else StageError saying why not."""
     real = os.path.realpath(link_path)
     if not is_within(real, hub_real):
         raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
@@ -164,21 +158,17 @@ def scan_snapshot(repo_dir, commit, hub_root, strict=True):
         raise StageError("%s resolves to %s, outside the source hub root %s: refusing to read it"
                          % (snap_dir, snap_real, hub_real))
     entries = []
-    for dirpath, dirnames, filenames in os.walk(snap_dir):
-        for name in list(dirnames):
-            if os.path.islink(os.path.join(dirpath, name)):
-                raise StageError("%s is a symlinked directory; snapshot directories must be real"
-                                 % os.path.join(dirpath, name))
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, snap_dir).replace(os.sep, "/")
-            try:
-                entries.append(_snapshot_entry(full, rel, repo_dir, snap_dir, hub_real))
-            except StageError as exc:
-                if strict:
-                    raise
-                entries.append(SnapshotEntry(rel, "bad", None, full, 0, problem=str(exc)))
+    for full, rel, is_dir in walk_tree(snap_dir):
+        if is_dir:
+            if os.path.islink(full):
+                raise StageError("%s is a symlinked directory; snapshot directories must be real" % full)
+            continue
+        try:
+            entries.append(_snapshot_entry(full, rel, repo_dir, snap_dir, hub_real))
+        except StageError as exc:
+            if strict:
+                raise
+            entries.append(SnapshotEntry(rel, "bad", None, full, 0, problem=str(exc)))
     return entries
 
 

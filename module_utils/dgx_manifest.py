@@ -10,8 +10,8 @@ import posixpath
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import is_within
 from ansible.module_utils.dgx_hashing import file_matches_own_name
-from ansible.module_utils.dgx_hubcache import is_within as is_inside
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
@@ -76,8 +76,8 @@ def stays_inside(link_path, directory):
     if os.path.isabs(text):
         return False
     lexical = os.path.normpath(os.path.join(os.path.dirname(link_path), text))
-    return (is_inside(lexical, os.path.normpath(directory))
-            and is_inside(os.path.realpath(link_path), os.path.realpath(directory)))
+    return (is_within(lexical, os.path.normpath(directory))
+            and is_within(os.path.realpath(link_path), os.path.realpath(directory)))
 
 
 def _mount(source, target, origin):
@@ -201,7 +201,7 @@ def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub"):
 
 def _file_target(repos, nas_file):
     for repo in repos:
-        if is_inside(nas_file, repo["nas_snapshot"]):
+        if is_within(nas_file, repo["nas_snapshot"]):
             rel = os.path.relpath(nas_file, repo["nas_snapshot"])
             return posixpath.join(repo["target"], rel.replace(os.sep, "/"))
     return None

@@ -15,16 +15,16 @@ import json
 import os
 import posixpath
 import re
-import shutil
 import stat
 import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name
+from ansible.module_utils.dgx_fsutil import (TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name, is_within,
+                                             remove_path, walk_tree)
 from ansible.module_utils.dgx_hashing import (file_matches_name, file_matches_own_name, file_sha256, name_is_hash,
                                               samples_match)
-from ansible.module_utils.dgx_hubcache import (blob_link_target, is_within, list_refs, read_tree_listing,
+from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
 from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, LocalTree, LocalWriteError, RepoLock, SourceProblem,
@@ -249,22 +249,11 @@ def _blobs_of_other_snapshots(dest_repo, commit):
     if not os.path.isdir(snaps):
         return keep
     for name in os.listdir(snaps):
-        if name == commit:
-            continue
-        for dirpath, _dirs, files in os.walk(os.path.join(snaps, name)):
-            for f in files:
-                full = os.path.join(dirpath, f)
-                if os.path.islink(full):
-                    keep.add(os.path.basename(os.readlink(full)))
+        if name != commit:
+            keep.update(os.path.basename(os.readlink(path))
+                        for path, _rel, is_dir in walk_tree(os.path.join(snaps, name))
+                        if not is_dir and os.path.islink(path))
     return keep
-
-
-def _local_paths(top):
-    """Every non-directory entry below top, relative, '/'-separated."""
-    found = []
-    for dirpath, _dirs, files in os.walk(top):
-        found.extend(os.path.relpath(os.path.join(dirpath, f), top).replace(os.sep, "/") for f in files)
-    return found
 
 
 def _freed_by_removal(path):
@@ -299,18 +288,18 @@ def plan_mirror(req, check_mode=False):
                             plan.commit))
     for pattern in unmatched_patterns([e.path for e in plan.entries], req.allow_patterns):
         plan.warnings.append("allow pattern %r matches no file of %s@%s" % (pattern, req.repo_id, plan.commit))
-    _refuse_bad_entries(plan, req)
+    _refuse_bad_entries(plan)
     plan.dest_repo = os.path.join(req.dest, req.folder)
     plan.snapshot = os.path.join(plan.dest_repo, "snapshots", plan.commit)
     refuse_linked_local_dirs(req, plan.commit)
     _refuse_in_the_way(plan)
     _plan_files(plan, req)
-    _plan_metadata(plan, req)
+    _plan_metadata(plan)
     _plan_cleanup(plan, req)
     return plan
 
 
-def _refuse_bad_entries(plan, req):
+def _refuse_bad_entries(plan):
     """What the patterns select must be stageable; an excluded bad entry is left to the NAS, with a warning."""
     for entry in plan.excluded:
         if entry.kind == "bad":
@@ -393,7 +382,7 @@ def _plan_content(plan, work):
         plan.writes.append(work)
 
 
-def _plan_metadata(plan, req):
+def _plan_metadata(plan):
     for name, commit in sorted(list_refs(plan.src_repo).items()):
         if commit != plan.commit:
             continue
@@ -425,10 +414,7 @@ def _plan_cleanup(plan, req):
                              os.path.join(req.dest, lock_dir_rel(req.folder)))
     debris = set(plan.debris)
     wanted_paths = set(e.path for e in plan.selected)
-    unwanted = []
-    if os.path.isdir(plan.snapshot):
-        unwanted.extend(os.path.join(plan.snapshot, *p.split("/")) for p in _local_paths(plan.snapshot)
-                        if p not in wanted_paths)
+    unwanted = [path for path, rel, is_dir in walk_tree(plan.snapshot) if not is_dir and rel not in wanted_paths]
     blobs_dir = os.path.join(plan.dest_repo, "blobs")
     if os.path.isdir(blobs_dir):
         keep = set(e.etag for e in plan.selected if e.etag) | _blobs_of_other_snapshots(plan.dest_repo, plan.commit)
@@ -523,23 +509,17 @@ def _rel(tree, path):
 
 
 def _remove_local(tree, path):
-    """Remove a file, a link (never its target) or a directory tree below the local hub root."""
+    """Remove a file, a link (never its target) or a directory tree below the local hub root, through
+    its parent directory opened without following any link."""
     with tree.open_dir(os.path.dirname(_rel(tree, path))) as parent:
-        name = os.path.basename(path)
-        try:
-            st = os.stat(name, dir_fd=parent.fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(path)    # rmtree never follows links inside the tree it removes
-        else:
-            os.unlink(name, dir_fd=parent.fd)
+        remove_path(os.path.basename(path), dir_fd=parent.fd)
 
 
 def _remove_empty_dirs(top):
-    for dirpath, _dirs, _files in os.walk(top, topdown=False):
-        if dirpath != top and not os.listdir(dirpath):
-            os.rmdir(dirpath)
+    """Remove the empty directories below top, deepest first (a parent emptied by that goes too)."""
+    for path, _rel, is_dir in reversed(list(walk_tree(top))):
+        if is_dir and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path)
 
 
 def _disk_error(error, what, req, plan, progress, written=None):
@@ -676,9 +656,9 @@ def count_dangling(plan, dest_root):
     dest_real = os.path.realpath(dest_root)
     bad = []
     for entry in plan.selected:
-        local = os.path.join(plan.snapshot, *entry.path.split("/"))
-        real = os.path.realpath(local)
-        if not (os.path.isfile(real) and is_within(real, dest_real)):
+        try:
+            content_of(os.path.join(plan.snapshot, *entry.path.split("/")), dest_real)
+        except StageError:
             bad.append(entry.path)
     return bad
 
@@ -710,37 +690,13 @@ def run_mirror(req, check_mode=False, progress=True):
     """
     started = time.monotonic()
     if check_mode:
-        plan = plan_mirror(req, check_mode=True)
-        space = check_space(plan, req)
-        result = _result(plan, req, None, space, [], started)
-        if plan.nas_corrupt:   # the real run would fail the same way: say so now
-            outcome = Outcome()
-            outcome.nas_corrupt.extend(plan.nas_corrupt)
-            raise MirrorFailed(_failure_text(req, plan, outcome), with_report(result, req, check_mode=True,
-                                                                              failed=True))
-        return with_report(result, req, check_mode=True)
-    # Bad input and a disk that cannot even hold the missing files are refused before the lock
-    # file is created: a read-only pass that stats but reads no content (verify none).
-    quick = copy.copy(req)
-    quick.verify = "none"
-    try:
-        preflight = plan_mirror(quick)
-    except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
-        preflight = None
-    if preflight is not None:
-        check_space(preflight, quick)
+        return _check_mode_run(req, started)
+    _refuse_before_locking(req)
     tree = LocalTree(req.dest)
     with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout):
         plan = plan_mirror(req)
         space = check_space(plan, req)
-        outcome = Outcome()
-        try:
-            with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
-                apply_plan(plan, req, outcome, lock_dir if progress else None)
-        except StageError as exc:   # a full or failing disk: stop, but say what was done and found
-            found = _failure_text(req, plan, outcome)
-            raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
-                               with_report(_result(plan, req, outcome, space, [], started), req, failed=True))
+        outcome = _apply_locked(tree, plan, req, space, started, progress)
         dangling = count_dangling(plan, req.dest)
     result = _result(plan, req, outcome, space, dangling, started)
     if outcome.failed:
@@ -750,6 +706,43 @@ def run_mirror(req, check_mode=False, progress=True):
                            "the local disk changed under the run; re-run" % (len(dangling), req.repo_id, dangling[0]),
                            with_report(result, req, failed=True))
     return with_report(result, req)
+
+
+def _check_mode_run(req, started):
+    """What the run would do, changing nothing; NAS blobs already known to fail their names fail it, as
+    the real run would."""
+    plan = plan_mirror(req, check_mode=True)
+    result = _result(plan, req, None, check_space(plan, req), [], started)
+    if plan.nas_corrupt:
+        outcome = Outcome()
+        outcome.nas_corrupt.extend(plan.nas_corrupt)
+        raise MirrorFailed(_failure_text(req, plan, outcome), with_report(result, req, check_mode=True, failed=True))
+    return with_report(result, req, check_mode=True)
+
+
+def _refuse_before_locking(req):
+    """Bad input and a disk that cannot even hold the missing files are refused before the lock file
+    is created: a read-only pass that stats but reads no content (verify none)."""
+    quick = copy.copy(req)
+    quick.verify = "none"
+    try:
+        preflight = plan_mirror(quick)
+    except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
+        return
+    check_space(preflight, quick)
+
+
+def _apply_locked(tree, plan, req, space, started, progress):
+    """apply_plan under the repo lock; a full or failing disk stops the run, saying what was done and found."""
+    outcome = Outcome()
+    try:
+        with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
+            apply_plan(plan, req, outcome, lock_dir if progress else None)
+    except StageError as exc:
+        found = _failure_text(req, plan, outcome)
+        raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
+                           with_report(_result(plan, req, outcome, space, [], started), req, failed=True))
+    return outcome
 
 
 REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "duration_s", "verify",

@@ -6,10 +6,13 @@ left by an earlier run (often root-owned) makes every restart fail with FileExis
 import os
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import remove_path
+from ansible.module_utils.dgx_fsutil import is_within, remove_path
 
-DEFAULT_PARENT = "/cache"
-DEFAULT_NAMES = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
+# The engine's per-run receipt roots: the one place in code their names are written. The tests, the
+# demo and the Molecule checks read them from here; the receipt role's defaults and argument spec and
+# engine_receipts' DOCUMENTATION hold them as literal text.
+RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
+DEFAULT_NAMES = RECEIPT_ROOTS  # the name library/engine_receipts.py imports; goes once it imports RECEIPT_ROOTS
 _DELETED_SUFFIX = " (deleted)"
 
 
@@ -57,14 +60,9 @@ def plan_removal(parent, names):
     return paths
 
 
-def _under(link, roots):
-    """True if the path a /proc link names is one of roots or below one."""
-    if link.endswith(_DELETED_SUFFIX):
-        link = link[:-len(_DELETED_SUFFIX)]
-    for root in roots:
-        if link == root or link.startswith(root + "/"):
-            return True
-    return False
+def _linked_path(link):
+    """The path a /proc link names, without the " (deleted)" the kernel appends for an unlinked file."""
+    return link[:-len(_DELETED_SUFFIX)] if link.endswith(_DELETED_SUFFIX) else link
 
 
 def _proc_name(proc_root, pid):
@@ -111,7 +109,7 @@ def find_holders(roots, proc_root="/proc", own_pid=None):
         if pid == own:
             continue
         for link in _proc_links(proc_root, pid):
-            if _under(link, real_roots):
+            if any(is_within(_linked_path(link), root) for root in real_roots):
                 holders.append({"pid": int(pid), "name": _proc_name(proc_root, pid), "path": link})
     return holders
 

@@ -20,7 +20,7 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import is_temp_name, temp_name_for, unlink_quietly
+from ansible.module_utils.dgx_fsutil import is_temp_name, temp_name_for, unlink_quietly, walk_tree
 from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
@@ -60,7 +60,7 @@ class LocalDir(object):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *_exc_info):
         self.close()
         return False
 
@@ -110,10 +110,8 @@ class LocalTree(object):
     def refuse_links_below(self, rel):
         """Like refuse_links for rel and every directory below it (snapshots nest)."""
         self.refuse_links([rel])
-        top = os.path.join(self.root, rel)
-        for dirpath, dirnames, _files in os.walk(top):
-            for name in dirnames:
-                self.refuse_links([os.path.relpath(os.path.join(dirpath, name), self.root)])
+        self.refuse_links([rel + "/" + below for _path, below, is_dir in walk_tree(os.path.join(self.root, rel))
+                           if is_dir])
 
     def open_dir(self, rel, create=False):
         """LocalDir for root/rel, opened component by component without following any symlink."""
@@ -196,53 +194,17 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
         raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
     temp = temp_name_for(name)
     created = False
-    copied = flushed = 0
     try:
         before = os.fstat(src_fd)
         if not stat.S_ISREG(before.st_mode):
             raise SourceProblem("%s is not a regular file: repair the source hub" % source, source)
         advise(src_fd, "POSIX_FADV_SEQUENTIAL")
-        try:
-            dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                             dir_fd=directory.fd)
-        except OSError as exc:
-            raise LocalWriteError("cannot create a temp file in %s: %s" % (directory.path, exc),
-                                  final, 0, exc.errno)
+        dst_fd = _create_temp(directory, temp, final)
         created = True
         try:
-            while copied <= size:
-                buf.check()
-                try:
-                    got = os.readv(src_fd, [buf.data])
-                except OSError as exc:
-                    raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
-                                        % (source, copied, size, exc), source)
-                if not got:
-                    break
-                chunk = buf.view[:got]
-                if hasher is not None:
-                    hasher.update(chunk)
-                try:
-                    _write_all(dst_fd, chunk)
-                except OSError as exc:
-                    raise LocalWriteError("writing %s failed after %d of %d bytes: %s"
-                                          % (final, copied, size, exc), final, copied, exc.errno)
-                advise(src_fd, "POSIX_FADV_DONTNEED", copied, got)
-                copied += got
-                if copied - flushed >= FLUSH_EVERY:
-                    flushed = _flush(dst_fd, final, flushed, copied)
-                if progress is not None:
-                    progress(got)
-            after = os.fstat(src_fd)
-            if copied != size or _identity(after) != _identity(before):
-                raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
-                                    "is something writing the NAS copy? Re-run when it is stable; nothing was "
-                                    "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
-            try:
-                os.fsync(dst_fd)
-            except OSError as exc:
-                raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
-            advise(dst_fd, "POSIX_FADV_DONTNEED")
+            copied = _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress)
+            _refuse_changed_source(src_fd, before, source, copied, size)
+            _sync_to_disk(dst_fd, final, copied)
         finally:
             os.close(dst_fd)
         if hasher is not None and not hasher.matches():
@@ -257,6 +219,66 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     finally:
         os.close(src_fd)
     return copied
+
+
+def _create_temp(directory, temp, final):
+    """The temp file's fd, created new in `directory` (never through a link)."""
+    try:
+        return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                       dir_fd=directory.fd)
+    except OSError as exc:
+        raise LocalWriteError("cannot create a temp file in %s: %s" % (directory.path, exc), final, 0, exc.errno)
+
+
+def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
+    """The copy loop: read a chunk, hash it, write it from the same buffer; returns bytes copied.
+
+    Reads stop one chunk past the expected size, so a source that grew is noticed without reading
+    all of it.
+    """
+    copied = flushed = 0
+    while copied <= size:
+        buf.check()
+        try:
+            got = os.readv(src_fd, [buf.data])
+        except OSError as exc:
+            raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
+                                % (source, copied, size, exc), source)
+        if not got:
+            break
+        chunk = buf.view[:got]
+        if hasher is not None:
+            hasher.update(chunk)
+        try:
+            _write_all(dst_fd, chunk)
+        except OSError as exc:
+            raise LocalWriteError("writing %s failed after %d of %d bytes: %s"
+                                  % (final, copied, size, exc), final, copied, exc.errno)
+        advise(src_fd, "POSIX_FADV_DONTNEED", copied, got)
+        copied += got
+        if copied - flushed >= FLUSH_EVERY:
+            flushed = _flush(dst_fd, final, flushed, copied)
+        if progress is not None:
+            progress(got)
+    return copied
+
+
+def _sync_to_disk(dst_fd, final, copied):
+    """fsync the copy, then drop its pages: the engine's page cache is worth more than ours."""
+    try:
+        os.fsync(dst_fd)
+    except OSError as exc:
+        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
+    advise(dst_fd, "POSIX_FADV_DONTNEED")
+
+
+def _refuse_changed_source(src_fd, before, source, copied, size):
+    """SourceProblem when the source is not the file it was when the copy started."""
+    after = os.fstat(src_fd)
+    if copied != size or _identity(after) != _identity(before):
+        raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
+                            "is something writing the NAS copy? Re-run when it is stable; nothing was "
+                            "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
 
 
 # Blobs in flight by default: enough to overlap NAS reads, hashing and local writes on every core.
@@ -350,10 +372,7 @@ def symlink_atomic(directory, name, target):
 
 def find_temp_debris(top):
     """Temp files a killed run left anywhere below top."""
-    found = []
-    for dirpath, _dirs, files in os.walk(top):
-        found.extend(os.path.join(dirpath, f) for f in files if is_temp_name(f))
-    return sorted(found)
+    return sorted(path for path, _rel, is_dir in walk_tree(top) if not is_dir and is_temp_name(os.path.basename(path)))
 
 
 class RepoLock(object):
@@ -391,7 +410,7 @@ class RepoLock(object):
         os.pwrite(self._fd, str(os.getpid()).encode("ascii"), 0)
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *_exc_info):
         os.close(self._fd)
         self._fd = None
         return False

@@ -37,7 +37,6 @@ import struct
 from ansible.module_utils.dgx_errors import StageError
 
 DEFAULT_INDEX = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 # safetensors' MAX_HEADER_SIZE: the loader refuses a longer header whatever the file size.
 MAX_HEADER_BYTES = 100000000
 # serde_json's recursion limit as the loader meets it: 127 levels of [ / { load, 128 do not.
@@ -349,11 +348,6 @@ def _inspect(header, data_size):
     return problems, spans
 
 
-def header_problems(header, data_size):
-    """Every way one parsed header breaks the format ([] when the loader would accept it)."""
-    return _inspect(header, data_size)[0]
-
-
 def check_header(path, header, header_bytes, file_size):
     """Return the tensor names of one shard header in data order; raise ShardError listing
     every problem."""
@@ -399,6 +393,64 @@ def _summarise(problems):
     return "; ".join(shown) + tail
 
 
+class _ShardTally(object):
+    """What check_shards found so far: one summary line per broken shard, the key problems, every
+    problem in the order found (``details``), and the tensor names of each shard read."""
+
+    def __init__(self):
+        self.shard_problems, self.key_problems, self.details = [], [], []
+        self.absent = []
+        self.keys = {}       # shard -> set of its tensor names
+        self.owner = {}      # tensor name -> the first shard holding it
+        self.checked = self.tensors = 0
+
+    def broken_shard(self, line, details=None):
+        self.shard_problems.append(line)
+        self.details.extend([line] if details is None else details)
+
+    def key_problem(self, line):
+        self.key_problems.append(line)
+        self.details.append(line)
+
+    def add(self, shard, names, header_bytes):
+        self.checked += header_bytes
+        self.tensors += len(names)
+        self.keys[shard] = set(names)
+        for name in names:
+            if name in self.owner:
+                self.key_problem("Duplicate mapped checkpoint key: %s is in both %s and %s; a shard link points "
+                                 "at the wrong blob, re-stage and verify" % (name, self.owner[name], shard))
+            else:
+                self.owner[name] = shard
+
+
+def _read_shard_into(tally, path, shard, index_path):
+    """Read one shard's header into tally; a missing or malformed shard is a problem, not an exception."""
+    if not os.path.exists(path):
+        kind = "a dangling symlink" if os.path.islink(path) else "missing"
+        tally.broken_shard("shard %s named in %s is %s; stage it again" % (path, index_path or "the snapshot", kind))
+        return
+    try:
+        names, header_bytes = read_shard(path)
+    except ShardError as exc:
+        tally.broken_shard(str(exc), ["%s: %s" % (path, problem) for problem in exc.problems])
+        return
+    except StageError as exc:
+        tally.broken_shard(str(exc))
+        return
+    tally.add(shard, names, header_bytes)
+
+
+def _check_weight_map(tally, weight_map, index_path):
+    """Every tensor the index maps to a shard that was read must be in that shard."""
+    for name in sorted(weight_map or {}):
+        shard = weight_map[name]
+        if shard in tally.keys and name not in tally.keys[shard]:
+            found = " (it is in %s)" % tally.owner[name] if name in tally.owner else ""
+            tally.key_problem("%s maps %s to %s, but that shard lacks it%s; the shard link points at the wrong "
+                              "blob, re-stage and verify" % (index_path, name, shard, found))
+
+
 def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=()):
     """Read every shard header; check keys against weight_map and for cross-shard duplicates.
 
@@ -408,58 +460,19 @@ def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=()):
     being checked: raises SafetensorsCheckError whose message names the failing shards first (up
     to ten entries in all), then key problems, and whose ``problems`` lists every problem found.
     """
-    shard_problems = []  # one summary line per missing or malformed shard
-    key_problems = []
-    details = []
-    absent = []
-    keys = {}
-    owner = {}
-    checked = 0
-    tensors = 0
+    tally = _ShardTally()
     for shard in shards:
         path = _shard_path(base, shard)
         if not os.path.lexists(path) and os.path.normpath(path) in absent_ok:
-            absent.append(shard)
-            continue
-        if not os.path.exists(path):
-            kind = "a dangling symlink" if os.path.islink(path) else "missing"
-            shard_problems.append("shard %s named in %s is %s; stage it again"
-                                  % (path, index_path or "the snapshot", kind))
-            details.append(shard_problems[-1])
-            continue
-        try:
-            names, header_bytes = read_shard(path)
-        except ShardError as exc:
-            shard_problems.append(str(exc))
-            details.extend("%s: %s" % (path, problem) for problem in exc.problems)
-            continue
-        except StageError as exc:
-            shard_problems.append(str(exc))
-            details.append(str(exc))
-            continue
-        checked += header_bytes
-        tensors += len(names)
-        keys[shard] = set(names)
-        for name in names:
-            if name in owner:
-                key_problems.append("Duplicate mapped checkpoint key: %s is in both %s and %s; a "
-                                    "shard link points at the wrong blob, re-stage and verify"
-                                    % (name, owner[name], shard))
-                details.append(key_problems[-1])
-            else:
-                owner[name] = shard
-    for name in sorted(weight_map or {}):
-        shard = weight_map[name]
-        if shard in keys and name not in keys[shard]:
-            found = " (it is in %s)" % owner[name] if name in owner else ""
-            key_problems.append("%s maps %s to %s, but that shard lacks it%s; the shard link points "
-                                "at the wrong blob, re-stage and verify"
-                                % (index_path, name, shard, found))
-            details.append(key_problems[-1])
-    if shard_problems or key_problems:
+            tally.absent.append(shard)
+        else:
+            _read_shard_into(tally, path, shard, index_path)
+    _check_weight_map(tally, weight_map, index_path)
+    if tally.shard_problems or tally.key_problems:
         raise SafetensorsCheckError("safetensors check failed in %s: %s"
-                                    % (base, _summarise(shard_problems + key_problems)), details)
-    return {"shards": len(shards) - len(absent), "tensors": tensors, "checked_bytes": checked, "absent": absent}
+                                    % (base, _summarise(tally.shard_problems + tally.key_problems)), tally.details)
+    return {"shards": len(shards) - len(tally.absent), "tensors": tally.tensors, "checked_bytes": tally.checked,
+            "absent": tally.absent}
 
 
 def check_snapshot(path, index=None, absent_ok=()):

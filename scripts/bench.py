@@ -3,7 +3,7 @@
 
 Cases; each alternates the module and its baseline for BENCH_ROUNDS rounds and reports medians:
 
-1. cold_stage   stage a tests/hubgen.py hub (BENCH_SHARDS x BENCH_SHARD_MIB MiB shards; page15 left out),
+1. cold_stage   stage a tools/hubgen.py hub (BENCH_SHARDS x BENCH_SHARD_MIB MiB shards; page15 left out),
                 default verify, vs `cp -rL` of the same selected files followed by `sync`; cold cache.
 2. full_verify  verify=full over the staged hub vs `sha256sum` of every local blob, and vs this machine's
                 limit measured in the same run: min(cold read rate of the blobs, cores x hashlib sha256 rate),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hub layouts for `make bench` (scripts/bench.py), cached under one root and keyed by their parameters.
 
-- ``hubgen_hub``: tests/hubgen.py's realistic NAS hub (store-level link chains, page15 real files,
+- ``hubgen_hub``: tools/hubgen.py's realistic NAS hub (store-level link chains, page15 real files,
   same-size shards, an older revision), dense data.
 - ``sparse_hub``: a NAS hub whose weight shards are SPARSE files: a few MiB of data (head, tail, one
   64 KiB block every 32 MiB) and holes between, so a >= 100 GiB layout takes well under 1 GB of disk.
@@ -24,9 +24,9 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
-import hubgen  # noqa: E402  (the test suite's generator, shared with the demo)
+import hubgen  # noqa: E402  (the synthetic hub generator of the tests and the demo)
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -60,7 +60,7 @@ def cached(root, key, build):
 
 
 def hubgen_hub(root, n_shards, shard_size, seed=0):
-    """tests/hubgen.py's NAS hub (both repos, every trap) with n_shards x shard_size weight shards."""
+    """tools/hubgen.py's NAS hub (both repos, every trap) with n_shards x shard_size weight shards."""
     key = "hubgen-%dx%dMiB-seed%d" % (n_shards, shard_size // MIB, seed)
     return cached(root, key, lambda path: hubgen.build_nas_hub(path, shard_size=shard_size, n_shards=n_shards,
                                                                seed=seed))

@@ -12,9 +12,10 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tests"))
+sys.path.insert(0, os.path.join(REPO, "tools"))
 
-import hubgen  # noqa: E402  (the generator lives with the tests that also use it)
+import hubgen  # noqa: E402  (the synthetic hub generator the tests use too)
+from project import receipt_roots  # noqa: E402
 
 DEMO_ROOT = os.path.join(REPO, ".cache", "demo")
 NAS_PARENT = os.path.join(DEMO_ROOT, "nas")
@@ -22,7 +23,7 @@ NAS_HUB = os.path.join(NAS_PARENT, "hub")
 REPORT = os.path.join(DEMO_ROOT, "reports", "localhost.json")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
-STALE_RECEIPTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
+STALE_RECEIPTS = receipt_roots()   # the engine's receipt roots, as the receipts play clears them
 
 
 def ensure_nas_hub():

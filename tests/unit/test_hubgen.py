@@ -1,4 +1,4 @@
-"""The synthetic NAS hub (tests/hubgen.py) really contains every trap from the night-shift log."""
+"""The synthetic NAS hub (tools/hubgen.py) really contains every trap from the night-shift log."""
 import fnmatch
 import hashlib
 import io

@@ -26,7 +26,7 @@ Traps reproduced: link -> repo blob -> hub store (relative and absolute hops); p
 inside the snapshot; every weight shard has the same size but different content (size-based dedup
 binds the wrong shard); an older revision with a same-size, different shard; non-content noise.
 
-CLI: ``python3 tests/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--json]``
+CLI: ``python3 tools/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--json]``
 """
 
 import argparse

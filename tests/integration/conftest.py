@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from hubgen import build_nas_hub
-from treestate import set_writable, snapshot_diff, tree_snapshot
+from nashub import build_nas
+from treestate import snapshot_diff, tree_snapshot
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The ansible binaries of the interpreter running pytest (the project venv in CI); no machine paths.
@@ -24,35 +24,15 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running crash test (still part of `make test`)")
 
 
-# ------------------------------------------------------------------------------------------------
-# tree snapshots
-# ------------------------------------------------------------------------------------------------
-
-class NasHub(dict):
-    """hubgen's description dict, plus the frozen snapshot the teardown compares against."""
-
-    def freeze(self):
-        """(Re-)take the reference snapshot, e.g. after a test deliberately planted a trap."""
-        self.frozen = tree_snapshot(self["root"])
-
-    def assert_unchanged(self):
-        changes = snapshot_diff(self.frozen, tree_snapshot(self["root"]))
-        assert not changes, "the read-only NAS tree was modified:\n" + "\n".join(changes[:20])
-
-
 @pytest.fixture
 def make_nas_hub(tmp_path):
-    """Factory: make_nas_hub(shard_size=..., n_shards=..., seed=...) -> NasHub, read-only, checked at teardown."""
+    """Factory: make_nas_hub(shard_size=..., n_shards=..., seed=...) -> nashub.NasHub, read-only, checked at
+    teardown."""
     made = []
 
     def make(shard_size=64 * 1024, n_shards=6, seed=0, name="nas"):
-        root = tmp_path / name
-        desc = NasHub(build_nas_hub(str(root), shard_size=shard_size, n_shards=n_shards, seed=seed))
-        desc["root"] = str(root)
-        set_writable(root, False)
-        desc.freeze()
-        made.append(desc)
-        return desc
+        made.append(build_nas(tmp_path / name, shard_size=shard_size, n_shards=n_shards, seed=seed))
+        return made[-1]
 
     yield make
     try:
@@ -60,7 +40,7 @@ def make_nas_hub(tmp_path):
             desc.assert_unchanged()
     finally:
         for desc in made:
-            set_writable(desc["root"], True)
+            desc.thaw()
 
 
 @pytest.fixture

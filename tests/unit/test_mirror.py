@@ -26,7 +26,8 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
-from treestate import blob_matches_name, set_writable, sha256_file, snapshot_diff, tree_snapshot
+from nashub import build_nas
+from treestate import blob_matches_name, sha256_file, snapshot_diff, tree_snapshot
 
 MAIN = hubgen.MAIN_REPO
 DRAFTER = hubgen.DRAFTER_REPO
@@ -39,39 +40,6 @@ MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 # ------------------------------------------------------------------------------------------------
 # helpers
 # ------------------------------------------------------------------------------------------------
-
-class Nas(dict):
-    """hubgen's description + the reference snapshot of the read-only NAS tree."""
-
-    def freeze(self):
-        set_writable(self["root"], False)
-        self.frozen = tree_snapshot(self["root"])
-
-    def thaw(self):
-        set_writable(self["root"], True)
-
-    def assert_unchanged(self):
-        changes = snapshot_diff(self.frozen, tree_snapshot(self["root"]))
-        if changes:
-            self.freeze()   # report it once, not again in every later test sharing this hub
-        assert changes == [], "the NAS tree was written"
-
-    def repo(self, repo_id=MAIN):
-        return self["repos"][repo_id]
-
-    def repo_dir(self, repo_id=MAIN):
-        return os.path.join(self["hub"], self.repo(repo_id)["folder"])
-
-    def snapshot_dir(self, repo_id=MAIN):
-        return os.path.join(self.repo_dir(repo_id), "snapshots", self.repo(repo_id)["commit"])
-
-
-def build_nas(root, **kwargs):
-    nas = Nas(hubgen.build_nas_hub(str(root), **kwargs))
-    nas["root"] = str(root)
-    nas.freeze()
-    return nas
-
 
 @pytest.fixture(scope="module")
 def _small_nas(tmp_path_factory):

@@ -19,14 +19,15 @@ container and that NAS binds are read-only:
                                   probe file created (and removed), a file is opened for writing
                                   without writing a byte
 
-At start-up it behaves like the engine's strict-on-exists receipt writer: if any receipt root under
-DOUBLE_RECEIPT_PARENT (default /cache) exists it prints "FileExistsError: <path>" and exits 1;
-otherwise it creates each root (mkdir exist_ok=False) and a worker.json in it (open 'xb').
+At start-up it behaves like the engine's strict-on-exists receipt writer: if any receipt root named
+in DOUBLE_RECEIPT_ROOTS exists under DOUBLE_RECEIPT_PARENT (default /cache) it prints
+"FileExistsError: <path>" and exits 1; otherwise it creates each root (mkdir exist_ok=False) and a
+worker.json in it (open 'xb'). The tests pass the engine's names (dgx_receipts.RECEIPT_ROOTS).
 
 Environment: DOUBLE_PORT (8000; --port wins), DOUBLE_TOKENS_PER_S (200), DOUBLE_MODEL_ID
 ("engine-double"), DOUBLE_STARTUP_DELAY_S (0: seconds before the
 API answers, like a model load), DOUBLE_RECEIPT_PARENT (/cache), DOUBLE_RECEIPT_ROOTS
-(comma-separated; the three ds41-* names). Stdlib only.
+(comma-separated; none: no receipts). Stdlib only.
 """
 import argparse
 import hashlib
@@ -40,7 +41,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import ThreadingMixIn
 from urllib.parse import urlparse
 
-RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
 ENV_KEYS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HF_HUB_OFFLINE", "MODEL_PATH")
 ARITH = re.compile(r"(-?\d+)\s*([*x\u00d7+/-])\s*(-?\d+)")
 
@@ -270,7 +270,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
     parent = os.environ.get("DOUBLE_RECEIPT_PARENT", "/cache")
-    names = [n for n in os.environ.get("DOUBLE_RECEIPT_ROOTS", ",".join(RECEIPT_ROOTS)).split(",") if n]
+    names = [n for n in os.environ.get("DOUBLE_RECEIPT_ROOTS", "").split(",") if n]
     try:
         write_receipts(parent, names, os.environ.get("RANK"))
     except FileExistsError as exc:

@@ -13,9 +13,10 @@ import sys
 import pytest
 
 from ansible.module_utils.dgx_manifest import render_manifest_json
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
 
 from conftest import BIN_DIR, REPO_ROOT, ansible_env
-RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
+RECEIPT_NAMES = list(RECEIPT_ROOTS)
 
 
 def run_ansible(tmp_path, cmd):

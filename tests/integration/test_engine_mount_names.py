@@ -19,8 +19,9 @@ import pytest
 
 from conftest import REPO_ROOT, failures, run_playbook
 from hubgen import git_blob_sha1, repo_folder, sha256_hex
-from test_engine_podman import IMAGE, changed_tasks, double, free_port, podman, podman_env, podman_unusable
-from treestate import set_writable, snapshot_diff, tree_snapshot
+from test_engine_podman import (DOUBLE_RECEIPTS, IMAGE, changed_tasks, double, free_port, podman, podman_env,
+                                podman_unusable)
+from nashub import NasHub
 
 pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
 
@@ -72,8 +73,8 @@ def names_lane(tmp_path_factory):
     work = str(tmp_path_factory.mktemp("names"))
     nas_root = os.path.join(work, "nas")
     hub = build_hub(nas_root)
-    set_writable(nas_root, False)
-    nas_before = tree_snapshot(nas_root)
+    nas = NasHub(root=nas_root)
+    nas.freeze()
     port = free_port()
     name = "dgx-stage-test-mount-names-%s" % uuid.uuid4().hex[:8]
     cache = os.path.join(work, "cache")
@@ -92,6 +93,7 @@ def names_lane(tmp_path_factory):
         "engine_name": name,
         "engine_port": port,
         "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", str(port)],
+        "engine_env": DOUBLE_RECEIPTS,
         "engine_gpu_devices": [],
         "engine_master_port": 29512,
         "engine_ready_timeout": 60,
@@ -112,9 +114,9 @@ def names_lane(tmp_path_factory):
     finally:
         podman("rm", "--force", "--ignore", name)
         try:
-            assert not snapshot_diff(nas_before, tree_snapshot(nas_root)), "the read-only NAS tree was modified"
+            nas.assert_unchanged()
         finally:
-            set_writable(nas_root, True)
+            nas.thaw()
 
 
 def manifest_of(lane):

@@ -21,12 +21,15 @@ import uuid
 
 import pytest
 
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
 from conftest import REPO_ROOT, failures, run_playbook
 from treestate import sha256_file
 from hubgen import build_nas_hub
 
 IMAGE = "dgx-stage-engine-double:test"
-RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
+RECEIPT_NAMES = list(RECEIPT_ROOTS)
+# engine_double writes (strict-on-exists, like the engine) the receipt roots its environment names.
+DOUBLE_RECEIPTS = {"DOUBLE_RECEIPT_ROOTS": ",".join(RECEIPT_NAMES)}
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
 DRAFTER_REPO = "coolbho3k/DSpark-drafter"
 TOKENS_PER_S = 400  # the double's decode speed; 400 tokens take ~1 s
@@ -131,7 +134,7 @@ def lane(tmp_path_factory):
         "engine_name": name,
         "engine_port": port,
         "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", str(port)],
-        "engine_env": {"DOUBLE_TOKENS_PER_S": TOKENS_PER_S, "DOUBLE_STARTUP_DELAY_S": 2},
+        "engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=TOKENS_PER_S, DOUBLE_STARTUP_DELAY_S=2),
         "engine_gpu_devices": [],  # no GPU here
         "engine_master_port": 29511,
         "engine_ready_timeout": 60,
@@ -242,10 +245,11 @@ def test_stale_receipts_break_a_restart_unless_the_plays_clear_them(lane):
     plant_stale_receipts(lane["cache"])
 
     # Started directly, nobody clears them: the strict-on-exists receipt writer refuses to start.
-    direct = podman("run", "--rm", "--network", "host", "-v", "%s:/cache" % lane["cache"], IMAGE,
+    direct = podman("run", "--rm", "--network", "host", "-v", "%s:/cache" % lane["cache"],
+                    "-e", "DOUBLE_RECEIPT_ROOTS=" + DOUBLE_RECEIPTS["DOUBLE_RECEIPT_ROOTS"], IMAGE,
                     "python3", "/opt/engine_double/engine_double.py", "--port", str(free_port()))
     assert direct.returncode != 0
-    assert b"FileExistsError: /cache/ds41-backend-attestation" in direct.stderr
+    assert ("FileExistsError: /cache/%s" % RECEIPT_NAMES[0]).encode() in direct.stderr
 
     # Through the plays with cleanup switched off (no receipt roots listed): the engine dies on start,
     # and the wait stops at once with its log instead of waiting out engine_ready_timeout.

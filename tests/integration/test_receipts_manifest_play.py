@@ -13,9 +13,10 @@ import sys
 
 import pytest
 
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
 from conftest import failures, run_playbook
 from treestate import sha256_file
-RECEIPT_NAMES = ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
+RECEIPT_NAMES = list(RECEIPT_ROOTS)
 OTHER_UID = 4242  # "yesterday's" receipts belong to someone else
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
 DRAFTER_REPO = "coolbho3k/DSpark-drafter"

@@ -7,10 +7,9 @@ import pytest
 
 from ansible.module_utils.dgx_errors import StageError
 from privilege import nobody_owned_dir, run_as_nobody
-from ansible.module_utils.dgx_receipts import (DEFAULT_NAMES, clear_receipts, find_holders,
-                                               plan_removal)
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS, clear_receipts, find_holders, plan_removal
 
-NAMES = list(DEFAULT_NAMES)
+NAMES = list(RECEIPT_ROOTS)
 
 
 def make_roots(parent, names=NAMES):

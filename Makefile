@@ -33,8 +33,6 @@ MOLECULE_ENV := HOME=$(CACHE)/home \
 	ANSIBLE_LIBRARY=$(CURDIR)/library \
 	ANSIBLE_MODULE_UTILS=$(CURDIR)/module_utils \
 	ANSIBLE_ROLES_PATH=$(CURDIR)/roles
-MOLECULE_SCENARIOS := $(wildcard molecule/*/molecule.yml)
-MOLECULE_BASE := $(wildcard molecule/base.yml)
 # `make molecule MOLECULE_ARGS="test -s faults"` runs one scenario.
 MOLECULE_ARGS ?= test --all
 
@@ -79,16 +77,13 @@ unit: setup ## unit tests (tests/unit)
 integration: setup ## integration tests (tests/integration)
 	@$(call pytest,tests/integration)
 
-ifneq ($(MOLECULE_SCENARIOS),)
+# The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
 molecule: setup image ## Molecule scenarios (Podman): dgx_2x, faults, engine
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
-	$(VENV)/bin/python tests/molecule/nas_hub.py build $(CACHE)/molecule/nas
+	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
 	BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh
-	$(MOLECULE_ENV) $(VENV)/bin/molecule $(if $(MOLECULE_BASE),--base-config $(MOLECULE_BASE)) $(MOLECULE_ARGS)
-else
-molecule: setup
-	@echo "no molecule scenarios yet"
-endif
+	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \
+	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)
 
 bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
 	@command -v rsync >/dev/null 2>&1 || { \

@@ -1,6 +1,7 @@
 """Checks shared by the scenarios' testinfra tests. Independent of the project's module_utils on
 purpose: the truth is recomputed here from the NAS (read on the controller) and from what a probe
-finds on each node, never taken from a module's own report.
+finds on each node, never taken from a module's own report. Only the receipt root names, settings
+rather than results, come from their one home in dgx_receipts.
 
 Every check returns a list of problems (empty = pass), so a failing test names all of them.
 """
@@ -15,11 +16,13 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.dirname(os.path.dirname(HERE))
 NAS_ROOT = os.path.join(PROJECT, ".cache", "molecule", "nas")
-sys.path.insert(0, os.path.join(PROJECT, "tests"))  # the test oracles every suite shares
+sys.path[:0] = [os.path.join(PROJECT, "tools"), os.path.join(PROJECT, "tests")]  # hubgen, the test oracles
 
 from hubgen import repo_folder  # noqa: E402
+from project import receipt_roots  # noqa: E402
 from treestate import sha256_file  # noqa: E402
-RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
+
+RECEIPT_ROOTS = receipt_roots()   # the names the engine writes and the plays clear, from dgx_receipts
 
 with open(os.path.join(HERE, "probe.py")) as _handle:
     PROBE_SOURCE = _handle.read()
@@ -290,6 +293,6 @@ def check_nas_read_only(answer, nas_root):
 def nas_unchanged():
     """Compare the NAS with the fingerprint shared/prepare.yml took before converge."""
     before = os.path.join(ephemeral_dir(), "nas-fingerprint-before.json")
-    cmd = [sys.executable, os.path.join(PROJECT, "tests", "molecule", "nas_hub.py"), "compare", NAS_ROOT, before]
+    cmd = [sys.executable, os.path.join(HERE, "nas_hub.py"), "compare", NAS_ROOT, before]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True)
     return [] if proc.returncode == 0 else (proc.stdout.splitlines() or ["compare failed: rc %d" % proc.returncode])

@@ -14,15 +14,15 @@ Commands:
     nas_hub.py fingerprint ROOT OUT    write ROOT's fingerprint (every path, lstat, link text, sha256) to OUT
     nas_hub.py compare ROOT BEFORE     exit 1, listing the differences, when ROOT no longer matches BEFORE
 
-Stdlib only (plus tests/hubgen.py).
+Stdlib only (plus tools/hubgen.py and tests/treestate.py).
 """
 import json
 import os
 import shutil
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # tests/: hubgen
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path[:0] = [os.path.join(PROJECT, "tools"), os.path.join(PROJECT, "tests")]  # hubgen, treestate
 
 import hubgen  # noqa: E402
 from treestate import snapshot_diff, tree_snapshot  # noqa: E402

@@ -207,6 +207,22 @@ def _xet_name(etag):
     return hashlib.sha256(("xet-sim:" + etag).encode()).hexdigest()
 
 
+def _write_hashed(path, chunks, size):
+    """Write the chunks (``size`` bytes in all) to path; returns (sha256, git blob sha1) of the content."""
+    h256 = hashlib.sha256()
+    h1 = hashlib.sha1(b"blob %d\0" % size)
+    written = 0
+    with open(path, "wb") as fh:
+        for chunk in chunks:
+            fh.write(chunk)
+            h256.update(chunk)
+            h1.update(chunk)
+            written += len(chunk)
+    if written != size:
+        raise AssertionError("stream produced %d bytes, expected %d" % (written, size))
+    return h256.hexdigest(), h1.hexdigest()
+
+
 def repo_folder(repo_id, repo_type="model"):
     return "%ss--%s" % (repo_type, repo_id.replace("/", "--"))
 
@@ -232,19 +248,7 @@ class _Hub(object):
         """
         blobs = os.path.join(repo_dir, "blobs")
         tmp = os.path.join(blobs, ".hubgen.tmp")
-        h256 = hashlib.sha256()
-        h1 = hashlib.sha1(b"blob %d\0" % size)
-        written = 0
-        with open(tmp, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-                h256.update(chunk)
-                h1.update(chunk)
-                written += len(chunk)
-        if written != size:
-            raise AssertionError("stream produced %d bytes, expected %d" % (written, size))
-        sha256 = h256.hexdigest()
-        blob_id = h1.hexdigest()
+        sha256, blob_id = _write_hashed(tmp, chunks, size)
         etag = sha256 if lfs else blob_id
         repo_blob = os.path.join(blobs, etag)
         info = {"etag": etag, "size": size, "sha256": sha256, "blob_id": blob_id,
@@ -257,8 +261,14 @@ class _Hub(object):
         if form == FORM_REAL:
             os.rename(tmp, repo_blob)
             return info
+        info["store_path"] = self._put_in_store(tmp, repo_blob, lfs, form)
+        return info
+
+    def _put_in_store(self, tmp, repo_blob, lfs, form):
+        """Move tmp into the hub-level store and link the repo blob to it; returns the store path."""
         if not lfs:
             raise ValueError("only sha256-named (LFS) blobs live in the hub store")
+        etag = os.path.basename(repo_blob)
         name = _xet_name(etag) if self.hf_native else etag
         prefix = os.path.join(self.store, name[:2])
         if not os.path.isdir(prefix):
@@ -266,14 +276,13 @@ class _Hub(object):
         store_path = os.path.join(prefix, name)
         os.rename(tmp, store_path)
         if form == FORM_REL_STORE:
-            os.symlink(os.path.relpath(store_path, blobs), repo_blob)
+            os.symlink(os.path.relpath(store_path, os.path.dirname(repo_blob)), repo_blob)
         elif form == FORM_ABS_STORE:
             os.symlink(store_path, repo_blob)
         else:
             raise ValueError("unknown blob form %r" % (form,))
         self._store_refs.setdefault(store_path, []).append(os.path.relpath(repo_blob, self.hub))
-        info["store_path"] = store_path
-        return info
+        return store_path
 
     @staticmethod
     def _form_of(repo_blob):
@@ -393,7 +402,32 @@ def _build_main(hub_obj, shard_size, n_shards):
     os.makedirs(snap)
     os.makedirs(old_snap)
     files = {}
+    _main_small_files(hub_obj, repo_dir, snap, files, n_shards)
+    shard_names = _shard_names(n_shards)
+    shard_tensors = _main_shards(hub_obj, repo_dir, snap, files, shard_names, shard_size)
+    page15 = _main_page15(hub_obj, snap, files)
+    trees = _write_trees(hub_obj, repo_dir, commit, files)
+    old_files = _main_old_revision(hub_obj, repo_dir, old_snap, files, shard_names[0], shard_tensors, shard_size)
+    old_only = sorted(set(f["etag"] for f in old_files.values())
+                      - set(f["etag"] for f in files.values() if f["etag"]))
 
+    _write_text(os.path.join(repo_dir, "refs", "main"), commit)
+    _write_text(os.path.join(repo_dir, "refs", "v1"), old_commit)
+    _main_noise(hub_obj, repo_dir, commit, files["config.json"]["etag"])
+
+    pairs = [[a, b] for a, b in itertools.combinations(shard_names, 2)]
+    return repo_id, {
+        "folder": repo_folder(repo_id), "commit": commit, "old_commit": old_commit,
+        "refs": {"main": commit, "v1": old_commit},
+        "files": files, "page15": page15, "same_size_pairs": pairs,
+        "shards": shard_names, "old_files": old_files, "old_only_etags": old_only,
+        "trees": trees,
+    }
+
+
+def _main_small_files(hub_obj, repo_dir, snap, files, n_shards):
+    """Config, tokenizer and extras (extras/ nests): small git-sha1 blobs, linked from the snapshot."""
+    seed = hub_obj.seed
     small = {
         "config.json": _json_bytes({
             "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
@@ -419,15 +453,17 @@ def _build_main(hub_obj, shard_size, n_shards):
         hub_obj.link(snap, rel, repo_dir, info["etag"])
         files[rel] = _file_entry(info)
 
-    # Weight shards: same size, different content, three blob forms.
-    shard_names = _shard_names(n_shards)
+
+def _main_shards(hub_obj, repo_dir, snap, files, shard_names, shard_size):
+    """Weight shards (same size, different content, three blob forms) and their index; returns
+    {shard: [(tensor, size)]}."""
     weight_map = {}
     total_size = 0
     shard_tensors = {}
     for i, name in enumerate(shard_names):
         tnames = ["model.layers.%d.mlp.experts.%d.w1.trellis" % (i, 300 + j)
                   for j in range(_TENSORS_PER_SHARD)]
-        info, final = _write_shard(hub_obj, repo_dir, "%s:%s" % (repo_id, name), tnames, shard_size,
+        info, final = _write_shard(hub_obj, repo_dir, "%s:%s" % (MAIN_REPO, name), tnames, shard_size,
                                    _SHARD_FORMS[i % len(_SHARD_FORMS)])
         hub_obj.link(snap, name, repo_dir, info["etag"])
         files[name] = _file_entry(info)
@@ -440,8 +476,12 @@ def _build_main(hub_obj, shard_size, n_shards):
     info = hub_obj.put_bytes(repo_dir, index)
     hub_obj.link(snap, "model.safetensors.index.json", repo_dir, info["etag"])
     files["model.safetensors.index.json"] = _file_entry(info)
+    return shard_tensors
 
-    # page15 pack: REAL files inside the snapshot (never staged; bound from the NAS).
+
+def _main_page15(hub_obj, snap, files):
+    """The page15 pack: REAL files inside the snapshot (never staged; bound from the NAS)."""
+    seed = hub_obj.seed
     page15 = []
     for k, rel in enumerate(["page15/a/engram-0000.bin", "page15/a/engram-0001.bin",
                              "page15/a/engram-0002.bin", "page15/b/engram-0003.bin",
@@ -452,48 +492,37 @@ def _build_main(hub_obj, shard_size, n_shards):
                                 "engram_table": [_small_bytes(seed, "page15:%d" % e, 16).hex()
                                                  for e in range(48)]})
         else:
-            data = _small_bytes(seed, "%s:%s" % (repo_id, rel), 3072 + 1111 * k)
+            data = _small_bytes(seed, "%s:%s" % (MAIN_REPO, rel), 3072 + 1111 * k)
         hub_obj.real_file(snap, rel, data)
         files[rel] = {"kind": "real", "etag": None, "size": len(data), "sha256": sha256_hex(data),
                       "blob_id": git_blob_sha1(data), "blob_form": None, "store_path": None}
         page15.append(rel)
+    return page15
 
-    trees = _write_trees(hub_obj, repo_dir, commit, files)
 
-    # Old revision: shares some blobs, has a same-size different first shard; never staged.
+def _main_old_revision(hub_obj, repo_dir, old_snap, files, first, shard_tensors, shard_size):
+    """The old revision: shares some blobs, has a same-size different first shard; never staged."""
     old_files = {}
     for rel in ("config.json", "tokenizer.json"):
         hub_obj.link(old_snap, rel, repo_dir, files[rel]["etag"])
         old_files[rel] = dict(files[rel])
-    first = shard_names[0]
     tnames = [t for t, _ in shard_tensors[first]]
-    info, _ = _write_shard(hub_obj, repo_dir, "%s:%s@old" % (repo_id, first), tnames, shard_size, FORM_REAL)
+    info, _ = _write_shard(hub_obj, repo_dir, "%s:%s@old" % (MAIN_REPO, first), tnames, shard_size, FORM_REAL)
     hub_obj.link(old_snap, first, repo_dir, info["etag"])
     old_files[first] = _file_entry(info)
-    old_only = sorted(set(f["etag"] for f in old_files.values())
-                      - set(f["etag"] for f in files.values() if f["etag"]))
+    return old_files
 
-    _write_text(os.path.join(repo_dir, "refs", "main"), commit)
-    _write_text(os.path.join(repo_dir, "refs", "v1"), old_commit)
 
-    # Noise that is not content.
+def _main_noise(hub_obj, repo_dir, commit, config_etag):
+    """Noise that is not content: a .no_exist marker, a lock, an interrupted download."""
     marker = os.path.join(repo_dir, ".no_exist", commit, "generation_config.json")
     _write_text(marker, "")
-    lock = os.path.join(hub_obj.hub, ".locks", repo_folder(repo_id), files["config.json"]["etag"] + ".lock")
+    lock = os.path.join(hub_obj.hub, ".locks", repo_folder(MAIN_REPO), config_etag + ".lock")
     _write_text(lock, "")
     partial = os.path.join(repo_dir, "blobs", sha256_hex(b"interrupted") + ".incomplete")
     with open(partial, "wb") as fh:
-        fh.write(_small_bytes(seed, "incomplete", 1000))
+        fh.write(_small_bytes(hub_obj.seed, "incomplete", 1000))
     hub_obj.noise.extend(os.path.relpath(p, hub_obj.hub) for p in (marker, lock, partial))
-
-    pairs = [[a, b] for a, b in itertools.combinations(shard_names, 2)]
-    return repo_id, {
-        "folder": repo_folder(repo_id), "commit": commit, "old_commit": old_commit,
-        "refs": {"main": commit, "v1": old_commit},
-        "files": files, "page15": page15, "same_size_pairs": pairs,
-        "shards": shard_names, "old_files": old_files, "old_only_etags": old_only,
-        "trees": trees,
-    }
 
 
 def _build_drafter(hub_obj):

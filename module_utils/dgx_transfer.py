@@ -337,8 +337,16 @@ def run_workers(items, task, workers):
 
     threads = [threading.Thread(target=worker, name="dgx-stage-%d" % i) for i in range(min(workers, len(pending)))]
     for thread in threads:
-        thread.daemon = True      # SIGKILL aside, every exit below joins them first
+        thread.daemon = True      # SIGKILL aside, every exit of _join_all joins them first
         thread.start()
+    _join_all(threads, stop)
+    if errors:
+        raise errors[0]
+
+
+def _join_all(threads, stop):
+    """Wait for every thread; Ctrl-C or SIGTERM meanwhile stops them all (each within one chunk,
+    removing its temp file) before it propagates."""
     try:
         for thread in threads:
             while thread.is_alive():
@@ -346,10 +354,8 @@ def run_workers(items, task, workers):
     except BaseException:
         stop.set()
         for thread in threads:
-            thread.join()         # each stops within one chunk and removes its temp file
+            thread.join()
         raise
-    if errors:
-        raise errors[0]
 
 
 def raise_interrupt_on_sigterm():

@@ -160,17 +160,8 @@ def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             files = dict(pool.map(place, range(n_shards)))
         if metadata:
-            rng = random.Random("benchhub-small:%d:%s" % (seed, key))
-            small = dict((name, json.dumps({"bench": name, "data": rng.randbytes(1500).hex()}).encode())
-                         for name in SMALL_FILES)
-            small[INDEX] = json.dumps({"metadata": {"total_size": n_shards * shard_size},
-                                       "weight_map": dict(("w.%d" % i, n) for i, n in enumerate(names))}).encode()
-            for name, data in small.items():
-                etag = hubgen.git_blob_sha1(data)
-                with open(os.path.join(repo_dir, "blobs", etag), "wb") as handle:
-                    handle.write(data)
-                files[name] = {"etag": etag, "size": len(data), "data_bytes": len(data),
-                               "tree": {"size": len(data), "blob_id": etag}}
+            files.update(_small_files(repo_dir, random.Random("benchhub-small:%d:%s" % (seed, key)), names,
+                                      n_shards * shard_size))
         for name, info in files.items():
             os.symlink("../../blobs/" + info["etag"], os.path.join(snapshot, name))
         with open(os.path.join(repo_dir, "refs", "main"), "w") as handle:
@@ -183,6 +174,22 @@ def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
                 "data_bytes": sum(f["data_bytes"] for f in files.values()), "listing": listing}
 
     return cached(root, key, build)
+
+
+def _small_files(repo_dir, rng, shard_names, total_size):
+    """The small files and the index of a sparse hub, as plain git-sha1 blobs: {name: file info}."""
+    small = dict((name, json.dumps({"bench": name, "data": rng.randbytes(1500).hex()}).encode())
+                 for name in SMALL_FILES)
+    small[INDEX] = json.dumps({"metadata": {"total_size": total_size},
+                               "weight_map": dict(("w.%d" % i, n) for i, n in enumerate(shard_names))}).encode()
+    files = {}
+    for name, data in small.items():
+        etag = hubgen.git_blob_sha1(data)
+        with open(os.path.join(repo_dir, "blobs", etag), "wb") as handle:
+            handle.write(data)
+        files[name] = {"etag": etag, "size": len(data), "data_bytes": len(data),
+                       "tree": {"size": len(data), "blob_id": etag}}
+    return files
 
 
 # ------------------------------------------------------------------------------------------------

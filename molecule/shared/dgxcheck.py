@@ -204,6 +204,20 @@ def ref_paths(local_root, repos):
 def check_manifest(manifest, answer_sources, nas_root, local_root, repos):
     """Every NAS snapshot file is reachable through exactly one mount, with its NAS content;
     NAS binds are read-only and come from the NAS; local binds come from local regular files."""
+    problems = _mount_list_problems(manifest, answer_sources, nas_root, local_root)
+    listed = dict((r["repo_id"], r) for r in manifest.get("repos", []))
+    for repo in repos:
+        if repo["repo_id"] not in listed:
+            problems.append("%s is not in the manifest's repos" % repo["repo_id"])
+            continue
+        problems.extend(_repo_coverage_problems(repo, listed[repo["repo_id"]]["target"], manifest["mounts"],
+                                                answer_sources, nas_root))
+    return problems
+
+
+def _mount_list_problems(manifest, answer_sources, nas_root, local_root):
+    """The mounts alone: unique targets, counts that match, NAS binds read-only and on the NAS, local
+    binds from local regular files."""
     problems = []
     mounts = manifest["mounts"]
     targets = [m["target"] for m in mounts]
@@ -229,31 +243,31 @@ def check_manifest(manifest, answer_sources, nas_root, local_root, repos):
                 problems.append("local bind source %s is not a regular file on the local disk (%s)" % (src, info))
         else:
             problems.append("mount %s has origin %r" % (m["target"], m["origin"]))
-    listed = dict((r["repo_id"], r) for r in manifest.get("repos", []))
-    for repo in repos:
-        commit, files = nas_snapshot(nas_root, repo)
-        if repo["repo_id"] not in listed:
-            problems.append("%s is not in the manifest's repos" % repo["repo_id"])
+    return problems
+
+
+def _repo_coverage_problems(repo, snap_target, mounts, answer_sources, nas_root):
+    """Each NAS file of the repo's snapshot is reachable through exactly one mount holding its content."""
+    problems = []
+    commit, files = nas_snapshot(nas_root, repo)
+    if not snap_target.endswith("/%s/snapshots/%s" % (repo_folder(repo["repo_id"]), commit)):
+        problems.append("%s: manifest target %s is not the NAS commit %s" % (repo["repo_id"], snap_target, commit))
+    for rel, nas in sorted(files.items()):
+        path = snap_target + "/" + rel
+        through = [m for m in mounts if m["target"] == path or path.startswith(m["target"].rstrip("/") + "/")]
+        if len(through) != 1:
+            problems.append("%s:%s is reachable through %d mounts" % (repo["repo_id"], rel, len(through)))
             continue
-        snap_target = listed[repo["repo_id"]]["target"]
-        if not snap_target.endswith("/%s/snapshots/%s" % (repo_folder(repo["repo_id"]), commit)):
-            problems.append("%s: manifest target %s is not the NAS commit %s" % (repo["repo_id"], snap_target, commit))
-        for rel, nas in sorted(files.items()):
-            path = snap_target + "/" + rel
-            through = [m for m in mounts if m["target"] == path or path.startswith(m["target"].rstrip("/") + "/")]
-            if len(through) != 1:
-                problems.append("%s:%s is reachable through %d mounts" % (repo["repo_id"], rel, len(through)))
-                continue
-            m = through[0]
-            inside = os.path.join(m["source"], os.path.relpath(path, m["target"])) if path != m["target"] \
-                else m["source"]
-            if m["origin"] == "nas":
-                if not os.path.isfile(inside) or sha256_file(inside) != nas["sha256"]:
-                    problems.append("%s:%s: NAS bind %s does not hold its content" % (repo["repo_id"], rel, inside))
-            else:
-                info = answer_sources.get(inside, {})
-                if info.get("sha256") != nas["sha256"]:
-                    problems.append("%s:%s: local bind %s does not hold its content" % (repo["repo_id"], rel, inside))
+        m = through[0]
+        inside = os.path.join(m["source"], os.path.relpath(path, m["target"])) if path != m["target"] \
+            else m["source"]
+        if m["origin"] == "nas":
+            if not os.path.isfile(inside) or sha256_file(inside) != nas["sha256"]:
+                problems.append("%s:%s: NAS bind %s does not hold its content" % (repo["repo_id"], rel, inside))
+        else:
+            info = answer_sources.get(inside, {})
+            if info.get("sha256") != nas["sha256"]:
+                problems.append("%s:%s: local bind %s does not hold its content" % (repo["repo_id"], rel, inside))
     return problems
 
 

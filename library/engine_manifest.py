@@ -1,11 +1,15 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
 module: engine_manifest
 short_description: Compute the engine container's mount list for staged hub repos
+version_added: "1.0.0"
 description:
   - For each repo, resolves the commit (local C(refs/<revision>), else a 40-hex revision with a
     local snapshot, else the same on the NAS) and walks the NAS snapshot, the source of truth for
@@ -22,6 +26,7 @@ description:
     is nested in a directory mount, every NAS mount is read-only, and every NAS snapshot file is
     reachable through exactly one mount.
   - Changes nothing; a role renders RV(manifest) to C(engine_manifest_path) with a template.
+author: dgx-stage maintainers
 options:
   hub_local_root:
     description: Node-local hub cache root (holds C(models--*)). May be missing; then nothing is local.
@@ -69,17 +74,19 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details:
-      - Read-only; computes the same manifest in check mode.
+    details: Read-only; computes the same manifest in check mode.
   diff_mode:
     support: none
+    details: Nothing changes, so there is no diff.
   idempotent:
-    description: The same staged trees give the same manifest; the module never writes.
+    description: A second run with the same options and the same state reports C(changed=false).
     support: full
+    details: The same staged trees give the same manifest; the module never writes.
   platform:
     support: full
     platforms: posix
-author: dgx-stage
+notes:
+  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""
@@ -99,9 +106,69 @@ EXAMPLES = r"""
 
 RETURN = r"""
 manifest:
-  description: C({repos, mounts, counts}); mounts are sorted by target.
+  description: The mount manifest, C({repos, mounts, counts}); mounts are sorted by target.
   returned: success
   type: dict
+  contains:
+    repos:
+      description: One record per entry of O(repos), in order.
+      type: list
+      elements: dict
+      contains:
+        repo_id:
+          description: C(org/name).
+          type: str
+        repo_type:
+          description: Hub repo type.
+          type: str
+        revision:
+          description: The revision asked for.
+          type: str
+        commit:
+          description: The commit it resolved to.
+          type: str
+        folder:
+          description: The repo folder name, C(models--org--name).
+          type: str
+        local_snapshot:
+          description: The snapshot directory under O(hub_local_root) (it may not exist).
+          type: str
+        nas_snapshot:
+          description: The snapshot directory under O(hub_nas_root).
+          type: str
+        target:
+          description: The snapshot directory inside the container.
+          type: str
+    mounts:
+      description: Every bind, sorted by target.
+      type: list
+      elements: dict
+      contains:
+        source:
+          description: Host path - a local blob, or a NAS file or directory.
+          type: str
+        target:
+          description: Path inside the container.
+          type: str
+        read_only:
+          description: Always true.
+          type: bool
+        origin:
+          description: V(local) or V(nas).
+          type: str
+    counts:
+      description: Mounts by origin (the same as RV(counts)).
+      type: dict
+      contains:
+        local:
+          description: Mounts from the local disk.
+          type: int
+        nas:
+          description: Mounts from the NAS.
+          type: int
+        total:
+          description: All mounts.
+          type: int
   sample:
     repos:
       - repo_id: org/name
@@ -126,7 +193,21 @@ counts:
   description: Mounts by origin.
   returned: success
   type: dict
+  contains:
+    local:
+      description: Mounts from the local disk.
+      type: int
+    nas:
+      description: Mounts from the NAS.
+      type: int
+    total:
+      description: All mounts.
+      type: int
   sample: {local: 141, nas: 30, total: 171}
+msg:
+  description: Why no manifest could be computed (a missing NAS root or snapshot, an inconsistent mount list).
+  returned: failure
+  type: str
 """
 
 import os
@@ -136,23 +217,23 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_manifest import build_manifest
 
 
+ARGUMENT_SPEC = dict(
+    hub_local_root=dict(type="path", required=True),
+    hub_nas_root=dict(type="path", required=True),
+    repos=dict(type="list", elements="dict", required=True, options=dict(
+        repo_id=dict(type="str", required=True),
+        revision=dict(type="str", default="main"),
+        repo_type=dict(type="str", choices=["model", "dataset", "space"], default="model"),
+        allow_patterns=dict(type="raw"),
+        ignore_patterns=dict(type="raw"),
+        rank_patterns=dict(type="raw"),
+    )),
+    target_root=dict(type="str", default="/hub"),
+)
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            hub_local_root=dict(type="path", required=True),
-            hub_nas_root=dict(type="path", required=True),
-            repos=dict(type="list", elements="dict", required=True, options=dict(
-                repo_id=dict(type="str", required=True),
-                revision=dict(type="str", default="main"),
-                repo_type=dict(type="str", choices=["model", "dataset", "space"], default="model"),
-                allow_patterns=dict(type="raw"),
-                ignore_patterns=dict(type="raw"),
-                rank_patterns=dict(type="raw"),
-            )),
-            target_root=dict(type="str", default="/hub"),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
         manifest, _nas_files = build_manifest(params["hub_local_root"], params["hub_nas_root"],

@@ -1,11 +1,15 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
 module: engine_receipts
 short_description: Clear the engine's per-run receipt roots before serve
+version_added: "1.0.0"
 description:
   - The engine writes per-run receipts strict-on-exists (C(mkdir(exist_ok=False)), C(open('xb'))),
     so a receipt root left over from an earlier run makes every restart fail with C(FileExistsError).
@@ -14,6 +18,7 @@ description:
     made writable before removal; run with become so ownership is no obstacle.
   - Refuses, removing nothing, while a live process has a file open or its working directory
     under a root (found through C(/proc/*/fd) and C(/proc/*/cwd)), unless O(force=true).
+author: dgx-stage maintainers
 options:
   parent:
     description:
@@ -43,19 +48,20 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details:
-      - Reports in RV(removed) what would be removed and touches nothing; the in-use check still runs.
+    details: Reports in RV(removed) what would be removed and touches nothing; the in-use check still runs.
   diff_mode:
     support: full
+    details: Each root present before, absent after.
   idempotent:
-    description: Once the roots are gone a second run reports C(changed=false).
+    description: A second run with the same options and the same state reports C(changed=false).
     support: full
+    details: Once the roots are gone a second run removes nothing.
   platform:
     support: full
     platforms: posix
 notes:
+  - Runs on the node with the system Python; stdlib only.
   - Missing roots are not an error; the task then reports no change.
-author: dgx-stage
 """
 
 EXAMPLES = r"""
@@ -70,39 +76,63 @@ EXAMPLES = r"""
 RETURN = r"""
 removed:
   description: Receipt roots removed (in check mode, the ones that would be removed).
-  returned: always
+  returned: success
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
 would_remove:
   description: Receipt roots found present, i.e. the removal plan.
-  returned: always
+  returned: success
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
 holders:
-  description: Processes found holding a file under a root (only non-empty with O(force=true)).
-  returned: always
+  description: Processes found holding a file under a root (only non-empty with O(force=true); see the warning).
+  returned: success
   type: list
   elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    name:
+      description: Process name (C(/proc/<pid>/comm)).
+      type: str
+    path:
+      description: The open file or working directory under a root.
+      type: str
   sample: [{pid: 4242, name: python3, path: /cache/ds41-combined-ready/worker.json}]
+diff:
+  description: "Each root of RV(would_remove) as C(<path>: present) before and C(<path>: absent) after."
+  returned: success
+  type: dict
+  contains:
+    before:
+      description: "One C(<path>: present) line per root found."
+      type: str
+    after:
+      description: "One C(<path>: absent) line per root found."
+      type: str
+msg:
+  description: Why nothing was removed (a bad name or parent, a root in use), or which removal failed.
+  returned: failure
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_receipts import DEFAULT_NAMES, clear_receipts, format_holders
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS, clear_receipts, format_holders
+
+ARGUMENT_SPEC = dict(
+    parent=dict(type="path", default="/cache"),
+    names=dict(type="list", elements="str", default=list(RECEIPT_ROOTS)),
+    state=dict(type="str", choices=["absent"], default="absent"),
+    force=dict(type="bool", default=False),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            parent=dict(type="path", default="/cache"),
-            names=dict(type="list", elements="str", default=list(DEFAULT_NAMES)),
-            state=dict(type="str", choices=["absent"], default="absent"),
-            force=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     try:
         result = clear_receipts(params["parent"], params["names"], force=params["force"],

@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# dgx-stage: stage one Hugging Face hub repo revision from the NAS onto the node's local disk.
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
@@ -9,6 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: hf_hub_mirror
 short_description: Mirror one revision of a Hugging Face hub cache repo from a NAS hub to a local hub, verified
+version_added: "1.0.0"
 description:
   - Copies the files of one revision of one repo, selected by C(allow_patterns)/C(ignore_patterns), from the
     NAS hub cache C(src) into the local hub cache C(dest), and leaves a valid hub cache that
@@ -38,7 +39,11 @@ description:
   - Writes go to a temp file, are fsynced and renamed; a killed run leaves no torn blob and the next
     run removes its debris. A per-repo lock keeps two runs from interleaving.
   - Progress of long copies is written to C(<dest>/.locks/<repo folder>/dgx-stage.progress.json).
-version_added: "1.0.0"
+  - A run that fails once content is being proven or copied (a NAS blob failing its name, a local disk
+    failing or filling mid-copy, a NAS file changing during its copy, files left unstaged or dangling)
+    returns its whole result with RV(msg) - what was staged, RV(nas_corrupt), RV(report) with
+    C(status=failed). Bad input, a repo lock held too long, a disk too small for the plan and an interrupted
+    run fail with RV(msg) only.
 author: dgx-stage maintainers
 options:
   src:
@@ -113,8 +118,9 @@ attributes:
     support: full
     details: The diff lists every copy, repair, link, ref and prune.
   idempotent:
+    description: A second run with the same options and the same state reports C(changed=false).
     support: full
-    description: A second run with the same arguments reports C(changed=false).
+    details: A second run finds every blob proven and every link, ref and tree listing in place.
   platform:
     support: full
     platforms: posix
@@ -144,61 +150,111 @@ EXAMPLES = r"""
 RETURN = r"""
 commit:
   description: Commit hash that was staged.
-  returned: success
+  returned: success; on failure when the run has a result
   type: str
+  sample: 0123456789abcdef0123456789abcdef01234567
 snapshot:
   description: Local snapshot directory.
-  returned: success
+  returned: success; on failure when the run has a result
   type: str
+  sample: /raid/hf-local/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
 files:
-  description:
-    - Files of the source snapshot. C(total), C(local) (staged), C(excluded) (by the patterns) and
-      C(dangling) (local entries that do not resolve to a local file).
-  returned: success
+  description: Files of the source snapshot.
+  returned: success; on failure when the run has a result
   type: dict
+  contains:
+    total:
+      description: Files of the NAS snapshot.
+      type: int
+    local:
+      description: Files the patterns select (staged).
+      type: int
+    excluded:
+      description: Files the patterns leave out (RV(excluded_paths)).
+      type: int
+    dangling:
+      description: Local entries that do not resolve to a local file after the run.
+      type: int
   sample: {total: 14, local: 9, excluded: 5, dangling: 0}
 blobs:
-  description: Unique blobs copied, reused (verified in place) and repaired (replaced because wrong).
-  returned: success
+  description: Unique blobs under C(blobs/) - in check mode, what would be done.
+  returned: success; on failure when the run has a result
   type: dict
+  contains:
+    copied:
+      description: Blobs copied from the NAS (missing locally).
+      type: int
+    reused:
+      description: Local blobs proven right and kept.
+      type: int
+    repaired:
+      description: Local blobs replaced because wrong (size or content).
+      type: int
   sample: {copied: 7, reused: 0, repaired: 0}
+real_files:
+  description: Real files inside the snapshot (no blob name), such as a selected page15 pack.
+  returned: success; on failure when the run has a result
+  type: dict
+  contains:
+    copied:
+      description: Real files copied.
+      type: int
+    repaired:
+      description: Real files replaced because wrong.
+      type: int
+  sample: {copied: 0, repaired: 0}
+repaired_paths:
+  description: Snapshot paths whose local content was wrong and was replaced.
+  returned: success; on failure when the run has a result
+  type: list
+  elements: str
+links_written:
+  description: Snapshot links written (or, in check mode, that would be written).
+  returned: success; on failure when the run has a result
+  type: int
+refs_written:
+  description: Ref names written under C(refs/); empty when files were left unstaged.
+  returned: success; on failure when the run has a result
+  type: list
+  elements: str
+  sample: [main]
 bytes_copied:
   description: Bytes written (copies and repairs); in check mode, bytes that would be written.
-  returned: success
+  returned: success; on failure when the run has a result
+  type: int
+bytes_staged:
+  description: Bytes of the selected files (what the local snapshot holds when complete).
+  returned: success; on failure when the run has a result
   type: int
 excluded_paths:
   description: Snapshot paths not staged (the NAS-fallback manifest binds them from the NAS).
-  returned: success
+  returned: success; on failure when the run has a result
   type: list
   elements: str
-repaired_paths:
-  description: Snapshot paths whose local content was wrong and was replaced.
-  returned: success
-  type: list
-  elements: str
+  sample: [page15/a/00.bin]
 pruned:
   description: Local paths removed (or, in check mode, that would be removed) because prune is on.
-  returned: success
+  returned: success; on failure when the run has a result
   type: list
   elements: str
 stale_paths:
-  description: Local paths not part of the staged state, kept because prune is off.
-  returned: success
+  description: Local paths not part of the staged state, kept because prune is off (see the warning).
+  returned: success; on failure when the run has a result
   type: list
   elements: str
-duration_s:
-  description: The module's own run time in seconds.
-  returned: success
-  type: float
+debris_removed:
+  description: Temp files of killed runs removed (in check mode, that would be removed).
+  returned: success; on failure when the run has a result
+  type: list
+  elements: str
 nas_corrupt:
-  description:
-    - Snapshot paths whose NAS blob does not hash to its name (also returned when the module fails).
-  returned: always
+  description: Snapshot paths whose NAS blob does not hash to its name (the module then fails).
+  returned: success; on failure when the run has a result
   type: list
   elements: str
 nas_corrupt_blobs:
   description: One record per NAS blob that failed its name.
-  returned: always
+  returned: success; on failure when the run has a result
   type: list
   elements: dict
   contains:
@@ -216,22 +272,129 @@ nas_corrupt_blobs:
       description: The NAS file that was read.
       type: str
     nas_hash:
-      description: What the NAS bytes hashed to.
+      description: What the NAS bytes hashed to; null when the NAS copy was found wrong by comparison with a
+        local copy that passes its name.
       type: str
     local:
-      description: C(kept) (the local copy hashes to its name), C(removed) (it did not) or C(absent).
+      description: V(kept) (the local copy hashes to its name), V(removed) (it did not) or V(absent).
+      type: str
+    why:
+      description: How the NAS copy was found wrong.
       type: str
 unstaged_paths:
   description: Selected snapshot paths with no good local content after this run (links to them are not written).
-  returned: always
+  returned: success; on failure when the run has a result
   type: list
   elements: str
+verify:
+  description: O(verify), as used.
+  returned: success; on failure when the run has a result
+  type: str
+space:
+  description: The free-space check, in bytes.
+  returned: success; on failure when the run has a result
+  type: dict
+  contains:
+    free:
+      description: Free bytes on the local disk before the run.
+      type: int
+    reserve:
+      description: Bytes O(reserve) keeps free.
+      type: int
+    need:
+      description: Bytes the plan writes.
+      type: int
+    reclaimable:
+      description: Bytes the plan frees (prune, debris).
+      type: int
+duration_s:
+  description: The module's own run time in seconds.
+  returned: success; on failure when the run has a result
+  type: float
 report:
   description:
-    - This repo's row of the host report, shaped by the module (repo_id, revision, commit, files, blobs,
-      bytes, duration, verify, nas_corrupt, status C(ok), C(failed) or C(check)).
-  returned: always
+    - This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
+      not described here are the module's own results of the same name.
+  returned: success; on failure when the run has a result
   type: dict
+  contains:
+    repo_id:
+      description: O(repo_id).
+      type: str
+    revision:
+      description: O(revision).
+      type: str
+    status:
+      description: V(ok), V(failed) or V(check) (check mode).
+      type: str
+    check_mode:
+      description: The run was in check mode.
+      type: bool
+    commit:
+      description: RV(commit).
+      type: str
+    snapshot:
+      description: RV(snapshot).
+      type: str
+    files:
+      description: RV(files).
+      type: dict
+    blobs:
+      description: RV(blobs).
+      type: dict
+    bytes_copied:
+      description: RV(bytes_copied).
+      type: int
+    bytes_staged:
+      description: RV(bytes_staged).
+      type: int
+    duration_s:
+      description: RV(duration_s).
+      type: float
+    verify:
+      description: RV(verify).
+      type: str
+    changed:
+      description: Whether the run changed the local hub (or, in check mode, would).
+      type: bool
+    repaired_paths:
+      description: RV(repaired_paths).
+      type: list
+      elements: str
+    pruned:
+      description: RV(pruned).
+      type: list
+      elements: str
+    excluded_paths:
+      description: RV(excluded_paths).
+      type: list
+      elements: str
+    nas_corrupt:
+      description: RV(nas_corrupt).
+      type: list
+      elements: str
+    unstaged_paths:
+      description: RV(unstaged_paths).
+      type: list
+      elements: str
+diff:
+  description: What the run did (or would do), one line per copy, repair, link, ref and prune.
+  returned: success when in diff mode and something changes
+  type: dict
+  contains:
+    before_header:
+      description: C(<snapshot> (local)).
+      type: str
+    after_header:
+      description: C(<snapshot> (staged)).
+      type: str
+    prepared:
+      description: The lines.
+      type: str
+msg:
+  description: What failed, naming the files, the NAS blobs and the fix.
+  returned: failure
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -241,24 +404,24 @@ from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mir
 from ansible.module_utils.dgx_transfer import raise_interrupt_on_sigterm
 
 
+ARGUMENT_SPEC = dict(
+    src=dict(type="path", required=True),
+    dest=dict(type="path", required=True),
+    repo_id=dict(type="str", required=True),
+    repo_type=dict(type="str", default="model", choices=["model", "dataset", "space"]),
+    revision=dict(type="str", default="main"),
+    allow_patterns=dict(type="list", elements="str"),
+    ignore_patterns=dict(type="list", elements="str"),
+    verify=dict(type="str", default="sample", choices=["sample", "full", "none"]),
+    reserve=dict(type="str", default="2%"),
+    prune=dict(type="bool", default=False),
+    lock_timeout=dict(type="int", default=60),
+    workers=dict(type="int"),
+)
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            src=dict(type="path", required=True),
-            dest=dict(type="path", required=True),
-            repo_id=dict(type="str", required=True),
-            repo_type=dict(type="str", default="model", choices=["model", "dataset", "space"]),
-            revision=dict(type="str", default="main"),
-            allow_patterns=dict(type="list", elements="str"),
-            ignore_patterns=dict(type="list", elements="str"),
-            verify=dict(type="str", default="sample", choices=["sample", "full", "none"]),
-            reserve=dict(type="str", default="2%"),
-            prune=dict(type="bool", default=False),
-            lock_timeout=dict(type="int", default=60),
-            workers=dict(type="int"),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     raise_interrupt_on_sigterm()
     try:
@@ -270,8 +433,9 @@ def main():
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result
-        for key in ("diff_text", "warnings"):
-            result.pop(key)
+        result.pop("diff_text")
+        for warning in result.pop("warnings"):
+            module.warn(warning)
         module.fail_json(**printable_names(dict(result, msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))))
     except (StageError, OSError) as exc:
         module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)))

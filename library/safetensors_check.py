@@ -1,11 +1,15 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
 module: safetensors_check
 short_description: Check a staged snapshot's safetensors index against its shard headers
+version_added: "1.0.0"
 description:
   - Reads the index's C(weight_map) and the header of every shard it names (an 8-byte
     little-endian length N, then N bytes of JSON); tensor data is never read, so a 300 GB checkpoint
@@ -36,6 +40,7 @@ description:
   - Shards are normally symlinks into C(../../blobs); they are followed.
   - Without an index, every top-level C(*.safetensors) file (usually the single
     C(model.safetensors)) is checked. A snapshot without safetensors files passes with RV(shards=0).
+author: dgx-stage maintainers
 options:
   path:
     description:
@@ -59,17 +64,19 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details:
-      - Read-only; behaves the same in check mode.
+    details: Read-only; behaves the same in check mode.
   diff_mode:
     support: none
+    details: Nothing changes, so there is no diff.
   idempotent:
-    description: Only reads shard headers; it never writes.
+    description: A second run with the same options and the same state reports C(changed=false).
     support: full
+    details: Only reads shard headers; it never writes.
   platform:
     support: full
     platforms: posix
-author: dgx-stage
+notes:
+  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""
@@ -86,22 +93,22 @@ absent:
   elements: str
 shards:
   description: Number of shard files whose headers were checked.
-  returned: always
+  returned: success
   type: int
   sample: 69
 tensors:
   description: Number of tensors found in the checked headers.
-  returned: always
+  returned: success
   type: int
   sample: 94211
 checked_bytes:
   description: Header bytes read (8-byte length plus JSON per shard).
-  returned: always
+  returned: success
   type: int
   sample: 10485760
 index:
   description: Index file used, or null when there was none.
-  returned: always
+  returned: success
   type: str
   sample: /nvme/hub/models--org--name/snapshots/0123abcd/model.safetensors.index.json
 msg:

@@ -2,7 +2,11 @@
 
 Stdlib only (modules run on the nodes' system Python). The parsing and arithmetic are pure functions
 (unit-tested); the HTTP helpers take the opener and the clock as arguments so tests can drive them.
+run_probe() is the whole of library/engine_probe.py's work: the module only parses its options.
 """
+from __future__ import absolute_import, division, print_function
+
+import functools
 import json
 import socket
 import time
@@ -12,8 +16,14 @@ from urllib.request import Request, urlopen
 
 from ansible.module_utils.dgx_errors import StageError
 
+MODES = ("wait", "smoke", "decode", "bench")
 SMOKE_QUESTION = "What is 127*89? Reply with the number only."
 SMOKE_EXPECTED = "11303"
+DEFAULT_MAX_TOKENS = {"smoke": 256, "decode": 400, "bench": 512}
+# The host report's rows (one per mode), shaped by probe_report().
+SMOKE_REPORT_KEYS = ("model", "question", "expected", "answer", "passed", "duration_s")
+DECODE_REPORT_KEYS = ("model", "tokens", "token_source", "prompt_tokens", "ttft_s", "decode_s", "decode_tok_s",
+                      "duration_s", "finish_reason", "max_tokens")
 
 # The decode probe's fixed prompt: ~487 tokens with the Llama/DeepSeek BPE tokenizers (about 2,050
 # characters of English prose). Fixed, so tok/s figures of different runs and lanes compare.
@@ -187,10 +197,52 @@ def parse_bench_jsonl(text, source="bench file"):
 
 
 def bench_summary(outcomes):
-    """outcomes: [{"line", "expected", "answer", "passed"}] -> totals and the failed items."""
+    """outcomes: [{"line", "expected", "answer", "passed"}] -> item counts and the failed items.
+
+    (Not `passed`/`failed`: `passed` is the smoke test's bool, and a module result's `failed` key is
+    Ansible's task status, so a non-empty list there would fail the task.)
+    """
     failed = [{"line": o["line"], "expected": o["expected"], "answer": (o["answer"] or "")[:300]}
               for o in outcomes if not o["passed"]]
-    return {"total": len(outcomes), "passed": len(outcomes) - len(failed), "failed": failed}
+    return {"total_items": len(outcomes), "passed_items": len(outcomes) - len(failed), "failed_items": failed}
+
+
+def floor_verdict(mode, result, floor):
+    """Whether a decode (tok/s) or bench (items passed) result reaches floor; None without a floor or
+    in the modes that have none."""
+    if floor is None or mode not in ("decode", "bench"):
+        return None
+    value = result["decode_tok_s"] if mode == "decode" else result["passed_items"]
+    return float(value) >= float(floor)
+
+
+def _floor_value(mode, floor):
+    """The floor as the report shows it: tok/s as a float, an item count as an int when whole."""
+    floor = float(floor)
+    return int(floor) if mode == "bench" and floor.is_integer() else floor
+
+
+def probe_report(mode, result, floor=None):
+    """This probe's row of the host report (the engine role passes it on unchanged).
+
+    wait: {models}; smoke: the answer and its verdict; decode: the speed figures, plus floor and
+    passed (tok/s >= floor) when a floor is given; bench: {model, total, passed (a count), failed,
+    duration_s}, plus floor when given.
+    """
+    if mode == "wait":
+        return {"models": list(result["models"])}
+    if mode == "smoke":
+        return dict((key, result[key]) for key in SMOKE_REPORT_KEYS)
+    if mode == "decode":
+        row = dict((key, result[key]) for key in DECODE_REPORT_KEYS)
+        if floor is not None:
+            row.update(floor=_floor_value(mode, floor), passed=floor_verdict(mode, result, floor))
+        return row
+    row = {"model": result["model"], "total": result["total_items"], "passed": result["passed_items"],
+           "failed": result["failed_items"], "duration_s": result["duration_s"]}
+    if floor is not None:
+        row["floor"] = _floor_value(mode, floor)
+    return row
 
 
 # ------------------------------------------------------------------------------------------------
@@ -315,3 +367,84 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
     summary = bench_summary(outcomes)
     summary["duration_s"] = round(clock() - t0, 3)
     return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# the module's run: engine_probe's options in, its result out
+# ------------------------------------------------------------------------------------------------
+
+def container_state(runner, runtime, name):
+    """(running, log tail) of one container through the runtime CLI.
+
+    runner: the AnsibleModule (anything with get_bin_path() and run_command()).
+    """
+    binary = runner.get_bin_path(runtime)
+    if not binary:
+        return False, "%s not found on this host" % runtime
+    rc, out, err = runner.run_command([binary, "inspect", "--format", "{{.State.Running}}", name])
+    if rc == 0 and out.strip().lower() == "true":
+        return True, ""
+    if rc != 0:
+        return False, "container %s does not exist: %s" % (name, err.strip()[:300])
+    rc, out, err = runner.run_command([binary, "logs", "--tail", "30", name])
+    return False, (out + err)[-4000:]
+
+
+def wait_probe(base, wait_for, container_check=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+    """One bounded wait for the API (an `until` loop repeats it).
+
+    container_check: None, or a function returning (running, log tail) of this host's engine container;
+    polling stops at once when it is not running. `running` in the result is false only then.
+    """
+    logs = {"text": ""}
+
+    def is_running():
+        running, logs["text"] = container_check()
+        return running
+
+    result = poll_ready(base, wait_for, is_running=is_running if container_check else None, opener=opener,
+                        clock=clock, sleep=sleep)
+    result["logs"] = logs["text"]
+    result["running"] = result["running"] is not False
+    result["msg"] = ("API ready: %s" % ", ".join(result["models"]) if result["ready"] else
+                     "API not ready after %.0f s: %s" % (result["elapsed_s"], result["status"]))
+    return result
+
+
+def request_probe(params, opener=urlopen, clock=time.monotonic):
+    """smoke, decode or bench: resolve the model, run the requests, return the result with `model`."""
+    mode = params["mode"]
+    max_tokens = params.get("max_tokens") or DEFAULT_MAX_TOKENS[mode]
+    timeout = params["timeout"]
+    items = parse_bench_jsonl(params.get("bench_jsonl")) if mode == "bench" else None
+    model = resolve_model(params["url"], params.get("model"), timeout=min(timeout, 30.0), opener=opener)
+    http = dict(timeout=timeout, opener=opener, clock=clock)
+    if mode == "smoke":
+        result = smoke(params["url"], model, params["question"], params["expected"], max_tokens, **http)
+    elif mode == "decode":
+        result = decode_probe(params["url"], model, params.get("prompt") or DECODE_PROMPT, max_tokens, **http)
+    else:
+        result = bench(params["url"], model, items, max_tokens, **http)
+    result["model"] = model
+    return result
+
+
+def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+    """engine_probe's result for its options (module.params): the probe's figures, `passed_floor` when
+    a floor applies, and `report`, the host report's row. Raises StageError when the API cannot be
+    reached or answers nonsense; never on a threshold."""
+    mode = params["mode"]
+    if mode not in MODES:
+        raise StageError("mode must be one of %s, not %r" % (", ".join(MODES), mode))
+    if mode == "wait":
+        check = None
+        if params.get("container"):
+            check = functools.partial(container_state, runner, params.get("runtime") or "docker", params["container"])
+        result = wait_probe(params["url"], params["wait_for"], check, opener=opener, clock=clock, sleep=sleep)
+    else:
+        result = request_probe(params, opener=opener, clock=clock)
+    verdict = floor_verdict(mode, result, params.get("floor"))
+    if verdict is not None:
+        result["passed_floor"] = verdict
+    result["report"] = probe_report(mode, result, params.get("floor"))
+    return result

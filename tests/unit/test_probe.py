@@ -7,9 +7,10 @@ import pytest
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_probe
 from ansible.module_utils.dgx_probe import (DECODE_PROMPT, api_url, bench, bench_summary, chat_payload,
-                                            completion_text, contains_expected, decode_probe, decode_rate,
-                                            decode_result, first_model_id, parse_bench_jsonl, parse_sse,
-                                            poll_ready, smoke)
+                                            completion_text, contains_expected, container_state, decode_probe,
+                                            decode_rate, decode_result, first_model_id, floor_verdict,
+                                            parse_bench_jsonl, parse_sse, poll_ready, probe_report, run_probe,
+                                            smoke)
 
 
 class FakeClock(object):
@@ -249,13 +250,16 @@ def test_bench_counts_passes_and_lists_failures():
         return completion(answers[body["messages"][0]["content"]])
 
     result = bench("http://dgx1:8000", "m", items, opener=opener)
-    assert result["total"] == 2 and result["passed"] == 1
-    assert result["failed"] == [{"line": 2, "expected": "9", "answer": "8"}]
+    assert result["total_items"] == 2 and result["passed_items"] == 1
+    assert result["failed_items"] == [{"line": 2, "expected": "9", "answer": "8"}]
+    # Not `passed` (the smoke test's bool) and not `failed` (Ansible's task status).
+    assert not set(result) & {"passed", "failed", "total"}
 
 
 def test_bench_summary_truncates_long_answers():
     summary = bench_summary([{"line": 1, "expected": "x", "answer": "y" * 1000, "passed": False}])
-    assert summary == {"total": 1, "passed": 0, "failed": [{"line": 1, "expected": "x", "answer": "y" * 300}]}
+    assert summary == {"total_items": 1, "passed_items": 0,
+                       "failed_items": [{"line": 1, "expected": "x", "answer": "y" * 300}]}
 
 
 def test_the_shipped_bench_sample_parses():
@@ -264,3 +268,137 @@ def test_the_shipped_bench_sample_parses():
     with open(path) as handle:
         items = parse_bench_jsonl(handle.read(), path)
     assert len(items) == 5
+
+
+# --- the host report's rows and the floor ---------------------------------------------------------
+
+DECODE = {"model": "m", "tokens": 400, "token_source": "usage", "chunks": 400, "prompt_tokens": 487, "ttft_s": 1.5,
+          "decode_s": 11.4, "decode_tok_s": 35.0, "duration_s": 13.0, "finish_reason": "length", "max_tokens": 400,
+          "prompt_chars": 2050, "done": True}
+BENCH = {"model": "m", "total_items": 5, "passed_items": 4, "duration_s": 2.5,
+         "failed_items": [{"line": 3, "expected": "9", "answer": "8"}]}
+
+
+def test_floor_verdict_compares_tok_s_or_items_and_is_none_without_a_floor():
+    assert floor_verdict("decode", DECODE, 30.78) is True
+    assert floor_verdict("decode", DECODE, 35.0) is True       # reaching the floor is enough
+    assert floor_verdict("decode", DECODE, 35.01) is False
+    assert floor_verdict("bench", BENCH, 4) is True and floor_verdict("bench", BENCH, 5.0) is False
+    assert floor_verdict("decode", DECODE, None) is None
+    assert floor_verdict("smoke", {"passed": True}, 1) is None
+
+
+def test_the_decode_row_is_the_speed_figures_with_the_floor_and_its_verdict():
+    row = probe_report("decode", DECODE, 30.78)
+    assert row == {"model": "m", "tokens": 400, "token_source": "usage", "prompt_tokens": 487, "ttft_s": 1.5,
+                   "decode_s": 11.4, "decode_tok_s": 35.0, "duration_s": 13.0, "finish_reason": "length",
+                   "max_tokens": 400, "floor": 30.78, "passed": True}
+    assert probe_report("decode", DECODE, 100000)["passed"] is False
+    assert probe_report("decode", DECODE, 100000)["floor"] == 100000.0
+    assert "floor" not in probe_report("decode", DECODE) and "passed" not in probe_report("decode", DECODE)
+
+
+def test_the_bench_row_keeps_the_report_names_and_an_integer_floor():
+    row = probe_report("bench", BENCH, 5.0)
+    assert row == {"model": "m", "total": 5, "passed": 4, "floor": 5, "duration_s": 2.5,
+                   "failed": [{"line": 3, "expected": "9", "answer": "8"}]}
+    assert isinstance(row["floor"], int) and probe_report("bench", BENCH, 4.5)["floor"] == 4.5
+
+
+def test_the_smoke_and_wait_rows():
+    smoke_result = {"model": "m", "question": "q", "expected": "11303", "answer": "11303", "passed": True,
+                    "duration_s": 0.2}
+    assert probe_report("smoke", smoke_result) == smoke_result
+    assert probe_report("wait", {"models": ["ds41"], "ready": True, "polls": 1}) == {"models": ["ds41"]}
+
+
+# --- run_probe: the module's whole run -------------------------------------------------------------
+
+def params(**overrides):
+    base = {"mode": "smoke", "url": "http://dgx1:8000", "model": None, "timeout": 300.0, "wait_for": 10.0,
+            "container": None, "runtime": "docker", "question": dgx_probe.SMOKE_QUESTION,
+            "expected": dgx_probe.SMOKE_EXPECTED, "prompt": None, "max_tokens": None, "bench_jsonl": None,
+            "floor": None}
+    base.update(overrides)
+    return base
+
+
+def api(answers):
+    """An opener serving /v1/models and non-stream completions from answers (prompt -> text)."""
+    def opener(request, timeout):
+        if request.full_url.endswith("/v1/models"):
+            return FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())
+        prompt = json.loads(request.data.decode())["messages"][0]["content"]
+        return completion(answers.get(prompt, "?"))
+    return opener
+
+
+def test_run_probe_smoke_resolves_the_model_and_returns_the_row():
+    result = run_probe(params(), opener=api({dgx_probe.SMOKE_QUESTION: "11303"}))
+    assert result["model"] == "ds41" and result["passed"] is True
+    assert result["report"]["passed"] is True and result["report"]["model"] == "ds41"
+    assert "passed_floor" not in result
+
+
+def test_run_probe_bench_reports_the_floor_without_failing_below_it():
+    bench_jsonl = '{"prompt": "2*3", "expected": "6"}\n{"prompt": "2*4", "expected": "9"}\n'
+    result = run_probe(params(mode="bench", bench_jsonl=bench_jsonl, floor=2.0),
+                       opener=api({"2*3": "6", "2*4": "8"}))
+    assert (result["passed_items"], result["total_items"], result["passed_floor"]) == (1, 2, False)
+    assert result["report"]["passed"] == 1 and result["report"]["floor"] == 2
+
+
+def test_run_probe_decode_with_a_floor():
+    clock = FakeClock()
+    raw = sse([token_chunk("t") for _ in range(11)] + [b"[DONE]"])
+
+    def opener(request, timeout):
+        if request.full_url.endswith("/v1/models"):
+            return FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())
+        return FakeResponse(raw, clock, per_line=0.05)   # a token every 0.1 s: 10 tok/s
+
+    result = run_probe(params(mode="decode", floor=9.5), opener=opener, clock=clock)
+    assert result["decode_tok_s"] == pytest.approx(10.0) and result["passed_floor"] is True
+    assert result["report"]["passed"] is True and result["report"]["floor"] == 9.5
+
+
+class FakeRunner(object):
+    """Stands in for the AnsibleModule: a runtime CLI that says the container exited."""
+
+    def __init__(self, binary="/usr/bin/docker"):
+        self.binary = binary
+        self.commands = []
+
+    def get_bin_path(self, name):
+        return self.binary
+
+    def run_command(self, argv):
+        self.commands.append(argv)
+        if argv[1] == "inspect":
+            return 0, "false\n", ""
+        return 0, "CUDA error: out of memory\n", ""
+
+
+def test_run_probe_wait_stops_when_the_container_is_not_running():
+    runner = FakeRunner()
+
+    def opener(request, timeout):
+        raise dgx_probe.URLError("refused")
+
+    clock = FakeClock()
+    result = run_probe(params(mode="wait", container="ds41-engine", wait_for=600.0), runner=runner,
+                       opener=opener, clock=clock, sleep=clock.sleep)
+    assert result["running"] is False and result["ready"] is False and "out of memory" in result["logs"]
+    assert runner.commands[0][:2] == ["/usr/bin/docker", "inspect"]
+    assert result["report"] == {"models": []} and "not ready" in result["msg"]
+
+
+def test_container_state_without_the_runtime_cli():
+    assert container_state(FakeRunner(binary=None), "podman", "x") == (False, "podman not found on this host")
+
+
+def test_run_probe_wait_without_a_container_keeps_running_true():
+    clock = FakeClock()
+    result = run_probe(params(mode="wait"), opener=api({}), clock=clock, sleep=clock.sleep)
+    assert result["ready"] is True and result["running"] is True and result["logs"] == ""
+    assert result["report"] == {"models": ["ds41"]} and result["msg"] == "API ready: ds41"

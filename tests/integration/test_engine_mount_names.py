@@ -11,16 +11,14 @@ bind exactly as written stops the engine play before the running container is to
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import uuid
 
 import pytest
 
-from conftest import REPO_ROOT, failures, run_playbook
+from conftest import failures, run_playbook
 from hubgen import git_blob_sha1, repo_folder, sha256_hex
-from test_engine_podman import (DOUBLE_RECEIPTS, IMAGE, changed_tasks, double, free_port, podman, podman_env,
-                                podman_unusable)
+from test_engine_podman import (build_engine_double, changed_tasks, double, free_port, lane_settings, podman,
+                                podman_unusable, write_lane_inventory)
 from nashub import NasHub
 
 pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
@@ -66,10 +64,7 @@ def container_state(name):
 
 @pytest.fixture(scope="module")
 def names_lane(tmp_path_factory):
-    build = subprocess.run(["bash", os.path.join(REPO_ROOT, "tests", "engine_double", "build.sh")],
-                           env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-    assert build.returncode == 0, build.stdout.decode("utf-8", "replace")
-
+    build_engine_double()
     work = str(tmp_path_factory.mktemp("names"))
     nas_root = os.path.join(work, "nas")
     hub = build_hub(nas_root)
@@ -79,33 +74,9 @@ def names_lane(tmp_path_factory):
     name = "dgx-stage-test-mount-names-%s" % uuid.uuid4().hex[:8]
     cache = os.path.join(work, "cache")
     os.makedirs(cache)
-    settings = {
-        "lane": "exl3_2x",
-        "hub_nas_root": hub,
-        "hub_local_root": os.path.join(work, "local", "hub"),
-        "stage_repos": [{"repo_id": REPO, "ignore_patterns": [NAS_DIR + "/"]}],
-        "stage_report_dir": os.path.join(work, "reports"),
-        "receipt_parent": cache,
-        "engine_manifest_path": os.path.join(work, "local", "engine-manifest.json"),
-        "engine_enabled": True,
-        "engine_runtime": "podman",
-        "engine_image": IMAGE,
-        "engine_name": name,
-        "engine_port": port,
-        "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", str(port)],
-        "engine_env": DOUBLE_RECEIPTS,
-        "engine_gpu_devices": [],
-        "engine_master_port": 29512,
-        "engine_ready_timeout": 60,
-        "engine_ready_poll": 2,
-    }
-    inventory = os.path.join(work, "inventory")
-    os.makedirs(os.path.join(inventory, "group_vars", "all"))
-    with open(os.path.join(inventory, "hosts.yml"), "w") as handle:
-        json.dump({"all": {"children": {"exl3_2x": {"hosts": {"localhost": {
-            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}, handle)
-    with open(os.path.join(inventory, "group_vars", "all", "lane.yml"), "w") as handle:
-        json.dump(settings, handle)
+    settings = lane_settings(work, hub, [{"repo_id": REPO, "ignore_patterns": [NAS_DIR + "/"]}], name, port,
+                             engine_master_port=29512)
+    inventory = write_lane_inventory(work, settings)
     info = {"work": work, "port": port, "name": name, "cache": cache, "inventory": inventory,
             "settings": settings}
     try:

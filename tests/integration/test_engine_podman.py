@@ -106,27 +106,22 @@ def double(lane, path, payload=None):
         return json.loads(resp.read().decode())
 
 
-@pytest.fixture(scope="module")
-def lane(tmp_path_factory):
-    """Image built, a generated hub, a one-rank podman lane; the whole sequence run once."""
+def build_engine_double():
+    """The engine_double image (tests/engine_double/build.sh: rebuilt only when its files changed)."""
     build = subprocess.run(["bash", os.path.join(REPO_ROOT, "tests", "engine_double", "build.sh")],
                            env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert build.returncode == 0, build.stdout.decode("utf-8", "replace")
 
-    work = str(tmp_path_factory.mktemp("engine"))
-    nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=4)
-    port = free_port()
-    name = "dgx-stage-test-engine-double-%s" % uuid.uuid4().hex[:8]
-    cache = os.path.join(work, "cache")
-    os.makedirs(cache)
-    plant_stale_receipts(cache)
+
+def lane_settings(work, hub_nas_root, stage_repos, name, port, **extra):
+    """group_vars of a one-rank Podman lane under work running engine_double as container `name` on port."""
     settings = {
         "lane": "exl3_2x",
-        "hub_nas_root": nas["hub"],
+        "hub_nas_root": hub_nas_root,
         "hub_local_root": os.path.join(work, "local", "hub"),
-        "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
+        "stage_repos": stage_repos,
         "stage_report_dir": os.path.join(work, "reports"),
-        "receipt_parent": cache,
+        "receipt_parent": os.path.join(work, "cache"),
         "engine_manifest_path": os.path.join(work, "local", "engine-manifest.json"),
         "engine_enabled": True,
         "engine_runtime": "podman",
@@ -134,13 +129,17 @@ def lane(tmp_path_factory):
         "engine_name": name,
         "engine_port": port,
         "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", str(port)],
-        "engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=TOKENS_PER_S, DOUBLE_STARTUP_DELAY_S=2),
+        "engine_env": DOUBLE_RECEIPTS,
         "engine_gpu_devices": [],  # no GPU here
-        "engine_master_port": 29511,
         "engine_ready_timeout": 60,
         "engine_ready_poll": 2,
-        "engine_decode_floor": 30.78,
     }
+    settings.update(extra)
+    return settings
+
+
+def write_lane_inventory(work, settings):
+    """An inventory under work: localhost, the one rank of exl3_2x, with settings as group_vars/all."""
     inventory = os.path.join(work, "inventory")
     os.makedirs(os.path.join(inventory, "group_vars", "all"))
     with open(os.path.join(inventory, "hosts.yml"), "w") as handle:
@@ -148,7 +147,25 @@ def lane(tmp_path_factory):
             "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}, handle)
     with open(os.path.join(inventory, "group_vars", "all", "lane.yml"), "w") as handle:
         json.dump(settings, handle)
+    return inventory
 
+
+@pytest.fixture(scope="module")
+def lane(tmp_path_factory):
+    """Image built, a generated hub, a one-rank podman lane; the whole sequence run once."""
+    build_engine_double()
+    work = str(tmp_path_factory.mktemp("engine"))
+    nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=4)
+    port = free_port()
+    name = "dgx-stage-test-engine-double-%s" % uuid.uuid4().hex[:8]
+    cache = os.path.join(work, "cache")
+    os.makedirs(cache)
+    plant_stale_receipts(cache)
+    settings = lane_settings(
+        work, nas["hub"], [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
+        name, port, engine_env=dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=TOKENS_PER_S, DOUBLE_STARTUP_DELAY_S=2),
+        engine_master_port=29511, engine_decode_floor=30.78)
+    inventory = write_lane_inventory(work, settings)
     info = {"work": work, "nas": nas, "port": port, "name": name, "cache": cache, "inventory": inventory,
             "settings": settings, "report": os.path.join(work, "reports", "localhost.json")}
     try:

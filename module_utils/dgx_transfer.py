@@ -318,43 +318,55 @@ def run_workers(items, task, workers):
     stop = threading.Event()
     errors = []
 
-    def worker():
-        buf = ChunkBuffer(size, stop)
-        while not stop.is_set():
-            with lock:
-                if not pending:
-                    return
-                item = pending.popleft()
-            try:
-                task(item, buf)
-            except Cancelled:
-                return
-            except BaseException as exc:  # pylint: disable=broad-except  # re-raised in the caller
-                with lock:
-                    errors.append(exc)
-                stop.set()
-                return
+    def worker(done):
+        try:
+            _work_until_done(pending, lock, stop, errors, task, ChunkBuffer(size, stop))
+        finally:
+            done.set()
 
-    threads = [threading.Thread(target=worker, name="dgx-stage-%d" % i) for i in range(min(workers, len(pending)))]
-    for thread in threads:
-        thread.daemon = True      # SIGKILL aside, every exit of _join_all joins them first
-        thread.start()
-    _join_all(threads, stop)
+    _start_and_wait(worker, min(workers, len(pending)), stop)
     if errors:
         raise errors[0]
 
 
-def _join_all(threads, stop):
-    """Wait for every thread; Ctrl-C or SIGTERM meanwhile stops them all (each within one chunk,
-    removing its temp file) before it propagates."""
+def _work_until_done(pending, lock, stop, errors, task, buf):
+    while not stop.is_set():
+        with lock:
+            if not pending:
+                return
+            item = pending.popleft()
+        try:
+            task(item, buf)
+        except Cancelled:
+            return
+        except BaseException as exc:  # pylint: disable=broad-except  # re-raised in the caller
+            with lock:
+                errors.append(exc)
+            stop.set()
+            return
+
+
+def _start_and_wait(worker, count, stop):
+    """Start `count` worker threads and wait until each is done; Ctrl-C or SIGTERM meanwhile (even
+    while they are still being started) stops all that started, each within one chunk, removing its
+    temp file, before it propagates. Completion is an Event of our own: a Thread.join interrupted by
+    Ctrl-C can leave that thread marked finished while it still runs."""
+    done = []
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)  # short joins keep Ctrl-C deliverable to this thread
+        for number in range(count):
+            event = threading.Event()
+            thread = threading.Thread(target=worker, args=(event,), name="dgx-stage-%d" % number)
+            thread.daemon = True      # SIGKILL aside, every exit below waits for it first
+            thread.start()
+            done.append(event)
+        for event in done:
+            while not event.wait(0.2):    # short waits keep Ctrl-C deliverable to this thread
+                pass
     except BaseException:
         stop.set()
-        for thread in threads:
-            thread.join()
+        for event in done:
+            while not event.wait(0.2):
+                pass
         raise
 
 

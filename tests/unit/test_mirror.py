@@ -1440,6 +1440,16 @@ def test_progress_debris_of_a_killed_run_is_removed(prestage, nas, local):
     assert leftover in result["debris_removed"] and not os.path.exists(leftover)
 
 
+def workers_still_running(grace=1.0):
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+        if not alive:
+            return []
+        time.sleep(0.01)
+    return alive
+
+
 def test_ctrl_c_mid_copy_with_workers_leaves_no_temp_file_and_no_thread(big_nas, local, tmp_path, monkeypatch):
     import _thread
     from ansible.module_utils import dgx_transfer
@@ -1458,7 +1468,7 @@ def test_ctrl_c_mid_copy_with_workers_leaves_no_temp_file_and_no_thread(big_nas,
     with pytest.raises(KeyboardInterrupt):
         stage(nas, local, ignore_patterns=PAGE15, workers=3)
     assert find_debris(local) == [] and not os.path.exists(os.path.join(local_repo(nas, local), "refs"))
-    assert not [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+    assert not workers_still_running()
     time.sleep(0.3)
     assert sorted(os.listdir(str(tmp_path))) == ["local"]
     monkeypatch.undo()

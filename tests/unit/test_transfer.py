@@ -298,12 +298,27 @@ def test_copy_verified_flushes_as_it_goes_and_a_failed_flush_is_a_local_write_er
     assert tr.find_temp_debris(str(tmp_path)) == []
 
 
+def workers_still_running(grace=1.0):
+    """Worker threads left after a grace period (each sets its done event as its last act)."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+        if not alive:
+            return []
+        time.sleep(0.01)
+    return alive
+
+
 def test_ctrl_c_stops_every_worker_before_it_propagates(tmp_path):
     import _thread
-    cleaned, started = [], threading.Event()
+    cleaned, running = [], []
+    lock = threading.Lock()
 
     def long_task(item, buf):
-        started.set()
+        with lock:
+            running.append(item)
+            if len(running) == 4:     # every worker is busy: now the operator presses Ctrl-C
+                threading.Timer(0.05, _thread.interrupt_main).start()
         try:
             while True:
                 buf.check()              # where copy_verified and feed_file look between chunks
@@ -312,12 +327,10 @@ def test_ctrl_c_stops_every_worker_before_it_propagates(tmp_path):
             cleaned.append(item)         # copy_verified removes its temp file here
             raise
 
-    timer = threading.Timer(0.3, _thread.interrupt_main)
-    timer.start()
     with pytest.raises(KeyboardInterrupt):
         tr.run_workers(list(range(4)), long_task, workers=4)
-    assert started.is_set() and sorted(cleaned) == [0, 1, 2, 3]
-    assert not [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+    assert sorted(cleaned) == [0, 1, 2, 3]
+    assert not workers_still_running()
 
 
 def test_a_fatal_error_in_one_worker_stops_the_others_within_a_chunk():

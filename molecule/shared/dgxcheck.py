@@ -3,7 +3,8 @@ purpose: the truth is recomputed here from the NAS (read on the controller) and 
 finds on each node, never taken from a module's own report. Only the receipt root names, settings
 rather than results, come from their one home in dgx_receipts.
 
-Every check returns a list of problems (empty = pass), so a failing test names all of them.
+Every check returns a list of problems (empty = pass), so a failing test names all of them: ok() asserts
+there are none.
 """
 import fnmatch
 import json
@@ -31,6 +32,11 @@ with open(os.path.join(HERE, "probe.py")) as _handle:
 # ------------------------------------------------------------------------------------------------
 # inventory and probes
 # ------------------------------------------------------------------------------------------------
+
+def ok(problems):
+    """The test's assertion: no problems, else all of them, one a line."""
+    assert not problems, "\n".join(problems)
+
 
 def ephemeral_dir():
     return os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]
@@ -189,6 +195,14 @@ def check_snapshot(answer, nas_root, local_root, repo):
                                                                  ref, commit))
     if not wanted:
         problems.append("%s: the patterns select nothing (test set-up error)" % repo["repo_id"])
+    return problems
+
+
+def check_snapshots(answer, hvars):
+    """check_snapshot for every repo the host stages (hvars: its inventory variables)."""
+    problems = []
+    for repo in hvars["stage_repos"]:
+        problems += check_snapshot(answer, hvars["hub_nas_root"], hvars["hub_local_root"], repo)
     return problems
 
 

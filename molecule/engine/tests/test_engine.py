@@ -18,10 +18,6 @@ RANKS = ["dgx1", "dgx2"]
 MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
 
 
-def _ok(problems):
-    assert not problems, "\n".join(problems)
-
-
 def ask(port, path, payload=None):
     data = json.dumps(payload).encode() if payload is not None else None
     request = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data,
@@ -64,15 +60,15 @@ def test_every_manifest_bind_is_mounted_read_only(rank):
             problems.append("%s is not mounted in %s's container" % (bind["target"], rank["name"]))
         elif not got["read_only"]:
             problems.append("%s is mounted read-write" % bind["target"])
-    _ok(problems)
+    dgxcheck.ok(problems)
     assert mounts["/cache"]["read_only"] is False, "the engine writes its receipts to /cache"
 
 
 def test_every_nas_file_reads_back_its_bytes_inside_the_container(rank):
     files = rank["seen"]["files"]
-    _ok(["%s: %s" % (path, files[path]["error"] or "sha256 %s" % files[path]["sha256"])
-         for path, sha in sorted(rank["expected"].items())
-         if not files[path]["readable"] or files[path]["sha256"] != sha])
+    dgxcheck.ok(["%s: %s" % (path, files[path]["error"] or "sha256 %s" % files[path]["sha256"])
+                 for path, sha in sorted(rank["expected"].items())
+                 if not files[path]["readable"] or files[path]["sha256"] != sha])
     page15 = [p for p in rank["expected"] if "/page15/" in p]
     assert page15, "set-up: no page15 files in the NAS snapshot"
 
@@ -90,8 +86,8 @@ def test_manifest_covers_every_nas_file_once(rank):
     hvars = rank["vars"]
     sources = [m["source"] for m in rank["manifest"]["mounts"] if m["origin"] == "local"]
     answer = _local_probe(hvars["hub_local_root"], sources)
-    _ok(dgxcheck.check_manifest(rank["manifest"], answer["stat"], hvars["hub_nas_root"],
-                                os.path.realpath(hvars["hub_local_root"]), hvars["stage_repos"]))
+    dgxcheck.ok(dgxcheck.check_manifest(rank["manifest"], answer["stat"], hvars["hub_nas_root"],
+                                        os.path.realpath(hvars["hub_local_root"]), hvars["stage_repos"]))
 
 
 def test_report_has_the_rank_smoke_and_decode_results(rank):
@@ -125,7 +121,7 @@ def test_each_rank_is_its_own_container():
 
 
 def test_nas_unchanged_byte_for_byte():
-    _ok(dgxcheck.nas_unchanged())
+    dgxcheck.ok(dgxcheck.nas_unchanged())
 
 
 def _local_probe(root, stat_paths):

@@ -12,7 +12,6 @@ from ansible.module_utils.dgx_fsutil import is_within, remove_path
 # demo and the Molecule checks read them from here; the receipt role's defaults and argument spec and
 # engine_receipts' DOCUMENTATION hold them as literal text.
 RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
-DEFAULT_NAMES = RECEIPT_ROOTS  # the name library/engine_receipts.py imports; goes once it imports RECEIPT_ROOTS
 _DELETED_SUFFIX = " (deleted)"
 
 

@@ -59,6 +59,9 @@ options:
     type: list
     elements: str
     default: []
+  repo_id:
+    description: The repo the snapshot belongs to; only echoed in RV(report), so a caller needs no shaping.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -116,6 +119,20 @@ msg:
   returned: always
   type: str
   sample: 69 shards, 94211 tensors match model.safetensors.index.json
+report:
+  description: The host report's row for this check.
+  returned: success
+  type: dict
+  contains:
+    repo_id:
+      description: O(repo_id) as given (null when not given).
+      type: str
+    shards:
+      description: As RV(shards).
+      type: int
+    tensors:
+      description: As RV(tensors).
+      type: int
 problems:
   description: Every problem found, one line each, naming the shard (and the tensor where there is one).
   returned: failure
@@ -134,6 +151,7 @@ ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),
     index=dict(type="str"),
     absent_ok=dict(type="list", elements="str", default=[]),
+    repo_id=dict(type="str"),
 )
 
 
@@ -143,6 +161,7 @@ def main():
         result = check_snapshot(module.params["path"], module.params["index"], module.params["absent_ok"])
     except StageError as exc:
         module.fail_json(msg=str(exc), problems=getattr(exc, "problems", [str(exc)]))
+    result["report"] = {"repo_id": module.params["repo_id"], "shards": result["shards"], "tensors": result["tensors"]}
     module.exit_json(changed=False, **result)
 
 

@@ -159,7 +159,7 @@ manifest:
     counts:
       description: Mounts by origin (the same as RV(counts)).
       type: dict
-      contains:
+      contains: &counts
         local:
           description: Mounts from the local disk.
           type: int
@@ -193,16 +193,7 @@ counts:
   description: Mounts by origin.
   returned: success
   type: dict
-  contains:
-    local:
-      description: Mounts from the local disk.
-      type: int
-    nas:
-      description: Mounts from the NAS.
-      type: int
-    total:
-      description: All mounts.
-      type: int
+  contains: *counts
   sample: {local: 141, nas: 30, total: 171}
 msg:
   description: Why no manifest could be computed (a missing NAS root or snapshot, an inconsistent mount list).

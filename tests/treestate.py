@@ -1,9 +1,12 @@
 """Test oracles shared by every suite: file and blob-name hashes computed independently of
 module_utils, and whole-tree snapshots to prove "nothing was written" (the NAS is read-only to
-every node, but tests run as root, so permissions alone would not catch a write)."""
+every node, but tests run as root, so permissions alone would not catch a write), and the worker
+threads a stopped run must not leave behind."""
 import hashlib
 import os
 import stat
+import threading
+import time
 
 
 def sha256_file(path):
@@ -70,3 +73,14 @@ def set_writable(root, writable):
                 continue
             mode = stat.S_IMODE(st.st_mode)
             os.chmod(full, (mode | stat.S_IWUSR) if writable else (mode & ~0o222))
+
+
+def workers_still_running(grace=1.0):
+    """dgx-stage worker threads still alive after a grace period (each sets its done event as its last act)."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        alive = [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
+        if not alive:
+            return []
+        time.sleep(0.01)
+    return alive

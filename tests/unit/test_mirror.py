@@ -27,7 +27,7 @@ from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from nashub import build_nas
-from treestate import blob_matches_name, sha256_file, snapshot_diff, tree_snapshot
+from treestate import workers_still_running, blob_matches_name, sha256_file, snapshot_diff, tree_snapshot
 
 MAIN = hubgen.MAIN_REPO
 DRAFTER = hubgen.DRAFTER_REPO
@@ -1438,16 +1438,6 @@ def test_progress_debris_of_a_killed_run_is_removed(prestage, nas, local):
     open(leftover, "w").close()
     result = stage(nas, local, ignore_patterns=PAGE15)
     assert leftover in result["debris_removed"] and not os.path.exists(leftover)
-
-
-def workers_still_running(grace=1.0):
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        alive = [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
-        if not alive:
-            return []
-        time.sleep(0.01)
-    return alive
 
 
 def test_ctrl_c_mid_copy_with_workers_leaves_no_temp_file_and_no_thread(big_nas, local, tmp_path, monkeypatch):

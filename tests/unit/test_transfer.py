@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from treestate import workers_still_running
+
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_transfer as tr
 from ansible.module_utils.dgx_fsutil import NAME_MAX, is_temp_name, temp_name_for
@@ -296,17 +298,6 @@ def test_copy_verified_flushes_as_it_goes_and_a_failed_flush_is_a_local_write_er
             tr.copy_verified(str(src), top, "blob2", len(data), blob_name=sha256_name(data))
     assert err.value.errno == errno.EIO and not (tmp_path / "blob2").exists()
     assert tr.find_temp_debris(str(tmp_path)) == []
-
-
-def workers_still_running(grace=1.0):
-    """Worker threads left after a grace period (each sets its done event as its last act)."""
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        alive = [t for t in threading.enumerate() if t.name.startswith("dgx-stage-")]
-        if not alive:
-            return []
-        time.sleep(0.01)
-    return alive
 
 
 def test_ctrl_c_stops_every_worker_before_it_propagates(tmp_path):

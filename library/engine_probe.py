@@ -155,11 +155,10 @@ report:
       type: str
     passed:
       description:
-        - V(smoke) - the answer contains the expected string (bool).
-        - V(decode) - tok/s reached O(floor) (bool, RV(passed_floor)).
-        - V(bench) - the number of items passed (RV(passed_items)).
-      returned: when O(mode=smoke) or O(mode=bench); when O(mode=decode) and O(floor) is set
-      type: raw
+        - The row's verdict. V(smoke) - the answer contains the expected string.
+        - V(decode) - tok/s reached O(floor); V(bench) - items passed reached O(floor) (RV(passed_floor)).
+      returned: when O(mode=smoke); when O(mode=decode) or O(mode=bench) and O(floor) is set
+      type: bool
     duration_s:
       description: Seconds the probe's requests took.
       returned: when O(mode=smoke) or O(mode=decode) or O(mode=bench)
@@ -200,11 +199,15 @@ report:
       description: O(floor) - a float for V(decode), an int when whole for V(bench).
       returned: when O(mode=decode) or O(mode=bench) and O(floor) is set
       type: raw
-    total:
+    total_items:
       description: Number of bench items (RV(total_items)).
       returned: when O(mode=bench)
       type: int
-    failed:
+    passed_items:
+      description: Number of bench items passed (RV(passed_items)).
+      returned: when O(mode=bench)
+      type: int
+    failed_items:
       description: The failed bench items (RV(failed_items)), C({line, expected, answer}).
       returned: when O(mode=bench)
       type: list

@@ -4,7 +4,6 @@ The NAS snapshot is the source of truth for "every file". A file staged on local
 from its local blob; what is not staged is bound read-only from the NAS, one mount per maximal
 directory with nothing local in it (page15/), else one mount per file.
 """
-import json
 import os
 import posixpath
 import stat
@@ -268,8 +267,3 @@ def coverage_problems(manifest, nas_files):
             problems.append("%s is a symlink leaving directory mount %s; it would dangle in the "
                             "container" % (nas_file, mount["source"]))
     return problems
-
-
-def render_manifest_json(manifest):
-    """The manifest file's text, as the role's to_nice_json(indent=2) template renders it."""
-    return json.dumps(manifest, indent=2, sort_keys=True)

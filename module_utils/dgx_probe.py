@@ -226,8 +226,9 @@ def probe_report(mode, result, floor=None):
     """This probe's row of the host report (the engine role passes it on unchanged).
 
     wait: {models}; smoke: the answer and its verdict; decode: the speed figures, plus floor and
-    passed (tok/s >= floor) when a floor is given; bench: {model, total, passed (a count), failed,
-    duration_s}, plus floor when given.
+    passed (tok/s >= floor) when a floor is given; bench: {model, total_items, passed_items, failed_items,
+    duration_s}, plus floor and passed (passed_items >= floor) when a floor is given. `passed` is a
+    verdict (a bool) in every row.
     """
     if mode == "wait":
         return {"models": list(result["models"])}
@@ -238,10 +239,9 @@ def probe_report(mode, result, floor=None):
         if floor is not None:
             row.update(floor=_floor_value(mode, floor), passed=floor_verdict(mode, result, floor))
         return row
-    row = {"model": result["model"], "total": result["total_items"], "passed": result["passed_items"],
-           "failed": result["failed_items"], "duration_s": result["duration_s"]}
+    row = dict((key, result[key]) for key in ("model", "total_items", "passed_items", "failed_items", "duration_s"))
     if floor is not None:
-        row["floor"] = _floor_value(mode, floor)
+        row.update(floor=_floor_value(mode, floor), passed=floor_verdict(mode, result, floor))
     return row
 
 

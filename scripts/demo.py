@@ -58,8 +58,9 @@ def playbook_command(extra_args):
 def summary():
     with open(REPORT) as handle:
         report = json.load(handle)
+    verify = sorted(set(row["verify"] for row in report["passes"]["verify"]))
     lines = ["", "dgx-stage demo summary (%s, lane %s, verify=%s)" % (report["host"], report["lane"],
-                                                                     report["stage_verify"])]
+                                                                     ",".join(verify))]
     for staged, verified in zip(report["passes"]["stage"], report["passes"]["verify"]):
         mib = staged["bytes_copied"] / 1048576.0
         rate = mib / max(staged["duration_s"], 0.001)

@@ -3,6 +3,7 @@ module_utils, and whole-tree snapshots to prove "nothing was written" (the NAS i
 every node, but tests run as root, so permissions alone would not catch a write), and the worker
 threads a stopped run must not leave behind."""
 import hashlib
+import json
 import os
 import stat
 import threading
@@ -84,3 +85,8 @@ def workers_still_running(grace=1.0):
             return []
         time.sleep(0.01)
     return alive
+
+
+def manifest_text(manifest):
+    """The mount manifest file's text as the engine role's template renders it (to_nice_json(indent=2))."""
+    return json.dumps(manifest, indent=2, sort_keys=True)

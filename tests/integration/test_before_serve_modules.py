@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from ansible.module_utils.dgx_manifest import render_manifest_json
+from treestate import manifest_text
+
 from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
 
 from conftest import BIN_DIR, REPO_ROOT, ansible_env
@@ -184,7 +185,7 @@ def test_before_serve_playbook_on_hubgen_hub(tmp_path, nas_hub, local_hub):
     results = json.loads((out / "results.json").read_text())
     manifest = results["mounts"]["manifest"]
 
-    assert (out / "manifest.json").read_text() == render_manifest_json(manifest)
+    assert (out / "manifest.json").read_text() == manifest_text(manifest)
     assert results["receipts"]["removed"] == [str(receipts / n) for n in RECEIPT_NAMES]
     assert all(h["shards"] > 0 for h in results["headers"])
 

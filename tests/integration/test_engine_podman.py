@@ -242,7 +242,8 @@ def test_rerun_changes_nothing_and_keeps_the_container(lane):
     assert sorted(os.listdir(lane["cache"])) == RECEIPT_NAMES
     with open(lane["report"]) as handle:
         bench = json.load(handle)["engine"]["bench"]
-    assert (bench["total"], bench["passed"], bench["floor"], bench["failed"]) == (5, 5, 5, [])
+    assert (bench["total_items"], bench["passed_items"], bench["floor"], bench["failed_items"]) == (5, 5, 5, [])
+    assert bench["passed"] is True
 
 
 def test_decode_below_the_floor_fails_clearly_and_is_still_reported(lane):

@@ -5,11 +5,12 @@ import json
 import os
 
 import pytest
+
+from treestate import manifest_text
 from ansible.plugins.filter.core import to_nice_json
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_manifest import (build_manifest, coverage_problems,
-                                               render_manifest_json, resolve_commit)
+from ansible.module_utils.dgx_manifest import build_manifest, coverage_problems, resolve_commit
 
 REPO = "org/name"
 FOLDER = "models--org--name"
@@ -338,7 +339,7 @@ def test_file_outside_listed_repos_is_a_problem(hubs):
 
 def test_render_matches_the_roles_to_nice_json_template(hubs):
     manifest = build(*hubs)
-    text = render_manifest_json(manifest)
+    text = manifest_text(manifest)
     assert text == to_nice_json(manifest, indent=2)
     assert json.loads(text) == manifest
     assert text.index('"counts"') < text.index('"mounts"') < text.index('"repos"')

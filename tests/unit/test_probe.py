@@ -298,11 +298,12 @@ def test_the_decode_row_is_the_speed_figures_with_the_floor_and_its_verdict():
     assert "floor" not in probe_report("decode", DECODE) and "passed" not in probe_report("decode", DECODE)
 
 
-def test_the_bench_row_keeps_the_report_names_and_an_integer_floor():
+def test_the_bench_row_counts_items_and_passed_is_the_verdict_against_an_integer_floor():
     row = probe_report("bench", BENCH, 5.0)
-    assert row == {"model": "m", "total": 5, "passed": 4, "floor": 5, "duration_s": 2.5,
-                   "failed": [{"line": 3, "expected": "9", "answer": "8"}]}
+    assert row == {"model": "m", "total_items": 5, "passed_items": 4, "floor": 5, "passed": False,
+                   "duration_s": 2.5, "failed_items": [{"line": 3, "expected": "9", "answer": "8"}]}
     assert isinstance(row["floor"], int) and probe_report("bench", BENCH, 4.5)["floor"] == 4.5
+    assert probe_report("bench", BENCH, 4.0)["passed"] is True and "passed" not in probe_report("bench", BENCH)
 
 
 def test_the_smoke_and_wait_rows():
@@ -345,7 +346,7 @@ def test_run_probe_bench_reports_the_floor_without_failing_below_it():
     result = run_probe(params(mode="bench", bench_jsonl=bench_jsonl, floor=2.0),
                        opener=api({"2*3": "6", "2*4": "8"}))
     assert (result["passed_items"], result["total_items"], result["passed_floor"]) == (1, 2, False)
-    assert result["report"]["passed"] == 1 and result["report"]["floor"] == 2
+    assert result["report"]["passed_items"] == 1 and result["report"]["passed"] is False and result["report"]["floor"] == 2
 
 
 def test_run_probe_decode_with_a_floor():

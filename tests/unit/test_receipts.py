@@ -24,6 +24,18 @@ def test_default_names_are_the_three_engine_roots():
     assert NAMES == ["ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv"]
 
 
+def test_the_receipt_role_clears_the_same_roots_by_default():
+    # The role's default (and its documented default) is the inventory-facing copy of RECEIPT_ROOTS.
+    import yaml
+    role = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "roles",
+                        "receipt")
+    with open(os.path.join(role, "defaults", "main.yml")) as handle:
+        assert yaml.safe_load(handle)["receipt_roots"] == NAMES
+    with open(os.path.join(role, "meta", "argument_specs.yml")) as handle:
+        spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    assert spec["receipt_roots"]["default"] == NAMES
+
+
 def test_removes_listed_roots_and_nothing_else(tmp_path):
     paths = make_roots(tmp_path)
     (tmp_path / "ds41-other").mkdir()

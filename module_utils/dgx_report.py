@@ -1,0 +1,251 @@
+"""The host report (DESIGN "Host reports"): one run's view of a host, and its latest complete view.
+
+Each play of stage-deepseek.yml ends by calling host_report on the controller with the run's identity
+(run_id and start time, made once per run in playbooks/select-lane.yml), the play that just ended (its
+name, start, and whether it failed with which task) and the host's results so far in this run (the
+stage role's per-pass mirror rows and weights, the engine role's results). Two files are written:
+
+  <dir>/<host>-<run_id>.json  this run's view: only what this run did, play after play
+  <dir>/<host>.json           the latest complete view: this run's identity and status over the last
+                              real results of every play (a play not run keeps its last values, with
+                              its own run_id and timestamps under `plays`)
+
+A --check run changes nothing on a host, so it never replaces real results: the latest view says
+status `check` (or `failed`) with the check run's identity, keeps the last real plays, passes, weights
+and engine results as they were, and puts the check run's plan under `check`. `last_real_run` names the
+run the real results come from. A failed play sets status `failed`, `failed_play`, `failed_task` and
+`failed_msg` in both files at once, so a host that fails never keeps an earlier success as its latest.
+
+Timestamps are ISO 8601 UTC (2026-11-30T20:45:12Z). Everything here is plain data in, plain data out;
+update_reports() reads the existing files and writes both atomically.
+"""
+import json
+import os
+import re
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+
+# The plays of stage-deepseek.yml, in run order (their tags); PASSES are the stage role's passes.
+PLAYS = ("preflight", "stage", "verify", "receipts", "manifest", "engine", "smoke", "bench")
+PASSES = ("preflight", "stage", "verify")
+ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+# The host's identity in the lane, recorded as given (select-lane.yml's facts and the hub roots).
+IDENTITY = ("lane", "rank", "world_size", "hub_nas_root", "hub_local_root")
+
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def utc_now(epoch=None):
+    """ISO 8601 UTC, to the second: 2026-11-30T20:45:12Z."""
+    return time.strftime(ISO_FORMAT, time.gmtime(epoch))
+
+
+def check_inputs(host, run, play):
+    """Refuse what would make a wrong file name or an unreadable timestamp, naming the input."""
+    if not host or "/" in host or "\0" in host or host.startswith(".") or len(host.encode("utf-8")) > 200:
+        raise StageError("host_report: host %r cannot name a report file (empty, a '/', a leading '.', "
+                         "or longer than 200 bytes)" % (host,))
+    if not _RUN_ID.match(run["id"] or "") or len(run["id"]) > 64:
+        raise StageError("host_report: run_id %r is not a run id (letters, digits, '.', '_', '-'; at most "
+                         "64): it is made once per run in playbooks/select-lane.yml" % (run["id"],))
+    for what, value in (("run_started", run["started"]), ("play_started", play["started"])):
+        if not _ISO.match(value or ""):
+            raise StageError("host_report: %s %r is not ISO 8601 UTC (like 2026-11-30T20:45:12Z)" % (what, value))
+    if play["name"] not in PLAYS:
+        raise StageError("host_report: play %r is not one of %s" % (play["name"], ", ".join(PLAYS)))
+
+
+def stage_bytes(rows):
+    """(bytes_from_nas, bytes_from_peers) of a stage pass, all repos: what the copies read from each source.
+
+    A row may say where its bytes came from (bytes_from_nas / bytes_from_peers, once host-to-host copies
+    exist); otherwise every copied byte came from the NAS.
+    """
+    from_nas = from_peers = 0
+    for row in rows or []:
+        peers = int(row.get("bytes_from_peers") or 0)
+        from_peers += peers
+        from_nas += int(row.get("bytes_from_nas", int(row.get("bytes_copied") or 0) - peers))
+    return from_nas, from_peers
+
+
+def failure_message(result):
+    """The message of a failed task's result: its msg, and for a loop, each failed item's label and msg."""
+    result = result if isinstance(result, dict) else {}
+    msg = result.get("msg")
+    msg = msg if isinstance(msg, str) else (json.dumps(msg, sort_keys=True) if msg is not None else "")
+    items = []
+    for item in result.get("results") or []:
+        if isinstance(item, dict) and item.get("failed"):
+            label = item.get("_ansible_item_label", item.get("item"))
+            label = label if isinstance(label, str) else json.dumps(label, sort_keys=True)
+            items.append("%s: %s" % (label, item.get("msg", "failed")))
+    if not items:
+        return msg
+    return "%s: %s" % (msg or "failed items", " | ".join(items))
+
+
+def play_record(run, play, passes, finished):
+    """How one play of this run went: run_id, started, finished, status (and for stage, its bytes)."""
+    status = "failed" if play["failed"] else ("check" if run["check"] else "ok")
+    record = {"run_id": run["id"], "started": play["started"], "finished": finished, "status": status}
+    if play["name"] == "stage":
+        # A --check run copies nothing: its rows are the plan (status check), not bytes read.
+        record["bytes_from_nas"], record["bytes_from_peers"] = (
+            (0, 0) if run["check"] else stage_bytes(passes.get("stage")))
+    if play["failed"]:
+        record["failed_task"] = play["failed_task"] or "(unnamed task)"
+        record["failed_msg"] = failure_message(play["failed_result"])
+    return record
+
+
+def _in_play_order(plays):
+    return dict((name, plays[name]) for name in PLAYS if name in plays)
+
+
+def _stage_fields(plays):
+    """The stage pass's top-level fields from its play record (null and 0 when it has not run)."""
+    stage = plays.get("stage") or {}
+    return {"stage_started": stage.get("started"), "stage_finished": stage.get("finished"),
+            "bytes_from_nas": int(stage.get("bytes_from_nas") or 0),
+            "bytes_from_peers": int(stage.get("bytes_from_peers") or 0)}
+
+
+def _failure(plays):
+    """failed_play, failed_task, failed_msg of the first failed play, or {}."""
+    for name, record in plays.items():
+        if record.get("status") == "failed":
+            return {"failed_play": name, "failed_task": record.get("failed_task"),
+                    "failed_msg": record.get("failed_msg", "")}
+    return {}
+
+
+def run_view(previous, host, run, play, data, finished):
+    """This run's view of the host after `play`: `previous` is what this run wrote before (or None).
+
+    data: {"identity": {lane, rank, ...}, "passes": {pass: [rows]}, "weights": [...], "engine": {...}}:
+    the host's results so far in this run (the roles' facts accumulate over the run's plays).
+    """
+    same_run = previous if isinstance(previous, dict) and previous.get("run_id") == run["id"] else {}
+    plays = dict(same_run.get("plays") or {})
+    plays[play["name"]] = play_record(run, play, data["passes"], finished)
+    plays = _in_play_order(plays)
+    passes = dict(same_run.get("passes") or {})
+    passes.update(data["passes"])
+    engine = dict(same_run.get("engine") or {})
+    engine.update(data["engine"])
+    failure = _failure(plays)
+    view = {"host": host, "run_id": run["id"], "started": run["started"], "finished": finished,
+            "status": "failed" if failure else ("check" if run["check"] else "ok"),
+            "check_mode": bool(run["check"]), "tags": sorted(run["tags"]), "skip_tags": sorted(run["skip_tags"])}
+    view.update(failure)
+    view.update((key, data["identity"].get(key)) for key in IDENTITY)
+    view.update(_stage_fields(plays))
+    view.update(plays=plays, passes=_in_pass_order(passes),
+                weights=list(data["weights"] or same_run.get("weights") or []), engine=engine)
+    return view
+
+
+def _in_pass_order(passes):
+    ordered = dict((name, passes[name]) for name in PASSES if name in passes)
+    ordered.update((name, rows) for name, rows in passes.items() if name not in ordered)
+    return ordered
+
+
+def real_results(previous):
+    """The real (not --check) results a latest view holds: plays, passes, weights, engine, last_real_run.
+
+    A latest view written before run ids existed holds its passes, weights and engine at the top
+    (real unless it was written by a --check run), and no plays.
+    """
+    if not isinstance(previous, dict):
+        return {"plays": {}, "passes": {}, "weights": [], "engine": {}, "last_real_run": None}
+    if "run_id" not in previous and previous.get("check_mode"):
+        return real_results(None)
+    return {"plays": dict(previous.get("plays") or {}), "passes": dict(previous.get("passes") or {}),
+            "weights": list(previous.get("weights") or []), "engine": dict(previous.get("engine") or {}),
+            "last_real_run": previous.get("last_real_run")}
+
+
+_RUN_KEYS = ("run_id", "started", "finished", "status", "tags", "failed_play", "failed_task", "failed_msg")
+
+
+def latest_view(previous, view):
+    """The latest complete view after this run's `view`, over the previous latest view (or None)."""
+    real = real_results(previous)
+    latest = dict((key, view[key]) for key in ("host", "run_id", "started", "finished", "status", "check_mode",
+                                               "tags", "skip_tags"))
+    latest.update((key, view[key]) for key in ("failed_play", "failed_task", "failed_msg") if key in view)
+    latest.update((key, view[key]) for key in IDENTITY)
+    if view["check_mode"]:
+        plays, passes, weights, engine = real["plays"], real["passes"], real["weights"], real["engine"]
+        last_real_run = real["last_real_run"]
+    else:
+        plays = _in_play_order(dict(real["plays"], **view["plays"]))
+        passes = _in_pass_order(dict(real["passes"], **view["passes"]))
+        # The weights come with the verify play: a run that verified replaces them, even with none.
+        weights = view["weights"] if "verify" in view["plays"] else real["weights"]
+        engine = dict(real["engine"], **view["engine"])
+        last_real_run = dict((key, view[key]) for key in _RUN_KEYS if key in view)
+    latest.update(_stage_fields(plays))
+    latest.update(plays=plays, passes=passes, weights=weights, engine=engine, last_real_run=last_real_run)
+    if view["check_mode"]:
+        check = dict((key, view[key]) for key in _RUN_KEYS if key in view)
+        check.update((key, view[key]) for key in ("plays", "passes", "weights", "engine"))
+        latest["check"] = check
+    return latest
+
+
+def report_paths(directory, host, run_id):
+    """(history path, latest path) of a host's reports."""
+    return (os.path.join(directory, "%s-%s.json" % (host, run_id)), os.path.join(directory, host + ".json"))
+
+
+def read_report(path):
+    """(the JSON object at path or None, a warning or None): a missing file is no warning."""
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, "%s is unreadable (%s): it is replaced by this run's report" % (path, exc)
+    if not isinstance(data, dict):
+        return None, "%s holds no JSON object: it is replaced by this run's report" % path
+    return data, None
+
+
+def dumps(report):
+    return (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def update_reports(directory, host, run, play, data, finished=None, write=True):
+    """Merge this play into the host's history file of this run and its latest view, and write both.
+
+    run:  {"id", "started", "tags", "skip_tags", "check"}   (check: this is a --check run; tags are sorted,
+          as Ansible keeps them as a set)
+    play: {"name", "started", "failed", "failed_task", "failed_result"} (failed_result: the failed task's result)
+    data: see run_view.
+    Returns {"report", "latest", "history_path", "latest_path", "warnings"}; write=False writes nothing.
+    """
+    check_inputs(host, run, play)
+    directory = os.path.abspath(directory)
+    history_path, latest_path = report_paths(directory, host, run["id"])
+    finished = finished or utc_now()
+    previous_run, warn_run = read_report(history_path)
+    previous_latest, warn_latest = read_report(latest_path)
+    view = run_view(previous_run, host, run, play, data, finished)
+    latest = latest_view(previous_latest, view)
+    if write:
+        try:
+            os.makedirs(directory, 0o755, exist_ok=True)
+            atomic_write_bytes(history_path, dumps(view))
+            atomic_write_bytes(latest_path, dumps(latest))
+        except OSError as exc:
+            raise StageError("host_report: cannot write the reports of %s in %s: %s; check stage_report_dir"
+                             % (host, directory, exc))
+    return {"report": view, "latest": latest, "history_path": history_path, "latest_path": latest_path,
+            "warnings": [w for w in (warn_run, warn_latest) if w]}

@@ -6,7 +6,7 @@ run in-process on small real fixtures (a synthetic NAS hub, a receipt directory 
 safetensors shards, an engine double serving HTTP on 127.0.0.1), on success and on failure:
 every returned key (and every key inside a documented dict or list of dicts) is documented, every
 key documented as returned in that case is there, and no key is returned where the docs say it is not.
-The five modules share one header, author line and attribute blocks.
+The modules share one header, author line and attribute blocks.
 
 The `returned:` grammar the checks read: clauses joined by "; ", each `always`, `success`, `failure`
 (or `on failure`), optionally followed by `when <condition>` (a key inside `contains` may give only
@@ -521,6 +521,33 @@ def test_engine_probe_results_when_the_api_is_down():
     smoke = dict(mode="smoke", url=url)
     result = check_result("engine_probe", smoke, run_main("engine_probe", smoke), expect_failure=True)
     assert "unreachable" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# host_report, in a report directory
+# ------------------------------------------------------------------------------------------------
+
+CHECK_RUN = "the run is a check run"
+
+
+def test_host_report_results(tmp_path):
+    """A real run's stage play, then a --check run's verify play that fails, then a bad run id."""
+    row = {"repo_id": MAIN, "status": "ok", "bytes_copied": 3}
+    args = {"dir": str(tmp_path / "reports"), "host": "dgx1", "run_id": "20261130T204512Z-3fa2",
+            "run_started": "2026-11-30T20:45:12Z", "tags": ["all"], "play": "stage",
+            "play_started": "2026-11-30T20:45:14Z", "passes": {"stage": [row]}, "lane": "exl3_2x",
+            "rank": 0, "world_size": 2, "hub_nas_root": "/nas/hub", "hub_local_root": "/nvme/hub"}
+    result = check_result("host_report", args, run_main("host_report", args), {CHECK_RUN: False})
+    assert result["status"] == "ok" and result["latest"]["bytes_from_nas"] == 3
+    assert os.path.isfile(result["history_path"]) and os.path.isfile(result["latest_path"])
+    check = dict(args, run_id="20261130T210000Z-00aa", check_run=True, play="verify", play_failed=True,
+                 failed_task="Verify the local copy", failed_result={"msg": "boom"}, passes={"verify": [row]})
+    result = check_result("host_report", check, run_main("host_report", check), {CHECK_RUN: True})
+    assert result["status"] == "failed" and result["latest"]["check"]["failed_task"] == "Verify the local copy"
+    assert result["latest"]["passes"] == {"stage": [row]}
+    bad = dict(args, run_id="../x")
+    result = check_result("host_report", bad, run_main("host_report", bad), expect_failure=True)
+    assert "run_id" in result["msg"]
 
 
 # ------------------------------------------------------------------------------------------------

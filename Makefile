@@ -1,5 +1,8 @@
 # dgx-stage: set-up, demo and tests. `make demo` and `make test` are the two entry points;
 # `make help` lists the rest. Run from the repo root (ansible.cfg is picked up from here).
+# `make setup` and `make demo` work for an ordinary user: no root, no system packages (only python3-venv
+# when the interpreter lacks ensurepip). The test targets install the system packages only the tests
+# need (Podman, mmdebstrap, rsync...: scripts/setup-system.sh test), as root.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -47,11 +50,12 @@ endef
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
-		awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+		awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: system-packages $(REQ_STAMP) ## venv, Python deps, bundled collections, system packages (idempotent)
+setup: $(REQ_STAMP) ## venv, Python deps and the collections bundled with them (idempotent, quick when done)
 
 $(VENV)/bin/python:
+	@PYTHON=$(PYTHON) scripts/setup-system.sh venv
 	$(PYTHON) -m venv $(VENV)
 
 $(REQ_STAMP): | $(VENV)/bin/python
@@ -59,13 +63,13 @@ $(REQ_STAMP): | $(VENV)/bin/python
 	rm -f $(VENV)/.requirements-*.stamp
 	echo "$(REQ_HASH)" > $@
 
-system-packages:
-	@PYTHON=$(PYTHON) scripts/setup-system.sh
+system-packages: ## the system packages only the tests need (Podman, mmdebstrap, rsync...), as root
+	@scripts/setup-system.sh test
 
-demo: setup ## build a synthetic NAS hub and stage it on localhost
+demo: setup ## build a synthetic NAS hub and stage it on localhost (an ordinary user will do: no root)
 	$(VENV)/bin/python scripts/demo.py
 
-test: setup lint unit integration molecule ## everything CI runs: lint, unit, integration, Molecule
+test: setup system-packages lint unit integration molecule ## everything CI runs: lint, unit, integration, Molecule
 
 lint: setup ## yamllint + ansible-lint (production profile, offline)
 	$(VENV)/bin/yamllint -s .
@@ -74,11 +78,11 @@ lint: setup ## yamllint + ansible-lint (production profile, offline)
 unit: setup ## unit tests (tests/unit)
 	@$(call pytest,tests/unit)
 
-integration: setup ## integration tests (tests/integration)
+integration: setup system-packages ## integration tests (tests/integration)
 	@$(call pytest,tests/integration)
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
-molecule: setup image ## Molecule scenarios (Podman): dgx_2x, faults, engine
+molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
 	BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh
@@ -86,16 +90,13 @@ molecule: setup image ## Molecule scenarios (Podman): dgx_2x, faults, engine
 	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)
 
 bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
-	@command -v rsync >/dev/null 2>&1 || { \
-		if [[ $$(id -u) -eq 0 ]]; then sudo=; else sudo="sudo -n"; fi; \
-		echo "bench: installing rsync (baseline of the warm re-run)"; \
-		{ $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y --no-install-recommends rsync; } || \
-		echo "bench: could not install rsync; the warm re-run runs without its baseline" >&2; }
+	@scripts/setup-system.sh bench   # rsync, the warm re-run's baseline (the bench runs without it if missing)
 	$(VENV)/bin/python scripts/bench.py
 
 image: system-packages ## Podman base image for Molecule (dgx-stage-base:bookworm), built once
 	@BASE_IMAGE=$(BASE_IMAGE) scripts/build-base-image.sh
 
+# The demo keeps its NAS copy read-only by permissions when not run as root: give the write bits back first.
 clean: ## remove reports/ and .cache/ (keeps .venv/)
+	if [[ -d $(CACHE) ]]; then chmod -R u+w $(CACHE) 2>/dev/null || true; fi
 	rm -rf reports/ $(CACHE)/

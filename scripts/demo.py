@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """`make demo`: build a synthetic NAS hub with every trap of the night-shift log, then run
-stage-deepseek.yml on the demo inventory (localhost) with the NAS copy read-only, and print a summary.
+stage-deepseek.yml on the demo inventory (localhost) with the NAS copy read-only, and print what the
+lane summary table (callback_plugins/dgx_summary.py) does not: shard headers, mounts, receipts, report.
 
-The NAS is bound read-only in a private mount namespace when we are root (any write is an error,
-and nothing stays mounted afterwards); otherwise its files are made read-only.
+Root is never needed: every demo path is under .cache/demo and belongs to whoever runs it (the demo
+inventory sets become_root: false). The NAS is kept read-only without root too: as root it is bound
+read-only in a private mount namespace (any write is an error, nothing stays mounted afterwards); as
+any other user its tree is made read-only by permissions (`make clean` gives the write bits back).
+Ansible's temp files go under .cache/demo as well, so the demo writes nothing outside its dirs.
 """
 import json
 import os
@@ -21,6 +25,7 @@ DEMO_ROOT = os.path.join(REPO, ".cache", "demo")
 NAS_PARENT = os.path.join(DEMO_ROOT, "nas")
 NAS_HUB = os.path.join(NAS_PARENT, "hub")
 REPORT = os.path.join(DEMO_ROOT, "reports", "localhost.json")
+ANSIBLE_TMP = os.path.join(DEMO_ROOT, "ansible-tmp")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
 STALE_RECEIPTS = receipt_roots()   # the engine's receipt roots, as the receipts play clears them
@@ -52,47 +57,54 @@ def playbook_command(extra_args):
         bind = ('mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"')
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, NAS_PARENT] + cmd
     subprocess.check_call(["chmod", "-R", "a-w", NAS_PARENT])
+    if os.access(NAS_PARENT, os.W_OK):   # root without unshare: permissions do not stop root
+        print("demo: warning: the NAS copy stays writable for root without unshare(1)", file=sys.stderr)
     return cmd
 
 
-def summary():
+def playbook_env():
+    """The repo's ansible.cfg; Ansible's home (which ansible-core creates at start) and temp dirs under
+    .cache/demo unless the caller chose others (the demo needs only the collections bundled in the venv)."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), PYTHONDONTWRITEBYTECODE="1")
+    env.setdefault("ANSIBLE_HOME", os.path.join(DEMO_ROOT, "ansible-home"))
+    env.setdefault("ANSIBLE_LOCAL_TEMP", os.path.join(ANSIBLE_TMP, "local"))
+    env.setdefault("ANSIBLE_REMOTE_TMP", os.path.join(ANSIBLE_TMP, "remote"))
+    return env
+
+
+def summary(check=False):
+    """What the lane summary above does not say (it has the per-repo copy figures)."""
     with open(REPORT) as handle:
         report = json.load(handle)
-    verify = sorted(set(row["verify"] for row in report["passes"]["verify"]))
-    lines = ["", "dgx-stage demo summary (%s, lane %s, verify=%s)" % (report["host"], report["lane"],
-                                                                     ",".join(verify))]
-    for staged, verified in zip(report["passes"]["stage"], report["passes"]["verify"]):
-        mib = staged["bytes_copied"] / 1048576.0
-        rate = mib / max(staged["duration_s"], 0.001)
-        lines.append("  %s@%s: %d files local, %d excluded (left on the NAS), %.1f MiB copied in %.2f s "
-                     "(%.0f MiB/s), %d repaired by verify, %.1f MiB on local disk"
-                     % (staged["repo_id"], staged["commit"][:12], staged["files"]["local"],
-                        staged["files"]["excluded"], mib, staged["duration_s"], rate,
-                        verified["blobs"]["repaired"], staged["bytes_staged"] / 1048576.0))
-    for weights in report["weights"]:
+    lines = ["dgx-stage demo (%s, lane %s, run %s, %s)" % (report.get("host"), report.get("lane"),
+                                                         report.get("run_id"), report.get("status"))]
+    if check:   # the latest view keeps the last real results; the plan is under its "check" key
+        lines.append("  --check: nothing was written; the plan is under \"check\" in %s" % os.path.relpath(REPORT, REPO))
+        return "\n".join(lines)
+    for weights in report.get("weights") or []:
         lines.append("  %s: %d shards, %d tensors, index matches headers"
                      % (weights["repo_id"], weights["shards"], weights["tensors"]))
-    manifest = report.get("engine", {}).get("manifest")
+    manifest = (report.get("engine") or {}).get("manifest")
     if manifest:
         counts = manifest["counts"]
         lines.append("  mount manifest: %d local + %d NAS read-only binds = %d mounts (%s)"
                      % (counts["local"], counts["nas"], counts["total"], os.path.relpath(manifest["path"], REPO)))
     left = [n for n in STALE_RECEIPTS if os.path.lexists(os.path.join(RECEIPT_PARENT, n))]
     lines.append("  stale engine receipts left: %s" % (", ".join(left) if left else "none"))
-    changed = any(p["changed"] for p in report["passes"]["stage"])
-    lines.append("  staging changed anything: %s" % ("yes" if changed else "no (already staged)"))
-    lines.append("  report: %s" % os.path.relpath(REPORT, REPO))
+    lines.append("  host report: %s (history: %s-<run_id>.json)" % (os.path.relpath(REPORT, REPO),
+                                                                    os.path.relpath(REPORT[:-5], REPO)))
     return "\n".join(lines)
 
 
 def main():
     ensure_nas_hub()
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
-    code = subprocess.call(playbook_command(sys.argv[1:]), cwd=REPO, env=env)
+    cmd = playbook_command(sys.argv[1:])
+    sys.stdout.flush()   # our lines before the playbook's, also through a pipe
+    code = subprocess.call(cmd, cwd=REPO, env=playbook_env())
     if code != 0:
-        print("demo: stage-deepseek.yml failed (exit %d); the play output above names the cause" % code)
+        print("demo: stage-deepseek.yml failed (exit %d); the lane summary above names the cause" % code)
         return code
-    print(summary())
+    print(summary(check="--check" in sys.argv[1:] or "-C" in sys.argv[1:]))
     return 0
 
 

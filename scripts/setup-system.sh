@@ -1,45 +1,56 @@
 #!/usr/bin/env bash
-# Install the Debian/Ubuntu packages the test suite needs: rsync, rootful Podman with runc,
-# mmdebstrap for the base image, and python3-venv when ensurepip is missing. Idempotent: only
-# missing packages are installed, and `apt-get update` runs only when something must be installed.
-# Called by `make setup`.
+# Debian/Ubuntu packages, by what needs them (only missing ones are installed; `apt-get update` runs
+# only when something must be installed; installing needs root, or sudo without a password):
+#   setup-system.sh venv    python3-venv, only when `$PYTHON -m venv` lacks ensurepip (make setup, once)
+#   setup-system.sh test    what only the tests need: rsync, rootful Podman with runc, mmdebstrap for the
+#                           base image (make test / integration / molecule / image / system-packages)
+#   setup-system.sh bench   rsync, the bench's baseline; never fatal (make bench)
+# `make setup` and `make demo` need none of the test packages: an ordinary user runs them without root.
 set -euo pipefail
 
-PACKAGES=(rsync podman crun fuse-overlayfs slirp4netns uidmap catatonit iptables runc mmdebstrap)
+mode=${1:-test}
+case "$mode" in
+    venv)
+        if "${PYTHON:-python3}" -c 'import ensurepip' >/dev/null 2>&1; then exit 0; fi
+        PACKAGES=(python3-venv) ;;
+    test)
+        PACKAGES=(rsync podman crun fuse-overlayfs slirp4netns uidmap catatonit iptables runc mmdebstrap) ;;
+    bench)
+        PACKAGES=(rsync) ;;
+    *)
+        echo "usage: $0 [venv|test|bench]" >&2
+        exit 2 ;;
+esac
 
 if ! command -v dpkg >/dev/null 2>&1; then
     echo "setup-system: dpkg not found; install these packages by hand: ${PACKAGES[*]}" >&2
+    [[ "$mode" == venv ]] && exit 1
     exit 0
 fi
 
 missing=()
-# `python3 -m venv` needs ensurepip, which Debian/Ubuntu ship separately (python3-venv).
-if ! "${PYTHON:-python3}" -c 'import ensurepip' >/dev/null 2>&1; then
-    PACKAGES+=(python3-venv)
-fi
 for pkg in "${PACKAGES[@]}"; do
     status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
     [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
 done
-
-if ((${#missing[@]} == 0)); then
-    exit 0
-fi
+((${#missing[@]} == 0)) && exit 0
 
 cmd=(apt-get install -y --no-install-recommends "${missing[@]}")
-if [[ $(id -u) -ne 0 ]]; then
-    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        echo "setup-system: installing ${missing[*]} (sudo)"
-        sudo -n apt-get update -qq
-        sudo -n env DEBIAN_FRONTEND=noninteractive "${cmd[@]}"
-        exit 0
-    fi
-    echo "setup-system: missing system packages: ${missing[*]}" >&2
-    echo "setup-system: run as root (or with sudo), then re-run make:" >&2
+if [[ $(id -u) -eq 0 ]]; then
+    sudo=()
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo=(sudo -n)
+else
+    echo "setup-system ($mode): missing system packages: ${missing[*]}" >&2
+    echo "setup-system: install them as root (or with sudo), then re-run make:" >&2
     echo "    sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive ${cmd[*]}" >&2
+    [[ "$mode" == bench ]] && exit 0
     exit 1
 fi
 
-echo "setup-system: installing ${missing[*]}"
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${cmd[@]}"
+echo "setup-system ($mode): installing ${missing[*]}"
+if ! { "${sudo[@]}" apt-get update -qq &&
+       "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive "${cmd[@]}"; }; then
+    [[ "$mode" == bench ]] && { echo "setup-system: could not install ${missing[*]}" >&2; exit 0; }
+    exit 1
+fi

@@ -38,7 +38,20 @@ description:
     mid-copy is reported with the file, the disk, the bytes still needed and free; no temp file is left.
   - Writes go to a temp file, are fsynced and renamed; a killed run leaves no torn blob and the next
     run removes its debris. A per-repo lock keeps two runs from interleaving.
-  - Progress of long copies is written to C(<dest>/.locks/<repo folder>/dgx-stage.progress.json).
+  - Existing local blobs are proven as C(verify) says. A wrong one is repaired; each repair is returned in
+    RV(repairs) and is a module warning naming the snapshot path, the blob name and what the local bytes hashed
+    to. With C(copy_missing=false) (the stage role's verify pass) a selected file with no local copy fails the
+    run before anything is written, naming the files not staged and saying to run the stage play first.
+  - Each run returns the bytes it read on each side in RV(bytes_read) (sampled reads, full hashes, copies).
+  - Every run past the input checks (not in check mode) keeps the progress file
+    C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) next to the repo lock, rewritten atomically about
+    once a second by the pass named by O(phase) - C(updated_at), C(pid), C(pass), C(current), C(step),
+    C(files_done)/C(files_total), C(bytes_done)/C(bytes_total), C(mib_per_s), C(eta_s) (null until a rate is
+    known), C(bytes_read), the C(hashing) (content checks of present files) and C(copying) figures, C(status)
+    (V(running), V(ok), V(failed), V(interrupted)), C(finished), C(aborted) (the run stopped on an error,
+    Ctrl-C or SIGTERM) and C(error) - and keeps the latest figures of each pass under C(passes), so a verify
+    pass never hides the last stage's. A SIGKILLed run leaves C(status=running), its C(pid) gone and
+    C(updated_at) stops moving.
   - A run that fails once content is being proven or copied (a NAS blob failing its name, a local disk
     failing or filling mid-copy, a NAS file changing during its copy, files left unstaged or dangling)
     returns its whole result with RV(msg) - what was staged, RV(nas_corrupt), RV(report) with
@@ -77,11 +90,27 @@ options:
     description: Paths matching one of these are not staged.
     type: list
     elements: str
+  copy_missing:
+    description:
+      - Copy selected files that have no local copy (a missing blob, a link where the copy should be).
+      - V(false) (the stage role's verify pass) proves what is staged and copies nothing new - a present copy
+        that fails its check is still repaired - and fails the run, before anything is written (in check mode
+        too), when selected files are not staged, naming the first few and their count.
+    type: bool
+    default: true
+  phase:
+    description:
+      - The pass this run is, as named in the progress file and the results (the stage role passes its own).
+      - The progress file keeps the latest figures of each pass under C(passes).
+    type: str
+    choices: [stage, verify]
+    default: stage
   verify:
     description:
       - How local blobs are proven right.
       - C(sample) compares size plus sampled content (head, tail, spread middle blocks) of the local copy and
-        the NAS file; it survives stale NFS mtimes.
+        the NAS file; it survives stale NFS mtimes. It reads about 1 MiB a side per blob, so it does not see a
+        byte changed between two samples (a flip in the middle of a shard); only C(full) does.
       - C(full) hashes every local blob against its own name (sha256 or git blob sha1), with no NAS read.
       - C(none) trusts sizes.
     type: str
@@ -116,7 +145,10 @@ attributes:
     details: Reports what would be copied, repaired and pruned; changes nothing (takes no lock).
   diff_mode:
     support: full
-    details: The diff lists every copy, repair, link, ref and prune.
+    details: >-
+      The diff opens with the plan in one line (V(would copy 13 files, 47.9 GiB; would repair ...) in check mode,
+      V(copied ...) otherwise, sizes in binary units), then one line per copy, repair, prune, ref and link (a link
+      that comes with a copy is said by the copy's line).
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: full
@@ -139,12 +171,14 @@ EXAMPLES = r"""
     reserve: 2%
     prune: true
 
-- name: Prove every local blob against its name (no NAS read)
+- name: Prove every local blob against its name (no NAS read); fail, copying nothing, if files are not staged
   hf_hub_mirror:
     src: /mnt/nas/hf/hub
     dest: /raid/hf-local/hub
     repo_id: coolbho3k/DSpark-drafter
     verify: full
+    copy_missing: false
+    phase: verify
 """
 
 RETURN = r"""
@@ -208,6 +242,36 @@ repaired_paths:
   returned: success; on failure when the run has a result
   type: list
   elements: str
+repairs:
+  description:
+    - One record per local file that was wrong and was replaced (in check mode, would be); each is also a module
+      warning.
+  returned: success; on failure when the run has a result
+  type: list
+  elements: dict
+  contains:
+    blob:
+      description: The blob name (the hash its bytes should have); null for a real snapshot file.
+      type: str
+    reason:
+      description: V(size) (its size differs from the NAS copy's), V(content) (it failed its content check),
+        V(link) (a symlink where the copy should be) or V(not-a-file).
+      type: str
+    local_hash:
+      description:
+        - What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
+          sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
+      type: str
+    path:
+      description: The snapshot path the warning names (the blob's first).
+      type: str
+    paths:
+      description: All snapshot paths served by this file.
+      type: list
+      elements: str
+    size:
+      description: The file's size on the NAS (the bytes the repair copies).
+      type: int
 links_written:
   description: Snapshot links written (or, in check mode, that would be written).
   returned: success; on failure when the run has a result
@@ -226,6 +290,18 @@ bytes_staged:
   description: Bytes of the selected files (what the local snapshot holds when complete).
   returned: success; on failure when the run has a result
   type: int
+bytes_read:
+  description: Bytes this run read on each side - sampled reads, full hashes and copies (in check mode, the checks).
+  returned: success; on failure when the run has a result
+  type: dict
+  contains:
+    local:
+      description: Bytes read from the local disk (content checks of present files).
+      type: int
+    nas:
+      description: Bytes read from the NAS (copies, sampled reads, hashes of real files).
+      type: int
+  sample: {local: 0, nas: 50331648}
 excluded_paths:
   description: Snapshot paths not staged (the NAS-fallback manifest binds them from the NAS).
   returned: success; on failure when the run has a result
@@ -282,12 +358,33 @@ nas_corrupt_blobs:
       description: How the NAS copy was found wrong.
       type: str
 unstaged_paths:
-  description: Selected snapshot paths with no good local content after this run (links to them are not written).
+  description:
+    - Selected snapshot paths with no good local content after this run (links to them are not written); with
+      O(copy_missing=false), the files found not staged (the run then wrote nothing).
   returned: success; on failure when the run has a result
   type: list
   elements: str
 verify:
   description: O(verify), as used.
+  returned: success; on failure when the run has a result
+  type: str
+phase:
+  description: O(phase), as used.
+  returned: success; on failure when the run has a result
+  type: str
+copy_missing:
+  description: O(copy_missing), as used.
+  returned: success; on failure when the run has a result
+  type: bool
+progress_file:
+  description: The repo's progress file (written by runs past the input checks, never in check mode).
+  returned: success; on failure when the run has a result
+  type: str
+  sample: /raid/hf-local/hub/.locks/models--org--name/dgx-stage.progress.json
+summary:
+  description:
+    - One line for the operator - what the pass did (in check mode, V(would copy N files, X GiB)), what it
+      proved, the bytes read on each side, the time.
   returned: success; on failure when the run has a result
   type: str
 space:
@@ -348,11 +445,17 @@ report:
     bytes_staged:
       description: RV(bytes_staged).
       type: int
+    bytes_read:
+      description: RV(bytes_read).
+      type: dict
     duration_s:
       description: RV(duration_s).
       type: float
     verify:
       description: RV(verify).
+      type: str
+    phase:
+      description: RV(phase).
       type: str
     changed:
       description: Whether the run changed the local hub (or, in check mode, would).
@@ -361,6 +464,10 @@ report:
       description: RV(repaired_paths).
       type: list
       elements: str
+    repairs:
+      description: RV(repairs).
+      type: list
+      elements: dict
     pruned:
       description: RV(pruned).
       type: list
@@ -378,7 +485,7 @@ report:
       type: list
       elements: str
 diff:
-  description: What the run did (or would do), one line per copy, repair, link, ref and prune.
+  description: What the run did (or would do) - the plan in one line, then one line per copy, repair, prune and ref.
   returned: success when in diff mode and something changes
   type: dict
   contains:
@@ -389,7 +496,7 @@ diff:
       description: C(<snapshot> (staged)).
       type: str
     prepared:
-      description: The lines.
+      description: The lines, the first one the plan (V(would copy 13 files, 47.9 GiB; ...) in check mode).
       type: str
 msg:
   description: What failed, naming the files, the NAS blobs and the fix.
@@ -417,6 +524,8 @@ ARGUMENT_SPEC = dict(
     prune=dict(type="bool", default=False),
     lock_timeout=dict(type="int", default=60),
     workers=dict(type="int"),
+    copy_missing=dict(type="bool", default=True),
+    phase=dict(type="str", default="stage", choices=["stage", "verify"]),
 )
 
 
@@ -429,7 +538,8 @@ def main():
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
             revision=params["revision"], allow_patterns=params["allow_patterns"],
             ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
-            prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"])
+            prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
+            copy_missing=params["copy_missing"], phase=params["phase"])
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result

@@ -91,11 +91,12 @@ def advise(fd, advice, offset=0, length=0):
             pass
 
 
-def feed_file(path, consumer, buf=None):
+def feed_file(path, consumer, buf=None, on_read=None):
     """Stream a file into consumer.update() through a reused buffer; returns the byte count.
 
     Each chunk's pages are dropped from the page cache once hashed: re-proving 300 GB must not evict
     the running engine's cache (and on a VM, recycling pages is much cheaper than growing the cache).
+    on_read(count) is called after each chunk (the run's byte tally and progress file).
     """
     buf = buf or ChunkBuffer()
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -110,17 +111,27 @@ def feed_file(path, consumer, buf=None):
             consumer.update(buf.view[:got])
             advise(fd, "POSIX_FADV_DONTNEED", total, got)
             total += got
+            if on_read is not None:
+                on_read(got)
     finally:
         os.close(fd)
     return total
 
 
+def hash_as_named(path, name, size=None, buf=None, on_read=None):
+    """(hex digest, bytes read) of the file hashed the way blob `name` is named (sha256, or git blob
+    sha1 with a header of `size`, the file's own size when None): what its bytes would be named."""
+    if size is None:
+        size = os.lstat(path).st_size
+    hasher = NameHasher(name, size)
+    count = feed_file(path, hasher, buf, on_read)
+    return hasher.hexdigest(), count
+
+
 def file_matches_name(path, name, size, buf=None):
     """True when the file's content hashes to its blob name (no source read needed)."""
-    hasher = NameHasher(name, size)
-    if feed_file(path, hasher, buf) != size:
-        return False
-    return hasher.matches()
+    digest, count = hash_as_named(path, name, size, buf)
+    return count == size and digest == name
 
 
 def file_matches_own_name(path, name, buf=None):
@@ -129,9 +140,9 @@ def file_matches_own_name(path, name, buf=None):
     return file_matches_name(path, name, os.lstat(path).st_size, buf)
 
 
-def file_sha256(path, buf=None):
+def file_sha256(path, buf=None, on_read=None):
     digest = hashlib.sha256()
-    feed_file(path, digest, buf)
+    feed_file(path, digest, buf, on_read)
     return digest.hexdigest()
 
 
@@ -147,11 +158,18 @@ def sample_ranges(size, edge=SAMPLE_EDGE, block=SAMPLE_BLOCK, middle=SAMPLE_MIDD
     return ranges
 
 
-def samples_match(local_path, source_path, size):
+def sampled_bytes(size):
+    """Bytes samples_match reads from each side of a file of `size` bytes when they all match."""
+    return sum(length for _offset, length in sample_ranges(size))
+
+
+def samples_match(local_path, source_path, size, on_read=None):
     """Same bytes at the sampled ranges of both files (caller has checked both sizes equal `size`).
 
     Raw bytes are compared, not hashed: a warm re-run of 141 blobs reads 1 MiB a side per blob
-    and compares them at memory speed.
+    and compares them at memory speed. The samples sit between untouched stretches: a byte changed
+    between two of them is not seen (verify=full hashes every byte). on_read(local, nas) counts the
+    bytes read on each side.
     """
     fds = []
     try:
@@ -159,7 +177,10 @@ def samples_match(local_path, source_path, size):
             fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
             advise(fds[-1], "POSIX_FADV_RANDOM")    # read the samples, not the readahead around them
         for offset, length in sample_ranges(size):
-            if os.pread(fds[0], length, offset) != os.pread(fds[1], length, offset):
+            local, nas = os.pread(fds[0], length, offset), os.pread(fds[1], length, offset)
+            if on_read is not None:
+                on_read(len(local), len(nas))
+            if local != nas:
                 return False
         return True
     finally:

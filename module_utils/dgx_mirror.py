@@ -11,27 +11,31 @@ from __future__ import absolute_import, division, print_function
 
 import copy
 import errno
-import json
 import os
 import posixpath
 import re
 import stat
-import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name, is_within,
                                              remove_path, walk_tree)
-from ansible.module_utils.dgx_hashing import (file_matches_name, file_matches_own_name, file_sha256, name_is_hash,
+from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_is_hash, sampled_bytes,
                                               samples_match)
 from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
-from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, LocalTree, LocalWriteError, RepoLock, SourceProblem,
-                                               copy_verified, default_workers, find_temp_debris, run_workers,
-                                               symlink_atomic)
+from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, LocalTree, LocalWriteError, PassMeter,
+                                               RepoLock, SourceProblem, copy_verified, default_workers,
+                                               find_temp_debris, run_workers, symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")
+PHASES = ("stage", "verify")
+# Why a selected file has no local copy at all (copy_missing=false refuses these); a present regular
+# file that fails its check ("size", "content") is a repair.
+NOT_STAGED = ("missing", "link", "not-a-file")
+# How many not-staged paths a refusal names before it gives the count of the rest.
+NAMED_IN_MESSAGES = 5
 MAX_WORKERS_PARAM = 32
 SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
 
@@ -40,9 +44,12 @@ class MirrorRequest(object):
     """The module's parameters, validated once."""
 
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
-                 ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None):
+                 ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
+                 copy_missing=True, phase="stage"):
         if verify not in VERIFY_MODES:
             raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
+        if phase not in PHASES:
+            raise StageError("phase must be one of %s, not %r" % (", ".join(PHASES), phase))
         self.src = os.path.abspath(src)
         self.dest = os.path.abspath(dest)
         self.repo_id = repo_id
@@ -58,6 +65,8 @@ class MirrorRequest(object):
             raise StageError("workers must be between 1 and %d, not %r" % (MAX_WORKERS_PARAM, workers))
         self.workers = int(workers) if workers else default_workers()
         self.folder = repo_folder_name(repo_id, repo_type)
+        self.copy_missing = bool(copy_missing)
+        self.phase = phase
 
 
 class MirrorFailed(StageError):
@@ -68,14 +77,25 @@ class MirrorFailed(StageError):
         self.result = result
 
 
-class Work(object):
-    """One file to write: a blob under blobs/ or a real file inside the snapshot."""
+class NotStaged(StageError):
+    """copy_missing is off and selected files have no local copy: refused before anything is written."""
 
-    __slots__ = ("final", "source", "size", "etag", "reason", "paths")
+    def __init__(self, message, plan, paths):
+        StageError.__init__(self, message)
+        self.plan, self.paths = plan, paths
+
+
+class Work(object):
+    """One file to write: a blob under blobs/ or a real file inside the snapshot. local_hash: what the
+    local bytes hashed to when a check read them all (as the blob is named; sha256 for a real file)."""
+
+    __slots__ = ("final", "source", "size", "etag", "reason", "paths", "local_hash", "checked")
 
     def __init__(self, final, source, size, etag, reason, paths):
         self.final, self.source, self.size, self.etag, self.reason, self.paths = (
             final, source, size, etag, reason, paths)
+        self.local_hash = None
+        self.checked = False      # a content check read it (then it already counts in the progress files)
 
     @property
     def is_repair(self):
@@ -182,17 +202,38 @@ def presence_problem(local, size):
     return "size" if st.st_size != size else None
 
 
-def content_matches(work, verify, buf):
+def content_matches(work, verify, buf, meter):
     """Prove one present file: sampled raw compare with the NAS (sample), or every byte against the
-    blob's name (full; a real snapshot file has no name and is compared with the NAS by sha256)."""
+    blob's name (full; a real snapshot file has no name and is compared with the NAS by sha256).
+    A full check keeps what the local bytes hashed to in work.local_hash."""
     if verify == "sample":
-        return samples_match(work.final, work.source, work.size)
+        return samples_match(work.final, work.source, work.size,
+                             on_read=lambda local, nas: meter.count("hashing", local=local, nas=nas))
     if work.etag:
-        return file_matches_name(work.final, work.etag, work.size, buf)
-    return file_sha256(work.final, buf) == file_sha256(work.source, buf)
+        work.local_hash, count = hash_as_named(work.final, work.etag, work.size, buf, meter.reader("hashing", "local"))
+        return count == work.size and work.local_hash == work.etag
+    work.local_hash = file_sha256(work.final, buf, meter.reader("hashing", "local"))
+    return work.local_hash == file_sha256(work.source, buf, meter.reader("hashing", "nas"))
 
 
-def prove_present(plan, req):
+def reads_content(work, verify):
+    """Whether proving this present file reads its bytes (else its size alone decides)."""
+    return verify != "none" or work.reason == "size"
+
+
+def _check_bytes(work, verify):
+    """The bytes proving this present file reads when all goes well (the progress file's plan)."""
+    if work.reason == "size":
+        try:
+            return os.lstat(work.final).st_size
+        except OSError:
+            return 0
+    if verify == "sample":
+        return 2 * sampled_bytes(work.size)
+    return work.size if work.etag else 2 * work.size
+
+
+def prove_present(plan, req, meter):
     """Content checks of every present file, `req.workers` at a time.
 
     A file that fails becomes a repair. A blob whose local copy disagrees with the NAS (sampled bytes,
@@ -200,9 +241,18 @@ def prove_present(plan, req):
     corrupt one; it is reported in `nas_corrupt` and the good local copy is kept, in check mode too.
     """
     verdicts = {}        # id(work) -> content_verdict(); dict writes are atomic across workers
+    meter.plan("copying", len(plan.writes), plan.write_bytes)
+    checked = [w for w in plan.to_prove if reads_content(w, req.verify)]
+    if checked:
+        meter.plan("hashing", len(checked), sum(_check_bytes(w, req.verify) for w in checked))
+        meter.begin("hashing")
 
     def prove(work, buf):
-        verdicts[id(work)] = content_verdict(work, req.verify, buf)
+        meter.working_on(work.paths[0])
+        verdict = verdicts[id(work)] = content_verdict(work, req.verify, buf, meter)
+        if reads_content(work, req.verify):
+            work.checked = True
+            meter.item_done("hashing", file_done=verdict not in ("missing", "size", "content"))
 
     run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers)
     for work in plan.to_prove:
@@ -210,23 +260,36 @@ def prove_present(plan, req):
         if verdict in ("missing", "size", "content"):
             work.reason = verdict
             plan.writes.append(work)
+            meter.plan("copying", 1, work.size, new_files=not work.checked)
         elif verdict == "nas-corrupt":
             plan.nas_corrupt.append(nas_corrupt_record(work, None, "kept", _disagreement(work, req)))
         elif work.etag:
             plan.blobs_reused += 1
 
 
-def content_verdict(work, verify, buf):
-    """"ok", "nas-corrupt" (the local copy passes its name, the NAS disagrees) or why to repair it."""
+def content_verdict(work, verify, buf, meter):
+    """"ok", "nas-corrupt" (the local copy passes its name, the NAS disagrees) or why to repair it.
+    Whenever the local copy is wrong, work.local_hash says what its bytes hash to (as the blob is
+    named, at the local size; sha256 for a real file)."""
     try:
-        if work.reason != "size" and (verify == "none" or content_matches(work, verify, buf)):
+        if work.reason != "size" and (verify == "none" or content_matches(work, verify, buf, meter)):
             return "ok"
-        if work.etag and not (verify == "full" and work.reason != "size") and \
-                file_matches_own_name(work.final, work.etag, buf):
+        full_check = verify == "full" and work.reason != "size"
+        if not full_check or work.local_hash is None:
+            work.local_hash = _local_hash(work, buf, meter)
+        if work.etag and not full_check and work.local_hash == work.etag:
             return "nas-corrupt"
         return work.reason
     except FileNotFoundError:     # removed under us (not by a dgx-stage run: we hold the lock)
         return "missing"
+
+
+def _local_hash(work, buf, meter):
+    """What the whole local file hashes to: as its blob is named, at its own size; sha256 for a real file."""
+    local = meter.reader("hashing", "local")
+    if work.etag:
+        return hash_as_named(work.final, work.etag, None, buf, local)[0]
+    return file_sha256(work.final, buf, local)
 
 
 def _disagreement(work, req):
@@ -261,8 +324,12 @@ def _freed_by_removal(path):
     return st.st_size if (not os.path.islink(path) and st.st_nlink == 1) else 0
 
 
-def plan_mirror(req, check_mode=False):
-    """Read the source and the local copy and decide every action. Writes nothing."""
+def plan_mirror(req, check_mode=False, meter=None):
+    """Read the source and the local copy and decide every action. Writes nothing.
+
+    The content checks of present files come last (`meter` counts what they read); before them, with
+    copy_missing off, selected files with no local copy refuse the run (NotStaged)."""
+    meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
     check_roots(req, check_mode)
     plan = Plan()
     plan.src_repo = os.path.join(req.src, req.folder)
@@ -275,7 +342,7 @@ def plan_mirror(req, check_mode=False):
                              % (req.repo_id, req.src, req.src))
         raise StageError("unknown repo %s: %s not found; the NAS hub holds: %s"
                          % (req.repo_id, plan.src_repo, ", ".join(known)))
-    plan.commit = resolve_commit(plan.src_repo, req.revision)
+    plan.commit = meter.commit = resolve_commit(plan.src_repo, req.revision)
     plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src, strict=False)
     if not plan.entries:
         raise StageError("snapshot %s of %s is empty on the NAS" % (plan.commit, req.repo_id))
@@ -293,10 +360,33 @@ def plan_mirror(req, check_mode=False):
     plan.snapshot = os.path.join(plan.dest_repo, "snapshots", plan.commit)
     refuse_linked_local_dirs(req, plan.commit)
     _refuse_in_the_way(plan)
-    _plan_files(plan, req)
+    _plan_files(plan)
     _plan_metadata(plan)
     _plan_cleanup(plan, req)
+    if not req.copy_missing:
+        refuse_not_staged(plan, req)
+    prove_present(plan, req, meter)
+    if not req.copy_missing:
+        refuse_not_staged(plan, req)      # a file removed while the others were proven
     return plan
+
+
+def refuse_not_staged(plan, req):
+    """NotStaged when selected files have no local copy (a verify pass proves, it does not copy)."""
+    missing = sorted(set(p for w in plan.writes if w.reason in NOT_STAGED for p in w.paths))
+    if missing:
+        raise NotStaged(
+            "%d of the %d selected file(s) of %s@%s are not staged on this node (%s): this %s pass proves the "
+            "local copy and copies nothing (copy_missing=false). Run the stage play first "
+            "(ansible-playbook -i INVENTORY stage-deepseek.yml --tags stage), then verify; nothing was written"
+            % (len(missing), len(plan.selected), req.repo_id, plan.commit[:12], name_some(missing), req.phase),
+            plan, missing)
+
+
+def name_some(paths, most=NAMED_IN_MESSAGES):
+    """'a, b, c' or 'a, b, c and 7 more': a long list named by its first few and a count."""
+    shown = ", ".join(paths[:most])
+    return shown if len(paths) <= most else "%s and %d more" % (shown, len(paths) - most)
 
 
 def _refuse_bad_entries(plan):
@@ -345,7 +435,7 @@ def alias_link_text(path, alias_of):
     return posixpath.relpath(alias_of, posixpath.dirname(path) or ".")
 
 
-def _plan_files(plan, req):
+def _plan_files(plan):
     by_blob = {}
     selected_paths = set(e.path for e in plan.selected)
     for entry in plan.selected:
@@ -367,7 +457,6 @@ def _plan_files(plan, req):
         first = by_blob[etag][0]
         final = os.path.join(plan.dest_repo, "blobs", etag)
         _plan_content(plan, Work(final, first.source, first.size, etag, "content", [e.path for e in by_blob[etag]]))
-    prove_present(plan, req)
 
 
 def _plan_content(plan, work):
@@ -431,11 +520,18 @@ def _plan_cleanup(plan, req):
     plan.freed_bytes = sum(_freed_by_removal(p) for p in plan.prune + plan.debris)
 
 
+def space_figures(plan, req):
+    """The free-space figures of a plan (the module's `space`): free, reserve, need, reclaimable."""
+    free, total = disk_space(existing_ancestor(req.dest))
+    # need: file bytes; block rounding and metadata are what stage_reserve is for
+    return {"free": free, "reserve": parse_reserve(req.reserve, total), "need": plan.write_bytes,
+            "reclaimable": plan.freed_bytes}
+
+
 def check_space(plan, req):
     """Refuse, before anything is written, a plan that would leave less than `reserve` free."""
-    free, total = disk_space(existing_ancestor(req.dest))
-    reserve = parse_reserve(req.reserve, total)
-    need = plan.write_bytes   # file bytes; block rounding and metadata are what stage_reserve is for
+    space = space_figures(plan, req)
+    free, reserve, need = space["free"], space["reserve"], space["need"]
     available = free + plan.freed_bytes - reserve
     if need > available:
         raise StageError(
@@ -445,49 +541,12 @@ def check_space(plan, req):
             % (req.dest, req.repo_id, plan.commit[:12], need, human_bytes(need), max(available, 0),
                human_bytes(max(available, 0)), human_bytes(free), human_bytes(plan.freed_bytes),
                human_bytes(reserve)))
-    return {"free": free, "reserve": reserve, "need": need, "reclaimable": plan.freed_bytes}
-
-
-PROGRESS_NAME = "dgx-stage.progress.json"
+    return space
 
 
 def lock_dir_rel(folder):
     """`.locks/<repo folder>` below the local hub root: the repo lock and the progress file."""
     return ".locks/" + folder
-
-
-class Progress(object):
-    """Throttled progress file next to the repo lock, for operators watching a long copy."""
-
-    def __init__(self, lock_dir, total, label):
-        self.lock_dir, self.total, self.label = lock_dir, total, label
-        self.done = 0
-        self.started = time.monotonic()
-        self._last = 0.0
-        self._lock = threading.Lock()    # workers report concurrently
-
-    def __call__(self, count):
-        with self._lock:
-            self.done += count
-            now = time.monotonic()
-            if self.lock_dir is None or now - self._last < 2.0:
-                return
-            self._last = now
-            self.write(finished=False)
-
-    def write(self, finished):
-        if self.lock_dir is None:
-            return
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        rate = self.done / elapsed
-        state = {"repo": self.label, "bytes_done": self.done, "bytes_total": self.total,
-                 "mib_per_s": round(rate / 1048576, 1), "elapsed_s": round(elapsed, 1),
-                 "eta_s": round((self.total - self.done) / rate, 1) if rate and not finished else 0,
-                 "finished": finished}
-        try:
-            atomic_write_bytes(PROGRESS_NAME, json.dumps(state).encode("utf-8"), dir_fd=self.lock_dir.fd)
-        except OSError:
-            pass   # the progress file is for watching; a full or failing disk is reported by the copy itself
 
 
 class Outcome(object):
@@ -498,6 +557,7 @@ class Outcome(object):
         self.nas_corrupt = []      # {path, paths, blob, nas_sha, local} for NAS blobs failing their name
         self.source_errors = []    # messages of other source problems (changed during the copy, unreadable)
         self.unavailable = set()   # snapshot paths with no good local content after this run
+        self.applied = False       # apply_plan ran (else the run was refused before writing anything)
 
     @property
     def failed(self):
@@ -522,10 +582,10 @@ def _remove_empty_dirs(top):
             os.rmdir(path)
 
 
-def _disk_error(error, what, req, plan, progress, written=None):
+def _disk_error(error, what, req, plan, meter, written=None):
     """A local write error turned into what the operator needs: file, disk, bytes needed and free."""
     free, _total = disk_space(existing_ancestor(req.dest))
-    still_needed = max(plan.write_bytes - progress.done, 0)
+    still_needed = max(plan.write_bytes - meter.bytes_done("copying"), 0)
     cause = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the disk quota is exhausted",
              errno.EIO: "the local disk reported an I/O error", errno.EROFS: "the local disk is read-only"}.get(
                  error, "the local write failed")
@@ -538,21 +598,24 @@ def _disk_error(error, what, req, plan, progress, written=None):
            else "Check the disk (dmesg, smartctl) before re-running"))
 
 
-def _place(directory, work, progress, buf, outcome):
+def _place(directory, work, meter, buf, outcome):
     """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised."""
     name = os.path.basename(work.final)
+    meter.working_on(work.paths[0])
     try:
-        copy_verified(work.source, directory, name, work.size, blob_name=work.etag, progress=progress, buf=buf)
+        copy_verified(work.source, directory, name, work.size, blob_name=work.etag,
+                      progress=meter.reader("copying", "nas"), buf=buf)
         outcome.written.append(work)
     except SourceProblem as problem:
         if work.etag is None or problem.got is None:
             outcome.source_errors.append(str(problem))
             outcome.unavailable.update(work.paths)
-            return
-        outcome.nas_corrupt.append(_nas_corrupt_record(directory, work, problem, outcome, buf))
+        else:
+            outcome.nas_corrupt.append(_nas_corrupt_record(directory, work, problem, outcome, buf, meter))
+    meter.item_done("copying")      # copied, or its NAS problem recorded: this file's work is over
 
 
-def _nas_corrupt_record(directory, work, problem, outcome, buf):
+def _nas_corrupt_record(directory, work, problem, outcome, buf, meter):
     """A NAS blob failed its name while copied: keep a local copy that passes it, remove one that does not."""
     name = os.path.basename(work.final)
     local = "absent"
@@ -560,7 +623,8 @@ def _nas_corrupt_record(directory, work, problem, outcome, buf):
         st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
     except FileNotFoundError:
         st = None
-    if st is not None and stat.S_ISREG(st.st_mode) and file_matches_own_name(work.final, work.etag, buf):
+    if st is not None and stat.S_ISREG(st.st_mode) and \
+            hash_as_named(work.final, work.etag, None, buf, meter.reader("copying", "local"))[0] == work.etag:
         local = "kept"
     elif st is not None:
         os.unlink(name, dir_fd=directory.fd)   # it has the name but not the bytes: never serve it
@@ -570,7 +634,7 @@ def _nas_corrupt_record(directory, work, problem, outcome, buf):
     return nas_corrupt_record(work, problem.got, local, "its bytes hash to %s" % problem.got)
 
 
-def _write_blobs(tree, plan, req, progress, outcome):
+def _write_blobs(tree, plan, req, meter, outcome):
     """Copies and repairs, `req.workers` in flight, biggest first; blobs before real snapshot files."""
     dirs = {}
     try:
@@ -581,18 +645,20 @@ def _write_blobs(tree, plan, req, progress, outcome):
 
         def place(work, buf):
             try:
-                _place(dirs[os.path.dirname(work.final)], work, progress, buf, outcome)
+                _place(dirs[os.path.dirname(work.final)], work, meter, buf, outcome)
             except LocalWriteError as exc:
                 if exc.errno in DISK_ERRNOS:
-                    raise _disk_error(exc.errno, exc.path, req, plan, progress, exc.written)
+                    raise _disk_error(exc.errno, exc.path, req, plan, meter, exc.written)
                 raise
 
+        if plan.writes:
+            meter.begin("copying")
         run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers)
         for directory in dirs.values():
             try:
                 fsync_dir(dir_fd=directory.fd)
             except OSError as exc:
-                raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, progress)
+                raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, meter)
     finally:
         for directory in dirs.values():
             directory.close()
@@ -615,21 +681,23 @@ def _write_small_file(tree, path, data):
         atomic_write_bytes(os.path.basename(path), data, dir_fd=directory.fd)
 
 
-def apply_plan(plan, req, outcome, progress_dir=None):
-    """Carry the plan out; debris and prune first so their space is free for the copies.
+def apply_plan(plan, req, outcome, meter=None):
+    """Carry the plan out; debris and prune first so their space is free for the copies (`meter`
+    counts them and feeds the progress file).
 
     Fills `outcome` as it goes (so a run that fails half-way still reports what it did). NAS-side problems of single blobs do not stop the other copies; while any
     selected path has no good local content, no link to it is written and refs/ and trees/ stay as
     they were, so no ref ever points at an incomplete snapshot.
     """
     tree = LocalTree(req.dest)
+    meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
+    outcome.applied = True
     outcome.nas_corrupt.extend(plan.nas_corrupt)
     for path in plan.debris + plan.prune:
         _remove_local(tree, path)
     if plan.prune and os.path.isdir(plan.snapshot):
         _remove_empty_dirs(plan.snapshot)
-    progress = Progress(progress_dir, plan.write_bytes, "%s@%s" % (req.repo_id, plan.commit[:12]))
-    _write_blobs(tree, plan, req, progress, outcome)
+    _write_blobs(tree, plan, req, meter, outcome)
     # No link to content this run could not stage (nor an alias link to such a file).
     blocked = set(os.path.join(plan.snapshot, *p.split("/")) for p in outcome.unavailable)
     plan.links = [(link, target) for link, target in plan.links
@@ -646,9 +714,8 @@ def apply_plan(plan, req, outcome, progress_dir=None):
     except OSError as exc:
         if exc.errno in DISK_ERRNOS:
             raise _disk_error(exc.errno, "the snapshot links, refs and tree listing of %s" % plan.snapshot,
-                              req, plan, progress)
+                              req, plan, meter)
         raise
-    progress.write(finished=True)
 
 
 def count_dangling(plan, dest_root):
@@ -663,42 +730,103 @@ def count_dangling(plan, dest_root):
     return bad
 
 
-def describe_plan(plan):
-    """Human diff text: one line per action, what check/diff mode shows."""
-    lines = []
+def _count(number, what):
+    return "%d %s%s" % (number, what, "" if number == 1 else "s")
+
+
+def plan_headline(plan, check_mode):
+    """'would copy 13 files, 47.9 GiB; would repair 1 file, 3.0 GiB; ...' (check mode) or 'copied ...':
+    the plan in one line, sizes in binary units; '' when there is nothing to do."""
+    verbs = ("would copy", "would repair", "would prune", "would remove", "would write") if check_mode else (
+        "copied", "repaired", "pruned", "removed", "wrote")
+    copies = [w for w in plan.writes if not w.is_repair]
+    repairs = [w for w in plan.writes if w.is_repair]
+    parts = []
+    if copies:
+        parts.append("%s %s, %s" % (verbs[0], _count(len(copies), "file"), human_bytes(sum(w.size for w in copies))))
+    if repairs:
+        parts.append("%s %s, %s" % (verbs[1], _count(len(repairs), "file"), human_bytes(sum(w.size for w in repairs))))
+    if plan.prune:
+        parts.append("%s %s (%s freed)" % (verbs[2], _count(len(plan.prune), "path"), human_bytes(plan.freed_bytes)))
+    if plan.debris:
+        parts.append("%s %s of killed runs" % (verbs[3], _count(len(plan.debris), "temp file")))
+    metadata = []
+    if plan.links:
+        metadata.append(_count(len(plan.links), "snapshot link"))
+    if plan.refs:
+        metadata.append("ref%s %s" % ("" if len(plan.refs) == 1 else "s", ", ".join(sorted(plan.refs))))
+    if plan.tree_listing is not None:
+        metadata.append("the tree listing")
+    if metadata:
+        parts.append("%s %s" % (verbs[4], ", ".join(metadata)))
+    return "; ".join(parts)
+
+
+def describe_plan(plan, check_mode=False):
+    """Human diff text, what --diff shows: the plan's headline, then one line per copy, repair, prune,
+    ref and link (a link that comes with a copy is said by the copy's line)."""
+    headline = plan_headline(plan, check_mode)
+    if not headline:
+        return ""
+    lines = [headline]
     for path in plan.debris:
         lines.append("- remove temp debris %s" % path)
     for path in plan.prune:
         lines.append("- prune %s" % path)
+    with_copies = set()
     for work in plan.writes:
         verb = "repair (%s)" % work.reason if work.is_repair else "copy"
         lines.append("+ %s %s (%s) for %s" % (verb, work.final, human_bytes(work.size), ", ".join(work.paths)))
+        with_copies.update(os.path.join(plan.snapshot, *p.split("/")) for p in work.paths)
     for link, target in plan.links:
-        lines.append("+ link %s -> %s" % (link, target))
+        if link not in with_copies:
+            lines.append("+ link %s -> %s" % (link, target))
     for name, commit in sorted(plan.refs.items()):
         lines.append("+ ref %s = %s" % (name, commit))
     if plan.tree_listing is not None:
         lines.append("+ tree listing trees/%s.json" % plan.commit)
-    return "\n".join(lines) + ("\n" if lines else "")
+    return "\n".join(lines) + "\n"
 
 
 def run_mirror(req, check_mode=False, progress=True):
     """Plan, check space, apply (unless check_mode) and return the module result.
 
     Raises StageError for bad input (nothing written), MirrorFailed (with the result) when some
-    selected file could not be staged or a NAS blob fails its name.
+    selected file could not be staged or a NAS blob fails its name, or when copy_missing is off and
+    selected files have no local copy (nothing written). Under the repo lock the pass keeps the
+    progress file (unless progress=False), which says how it ended: ok, failed or interrupted.
     """
     started = time.monotonic()
+    meter = PassMeter(req.phase, req.repo_id, req.verify)
     if check_mode:
-        return _check_mode_run(req, started)
-    _refuse_before_locking(req)
+        return _check_mode_run(req, started, meter)
+    _refuse_before_locking(req, started, meter)
     tree = LocalTree(req.dest)
     with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout):
-        plan = plan_mirror(req)
-        space = check_space(plan, req)
-        outcome = _apply_locked(tree, plan, req, space, started, progress)
-        dangling = count_dangling(plan, req.dest)
-    result = _result(plan, req, outcome, space, dangling, started)
+        with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
+            if progress:
+                meter.attach(lock_dir)
+            try:
+                result = _run_locked(tree, req, meter, started)
+            except KeyboardInterrupt as exc:
+                meter.close("interrupted", "interrupted (%s)" % (exc or "Ctrl-C"))
+                raise
+            except BaseException as exc:
+                meter.close("failed", str(exc) or type(exc).__name__)
+                raise
+            meter.close("ok")
+    return result
+
+
+def _run_locked(tree, req, meter, started):
+    try:
+        plan = plan_mirror(req, meter=meter)
+    except NotStaged as exc:
+        raise _refused(exc, req, meter, started)
+    space = check_space(plan, req)
+    outcome = _apply_locked(tree, plan, req, space, started, meter)
+    dangling = count_dangling(plan, req.dest)
+    result = _result(plan, req, outcome, space, dangling, started, meter)
     if outcome.failed:
         raise MirrorFailed(_failure_text(req, plan, outcome), with_report(result, req, failed=True))
     if dangling:
@@ -708,11 +836,14 @@ def run_mirror(req, check_mode=False, progress=True):
     return with_report(result, req)
 
 
-def _check_mode_run(req, started):
+def _check_mode_run(req, started, meter):
     """What the run would do, changing nothing; NAS blobs already known to fail their names fail it, as
-    the real run would."""
-    plan = plan_mirror(req, check_mode=True)
-    result = _result(plan, req, None, check_space(plan, req), [], started)
+    the real run would, and so do files not staged when copy_missing is off."""
+    try:
+        plan = plan_mirror(req, check_mode=True, meter=meter)
+    except NotStaged as exc:
+        raise _refused(exc, req, meter, started, check_mode=True)
+    result = _result(plan, req, None, check_space(plan, req), [], started, meter)
     if plan.nas_corrupt:
         outcome = Outcome()
         outcome.nas_corrupt.extend(plan.nas_corrupt)
@@ -720,33 +851,49 @@ def _check_mode_run(req, started):
     return with_report(result, req, check_mode=True)
 
 
-def _refuse_before_locking(req):
-    """Bad input and a disk that cannot even hold the missing files are refused before the lock file
-    is created: a read-only pass that stats but reads no content (verify none)."""
+def _refused(exc, req, meter, started, check_mode=False):
+    """MirrorFailed for a NotStaged refusal: the result of a run that did nothing, the paths unstaged."""
+    outcome = Outcome()
+    outcome.unavailable.update(exc.paths)
+    result = _result(exc.plan, req, outcome, space_figures(exc.plan, req), [], started, meter)
+    return MirrorFailed(str(exc), with_report(result, req, check_mode=check_mode, failed=True))
+
+
+def _refuse_before_locking(req, started, meter):
+    """Bad input, files not staged (copy_missing off) and a disk that cannot even hold the missing files
+    are refused before the lock file is created: a read-only pass that stats but reads no content
+    (verify none; what it reads to judge a copy of the wrong size counts in meter's bytes read)."""
     quick = copy.copy(req)
     quick.verify = "none"
+    quick_meter = PassMeter(req.phase, req.repo_id, quick.verify)
     try:
-        preflight = plan_mirror(quick)
+        preflight = plan_mirror(quick, meter=quick_meter)
+    except NotStaged as exc:
+        preflight = exc
     except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
-        return
-    check_space(preflight, quick)
+        preflight = None
+    meter.add_reads(quick_meter)
+    if isinstance(preflight, NotStaged):
+        raise _refused(preflight, req, meter, started)
+    if preflight is not None:
+        check_space(preflight, quick)
 
 
-def _apply_locked(tree, plan, req, space, started, progress):
+def _apply_locked(tree, plan, req, space, started, meter):
     """apply_plan under the repo lock; a full or failing disk stops the run, saying what was done and found."""
     outcome = Outcome()
     try:
-        with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
-            apply_plan(plan, req, outcome, lock_dir if progress else None)
+        apply_plan(plan, req, outcome, meter)
     except StageError as exc:
         found = _failure_text(req, plan, outcome)
         raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
-                           with_report(_result(plan, req, outcome, space, [], started), req, failed=True))
+                           with_report(_result(plan, req, outcome, space, [], started, meter), req, failed=True))
     return outcome
 
 
-REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "duration_s", "verify",
-               "changed", "repaired_paths", "pruned", "excluded_paths", "nas_corrupt", "unstaged_paths")
+REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "bytes_read", "duration_s",
+               "verify", "phase", "changed", "repaired_paths", "repairs", "pruned", "excluded_paths", "nas_corrupt",
+               "unstaged_paths")
 
 
 def with_report(result, req, check_mode=False, failed=False):
@@ -755,7 +902,36 @@ def with_report(result, req, check_mode=False, failed=False):
     row.update(repo_id=req.repo_id, revision=req.revision, check_mode=check_mode,
                status="failed" if failed else ("check" if check_mode else "ok"))
     result["report"] = row
+    result["summary"] = summary_line(result, req, check_mode, failed)
     return result
+
+
+def summary_line(result, req, check_mode, failed):
+    """One line for the operator: what the pass did (or would do: 'would copy N files, X GiB'), what it
+    found already right, what it read on each side, how long it took."""
+    blobs, real = result["blobs"], result["real_files"]
+    copied, repaired = blobs["copied"] + real["copied"], blobs["repaired"] + real["repaired"]
+    repaired_bytes = sum(r["size"] for r in result["repairs"])
+    would = "would " if check_mode else ""
+    parts = []
+    if copied or req.phase == "stage":
+        parts.append("%s%s %s, %s" % (would, "copy" if check_mode else "copied", _count(copied, "file"),
+                                      human_bytes(result["bytes_copied"] - repaired_bytes)))
+    if repaired or req.phase == "verify":
+        parts.append("%s%s %s, %s" % (would, "repair" if check_mode else "repaired", _count(repaired, "file"),
+                                      human_bytes(repaired_bytes)))
+    if blobs["reused"]:
+        parts.append("%d blob(s) %s" % (blobs["reused"], "already local (sizes checked)" if req.verify == "none"
+                                        else "proven by content (verify=%s) and kept" % req.verify))
+    if result["files"]["excluded"]:
+        parts.append("%d file(s) left on the NAS" % result["files"]["excluded"])
+    read = result["bytes_read"]
+    text = "%s@%s %s pass%s: %s; read %s local + %s NAS in %.1f s" % (
+        req.repo_id, (result["commit"] or "")[:12], req.phase, " (check mode)" if check_mode else "",
+        "; ".join(parts), human_bytes(read["local"]), human_bytes(read["nas"]), result["duration_s"])
+    if not check_mode and result["duration_s"] >= 0.1 and read["local"] + read["nas"]:
+        text += " (%.1f MiB/s)" % ((read["local"] + read["nas"]) / 1048576.0 / result["duration_s"])
+    return text + ("; FAILED" if failed else "")
 
 
 def _failure_text(req, plan, outcome):
@@ -778,16 +954,49 @@ def _failure_text(req, plan, outcome):
     return text
 
 
-def _result(plan, req, outcome, space, dangling, started):
+REPAIR_WORDS = {"size": "its size differs from the NAS copy's", "content": "it failed its content check",
+                "link": "it was a symlink, not a local copy", "not-a-file": "it was not a regular file"}
+
+
+def repair_record(work):
+    """One `repairs` entry: a present local file that was wrong (or, in check mode, would be replaced)."""
+    return {"path": work.paths[0], "paths": list(work.paths), "blob": work.etag, "reason": work.reason,
+            "local_hash": work.local_hash, "size": work.size}
+
+
+def repair_warning(record, req, check_mode):
+    """The module warning of one repair: snapshot path, blob name, what the local bytes hashed to."""
+    what = "blobs/%s" % record["blob"] if record["blob"] else "a real snapshot file, compared by sha256"
+    hashed = "; the local bytes hashed to %s%s" % ("" if record["blob"] else "sha256 ", record["local_hash"]) \
+        if record["local_hash"] else ""
+    return "%s %s (%s) of %s: %s (%s pass, verify=%s)%s; %s" % (
+        "would repair" if check_mode else "repaired", record["path"], what, req.repo_id,
+        REPAIR_WORDS.get(record["reason"], record["reason"]), req.phase, req.verify, hashed,
+        "a real run replaces it with a verified NAS copy" if check_mode
+        else "replaced by a NAS copy verified against its name" if record["blob"] else "replaced by the NAS copy")
+
+
+def _done(plan, outcome):
+    """(written Work items, links, refs, prune, debris, tree listing written): what the plan would do
+    (outcome None), did, or nothing (a refused run)."""
+    if outcome is None:
+        return plan.writes, plan.links, sorted(plan.refs), plan.prune, plan.debris, plan.tree_listing is not None
+    if not outcome.applied:
+        return [], [], [], [], [], False
+    complete = not outcome.unavailable
+    return (outcome.written, plan.links, sorted(plan.refs) if complete else [], plan.prune, plan.debris,
+            plan.tree_listing is not None and complete)
+
+
+def _result(plan, req, outcome, space, dangling, started, meter):
     """The module result; in check mode (outcome None) what the plan would do."""
-    done = plan.writes if outcome is None else outcome.written
-    refs_written = sorted(plan.refs) if outcome is None or not outcome.unavailable else []
+    done, links, refs_written, pruned, debris, listing = _done(plan, outcome)
     nas_corrupt = plan.nas_corrupt if outcome is None else outcome.nas_corrupt
+    repairs = [repair_record(w) for w in done if w.is_repair]
+    check_mode = outcome is None
     return {
-        "changed": plan.changes if outcome is None else bool(
-            outcome.written or plan.links or refs_written or plan.prune or plan.debris
-            or (plan.tree_listing is not None and not outcome.unavailable)
-            or any(r["local"] == "removed" for r in nas_corrupt)),
+        "changed": bool(done or links or refs_written or pruned or debris or listing
+                        or any(r["local"] == "removed" for r in nas_corrupt)),
         "commit": plan.commit,
         "snapshot": plan.snapshot,
         "files": {"total": len(plan.entries), "local": len(plan.selected), "excluded": len(plan.excluded),
@@ -797,20 +1006,25 @@ def _result(plan, req, outcome, space, dangling, started):
         "real_files": {"copied": len([w for w in done if not w.etag and not w.is_repair]),
                        "repaired": len([w for w in done if not w.etag and w.is_repair])},
         "repaired_paths": sorted(p for w in done if w.is_repair for p in w.paths),
-        "links_written": len(plan.links),
+        "repairs": repairs,
+        "links_written": len(links),
         "refs_written": refs_written,
         "bytes_copied": sum(w.size for w in done),
         "bytes_staged": sum(e.size for e in plan.selected),
+        "bytes_read": meter.bytes_read(),
         "excluded_paths": [e.path for e in plan.excluded],
-        "pruned": plan.prune,
+        "pruned": pruned,
         "stale_paths": plan.stale,
-        "debris_removed": plan.debris,
+        "debris_removed": debris,
         "nas_corrupt": sorted(p for r in nas_corrupt for p in r["paths"]),
         "nas_corrupt_blobs": nas_corrupt,
         "unstaged_paths": [] if outcome is None else sorted(outcome.unavailable),
         "verify": req.verify,
+        "phase": req.phase,
+        "copy_missing": req.copy_missing,
+        "progress_file": os.path.join(req.dest, lock_dir_rel(req.folder), PROGRESS_NAME),
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),
-        "warnings": plan.warnings,
-        "diff_text": describe_plan(plan),
+        "warnings": plan.warnings + [repair_warning(r, req, check_mode) for r in repairs],
+        "diff_text": describe_plan(plan, check_mode) if outcome is None or outcome.applied else "",
     }

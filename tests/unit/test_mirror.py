@@ -584,17 +584,22 @@ def test_parse_reserve_refuses(text):
 # lesson 8 (unit part; the SIGKILL test is in tests/integration): crash order and debris
 # ------------------------------------------------------------------------------------------------
 
-def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch):
+def interrupt_copy_number(monkeypatch, number):
+    """Ctrl-C arrives as copy number `number` starts (the ones before it complete)."""
     real_copy = mirror.copy_verified
     calls = []
 
-    def dies_on_fourth(source, directory, name, size, **kwargs):
+    def interrupted(source, directory, name, size, **kwargs):
         calls.append(name)
-        if len(calls) == 4:
+        if len(calls) == number:
             raise KeyboardInterrupt("killed mid-copy")
         return real_copy(source, directory, name, size, **kwargs)
 
-    monkeypatch.setattr(mirror, "copy_verified", dies_on_fourth)
+    monkeypatch.setattr(mirror, "copy_verified", interrupted)
+
+
+def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch):
+    interrupt_copy_number(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         stage(nas, local, ignore_patterns=PAGE15, workers=1)   # one at a time: exactly three finished
     monkeypatch.undo()
@@ -1484,3 +1489,235 @@ def test_disk_failure_in_one_worker_still_reports_the_nas_corruption_another_fou
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, workers=1)
     assert "the local disk is full" in str(failure) and "also:" in str(failure)
     assert failure.result["nas_corrupt"] == [shards[0]] and failure.result["report"]["status"] == "failed"
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 10: a verify pass says what it proved (copies nothing new, names each repair), every pass says
+# what it read, the progress file an operator can watch, a check-mode plan that reads like one
+# ------------------------------------------------------------------------------------------------
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def verify_request(nas, local, **kwargs):
+    """What the stage role's verify pass asks for: prove, repair, copy nothing new."""
+    return mirror_request(nas, local, ignore_patterns=PAGE15, copy_missing=False, phase="verify", **kwargs)
+
+
+def progress_of(nas, local):
+    with open(os.path.join(str(local), ".locks", nas.repo()["folder"], "dgx-stage.progress.json")) as handle:
+        return json.load(handle)
+
+
+def between_samples(size):
+    """An offset no sample reads: halfway between the first two middle blocks."""
+    ranges = sample_ranges(size)
+    (first, length), (second, _length) = ranges[1], ranges[2]
+    return (first + length + second) // 2
+
+
+def git_blob_sha1(path):
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["real", "check"])
+def test_verify_on_an_empty_local_hub_fails_naming_what_is_not_staged_and_writes_nothing(nas, local, check_mode):
+    wanted = sorted(selected(nas))
+    before = tree_snapshot(local)
+    with pytest.raises(mirror.MirrorFailed) as failure:
+        run_mirror(verify_request(nas, local), check_mode=check_mode)
+    text = str(failure.value)
+    assert "%d of the %d selected file(s) of %s" % (len(wanted), len(wanted), MAIN) in text
+    assert "(%s and %d more)" % (", ".join(wanted[:5]), len(wanted) - 5) in text
+    assert "copies nothing" in text and "--tags stage" in text and "nothing was written" in text
+    result = failure.value.result
+    assert result["unstaged_paths"] == wanted and result["changed"] is False and result["repairs"] == []
+    assert result["blobs"] == {"copied": 0, "reused": 0, "repaired": 0} and result["bytes_copied"] == 0
+    assert result["report"]["status"] == "failed" and result["report"]["unstaged_paths"] == wanted
+    assert result["phase"] == "verify" and result["copy_missing"] is False and result["diff_text"] == ""
+    assert snapshot_diff(before, tree_snapshot(local)) == []       # not even the lock or progress file
+
+
+@pytest.mark.parametrize("how", ["removed", "link-to-the-nas"])
+def test_verify_names_the_one_blob_not_staged_and_copies_nothing(prestage, nas, local, how):
+    prestage(nas, local)
+    shard = nas.repo()["shards"][1]
+    blob = local_blob(nas, local, selected(nas)[shard]["etag"])
+    os.unlink(blob)
+    if how == "link-to-the-nas":     # a generation-1 copy: the content still lives on the NAS
+        os.symlink(nas_blob_real(nas, selected(nas)[shard]["etag"]), blob)
+    before = tree_snapshot(local)
+    with pytest.raises(mirror.MirrorFailed, match=r"^1 of the %d selected file\(s\) of .* are not staged on this "
+                                                  r"node \(%s\)" % (len(selected(nas)), re.escape(shard))):
+        run_mirror(verify_request(nas, local, verify="full"))
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+
+
+def test_a_flip_between_samples_is_missed_by_sample_and_repaired_by_full_with_a_warning(prestage, big_nas, local):
+    """The documented limit of verify=sample, and what verify=full reports for it."""
+    nas = big_nas
+    prestage(nas, local)
+    shard = nas.repo()["shards"][0]
+    etag, size = selected(nas)[shard]["etag"], selected(nas)[shard]["size"]
+    blob = local_blob(nas, local, etag)
+    flip_byte(blob, between_samples(size))
+    flipped = sha256_file(blob)
+    sampled = run_mirror(verify_request(nas, local))
+    assert sampled["repairs"] == [] and sampled["blobs"]["repaired"] == 0 and sampled["changed"] is False
+    assert sha256_file(blob) == flipped                              # still wrong: samples cannot see it
+    full = run_mirror(verify_request(nas, local, verify="full"))
+    assert full["repairs"] == [{"path": shard, "paths": [shard], "blob": etag, "reason": "content",
+                                "local_hash": flipped, "size": size}]
+    assert full["report"]["repairs"] == full["repairs"] and full["repaired_paths"] == [shard]
+    warnings = [w for w in full["warnings"] if shard in w]
+    assert len(warnings) == 1 and etag in warnings[0] and flipped in warnings[0] and "repaired" in warnings[0]
+    assert full["blobs"] == {"copied": 0, "reused": len(unique_blobs(selected(nas))) - 1, "repaired": 1}
+    assert blob_matches_name(blob, etag)
+
+
+def test_repairs_name_what_the_local_bytes_hash_to_at_their_own_size_and_as_named(prestage, nas, local):
+    prestage(nas, local)
+    shard, config = nas.repo()["shards"][2], "config.json"
+    shard_blob = local_blob(nas, local, selected(nas)[shard]["etag"])
+    config_blob = local_blob(nas, local, selected(nas)[config]["etag"])
+    with open(shard_blob, "r+b") as handle:      # truncated: hashed at the local size
+        handle.truncate(1000)
+    flip_byte(config_blob, 3)                    # a git-sha1 named blob: hashed as git names it
+    truncated, config_hash = sha256_file(shard_blob), git_blob_sha1(config_blob)
+    result = run_mirror(verify_request(nas, local, verify="full"))
+    repairs = dict((r["path"], r) for r in result["repairs"])
+    assert (repairs[shard]["reason"], repairs[shard]["local_hash"]) == ("size", truncated)
+    assert (repairs[config]["reason"], repairs[config]["local_hash"]) == ("content", config_hash)
+    assert len(result["warnings"]) == 2 and any(config_hash in w for w in result["warnings"])
+    assert_all_local(nas, local)
+
+
+def test_a_repair_in_check_mode_is_reported_as_would_repair(prestage, big_nas, local):
+    nas = big_nas
+    prestage(nas, local)
+    shard = nas.repo()["shards"][1]
+    blob = local_blob(nas, local, selected(nas)[shard]["etag"])
+    flip_byte(blob, 0)
+    flipped = sha256_file(blob)
+    result = run_mirror(verify_request(nas, local), check_mode=True)
+    assert [(r["path"], r["local_hash"]) for r in result["repairs"]] == [(shard, flipped)]
+    assert result["warnings"][0].startswith("would repair %s" % shard)
+    assert sha256_file(blob) == flipped
+
+
+def test_each_pass_says_how_many_bytes_it_read_on_each_side(big_nas, local):
+    nas = big_nas
+    blobs = unique_blobs(selected(nas))
+    staged = stage(nas, local, ignore_patterns=PAGE15)
+    assert staged["bytes_read"] == {"local": 0, "nas": sum(blobs.values())} == staged["report"]["bytes_read"]
+    sampled = run_mirror(verify_request(nas, local))
+    per_side = sum(sum(length for _offset, length in sample_ranges(size)) for size in blobs.values())
+    assert per_side < sum(blobs.values()) / 2                  # the big shards really are sampled
+    assert sampled["bytes_read"] == {"local": per_side, "nas": per_side}
+    full = run_mirror(verify_request(nas, local, verify="full"))
+    assert full["bytes_read"] == {"local": sum(blobs.values()), "nas": 0}
+    again = stage(nas, local, ignore_patterns=PAGE15, verify="none")
+    assert again["bytes_read"] == {"local": 0, "nas": 0}
+
+
+def test_progress_file_after_a_copy_a_verify_that_keeps_its_figures_and_a_pass_with_nothing_to_do(nas, local):
+    staged = stage(nas, local, ignore_patterns=PAGE15)
+    count = len(unique_blobs(selected(nas)))
+    after_stage = progress_of(nas, local)
+    assert after_stage["pass"] == "stage" and after_stage["pid"] == os.getpid()
+    assert (after_stage["status"], after_stage["finished"], after_stage["aborted"]) == ("ok", True, False)
+    assert (after_stage["files_done"], after_stage["files_total"]) == (count, count)
+    assert after_stage["bytes_done"] == after_stage["bytes_total"] == staged["bytes_copied"] > 0
+    assert after_stage["copying"] == {"files_done": count, "files_total": count,
+                                      "bytes_done": staged["bytes_copied"], "bytes_total": staged["bytes_copied"]}
+    assert after_stage["eta_s"] == 0 and after_stage["current"] is None and after_stage["error"] is None
+    assert ISO_UTC.match(after_stage["updated_at"]) and ISO_UTC.match(after_stage["started_at"])
+    assert after_stage["bytes_read"] == staged["bytes_read"] and after_stage["commit"] == nas.repo()["commit"]
+    assert after_stage["passes"] == {"stage": dict((k, v) for k, v in after_stage.items() if k != "passes")}
+
+    run_mirror(verify_request(nas, local, verify="full"))
+    after_verify = progress_of(nas, local)
+    assert after_verify["pass"] == "verify" and after_verify["finished"] is True
+    assert after_verify["passes"]["stage"] == after_stage["passes"]["stage"]      # never hidden by verify
+    assert after_verify["hashing"]["files_done"] == after_verify["hashing"]["files_total"] == count
+    assert after_verify["hashing"]["bytes_done"] == sum(unique_blobs(selected(nas)).values())
+    assert after_verify["copying"]["files_total"] == 0 and after_verify["verify"] == "full"
+
+    stage(nas, local, ignore_patterns=PAGE15, verify="none")                       # nothing to do
+    idle = progress_of(nas, local)
+    assert (idle["pass"], idle["finished"], idle["files_total"], idle["bytes_total"]) == ("stage", True, 0, 0)
+    assert idle["passes"]["verify"] == after_verify["passes"]["verify"]
+
+
+def test_progress_file_of_a_failing_run_says_aborted_with_the_error(fresh_nas, local):
+    nas = fresh_nas
+    shard = nas.repo()["shards"][0]
+    corrupt_nas_blob(nas, selected(nas)[shard]["etag"])
+    expect_failure(nas, local, ignore_patterns=PAGE15)
+    doc = progress_of(nas, local)
+    assert (doc["status"], doc["finished"], doc["aborted"]) == ("failed", False, True)
+    assert selected(nas)[shard]["etag"] in doc["error"] and doc["eta_s"] is None
+
+
+def test_progress_file_of_an_interrupted_run_says_interrupted(nas, local, monkeypatch):
+    interrupt_copy_number(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        stage(nas, local, ignore_patterns=PAGE15, workers=1)
+    doc = progress_of(nas, local)
+    assert (doc["status"], doc["finished"], doc["aborted"]) == ("interrupted", False, True)
+    assert doc["files_done"] == 2 and doc["files_total"] == len(unique_blobs(selected(nas)))
+
+
+def _record_progress(monkeypatch):
+    """Every progress document written, with the throttle off."""
+    from ansible.module_utils import dgx_transfer
+    docs = []
+    real_write = dgx_transfer.atomic_write_bytes
+
+    def record(name, data, **kwargs):
+        if name == dgx_transfer.PROGRESS_NAME:
+            docs.append(json.loads(data.decode("utf-8")))
+        return real_write(name, data, **kwargs)
+
+    monkeypatch.setattr(dgx_transfer, "atomic_write_bytes", record)
+    monkeypatch.setattr(dgx_transfer, "PROGRESS_EVERY_S", 0.0)
+    return docs
+
+
+def test_progress_moves_while_a_stage_copies_and_while_a_full_verify_hashes(big_nas, local, monkeypatch):
+    nas = big_nas
+    docs = _record_progress(monkeypatch)
+    stage(nas, local, ignore_patterns=PAGE15, workers=2)
+    copying = [d for d in docs if d["status"] == "running" and d["step"] == "copying"]
+    assert any(0 < d["bytes_done"] < d["bytes_total"] for d in copying), copying
+    assert set(d["current"] for d in copying if d["current"]) <= set(selected(nas))
+    assert [d["bytes_done"] for d in docs] == sorted(d["bytes_done"] for d in docs)
+    del docs[:]
+    run_mirror(verify_request(nas, local, verify="full", workers=2))
+    hashing = [d for d in docs if d["status"] == "running" and d["step"] == "hashing"]
+    assert any(0 < d["hashing"]["bytes_done"] < d["hashing"]["bytes_total"] for d in hashing), hashing
+    assert all(d["pass"] == "verify" and d["bytes_done"] == d["hashing"]["bytes_done"] for d in hashing)
+    assert docs[-1]["finished"] is True and docs[-1]["passes"]["stage"]["finished"] is True
+
+
+def test_check_mode_plan_reads_like_a_plan_and_real_runs_say_what_they_did(nas, local):
+    blobs = unique_blobs(selected(nas))
+    planned = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
+    lines = planned["diff_text"].splitlines()
+    assert lines[0] == "would copy %d files, %s; would write %d snapshot links, ref main, the tree listing" % (
+        len(blobs), mirror.human_bytes(sum(blobs.values())), len(selected(nas)))
+    assert not [line for line in lines if line.startswith("+ link ")]     # each link comes with its copy's line
+    assert "would copy %d files, %s" % (len(blobs), mirror.human_bytes(sum(blobs.values()))) in planned["summary"]
+    assert "check mode" in planned["summary"] and "MiB/s" not in planned["summary"]
+    done = stage(nas, local, ignore_patterns=PAGE15)
+    assert done["diff_text"].startswith("copied %d files, " % len(blobs))
+    assert done["summary"].startswith("%s@%s stage pass: copied %d files" % (MAIN, nas.repo()["commit"][:12],
+                                                                              len(blobs)))
+    assert stage(nas, local, ignore_patterns=PAGE15)["diff_text"] == ""
+
+
+def test_refuses_unknown_phase(nas, local):
+    with pytest.raises(StageError, match="phase must be one of stage, verify"):
+        mirror_request(nas, local, phase="prove")

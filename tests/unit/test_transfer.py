@@ -1,6 +1,7 @@
 """Atomic, name-checked placement inside the local tree, debris and locking."""
 import errno
 import hashlib
+import json
 import os
 import re
 import threading
@@ -352,3 +353,104 @@ def test_buffers_stay_within_the_budget_and_are_taken_on_first_use():
     assert 32 * tr.chunk_size(32) <= tr.BUFFER_BUDGET
     buf = tr.ChunkBuffer(READ_CHUNK)
     assert buf._data is None and len(buf.data) == READ_CHUNK
+
+
+# ------------------------------------------------------------------------------------------------
+# PassMeter: the figures of a pass and its progress file
+# ------------------------------------------------------------------------------------------------
+
+class FakeClock(object):
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def read_progress(tmp_path):
+    with open(str(tmp_path / ".locks" / tr.PROGRESS_NAME)) as handle:
+        return json.load(handle)
+
+
+def test_meter_gives_no_rate_or_eta_until_known_and_writes_at_most_once_per_interval(tmp_path):
+    clock = FakeClock()
+    meter = tr.PassMeter("stage", "org/name", "none", clock=clock, wall=lambda: 1790000000.0, interval=1.0)
+    with open_tmp(tmp_path, ".locks") as lock_dir:
+        meter.attach(lock_dir)
+        meter.plan("copying", 2, 4 * 1048576)
+        meter.begin("copying")
+        meter.working_on("model-00001.safetensors")
+        clock.now += 0.5
+        meter.count("copying", nas=1048576)              # a rate after half a second would be a guess
+        first = read_progress(tmp_path)
+        assert (first["bytes_done"], first["mib_per_s"], first["eta_s"]) == (0, None, None)
+        assert (first["status"], first["finished"], first["aborted"]) == ("running", False, False)
+        clock.now += 1.5
+        meter.count("copying", nas=1048576)              # 2 MiB in 2 s: 1 MiB/s, 2 MiB to go
+        second = read_progress(tmp_path)
+        assert (second["bytes_done"], second["bytes_total"], second["mib_per_s"], second["eta_s"]) == (
+            2 * 1048576, 4 * 1048576, 1.0, 2.0)
+        assert second["current"] == "model-00001.safetensors" and second["step"] == "copying"
+        assert second["updated_at"] == "2026-09-21T14:13:22Z" and second["started_at"] == "2026-09-21T14:13:20Z"
+        clock.now += 0.2
+        meter.count("copying", nas=1048576)              # within the interval: not written
+        assert read_progress(tmp_path)["bytes_done"] == 2 * 1048576
+        meter.count("copying", nas=1048576)
+        meter.item_done("copying")
+        meter.item_done("copying")
+        meter.close("ok")
+        done = read_progress(tmp_path)
+    assert (done["status"], done["finished"], done["aborted"], done["eta_s"], done["current"]) == (
+        "ok", True, False, 0.0, None)
+    assert (done["files_done"], done["files_total"], done["bytes_done"]) == (2, 2, 4 * 1048576)
+    assert done["bytes_read"] == {"local": 0, "nas": 4 * 1048576} and done["pid"] == os.getpid()
+
+
+def test_meter_keeps_the_other_passes_of_the_file_and_says_how_a_pass_ended(tmp_path):
+    lock = tmp_path / ".locks"
+    lock.mkdir()
+    stage_figures = {"pass": "stage", "finished": True, "bytes_done": 7}
+    (lock / tr.PROGRESS_NAME).write_text(json.dumps({"pass": "stage", "passes": {"stage": stage_figures}}))
+    meter = tr.PassMeter("verify", "org/name", "full")
+    with open_tmp(tmp_path, ".locks") as lock_dir:
+        meter.attach(lock_dir)
+        meter.plan("hashing", 1, 10)
+        meter.count("hashing", local=25)                 # read more than planned: the total follows
+        assert meter.figures()["bytes_total"] == 25
+        meter.close("interrupted", "interrupted (Ctrl-C)")
+    doc = read_progress(tmp_path)
+    assert doc["pass"] == "verify" and doc["passes"]["stage"] == stage_figures
+    assert (doc["status"], doc["finished"], doc["aborted"], doc["eta_s"]) == ("interrupted", False, True, None)
+    assert doc["error"] == "interrupted (Ctrl-C)" and doc["passes"]["verify"]["aborted"] is True
+    assert doc["hashing"] == {"files_done": 0, "files_total": 1, "bytes_done": 25, "bytes_total": 25}
+
+
+def test_meter_ignores_an_unreadable_progress_file(tmp_path):
+    lock = tmp_path / ".locks"
+    lock.mkdir()
+    (lock / tr.PROGRESS_NAME).write_text("{torn")
+    with open_tmp(tmp_path, ".locks") as lock_dir:
+        tr.PassMeter("stage", "org/name", "none").attach(lock_dir)
+    assert sorted(read_progress(tmp_path)["passes"]) == ["stage"]
+
+
+def test_meter_counts_every_byte_from_many_workers(tmp_path):
+    meter = tr.PassMeter("stage", "org/name", "none", interval=0.0)
+    meter.plan("copying", 8, 8000)
+
+    def work():
+        for _ in range(1000):
+            meter.count("copying", nas=1)
+        meter.item_done("copying")
+
+    with open_tmp(tmp_path, ".locks") as lock_dir:
+        meter.attach(lock_dir)                            # every count may write: the file stays whole JSON
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        meter.close("ok")
+    doc = read_progress(tmp_path)
+    assert doc["bytes_read"] == {"local": 0, "nas": 8000} and (doc["files_done"], doc["files_total"]) == (8, 8)
+    assert tr.find_temp_debris(str(tmp_path)) == []

@@ -116,17 +116,20 @@ def host_status(failed, unreachable, check_mode):
 
 
 def host_rows(host, rank, repos, status, failure=None):
-    """The table rows of one host: one per repo ({repo: {pass: row}}, in the order seen), or one bare row."""
+    """The table rows of one host: one per repo ({repo: {pass: row}}, in the order seen), each with its own
+    status; a failed host's failed task goes on its failed repo's row, else on a row of its own (repo -)."""
     rows = [dict(merge_repo(passes), host=host, rank=rank) for passes in repos.values()]
-    if not rows:
-        rows = [{"host": host, "rank": rank, "repo_id": "-", "status": status}]
-    for row in rows:
-        if status in ("failed", "unreachable"):
-            row["status"] = status
-        elif row["status"] == "failed":   # a repo failed but the host went on (ignored or rescued)
-            row["status"] = "failed (host went on)"
-        if failure and status in ("failed", "unreachable"):
-            row["status"] += ": %s: %s" % (failure.get("play") or "?", failure.get("task") or "?")
+    if status not in ("failed", "unreachable"):
+        for row in rows:
+            if row["status"] == "failed":   # a repo failed but the host went on (ignored or rescued)
+                row["status"] = "failed (host went on)"
+        return rows or [{"host": host, "rank": rank, "repo_id": "-", "status": status}]
+    where = ": %s: %s" % ((failure or {}).get("play") or "?", (failure or {}).get("task") or "?")
+    failed = [row for row in rows if row["status"] == "failed"]
+    for row in failed:
+        row["status"] += where
+    if not failed:
+        rows.append({"host": host, "rank": rank, "repo_id": "-", "status": status + where})
     return rows
 
 
@@ -214,9 +217,9 @@ def summary_lines(state):
             steps += next_step_lines(host, status, info.get("failure"), info.get("report_path"),
                                      state.get("inventory"), state.get("playbook"))
     lanes = sorted(set(str(hosts[h]["lane"]) for h in lane_hosts if hosts[h].get("lane")))
-    head = "DGX-STAGE LANE SUMMARY: lane %s, %s%s%s" % (
-        ",".join(lanes) or "?", plural(len(lane_hosts), "host"), ", run " + state["run_id"] if state.get("run_id") else "",
-        ", CHECK MODE (nothing was written)" if check_mode else "")
+    run = ", run " + state["run_id"] if state.get("run_id") else ""
+    head = "DGX-STAGE LANE SUMMARY: lane %s, %s%s%s" % (",".join(lanes) or "?", plural(len(lane_hosts), "host"), run,
+                                                         ", CHECK MODE (nothing was written)" if check_mode else "")
     lines = [head] + render_table(rows, check_mode)
     bad = [h for h in lane_hosts if statuses[h] in ("failed", "unreachable")]
     total = "wall time %s; %d/%d hosts %s" % (human_seconds(state.get("wall_s")), len(lane_hosts) - len(bad),
@@ -322,7 +325,8 @@ class CallbackModule(CallbackBase):
         self._fail(result, ignore_errors)
 
     def v2_runner_item_on_failed(self, result):
-        self._collect(result)
+        self._collect(result)   # a loop's first failed item says more than its "One or more items failed"
+        self._fail(result, bool(getattr(result.task, "ignore_errors", False)))
 
     def v2_runner_on_unreachable(self, result):
         self._fail(result)

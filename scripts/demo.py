@@ -79,7 +79,8 @@ def summary(check=False):
     lines = ["dgx-stage demo (%s, lane %s, run %s, %s)" % (report.get("host"), report.get("lane"),
                                                          report.get("run_id"), report.get("status"))]
     if check:   # the latest view keeps the last real results; the plan is under its "check" key
-        lines.append("  --check: nothing was written; the plan is under \"check\" in %s" % os.path.relpath(REPORT, REPO))
+        lines.append("  --check: nothing was written; the plan is under \"check\" in %s"
+                     % os.path.relpath(REPORT, REPO))
         return "\n".join(lines)
     for weights in report.get("weights") or []:
         lines.append("  %s: %d shards, %d tensors, index matches headers"

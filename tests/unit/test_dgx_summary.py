@@ -88,10 +88,15 @@ def test_real_files_count_as_copied_files():
     assert summary.files_copied(dict(row(copied=2), real_files={"copied": 3})) == 5
 
 
-def test_host_rows_carry_the_failed_task_and_a_bare_row_for_a_host_without_repos():
+def test_host_rows_put_the_failed_task_on_the_failed_repo_or_a_row_of_its_own():
     failure = {"play": "stage", "task": "stage : Mirror | Each repo", "msg": "bad blob"}
-    rows = summary.host_rows("n1", 1, {"a@main": {"stage": row(repo="a", status="failed")}}, "failed", failure)
-    assert rows[0]["status"] == "failed: stage: stage : Mirror | Each repo"
+    repos = {"a@main": {"stage": row(repo="a", status="failed")}, "b@main": {"stage": row(repo="b")}}
+    rows = summary.host_rows("n1", 1, repos, "failed", failure)
+    assert [r["status"] for r in rows] == ["failed: stage: stage : Mirror | Each repo", "ok"]
+    later = summary.host_rows("n1", 1, {"b@main": {"stage": row(repo="b")}}, "failed",
+                              {"play": "manifest", "task": "engine : Manifest | Write"})
+    assert [(r["repo_id"], r["status"]) for r in later] == [("b", "ok"),
+                                                           ("-", "failed: manifest: engine : Manifest | Write")]
     bare = summary.host_rows("n2", 0, {}, "unreachable", {"play": "preflight", "task": "Gathering Facts"})
     assert bare == [{"host": "n2", "rank": 0, "repo_id": "-", "status": "unreachable: preflight: Gathering Facts"}]
     went_on = summary.host_rows("n3", 2, {"a@main": {"stage": row(repo="a", status="failed")}}, "ok")

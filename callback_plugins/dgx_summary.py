@@ -17,6 +17,8 @@ description:
     table after the recap - host, rank, per repo the blobs copied / reused / repaired, GiB copied, time,
     MiB/s, the verify mode and the status (ok / failed / check / unreachable, with the failed task) - then
     the wall time, in C(--check) what the run would copy, and a C(next step) line for each failed host.
+  - With C(display_ok_hosts = false) the default stdout callback drops the warnings of unchanged results
+    together with the results; this callback prints those warnings.
   - Silent for ad-hoc commands, for machine-readable stdout callbacks (json, jsonl) and for runs that
     staged nothing.
   - Enabled by the repo's ansible.cfg (C(callbacks_enabled = dgx_summary)).
@@ -256,6 +258,7 @@ class CallbackModule(CallbackBase):
         self.state = {"hosts": {}, "check_mode": False, "inventory": None, "playbook": None}
         self._started = None
         self._play_tags = ()
+        self._hides_ok = None
 
     def _host(self, name):
         return self.state["hosts"].setdefault(name, {"repos": {}})
@@ -314,8 +317,23 @@ class CallbackModule(CallbackBase):
         host.setdefault("failure", {"play": self._play(), "task": _task_name(result.task),
                                     "msg": result.result.get("msg", "")})
 
+    def _stdout_hides_ok(self):
+        """Whether the stdout callback hides ok results (display_ok_hosts = false), warnings and all."""
+        if self._hides_ok is None:
+            name = str(C.config.get_config_value("DEFAULT_STDOUT_CALLBACK") or "").split(".")[-1]
+            try:
+                shown = C.config.get_config_value("display_ok_hosts", plugin_type="callback", plugin_name=name)
+            except Exception:   # a stdout callback without that option shows its results its own way
+                shown = True
+            self._hides_ok = not shown and not self._quiet()
+        return self._hides_ok
+
     def v2_runner_on_ok(self, result):
         self._collect(result)
+        # The default callback drops an unchanged result's warnings with the result: say them here (a loop's
+        # result carries its items' warnings).
+        if not result.result.get("changed") and self._stdout_hides_ok():
+            self._handle_warnings_and_exception(result)
 
     def v2_runner_item_on_ok(self, result):
         self._collect(result)

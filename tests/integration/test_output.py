@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 from conftest import BIN_DIR, REPO_ROOT, ansible_env
 from hubgen import DRAFTER_REPO, MAIN_REPO
@@ -147,3 +148,33 @@ def test_a_three_host_local_lane_gives_one_table_with_a_row_per_host(tmp_path, n
     for line in lines:
         if line.startswith(("changed:", "ok:", "failed:", "fatal:")):
             assert re.match(r"\w+: \[node\d\]", line), line
+
+
+WARNING_MODULE = '''from ansible.module_utils.basic import AnsibleModule
+module = AnsibleModule(argument_spec={"text": {"type": "str"}})
+module.warn("repaired %s: the local bytes hashed to 0123abcd" % module.params["text"])
+module.exit_json(changed=False)
+'''
+
+
+def test_warnings_of_unchanged_results_are_still_printed(tmp_path):
+    """display_ok_hosts = false hides ok results and, in the default callback, their warnings: the summary
+    callback prints them."""
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "warns.py").write_text(WARNING_MODULE)
+    playbook = tmp_path / "warns.yml"
+    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                        "    - name: Warn once\n      warns:\n        text: config.json\n"
+                        "    - name: Warn in a loop\n      warns:\n        text: 'shard {{ item }}'\n"
+                        "      loop: [1, 2]\n")
+    env = ansible_env(tmp_path)
+    env.pop("ANSIBLE_STDOUT_CALLBACK")
+    env["ANSIBLE_LIBRARY"] = str(tmp_path / "library")
+    proc = subprocess.run([os.path.join(BIN_DIR, "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = proc.stdout.decode("utf-8", "replace")
+    assert proc.returncode == 0, out
+    assert "ok: [localhost]" not in out
+    for text in ("config.json", "shard 1", "shard 2"):
+        assert out.count("repaired %s: the local bytes hashed to 0123abcd" % text) == 1, out

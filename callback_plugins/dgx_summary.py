@@ -235,10 +235,18 @@ def summary_lines(state):
                                                     sum(r["repaired"] for r in merged))
     if bad:
         total += "; FAILED: %s" % ", ".join(bad)
+    idle = [h for h in lane_hosts if hosts[h].get("engine_runs") is False]
+    if idle and not check_mode:
+        total += "; engine not started%s (engine_enabled is false)" % (
+            "" if len(idle) == len(lane_hosts) else " on " + ", ".join(idle))
     return lines + [total] + steps
 
 
 # ---- the callback: collects plain data, prints summary_lines() ---------------------------------------
+
+def _truthy(value):
+    return str(value).strip().lower() in ("true", "1", "yes")
+
 
 def _task_name(task):
     try:
@@ -299,6 +307,8 @@ class CallbackModule(CallbackBase):
             host["lane"] = facts["lane_name"]
         if "lane_rank" in facts:
             host["rank"] = facts["lane_rank"]
+        if "lane_engine_runs" in facts:
+            host["engine_runs"] = _truthy(facts["lane_engine_runs"])
         if facts.get("lane_run_id"):
             self.state["run_id"] = str(facts["lane_run_id"])
         action = str(getattr(result.task, "action", "") or "")

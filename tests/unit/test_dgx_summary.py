@@ -161,5 +161,13 @@ def test_check_mode_says_what_would_be_copied():
     assert lines[-1] == "wall time 8.4 s; 1/1 hosts checked; would copy 13 files, 0.05 GiB (48.0 MiB)"
 
 
+def test_an_engine_left_off_is_said_once():
+    repos = {"a@main": {"stage": row(repo="a")}}
+    lines = summary.summary_lines(_state(n1={"rank": 0, "lane": "l", "repos": repos, "engine_runs": False}))
+    assert lines[-1].endswith("; engine not started (engine_enabled is false)")
+    lines = summary.summary_lines(_state(n1={"rank": 0, "lane": "l", "repos": repos, "engine_runs": True}))
+    assert "engine" not in lines[-1]
+
+
 def test_nothing_to_say_without_a_lane():
     assert summary.summary_lines(_state(other={"repos": {}})) == []

@@ -100,7 +100,8 @@ def test_a_failing_host_is_named_with_its_task_and_the_next_step(tmp_path, nas_h
     status = dict((r["REPO"], r["STATUS"]) for r in rows)
     assert status[MAIN_REPO].startswith("failed: stage: ") and "Mirror | " in status[MAIN_REPO], status
     assert status[DRAFTER_REPO] == "ok"
-    assert re.search(r"; 0/1 hosts ok; copied \d+ files, [\d.]+ [KMG]?i?B; repaired 0; FAILED: localhost;", total), total
+    assert re.search(r"; 0/1 hosts ok; copied \d+ files, [\d.]+ [KMG]?i?B; repaired 0; FAILED: localhost;",
+                     total), total
     assert after[0].startswith("localhost failed in play stage, task ") and shard in after[0], after
     step = after[1]
     assert step.startswith("next step: read the error above and the host report ")

@@ -191,7 +191,7 @@ def next_step_lines(host, status, failure, report_path, inventory, playbook):
             host, rerun_command(inventory, playbook, host, None))
     else:
         step = "read the error above and the host report %s; fix the cause, then re-run: %s" % (
-            report_path or "reports/%s.json" % host, rerun_command(inventory, playbook, host, failure.get("play")))
+            report_path or "reports/%s.json" % host, rerun_command(inventory, playbook, host, failure.get("tag")))
     lines.append("next step: " + step)
     return lines
 
@@ -266,6 +266,7 @@ class CallbackModule(CallbackBase):
         self.state = {"hosts": {}, "check_mode": False, "inventory": None, "playbook": None}
         self._started = None
         self._play_tags = ()
+        self._play_name = ""
         self._hides_ok = None
 
     def _host(self, name):
@@ -292,8 +293,10 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_play_start(self, play):
         self._play_tags = tuple(play.tags or ())
+        self._play_name = play.get_name().strip()
 
-    def _play(self):
+    def _tag(self):
+        """The play's tag: what --tags takes to run it again."""
         for tag in self._play_tags:
             if tag not in ("always", "never"):
                 return tag
@@ -324,8 +327,9 @@ class CallbackModule(CallbackBase):
         if ignore_errors:
             return
         host = self._host(result.host.get_name())
-        host.setdefault("failure", {"play": self._play(), "task": _task_name(result.task),
-                                    "msg": result.result.get("msg", "")})
+        tag = self._tag()
+        host.setdefault("failure", {"play": tag or self._play_name.split(" - ")[0] or None, "tag": tag,
+                                    "task": _task_name(result.task), "msg": result.result.get("msg", "")})
 
     def _stdout_hides_ok(self):
         """Whether the stdout callback hides ok results (display_ok_hosts = false), warnings and all."""

@@ -104,15 +104,20 @@ def test_host_rows_put_the_failed_task_on_the_failed_repo_or_a_row_of_its_own():
 
 
 def test_next_step_names_the_host_task_report_and_command():
-    lines = summary.next_step_lines("dgx2", "failed", {"play": "stage", "task": "stage : Mirror | x",
+    lines = summary.next_step_lines("dgx2", "failed", {"play": "stage", "tag": "stage", "task": "stage : Mirror | x",
                                                        "msg": "1 NAS blob(s)\n do not hold"},
                                     "reports/dgx2.json", "inventory/dgx", "stage-deepseek.yml")
     assert lines[0] == "dgx2 failed in play stage, task 'stage : Mirror | x': 1 NAS blob(s) do not hold"
     assert lines[1].startswith("next step: read the error above and the host report reports/dgx2.json")
     assert "ansible-playbook -i inventory/dgx stage-deepseek.yml --limit dgx2" in lines[1]
     assert "--tags stage" in lines[1]
-    gone = summary.next_step_lines("dgx3", "unreachable", {"play": None, "task": "Gathering Facts"}, None, None, None)
+    gone = summary.next_step_lines("dgx3", "unreachable", {"play": "Lane facts", "task": "Gathering Facts"}, None,
+                                   None, None)
+    assert gone[0] == "dgx3 unreachable in play Lane facts, task 'Gathering Facts'"
     assert "check that dgx3 answers" in gone[1] and "--tags" not in gone[1]
+    untagged = summary.next_step_lines("dgx4", "failed", {"play": "Lane facts", "tag": None, "task": "t"}, None,
+                                       None, None)
+    assert "--tags" not in untagged[1] and "reports/dgx4.json" in untagged[1]
 
 
 def _state(**hosts):

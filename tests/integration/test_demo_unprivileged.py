@@ -4,8 +4,9 @@ The user (nobody when the tests run as root) gets its own copy of the work tree,
 (tests/privilege.py nobody_venv), an empty HOME and TMPDIR, and runs `make demo` twice: both runs succeed
 with no root and no sudo, no system package is installed, the NAS copy stays read-only (by permissions),
 the second run changes nothing and prints a short output, and nothing is written outside .cache/demo of
-its copy. As root the runs happen in a private mount namespace with fresh tmpfs on /tmp, /var/tmp and
-/dev/shm (the places any user may write), so a stray temp file would be seen too and none can stay behind.
+its copy; then its `make clean` removes it all. As root the runs happen in a private mount namespace with
+fresh tmpfs on /tmp, /var/tmp and /dev/shm (the places any user may write), so a stray temp file would be
+seen too and none can stay behind.
 
 This file is also the driver run inside that namespace (`python test_demo_unprivileged.py --in-namespace`).
 """
@@ -103,9 +104,15 @@ def run_demo(sandbox, watched):
                    if before.get(path) != state and path != os.path.dirname(allowed)
                    and not (path + "/").startswith(allowed + "/"))
     nas = os.path.join(allowed, "nas")
-    return {"runs": runs, "stray": stray, "home": sorted(os.listdir(home)), "tmp": sorted(os.listdir(tmp)),
-            "nas_writable": writable_entries(nas) if os.path.isdir(nas) else ["(no NAS copy at all)"],
-            "report": os.path.isfile(os.path.join(allowed, "reports", "localhost.json"))}
+    result = {"runs": runs, "stray": stray, "home": sorted(os.listdir(home)), "tmp": sorted(os.listdir(tmp)),
+              "nas_writable": writable_entries(nas) if os.path.isdir(nas) else ["(no NAS copy at all)"],
+              "report": os.path.isfile(os.path.join(allowed, "reports", "localhost.json"))}
+    # The read-only NAS copy does not stop its owner's `make clean`.
+    clean = subprocess.run(["make", "clean"], cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=300, **as_nobody())
+    result["clean"] = {"rc": clean.returncode, "out": clean.stdout.decode("utf-8", "replace"),
+                       "left": os.path.lexists(os.path.join(repo, ".cache"))}
+    return result
 
 
 def namespace_main():
@@ -151,6 +158,7 @@ def test_make_demo_as_an_unprivileged_user(tmp_path):
     assert result["nas_writable"] == []
     assert result["report"]
     assert result["stray"] == [] and result["home"] == [] and result["tmp"] == [], result
+    assert result["clean"]["rc"] == 0 and not result["clean"]["left"], result["clean"]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--in-namespace"]:

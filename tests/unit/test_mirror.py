@@ -1512,8 +1512,7 @@ def progress_of(nas, local):
 def between_samples(size):
     """An offset no sample reads: halfway between the first two middle blocks."""
     ranges = sample_ranges(size)
-    (first, length), (second, _length) = ranges[1], ranges[2]
-    return (first + length + second) // 2
+    return (ranges[1][0] + ranges[1][1] + ranges[2][0]) // 2
 
 
 def git_blob_sha1(path):

@@ -397,6 +397,28 @@ def test_hf_hub_mirror_failure_with_a_corrupt_nas_blob(tmp_path):
     assert result["report"]["status"] == "failed" and "do not hold the bytes their names say" in result["msg"]
 
 
+def test_hf_hub_mirror_verify_pass_with_a_repair_and_one_refused_for_files_not_staged(tmp_path):
+    """The verify pass's options: a repair (repairs, its warning) and a local hub with nothing staged
+    (the module fails with its whole result, unstaged_paths naming the files)."""
+    nas = hubgen.build_nas_hub(str(tmp_path / "nas"))
+    local = str(tmp_path / "local")
+    os.mkdir(local)
+    run_main("hf_hub_mirror", mirror_args(nas, local))
+    shard = nas["repos"][MAIN]["shards"][0]
+    blob = os.path.join(local, nas["repos"][MAIN]["folder"], "blobs", nas["repos"][MAIN]["files"][shard]["etag"])
+    with open(blob, "r+b") as handle:
+        handle.write(b"\0")
+    args = mirror_args(nas, local, verify="full", copy_missing=False, phase="verify")
+    result = check_result("hf_hub_mirror", args, run_main("hf_hub_mirror", args), {HAS_RESULT: True})
+    assert [r["path"] for r in result["repairs"]] == [shard] and result["bytes_read"]["local"] > 0
+    empty = str(tmp_path / "empty")
+    os.mkdir(empty)
+    refused = dict(args, dest=empty)
+    result = check_result("hf_hub_mirror", refused, run_main("hf_hub_mirror", refused), {HAS_RESULT: True},
+                          expect_failure=True)
+    assert "not staged" in result["msg"] and result["unstaged_paths"] and os.listdir(empty) == []
+
+
 def test_hf_hub_mirror_failure_on_bad_input_has_msg_only(tmp_path):
     args = {"src": str(tmp_path / "no-nas"), "dest": str(tmp_path), "repo_id": MAIN}
     result = check_result("hf_hub_mirror", args, run_main("hf_hub_mirror", args), {HAS_RESULT: False},
@@ -504,7 +526,8 @@ BENCH = '{"prompt": "What is 6*7?", "expected": "42"}\n{"prompt": "Name a colour
     ({"mode": "decode", "max_tokens": 20}, lambda r: r["tokens"] == 20 and "floor" not in r["report"]),
     ({"mode": "decode", "max_tokens": 20, "floor": 1.0}, lambda r: r["passed_floor"] and r["report"]["passed"]),
     ({"mode": "bench", "bench_jsonl": BENCH, "floor": 2},
-     lambda r: (r["passed_items"], r["total_items"], r["passed_floor"], r["report"]["passed"]) == (1, 2, False, 1)),
+     lambda r: (r["passed_items"], r["total_items"], r["passed_floor"], r["report"]["passed"],
+                r["report"]["passed_items"]) == (1, 2, False, False, 1)),
     ({"mode": "bench", "bench_jsonl": BENCH}, lambda r: "passed_floor" not in r and "floor" not in r["report"]),
 ], ids=["wait", "smoke", "decode", "decode-floor", "bench-floor", "bench"])
 def test_engine_probe_results(engine, args, check):

@@ -65,6 +65,16 @@ options:
       rank_patterns:
         description: Accepted so C(stage_repos) entries pass validation; not used here.
         type: raw
+  plan:
+    description:
+      - Check mode only (ignored otherwise, so a real run binds only what is on disk). The stage pass's
+        plan, its C(hf_hub_mirror) RV(hf_hub_mirror#module:report) rows from check mode passed unchanged;
+        each row's C(repo_id), C(repo_type), C(commit) and C(excluded_paths) are read, other keys ignored.
+      - A file a row's repo and commit select (not in its C(excluded_paths)) and that is not on the local
+        disk yet is bound from where the stage pass will put it (C(origin=local), C(planned=true)), so
+        the manifest predicts what the real run binds. A row for another commit plans nothing.
+    type: list
+    elements: dict
   target_root:
     description: Hub root inside the container; targets are C(<target_root>/<repo folder>/snapshots/<commit>/<path>).
     type: str
@@ -74,7 +84,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Read-only; computes the same manifest in check mode.
+    details: Read-only; in check mode O(plan) adds the files the stage pass would copy.
   diff_mode:
     support: none
     details: Nothing changes, so there is no diff.
@@ -156,6 +166,10 @@ manifest:
         origin:
           description: V(local) or V(nas).
           type: str
+        planned:
+          description: Check mode with O(plan) only - a local bind whose file the stage pass has still to copy.
+          type: bool
+          returned: success when true
     counts:
       description: Mounts by origin (the same as RV(counts)).
       type: dict
@@ -169,6 +183,10 @@ manifest:
         total:
           description: All mounts.
           type: int
+        planned:
+          description: Of the local mounts, those the stage pass has still to copy (check mode with O(plan)).
+          type: int
+          returned: success when check mode with O(plan)
   sample:
     repos:
       - repo_id: org/name
@@ -219,6 +237,7 @@ ARGUMENT_SPEC = dict(
         ignore_patterns=dict(type="raw"),
         rank_patterns=dict(type="raw"),
     )),
+    plan=dict(type="list", elements="dict"),
     target_root=dict(type="str", default="/hub"),
 )
 
@@ -228,7 +247,8 @@ def main():
     params = module.params
     try:
         manifest, _nas_files = build_manifest(params["hub_local_root"], params["hub_nas_root"],
-                                              params["repos"], params["target_root"])
+                                              params["repos"], params["target_root"],
+                                              params["plan"] if module.check_mode else None)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     if not os.path.isdir(params["hub_local_root"]):

@@ -418,6 +418,9 @@ report:
     repo_id:
       description: O(repo_id).
       type: str
+    repo_type:
+      description: O(repo_type).
+      type: str
     revision:
       description: O(revision).
       type: str

@@ -83,6 +83,23 @@ def _mount(source, target, origin):
     return {"source": source, "target": target, "read_only": True, "origin": origin}
 
 
+def planned_source(local_repo, local_snapshot, entry):
+    """Where the stage pass puts one selected NAS entry: its blob, or (a real file) the snapshot path."""
+    if entry.kind == "link":
+        return os.path.join(local_repo, "blobs", entry.etag)
+    return os.path.join(local_snapshot, *entry.path.split("/"))
+
+
+def plan_for(plan, repo, commit):
+    """The stage plan's record for this repo and commit, or None (not planned: only what is on disk)."""
+    for record in plan or []:
+        if (record.get("repo_id") == repo["repo_id"]
+                and (record.get("repo_type") or "model") == repo["repo_type"]
+                and record.get("commit") == commit):
+            return record
+    return None
+
+
 def _below(files, rel_dir):
     if not rel_dir:
         return files
@@ -139,8 +156,11 @@ def _check_root(name, path, must_exist):
     return path
 
 
-def plan_repo(hub_local_root, hub_nas_root, entry, target_root):
-    """Return (repo record, mounts, NAS file paths) for one repo."""
+def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
+    """Return (repo record, mounts, NAS file paths) for one repo.
+
+    plan (check mode): the stage pass's records {repo_id, repo_type, commit, excluded_paths}; a file it
+    selects that is not local yet is bound from where the stage pass will put it (mount `planned`)."""
     repo = normalise_repo(entry)
     folder = repo_folder_name(repo["repo_id"], repo["repo_type"])
     local_repo = os.path.join(hub_local_root, folder)
@@ -157,19 +177,28 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root):
     entries = scan_snapshot(nas_repo, commit, hub_nas_root)
     files = [e.path for e in entries]
     local_root_real = os.path.realpath(hub_local_root)
-    local = {}
+    local, planned = {}, set()
+    staging = plan_for(plan, repo, commit)
+    excluded = set((staging or {}).get("excluded_paths") or [])
     for entry in entries:
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
+        if source is None and staging is not None and entry.path not in excluded:
+            source = planned_source(local_repo, local_snapshot, entry)
+            planned.add(source)
         if source:
             local[entry.path] = source
     record = dict(repo, commit=commit, folder=folder, local_snapshot=local_snapshot,
                   nas_snapshot=nas_snapshot, target=target)
     mounts = plan_snapshot_mounts(files, local, nas_snapshot, target)
+    for mount in mounts:
+        if mount["origin"] == "local" and mount["source"] in planned:
+            mount["planned"] = True
     return record, mounts, [os.path.join(nas_snapshot, f) for f in files]
 
 
-def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub"):
-    """Return (manifest, NAS file paths); raises StageError if the result fails coverage_problems."""
+def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None):
+    """Return (manifest, NAS file paths); raises StageError if the result fails coverage_problems.
+    plan: see plan_repo (check mode's prediction; planned local sources need not exist yet)."""
     hub_local_root = _check_root("hub_local_root", hub_local_root, False)
     hub_nas_root = _check_root("hub_nas_root", hub_nas_root, True)
     if not target_root or not posixpath.isabs(target_root):
@@ -179,7 +208,7 @@ def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub"):
         raise StageError("repos is empty: nothing to mount; set stage_repos")
     records, mounts, nas_files, folders = [], [], [], set()
     for entry in repos:
-        record, repo_mounts, files = plan_repo(hub_local_root, hub_nas_root, entry, target_root)
+        record, repo_mounts, files = plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan)
         if record["folder"] in folders:
             raise StageError("repo %s is listed twice in repos; remove one entry" % record["repo_id"])
         folders.add(record["folder"])
@@ -191,6 +220,8 @@ def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub"):
     manifest = {"repos": records, "mounts": mounts,
                 "counts": {"local": local_count, "nas": len(mounts) - local_count,
                            "total": len(mounts)}}
+    if plan is not None:
+        manifest["counts"]["planned"] = sum(1 for m in mounts if m.get("planned"))
     problems = coverage_problems(manifest, nas_files)
     if problems:
         raise StageError("mount manifest is inconsistent: %s" % "; ".join(problems[:10])
@@ -227,7 +258,7 @@ def mount_problems(mounts):
             problems.append("two mounts share target %s (%s and %s)"
                             % (mount["target"], by_target[mount["target"]]["source"], mount["source"]))
         by_target[mount["target"]] = mount
-        if not os.path.exists(mount["source"]):
+        if not mount.get("planned") and not os.path.exists(mount["source"]):
             problems.append("mount source %s does not exist (or is a dangling link)" % mount["source"])
         if mount.get("origin") not in ("local", "nas"):
             problems.append("mount %s has origin %r, not local or nas"

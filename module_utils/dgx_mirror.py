@@ -899,7 +899,7 @@ REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_st
 def with_report(result, req, check_mode=False, failed=False):
     """Add `report`: this repo's row of the host report, shaped here so the role only passes it on."""
     row = dict((key, result[key]) for key in REPORT_KEYS)
-    row.update(repo_id=req.repo_id, revision=req.revision, check_mode=check_mode,
+    row.update(repo_id=req.repo_id, repo_type=req.repo_type, revision=req.revision, check_mode=check_mode,
                status="failed" if failed else ("check" if check_mode else "ok"))
     result["report"] = row
     result["summary"] = summary_line(result, req, check_mode, failed)

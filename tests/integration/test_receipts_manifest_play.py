@@ -168,3 +168,29 @@ def test_receipts_and_manifest_plays_run_idempotent_and_check_safe(tmp_path, lan
     assert sorted(os.listdir(lane["cache"])) == listing
     assert os.path.islink(os.path.join(lane["cache"], RECEIPT_NAMES[1]))
     assert not os.path.exists(lane["manifest"])
+
+
+def test_check_mode_on_a_fresh_node_predicts_the_manifest_the_real_run_writes(tmp_path, lane):
+    """--check plans the stage pass and the manifest together: files still to copy count as local
+    (planned), so the prediction is what the real run binds, not 'everything from the NAS'."""
+    tags = ("--tags", "preflight,stage,verify,manifest")
+
+    def computed(data):
+        [(_name, result)] = task_results(data, "Manifest | Compute the mounts")
+        return result["manifest"]
+
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--check", *tags)
+    assert rc == 0, failures(data)
+    assert not os.path.exists(lane["local"]) and not os.path.exists(lane["manifest"])
+    predicted = computed(data)
+    assert predicted["counts"]["planned"] == predicted["counts"]["local"] > 0
+    assert all(m.get("planned") for m in predicted["mounts"] if m["origin"] == "local")
+
+    rc, data = run_playbook(tmp_path, lane["inventory"], *tags)
+    assert rc == 0, failures(data)
+    with open(lane["manifest"]) as handle:
+        written = json.load(handle)
+    without_plan = [dict((k, v) for k, v in m.items() if k != "planned") for m in predicted["mounts"]]
+    assert without_plan == written["mounts"]
+    assert dict(predicted["counts"], planned=0) == dict(written["counts"], planned=0)
+    assert "planned" not in written["counts"]

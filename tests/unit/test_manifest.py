@@ -446,3 +446,57 @@ def test_dangling_link_in_a_nas_bound_folder_is_refused_by_name(hubs):
     os.symlink("missing.bin", nas_path(nas, "page15/b/gone.bin"))
     with pytest.raises(StageError, match=r"page15/b/gone\.bin is a dangling link"):
         build(local, nas)
+
+
+def plan_row(excluded=PAGE15, commit=COMMIT, repo_id=REPO):
+    """The stage pass's report row as the manifest play passes it in check mode (extra keys ignored)."""
+    return {"repo_id": repo_id, "repo_type": "model", "commit": commit, "excluded_paths": list(excluded),
+            "status": "check", "blobs": {"copied": 1}}
+
+
+def test_check_mode_plan_binds_what_the_stage_pass_will_copy(tmp_path, hubs):
+    """A fresh node (no local hub): the plan's selected files are predicted local at the stage pass's
+    paths; excluded page15 stays one NAS directory mount, as the real run will write it."""
+    _local, nas = hubs
+    fresh = str(tmp_path / "fresh")
+    manifest = build(fresh, nas, plan=[plan_row()])
+    mounts = by_target(manifest)
+    assert manifest["counts"] == {"local": 5, "nas": 1, "total": 6, "planned": 5}
+    for rel in LINKED:
+        assert mounts[target(rel)] == {"source": os.path.join(fresh, FOLDER, "blobs", sha("content of " + rel)),
+                                       "target": target(rel), "read_only": True, "origin": "local",
+                                       "planned": True}
+    assert mounts[target("page15")]["origin"] == "nas"
+
+
+def test_check_mode_plan_keeps_what_is_already_local_unplanned(hubs):
+    local, nas = hubs
+    manifest = build(local, nas, plan=[plan_row()])
+    mounts = by_target(manifest)
+    assert manifest["counts"]["planned"] == 1 and mounts[target("sub/extra.bin")]["planned"] is True
+    assert not any(mounts[target(rel)].get("planned") for rel in STAGED)
+
+
+@pytest.mark.parametrize("row", [plan_row(commit=OLD), plan_row(repo_id="org/other")])
+def test_a_plan_for_another_commit_or_repo_plans_nothing(tmp_path, hubs, row):
+    _local, nas = hubs
+    manifest = build(str(tmp_path / "fresh"), nas, plan=[row])
+    assert manifest["counts"]["planned"] == 0 and manifest["counts"]["local"] == 0
+
+
+def test_planned_real_files_are_bound_at_their_snapshot_path(tmp_path, hubs):
+    _local, nas = hubs
+    fresh = str(tmp_path / "fresh")
+    mounts = by_target(build(fresh, nas, plan=[plan_row(excluded=[])]))
+    assert mounts[target("page15/a/x.bin")]["source"] == os.path.join(
+        fresh, FOLDER, "snapshots", COMMIT, "page15", "a", "x.bin")
+    assert target("page15") not in mounts
+
+
+def test_without_a_plan_a_missing_source_is_still_a_problem(tmp_path, hubs):
+    _local, nas = hubs
+    manifest = build(str(tmp_path / "fresh"), nas, plan=[plan_row()])
+    for mount in manifest["mounts"]:
+        mount.pop("planned", None)
+    problems = coverage_problems(manifest, [])
+    assert problems and all("does not exist" in p for p in problems)

@@ -23,7 +23,7 @@ if ((FORCE == 0)) && podman image exists "$IMAGE"; then
     exit 0
 fi
 for tool in podman mmdebstrap python3; do
-    command -v "$tool" >/dev/null 2>&1 || { echo "build-base-image: $tool not found (run: make setup)" >&2; exit 1; }
+    command -v "$tool" >/dev/null 2>&1 || { echo "build-base-image: $tool not found (run: make system-packages)" >&2; exit 1; }
 done
 
 if [[ -n "${BASE_IMAGE_SOURCES:-}" ]]; then

@@ -14,7 +14,7 @@ BASE=${BASE_IMAGE:-dgx-stage-base:bookworm}
 FORCE=0
 [[ "${1:-}" == "--force" ]] && FORCE=1
 
-command -v podman >/dev/null 2>&1 || { echo "engine_double: podman not found (run: make setup)" >&2; exit 1; }
+command -v podman >/dev/null 2>&1 || { echo "engine_double: podman not found (run: make system-packages)" >&2; exit 1; }
 
 hash=$(cat "$HERE/Containerfile" "$HERE/engine_double.py" | sha256sum | cut -c1-16)
 if ((FORCE == 0)) && podman image exists "$IMAGE"; then

@@ -52,7 +52,7 @@ def podman(*args, **kwargs):
 def podman_unusable():
     """Why Podman cannot run containers here, or None."""
     if not shutil.which("podman"):
-        return "podman is not installed (make setup installs it)"
+        return "podman is not installed (make system-packages installs it)"
     try:
         info = podman("info", "--format", "{{.Host.OCIRuntime.Name}}", timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -190,7 +190,7 @@ def test_a_host_that_fails_in_stage_reports_failed_with_the_task_at_once(tmp_pat
     latest = reports(tmp_path)["dgx1.json"]
     assert latest["status"] == "failed" and latest["run_id"] != good["run_id"]
     assert latest["failed_play"] == "stage"
-    assert latest["failed_task"].startswith("Mirror | Fail when a repo could not be staged")
+    assert latest["failed_task"].startswith("Mirror | Each repo from the NAS hub to the local hub, pass stage")
     assert shard in latest["failed_msg"] and nas_hub["repos"][MAIN_REPO]["files"][shard]["etag"] in latest["failed_msg"]
     assert latest["plays"]["stage"]["status"] == "failed" and latest["plays"]["stage"]["run_id"] == latest["run_id"]
     rows = dict((r["repo_id"], r) for r in latest["passes"]["stage"])

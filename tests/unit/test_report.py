@@ -107,11 +107,11 @@ def test_run_view_accumulates_the_plays_of_the_run_in_play_order():
 
 
 def test_a_failed_play_makes_the_run_failed_with_the_play_task_and_message():
-    view = run_view(None, "dgx1", run(), play("stage", failed_task="Mirror | Fail when a repo could not be staged",
+    view = run_view(None, "dgx1", run(), play("stage", failed_task="Mirror | Each repo from the NAS hub to the local hub, pass stage",
                                               failed_msg="1 NAS blob(s) of org/main ..."),
                     data({"stage": [row(MAIN, 10, "failed"), row(DRAFTER, 24)]}), "2026-11-30T20:45:20Z")
     assert view["status"] == "failed" and view["failed_play"] == "stage"
-    assert view["failed_task"] == "Mirror | Fail when a repo could not be staged"
+    assert view["failed_task"] == "Mirror | Each repo from the NAS hub to the local hub, pass stage"
     assert view["failed_msg"].startswith("1 NAS blob(s)")
     assert view["plays"]["stage"]["status"] == "failed" and view["bytes_from_nas"] == 34
     # Later plays of the run do not make it ok again.
@@ -178,9 +178,9 @@ def test_a_check_run_keeps_the_real_results_and_records_its_plan_apart():
 def test_a_failed_run_never_keeps_the_earlier_success_as_latest():
     good = latest_view(None, _view({}, "verify", VERIFIED, WEIGHTS))
     failed = _view({"run_id": "20261201T080000Z-dead"}, "stage", {"stage": [row(MAIN, 10, "failed")]},
-                   failed_task="Mirror | Fail when a repo could not be staged", failed_msg="corrupt")
+                   failed_task="Mirror | Each repo from the NAS hub to the local hub, pass stage", failed_msg="corrupt")
     latest = latest_view(good, failed)
-    assert latest["status"] == "failed" and latest["failed_task"] == "Mirror | Fail when a repo could not be staged"
+    assert latest["status"] == "failed" and latest["failed_task"] == "Mirror | Each repo from the NAS hub to the local hub, pass stage"
     assert latest["failed_play"] == "stage" and latest["plays"]["stage"]["status"] == "failed"
     assert latest["passes"]["stage"] == [row(MAIN, 10, "failed")] and latest["bytes_from_nas"] == 10
     assert latest["passes"]["verify"] == VERIFIED["verify"]          # not run: kept, with its own run id

@@ -16,8 +16,16 @@ description:
   - Removes each listed root that is a direct child of O(parent). A root that is a symlink is
     unlinked; its target is left untouched. Read-only files and directories inside a root are
     made writable before removal; run with become so ownership is no obstacle.
-  - Refuses, removing nothing, while a live process has a file open or its working directory
-    under a root (found through C(/proc/*/fd) and C(/proc/*/cwd)), unless O(force=true).
+  - Refuses, removing nothing, while a root is in use, unless O(force=true). In use is judged as the
+    host sees it, whatever path a container uses - a process whose working directory, open file or
+    mapped file (C(/proc/<pid>/cwd), C(/proc/<pid>/fd/*), C(/proc/<pid>/maps)) is, by device and inode,
+    a root or something under it; or a process in another mount namespace (a container) that has a
+    root, something inside it, or O(parent) mounted (C(/proc/<pid>/mountinfo)), since a live engine
+    with the receipt parent bound writes its receipts there.
+  - The failure names the roots, each holder (pid, command, the container from C(/proc/<pid>/cgroup)
+    when it runs in one, what it holds and the path it sees) and the fix.
+  - Roots held only by O(live_container) (this host's running engine) belong to the live run; they
+    are left in place and returned in RV(kept) instead of failing.
 author: dgx-stage maintainers
 options:
   parent:
@@ -40,9 +48,16 @@ options:
     default: absent
   force:
     description:
-      - Remove the roots even if a live process holds a file under one of them.
+      - Remove the roots even if a live process holds one of them (O(live_container) included).
     type: bool
     default: false
+  live_container:
+    description:
+      - Id (full, or a prefix of at least 12 characters) of this host's running engine container.
+        Roots held only by its processes are kept (RV(kept)), not refused - they belong to the live
+        run. Any other holder still makes the task fail. Empty - every holder refuses.
+    type: str
+    default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -81,27 +96,50 @@ removed:
   elements: str
   sample: [/cache/ds41-backend-attestation]
 would_remove:
-  description: Receipt roots found present, i.e. the removal plan.
+  description: Receipt roots found present and not kept, i.e. the removal plan.
+  returned: success
+  type: list
+  elements: str
+  sample: [/cache/ds41-backend-attestation]
+kept:
+  description: Roots left in place because only O(live_container) holds them (the live run's receipts).
   returned: success
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
 holders:
-  description: Processes found holding a file under a root (only non-empty with O(force=true); see the warning).
+  description:
+    - What holds a root - non-empty on success only with O(force=true) (see the warning) or when
+      O(live_container) holds roots (RV(kept)).
   returned: success
   type: list
   elements: dict
   contains:
     pid:
-      description: Process id.
+      description: Process id (for a mount, the lowest pid of that mount namespace).
       type: int
     name:
       description: Process name (C(/proc/<pid>/comm)).
       type: str
-    path:
-      description: The open file or working directory under a root.
+    container:
+      description: Id of the container the process runs in (from C(/proc/<pid>/cgroup)); empty when none.
       type: str
-  sample: [{pid: 4242, name: python3, path: /cache/ds41-combined-ready/worker.json}]
+    how:
+      description: V(open) (an open file), V(cwd), V(mapped) (a mapped file) or V(mount).
+      type: str
+    path:
+      description: What is held, as a host path - a root, a file under one, or for a mount possibly O(parent).
+      type: str
+    seen_as:
+      description: The path the process sees it by (its fd or cwd link text, or the mount point).
+      type: str
+    roots:
+      description: The receipt roots this holds (every root for a mount of O(parent)).
+      type: list
+      elements: str
+  sample: [{pid: 4242, name: python3, container: 018a9bfdf3cebcadf93f3007272220059bfe1e622297531dff97fad81746ce62,
+            how: open, path: /cache/ds41-combined-ready/worker.json, seen_as: /cache/ds41-combined-ready/worker.json,
+            roots: [/cache/ds41-combined-ready]}]
 diff:
   description: "Each root of RV(would_remove) as C(<path>: present) before and C(<path>: absent) after."
   returned: success
@@ -128,6 +166,7 @@ ARGUMENT_SPEC = dict(
     names=dict(type="list", elements="str", default=list(RECEIPT_ROOTS)),
     state=dict(type="str", choices=["absent"], default="absent"),
     force=dict(type="bool", default=False),
+    live_container=dict(type="str", default=""),
 )
 
 
@@ -136,10 +175,10 @@ def main():
     params = module.params
     try:
         result = clear_receipts(params["parent"], params["names"], force=params["force"],
-                                check_mode=module.check_mode)
+                                check_mode=module.check_mode, live_container=params["live_container"])
     except StageError as exc:
         module.fail_json(msg=str(exc))
-    if result["holders"]:
+    if result["holders"] and params["force"]:
         module.warn("force: removed receipt roots while in use: %s" % format_holders(result["holders"]))
     changed = bool(result["removed"])
     diff = {"before": "".join("%s: present\n" % p for p in result["would_remove"]),

@@ -4,15 +4,15 @@ The engine's receipt writer is strict-on-exists (mkdir(exist_ok=False), open('xb
 left by an earlier run (often root-owned) makes every restart fail with FileExistsError.
 """
 import os
+import re
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import is_within, remove_path
+from ansible.module_utils.dgx_fsutil import is_within, remove_path, walk_tree
 
 # The engine's per-run receipt roots: the one place in code their names are written. The tests, the
 # demo and the Molecule checks read them from here; the receipt role's defaults and argument spec and
 # engine_receipts' DOCUMENTATION hold them as literal text.
 RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
-_DELETED_SUFFIX = " (deleted)"
 
 
 def validate_parent(parent):
@@ -59,84 +59,297 @@ def plan_removal(parent, names):
     return paths
 
 
-def _linked_path(link):
-    """The path a /proc link names, without the " (deleted)" the kernel appends for an unlinked file."""
-    return link[:-len(_DELETED_SUFFIX)] if link.endswith(_DELETED_SUFFIX) else link
+# /proc/<pid>/cgroup paths name a container by its 64-hex id: libpod-<id>.scope, docker-<id>.scope,
+# /docker/<id>, cri-containerd-<id>... Shorter hex runs (other cgroup managers) are not container ids.
+_CONTAINER_ID = re.compile(r"(?:^|[/_:.-])([0-9a-f]{64})(?=\.scope|/|$)")
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _read_text(path):
+    """A /proc file as text (paths keep undecodable bytes as surrogates, like os paths); None if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            return os.fsdecode(handle.read())
+    except OSError:
+        return None
 
 
 def _proc_name(proc_root, pid):
-    try:
-        with open(os.path.join(proc_root, pid, "comm")) as handle:
-            return handle.read().strip() or "?"
-    except OSError:
-        return "?"
+    text = _read_text(os.path.join(proc_root, pid, "comm"))
+    return (text or "").strip() or "?"
 
 
-def _proc_links(proc_root, pid):
-    """Yield the cwd and open-fd link targets of one process, skipping what vanished or is hidden."""
-    base = os.path.join(proc_root, pid)
-    try:
-        yield os.readlink(os.path.join(base, "cwd"))
-    except OSError:
-        pass
-    try:
-        fds = os.listdir(os.path.join(base, "fd"))
-    except OSError:
-        return
-    for fd in fds:
+def container_of(cgroup_text):
+    """The container id /proc/<pid>/cgroup names (docker, podman, containerd, CRI-O), or ""."""
+    for line in (cgroup_text or "").splitlines():
+        path = line.split(":", 2)[-1]
+        found = _CONTAINER_ID.search(path)
+        if found:
+            return found.group(1)
+    return ""
+
+
+def parse_mountinfo(text):
+    """[{dev: (major, minor), root, mount_point}] from /proc/<pid>/mountinfo text.
+
+    root is the path inside the mounted filesystem that the mount shows: for a bind mount, the
+    bound directory as the filesystem knows it, whatever the mount point is called.
+    """
+    mounts = []
+    for line in (text or "").splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
         try:
-            yield os.readlink(os.path.join(base, "fd", fd))
+            major, minor = (int(part) for part in fields[2].split(":"))
+        except ValueError:
+            continue
+        mounts.append({"dev": (major, minor), "root": _unescape(fields[3]),
+                       "mount_point": _unescape(fields[4])})
+    return mounts
+
+
+def _unescape(field):
+    # The kernel writes space, tab, newline and backslash in mountinfo paths as \ooo.
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
+
+
+def mount_source(path, mounts):
+    """(dev, path inside that filesystem) of a real path, by the mounts of the namespace it was seen in.
+
+    The deepest mount point containing the path wins; of mounts stacked on one point, the last.
+    None when no mount contains it.
+    """
+    best = None
+    for mount in mounts:
+        point = mount["mount_point"]
+        if is_within(path, point) and (best is None or len(point) >= len(best["mount_point"])):
+            best = mount
+    if best is None:
+        return None
+    rel = os.path.relpath(path, best["mount_point"])
+    inside = best["root"] if rel == "." else os.path.join(best["root"], rel)
+    return best["dev"], os.path.normpath(inside)
+
+
+def tree_identities(root):
+    """{(st_dev, st_ino): path} for root and every entry below it (links themselves, never followed)."""
+    identities = {}
+    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root)]:
+        try:
+            st = os.lstat(path)
         except OSError:
             continue
+        identities.setdefault((st.st_dev, st.st_ino), path)
+    return identities
 
 
-def find_holders(roots, proc_root="/proc", own_pid=None):
-    """Return [{pid, name, path}] for live processes with a cwd or open file under any root.
+def _parse_maps(text):
+    """((major, minor), inode, path) of each file-backed mapping in /proc/<pid>/maps text."""
+    for line in (text or "").splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[4] == "0":
+            continue
+        try:
+            major, minor = (int(part, 16) for part in fields[3].split(":"))
+            inode = int(fields[4])
+        except ValueError:
+            continue
+        yield (major, minor), inode, (fields[5] if len(fields) > 5 else "")
 
-    roots are compared by realpath because /proc links name resolved paths.
+
+def _open_things(proc_root, pid):
+    """(how, identity, seen_as) of the cwd and open files of one process, as the kernel resolves them.
+
+    os.stat follows the /proc magic link to the object itself, so the identity is the host's
+    (st_dev, st_ino) whatever path the process used; the link text (its own view) is only shown.
     """
-    real_roots = [os.path.realpath(r) for r in roots]
-    if not real_roots:
+    base = os.path.join(proc_root, pid)
+    entries = [("cwd", os.path.join(base, "cwd"))]
+    try:
+        entries += [("open", os.path.join(base, "fd", fd)) for fd in os.listdir(os.path.join(base, "fd"))]
+    except OSError:
+        pass
+    for how, link in entries:
+        try:
+            st = os.stat(link)
+        except OSError:  # gone, hidden from us, or a pipe/socket/anon inode
+            continue
+        try:
+            seen_as = os.readlink(link)
+        except OSError:
+            seen_as = ""
+        yield how, (st.st_dev, st.st_ino), seen_as
+
+
+def _namespace_key(proc_root, pid, mountinfo):
+    """What tells mount namespaces apart: the ns/mnt link (root), else the mount table itself."""
+    try:
+        return os.readlink(os.path.join(proc_root, pid, "ns", "mnt"))
+    except OSError:
+        return mountinfo
+
+
+class _Targets(object):
+    """The receipt roots as the host sees them: every (dev, inode) under them, and the filesystem
+    paths a mount would show when it binds a root, something in it, or the receipt parent."""
+
+    def __init__(self, roots, parent, host_mounts):
+        self.roots = list(roots)
+        self.parent = parent
+        self.by_identity = {}
+        for root in self.roots:
+            for identity, path in tree_identities(root).items():
+                self.by_identity.setdefault(identity, (root, path))
+        self.by_map_key = dict(((os.major(dev), os.minor(dev), ino), found)
+                               for (dev, ino), found in self.by_identity.items())
+        # Mount points are real paths: a receipt_parent reached through a symlink is resolved first.
+        self.sources = [(root, mount_source(os.path.realpath(root), host_mounts)) for root in self.roots]
+        self.parent_source = mount_source(os.path.realpath(parent), host_mounts) if parent else None
+
+    def mounted(self, mount):
+        """(host path, roots held) when a mount shows a root, something inside one, or the parent."""
+        source = (mount["dev"], os.path.normpath(mount["root"]))
+        if self.parent_source is not None and source == self.parent_source:
+            return self.parent, list(self.roots)
+        for root, root_source in self.sources:
+            if root_source is None or root_source[0] != source[0] or not is_within(source[1], root_source[1]):
+                continue
+            rel = os.path.relpath(source[1], root_source[1])
+            return (root if rel == "." else os.path.join(root, rel)), [root]
+        return None
+
+
+def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
+    """Who holds the receipt roots, judged as the host sees them, whatever paths a container uses.
+
+    A process holds a root when (a) its cwd, an open file or a mapped file is (by st_dev/st_ino)
+    the root or something under it, or (b) its mount namespace (other than ours) binds the root,
+    something inside it, or the parent: a live container with the receipt parent bound may write
+    receipts there at any time. roots are real (not symlinks), parent the directory holding them.
+    Returns [{pid, name, container, how, path, seen_as, roots}] with how one of open, cwd, mapped,
+    mount; for a mount, one process (the lowest pid) speaks for its namespace.
+    """
+    if not roots:
         return []
     own = str(os.getpid() if own_pid is None else own_pid)
-    holders = []
+    own_mountinfo = _read_text(os.path.join(proc_root, own, "mountinfo"))
+    host_mounts = parse_mountinfo(own_mountinfo)
+    targets = _Targets(roots, parent, host_mounts)
+    # Another namespace's copy of one of our mounts (a systemd service's private namespace) is the
+    # host's mount, not a bind into a container; it counts only inside a container.
+    host_copies = set((m["dev"], m["root"], m["mount_point"]) for m in host_mounts)
+    seen_namespaces = {_namespace_key(proc_root, own, own_mountinfo), own_mountinfo}
     try:
-        pids = [p for p in os.listdir(proc_root) if p.isdigit()]
+        pids = sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int)
     except OSError:
         return []
-    for pid in sorted(pids, key=int):
+    holders = []
+    for pid in pids:
         if pid == own:
             continue
-        for link in _proc_links(proc_root, pid):
-            if any(is_within(_linked_path(link), root) for root in real_roots):
-                holders.append({"pid": int(pid), "name": _proc_name(proc_root, pid), "path": link})
+        found = []
+        for how, identity, seen_as in _open_things(proc_root, pid):
+            if identity in targets.by_identity:
+                root, path = targets.by_identity[identity]
+                found.append((how, path, seen_as, [root]))
+        for major_minor, inode, seen_as in _parse_maps(_read_text(os.path.join(proc_root, pid, "maps"))):
+            key = major_minor + (inode,)
+            if key in targets.by_map_key:
+                root, path = targets.by_map_key[key]
+                found.append(("mapped", path, seen_as, [root]))
+        mountinfo = _read_text(os.path.join(proc_root, pid, "mountinfo"))
+        namespace = _namespace_key(proc_root, pid, mountinfo)
+        container = None
+        if mountinfo is not None and namespace not in seen_namespaces:
+            seen_namespaces.add(namespace)
+            container = container_of(_read_text(os.path.join(proc_root, pid, "cgroup")))
+            for mount in parse_mountinfo(mountinfo):
+                if not container and (mount["dev"], mount["root"], mount["mount_point"]) in host_copies:
+                    continue
+                held = targets.mounted(mount)
+                if held:
+                    found.append(("mount", held[0], mount["mount_point"], held[1]))
+        if not found:
+            continue
+        if container is None:
+            container = container_of(_read_text(os.path.join(proc_root, pid, "cgroup")))
+        name = _proc_name(proc_root, pid)
+        seen = set()
+        for how, path, seen_as, held_roots in found:
+            if (how, path) in seen:
+                continue
+            seen.add((how, path))
+            holders.append({"pid": int(pid), "name": name, "container": container, "how": how,
+                            "path": path, "seen_as": seen_as, "roots": held_roots})
     return holders
 
 
+_HOW = {"open": "has %s open", "cwd": "works in %s", "mapped": "maps %s", "mount": "binds %s"}
+
+
+def format_holder(holder, parent=None):
+    """'pid 42 (sleep, container 018a9bfdf3ce) has /c/ds41-x/w.json open (as /cache/ds41-x/w.json)'."""
+    who = "pid %d (%s%s)" % (holder["pid"], holder["name"],
+                             ", container %s" % holder["container"][:12] if holder["container"] else "")
+    path = holder["path"]
+    what = _HOW.get(holder["how"], "holds %s") % path
+    if holder["how"] == "mount":
+        if path not in holder["roots"] and not any(is_within(path, r) for r in holder["roots"]):
+            what += ", the receipt parent,"
+        what += " at %s" % holder["seen_as"]
+    elif holder["seen_as"] and holder["seen_as"] != path:
+        what += " (as %s)" % holder["seen_as"]
+    return "%s %s" % (who, what)
+
+
 def format_holders(holders):
-    return "; ".join("pid %d (%s) holds %s" % (h["pid"], h["name"], h["path"]) for h in holders)
+    return "; ".join(format_holder(h) for h in holders)
 
 
-def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/proc"):
+def _in_container(holder, container_id):
+    """Whether holder runs in the container with this id (full, or a prefix of 12 or more)."""
+    cid = (container_id or "").strip().lower()
+    return len(cid) >= 12 and holder["container"].startswith(cid)
+
+
+def refusal_message(holders, paths):
+    """The refusal: which roots, who holds them (and how), and what to do about it."""
+    held = [p for p in paths if any(p in h["roots"] for h in holders)]
+    containers = []
+    for holder in holders:
+        if holder["container"] and holder["container"][:12] not in containers:
+            containers.append(holder["container"][:12])
+    loose = sorted(set(h["pid"] for h in holders if not h["container"]))
+    stop = ["container %s" % c for c in containers] + ["pid %d" % p for p in loose]
+    return ("engine_receipts: refusing to remove receipt roots in use: %s. Held by %s. Stop that engine "
+            "(%s) first, or set force: true (receipt_force: true in the plays) to remove them anyway"
+            % (", ".join(held), format_holders(holders), ", ".join(stop)))
+
+
+def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/proc", live_container=""):
     """Remove the listed receipt roots under parent.
 
     A root that is a symlink is unlinked (its target is left alone). Refuses, removing nothing,
-    while a live process holds a file or cwd under a real root, unless force.
-    Returns {"would_remove", "removed", "holders"}; in check mode removed == would_remove.
+    while a live process holds a real root (find_holders), unless force. A root held only by
+    live_container (this host's running engine) belongs to the live run: it is kept, not refused.
+    Returns {"would_remove", "removed", "kept", "holders"}; in check mode removed == would_remove.
     """
     paths = plan_removal(parent, names)
-    # Holders only matter for real directories: a symlink root's target is never touched.
-    real_dirs = [p for p in paths if not os.path.islink(p)]
-    holders = find_holders(real_dirs, proc_root=proc_root)
-    if holders and not force:
-        raise StageError("engine_receipts: refusing to remove receipt roots while in use: %s. "
-                         "Stop the engine (or that process) first, or set force: true"
-                         % format_holders(holders))
-    result = {"would_remove": list(paths), "removed": [], "holders": holders}
+    # Holders only matter for real roots: a symlink root's target is never touched.
+    real_roots = [p for p in paths if not os.path.islink(p)]
+    holders = find_holders(real_roots, parent=os.path.dirname(paths[0]) if paths else None,
+                           proc_root=proc_root)
+    strangers = [h for h in holders if not _in_container(h, live_container)]
+    if strangers and not force:
+        raise StageError(refusal_message(strangers, paths))
+    kept = [] if force else [p for p in paths if any(p in h["roots"] for h in holders)]
+    plan = [p for p in paths if p not in kept]
+    result = {"would_remove": plan, "removed": [], "kept": kept, "holders": holders}
     if check_mode:
-        result["removed"] = list(paths)
+        result["removed"] = list(plan)
         return result
-    for path in paths:
+    for path in plan:
         try:
             remove_path(path)
         except OSError as exc:

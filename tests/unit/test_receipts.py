@@ -7,7 +7,8 @@ import pytest
 
 from ansible.module_utils.dgx_errors import StageError
 from privilege import nobody_owned_dir, run_as_nobody
-from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS, clear_receipts, find_holders, plan_removal
+from ansible.module_utils.dgx_receipts import (RECEIPT_ROOTS, clear_receipts, container_of, find_holders,
+                                              format_holder, mount_source, parse_mountinfo, plan_removal)
 
 NAMES = list(RECEIPT_ROOTS)
 
@@ -188,33 +189,223 @@ def test_holder_of_a_symlink_roots_target_does_not_block(tmp_path, holder_procs)
     assert (target / "f").exists()
 
 
-def _fake_proc(tmp_path, pid, comm, links):
-    base = tmp_path / "proc" / str(pid)
-    (base / "fd").mkdir(parents=True)
-    (base / "comm").write_text(comm + "\n")
-    for i, link in enumerate(links):
-        (base / "fd" / str(i)).symlink_to(link)
-    return str(tmp_path / "proc")
+# --- holders judged as the host sees them, on fake /proc trees -----------------------------------
+# A fake /proc/<pid> has comm, cgroup, fd/N and cwd links, maps and mountinfo. Links point at real
+# files so os.stat finds their (st_dev, st_ino); a container's view of a file is a hard link (same
+# inode, another path), as a bind mount shows it.
+
+HOST_NS = "mnt:[4026531832]"
+PODMAN_ID = "018a9bfdf3cebcadf93f3007272220059bfe1e622297531dff97fad81746ce62"
+DOCKER_ID = "5d1f0c3f2ab7d8a0e4c9b6f1a2e3d4c5b6a79808f7e6d5c4b3a2918070605040"
 
 
-def test_find_holders_skips_own_pid_and_matches_deleted_files(tmp_path):
-    root = tmp_path / "cache" / NAMES[0]
-    root.mkdir(parents=True)
-    proc_root = _fake_proc(tmp_path, 10, "engine", [str(root / "worker.json") + " (deleted)"])
-    _fake_proc(tmp_path, 11, "self", [str(root / "x")])
-    _fake_proc(tmp_path, 12, "other", [str(root) + "-sibling/file", "/dev/null"])
-    holders = find_holders([str(root)], proc_root=proc_root, own_pid=11)
-    assert holders == [{"pid": 10, "name": "engine", "path": str(root / "worker.json") + " (deleted)"}]
+def _dev(path):
+    st = os.stat(str(path))
+    return "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
 
 
-def test_find_holders_compares_real_paths(tmp_path):
-    real = tmp_path / "real-cache"
-    (real / NAMES[0]).mkdir(parents=True)
-    alias = tmp_path / "cache"
-    alias.symlink_to(real)
-    proc_root = _fake_proc(tmp_path, 20, "engine", [str(real / NAMES[0] / "w.json")])
-    holders = find_holders([str(alias / NAMES[0])], proc_root=proc_root, own_pid=1)
-    assert [h["pid"] for h in holders] == [20]
+def _mount_line(mount_id, root, point, dev):
+    return "%d 1 %s %s %s rw,relatime - ext4 /dev/vda rw\n" % (mount_id, dev, root, point)
+
+
+class FakeProc(object):
+    def __init__(self, tmp_path):
+        self.base = tmp_path / "proc"
+        self.base.mkdir()
+        self.dev = _dev(tmp_path)
+        # Our own process (pid 1 here): the host's mount namespace, the filesystem at /.
+        self.host_mounts = _mount_line(27, "/", "/", self.dev)
+        self.add(1, "ansible", mountinfo=self.host_mounts)
+
+    @property
+    def root(self):
+        return str(self.base)
+
+    def add(self, pid, comm, fds=(), cwd=None, maps="", mountinfo=None, ns=HOST_NS, cgroup="0::/\n"):
+        proc = self.base / str(pid)
+        (proc / "fd").mkdir(parents=True)
+        (proc / "ns").mkdir()
+        (proc / "comm").write_text(comm + "\n")
+        (proc / "cgroup").write_text(cgroup)
+        (proc / "maps").write_text(maps)
+        (proc / "mountinfo").write_text(self.host_mounts if mountinfo is None else mountinfo)
+        (proc / "ns" / "mnt").symlink_to(ns)
+        for number, target in enumerate(fds):
+            (proc / "fd" / str(number)).symlink_to(str(target))
+        if cwd is not None:
+            (proc / "cwd").symlink_to(str(cwd))
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """A receipt parent with the three roots (each with worker.json), a container's view of it, a /proc."""
+    parent = tmp_path / "host" / "cache"
+    make_roots(parent)
+    view = tmp_path / "container" / "cache" / NAMES[1]   # what a container with parent at /cache sees
+    view.mkdir(parents=True)
+    os.link(str(parent / NAMES[1] / "worker.json"), str(view / "worker.json"))
+    return {"parent": parent, "roots": [str(parent / n) for n in NAMES], "view": view, "proc": FakeProc(tmp_path)}
+
+
+def holders_of(fake, roots=None):
+    return find_holders(fake["roots"] if roots is None else roots, parent=str(fake["parent"]),
+                        proc_root=fake["proc"].root, own_pid=1)
+
+
+def test_an_open_file_is_found_by_its_identity_through_another_path(fake):
+    held = fake["view"] / "worker.json"
+    fake["proc"].add(41, "sleep", fds=[held, "/dev/null"], ns="mnt:[4026532249]",
+                     cgroup="0::/libpod_parent/libpod-%s\n" % PODMAN_ID,
+                     mountinfo=_mount_line(84, "/", "/", fake["proc"].dev))
+    holders = holders_of(fake)
+    host_path = str(fake["parent"] / NAMES[1] / "worker.json")
+    assert holders == [{"pid": 41, "name": "sleep", "container": PODMAN_ID, "how": "open", "path": host_path,
+                        "seen_as": str(held), "roots": [fake["roots"][1]]}]
+    assert format_holder(holders[0]) == "pid 41 (sleep, container 018a9bfdf3ce) has %s open (as %s)" % (
+        host_path, held)
+
+
+def test_a_container_binding_the_parent_holds_every_root(fake):
+    mounts = fake["proc"].host_mounts + _mount_line(84, os.path.realpath(str(fake["parent"])), "/cache",
+                                                     fake["proc"].dev)
+    fake["proc"].add(50, "catatonit", mountinfo=mounts, ns="mnt:[4026532300]",
+                     cgroup="1:name=systemd:/docker/%s\n0::/\n" % DOCKER_ID)
+    fake["proc"].add(51, "python3", mountinfo=mounts, ns="mnt:[4026532300]",
+                     cgroup="1:name=systemd:/docker/%s\n0::/\n" % DOCKER_ID)
+    holders = holders_of(fake)
+    # One process speaks for the namespace.
+    assert holders == [{"pid": 50, "name": "catatonit", "container": DOCKER_ID, "how": "mount",
+                        "path": str(fake["parent"]), "seen_as": "/cache", "roots": fake["roots"]}]
+    assert format_holder(holders[0]).endswith("binds %s, the receipt parent, at /cache" % fake["parent"])
+
+
+def test_a_mount_of_something_inside_a_root_holds_that_root(fake):
+    inside = os.path.realpath(str(fake["parent"] / NAMES[2] / "worker.json"))
+    fake["proc"].add(60, "engine", ns="mnt:[4026532400]",
+                     mountinfo=_mount_line(90, inside, "/receipts/w.json", fake["proc"].dev))
+    holders = holders_of(fake)
+    assert [(h["how"], h["path"], h["roots"], h["container"]) for h in holders] == [
+        ("mount", inside, [fake["roots"][2]], "")]
+
+
+def test_a_cwd_inside_a_root_through_an_alias(fake, tmp_path):
+    alias = tmp_path / "alias"
+    alias.symlink_to(str(fake["parent"]))
+    fake["proc"].add(70, "bash", cwd=alias / NAMES[0])
+    holders = holders_of(fake)
+    assert [(h["pid"], h["how"], h["path"], h["roots"]) for h in holders] == [
+        (70, "cwd", fake["roots"][0], [fake["roots"][0]])]
+
+
+def test_a_mapped_file_by_device_and_inode(fake):
+    st = os.stat(str(fake["parent"] / NAMES[0] / "worker.json"))
+    maps = ("7f00-7f01 r--p 00000000 %02x:%02x %d /cache/%s/worker.json\n"
+            "7f02-7f03 r-xp 00000000 00:00 0 [vdso]\n" % (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino,
+                                                        NAMES[0]))
+    fake["proc"].add(80, "engine", maps=maps)
+    holders = holders_of(fake)
+    assert [(h["how"], h["seen_as"], h["roots"]) for h in holders] == [
+        ("mapped", "/cache/%s/worker.json" % NAMES[0], [fake["roots"][0]])]
+
+
+def test_no_false_positive_for_neighbours_on_the_same_device(fake, tmp_path):
+    other = tmp_path / "host" / "models"
+    other.mkdir()
+    (other / "shard.bin").write_text("x")
+    st = os.stat(str(other / "shard.bin"))
+    dev = fake["proc"].dev
+    real_parent = os.path.realpath(str(fake["parent"]))
+    # An open file and a mapping on the same device, and a cwd in the parent (not in a root).
+    fake["proc"].add(90, "reader", fds=[other / "shard.bin"], cwd=fake["parent"],
+                     maps="7f00-7f01 r--p 00000000 %02x:%02x %d /x\n" % (os.major(st.st_dev), os.minor(st.st_dev),
+                                                                         st.st_ino))
+    # Containers binding a neighbour, the parent's parent (an ancestor: a monitoring agent's /host), or a
+    # sibling whose name starts like a root.
+    (fake["parent"] / (NAMES[0] + "-old")).mkdir()
+    fake["proc"].add(91, "node_exporter", ns="mnt:[4026532500]", cgroup="0::/docker/%s\n" % DOCKER_ID,
+                     mountinfo=(_mount_line(1, str(other), "/models", dev)
+                                + _mount_line(2, os.path.dirname(real_parent), "/host", dev)
+                                + _mount_line(3, "/", "/rootfs", dev)
+                                + _mount_line(4, os.path.join(real_parent, NAMES[0] + "-old"), "/old", dev)))
+    # A mount of the parent's path on another device is another filesystem.
+    fake["proc"].add(92, "other", ns="mnt:[4026532501]", mountinfo=_mount_line(1, real_parent, "/cache", "7:3"))
+    assert holders_of(fake) == []
+
+
+def test_the_hosts_own_mounts_are_not_holders(fake):
+    # receipt_parent is itself a mount point on the host: every process of the host namespace, and a
+    # service's private copy of that namespace, sees it mounted - none of them is a container binding it.
+    real_parent = os.path.realpath(str(fake["parent"]))
+    host = fake["proc"].host_mounts + _mount_line(30, real_parent, real_parent, fake["proc"].dev)
+    fake["proc"].host_mounts = host
+    (fake["proc"].base / "1" / "mountinfo").write_text(host)
+    fake["proc"].add(2, "systemd-journal", mountinfo=host)
+    fake["proc"].add(3, "systemd-logind", mountinfo=host, ns="mnt:[4026532600]",
+                     cgroup="0::/system.slice/systemd-logind.service\n")
+    assert holders_of(fake) == []
+    # The same mount inside a container (same path on both sides) is a bind of the parent.
+    fake["proc"].add(4, "engine", mountinfo=host, ns="mnt:[4026532601]", cgroup="0::/libpod-%s.scope\n" % PODMAN_ID)
+    assert [(h["pid"], h["how"], h["container"]) for h in holders_of(fake)] == [(4, "mount", PODMAN_ID)]
+
+
+def test_own_pid_is_skipped(fake):
+    (fake["proc"].base / "1" / "fd" / "3").symlink_to(str(fake["parent"] / NAMES[0] / "worker.json"))
+    assert holders_of(fake) == []
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0::/libpod_parent/libpod-%s\n" % PODMAN_ID, PODMAN_ID),
+    ("0::/machine.slice/libpod-%s.scope/container\n" % PODMAN_ID, PODMAN_ID),
+    ("12:pids:/docker/%s\n0::/\n" % DOCKER_ID, DOCKER_ID),
+    ("0::/system.slice/docker-%s.scope\n" % DOCKER_ID, DOCKER_ID),
+    ("0::/kubepods.slice/cri-containerd-%s.scope\n" % DOCKER_ID, DOCKER_ID),
+    ("4:memory:/process_api/7027291e6e7a8211a3e567a2d813e0b4\n0::/\n", ""),  # 32 hex: not a container
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", ""),
+    ("", ""),
+])
+def test_container_of(text, expected):
+    assert container_of(text) == expected
+
+
+def test_parse_mountinfo_unescapes_paths_and_mount_source_takes_the_deepest_mount():
+    text = ("27 1 254:0 / / rw - ext4 /dev/vda rw\n"
+            "40 27 259:1 /srv/raid\\040cache /raid\\040cache rw,relatime shared:5 - xfs /dev/nvme0n1 rw\n"
+            "41 27 259:2 / /raid\\040cache/sub rw - xfs /dev/nvme1n1 rw\n"
+            "42 27 259:3 / /raid\\040cache/sub rw - xfs /dev/nvme2n1 rw\n")
+    mounts = parse_mountinfo(text)
+    assert mounts[1] == {"dev": (259, 1), "root": "/srv/raid cache", "mount_point": "/raid cache"}
+    assert mount_source("/raid cache/ds41-x", mounts) == ((259, 1), "/srv/raid cache/ds41-x")
+    assert mount_source("/raid cache", mounts) == ((259, 1), "/srv/raid cache")
+    assert mount_source("/raid cache/sub/x", mounts) == ((259, 3), "/x")  # the last of stacked mounts
+    assert mount_source("/raid cachex", mounts) == ((254, 0), "/raid cachex")
+
+
+def test_clear_receipts_refuses_naming_root_holder_and_fix(fake):
+    fake["proc"].add(41, "sleep", fds=[fake["view"] / "worker.json"], ns="mnt:[4026532249]",
+                     cgroup="0::/libpod_parent/libpod-%s\n" % PODMAN_ID,
+                     mountinfo=_mount_line(84, os.path.realpath(str(fake["parent"])), "/cache", fake["proc"].dev))
+    os.rename(fake["proc"].root + "/1", fake["proc"].root + "/%d" % os.getpid())  # clear_receipts' own pid
+    with pytest.raises(StageError) as err:
+        clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root)
+    msg = str(err.value)
+    assert "in use: %s." % ", ".join(fake["roots"]) in msg
+    assert "pid 41 (sleep, container 018a9bfdf3ce) has %s/worker.json open (as %s/worker.json)" % (
+        fake["roots"][1], fake["view"]) in msg
+    assert "binds %s, the receipt parent, at /cache" % fake["parent"] in msg
+    assert "Stop that engine (container 018a9bfdf3ce) first, or set force: true (receipt_force: true" in msg
+    assert all(os.path.isdir(p) for p in fake["roots"])
+
+    # This host's live engine: its receipts are kept, not refused; anyone else still refuses.
+    kept = clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root, live_container=PODMAN_ID[:12])
+    assert (kept["kept"], kept["removed"], kept["would_remove"]) == (fake["roots"], [], [])
+    with pytest.raises(StageError, match="refusing"):
+        clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root, live_container=DOCKER_ID)
+    with pytest.raises(StageError, match="refusing"):  # too short to name one container
+        clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root, live_container=PODMAN_ID[:4])
+
+    forced = clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root, force=True)
+    assert forced["removed"] == fake["roots"] and forced["kept"] == []
+    assert sorted((h["pid"], h["how"]) for h in forced["holders"]) == [(41, "mount"), (41, "open")]
 
 
 def test_own_process_holding_a_file_does_not_block(tmp_path):

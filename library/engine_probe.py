@@ -12,20 +12,31 @@ short_description: Probe the engine's OpenAI-style API - readiness, smoke test, 
 version_added: "1.0.0"
 description:
   - V(wait) polls C(/v1/models) for up to O(wait_for) seconds and returns early when the API answers.
-    With O(container), it also stops early (RV(running=false)) when that engine container is not
-    running, returning the tail of its log, so a crashed engine is not waited for. Meant for an
-    C(until) loop bounded by the role's C(engine_ready_timeout).
+    With O(container), every poll first inspects this host's engine container and stops when it is not
+    running (its exit code and log tail in RV(row)). With O(port) (on the master host), it then finds
+    who holds that port (C(/proc/net/tcp) and C(tcp6), the socket's process, its cgroup) and proves it
+    runs in O(container); a process outside it (an old engine under another name) is named.
+  - A lane-wide wait is rounds of V(wait) calls, one per host per round (the role's C(wait.yml));
+    with O(lane_hosts), a call first judges O(lane), every rank's RV(row) of the previous round, and
+    returns at once when that decides - a rank that did not report, a rank's container down (the first
+    to end, with host, rank, exit code and log), the API port held by someone else, the API ready
+    with every rank running, or O(give_up). Every host judges the same rows, so every host gets the
+    same RV(verdict) in the same round.
   - V(smoke) asks O(question) at temperature 0; RV(passed) when the answer contains O(expected).
   - V(decode) streams a fixed ~487-token prompt at temperature 0 for O(max_tokens) tokens and
     measures decode tok/s from the stream as (tokens - 1) / (t_last - t_first), where t_first and
-    t_last are the arrival times of the first and last token-bearing chunks. The token count is the
+    t_last are the arrival times of the first and last token-bearing chunks, and end-to-end tok/s as
+    tokens / (t_last - t_sent), t_sent when the request was sent. The token count is the
     server's C(usage.completion_tokens) when it sends one, else the number of token-bearing chunks.
+    The stream is RV(complete) only when it ends with a finish reason after O(max_tokens) tokens
+    (a cut stream or a short answer measures nothing); with O(floor), both rates must reach it
+    (a stall followed by a burst has a huge decode rate and a tiny end-to-end one).
   - V(bench) runs each JSONL item of O(bench_jsonl) at temperature 0; an item passes when the
     answer contains its C(expected) string. RV(passed_items) counts them.
   - Every mode returns RV(report), this probe's row of the host report, shaped by the module.
-  - Never fails on a threshold. With O(floor), V(decode) and V(bench) return RV(passed_floor) and
-    put the floor and the verdict in RV(report); the role asserts on it after writing the host report.
-    Fails when the API cannot be reached or answers nonsense.
+  - Never fails on a threshold or a verdict. With O(floor), V(decode) and V(bench) return RV(passed_floor) and
+    put the floor and the verdict in RV(report); V(wait) returns RV(verdict); the role asserts on them.
+    Fails when the API cannot be reached or answers nonsense (V(smoke), V(decode), V(bench)).
 author: dgx-stage maintainers
 options:
   mode:
@@ -51,6 +62,26 @@ options:
   container:
     description: V(wait) only. Name of this host's engine container; polling stops when it is not running.
     type: str
+  port:
+    description:
+      - V(wait) only. The API port on this host (the master's C(engine_port)). When the API answers or
+        O(container) is down, the processes listening on it are found and must run in O(container).
+    type: int
+  lane_hosts:
+    description:
+      - V(wait) only. The lane's hosts in rank order (the first is the master, which serves the API);
+        this call is one round of a lane-wide wait. Without it the call judges this host alone.
+    type: list
+    elements: str
+  lane:
+    description:
+      - V(wait) only, with O(lane_hosts). Every rank's RV(row) of the previous round, by host (a host
+        missing here did not report). Judged before polling; not given in the first round.
+    type: dict
+  give_up:
+    description: V(wait) only, with O(lane). The wait's time is up - an undecided lane is judged V(timeout), not polled.
+    type: bool
+    default: false
   runtime:
     description: V(wait) only. Container runtime CLI used to inspect O(container).
     type: str
@@ -108,9 +139,10 @@ EXAMPLES = r"""
     floor: 30.78
   register: engine_decode
 
-- name: Fail below the floor (after the report is written)
+- name: Fail on an incomplete stream or below the floor (after the report is written)
   ansible.builtin.assert:
-    that: engine_decode.passed_floor
+    that: engine_decode.report.passed
+    fail_msg: "{{ engine_decode.msg }}"
 """
 
 RETURN = r"""
@@ -137,6 +169,35 @@ report:
       returned: when O(mode=wait)
       type: list
       elements: str
+    state:
+      description: The lane verdict's state (RV(verdict.state)).
+      returned: when O(mode=wait) and O(lane) is set
+      type: str
+    ranks:
+      description: Every rank's container as the last round saw it.
+      returned: when O(mode=wait) and O(lane) is set
+      type: list
+      elements: dict
+      contains:
+        host:
+          description: The rank's host.
+          type: str
+        rank:
+          description: The rank.
+          type: int
+        status:
+          description: The container's status (V(running), V(exited), V(missing)...).
+          type: str
+        exit_code:
+          description: The container's exit code.
+          type: int
+        id:
+          description: The container id (12 characters), empty when there is none.
+          type: str
+    api_served_by:
+      description: The processes holding the API port on the master, as RV(verdict.msg) names them.
+      returned: when O(mode=wait) and O(lane) is set and someone holds the port
+      type: str
     model:
       description: Model name used.
       returned: when O(mode=smoke) or O(mode=decode) or O(mode=bench)
@@ -156,7 +217,8 @@ report:
     passed:
       description:
         - The row's verdict. V(smoke) - the answer contains the expected string.
-        - V(decode) - tok/s reached O(floor); V(bench) - items passed reached O(floor) (RV(passed_floor)).
+        - V(decode) - the stream is RV(complete) and both rates reached O(floor); V(bench) - items passed
+          reached O(floor) (RV(passed_floor)).
       returned: when O(mode=smoke); when O(mode=decode) or O(mode=bench) and O(floor) is set
       type: bool
     duration_s:
@@ -184,9 +246,22 @@ report:
       returned: when O(mode=decode)
       type: float
     decode_tok_s:
-      description: Decode tok/s.
+      description: Decode tok/s, or null when fewer than 2 tokens came.
       returned: when O(mode=decode)
       type: float
+    e2e_tok_s:
+      description: End-to-end tok/s (RV(e2e_tok_s)).
+      returned: when O(mode=decode)
+      type: float
+    complete:
+      description: RV(complete).
+      returned: when O(mode=decode)
+      type: bool
+    problems:
+      description: RV(problems).
+      returned: when O(mode=decode)
+      type: list
+      elements: str
     finish_reason:
       description: The stream's finish reason.
       returned: when O(mode=decode)
@@ -212,50 +287,176 @@ report:
       returned: when O(mode=bench)
       type: list
       elements: dict
-  sample: {model: ds41, tokens: 400, token_source: usage, prompt_tokens: 487, ttft_s: 1.92, decode_s: 11.4,
-           decode_tok_s: 35.0, duration_s: 13.4, finish_reason: length, max_tokens: 400, floor: 30.78,
-           passed: true}
+  sample: {model: ds41, tokens: 400, token_source: usage, prompt_tokens: 487, ttft_s: 0.3, decode_s: 11.4,
+           decode_tok_s: 35.0, e2e_tok_s: 34.2, duration_s: 11.8, finish_reason: length, max_tokens: 400,
+           complete: true, problems: [], floor: 30.78, passed: true}
 passed_floor:
-  description: The result reached O(floor) - decode tok/s >= O(floor), or bench items passed >= O(floor).
+  description:
+    - The result reached O(floor) - decode and end-to-end tok/s both >= O(floor), or bench items passed >= O(floor).
   returned: success when O(mode=decode) or O(mode=bench) and O(floor) is set
   type: bool
 ready:
-  description: The API listed its models.
+  description:
+    - The lane is up - every rank's container running and the API answering from the master's container
+      (RV(verdict.state) V(ready)). Alone (no O(lane_hosts)) - this host's container and the API.
   returned: success when O(mode=wait)
   type: bool
-running:
-  description: False when O(container) was found not running (stop waiting), else true.
+decided:
+  description: RV(verdict.decided) - stop the rounds.
   returned: success when O(mode=wait)
+  type: bool
+verdict:
+  description: What the lane's last round (or, alone, this call) shows.
+  returned: success when O(mode=wait)
+  type: dict
+  contains:
+    state:
+      description:
+        - V(pending) (poll again), V(ready), V(dead) (a rank's container is not running), V(missing) (a rank
+          did not report), V(stranger) (the API port is held outside the master's container), V(unproven)
+          (the API answered but nobody could be seen on the port) or V(timeout) (O(give_up)).
+      type: str
+    decided:
+      description: Anything but V(pending).
+      type: bool
+    msg:
+      description:
+        - What an operator reads - for V(dead) the first rank to end, its host, container, exit code and
+          log tail.
+      type: str
+    host:
+      description: The host the verdict names (the down rank's, the master's), or null.
+      type: str
+    rank:
+      description: That host's rank, or null.
+      type: int
+    exit_code:
+      description: V(dead) - the down container's exit code, else null.
+      type: int
+  sample: {state: dead, decided: true, host: dgx2, rank: 1, exit_code: 3,
+           msg: "Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is exited, exit code 3 ..."}
+row:
+  description: This host's share of the round, for O(lane) in the next round (the role passes it on unchanged).
+  returned: success when O(mode=wait) and this call polled
+  type: dict
+  contains:
+    api:
+      description: The API listed its models.
+      type: bool
+    models:
+      description: Model ids listed.
+      type: list
+      elements: str
+    status:
+      description: V(ready), or why not (the last poll's error, the container's status).
+      type: str
+    polls:
+      description: Polls made.
+      type: int
+    elapsed_s:
+      description: Seconds polled.
+      type: float
+    container:
+      description: O(container) as the runtime shows it, or null without O(container).
+      type: dict
+      contains:
+        name:
+          description: Container name.
+          type: str
+        exists:
+          description: The runtime knows it.
+          type: bool
+        id:
+          description: Container id.
+          type: str
+        running:
+          description: Running (and neither paused nor restarting).
+          type: bool
+        status:
+          description: The runtime's status, V(missing) when it does not exist.
+          type: str
+        exit_code:
+          description: Exit code (0 while it runs).
+          type: int
+        started_at:
+          description: When it started (the runtime's timestamp).
+          type: str
+        finished_at:
+          description: When it last ended, or null.
+          type: str
+        error:
+          description: The runtime's error for it, or why it was not found.
+          type: str
+        oom_killed:
+          description: Killed out of memory.
+          type: bool
+        logs:
+          description: The last 30 lines of its log when it is not running, else empty.
+          type: str
+    owner:
+      description: Who holds O(port), when O(port) is set and the API answered or O(container) is down; else null.
+      type: dict
+      contains:
+        port:
+          description: O(port).
+          type: int
+        listening:
+          description: A socket listens on it (tcp or tcp6).
+          type: bool
+        ours:
+          description: Every holder runs in O(container); false when one does not; null when none could be seen.
+          type: bool
+        holders:
+          description: The processes holding a listening socket on it.
+          type: list
+          elements: dict
+          contains:
+            pid:
+              description: Process id.
+              type: int
+            cmdline:
+              description: Its command line (200 characters).
+              type: str
+            container_id:
+              description: The container its cgroup names, or null.
+              type: str
+            container_name:
+              description: That container's name when it is not O(container) and a runtime knows it, else null.
+              type: str
+running:
+  description: False when O(container) was found not running in this call, else true.
+  returned: success when O(mode=wait) and this call polled
   type: bool
 status:
-  description: V(ready), or the last poll's error.
-  returned: success when O(mode=wait)
+  description: V(ready), or the last poll's error or the container's status.
+  returned: success when O(mode=wait) and this call polled
   type: str
 models:
-  description: Model ids the API listed (empty until it is ready).
+  description: Model ids the API listed (from the master's row in a lane; empty until it is ready).
   returned: success when O(mode=wait)
   type: list
   elements: str
   sample: [coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw]
 polls:
   description: Requests made in this call.
-  returned: success when O(mode=wait)
+  returned: success when O(mode=wait) and this call polled
   type: int
 logs:
-  description: Last lines of the container's log when it is not running, else empty.
-  returned: success when O(mode=wait)
+  description: Last lines of this host's container log when it is not running, else empty.
+  returned: success when O(mode=wait) and this call polled
   type: str
 elapsed_s:
   description: Seconds polled in this call.
-  returned: success when O(mode=wait)
+  returned: success when O(mode=wait) and this call polled
   type: float
 msg:
   description:
-    - V(wait) - one line, the models served or why the API is not ready.
+    - V(wait) - RV(verdict.msg).
+    - V(decode) - one line, the RV(problems) or the figures that passed.
     - On failure, what could not be reached or what the API answered.
-  returned: success when O(mode=wait); failure
+  returned: success when O(mode=wait) or O(mode=decode); failure
   type: str
-  sample: "API ready: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
+  sample: "API ready: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw - all 2 ranks running"
 question:
   description: The question asked.
   returned: success when O(mode=smoke)
@@ -291,18 +492,38 @@ prompt_tokens:
   type: int
   sample: 487
 ttft_s:
-  description: Seconds from sending the request to the first token (prefill).
+  description: Seconds from sending the request to the first token (prefill), or null when none came.
   returned: success when O(mode=decode)
   type: float
 decode_s:
-  description: Seconds from the first to the last token-bearing chunk.
+  description: Seconds from the first to the last token-bearing chunk, or null when none came.
   returned: success when O(mode=decode)
   type: float
 decode_tok_s:
-  description: (tokens - 1) / (t_last - t_first).
+  description: (tokens - 1) / (t_last - t_first), or null when fewer than 2 tokens came.
   returned: success when O(mode=decode)
   type: float
   sample: 35.0
+e2e_tok_s:
+  description: tokens / (t_last - t_sent) - prefill and every stall included; null when no token came.
+  returned: success when O(mode=decode)
+  type: float
+  sample: 34.2
+complete:
+  description: The stream ended with a finish reason after O(max_tokens) tokens.
+  returned: success when O(mode=decode)
+  type: bool
+problems:
+  description:
+    - Why the probe proves nothing or fails - an incomplete stream, a rate below O(floor); empty when it passed.
+  returned: success when O(mode=decode)
+  type: list
+  elements: str
+  sample: ["the stream stopped after 50 of 400 tokens without a finish reason: the connection broke (IncompleteRead)"]
+cut:
+  description: How the connection broke mid-stream, or null.
+  returned: success when O(mode=decode)
+  type: str
 finish_reason:
   description: The stream's finish reason (V(length) when O(max_tokens) was reached), or null.
   returned: success when O(mode=decode)
@@ -357,6 +578,10 @@ ARGUMENT_SPEC = dict(
     timeout=dict(type="float", default=300.0),
     wait_for=dict(type="float", default=10.0),
     container=dict(type="str"),
+    port=dict(type="int"),
+    lane_hosts=dict(type="list", elements="str"),
+    lane=dict(type="dict"),
+    give_up=dict(type="bool", default=False),
     runtime=dict(type="str", choices=["docker", "podman"], default="docker"),
     question=dict(type="str", default=dgx_probe.SMOKE_QUESTION),
     expected=dict(type="str", default=dgx_probe.SMOKE_EXPECTED),
@@ -366,10 +591,12 @@ ARGUMENT_SPEC = dict(
     floor=dict(type="float"),
 )
 REQUIRED_IF = [("mode", "bench", ["bench_jsonl"])]
+REQUIRED_BY = {"lane": ["lane_hosts"]}
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, required_by=REQUIRED_BY,
+                           supports_check_mode=True)
     try:
         result = dgx_probe.run_probe(module.params, runner=module)
     except StageError as exc:

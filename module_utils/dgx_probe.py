@@ -8,8 +8,12 @@ from __future__ import absolute_import, division, print_function
 
 import functools
 import json
+import os
+import re
 import socket
 import time
+
+from http import client as http_client
 
 from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
@@ -23,7 +27,7 @@ DEFAULT_MAX_TOKENS = {"smoke": 256, "decode": 400, "bench": 512}
 # The host report's rows (one per mode), shaped by probe_report().
 SMOKE_REPORT_KEYS = ("model", "question", "expected", "answer", "passed", "duration_s")
 DECODE_REPORT_KEYS = ("model", "tokens", "token_source", "prompt_tokens", "ttft_s", "decode_s", "decode_tok_s",
-                      "duration_s", "finish_reason", "max_tokens")
+                      "e2e_tok_s", "duration_s", "finish_reason", "max_tokens", "complete", "problems")
 
 # The decode probe's fixed prompt: ~487 tokens with the Llama/DeepSeek BPE tokenizers (about 2,050
 # characters of English prose). Fixed, so tok/s figures of different runs and lanes compare.
@@ -153,25 +157,100 @@ def decode_rate(tokens, t_first, t_last):
     return (tokens - 1) / float(t_last - t_first)
 
 
+def e2e_rate(tokens, t_sent, t_last):
+    """End-to-end tok/s: tokens / (t_last - t_sent), prefill and every stall included; None when no
+    token came."""
+    if not tokens or t_last is None or t_last <= t_sent:
+        return None
+    return tokens / float(t_last - t_sent)
+
+
+def _rounded(value, digits):
+    return None if value is None else round(value, digits)
+
+
 def decode_result(stream, t_sent, t_end):
-    """The decode probe's numbers from parse_sse() output and the request's send/end times."""
+    """The decode probe's numbers from parse_sse() output and the request's send/end times.
+
+    decode_tok_s (first to last token) is None when fewer than 2 tokens came; e2e_tok_s (request sent to
+    last token) is None when none came. Never raises: decode_verdict() judges what is missing.
+    """
     usage = stream.get("usage") or {}
     completion_tokens = usage.get("completion_tokens")
     # With speculative decoding (the DSpark drafter) a chunk may carry several tokens: trust the
     # server's count when it sends one.
     tokens = int(completion_tokens) if completion_tokens else stream["chunks"]
-    rate = decode_rate(tokens, stream["t_first"], stream["t_last"])
+    t_first, t_last = stream["t_first"], stream["t_last"]
+    try:
+        rate = decode_rate(tokens, t_first, t_last)
+    except StageError:
+        rate = None
     return {
         "tokens": tokens,
         "token_source": "usage" if completion_tokens else "chunks",
         "chunks": stream["chunks"],
         "prompt_tokens": usage.get("prompt_tokens"),
-        "ttft_s": round(stream["t_first"] - t_sent, 4),
-        "decode_s": round(stream["t_last"] - stream["t_first"], 4),
-        "decode_tok_s": round(rate, 2),
+        "ttft_s": None if t_first is None else round(t_first - t_sent, 4),
+        "decode_s": None if t_first is None else round(t_last - t_first, 4),
+        "decode_tok_s": _rounded(rate, 2),
+        "e2e_tok_s": _rounded(e2e_rate(tokens, t_sent, t_last), 2),
         "duration_s": round(t_end - t_sent, 4),
         "finish_reason": stream["finish_reason"],
+        "done": bool(stream.get("done")),
+        "cut": stream.get("cut"),
     }
+
+
+def _num(value):
+    """30.78 -> '30.78', 100000.0 -> '100000' (floors and rates as an operator wrote them)."""
+    return ("%.2f" % float(value)).rstrip("0").rstrip(".")
+
+
+def decode_verdict(result, max_tokens, floor=None):
+    """(complete, problems) of a decode_result() plus its max_tokens: the problems an operator must
+    read, [] when the probe proves the speed.
+
+    A stream proves nothing unless it ends with a finish reason after max_tokens tokens: a cut stream
+    (no finish reason), a short answer (finish_reason stop early) and a stall followed by a burst (a huge
+    first-to-last rate, a tiny end-to-end one) must not pass. With floor, both rates must reach it.
+    """
+    problems = []
+    tokens, max_tokens = result["tokens"], int(max_tokens)
+    if result["finish_reason"] is None:
+        how = "the connection broke (%s)" % result["cut"] if result.get("cut") else (
+            "[DONE] came" if result.get("done") else "the stream ended")
+        problems.append("the stream stopped after %d of %d tokens without a finish reason: %s"
+                        % (tokens, max_tokens, how))
+    elif tokens < max_tokens:
+        problems.append("the engine ended the answer after %d of %d tokens (finish_reason %s): too short to "
+                        "measure decode speed" % (tokens, max_tokens, result["finish_reason"]))
+    complete = not problems
+    if result["decode_tok_s"] is None:
+        problems.append("decode speed cannot be measured from %d token(s)" % tokens)
+    if floor is not None:
+        floor_text = _num(floor)
+        decode, e2e = result["decode_tok_s"], result["e2e_tok_s"]
+        if decode is not None and decode < float(floor):
+            problems.append("%s tok/s decode is below engine_decode_floor=%s (%d tokens in %s s from the first "
+                            "token)" % (_num(decode), floor_text, tokens, _num(result["decode_s"])))
+        if e2e is None or e2e < float(floor):
+            stall = ""
+            if decode is not None and decode >= float(floor):
+                stall = " (%s tok/s decode, but the first token came only after %s s)" % (
+                    _num(decode), _num(result["ttft_s"]))
+            problems.append("%s tok/s end to end (%d tokens / (last token - request sent)) is below "
+                            "engine_decode_floor=%s%s" % ("no" if e2e is None else _num(e2e), tokens, floor_text,
+                                                         stall))
+    return complete, problems
+
+
+def decode_message(result, complete, problems):
+    """One line: the problems, or the figures that passed."""
+    if problems:
+        return "; ".join(problems)
+    return "%d tokens, %s tok/s decode, %s tok/s end to end, first token after %s s (finish_reason %s)" % (
+        result["tokens"], _num(result["decode_tok_s"]), _num(result["e2e_tok_s"]), _num(result["ttft_s"]),
+        result["finish_reason"])
 
 
 def parse_bench_jsonl(text, source="bench file"):
@@ -212,8 +291,11 @@ def floor_verdict(mode, result, floor):
     in the modes that have none."""
     if floor is None or mode not in ("decode", "bench"):
         return None
-    value = result["decode_tok_s"] if mode == "decode" else result["passed_items"]
-    return float(value) >= float(floor)
+    if mode == "bench":
+        return float(result["passed_items"]) >= float(floor)
+    # Both rates: a stall then a burst has a huge first-to-last rate and a tiny end-to-end one.
+    rates = (result["decode_tok_s"], result["e2e_tok_s"])
+    return all(rate is not None and float(rate) >= float(floor) for rate in rates)
 
 
 def _floor_value(mode, floor):
@@ -225,23 +307,219 @@ def _floor_value(mode, floor):
 def probe_report(mode, result, floor=None):
     """This probe's row of the host report (the engine role passes it on unchanged).
 
-    wait: {models}; smoke: the answer and its verdict; decode: the speed figures, plus floor and
-    passed (tok/s >= floor) when a floor is given; bench: {model, total_items, passed_items, failed_items,
-    duration_s}, plus floor and passed (passed_items >= floor) when a floor is given. `passed` is a
-    verdict (a bool) in every row.
+    wait: {models}, plus the lane's verdict when one was made (wait_report()); smoke: the answer and its
+    verdict; decode: the speed figures, whether the stream was complete and its problems, plus floor and
+    passed (complete, both rates >= floor) when a floor is given; bench: {model, total_items,
+    passed_items, failed_items, duration_s}, plus floor and passed (passed_items >= floor) when a floor is
+    given. `passed` is a verdict (a bool) in every row.
     """
     if mode == "wait":
-        return {"models": list(result["models"])}
+        return wait_report(result)
     if mode == "smoke":
         return dict((key, result[key]) for key in SMOKE_REPORT_KEYS)
     if mode == "decode":
         row = dict((key, result[key]) for key in DECODE_REPORT_KEYS)
         if floor is not None:
-            row.update(floor=_floor_value(mode, floor), passed=floor_verdict(mode, result, floor))
+            row.update(floor=_floor_value(mode, floor),
+                       passed=bool(result["complete"] and floor_verdict(mode, result, floor)))
         return row
     row = dict((key, result[key]) for key in ("model", "total_items", "passed_items", "failed_items", "duration_s"))
     if floor is not None:
         row.update(floor=_floor_value(mode, floor), passed=floor_verdict(mode, result, floor))
+    return row
+
+
+# ------------------------------------------------------------------------------------------------
+# readiness of a lane: each rank's container, who serves the API port, the lane's verdict (pure)
+# ------------------------------------------------------------------------------------------------
+
+LOG_LINES = 30           # log lines kept of a container that is not running
+MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
+TCP_LISTEN = "0A"
+WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
+
+
+def missing_container(name, why):
+    """A container's facts when the runtime does not know it (or is not there)."""
+    return {"name": name, "exists": False, "id": None, "running": False, "status": "missing", "exit_code": None,
+            "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
+
+
+def container_facts(inspect_text, name):
+    """A container's state from `docker|podman inspect --type container NAME` output (a JSON list).
+
+    running: running and neither paused nor restarting. finished_at: None until it has stopped once.
+    """
+    try:
+        info = json.loads(inspect_text)[0]
+        state = info.get("State") or {}
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return missing_container(name, "inspect printed no container: %r" % (inspect_text or "")[:200])
+    running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
+    finished = state.get("FinishedAt") or None
+    if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
+        finished = None
+    return {"name": name, "exists": True, "id": info.get("Id"), "running": running,
+            "status": state.get("Status") or ("running" if running else "stopped"),
+            "exit_code": state.get("ExitCode"), "started_at": state.get("StartedAt"), "finished_at": finished,
+            "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
+
+
+def listen_inodes(tcp_text, port):
+    """Inodes of the sockets listening on TCP port, from /proc/net/tcp or /proc/net/tcp6 text."""
+    inodes = set()
+    for line in (tcp_text or "").splitlines()[1:]:
+        fields = line.split()
+        # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
+        if len(fields) < 10 or fields[3] != TCP_LISTEN:
+            continue
+        try:
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            inode = int(fields[9])
+        except (IndexError, ValueError):
+            continue
+        if local_port == int(port) and inode:
+            inodes.add(inode)
+    return inodes
+
+
+def socket_inode(link):
+    """12345 from a /proc/<pid>/fd link text 'socket:[12345]', else None."""
+    match = SOCKET_LINK.match(link or "")
+    return int(match.group(1)) if match else None
+
+
+def cgroup_container_id(cgroup_text):
+    """The container id (64 hex) a /proc/<pid>/cgroup names (docker/<id>, docker-<id>.scope,
+    libpod-<id>, ...), else None: the process is not in a container."""
+    match = CONTAINER_ID.search(cgroup_text or "")
+    return match.group(0) if match else None
+
+
+def owner_facts(port, listening, holders, container_id):
+    """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
+    or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
+    ours = None
+    if holders:
+        ours = bool(container_id) and all(h.get("container_id") == container_id for h in holders)
+    return {"port": int(port), "listening": bool(listening), "holders": list(holders), "ours": ours}
+
+
+def describe_holder(holder):
+    """'pid 4242 (python3 -m http.server 8000) in container 1a2b3c4d5e6f (old-engine)'."""
+    text = "pid %s (%s)" % (holder.get("pid"), holder.get("cmdline") or "?")
+    if holder.get("container_id"):
+        text += " in container %s" % holder["container_id"][:12]
+        if holder.get("container_name"):
+            text += " (%s)" % holder["container_name"]
+    else:
+        text += ", not in a container"
+    return text
+
+
+def _log_tail(text, lines=MESSAGE_LOG_LINES):
+    tail = [line for line in (text or "").rstrip().splitlines()][-lines:]
+    return "\n".join(tail) if tail else "(empty)"
+
+
+def describe_down(rank, host, container):
+    """One rank that is not up: its host, container, exit code and when it ended."""
+    if not container.get("exists"):
+        return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
+    text = "rank %d (host %s): container %s is %s, exit code %s" % (
+        rank, host, container.get("name"), container.get("status"), container.get("exit_code"))
+    if container.get("oom_killed"):
+        text += ", killed out of memory"
+    if container.get("error"):
+        text += ", error: %s" % container["error"]
+    if container.get("finished_at"):
+        text += ", ended %s" % container["finished_at"]
+    return text
+
+
+def _port_note(host, owner):
+    holders = [h for h in owner.get("holders") or []]
+    return "port %s on %s is held by %s" % (owner.get("port"), host, "; ".join(describe_holder(h) for h in holders))
+
+
+def _verdict(state, msg, host=None, rank=None, exit_code=None):
+    return {"state": state, "decided": state != "pending", "msg": msg, "host": host, "rank": rank,
+            "exit_code": exit_code}
+
+
+def lane_verdict(lane_hosts, rows, url, give_up=False):
+    """The lane's state from every rank's last round (rows: host -> the row a wait call returned).
+
+    Decided, in this order: a rank that did not report (missing); a rank whose container is not running
+    (dead - the first to end, its exit code and log, and who holds the master's port when someone
+    else does); the API port on the master held by a process outside this run's container (stranger);
+    the API answered but nobody could be seen on the port (unproven); the API answered from the
+    master's container with every rank running (ready); give_up (timeout). Else pending.
+    """
+    master = lane_hosts[0]
+    ranked = [(rank, host, rows.get(host)) for rank, host in enumerate(lane_hosts)]
+    missing = [(rank, host) for rank, host, row in ranked if not row]
+    if missing:
+        rank, host = missing[0]
+        return _verdict("missing", "Rank %d (host %s) did not report its engine container in the last round (it "
+                                   "failed or became unreachable); a lane needs every rank. Missing: %s."
+                        % (rank, host, ", ".join("rank %d (%s)" % m for m in missing)), host, rank)
+    master_row = rows[master]
+    owner = master_row.get("owner")
+    stranger = owner is not None and owner.get("ours") is False
+    down = [(rank, host, row["container"]) for rank, host, row in ranked
+            if row.get("container") and not row["container"].get("running")]
+    if down:
+        # The first to end is the cause; the others often die of it (a lost peer, a closed store).
+        rank, host, container = min(down, key=lambda d: (d[2].get("finished_at") or "", d[0]))
+        msg = "Rank %d of the lane is down - %s. Its log ends:\n%s" % (
+            rank, describe_down(rank, host, container), _log_tail(container.get("logs")))
+        others = [describe_down(*d) for d in down if d[0] != rank]
+        if others:
+            msg += "\nAlso down: %s." % "; ".join(others)
+        if stranger:
+            msg += "\nThe API at %s is answered by someone else: %s." % (url, _port_note(master, owner))
+        return _verdict("dead", msg, host, rank, container.get("exit_code"))
+    if stranger:
+        mine = (master_row.get("container") or {}).get("name")
+        return _verdict("stranger", "The API at %s is not served by this run's engine: %s, not by container %s "
+                                    "(rank 0). Stop the old engine (engine_stop_strays) or free the port."
+                        % (url, _port_note(master, owner), mine), master, 0)
+    if master_row.get("api") and owner is not None and owner.get("ours") is None:
+        why = ("but nothing on %s listens on port %s (engine_port)" % (master, owner.get("port"))
+               if not owner.get("listening") else
+               "but the process listening on port %s on %s could not be seen (run with become)"
+               % (owner.get("port"), master))
+        return _verdict("unproven", "The API at %s answered, %s: cannot prove it is this run's engine."
+                        % (url, why), master, 0)
+    if master_row.get("api"):
+        models = ", ".join(m for m in master_row.get("models") or [] if m)
+        ranks = " - all %d ranks running" % len(lane_hosts) if len(lane_hosts) > 1 else ""
+        return _verdict("ready", "API ready: %s%s" % (models, ranks))
+    if give_up:
+        return _verdict("timeout", "The API at %s did not answer in time (every rank's container is running); "
+                                   "last poll from %s: %s" % (url, master, master_row.get("status")), master, 0)
+    return _verdict("pending", "API not ready: %s" % master_row.get("status"))
+
+
+def wait_report(result):
+    """The ready row of the host report: the models served, and with a lane verdict its state and every
+    rank's container (host, rank, status, exit code, id) and who served the API port."""
+    row = {"models": list(result.get("models") or [])}
+    lane = result.get("lane_rows")
+    if lane is None:
+        return row
+    row["state"] = result["verdict"]["state"]
+    row["ranks"] = []
+    for rank, host in enumerate(result["lane_hosts"]):
+        container = (lane.get(host) or {}).get("container") or {}
+        row["ranks"].append({"host": host, "rank": rank, "status": container.get("status"),
+                             "exit_code": container.get("exit_code"), "id": (container.get("id") or "")[:12]})
+    owner = (lane.get(result["lane_hosts"][0]) or {}).get("owner")
+    if owner and owner.get("holders"):
+        row["api_served_by"] = "; ".join(describe_holder(h) for h in owner["holders"])
     return row
 
 
@@ -290,34 +568,41 @@ def resolve_model(base, model, timeout=30.0, opener=urlopen):
     return first_model_id(http_json(api_url(base, "/v1/models"), timeout=timeout, opener=opener))
 
 
-def poll_ready(base, wait_for, interval=1.0, is_running=None, opener=urlopen, clock=time.monotonic,
-               sleep=time.sleep):
-    """Poll /v1/models for up to wait_for seconds. Stops early when the API answers with a model
-    list, or when is_running() (if given) says the engine container is gone.
+def poll_round(base, wait_for, container_check=None, owner_check=None, interval=1.0, opener=urlopen,
+               clock=time.monotonic, sleep=time.sleep):
+    """One host's share of a wait round: for up to wait_for seconds, every poll first looks at this host's
+    container (container_check() -> container facts), then asks /v1/models. Stops when the container is
+    not running or the API answers. Then owner_check(container facts) (the master only) says who holds
+    the API port, when the API answered or the container is down (someone else may hold its port).
 
-    Returns {"ready", "running", "status", "models", "polls", "elapsed_s"}.
+    Returns the round's row {"api", "models", "status", "polls", "elapsed_s", "container", "owner"}.
     """
     url = api_url(base, "/v1/models")
     start = clock()
-    result = {"ready": False, "running": None, "status": "not polled", "models": [], "polls": 0}
+    row = {"api": False, "models": [], "status": "not polled", "polls": 0, "container": None, "owner": None}
     while True:
-        result["polls"] += 1
+        row["polls"] += 1
+        if container_check is not None:
+            row["container"] = container_check()
+            if not row["container"]["running"]:
+                row["status"] = "container %s is %s" % (row["container"]["name"], row["container"]["status"])
+                break
         try:
             body = http_json(url, timeout=max(1.0, min(5.0, wait_for)), opener=opener)
-            result["models"] = [m.get("id") for m in body.get("data") or [] if isinstance(m, dict)]
-            result["status"] = "ready"
-            result["ready"] = True
+            row["models"] = [m.get("id") for m in body.get("data") or [] if isinstance(m, dict)]
+            row["status"] = "ready"
+            row["api"] = True
+            break
         except StageError as exc:
-            result["status"] = str(exc)
-        if not result["ready"] and is_running is not None:
-            result["running"] = bool(is_running())
-            if not result["running"]:
-                break
-        if result["ready"] or clock() - start + interval > wait_for:
+            row["status"] = str(exc)
+        if clock() - start + interval > wait_for:
             break
         sleep(interval)
-    result["elapsed_s"] = round(clock() - start, 3)
-    return result
+    down = row["container"] is not None and not row["container"]["running"]
+    if owner_check is not None and (row["api"] or down):
+        row["owner"] = owner_check(row["container"])
+    row["elapsed_s"] = round(clock() - start, 3)
+    return row
 
 
 def smoke(base, model, question=SMOKE_QUESTION, expected=SMOKE_EXPECTED, max_tokens=256,
@@ -331,26 +616,39 @@ def smoke(base, model, question=SMOKE_QUESTION, expected=SMOKE_EXPECTED, max_tok
             "passed": contains_expected(text, expected), "duration_s": round(clock() - t0, 4)}
 
 
-def _timed_lines(resp, clock):
+def _timed_lines(resp, clock, cut):
+    """(arrival time, line) of a streamed response; a connection that breaks mid-stream (the engine
+    died, a proxy cut it, the read timed out) ends the lines and is noted in cut["reason"]."""
     while True:
-        line = resp.readline()
+        try:
+            line = resp.readline()
+        except (http_client.HTTPException, OSError) as exc:
+            cut["reason"] = _describe(exc)
+            return
         if not line:
+            # http.client swallows a chunked body that ends without its last chunk (peek() hides the
+            # IncompleteRead); chunk_left is None only after the terminating chunk.
+            if getattr(resp, "chunked", False) and getattr(resp, "chunk_left", None) is not None:
+                cut["reason"] = "the connection closed before the end of the chunked body"
             return
         yield clock(), line
 
 
 def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.0, opener=urlopen,
                  clock=time.monotonic):
-    """Stream one temperature-0 completion and measure decode tok/s from first to last token."""
+    """Stream one temperature-0 completion and measure decode tok/s from first to last token and end to
+    end tok/s from the request to the last token."""
     url = api_url(base, "/v1/chat/completions")
+    cut = {"reason": None}
     t_sent = clock()
     try:
         with opener(_request(url, chat_payload(model, prompt, max_tokens, stream=True)), timeout=timeout) as resp:
-            stream = parse_sse(_timed_lines(resp, clock))
+            stream = parse_sse(_timed_lines(resp, clock, cut))
     except (HTTPError, URLError, socket.timeout, OSError) as exc:
         raise StageError("POST %s (stream) failed: %s" % (url, _describe(exc)))
+    stream["cut"] = cut["reason"]
     result = decode_result(stream, t_sent, clock())
-    result.update({"max_tokens": int(max_tokens), "prompt_chars": len(prompt), "done": stream["done"]})
+    result.update({"max_tokens": int(max_tokens), "prompt_chars": len(prompt)})
     return result
 
 
@@ -374,40 +672,128 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
 # ------------------------------------------------------------------------------------------------
 
 def container_state(runner, runtime, name):
-    """(running, log tail) of one container through the runtime CLI.
+    """This host's engine container (container_facts()), with the tail of its log when it is not running.
 
     runner: the AnsibleModule (anything with get_bin_path() and run_command()).
     """
     binary = runner.get_bin_path(runtime)
     if not binary:
-        return False, "%s not found on this host" % runtime
-    rc, out, err = runner.run_command([binary, "inspect", "--format", "{{.State.Running}}", name])
-    if rc == 0 and out.strip().lower() == "true":
-        return True, ""
+        return missing_container(name, "%s not found on this host" % runtime)
+    rc, out, err = runner.run_command([binary, "inspect", "--type", "container", name])
     if rc != 0:
-        return False, "container %s does not exist: %s" % (name, err.strip()[:300])
-    rc, out, err = runner.run_command([binary, "logs", "--tail", "30", name])
-    return False, (out + err)[-4000:]
+        return missing_container(name, "%s inspect: %s" % (runtime, (err or out).strip()[:300]))
+    facts = container_facts(out, name)
+    if facts["exists"] and not facts["running"]:
+        rc, out, err = runner.run_command([binary, "logs", "--tail", str(LOG_LINES), name])
+        facts["logs"] = (out + err)[-4000:]
+    return facts
 
 
-def wait_probe(base, wait_for, container_check=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """One bounded wait for the API (an `until` loop repeats it).
+def _read_text(path):
+    with open(path, "rb") as handle:
+        return handle.read().decode("utf-8", "replace")
 
-    container_check: None, or a function returning (running, log tail) of this host's engine container;
-    polling stops at once when it is not running. `running` in the result is false only then.
+
+def port_holders(port, proc="/proc"):
+    """(listening, holders) of TCP port on this host: whether a socket listens on it (tcp or tcp6), and
+    the processes holding such a socket, [{pid, cmdline, container_id}] (the container from the
+    process's cgroup). Processes whose fds cannot be read (not root) are not seen."""
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            inodes |= listen_inodes(_read_text(os.path.join(proc, "net", name)), port)
+        except (IOError, OSError):
+            continue
+    holders = []
+    if not inodes:
+        return False, holders
+    for entry in sorted(os.listdir(proc), key=lambda e: (len(e), e)):
+        if not entry.isdigit():
+            continue
+        fd_dir = os.path.join(proc, entry, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except (IOError, OSError):
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(os.path.join(fd_dir, fd))
+            except (IOError, OSError):
+                continue
+            if socket_inode(link) in inodes:
+                holders.append(process_facts(int(entry), proc))
+                break
+    return True, holders
+
+
+def process_facts(pid, proc="/proc"):
+    """{pid, cmdline (first 200 characters), container_id} of a process."""
+    facts = {"pid": pid, "cmdline": "", "container_id": None}
+    try:
+        facts["cmdline"] = _read_text(os.path.join(proc, str(pid), "cmdline")).replace("\0", " ").strip()[:200]
+        facts["container_id"] = cgroup_container_id(_read_text(os.path.join(proc, str(pid), "cgroup")))
+    except (IOError, OSError):
+        pass
+    return facts
+
+
+def container_name(runner, runtime, container_id):
+    """The name of a container by id, asking runtime and then the other runtime; None when unknown."""
+    for cli in (runtime, "podman" if runtime == "docker" else "docker"):
+        binary = runner.get_bin_path(cli)
+        if not binary:
+            continue
+        rc, out, _err = runner.run_command([binary, "inspect", "--type", "container", "--format", "{{.Name}}",
+                                            container_id])
+        if rc == 0 and out.strip():
+            return out.strip().lstrip("/")
+    return None
+
+
+def api_owner(runner, runtime, port, container, proc="/proc"):
+    """owner_facts() of the API port for this host's container facts; holders outside it are named."""
+    listening, holders = port_holders(port, proc)
+    mine = (container or {}).get("id")
+    for holder in holders:
+        holder["container_name"] = None
+        if holder["container_id"] and holder["container_id"] != mine and runner is not None:
+            holder["container_name"] = container_name(runner, runtime, holder["container_id"])
+    return owner_facts(port, listening, holders, mine)
+
+
+def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_hosts=None, lane=None, give_up=False,
+               opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+    """One call of a wait.
+
+    Alone (no lane_hosts): poll_round(), then judge this host's row as a one-rank lane.
+    In a lane's rounds (lane_hosts, the lane in rank order): first judge lane, every rank's row of the
+    previous round (none in the first round); when that decides (a rank down or missing, a stranger on
+    the port, ready, or give_up) return at once, else poll_round() and return this host's row for the
+    next round.
     """
-    logs = {"text": ""}
-
-    def is_running():
-        running, logs["text"] = container_check()
-        return running
-
-    result = poll_ready(base, wait_for, is_running=is_running if container_check else None, opener=opener,
-                        clock=clock, sleep=sleep)
-    result["logs"] = logs["text"]
-    result["running"] = result["running"] is not False
-    result["msg"] = ("API ready: %s" % ", ".join(result["models"]) if result["ready"] else
-                     "API not ready after %.0f s: %s" % (result["elapsed_s"], result["status"]))
+    verdict = None
+    if lane_hosts and lane is not None:
+        verdict = lane_verdict(lane_hosts, lane, base, give_up)
+    row = None
+    if verdict is None or not verdict["decided"]:
+        row = poll_round(base, wait_for, container_check, owner_check, opener=opener, clock=clock, sleep=sleep)
+    if not lane_hosts:
+        verdict = lane_verdict(["this host"], {"this host": row}, base, give_up=True)
+    elif verdict is None:
+        verdict = _verdict("pending", "first round: %s" % row["status"])
+    result = {"ready": verdict["state"] == "ready", "decided": verdict["decided"], "verdict": verdict,
+              "msg": verdict["msg"]}
+    if lane_hosts:
+        master_row = (lane or {}).get(lane_hosts[0]) or {}
+        result["models"] = list(master_row.get("models") or (row or {}).get("models") or [])
+        result["lane_hosts"], result["lane_rows"] = list(lane_hosts), lane
+    else:
+        result["models"] = list(row["models"])
+    if row is not None:
+        container = row["container"] or {}
+        result.update(row=row, status=row["status"], polls=row["polls"], elapsed_s=row["elapsed_s"],
+                      running=container.get("running", True) if row["container"] else True,
+                      logs=container.get("logs") or "")
     return result
 
 
@@ -437,14 +823,25 @@ def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=t
     if mode not in MODES:
         raise StageError("mode must be one of %s, not %r" % (", ".join(MODES), mode))
     if mode == "wait":
-        check = None
+        runtime = params.get("runtime") or "docker"
+        check = owner = None
         if params.get("container"):
-            check = functools.partial(container_state, runner, params.get("runtime") or "docker", params["container"])
-        result = wait_probe(params["url"], params["wait_for"], check, opener=opener, clock=clock, sleep=sleep)
-    else:
-        result = request_probe(params, opener=opener, clock=clock)
+            check = functools.partial(container_state, runner, runtime, params["container"])
+        if params.get("port"):
+            owner = functools.partial(api_owner, runner, runtime, params["port"])
+        result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"),
+                            params.get("lane"), bool(params.get("give_up")), opener=opener, clock=clock, sleep=sleep)
+        result["report"] = probe_report(mode, result)
+        # Shaped into the report; the inputs are the caller's own.
+        result.pop("lane_hosts", None)
+        result.pop("lane_rows", None)
+        return result
+    result = request_probe(params, opener=opener, clock=clock)
     verdict = floor_verdict(mode, result, params.get("floor"))
     if verdict is not None:
         result["passed_floor"] = verdict
+    if mode == "decode":
+        result["complete"], result["problems"] = decode_verdict(result, result["max_tokens"], params.get("floor"))
+        result["msg"] = decode_message(result, result["complete"], result["problems"])
     result["report"] = probe_report(mode, result, params.get("floor"))
     return result

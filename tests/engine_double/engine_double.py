@@ -18,6 +18,19 @@ container and that NAS binds are read-only:
   POST /debug/try-write {"path"}  {"ok": bool, "errno": int|null, "error": str}: a directory gets a
                                   probe file created (and removed), a file is opened for writing
                                   without writing a byte
+  POST /debug/switches {...}      set the stream switches below at run time (null turns one off);
+                                  answers with all of them
+
+A complete stream ends with a chunk carrying finish_reason ("length" after max_tokens tokens), then
+the usage chunk when asked for, then "data: [DONE]". Switches to break it, all off by default, from the
+environment or /debug/switches (stall_s, stall_after, cut_after, short_after):
+  DOUBLE_STALL_S=S, DOUBLE_STALL_AFTER=K  after K tokens (default 0: before the first) the stream stalls
+                                          S seconds, then the rest comes in one burst, unpaced
+  DOUBLE_CUT_AFTER=N                      after N tokens the connection is closed: no finish reason,
+                                          no usage, no [DONE], no end of the chunked body
+  DOUBLE_SHORT_AFTER=N                    a short answer: finish_reason "stop" after N tokens
+  DOUBLE_EXIT_AFTER_S=S, DOUBLE_EXIT_CODE=X   the process exits with code X (default 1) S seconds
+                                          after it started serving, like an engine crashing
 
 At start-up it behaves like the engine's strict-on-exists receipt writer: if any receipt root named
 in DOUBLE_RECEIPT_ROOTS exists under DOUBLE_RECEIPT_PARENT (default /cache) it prints
@@ -27,7 +40,7 @@ worker.json in it (open 'xb'). The tests pass the engine's names (dgx_receipts.R
 Environment: DOUBLE_PORT (8000; --port wins), DOUBLE_TOKENS_PER_S (200), DOUBLE_MODEL_ID
 ("engine-double"), DOUBLE_STARTUP_DELAY_S (0: seconds before the
 API answers, like a model load), DOUBLE_RECEIPT_PARENT (/cache), DOUBLE_RECEIPT_ROOTS
-(comma-separated; none: no receipts). Stdlib only.
+(comma-separated; none: no receipts), and the switches above. Stdlib only.
 """
 import argparse
 import hashlib
@@ -36,6 +49,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import ThreadingMixIn
@@ -146,11 +160,31 @@ def try_write(path):
         return {"ok": False, "errno": exc.errno, "error": "%s: %s" % (type(exc).__name__, exc)}
 
 
+SWITCHES = {"stall_s": ("DOUBLE_STALL_S", float), "stall_after": ("DOUBLE_STALL_AFTER", int),
+            "cut_after": ("DOUBLE_CUT_AFTER", int), "short_after": ("DOUBLE_SHORT_AFTER", int)}
+
+
+def switches_from(environ):
+    """The stream switches set in the environment (unset or empty: off)."""
+    return dict((key, convert(environ[name])) for key, (name, convert) in SWITCHES.items() if environ.get(name))
+
+
 class Double(object):
-    def __init__(self, model_id, tokens_per_s, ready_at):
+    def __init__(self, model_id, tokens_per_s, ready_at, switches=None):
         self.model_id = model_id
         self.tokens_per_s = tokens_per_s
         self.ready_at = ready_at
+        self.switches = dict(switches or {})
+
+    def set_switches(self, body):
+        for key, value in (body or {}).items():
+            if key not in SWITCHES:
+                raise ValueError("unknown switch %r (known: %s)" % (key, ", ".join(sorted(SWITCHES))))
+            if value is None:
+                self.switches.pop(key, None)
+            else:
+                self.switches[key] = SWITCHES[key][1](value)
+        return dict(self.switches)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -204,6 +238,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, self._debug(list(body.get("paths") or []), list(body.get("dirs") or [])))
         if path == "/debug/try-write":
             return self._json(200, try_write(body.get("path", "")))
+        if path == "/debug/switches":
+            try:
+                return self._json(200, self.double.set_switches(body))
+            except (TypeError, ValueError) as exc:
+                return self._json(400, {"error": str(exc)})
         if time.monotonic() < self.double.ready_at:
             return self._json(503, {"error": "loading"})
         if path != "/v1/chat/completions":
@@ -228,6 +267,15 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, body, prompt):
         n_tokens = int(body.get("max_tokens") or 16)
         interval = 1.0 / self.double.tokens_per_s
+        switches = dict(self.double.switches)
+        finish, sent = "length", n_tokens
+        if switches.get("short_after") is not None and switches["short_after"] < n_tokens:
+            finish, sent = "stop", switches["short_after"]
+        cut = switches.get("cut_after") is not None and switches["cut_after"] < sent
+        if cut:
+            sent = switches["cut_after"]
+        stall_s = switches.get("stall_s") or 0
+        stall_after = switches.get("stall_after") or 0
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -240,20 +288,43 @@ class Handler(BaseHTTPRequestHandler):
 
         self._chunk(chunk({"role": "assistant"}))
         start = time.monotonic()
-        for i in range(n_tokens):
+        paced = True
+        for i in range(sent):
+            if stall_s and i == stall_after:
+                time.sleep(stall_s)
+                paced = False  # the rest in one burst
             delay = start + i * interval - time.monotonic()
-            if delay > 0:
+            if paced and delay > 0:
                 time.sleep(delay)
             self._chunk(chunk({"content": " tok%d" % i}))
-        self._chunk(chunk({}, "length"))
+        if cut:
+            # Like an engine dying mid-stream: the connection closes without ending the chunked body.
+            sys.stderr.write("engine_double: stream cut after %d of %d tokens (cut_after)\n" % (sent, n_tokens))
+            self.close_connection = True
+            return
+        self._chunk(chunk({}, finish))
         if (body.get("stream_options") or {}).get("include_usage"):
             self._chunk(json.dumps({"id": "chatcmpl-double", "object": "chat.completion.chunk", "choices": [],
                                     "usage": {"prompt_tokens": len(prompt.split()),
-                                              "completion_tokens": n_tokens,
-                                              "total_tokens": len(prompt.split()) + n_tokens}}).encode())
+                                              "completion_tokens": sent,
+                                              "total_tokens": len(prompt.split()) + sent}}).encode())
         self._chunk(b"[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+
+def crash_after(seconds, code):
+    """Exit the whole process with code after seconds, like an engine that crashes while serving."""
+    def crash():
+        sys.stderr.write("engine_double: RuntimeError: simulated crash after %g s (DOUBLE_EXIT_AFTER_S), "
+                         "exit code %d\n" % (seconds, code))
+        sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(seconds, crash)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 class Server(ThreadingMixIn, HTTPServer):
@@ -279,11 +350,14 @@ def main(argv=None):
         return 1
     model_id = os.environ.get("DOUBLE_MODEL_ID") or "engine-double"
     Handler.double = Double(model_id, float(os.environ.get("DOUBLE_TOKENS_PER_S", "200")),
-                            time.monotonic() + float(os.environ.get("DOUBLE_STARTUP_DELAY_S", "0")))
+                            time.monotonic() + float(os.environ.get("DOUBLE_STARTUP_DELAY_S", "0")),
+                            switches_from(os.environ))
     server = Server((args.host, args.port), Handler)
     sys.stderr.write("engine_double: serving on %s:%d (model %s, rank %s)\n"
                      % (args.host, args.port, model_id, os.environ.get("RANK")))
     sys.stderr.flush()
+    if os.environ.get("DOUBLE_EXIT_AFTER_S"):
+        crash_after(float(os.environ["DOUBLE_EXIT_AFTER_S"]), int(os.environ.get("DOUBLE_EXIT_CODE") or "1"))
     server.serve_forever()
     return 0
 

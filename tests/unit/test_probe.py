@@ -7,9 +7,9 @@ import pytest
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_probe
 from ansible.module_utils.dgx_probe import (DECODE_PROMPT, api_url, bench, bench_summary, chat_payload,
-                                            completion_text, contains_expected, container_state, decode_probe,
+                                            completion_text, contains_expected, decode_probe,
                                             decode_rate, decode_result, first_model_id, floor_verdict,
-                                            parse_bench_jsonl, parse_sse, poll_ready, probe_report, run_probe,
+                                            parse_bench_jsonl, parse_sse, probe_report, run_probe,
                                             smoke)
 
 
@@ -52,6 +52,10 @@ def sse(events):
 
 def token_chunk(text):
     return {"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+
+
+def finish_chunk(reason):
+    return {"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]}
 
 
 # --- pure helpers -------------------------------------------------------------------------------
@@ -171,45 +175,6 @@ def test_decode_probe_reports_an_unreachable_engine():
         decode_probe("http://dgx1:8000", "m", opener=opener)
 
 
-# --- readiness ------------------------------------------------------------------------------------
-
-def test_poll_ready_returns_once_the_models_are_listed():
-    clock = FakeClock()
-    answers = [dgx_probe.URLError("refused"), dgx_probe.URLError("refused"),
-               FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())]
-
-    def opener(request, timeout):
-        answer = answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    result = poll_ready("http://dgx1:8000", 10, interval=1, opener=opener, clock=clock, sleep=clock.sleep)
-    assert result["ready"] and result["models"] == ["ds41"] and result["polls"] == 3
-    assert result["elapsed_s"] == 2.0
-
-
-def test_poll_ready_gives_up_after_wait_for_with_the_last_error():
-    clock = FakeClock()
-
-    def opener(request, timeout):
-        raise dgx_probe.URLError("refused")
-
-    result = poll_ready("http://dgx1:8000", 5, interval=1, opener=opener, clock=clock, sleep=clock.sleep)
-    assert not result["ready"] and "refused" in result["status"] and result["elapsed_s"] <= 5
-
-
-def test_poll_ready_stops_at_once_when_the_container_is_gone():
-    clock = FakeClock()
-
-    def opener(request, timeout):
-        raise dgx_probe.URLError("refused")
-
-    result = poll_ready("http://dgx1:8000", 600, interval=1, is_running=lambda: False, opener=opener,
-                        clock=clock, sleep=clock.sleep)
-    assert not result["ready"] and result["running"] is False and result["polls"] == 1
-
-
 # --- smoke and bench ------------------------------------------------------------------------------
 
 def completion(text):
@@ -272,17 +237,18 @@ def test_the_shipped_bench_sample_parses():
 
 # --- the host report's rows and the floor ---------------------------------------------------------
 
-DECODE = {"model": "m", "tokens": 400, "token_source": "usage", "chunks": 400, "prompt_tokens": 487, "ttft_s": 1.5,
-          "decode_s": 11.4, "decode_tok_s": 35.0, "duration_s": 13.0, "finish_reason": "length", "max_tokens": 400,
-          "prompt_chars": 2050, "done": True}
+DECODE = {"model": "m", "tokens": 400, "token_source": "usage", "chunks": 400, "prompt_tokens": 487, "ttft_s": 0.3,
+          "decode_s": 11.4, "decode_tok_s": 35.0, "e2e_tok_s": 34.2, "duration_s": 11.8, "finish_reason": "length",
+          "max_tokens": 400, "prompt_chars": 2050, "done": True, "cut": None, "complete": True, "problems": []}
 BENCH = {"model": "m", "total_items": 5, "passed_items": 4, "duration_s": 2.5,
          "failed_items": [{"line": 3, "expected": "9", "answer": "8"}]}
 
 
 def test_floor_verdict_compares_tok_s_or_items_and_is_none_without_a_floor():
     assert floor_verdict("decode", DECODE, 30.78) is True
-    assert floor_verdict("decode", DECODE, 35.0) is True       # reaching the floor is enough
-    assert floor_verdict("decode", DECODE, 35.01) is False
+    assert floor_verdict("decode", DECODE, 34.2) is True       # reaching the floor is enough
+    assert floor_verdict("decode", DECODE, 34.21) is False     # end to end is below it
+    assert floor_verdict("decode", dict(DECODE, e2e_tok_s=None), 1) is False
     assert floor_verdict("bench", BENCH, 4) is True and floor_verdict("bench", BENCH, 5.0) is False
     assert floor_verdict("decode", DECODE, None) is None
     assert floor_verdict("smoke", {"passed": True}, 1) is None
@@ -290,9 +256,12 @@ def test_floor_verdict_compares_tok_s_or_items_and_is_none_without_a_floor():
 
 def test_the_decode_row_is_the_speed_figures_with_the_floor_and_its_verdict():
     row = probe_report("decode", DECODE, 30.78)
-    assert row == {"model": "m", "tokens": 400, "token_source": "usage", "prompt_tokens": 487, "ttft_s": 1.5,
-                   "decode_s": 11.4, "decode_tok_s": 35.0, "duration_s": 13.0, "finish_reason": "length",
-                   "max_tokens": 400, "floor": 30.78, "passed": True}
+    assert row == {"model": "m", "tokens": 400, "token_source": "usage", "prompt_tokens": 487, "ttft_s": 0.3,
+                   "decode_s": 11.4, "decode_tok_s": 35.0, "e2e_tok_s": 34.2, "duration_s": 11.8,
+                   "finish_reason": "length", "max_tokens": 400, "complete": True, "problems": [],
+                   "floor": 30.78, "passed": True}
+    # Fast enough but incomplete: not passed.
+    assert probe_report("decode", dict(DECODE, complete=False), 30.78)["passed"] is False
     assert probe_report("decode", DECODE, 100000)["passed"] is False
     assert probe_report("decode", DECODE, 100000)["floor"] == 100000.0
     assert "floor" not in probe_report("decode", DECODE) and "passed" not in probe_report("decode", DECODE)
@@ -317,7 +286,8 @@ def test_the_smoke_and_wait_rows():
 
 def params(**overrides):
     base = {"mode": "smoke", "url": "http://dgx1:8000", "model": None, "timeout": 300.0, "wait_for": 10.0,
-            "container": None, "runtime": "docker", "question": dgx_probe.SMOKE_QUESTION,
+            "container": None, "runtime": "docker", "port": None, "lane_hosts": None, "lane": None,
+            "give_up": False, "question": dgx_probe.SMOKE_QUESTION,
             "expected": dgx_probe.SMOKE_EXPECTED, "prompt": None, "max_tokens": None, "bench_jsonl": None,
             "floor": None}
     base.update(overrides)
@@ -351,55 +321,27 @@ def test_run_probe_bench_reports_the_floor_without_failing_below_it():
 
 def test_run_probe_decode_with_a_floor():
     clock = FakeClock()
-    raw = sse([token_chunk("t") for _ in range(11)] + [b"[DONE]"])
+    raw = sse([token_chunk("t") for _ in range(10)] + [finish_chunk("length"), b"[DONE]"])
+    prefill = {"s": 0.0}
 
     def opener(request, timeout):
         if request.full_url.endswith("/v1/models"):
             return FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())
+        clock.now += prefill["s"]
         return FakeResponse(raw, clock, per_line=0.05)   # a token every 0.1 s: 10 tok/s
 
-    result = run_probe(params(mode="decode", floor=9.5), opener=opener, clock=clock)
-    assert result["decode_tok_s"] == pytest.approx(10.0) and result["passed_floor"] is True
-    assert result["report"]["passed"] is True and result["report"]["floor"] == 9.5
-
-
-class FakeRunner(object):
-    """Stands in for the AnsibleModule: a runtime CLI that says the container exited."""
-
-    def __init__(self, binary="/usr/bin/docker"):
-        self.binary = binary
-        self.commands = []
-
-    def get_bin_path(self, name):
-        return self.binary
-
-    def run_command(self, argv):
-        self.commands.append(argv)
-        if argv[1] == "inspect":
-            return 0, "false\n", ""
-        return 0, "CUDA error: out of memory\n", ""
-
-
-def test_run_probe_wait_stops_when_the_container_is_not_running():
-    runner = FakeRunner()
-
-    def opener(request, timeout):
-        raise dgx_probe.URLError("refused")
-
-    clock = FakeClock()
-    result = run_probe(params(mode="wait", container="ds41-engine", wait_for=600.0), runner=runner,
-                       opener=opener, clock=clock, sleep=clock.sleep)
-    assert result["running"] is False and result["ready"] is False and "out of memory" in result["logs"]
-    assert runner.commands[0][:2] == ["/usr/bin/docker", "inspect"]
-    assert result["report"] == {"models": []} and "not ready" in result["msg"]
-
-
-def test_container_state_without_the_runtime_cli():
-    assert container_state(FakeRunner(binary=None), "podman", "x") == (False, "podman not found on this host")
-
-
-def test_run_probe_wait_without_a_container_keeps_running_true():
-    clock = FakeClock()
-    result = run_probe(params(mode="wait"), opener=api({}), clock=clock, sleep=clock.sleep)
-    assert result["ready"] is True and result["running"] is True and result["logs"] == ""
-    assert result["report"] == {"models": ["ds41"]} and result["msg"] == "API ready: ds41"
+    result = run_probe(params(mode="decode", floor=8.5, max_tokens=10), opener=opener, clock=clock)
+    # 10 tokens from t=0.05 to t=0.95 after sending: 9 / 0.9 s decode, 10 / 0.95 s end to end.
+    assert result["decode_tok_s"] == pytest.approx(10.0) and result["e2e_tok_s"] == pytest.approx(10.53)
+    assert result["passed_floor"] is True and result["complete"] is True and result["problems"] == []
+    assert result["report"]["passed"] is True and result["report"]["floor"] == 8.5
+    assert result["msg"] == ("10 tokens, 10 tok/s decode, 10.53 tok/s end to end, first token after 0.05 s "
+                             "(finish_reason length)")
+    # The same stream after a 1 s prefill: the same decode rate, end to end below the floor.
+    prefill["s"] = 1.0
+    result = run_probe(params(mode="decode", floor=8.5, max_tokens=10), opener=opener, clock=clock)
+    assert result["decode_tok_s"] == pytest.approx(10.0) and result["e2e_tok_s"] == pytest.approx(5.13)
+    assert result["passed_floor"] is False and result["report"]["passed"] is False
+    assert result["problems"] == ["5.13 tok/s end to end (10 tokens / (last token - request sent)) is below "
+                                  "engine_decode_floor=8.5 (10 tok/s decode, but the first token came only after "
+                                  "1.05 s)"]

@@ -1,0 +1,530 @@
+"""dgx_probe: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
+serves the API port, the round verdict) and the decode probe's verdict on broken streams."""
+import http.client
+import json
+import os
+import socket
+
+import pytest
+
+from ansible.module_utils import dgx_probe
+from ansible.module_utils.dgx_probe import (api_owner, cgroup_container_id, container_facts, container_state,
+                                            decode_probe, decode_result, decode_verdict, lane_verdict, listen_inodes,
+                                            owner_facts, parse_sse, poll_round, port_holders, run_probe,
+                                            socket_inode, wait_probe)
+from test_module_docs import engine  # noqa: F401,F811 (the fixture: the engine double on 127.0.0.1)
+from test_probe import FakeClock, FakeResponse, api, finish_chunk, params, token_chunk
+
+OURS = "728f7444814f95ac767beb8141ed81e541dc037353ebb2cb8b08d128c5e9566f"
+THEIRS = "1a2b3c4d5e6f" + "0" * 52
+
+
+# --- the three bad streams ------------------------------------------------------------------------
+
+class ScriptedResponse(object):
+    """A streamed response: (seconds before the line arrives, line) pairs, then EOF or a broken connection."""
+
+    def __init__(self, script, clock, then=None):
+        self.script = list(script)
+        self.clock = clock
+        self.then = then
+
+    def readline(self, *args):
+        if not self.script:
+            if self.then is not None:
+                raise self.then
+            return b""
+        delay, line = self.script.pop(0)
+        self.clock.now += delay
+        return line
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def events(items, gap):
+    """Script lines for SSE events, each event's data line after gap seconds."""
+    script = []
+    for item in items:
+        raw = item if isinstance(item, bytes) else json.dumps(item).encode()
+        script += [(gap, b"data: " + raw + b"\n"), (0.0, b"\n")]
+    return script
+
+
+ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+
+
+def usage(tokens):
+    return {"choices": [], "usage": {"prompt_tokens": 487, "completion_tokens": tokens}}
+
+
+def probe(script, then=None, floor=30.78, max_tokens=400):
+    """decode_probe() on a scripted stream, then its verdict as run_probe() makes it."""
+    clock = FakeClock()
+    result = decode_probe("http://dgx1:8000", "m", max_tokens=max_tokens, clock=clock,
+                          opener=lambda request, timeout: ScriptedResponse(script, clock, then))
+    complete, problems = decode_verdict(result, max_tokens, floor)
+    return result, complete, problems
+
+
+def test_a_good_stream_passes():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert complete and problems == [] and result["tokens"] == 400
+    assert result["decode_tok_s"] == pytest.approx(35.0) and result["e2e_tok_s"] == pytest.approx(34.1, abs=0.05)
+
+
+def test_a_stream_cut_after_50_of_400_tokens_fails():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 50, 1 / 35.0)
+    result, complete, problems = probe(script, then=http.client.IncompleteRead(b""))
+    # Fast, and no rate is below the floor: only the missing finish reason gives it away.
+    assert result["decode_tok_s"] == pytest.approx(35.0) and result["tokens"] == 50
+    assert result["finish_reason"] is None and result["cut"].startswith("IncompleteRead")
+    assert not complete
+    assert problems[0] == ("the stream stopped after 50 of 400 tokens without a finish reason: the connection "
+                           "broke (%s)" % result["cut"])
+    # Closed cleanly, but still without a finish reason (no [DONE] either).
+    result, complete, problems = probe(script[:])
+    assert not complete and problems[0].endswith("without a finish reason: the stream ended")
+
+
+def test_a_3_token_answer_fails():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 3, 1 / 35.0) + events(
+        [finish_chunk("stop"), usage(3), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert result["tokens"] == 3 and result["finish_reason"] == "stop" and result["decode_tok_s"] == pytest.approx(35)
+    assert not complete
+    assert problems[0] == ("the engine ended the answer after 3 of 400 tokens (finish_reason stop): too short to "
+                           "measure decode speed")
+
+
+def test_a_20_s_stall_then_a_burst_fails_on_the_end_to_end_rate():
+    # The role chunk at once, then nothing for 20 s, then all 400 tokens within 5 ms.
+    script = events([ROLE], 0.05) + [(20.0, b": keep-alive\n")] + events([token_chunk("t")] * 400, 0.005 / 400)
+    script += events([finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert complete and result["tokens"] == 400
+    assert result["decode_tok_s"] > 50000 and result["e2e_tok_s"] == pytest.approx(19.95, abs=0.05)
+    assert problems == ["19.95 tok/s end to end (400 tokens / (last token - request sent)) is below "
+                        "engine_decode_floor=30.78 (%s tok/s decode, but the first token came only after 20.05 s)"
+                        % dgx_probe._num(result["decode_tok_s"])]
+
+
+def test_a_stream_without_tokens_measures_nothing():
+    result = decode_result(parse_sse([(1.0, b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n')]),
+                           0.0, 1.0)
+    assert result["decode_tok_s"] is None and result["e2e_tok_s"] is None and result["ttft_s"] is None
+    complete, problems = decode_verdict(result, 400, 30.78)
+    assert not complete and problems == [
+        "the engine ended the answer after 0 of 400 tokens (finish_reason stop): too short to measure decode speed",
+        "decode speed cannot be measured from 0 token(s)",
+        "no tok/s end to end (0 tokens / (last token - request sent)) is below engine_decode_floor=30.78"]
+
+
+def test_run_probe_reports_a_cut_stream_as_a_verdict_not_a_crash():
+    clock = FakeClock()
+    script = events([ROLE], 0.1) + events([token_chunk("t")] * 50, 0.01)
+
+    def opener(request, timeout):
+        if request.full_url.endswith("/v1/models"):
+            return FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())
+        return ScriptedResponse(script, clock, ConnectionResetError(104, "Connection reset by peer"))
+
+    result = run_probe(params(mode="decode", floor=30.78), opener=opener, clock=clock)
+    assert result["complete"] is False and result["passed_floor"] is True and result["report"]["passed"] is False
+    assert result["msg"].startswith("the stream stopped after 50 of 400 tokens without a finish reason: the "
+                                    "connection broke (ConnectionResetError")
+    assert result["report"]["problems"] == result["problems"] and result["report"]["complete"] is False
+
+
+# --- containers -----------------------------------------------------------------------------------
+
+def inspect_json(running=True, exit_code=0, status=None, finished="0001-01-01T00:00:00Z", **state):
+    state = dict({"Status": status or ("running" if running else "exited"), "Running": running, "Paused": False,
+                  "Restarting": False, "OOMKilled": False, "Pid": 4242 if running else 0, "ExitCode": exit_code,
+                  "Error": "", "StartedAt": "2026-11-30T20:45:12.1Z", "FinishedAt": finished}, **state)
+    return json.dumps([{"Id": OURS, "Name": "/ds41-engine", "State": state}])
+
+
+def test_container_facts_of_a_running_and_an_exited_container():
+    facts = container_facts(inspect_json(), "ds41-engine")
+    assert facts["running"] and facts["id"] == OURS and facts["finished_at"] is None and facts["exists"]
+    facts = container_facts(inspect_json(False, 3, finished="2026-11-30T20:46:00.5Z", OOMKilled=True), "ds41-engine")
+    assert (facts["running"], facts["status"], facts["exit_code"], facts["finished_at"], facts["oom_killed"]) == (
+        False, "exited", 3, "2026-11-30T20:46:00.5Z", True)
+    assert container_facts(inspect_json(Paused=True), "x")["running"] is False
+    assert container_facts("[]", "x")["exists"] is False
+
+
+class FakeRunner(object):
+    """Stands in for the AnsibleModule: a runtime CLI with one container in a given state, and others by id."""
+
+    def __init__(self, inspect=None, logs="", binary="/usr/bin/docker", names=None):
+        self.inspect, self.logs, self.binary = inspect, logs, binary
+        self.names = names or {}
+        self.commands = []
+
+    def get_bin_path(self, name):
+        return self.binary
+
+    def run_command(self, argv):
+        self.commands.append(argv)
+        if argv[1] == "inspect" and "--format" in argv:
+            name = self.names.get(argv[-1])
+            return (0, name + "\n", "") if name else (125, "", "no such container")
+        if argv[1] == "inspect":
+            return (0, self.inspect, "") if self.inspect else (125, "", "Error: no such container " + argv[-1])
+        return 0, self.logs, ""
+
+
+def test_container_state_reads_the_log_of_a_container_that_is_not_running():
+    runner = FakeRunner(inspect_json(False, 3), logs="line 1\nRuntimeError: NCCL timeout\n")
+    facts = container_state(runner, "docker", "ds41-engine")
+    assert facts["exit_code"] == 3 and "NCCL timeout" in facts["logs"]
+    assert runner.commands == [["/usr/bin/docker", "inspect", "--type", "container", "ds41-engine"],
+                               ["/usr/bin/docker", "logs", "--tail", "30", "ds41-engine"]]
+    assert container_state(FakeRunner(inspect_json()), "docker", "x")["logs"] == ""
+    missing = container_state(FakeRunner(), "docker", "x")
+    assert missing["exists"] is False and "no such container" in missing["error"]
+    assert container_state(FakeRunner(binary=None), "podman", "x")["error"] == "podman not found on this host"
+
+
+# --- who serves the API port ----------------------------------------------------------------------
+
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 31337 1 0000 100 0 0 10 0
+   1: 0100007F:1F40 0100007F:A1B2 01 00000000:00000000 00:00000000 00000000     0        0 40001 1 0000 20 4 30 10 -1
+   2: 0100007F:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 31338 1 0000 100 0 0 10 0
+"""
+TCP6 = "".join([  # the real lines are wider than this file
+    "  sl  local_address                         remote_address                        st tx_queue rx_queue",
+    " tr tm->when retrnsmt   uid  timeout inode\n",
+    "   0: 00000000000000000000000000000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000",
+    " 00:00000000 00000000     0        0 31339 1 0000 100 0 0 10 0\n"])
+
+
+def test_listen_inodes_reads_listening_sockets_of_a_port_from_proc_net_tcp_and_tcp6():
+    assert listen_inodes(TCP, 8000) == {31337}       # 0x1F40; the established connection (01) is not listening
+    assert listen_inodes(TCP, 8001) == {31338}
+    assert listen_inodes(TCP6, 8000) == {31339}
+    assert listen_inodes(TCP, 9000) == set() and listen_inodes("", 8000) == set()
+
+
+def test_socket_inode_and_the_container_of_a_cgroup():
+    assert socket_inode("socket:[31337]") == 31337
+    assert socket_inode("pipe:[31337]") is None and socket_inode("/dev/null") is None
+    assert cgroup_container_id("0::/libpod_parent/libpod-%s\n" % OURS) == OURS                    # podman, cgroupfs
+    assert cgroup_container_id("0::/system.slice/docker-%s.scope\n" % OURS) == OURS               # docker, systemd
+    assert cgroup_container_id("12:memory:/docker/%s\n0::/\n" % OURS) == OURS                     # docker, v1
+    assert cgroup_container_id("0::/user.slice/user-1000.slice/session-3.scope\n") is None        # not in one
+
+
+def fake_proc(root, holders):
+    """A /proc with TCP and TCP6 and processes {pid: (cmdline, cgroup, [socket inodes])}."""
+    os.makedirs(os.path.join(root, "net"))
+    with open(os.path.join(root, "net", "tcp"), "w") as handle:
+        handle.write(TCP)
+    with open(os.path.join(root, "net", "tcp6"), "w") as handle:
+        handle.write(TCP6)
+    for pid, (cmdline, cgroup, inodes) in holders.items():
+        os.makedirs(os.path.join(root, str(pid), "fd"))
+        with open(os.path.join(root, str(pid), "cmdline"), "w") as handle:
+            handle.write("\0".join(cmdline) + "\0")
+        with open(os.path.join(root, str(pid), "cgroup"), "w") as handle:
+            handle.write(cgroup)
+        os.symlink("/dev/null", os.path.join(root, str(pid), "fd", "0"))
+        for fd, inode in enumerate(inodes, 3):
+            os.symlink("socket:[%d]" % inode, os.path.join(root, str(pid), "fd", str(fd)))
+    os.makedirs(os.path.join(root, "self"))
+    return str(root)
+
+
+def test_port_holders_finds_the_processes_of_the_listening_sockets(tmp_path):
+    proc = fake_proc(tmp_path, {
+        10: (["python3", "/opt/engine_double/engine_double.py"], "0::/libpod_parent/libpod-%s\n" % OURS, [31337]),
+        11: (["python3", "-m", "http.server", "8001"], "0::/user.slice\n", [31338]),
+        12: (["sshd"], "0::/system.slice/ssh.service\n", [40001])})
+    listening, holders = port_holders(8000, proc)
+    assert listening and holders == [{"pid": 10, "cmdline": "python3 /opt/engine_double/engine_double.py",
+                                      "container_id": OURS}]
+    listening, holders = port_holders(8001, proc)
+    assert holders == [{"pid": 11, "cmdline": "python3 -m http.server 8001", "container_id": None}]
+    assert port_holders(9000, proc) == (False, [])
+
+
+def test_api_owner_proves_our_container_or_names_the_stranger(tmp_path):
+    proc = fake_proc(tmp_path, {
+        20: (["python3", "old_engine.py"], "0::/libpod_parent/libpod-%s\n" % THEIRS, [31337, 31339])})
+    runner = FakeRunner(names={THEIRS: "/old-engine"})
+    owner = api_owner(runner, "docker", 8000, {"id": OURS}, proc)
+    assert owner["ours"] is False and owner["listening"] is True
+    assert owner["holders"] == [{"pid": 20, "cmdline": "python3 old_engine.py", "container_id": THEIRS,
+                                 "container_name": "old-engine"}]
+    assert dgx_probe.describe_holder(owner["holders"][0]) == (
+        "pid 20 (python3 old_engine.py) in container 1a2b3c4d5e6f (old-engine)")
+    assert api_owner(runner, "docker", 8000, {"id": THEIRS}, proc)["holders"][0]["container_name"] is None  # ours
+    assert api_owner(runner, "docker", 8000, {"id": THEIRS}, proc)["ours"] is True
+    assert api_owner(runner, "docker", 8000, None, proc)["ours"] is False      # our container does not exist
+    assert api_owner(runner, "docker", 9000, {"id": OURS}, proc) == {"port": 9000, "listening": False,
+                                                                      "holders": [], "ours": None}
+
+
+def test_port_holders_on_the_real_proc_finds_this_process():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        listening, holders = port_holders(port)
+    assert listening and [h["pid"] for h in holders] == [os.getpid()]
+
+
+def test_owner_facts_needs_every_holder_in_our_container():
+    ours = {"pid": 1, "container_id": OURS}
+    theirs = {"pid": 2, "container_id": THEIRS}
+    assert owner_facts(8000, True, [ours], OURS)["ours"] is True
+    assert owner_facts(8000, True, [ours, theirs], OURS)["ours"] is False      # SO_REUSEPORT: a stranger shares it
+    assert owner_facts(8000, True, [], OURS)["ours"] is None                   # listening, holders not visible
+
+
+# --- the round's verdict --------------------------------------------------------------------------
+
+def container(running=True, exit_code=0, finished=None, name="ds41-engine", logs=""):
+    return {"name": name, "exists": True, "id": OURS, "running": running, "status": "running" if running else "exited",
+            "exit_code": exit_code, "started_at": "2026-11-30T20:45:12Z", "finished_at": finished, "error": "",
+            "oom_killed": False, "logs": logs}
+
+
+def row(api=False, running=True, owner=None, **kwargs):
+    return {"api": api, "models": ["ds41"] if api else [], "status": "ready" if api else "GET failed: unreachable",
+            "polls": 1, "elapsed_s": 0.1, "container": container(running, **kwargs), "owner": owner}
+
+
+HOSTS = ["dgx1", "dgx2", "dgx3", "dgx4"]
+URL = "http://dgx1:8000"
+OURS_OWNER = {"port": 8000, "listening": True, "ours": True, "holders": [{"pid": 7, "container_id": OURS}]}
+
+
+def test_ready_needs_the_api_from_our_container_and_every_rank_running():
+    rows = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row(True), "dgx3": row(), "dgx4": row()}
+    verdict = lane_verdict(HOSTS, rows, URL)
+    assert verdict == {"state": "ready", "decided": True, "msg": "API ready: ds41 - all 4 ranks running",
+                       "host": None, "rank": None, "exit_code": None}
+    # The API is not up yet: pending, or timeout when the time is up.
+    rows["dgx1"] = row()
+    assert lane_verdict(HOSTS, rows, URL)["state"] == "pending"
+    verdict = lane_verdict(HOSTS, rows, URL, give_up=True)
+    assert verdict["state"] == "timeout" and "did not answer in time" in verdict["msg"] and verdict["rank"] == 0
+
+
+def test_a_dead_rank_fails_the_lane_even_when_the_api_answers():
+    rows = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row(False, False, exit_code=3,
+                                                               finished="2026-11-30T20:46:00Z",
+                                                               logs="loading\nRuntimeError: rank 1 lost its GPU\n"),
+            "dgx3": row(), "dgx4": row()}
+    verdict = lane_verdict(HOSTS, rows, URL)
+    assert (verdict["state"], verdict["host"], verdict["rank"], verdict["exit_code"]) == ("dead", "dgx2", 1, 3)
+    assert verdict["msg"] == ("Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is exited, "
+                              "exit code 3, ended 2026-11-30T20:46:00Z. Its log ends:\n"
+                              "loading\nRuntimeError: rank 1 lost its GPU")
+
+
+def test_the_first_rank_to_end_is_named_and_the_others_listed():
+    rows = {"dgx1": row(False, False, exit_code=1, finished="2026-11-30T20:46:00Z", logs="NCCL error"),
+            "dgx2": row(), "dgx3": row(False, False, exit_code=137, finished="2026-11-30T20:45:59Z", logs="Killed"),
+            "dgx4": row()}
+    verdict = lane_verdict(HOSTS, rows, URL)
+    assert (verdict["host"], verdict["rank"], verdict["exit_code"]) == ("dgx3", 2, 137)
+    assert verdict["msg"].endswith("Killed\nAlso down: rank 0 (host dgx1): container ds41-engine is exited, exit "
+                                   "code 1, ended 2026-11-30T20:46:00Z.")
+
+
+def test_a_rank_that_did_not_report_fails_the_lane():
+    verdict = lane_verdict(HOSTS, {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row()}, URL)
+    assert (verdict["state"], verdict["host"], verdict["rank"]) == ("missing", "dgx3", 2)
+    assert "Missing: rank 2 (dgx3), rank 3 (dgx4)." in verdict["msg"]
+
+
+STRANGER = {"port": 8000, "listening": True, "ours": False,
+            "holders": [{"pid": 20, "cmdline": "python3 old_engine.py", "container_id": THEIRS,
+                         "container_name": "old-engine"}]}
+
+
+def test_an_api_served_by_a_stranger_fails_naming_it():
+    rows = {"dgx1": row(True, owner=STRANGER), "dgx2": row(True)}
+    verdict = lane_verdict(HOSTS[:2], rows, URL)
+    assert (verdict["state"], verdict["host"], verdict["rank"]) == ("stranger", "dgx1", 0)
+    assert verdict["msg"] == (
+        "The API at http://dgx1:8000 is not served by this run's engine: port 8000 on dgx1 is held by pid 20 "
+        "(python3 old_engine.py) in container 1a2b3c4d5e6f (old-engine), not by container ds41-engine (rank 0). "
+        "Stop the old engine (engine_stop_strays) or free the port.")
+
+
+def test_our_dead_master_and_the_stranger_on_its_port_are_both_named():
+    rows = {"dgx1": row(False, False, exit_code=1, owner=STRANGER,
+                        logs="OSError: [Errno 98] Address already in use"), "dgx2": row(True)}
+    verdict = lane_verdict(HOSTS[:2], rows, URL)
+    assert (verdict["state"], verdict["rank"], verdict["exit_code"]) == ("dead", 0, 1)
+    assert "Address already in use" in verdict["msg"]
+    assert verdict["msg"].endswith("The API at http://dgx1:8000 is answered by someone else: port 8000 on dgx1 is "
+                                   "held by pid 20 (python3 old_engine.py) in container 1a2b3c4d5e6f (old-engine).")
+
+
+def test_an_api_nobody_can_be_seen_serving_is_not_ready():
+    nobody = {"port": 8000, "listening": False, "ours": None, "holders": []}
+    verdict = lane_verdict(HOSTS[:1], {"dgx1": row(True, owner=nobody)}, URL)
+    assert verdict["state"] == "unproven" and "nothing on dgx1 listens on port 8000" in verdict["msg"]
+    hidden = dict(nobody, listening=True)
+    verdict = lane_verdict(HOSTS[:1], {"dgx1": row(True, owner=hidden)}, URL)
+    assert verdict["state"] == "unproven" and "could not be seen (run with become)" in verdict["msg"]
+
+
+# --- rounds ---------------------------------------------------------------------------------------
+
+def refused(request, timeout):
+    raise dgx_probe.URLError("refused")
+
+
+def test_poll_round_looks_at_the_container_before_every_poll_and_stops_when_it_is_down():
+    clock = FakeClock()
+    states = [container(), container(), container(False, 3)]
+    seen = []
+    row_ = poll_round("http://dgx1:8000", 600, container_check=lambda: states.pop(0),
+                      owner_check=lambda facts: seen.append(facts) or {"ours": None}, opener=refused, clock=clock,
+                      sleep=clock.sleep)
+    assert row_["polls"] == 3 and row_["container"]["exit_code"] == 3 and row_["api"] is False
+    assert row_["status"] == "container ds41-engine is exited" and row_["elapsed_s"] == 2.0
+    assert seen == [row_["container"]]      # the master's port is looked at once its container is down
+
+
+def test_poll_round_returns_once_the_api_answers_and_checks_the_owner():
+    clock = FakeClock()
+    answers = [dgx_probe.URLError("refused"), FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())]
+
+    def opener(request, timeout):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    row_ = poll_round("http://dgx1:8000", 10, container_check=lambda: container(),
+                      owner_check=lambda facts: OURS_OWNER, opener=opener, clock=clock, sleep=clock.sleep)
+    assert row_["api"] and row_["models"] == ["ds41"] and row_["polls"] == 2 and row_["owner"] == OURS_OWNER
+    row_ = poll_round("http://dgx1:8000", 5, opener=refused, clock=clock, sleep=clock.sleep)
+    assert not row_["api"] and "refused" in row_["status"] and row_["elapsed_s"] <= 5 and row_["owner"] is None
+
+
+def test_a_round_that_the_last_round_decides_returns_without_polling():
+    def no_poll(request, timeout):
+        raise AssertionError("polled")
+
+    lane = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row(False, False, exit_code=3)}
+    result = wait_probe(URL, 10, container_check=lambda: container(), lane_hosts=HOSTS[:2], lane=lane,
+                        opener=no_poll)
+    assert result["decided"] and not result["ready"] and result["verdict"]["rank"] == 1
+    assert "row" not in result and "polls" not in result and result["models"] == ["ds41"]
+    # The first round has no lane to judge: it polls and is pending.
+    clock = FakeClock()
+    result = wait_probe(URL, 3, container_check=lambda: container(), lane_hosts=HOSTS[:2], opener=refused,
+                        clock=clock, sleep=clock.sleep)
+    assert result["verdict"]["state"] == "pending" and not result["decided"] and result["row"]["polls"] == 4
+    # Time is up: an undecided lane is a timeout, not polled again.
+    lane = {"dgx1": row(), "dgx2": row()}
+    result = wait_probe(URL, 10, lane_hosts=HOSTS[:2], lane=lane, give_up=True, opener=no_poll)
+    assert result["verdict"]["state"] == "timeout" and result["decided"]
+
+
+def test_run_probe_wait_in_a_lane_reports_every_rank():
+    runner = FakeRunner(inspect_json())
+    lane = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row(True)}
+    result = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane), runner=runner,
+                       opener=refused)
+    assert result["ready"] and result["msg"] == "API ready: ds41 - all 2 ranks running"
+    assert result["report"] == {"models": ["ds41"], "state": "ready", "ranks": [
+        {"host": "dgx1", "rank": 0, "status": "running", "exit_code": 0, "id": OURS[:12]},
+        {"host": "dgx2", "rank": 1, "status": "running", "exit_code": 0, "id": OURS[:12]}],
+        "api_served_by": "pid 7 (?) in container 728f7444814f"}
+    assert "lane_rows" not in result and runner.commands == []
+
+
+def test_run_probe_wait_alone_stops_when_the_container_is_not_running():
+    runner = FakeRunner(inspect_json(False, 3), logs="CUDA error: out of memory\n")
+    clock = FakeClock()
+    result = run_probe(params(mode="wait", container="ds41-engine", wait_for=600.0), runner=runner,
+                       opener=refused, clock=clock, sleep=clock.sleep)
+    assert result["running"] is False and result["ready"] is False and "out of memory" in result["logs"]
+    assert result["verdict"]["state"] == "dead" and result["verdict"]["exit_code"] == 3 and result["polls"] == 1
+    assert result["report"] == {"models": []} and "out of memory" in result["msg"]
+
+
+def test_run_probe_wait_alone_without_a_container():
+    clock = FakeClock()
+    result = run_probe(params(mode="wait"), opener=api({}), clock=clock, sleep=clock.sleep)
+    assert result["ready"] is True and result["running"] is True and result["logs"] == ""
+    assert result["report"] == {"models": ["ds41"]} and result["msg"] == "API ready: ds41"
+
+
+# --- the module's documented results in a lane's rounds (test_module_docs' checker) ------------------
+
+def test_engine_probe_wait_rounds_return_what_they_document(engine):
+    from test_module_docs import check_result, run_main
+    port = int(engine.rsplit(":", 1)[1])
+    # The master's first round: the API (this test process) answers; who holds the port is looked up.
+    first = dict(mode="wait", url=engine, wait_for=2, port=port, lane_hosts=["dgx1"])
+    result = check_result("engine_probe", first, run_main("engine_probe", first))
+    assert result["verdict"]["state"] == "pending" and result["row"]["api"] is True
+    assert [h["pid"] for h in result["row"]["owner"]["holders"]] == [os.getpid()]
+    # The next round judges it: a process outside the engine's container serves the API.
+    second = dict(first, lane={"dgx1": result["row"]})
+    result = check_result("engine_probe", second, run_main("engine_probe", second))
+    assert result["verdict"]["state"] == "stranger" and "not in a container" in result["msg"]
+    assert result["report"]["state"] == "stranger" and "api_served_by" in result["report"]
+    # A container the runtime does not know (or no runtime at all): down at once.
+    gone = dict(mode="wait", url=engine, wait_for=2, container="dgx-stage-no-such-container-%d" % os.getpid(),
+                runtime="podman", lane_hosts=["dgx1"])
+    result = check_result("engine_probe", gone, run_main("engine_probe", gone))
+    assert result["row"]["container"]["exists"] is False and result["running"] is False
+    gone["lane"] = {"dgx1": result["row"]}
+    result = check_result("engine_probe", gone, run_main("engine_probe", gone))
+    assert result["verdict"]["state"] == "dead" and "no container dgx-stage-no-such-container" in result["msg"]
+
+
+# --- the engine double's switches, through the real probe -----------------------------------------
+
+def switch(url, **switches):
+    import urllib.request
+    request = urllib.request.Request(url + "/debug/switches", data=json.dumps(switches).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read().decode())
+
+
+@pytest.mark.parametrize("switches, check", [
+    ({}, lambda r, c, p: c and p == [] and r["finish_reason"] == "length" and r["done"]),
+    ({"cut_after": 5}, lambda r, c, p: not c and r["tokens"] == 5 and r["cut"] and not r["done"]
+     and p[0].startswith("the stream stopped after 5 of 40 tokens without a finish reason: the connection broke")),
+    ({"short_after": 3}, lambda r, c, p: not c and r["tokens"] == 3 and r["finish_reason"] == "stop"
+     and p[0].startswith("the engine ended the answer after 3 of 40 tokens (finish_reason stop)")),
+    ({"stall_s": 0.5}, lambda r, c, p: c and r["decode_tok_s"] > 1000 and r["e2e_tok_s"] < 100
+     and len(p) == 1 and "tok/s end to end" in p[0] and "first token came only after" in p[0]),
+], ids=["complete", "cut", "short", "stall-then-burst"])
+def test_the_engine_doubles_broken_streams_fail_the_decode_verdict(engine, switches, check):
+    assert switch(engine, **switches) == switches
+    try:
+        result = decode_probe(engine, "engine-double", max_tokens=40, timeout=30)
+        complete, problems = decode_verdict(result, 40, floor=100.0)
+        assert check(result, complete, problems), (result, problems)
+    finally:
+        switch(engine, stall_s=None, cut_after=None, short_after=None)
+
+
+def test_the_engine_double_reads_its_switches_from_the_environment():
+    from test_module_docs import load_engine_double
+    double = load_engine_double()
+    assert double.switches_from({"DOUBLE_STALL_S": "20", "DOUBLE_STALL_AFTER": "", "DOUBLE_CUT_AFTER": "50",
+                                 "DOUBLE_SHORT_AFTER": "3", "OTHER": "1"}) == {
+        "stall_s": 20.0, "cut_after": 50, "short_after": 3}
+    assert double.switches_from({}) == {}

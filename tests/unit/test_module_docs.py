@@ -547,6 +547,28 @@ def test_engine_probe_results_when_the_api_is_down():
 
 
 # ------------------------------------------------------------------------------------------------
+# engine_node_state, on the staged hub and a port this test listens on
+# ------------------------------------------------------------------------------------------------
+
+def test_engine_node_state_results(staged):
+    blobs = os.path.join(staged["local"], hubgen.repo_folder(MAIN), "blobs")
+    files = [os.path.join(blobs, name) for name in sorted(os.listdir(blobs))] + [os.path.join(blobs, "pruned")]
+    args = {"files": files}
+    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
+    assert result["files"] == len(files) and result["missing"] == [files[-1]] and "port_holders" not in result
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        args = {"files": [], "port": port}
+        result = check_result("engine_node_state", args, run_main("engine_node_state", args))
+    assert [h["pid"] for h in result["port_holders"]] == [os.getpid()] and result["files"] == 0
+    bad = {"port": 70000}
+    result = check_result("engine_node_state", bad, run_main("engine_node_state", bad), expect_failure=True)
+    assert "1-65535" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
 # host_report, in a report directory
 # ------------------------------------------------------------------------------------------------
 

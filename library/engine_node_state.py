@@ -1,0 +1,132 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: engine_node_state
+short_description: Fingerprint the files the engine binds and find who holds its port, on the node
+version_added: "1.0.0"
+description:
+  - Stats every path in O(files) (following links, as a bind mount does) and returns RV(fingerprint), a
+    sha256 over each path with the identity of what it resolves to - device, inode, size and mtime in
+    nanoseconds. A bind pins an inode, so a verify repair or a re-stage (a new blob file under the same
+    name) or a prune (the file gone) leaves a running container reading the old bytes while the mount
+    manifest is unchanged; the fingerprint changes in each case. The engine role stores it on the
+    container as a label and restarts the lane when it differs.
+  - With O(port), lists the processes listening on that TCP port (IPv4 or IPv6) in the node's network
+    namespace, with the container each runs in (read from its cgroup), so a container or process outside
+    the lane that holds the engine's port is found before the engine is started into it.
+  - Reads only; changes nothing.
+author: dgx-stage maintainers
+options:
+  files:
+    description:
+      - Host paths whose identity goes into RV(fingerprint) - the sources of the manifest's local binds.
+        Order and duplicates do not matter. A missing path counts as such (and is listed in RV(missing)).
+    type: list
+    elements: path
+    default: []
+  port:
+    description: TCP port whose listeners to list in RV(port_holders). Unset, no listener is looked for.
+    type: int
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; check mode reads the same.
+  diff_mode:
+    support: none
+    details: Nothing changes, so there is no diff.
+  idempotent:
+    description: A second run with the same options and the same state reports C(changed=false).
+    support: full
+    details: The module never writes.
+  platform:
+    support: full
+    platforms: posix
+notes:
+  - Runs on the node with the system Python; stdlib only. Listing the holders of a port reads every
+    process's C(/proc/<pid>/fd), which needs root for other users' processes.
+"""
+
+EXAMPLES = r"""
+- name: Fingerprint the staged files the engine binds, and who listens on its port
+  engine_node_state:
+    files: "{{ manifest.mounts | selectattr('origin', 'equalto', 'local') | map(attribute='source') | list }}"
+    port: 8000
+  register: node_state
+  become: true
+
+- name: Nothing else holds the port
+  ansible.builtin.assert:
+    that: node_state.port_holders | length == 0
+"""
+
+RETURN = r"""
+fingerprint:
+  description: sha256 hex over every path of O(files) (sorted) with the identity of what it resolves to.
+  returned: success
+  type: str
+  sample: 3b5d5c3712955042212316173ccf37be800c8c4a3c1b5c6e2e1d40fb7ab2d6a1
+files:
+  description: How many distinct paths were fingerprinted.
+  returned: success
+  type: int
+  sample: 141
+missing:
+  description: Paths of O(files) where nothing is (they count in RV(fingerprint) as missing).
+  returned: success
+  type: list
+  elements: str
+  sample: []
+port_holders:
+  description: The processes listening on O(port), by pid; empty when the port is free.
+  returned: success when O(port) is set
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+    command:
+      description: The process's command name (C(/proc/<pid>/comm)).
+      type: str
+    container_id:
+      description: The 64-hex id of the container the process runs in (from its cgroup); empty for a host process.
+      type: str
+  sample: [{pid: 4242, command: python3, container_id: adac941fb5f6a1505731ff38e640550f4fbc244e3601e15f964a225fc24f3b54}]
+msg:
+  description: Why the node could not be read (a port out of range).
+  returned: failure
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dgx_nodestate import files_fingerprint, port_holders
+
+
+ARGUMENT_SPEC = dict(
+    files=dict(type="list", elements="path", default=[]),
+    port=dict(type="int"),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    fingerprint, pairs, missing = files_fingerprint(params["files"])
+    result = dict(changed=False, fingerprint=fingerprint, files=len(pairs), missing=missing)
+    if params["port"] is not None:
+        if not 0 < params["port"] < 65536:
+            module.fail_json(msg="port must be 1-65535, got %d" % params["port"])
+        result["port_holders"] = port_holders(params["port"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+# -*- coding: utf-8 -*-
+"""What the engine container would meet on this node, read without changing anything.
+
+files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
+                                     file the container binds (st_dev, st_ino, st_size, st_mtime_ns of what
+                                     the path resolves to). A bind pins an inode: a verify repair or a
+                                     re-stage writes a new inode under the same name, a prune removes it, and
+                                     the running container keeps reading the old bytes. The fingerprint
+                                     changes in each case, so the role restarts the lane.
+listening_inodes(port, proc_root) -> socket inodes listening on TCP `port` (IPv4 and IPv6), from /proc/net
+port_holders(port, proc_root)     -> [{pid, command, container_id}]: the processes holding those sockets,
+                                     with the container a process runs in (its cgroup), "" for a host process
+
+Reads /proc of the node's own network namespace: host-network containers (the engine's) listen there.
+Stdlib only; runs on the nodes' system Python.
+"""
+
+import errno
+import hashlib
+import os
+
+from ansible.module_utils.dgx_receipts import container_of
+
+TCP_LISTEN = "0A"
+
+
+def file_identity(path):
+    """"dev:ino:size:mtime_ns" of what path resolves to; "missing" when nothing is there, "error:<errno>"."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "missing"
+        return "error:%s" % (errno.errorcode.get(exc.errno, exc.errno))
+    return "%d:%d:%d:%d" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def files_fingerprint(paths):
+    """(sha256 hex over the sorted (path, identity) pairs, the pairs, the paths that are missing)."""
+    pairs = [(path, file_identity(path)) for path in sorted(set(paths))]
+    digest = hashlib.sha256()
+    for path, identity in pairs:
+        digest.update(os.fsencode(path) + b"\0" + identity.encode("ascii") + b"\n")
+    return digest.hexdigest(), pairs, [path for path, identity in pairs if identity == "missing"]
+
+
+def parse_proc_net_tcp(text):
+    """[(local port, socket inode)] of the LISTEN sockets in a /proc/net/tcp or tcp6 table."""
+    out = []
+    for line in (text or "").splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != TCP_LISTEN:
+            continue
+        try:
+            port = int(fields[1].rsplit(":", 1)[1], 16)
+            inode = int(fields[9])
+        except (IndexError, ValueError):
+            continue
+        if inode:
+            out.append((port, inode))
+    return out
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def listening_inodes(port, proc_root="/proc"):
+    """Socket inodes listening on TCP `port`, IPv4 and IPv6."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        for listen_port, inode in parse_proc_net_tcp(_read(os.path.join(proc_root, "net", table))):
+            if listen_port == port:
+                inodes.add(inode)
+    return inodes
+
+
+def port_holders(port, proc_root="/proc"):
+    """Every process with a socket listening on TCP `port`: [{pid, command, container_id}], by pid."""
+    wanted = set("socket:[%d]" % inode for inode in listening_inodes(port, proc_root))
+    holders = []
+    if not wanted:
+        return holders
+    for pid in sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int):
+        fd_dir = os.path.join(proc_root, pid, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue   # gone, or not ours to read
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target in wanted:
+                holders.append({"pid": int(pid),
+                                "command": (_read(os.path.join(proc_root, pid, "comm")) or "?").strip() or "?",
+                                "container_id": container_of(_read(os.path.join(proc_root, pid, "cgroup")))})
+                break
+    return holders

@@ -1,0 +1,338 @@
+# -*- coding: utf-8 -*-
+"""Engine role filters for the lane-wide decisions: one engine per rank, restarted together.
+
+dgx_container_list(result, runtime)    -> the containers a runtime listed (podman_container_info, or
+                                          docker_host_info with verbose_output), as
+                                          [{id, name, running, state, exit_code, labels, env, image}]
+dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
+                                          runs (lane, rank, image, command, env, mounts, bound files, ...):
+                                          comparing them with the running container's says why it restarts
+dgx_lane_survey(containers, ...)       -> on one rank's host: this lane's container (own), the strays (a
+                                          container outside the lane holding the engine's name or port, a
+                                          host process on the port) and the earlier worlds those belong to
+dgx_left_hosts(surveys, ...)           -> hosts of those earlier worlds that are no longer in the lane
+dgx_left_strays(podman, docker)        -> the engines of an earlier world still running on those hosts
+dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when it need not
+dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
+dgx_stray_lines(strays)                -> one readable line per stray
+
+Labels never carry a secret: env and command are stored as digests.
+"""
+
+import hashlib
+import json
+import re
+
+from ansible.errors import AnsibleFilterError
+
+LANE = "dgx-stage.lane"
+LANE_HOSTS = "dgx-stage.lane-hosts"
+RANK = "dgx-stage.rank"
+WORLD_SIZE = "dgx-stage.world-size"
+PORT = "dgx-stage.port"
+RUN_ID = "dgx-stage.run-id"
+IMAGE = "dgx-stage.image"
+IMAGE_ID = "dgx-stage.image-id"
+COMMAND = "dgx-stage.command-sha256"
+ENV = "dgx-stage.env-sha256"
+MOUNTS = "dgx-stage.mounts-sha256"
+FILES = "dgx-stage.files-sha256"
+DEVICES = "dgx-stage.devices-sha256"
+
+# The aspects compared on every plan, in the order reasons are given. RUN_ID is not one: it names the run
+# that started the container and changes every run.
+ASPECTS = (
+    (LANE, lambda old, new: "lane %s -> %s" % (old, new)),
+    (LANE_HOSTS, lambda old, new: "lane hosts %s -> %s" % (old, new)),
+    (RANK, lambda old, new: "rank %s -> %s" % (old, new)),
+    (WORLD_SIZE, lambda old, new: "world size %s -> %s" % (old, new)),
+    (PORT, lambda old, new: "port %s -> %s" % (old, new)),
+    (IMAGE, lambda old, new: "image %s -> %s" % (old, new)),
+    (IMAGE_ID, lambda old, new: "image rebuilt or re-pulled (id %s -> %s)" % ((old or "?")[:12], (new or "?")[:12])),
+    (COMMAND, lambda old, new: "command changed"),
+    (ENV, lambda old, new: "env changed"),
+    (MOUNTS, lambda old, new: "mounts changed"),
+    (FILES, lambda old, new: "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
+    (DEVICES, lambda old, new: "GPU devices changed"),
+)
+_EXITED = re.compile(r"Exited \((-?\d+)\)")
+
+
+def _digest(value):
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def _env_dict(entries):
+    if entries is None:
+        return None
+    return dict(entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
+
+
+# ------------------------------------------------------------------------------------------------
+# containers
+# ------------------------------------------------------------------------------------------------
+
+def _podman_container(info):
+    state = info.get("State") or {}
+    config = info.get("Config") or {}
+    return {"id": info.get("Id", ""), "name": info.get("Name", ""), "running": bool(state.get("Running")),
+            "state": state.get("Status", ""), "exit_code": state.get("ExitCode"),
+            "labels": dict(config.get("Labels") or {}), "env": _env_dict(config.get("Env")),
+            "image": info.get("ImageName") or config.get("Image") or ""}
+
+
+def _docker_container(info):
+    if "Names" in info:   # the API's container list (docker_host_info)
+        exited = _EXITED.search(info.get("Status") or "")
+        return {"id": info.get("Id", ""), "name": (info.get("Names") or [""])[0].lstrip("/"),
+                "running": info.get("State") == "running", "state": info.get("State", ""),
+                "exit_code": int(exited.group(1)) if exited else None, "labels": dict(info.get("Labels") or {}),
+                "env": None, "image": info.get("Image", "")}
+    state = info.get("State") or {}   # an inspect result (docker_container_info)
+    config = info.get("Config") or {}
+    return {"id": info.get("Id", ""), "name": info.get("Name", "").lstrip("/"), "running": bool(state.get("Running")),
+            "state": state.get("Status", ""), "exit_code": state.get("ExitCode"),
+            "labels": dict(config.get("Labels") or {}), "env": _env_dict(config.get("Env")),
+            "image": config.get("Image", "")}
+
+
+def dgx_container_list(result, runtime):
+    """The containers of a podman_container_info or docker_host_info result, normalised."""
+    if runtime not in ("podman", "docker"):
+        raise AnsibleFilterError("dgx_container_list: runtime must be podman or docker, not %r" % (runtime,))
+    shape = _podman_container if runtime == "podman" else _docker_container
+    return [shape(info) for info in (result or {}).get("containers") or []]
+
+
+# ------------------------------------------------------------------------------------------------
+# labels and reasons
+# ------------------------------------------------------------------------------------------------
+
+def dgx_engine_labels(spec):
+    """The engine container's labels from the values the role computed (see the module docstring)."""
+    missing = sorted(set(("lane", "lane_hosts", "rank", "world_size", "port", "run_id", "image", "image_id",
+                          "command", "env", "mounts", "files", "devices")) - set(spec))
+    if missing:
+        raise AnsibleFilterError("dgx_engine_labels: missing %s" % ", ".join(missing))
+    return {
+        LANE: str(spec["lane"]),
+        LANE_HOSTS: ",".join(str(h) for h in spec["lane_hosts"]),
+        RANK: str(spec["rank"]),
+        WORLD_SIZE: str(spec["world_size"]),
+        PORT: str(spec["port"]),
+        RUN_ID: str(spec["run_id"]),
+        IMAGE: str(spec["image"]),
+        IMAGE_ID: str(spec["image_id"]),
+        COMMAND: _digest([str(a) for a in spec["command"]]),
+        ENV: _digest(dict((str(k), str(v)) for k, v in spec["env"].items())),
+        MOUNTS: str(spec["mounts"]),
+        FILES: str(spec["files"]),
+        DEVICES: _digest(spec["devices"]),
+    }
+
+
+def _state_text(container):
+    if container.get("exit_code") is not None and container.get("state") in ("exited", "stopped", "dead"):
+        return "container %s (exit code %s)" % (container["state"], container["exit_code"])
+    return "container %s" % (container.get("state") or "not running")
+
+
+def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_changed=False, env=None,
+                        strays=None):
+    """Why this rank must (re)start: [] when the running container already is what `labels` describe.
+
+    own: this lane's container under the engine name (None when there is none, or a stray holds the name);
+    labels: dgx_engine_labels of the container that would start; env: the environment it would get (names the
+    changed variables when the runtime shows the container's environment); strays: this host's strays.
+    """
+    reasons = ["%s: it is stopped first" % s["why"] for s in strays or []]
+    if not image_present:
+        reasons.append("image %s is not on this host (engine_pull=%s)" % (labels.get(IMAGE), pull))
+    if own is None:
+        return reasons + ["container missing"]
+    if not own.get("running"):
+        reasons.append(_state_text(own))
+    current = own.get("labels") or {}
+    if LANE not in current:
+        return reasons + ["the container predates the lane labels (started by an earlier dgx-stage)"]
+    for key, say in ASPECTS:
+        old, new = current.get(key), labels.get(key)
+        if old == new or (key == IMAGE_ID and (not image_present or current.get(IMAGE) != labels.get(IMAGE))):
+            continue
+        if key == ENV and env is not None and own.get("env") is not None:
+            names = sorted(k for k, v in env.items() if own["env"].get(k) != str(v))
+            reasons.append("env changed (%s)" % ", ".join(names) if names else "env changed (a variable removed)")
+            continue
+        reasons.append(say(old, new))
+    if dry_run_changed and not reasons:
+        reasons.append("the runtime would recreate it (a container setting changed)")
+    return reasons
+
+
+# ------------------------------------------------------------------------------------------------
+# strays and earlier worlds
+# ------------------------------------------------------------------------------------------------
+
+def _describe(container):
+    labels = container.get("labels") or {}
+    if LANE in labels:
+        return "an engine of lane %s, rank %s of %s" % (labels[LANE], labels.get(RANK, "?"), labels.get(LANE_HOSTS, "?"))
+    if MOUNTS in labels:
+        return "a dgx-stage engine without lane labels"
+    return "not started by dgx-stage"
+
+
+def _world(container):
+    labels = container.get("labels") or {}
+    if LANE in labels and LANE_HOSTS in labels:
+        return {"lane": labels[LANE], "lane_hosts": labels[LANE_HOSTS]}
+    return None
+
+
+def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, host, port=None, port_holders=None):
+    """On one rank's host: {own, run_id, strays, worlds}.
+
+    own: the container named engine_name when it is this lane's (lane label = lane and its name one of
+    lane_engines, the ranks' engine names; an unlabelled one with the mounts label is an earlier dgx-stage's);
+    run_id: the run that started it ("" when none).
+    strays: containers outside the lane that hold engine_name or listen on port, and host processes on port;
+    each {host, id, name, why, stoppable}. worlds: the earlier worlds ({lane, lane_hosts}) of own and the
+    strays, whose other ranks may still run on hosts that left the lane.
+    """
+    by_id = dict((c["id"], c) for c in containers)
+
+    def ours(c):
+        labels = c.get("labels") or {}
+        if LANE in labels:
+            return labels[LANE] == lane and c["name"] in lane_engines
+        return c["name"] == engine_name and MOUNTS in labels
+
+    own, strays = None, {}
+    for c in containers:
+        if c["name"] != engine_name:
+            continue
+        if ours(c):
+            own = c
+        else:
+            strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
+                               "why": "%s holds the engine name %s (%s)" % (c["name"], engine_name, _describe(c))}
+    for holder in port_holders or []:
+        cid = holder.get("container_id") or ""
+        c = by_id.get(cid)
+        if c is not None and ours(c):
+            continue
+        if c is not None:
+            stray = strays.setdefault(cid, {"host": host, "id": cid, "name": c["name"], "stoppable": True,
+                                            "why": "%s (%s)" % (c["name"], _describe(c))})
+            stray["why"] += " listens on port %s" % port
+        elif cid:
+            strays.setdefault(cid, {"host": host, "id": cid, "name": "container %s" % cid[:12], "stoppable": False,
+                                    "why": "container %s of another runtime listens on port %s" % (cid[:12], port)})
+        else:
+            key = "pid %s" % holder.get("pid")
+            strays.setdefault(key, {"host": host, "id": "", "name": "%s (%s)" % (key, holder.get("command")),
+                                    "stoppable": False, "why": "host process %s (%s) listens on port %s"
+                                    % (key, holder.get("command"), port)})
+    current = {"lane": lane, "lane_hosts": ",".join(lane_hosts)}
+    worlds = []
+    for c in ([own] if own else []) + [by_id[s["id"]] for s in strays.values() if s["id"] in by_id]:
+        world = _world(c)
+        if world and world != current and world not in worlds:
+            worlds.append(world)
+    return {"own": own, "run_id": (own or {}).get("labels", {}).get(RUN_ID, ""),
+            "strays": [strays[k] for k in sorted(strays)], "worlds": worlds}
+
+
+def dgx_left_hosts(surveys, lane_hosts, inventory_hosts):
+    """[{host, lane, lane_hosts}]: the hosts of the surveys' earlier worlds that are not in the lane and are
+    in the inventory (a host the inventory no longer has cannot be reached), sorted by host."""
+    out = {}
+    for survey in surveys:
+        for world in (survey or {}).get("worlds") or []:
+            for host in world["lane_hosts"].split(","):
+                if host and host not in lane_hosts and host in inventory_hosts:
+                    out.setdefault((host, world["lane"], world["lane_hosts"]),
+                                   {"host": host, "lane": world["lane"], "lane_hosts": world["lane_hosts"]})
+    return [out[k] for k in sorted(out)]
+
+
+def dgx_left_strays(podman_results, docker_results):
+    """{strays, unchecked}: the running engines of an earlier world on hosts that left the lane - a container
+    whose labels say it is that host's rank of that world - from the looped info tasks' results
+    (item = a dgx_left_hosts entry). unchecked: hosts that could not be reached."""
+    strays, unchecked = [], []
+    for runtime, results in (("podman", podman_results), ("docker", docker_results)):
+        for result in (results or {}).get("results") or []:
+            if result.get("skipped"):
+                continue
+            item = result["item"]
+            if result.get("unreachable") or result.get("failed"):
+                unchecked.append(item["host"])
+                continue
+            world_hosts = item["lane_hosts"].split(",")
+            for c in dgx_container_list(result, runtime):
+                labels = c["labels"]
+                if not c["running"] or labels.get(LANE) != item["lane"] or labels.get(LANE_HOSTS) != item["lane_hosts"]:
+                    continue
+                try:
+                    rank_host = world_hosts[int(labels.get(RANK, ""))]
+                except (ValueError, IndexError):
+                    continue
+                if rank_host == item["host"]:
+                    strays.append({"host": item["host"], "id": c["id"], "name": c["name"], "stoppable": True,
+                                   "runtime": runtime,
+                                   "why": "%s on %s, no longer in the lane, is rank %s of lane %s (%s): a dead world"
+                                   % (c["name"], item["host"], labels.get(RANK), item["lane"], item["lane_hosts"])})
+    seen, unique = set(), []
+    for stray in strays:
+        if (stray["host"], stray["id"]) not in seen:
+            seen.add((stray["host"], stray["id"]))
+            unique.append(stray)
+    return {"strays": unique, "unchecked": sorted(set(unchecked))}
+
+
+def dgx_stray_lines(strays):
+    """'host: why' per stray, with '(not a container: stop it yourself)' for what the role cannot stop."""
+    return ["%s: %s%s" % (s["host"], s["why"], "" if s.get("stoppable") else " (not ours to stop: stop it yourself)")
+            for s in strays]
+
+
+# ------------------------------------------------------------------------------------------------
+# the lane's plan
+# ------------------------------------------------------------------------------------------------
+
+def dgx_lane_plan(plans, restart_only=""):
+    """{restart: hosts in rank order, reasons: {host: [why]}} from every rank's {host, rank, reasons}.
+
+    A lane restarts as one: when any rank has a reason, every rank restarts, the others for the lane's sake.
+    restart_only (an operator's forced single-rank restart) restarts that host alone, whatever the plans say.
+    """
+    plans = sorted(plans, key=lambda p: int(p["rank"]))
+    if restart_only:
+        mine = [p for p in plans if p["host"] == restart_only]
+        if not mine:
+            raise AnsibleFilterError("dgx_lane_plan: engine_restart_only=%s is not a rank in play" % restart_only)
+        return {"restart": [restart_only],
+                "reasons": {restart_only: list(mine[0]["reasons"]) + ["forced by engine_restart_only"]}}
+    changed = [p for p in plans if p["reasons"]]
+    if not changed:
+        return {"restart": [], "reasons": {}}
+    why = "; ".join("%s: %s" % (p["host"], ", ".join(p["reasons"])) for p in changed)
+    return {"restart": [p["host"] for p in plans],
+            "reasons": dict((p["host"], list(p["reasons"]) or ["the lane restarts as one (%s)" % why]) for p in plans)}
+
+
+class FilterModule(object):
+    """Engine role lane filters (see the module docstring)."""
+
+    def filters(self):
+        return {
+            "dgx_container_list": dgx_container_list,
+            "dgx_engine_labels": dgx_engine_labels,
+            "dgx_lane_survey": dgx_lane_survey,
+            "dgx_left_hosts": dgx_left_hosts,
+            "dgx_left_strays": dgx_left_strays,
+            "dgx_restart_reasons": dgx_restart_reasons,
+            "dgx_lane_plan": dgx_lane_plan,
+            "dgx_stray_lines": dgx_stray_lines,
+        }

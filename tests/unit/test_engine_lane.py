@@ -1,0 +1,325 @@
+"""The lane-wide decisions in Python: module_utils/dgx_nodestate.py (the bound files' fingerprint, the
+holders of a port, on a fake /proc) and the engine role's lane filters (roles/engine/filter_plugins/
+engine_lane.py: container lists, labels, restart reasons, strays, earlier worlds, the lane's plan).
+tests/integration/test_engine_lane.py runs them on real Podman."""
+import importlib.util
+import os
+import socket
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes,
+                                                 parse_proc_net_tcp, port_holders)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLUGIN = os.path.join(REPO_ROOT, "roles", "engine", "filter_plugins", "engine_lane.py")
+
+
+def load_plugin():
+    spec = importlib.util.spec_from_file_location("engine_lane_filter_under_test", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+lane = load_plugin()
+ID1, ID2, ID3 = "a" * 64, "b" * 64, "c" * 64
+
+
+# ------------------------------------------------------------------------------------------------
+# dgx_nodestate: the fingerprint
+# ------------------------------------------------------------------------------------------------
+
+def test_the_fingerprint_changes_with_a_new_inode_a_missing_file_or_new_bytes_and_not_with_order(tmp_path):
+    blob, other = tmp_path / "blob", tmp_path / "other"
+    blob.write_bytes(b"x" * 10)
+    other.write_bytes(b"y")
+    first, pairs, missing = files_fingerprint([str(blob), str(other)])
+    assert files_fingerprint([str(other), str(blob), str(blob)])[0] == first   # order, duplicates
+    assert len(pairs) == 2 and missing == []
+    assert files_fingerprint([str(blob), str(other)])[0] == first             # nothing changed
+
+    # A verify repair: the same name and bytes, a new file (inode) renamed into place.
+    st = os.stat(str(blob))
+    fresh = tmp_path / "fresh"
+    fresh.write_bytes(b"x" * 10)
+    os.utime(str(fresh), ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.rename(str(fresh), str(blob))
+    repaired = files_fingerprint([str(blob), str(other)])[0]
+    assert repaired != first
+
+    with open(str(blob), "r+b") as handle:                              # bytes rewritten in place
+        handle.write(b"z" * 11)
+    assert files_fingerprint([str(blob), str(other)])[0] != repaired
+
+    os.unlink(str(other))                                               # pruned
+    pruned, pairs, missing = files_fingerprint([str(blob), str(other)])
+    assert missing == [str(other)] and dict(pairs)[str(other)] == "missing"
+    assert files_fingerprint([])[0] == files_fingerprint([])[0]
+
+
+def test_file_identity_follows_links_and_names_errors(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"abc")
+    link = tmp_path / "link"
+    link.symlink_to("target")
+    st = os.stat(str(target))
+    assert file_identity(str(link)) == "%d:%d:3:%d" % (st.st_dev, st.st_ino, st.st_mtime_ns)
+    assert file_identity(str(tmp_path / "nope")) == "missing"
+    assert file_identity(str(target) + "/below") == "missing"         # ENOTDIR
+    assert file_identity("x" * 5000).startswith("error:ENAMETOOLONG")
+
+
+# ------------------------------------------------------------------------------------------------
+# dgx_nodestate: who holds a port (a fake /proc)
+# ------------------------------------------------------------------------------------------------
+
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0
+   1: 0100007F:1F40 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0 20 4 30 10 -1
+   2: 0100007F:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0 100 0 0 10 0
+"""
+TCP6 = """  sl  local_address remote_address st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000000000000:1F40 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 444 1 0 100 0 0 10 0
+"""
+
+
+def fake_proc(root, processes):
+    """processes: {pid: (comm, cgroup text, [socket inodes])}."""
+    (root / "net").mkdir(parents=True)
+    (root / "net" / "tcp").write_text(TCP)
+    (root / "net" / "tcp6").write_text(TCP6)
+    for pid, (comm, cgroup, inodes) in processes.items():
+        fd = root / str(pid) / "fd"
+        fd.mkdir(parents=True)
+        (root / str(pid) / "comm").write_text(comm + "\n")
+        (root / str(pid) / "cgroup").write_text(cgroup)
+        (fd / "0").symlink_to("/dev/null")
+        for n, inode in enumerate(inodes):
+            (fd / str(n + 3)).symlink_to("socket:[%d]" % inode)
+    (root / "self").mkdir()
+    return str(root)
+
+
+def test_parse_proc_net_tcp_keeps_listening_sockets_only():
+    assert parse_proc_net_tcp(TCP) == [(8000, 111), (22, 333)]
+    assert parse_proc_net_tcp(TCP6) == [(8000, 444)]
+    assert parse_proc_net_tcp("") == [] and parse_proc_net_tcp("header\n garbage line\n") == []
+
+
+def test_port_holders_name_the_process_and_its_container(tmp_path):
+    proc = fake_proc(tmp_path / "proc", {
+        10: ("python3", "0::/libpod_parent/libpod-%s\n" % ID1, [111]),
+        11: ("python3", "0::/system.slice/docker-%s.scope\n" % ID2, [444, 999]),
+        12: ("sshd", "0::/system.slice/ssh.service\n", [333]),
+        13: ("nc", "0::/user.slice\n", [222]),              # a connection on 8000, not a listener
+    })
+    assert listening_inodes(8000, proc) == {111, 444}
+    assert port_holders(8000, proc) == [
+        {"pid": 10, "command": "python3", "container_id": ID1},
+        {"pid": 11, "command": "python3", "container_id": ID2}]
+    assert port_holders(22, proc) == [{"pid": 12, "command": "sshd", "container_id": ""}]
+    assert port_holders(9, proc) == []
+
+
+def test_port_holders_on_this_machine_finds_our_own_listener():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+        holders = port_holders(port)
+    if os.geteuid() == 0 or holders:
+        assert [h["pid"] for h in holders] == [os.getpid()]
+
+
+# ------------------------------------------------------------------------------------------------
+# the lane filters
+# ------------------------------------------------------------------------------------------------
+
+def podman_info(cid, name, labels=None, running=True, exit_code=0, env=None):
+    return {"Id": cid, "Name": name, "ImageName": "localhost/engine:1",
+            "State": {"Running": running, "Status": "running" if running else "exited", "ExitCode": exit_code},
+            "Config": {"Labels": labels, "Env": ["%s=%s" % kv for kv in (env or {}).items()], "Image": "engine:1"}}
+
+
+def labels_for(lane_name="exl3_2x", hosts=("dgx1", "dgx2"), rank=0, **over):
+    spec = {"lane": lane_name, "lane_hosts": list(hosts), "rank": rank, "world_size": len(hosts), "port": 8000,
+            "run_id": "20261130T204512Z-3fa2", "image": "engine:1", "image_id": "f" * 64,
+            "command": ["serve", "--port", 8000], "env": {"RANK": rank, "WORLD_SIZE": len(hosts)},
+            "mounts": "m" * 64, "files": "1" * 64, "devices": []}
+    spec.update(over)
+    return lane.dgx_engine_labels(spec)
+
+
+def container(cid, name, labels, running=True, env=None, exit_code=0):
+    return lane.dgx_container_list({"containers": [podman_info(cid, name, labels, running, exit_code, env)]},
+                                   "podman")[0]
+
+
+def test_container_lists_of_both_runtimes_are_normalised():
+    podman = lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {"a": "b"}, False, 3, {"K": "v=w"})]},
+                                     "podman")
+    assert podman == [{"id": ID1, "name": "e1", "running": False, "state": "exited", "exit_code": 3,
+                       "labels": {"a": "b"}, "env": {"K": "v=w"}, "image": "localhost/engine:1"}]
+    docker = lane.dgx_container_list({"containers": [
+        {"Id": ID2, "Names": ["/e2"], "State": "exited", "Status": "Exited (137) 5 minutes ago", "Labels": None,
+         "Image": "engine:1"}]}, "docker")
+    assert docker[0]["name"] == "e2" and docker[0]["exit_code"] == 137 and docker[0]["env"] is None
+    assert lane.dgx_container_list({}, "podman") == []
+    with pytest.raises(AnsibleFilterError):
+        lane.dgx_container_list({}, "lxc")
+
+
+def test_labels_are_strings_one_per_aspect_and_secrets_are_digests():
+    labels = labels_for(env={"HF_TOKEN": "hf_secret", "RANK": 0})
+    assert all(isinstance(v, str) for v in labels.values())
+    assert labels["dgx-stage.lane-hosts"] == "dgx1,dgx2" and labels["dgx-stage.world-size"] == "2"
+    assert "hf_secret" not in repr(labels) and len(labels["dgx-stage.env-sha256"]) == 64
+    assert labels_for(env={"RANK": "0", "WORLD_SIZE": "2"}) == labels_for()      # values compared as text
+    with pytest.raises(AnsibleFilterError, match="missing files"):
+        lane.dgx_engine_labels({k: 1 for k in ("lane", "lane_hosts", "rank", "world_size", "port", "run_id",
+                                               "image", "image_id", "command", "env", "mounts", "devices")})
+
+
+def test_no_reasons_when_the_running_container_is_what_would_start():
+    desired = labels_for()
+    own = container(ID1, "e1", dict(desired, **{"dgx-stage.run-id": "an-earlier-run"}), env={"RANK": "0"})
+    assert lane.dgx_restart_reasons(own, desired, env={"RANK": "0", "WORLD_SIZE": "2"}) == []
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"files": "2" * 64}, "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
+    ({"mounts": "n" * 64}, "mounts changed"),
+    ({"image_id": "e" * 64}, "image rebuilt or re-pulled (id ffffffffffff -> eeeeeeeeeeee)"),
+    ({"image": "engine:2"}, "image engine:1 -> engine:2"),
+    ({"command": ["serve"]}, "command changed"),
+    ({"devices": ["nvidia.com/gpu=all"]}, "GPU devices changed"),
+    ({"port": 8001}, "port 8000 -> 8001"),
+    ({"lane_hosts": ["dgx1", "dgx3"]}, "lane hosts dgx1,dgx2 -> dgx1,dgx3"),
+])
+def test_each_aspect_gives_its_reason(change, reason):
+    own = container(ID1, "e1", labels_for())
+    assert lane.dgx_restart_reasons(own, labels_for(**change)) == [reason]
+
+
+def test_env_reasons_name_the_variables_when_the_runtime_shows_them():
+    own = container(ID1, "e1", labels_for(), env={"RANK": "0", "WORLD_SIZE": "2", "PATH": "/bin"})
+    env = {"RANK": "0", "WORLD_SIZE": "2", "DOUBLE_KNOB": "1"}
+    assert lane.dgx_restart_reasons(own, labels_for(env=env), env=env) == ["env changed (DOUBLE_KNOB)"]
+    assert lane.dgx_restart_reasons(own, labels_for(env={"RANK": 0}), env={"RANK": "0"}) == [
+        "env changed (a variable removed)"]
+    docker_own = dict(own, env=None)
+    assert lane.dgx_restart_reasons(docker_own, labels_for(env=env), env=env) == ["env changed"]
+
+
+def test_state_image_strays_and_the_dry_run_give_reasons():
+    desired = labels_for()
+    assert lane.dgx_restart_reasons(None, desired) == ["container missing"]
+    dead = container(ID1, "e1", desired, running=False, exit_code=3)
+    assert lane.dgx_restart_reasons(dead, desired) == ["container exited (exit code 3)"]
+    old = container(ID1, "e1", {"dgx-stage.mounts-sha256": "m" * 64})
+    assert lane.dgx_restart_reasons(old, desired) == [
+        "the container predates the lane labels (started by an earlier dgx-stage)"]
+    own = container(ID1, "e1", desired)
+    # A missing image (check mode with engine_pull=missing): said once, its id not compared.
+    assert lane.dgx_restart_reasons(own, labels_for(image_id=""), image_present=False, pull="missing") == [
+        "image engine:1 is not on this host (engine_pull=missing)"]
+    assert lane.dgx_restart_reasons(own, desired, dry_run_changed=True) == [
+        "the runtime would recreate it (a container setting changed)"]
+    stray = {"why": "x holds the engine name e1 (not started by dgx-stage)"}
+    assert lane.dgx_restart_reasons(None, desired, strays=[stray]) == [
+        "x holds the engine name e1 (not started by dgx-stage): it is stopped first", "container missing"]
+
+
+def test_the_survey_tells_this_lanes_containers_from_strays():
+    mine = container(ID1, "e1", labels_for())
+    other_rank = container(ID2, "e2", labels_for(rank=1))
+    survey = lane.dgx_lane_survey([mine, other_rank], "e1", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"], "dgx1", 8000,
+                                  [{"pid": 5, "command": "python3", "container_id": ID1}])
+    assert survey == {"own": mine, "run_id": "20261130T204512Z-3fa2", "strays": [], "worlds": []}
+    # An unlabelled container of an earlier dgx-stage under the engine name is ours (it restarts, not refused).
+    legacy = container(ID1, "e1", {"dgx-stage.mounts-sha256": "m" * 64})
+    survey = lane.dgx_lane_survey([legacy], "e1", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"], "dgx1")
+    assert survey["own"] == legacy and survey["run_id"] == "" and survey["strays"] == []
+
+
+def test_strays_hold_the_name_or_the_port():
+    foreign = container(ID1, "e1", {"maintainer": "someone"})
+    other_lane = container(ID2, "e2", labels_for("sglang_4x", ("dgx1", "dgx2", "dgx3", "dgx4"), rank=1))
+    on_port = container(ID3, "old-engine", None)
+    holders = [{"pid": 7, "command": "python3", "container_id": ID3},
+               {"pid": 8, "command": "nc", "container_id": ""},
+               {"pid": 9, "command": "dockerd-thing", "container_id": "d" * 64}]
+    survey = lane.dgx_lane_survey([foreign, other_lane, on_port], "e1", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"],
+                                  "dgx1", 8000, holders)
+    assert survey["own"] is None and survey["run_id"] == ""
+    lines = lane.dgx_stray_lines(survey["strays"])
+    assert lines == [
+        "dgx1: e1 holds the engine name e1 (not started by dgx-stage)",
+        "dgx1: old-engine (not started by dgx-stage) listens on port 8000",
+        "dgx1: container dddddddddddd of another runtime listens on port 8000 (not ours to stop: stop it yourself)",
+        "dgx1: host process pid 8 (nc) listens on port 8000 (not ours to stop: stop it yourself)"]
+    assert [s["stoppable"] for s in survey["strays"]] == [True, True, False, False]
+    # dgx2's engine name held by a rank of another lane: a stray, and its world is remembered.
+    survey = lane.dgx_lane_survey([other_lane], "e2", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"], "dgx2")
+    assert lane.dgx_stray_lines(survey["strays"]) == [
+        "dgx2: e2 holds the engine name e2 (an engine of lane sglang_4x, rank 1 of dgx1,dgx2,dgx3,dgx4)"]
+    assert survey["worlds"] == [{"lane": "sglang_4x", "lane_hosts": "dgx1,dgx2,dgx3,dgx4"}]
+
+
+def test_a_name_holder_on_the_port_is_one_stray():
+    foreign = container(ID1, "e1", None)
+    survey = lane.dgx_lane_survey([foreign], "e1", "exl3_2x", ["dgx1"], ["e1"], "dgx1", 8000,
+                                  [{"pid": 7, "command": "python3", "container_id": ID1}])
+    assert lane.dgx_stray_lines(survey["strays"]) == [
+        "dgx1: e1 holds the engine name e1 (not started by dgx-stage) listens on port 8000"]
+
+
+def test_hosts_that_left_the_lane_come_from_earlier_worlds():
+    surveys = [{"worlds": [{"lane": "sglang_4x", "lane_hosts": "dgx1,dgx2,dgx3,dgx4"}]},
+               {"worlds": [{"lane": "sglang_4x", "lane_hosts": "dgx1,dgx2,dgx3,dgx4"},
+                           {"lane": "exl3_2x", "lane_hosts": "dgx1,dgx2,gone"}]},
+               None]
+    assert lane.dgx_left_hosts(surveys, ["dgx1", "dgx2"], ["dgx1", "dgx2", "dgx3", "dgx4"]) == [
+        {"host": "dgx3", "lane": "sglang_4x", "lane_hosts": "dgx1,dgx2,dgx3,dgx4"},
+        {"host": "dgx4", "lane": "sglang_4x", "lane_hosts": "dgx1,dgx2,dgx3,dgx4"}]
+    # The same lane with fewer hosts: its own container's world names the host that left.
+    own = container(ID1, "e1", labels_for(hosts=("dgx1", "dgx2", "dgx3")))
+    survey = lane.dgx_lane_survey([own], "e1", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"], "dgx1")
+    assert survey["own"] == own
+    assert lane.dgx_left_hosts([survey], ["dgx1", "dgx2"], ["dgx1", "dgx2", "dgx3"]) == [
+        {"host": "dgx3", "lane": "exl3_2x", "lane_hosts": "dgx1,dgx2,dgx3"}]
+
+
+def test_left_strays_are_that_hosts_rank_of_the_dead_world():
+    world = ("dgx1", "dgx2", "dgx3", "dgx4")
+    item = {"host": "dgx3", "lane": "sglang_4x", "lane_hosts": ",".join(world)}
+    listing = [podman_info(ID1, "e3", labels_for("sglang_4x", world, rank=2)),
+               podman_info(ID2, "e1", labels_for("sglang_4x", world, rank=0)),        # another host's rank
+               podman_info(ID3, "e9", labels_for("sglang_4x", world, rank=2), running=False),
+               podman_info("d" * 64, "x", labels_for("exl3_2x", ("dgx3",), rank=0))]   # another world
+    podman = {"results": [{"item": item, "containers": listing},
+                          {"item": dict(item, host="dgx4"), "unreachable": True},
+                          {"item": dict(item, host="dgx5"), "skipped": True}]}
+    found = lane.dgx_left_strays(podman, {"results": []})
+    assert found["unchecked"] == ["dgx4"]
+    assert found["strays"] == [{"host": "dgx3", "id": ID1, "name": "e3", "stoppable": True, "runtime": "podman",
+                                "why": "e3 on dgx3, no longer in the lane, is rank 2 of lane sglang_4x "
+                                       "(dgx1,dgx2,dgx3,dgx4): a dead world"}]
+    assert lane.dgx_left_strays({}, None) == {"strays": [], "unchecked": []}
+
+
+def test_the_lane_restarts_as_one_or_the_one_rank_named():
+    plans = [{"host": "dgx2", "rank": 1, "reasons": ["env changed (X)"]}, {"host": "dgx1", "rank": 0, "reasons": []}]
+    plan = lane.dgx_lane_plan(plans)
+    assert plan == {"restart": ["dgx1", "dgx2"],
+                    "reasons": {"dgx1": ["the lane restarts as one (dgx2: env changed (X))"],
+                                "dgx2": ["env changed (X)"]}}
+    quiet = [dict(p, reasons=[]) for p in plans]
+    assert lane.dgx_lane_plan(quiet) == {"restart": [], "reasons": {}}
+    assert lane.dgx_lane_plan(quiet, "dgx2") == {"restart": ["dgx2"],
+                                                  "reasons": {"dgx2": ["forced by engine_restart_only"]}}
+    with pytest.raises(AnsibleFilterError, match="not a rank in play"):
+        lane.dgx_lane_plan(quiet, "dgx9")
+

@@ -82,6 +82,15 @@ options:
     description: V(wait) only, with O(lane). The wait's time is up - an undecided lane is judged V(timeout), not polled.
     type: bool
     default: false
+  wait_id:
+    description:
+      - V(wait) only. Names this wait (the same on every host), echoed in RV(row). With O(lane), only rows of
+        this wait made in round O(round) - 1 count; an older row (a host that left the play since) is missing.
+    type: str
+  round:
+    description: V(wait) only. This round's number (1 for the first), echoed in RV(row).
+    type: int
+    default: 1
   runtime:
     description: V(wait) only. Container runtime CLI used to inspect O(container).
     type: str
@@ -356,6 +365,12 @@ row:
     elapsed_s:
       description: Seconds polled.
       type: float
+    wait_id:
+      description: O(wait_id).
+      type: str
+    round:
+      description: O(round).
+      type: int
     container:
       description: O(container) as the runtime shows it, or null without O(container).
       type: dict
@@ -582,6 +597,8 @@ ARGUMENT_SPEC = dict(
     lane_hosts=dict(type="list", elements="str"),
     lane=dict(type="dict"),
     give_up=dict(type="bool", default=False),
+    wait_id=dict(type="str"),
+    round=dict(type="int", default=1),
     runtime=dict(type="str", choices=["docker", "podman"], default="docker"),
     question=dict(type="str", default=dgx_probe.SMOKE_QUESTION),
     expected=dict(type="str", default=dgx_probe.SMOKE_EXPECTED),

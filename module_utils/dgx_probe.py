@@ -9,7 +9,6 @@ from __future__ import absolute_import, division, print_function
 import functools
 import json
 import os
-import re
 import socket
 import time
 
@@ -19,6 +18,7 @@ from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_nodestate import listening_inodes, port_holders
 
 MODES = ("wait", "smoke", "decode", "bench")
 SMOKE_QUESTION = "What is 127*89? Reply with the number only."
@@ -335,9 +335,6 @@ def probe_report(mode, result, floor=None):
 
 LOG_LINES = 30           # log lines kept of a container that is not running
 MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
-CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
-SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
-TCP_LISTEN = "0A"
 WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
 
 
@@ -365,37 +362,6 @@ def container_facts(inspect_text, name):
             "status": state.get("Status") or ("running" if running else "stopped"),
             "exit_code": state.get("ExitCode"), "started_at": state.get("StartedAt"), "finished_at": finished,
             "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
-
-
-def listen_inodes(tcp_text, port):
-    """Inodes of the sockets listening on TCP port, from /proc/net/tcp or /proc/net/tcp6 text."""
-    inodes = set()
-    for line in (tcp_text or "").splitlines()[1:]:
-        fields = line.split()
-        # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
-        if len(fields) < 10 or fields[3] != TCP_LISTEN:
-            continue
-        try:
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            inode = int(fields[9])
-        except (IndexError, ValueError):
-            continue
-        if local_port == int(port) and inode:
-            inodes.add(inode)
-    return inodes
-
-
-def socket_inode(link):
-    """12345 from a /proc/<pid>/fd link text 'socket:[12345]', else None."""
-    match = SOCKET_LINK.match(link or "")
-    return int(match.group(1)) if match else None
-
-
-def cgroup_container_id(cgroup_text):
-    """The container id (64 hex) a /proc/<pid>/cgroup names (docker/<id>, docker-<id>.scope,
-    libpod-<id>, ...), else None: the process is not in a container."""
-    match = CONTAINER_ID.search(cgroup_text or "")
-    return match.group(0) if match else None
 
 
 def owner_facts(port, listening, holders, container_id):
@@ -449,8 +415,17 @@ def _verdict(state, msg, host=None, rank=None, exit_code=None):
             "exit_code": exit_code}
 
 
+def fresh_rows(rows, wait_id, round_no):
+    """The rows of rows (host -> row) made in round round_no - 1 of wait wait_id; a host's row from an
+    earlier round or wait (it left the play since: it failed, or became unreachable) is not its report."""
+    if wait_id is None:
+        return dict((host, row) for host, row in (rows or {}).items() if row)
+    return dict((host, row) for host, row in (rows or {}).items()
+                if row and row.get("wait_id") == wait_id and row.get("round") == round_no - 1)
+
+
 def lane_verdict(lane_hosts, rows, url, give_up=False):
-    """The lane's state from every rank's last round (rows: host -> the row a wait call returned).
+    """The lane's state from every rank's last round (rows: host -> the row a wait call returned, fresh_rows()).
 
     Decided, in this order: a rank that did not report (missing); a rank whose container is not running
     (dead - the first to end, its exit code and log, and who holds the master's port when someone
@@ -629,7 +604,7 @@ def _timed_lines(resp, clock, cut):
             # http.client swallows a chunked body that ends without its last chunk (peek() hides the
             # IncompleteRead); chunk_left is None only after the terminating chunk.
             if getattr(resp, "chunked", False) and getattr(resp, "chunk_left", None) is not None:
-                cut["reason"] = "the connection closed before the end of the chunked body"
+                cut["reason"] = "closed before the end of the chunked body"
             return
         yield clock(), line
 
@@ -689,52 +664,13 @@ def container_state(runner, runtime, name):
     return facts
 
 
-def _read_text(path):
-    with open(path, "rb") as handle:
-        return handle.read().decode("utf-8", "replace")
-
-
-def port_holders(port, proc="/proc"):
-    """(listening, holders) of TCP port on this host: whether a socket listens on it (tcp or tcp6), and
-    the processes holding such a socket, [{pid, cmdline, container_id}] (the container from the
-    process's cgroup). Processes whose fds cannot be read (not root) are not seen."""
-    inodes = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            inodes |= listen_inodes(_read_text(os.path.join(proc, "net", name)), port)
-        except (IOError, OSError):
-            continue
-    holders = []
-    if not inodes:
-        return False, holders
-    for entry in sorted(os.listdir(proc), key=lambda e: (len(e), e)):
-        if not entry.isdigit():
-            continue
-        fd_dir = os.path.join(proc, entry, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except (IOError, OSError):
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(os.path.join(fd_dir, fd))
-            except (IOError, OSError):
-                continue
-            if socket_inode(link) in inodes:
-                holders.append(process_facts(int(entry), proc))
-                break
-    return True, holders
-
-
-def process_facts(pid, proc="/proc"):
-    """{pid, cmdline (first 200 characters), container_id} of a process."""
-    facts = {"pid": pid, "cmdline": "", "container_id": None}
+def _cmdline(pid, proc="/proc"):
+    """A process's command line (first 200 characters), or "" when it is gone or not readable."""
     try:
-        facts["cmdline"] = _read_text(os.path.join(proc, str(pid), "cmdline")).replace("\0", " ").strip()[:200]
-        facts["container_id"] = cgroup_container_id(_read_text(os.path.join(proc, str(pid), "cgroup")))
+        with open(os.path.join(proc, str(pid), "cmdline"), "rb") as handle:
+            return handle.read().decode("utf-8", "replace").replace("\0", " ").strip()[:200]
     except (IOError, OSError):
-        pass
-    return facts
+        return ""
 
 
 def container_name(runner, runtime, container_id):
@@ -751,32 +687,39 @@ def container_name(runner, runtime, container_id):
 
 
 def api_owner(runner, runtime, port, container, proc="/proc"):
-    """owner_facts() of the API port for this host's container facts; holders outside it are named."""
-    listening, holders = port_holders(port, proc)
+    """owner_facts() of the API port for this host's container facts: the processes holding a socket
+    listening on it (dgx_nodestate reads /proc/net/tcp{,6}, the fds and the cgroups), each with its command
+    line; a holder in another container is named by the runtime."""
     mine = (container or {}).get("id")
-    for holder in holders:
-        holder["container_name"] = None
+    listening = bool(listening_inodes(int(port), proc))
+    holders = []
+    for found in port_holders(int(port), proc) if listening else []:
+        holder = {"pid": found["pid"], "cmdline": _cmdline(found["pid"], proc) or found["command"],
+                  "container_id": found["container_id"] or None, "container_name": None}
         if holder["container_id"] and holder["container_id"] != mine and runner is not None:
             holder["container_name"] = container_name(runner, runtime, holder["container_id"])
+        holders.append(holder)
     return owner_facts(port, listening, holders, mine)
 
 
 def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_hosts=None, lane=None, give_up=False,
-               opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+               wait_id=None, round_no=1, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
     """One call of a wait.
 
     Alone (no lane_hosts): poll_round(), then judge this host's row as a one-rank lane.
     In a lane's rounds (lane_hosts, the lane in rank order): first judge lane, every rank's row of the
     previous round (none in the first round); when that decides (a rank down or missing, a stranger on
     the port, ready, or give_up) return at once, else poll_round() and return this host's row for the
-    next round.
+    next round. Rows carry wait_id and round_no: only the previous round's rows of this wait count.
     """
     verdict = None
     if lane_hosts and lane is not None:
+        lane = fresh_rows(lane, wait_id, round_no)
         verdict = lane_verdict(lane_hosts, lane, base, give_up)
     row = None
     if verdict is None or not verdict["decided"]:
         row = poll_round(base, wait_for, container_check, owner_check, opener=opener, clock=clock, sleep=sleep)
+        row.update(wait_id=wait_id, round=round_no)
     if not lane_hosts:
         verdict = lane_verdict(["this host"], {"this host": row}, base, give_up=True)
     elif verdict is None:
@@ -830,7 +773,8 @@ def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=t
         if params.get("port"):
             owner = functools.partial(api_owner, runner, runtime, params["port"])
         result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"),
-                            params.get("lane"), bool(params.get("give_up")), opener=opener, clock=clock, sleep=sleep)
+                            params.get("lane"), bool(params.get("give_up")), params.get("wait_id"),
+                            params.get("round") or 1, opener=opener, clock=clock, sleep=sleep)
         result["report"] = probe_report(mode, result)
         # Shaped into the report; the inputs are the caller's own.
         result.pop("lane_hosts", None)

@@ -287,7 +287,7 @@ def test_the_smoke_and_wait_rows():
 def params(**overrides):
     base = {"mode": "smoke", "url": "http://dgx1:8000", "model": None, "timeout": 300.0, "wait_for": 10.0,
             "container": None, "runtime": "docker", "port": None, "lane_hosts": None, "lane": None,
-            "give_up": False, "question": dgx_probe.SMOKE_QUESTION,
+            "give_up": False, "wait_id": None, "round": 1, "question": dgx_probe.SMOKE_QUESTION,
             "expected": dgx_probe.SMOKE_EXPECTED, "prompt": None, "max_tokens": None, "bench_jsonl": None,
             "floor": None}
     base.update(overrides)

@@ -8,10 +8,9 @@ import socket
 import pytest
 
 from ansible.module_utils import dgx_probe
-from ansible.module_utils.dgx_probe import (api_owner, cgroup_container_id, container_facts, container_state,
-                                            decode_probe, decode_result, decode_verdict, lane_verdict, listen_inodes,
-                                            owner_facts, parse_sse, poll_round, port_holders, run_probe,
-                                            socket_inode, wait_probe)
+from ansible.module_utils.dgx_probe import (api_owner, container_facts, container_state, decode_probe,
+                                            decode_result, decode_verdict, lane_verdict, owner_facts, parse_sse,
+                                            poll_round, run_probe, wait_probe)
 from test_module_docs import engine  # noqa: F401,F811 (the fixture: the engine double on 127.0.0.1)
 from test_probe import FakeClock, FakeResponse, api, finish_chunk, params, token_chunk
 
@@ -207,22 +206,6 @@ TCP6 = "".join([  # the real lines are wider than this file
     " 00:00000000 00000000     0        0 31339 1 0000 100 0 0 10 0\n"])
 
 
-def test_listen_inodes_reads_listening_sockets_of_a_port_from_proc_net_tcp_and_tcp6():
-    assert listen_inodes(TCP, 8000) == {31337}       # 0x1F40; the established connection (01) is not listening
-    assert listen_inodes(TCP, 8001) == {31338}
-    assert listen_inodes(TCP6, 8000) == {31339}
-    assert listen_inodes(TCP, 9000) == set() and listen_inodes("", 8000) == set()
-
-
-def test_socket_inode_and_the_container_of_a_cgroup():
-    assert socket_inode("socket:[31337]") == 31337
-    assert socket_inode("pipe:[31337]") is None and socket_inode("/dev/null") is None
-    assert cgroup_container_id("0::/libpod_parent/libpod-%s\n" % OURS) == OURS                    # podman, cgroupfs
-    assert cgroup_container_id("0::/system.slice/docker-%s.scope\n" % OURS) == OURS               # docker, systemd
-    assert cgroup_container_id("12:memory:/docker/%s\n0::/\n" % OURS) == OURS                     # docker, v1
-    assert cgroup_container_id("0::/user.slice/user-1000.slice/session-3.scope\n") is None        # not in one
-
-
 def fake_proc(root, holders):
     """A /proc with TCP and TCP6 and processes {pid: (cmdline, cgroup, [socket inodes])}."""
     os.makedirs(os.path.join(root, "net"))
@@ -243,22 +226,27 @@ def fake_proc(root, holders):
     return str(root)
 
 
-def test_port_holders_finds_the_processes_of_the_listening_sockets(tmp_path):
+def test_api_owner_reads_the_listening_sockets_of_the_port_from_proc_net_tcp_and_tcp6(tmp_path):
     proc = fake_proc(tmp_path, {
         10: (["python3", "/opt/engine_double/engine_double.py"], "0::/libpod_parent/libpod-%s\n" % OURS, [31337]),
         11: (["python3", "-m", "http.server", "8001"], "0::/user.slice\n", [31338]),
-        12: (["sshd"], "0::/system.slice/ssh.service\n", [40001])})
-    listening, holders = port_holders(8000, proc)
-    assert listening and holders == [{"pid": 10, "cmdline": "python3 /opt/engine_double/engine_double.py",
-                                      "container_id": OURS}]
-    listening, holders = port_holders(8001, proc)
-    assert holders == [{"pid": 11, "cmdline": "python3 -m http.server 8001", "container_id": None}]
-    assert port_holders(9000, proc) == (False, [])
+        12: (["sshd"], "0::/system.slice/ssh.service\n", [40001]),     # an established connection on 8000
+        13: (["nginx"], "0::/system.slice/docker-%s.scope\n" % THEIRS, [31339])})   # tcp6, in another container
+    runner = FakeRunner(names={THEIRS: "/old-engine"})
+    owner = api_owner(runner, "docker", 8000, {"id": OURS}, proc)
+    assert owner == {"port": 8000, "listening": True, "ours": False, "holders": [
+        {"pid": 10, "cmdline": "python3 /opt/engine_double/engine_double.py", "container_id": OURS,
+         "container_name": None},
+        {"pid": 13, "cmdline": "nginx", "container_id": THEIRS, "container_name": "old-engine"}]}
+    owner = api_owner(runner, "docker", 8001, {"id": OURS}, proc)
+    assert owner["holders"] == [{"pid": 11, "cmdline": "python3 -m http.server 8001", "container_id": None,
+                                 "container_name": None}]
+    assert dgx_probe.describe_holder(owner["holders"][0]) == "pid 11 (python3 -m http.server 8001), not in a container"
 
 
 def test_api_owner_proves_our_container_or_names_the_stranger(tmp_path):
     proc = fake_proc(tmp_path, {
-        20: (["python3", "old_engine.py"], "0::/libpod_parent/libpod-%s\n" % THEIRS, [31337, 31339])})
+        20: (["python3", "old_engine.py"], "0::/libpod_parent/libpod-%s\n" % THEIRS, [31337])})
     runner = FakeRunner(names={THEIRS: "/old-engine"})
     owner = api_owner(runner, "docker", 8000, {"id": OURS}, proc)
     assert owner["ours"] is False and owner["listening"] is True
@@ -273,13 +261,13 @@ def test_api_owner_proves_our_container_or_names_the_stranger(tmp_path):
                                                                       "holders": [], "ours": None}
 
 
-def test_port_holders_on_the_real_proc_finds_this_process():
+def test_api_owner_on_the_real_proc_finds_this_process():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        listening, holders = port_holders(port)
-    assert listening and [h["pid"] for h in holders] == [os.getpid()]
+        owner = api_owner(None, "docker", port, None)
+    assert owner["listening"] and [h["pid"] for h in owner["holders"]] == [os.getpid()] and owner["ours"] is False
 
 
 def test_owner_facts_needs_every_holder_in_our_container():
@@ -528,3 +516,20 @@ def test_the_engine_double_reads_its_switches_from_the_environment():
                                  "DOUBLE_SHORT_AFTER": "3", "OTHER": "1"}) == {
         "stall_s": 20.0, "cut_after": 50, "short_after": 3}
     assert double.switches_from({}) == {}
+
+
+def test_only_this_waits_rows_of_the_previous_round_count():
+    lane = {"dgx1": dict(row(True, owner=OURS_OWNER), wait_id="w2", round=3),
+            "dgx2": dict(row(True), wait_id="w2", round=2),      # left the play after round 2
+            "dgx3": dict(row(True), wait_id="w1", round=3),      # a row of an earlier wait
+            "dgx4": {}}                                         # never reported
+    assert sorted(dgx_probe.fresh_rows(lane, "w2", 4)) == ["dgx1"]
+    result = wait_probe(URL, 10, lane_hosts=HOSTS, lane=lane, wait_id="w2", round_no=4,
+                        opener=lambda request, timeout: None)
+    assert result["verdict"]["state"] == "missing" and result["verdict"]["host"] == "dgx2"
+    assert "Missing: rank 1 (dgx2), rank 2 (dgx3), rank 3 (dgx4)." in result["msg"]
+    # A row this call makes carries the wait and the round for the next one.
+    clock = FakeClock()
+    result = wait_probe(URL, 1, lane_hosts=HOSTS[:1], wait_id="w2", round_no=1, opener=refused, clock=clock,
+                        sleep=clock.sleep)
+    assert (result["row"]["wait_id"], result["row"]["round"]) == ("w2", 1)

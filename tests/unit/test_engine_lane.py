@@ -7,6 +7,7 @@ import os
 import socket
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes,
@@ -323,3 +324,14 @@ def test_the_lane_restarts_as_one_or_the_one_rank_named():
     with pytest.raises(AnsibleFilterError, match="not a rank in play"):
         lane.dgx_lane_plan(quiet, "dgx9")
 
+
+def test_the_container_task_never_pulls():
+    """engine_pull governs the plan's explicit pull only: the container tasks (plan, remove, start) never
+    contact a registry, whatever engine_pull says."""
+    with open(os.path.join(REPO_ROOT, "roles", "engine", "tasks", "container.yml")) as handle:
+        tasks = yaml.safe_load(handle)
+    modules = [t for t in tasks if "community.docker.docker_container" in t or "containers.podman.podman_container" in t]
+    assert len(modules) == 2
+    for task in modules:
+        args = task.get("community.docker.docker_container") or task.get("containers.podman.podman_container")
+        assert args["pull"] == "never"

@@ -1,0 +1,339 @@
+"""The engine lane as one unit, on real Podman with engine_double (a TEST DOUBLE of the inference engine).
+
+dgx1..dgx4 are local-connection aliases of this machine, each with its own container name, port, receipt
+directory and manifest; they share one staged local hub (staged once). exl3_2x is dgx1, dgx2;
+sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves it running:
+
+- a first start labels every rank (lane, rank, run id, one digest per aspect) and starts them in rank order;
+- --check --diff says which ranks would restart and why (env of one rank changed) and changes nothing;
+- that one-rank change then restarts the whole lane, rank 0 first; a re-run changes nothing;
+- a blob repaired by verify (a new inode, the same manifest) restarts the lane;
+- --limit to one rank is refused, and allowed with engine_restart_only naming it (that rank alone restarts);
+- engine_enabled false on one host is refused on every host, naming it;
+- a missing image with engine_pull=never fails at once on every host, naming it, and stops nothing;
+- switching the hosts to sglang_4x (its engines there hold the names: stopped with engine_stop_strays) and
+  back, with a stranger on dgx1's port: the stranger, sglang_4x's rank on dgx2 and its engines left on
+  dgx3/dgx4 (no longer in the lane) are reported, and stopped only with engine_stop_strays.
+"""
+import json
+import os
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import failures, run_playbook
+from hubgen import build_nas_hub
+from test_engine_podman import (DOUBLE_RECEIPTS, IMAGE, MAIN_REPO, build_engine_double, free_port, podman,
+                                podman_unusable)
+
+pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
+
+HOSTS = ["dgx1", "dgx2", "dgx3", "dgx4"]
+LANES = {"exl3_2x": HOSTS[:2], "sglang_4x": HOSTS}
+RECEIPT_NAMES = DOUBLE_RECEIPTS["DOUBLE_RECEIPT_ROOTS"].split(",")
+
+
+def inspect(name):
+    """{id, started, created, labels, env} of a container, or None when there is none."""
+    proc = podman("container", "inspect", name)
+    if proc.returncode != 0:
+        return None
+    info = json.loads(proc.stdout.decode())[0]
+    return {"id": info["Id"], "started": info["State"]["StartedAt"], "running": info["State"]["Running"],
+            "created": info["Created"], "labels": info["Config"]["Labels"] or {},
+            "env": dict(e.split("=", 1) for e in info["Config"]["Env"])}
+
+
+def msgs(data, name_part):
+    """{host: msg} of the results of the tasks whose name contains name_part."""
+    out = {}
+    for play in data["plays"]:
+        for task in play["tasks"]:
+            if name_part in task["task"]["name"]:
+                for host, result in task["hosts"].items():
+                    if "msg" in result and not result.get("skipped"):
+                        out[host] = result["msg"]
+    return out
+
+
+def refusals(data, name_part):
+    """{host: msg} of the failed results of the tasks whose name contains name_part."""
+    return dict((host, result["msg"]) for play in data["plays"] for task in play["tasks"]
+                if name_part in task["task"]["name"]
+                for host, result in task["hosts"].items() if result.get("failed"))
+
+
+def failed_hosts(data):
+    return sorted(h for h, s in data["stats"].items() if s.get("failures"))
+
+
+class Lane(object):
+    """The test lane: its inventory, containers and runs."""
+
+    def __init__(self, work, nas, names, ports):
+        self.work, self.nas, self.names, self.ports = work, nas, names, ports
+        self.inventory = os.path.join(work, "inventory")
+        self.host_vars = dict((h, {}) for h in HOSTS)
+
+    def cache(self, host):
+        return os.path.join(self.work, host, "cache")
+
+    def write_inventory(self):
+        """hosts.yml with both lanes; group_vars shared; host_vars per host (self.host_vars adds to them)."""
+        hosts = {}
+        for host in HOSTS:
+            hosts[host] = dict({
+                "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                "ansible_host": "127.0.0.1",
+                "engine_name": self.names[host], "engine_port": self.ports[host],
+                "receipt_parent": self.cache(host),
+                "engine_manifest_path": os.path.join(self.work, host, "engine-manifest.json"),
+            }, **self.host_vars[host])
+        children = dict((lane, {"hosts": dict((h, hosts[h]) for h in members)}) for lane, members in LANES.items())
+        os.makedirs(os.path.join(self.inventory, "group_vars", "all"), exist_ok=True)
+        with open(os.path.join(self.inventory, "hosts.yml"), "w") as handle:
+            json.dump({"all": {"children": children}}, handle)
+        settings = {
+            "lane": "exl3_2x",
+            "hub_nas_root": self.nas["hub"],
+            "hub_local_root": os.path.join(self.work, "local", "hub"),
+            "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}],
+            "stage_report_dir": os.path.join(self.work, "reports"),
+            "engine_enabled": True,
+            "engine_runtime": "podman",
+            "engine_image": IMAGE,
+            "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", "{{ engine_port }}"],
+            "engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0),
+            "engine_gpu_devices": [],
+            "engine_master_port": 29533,
+            # Rank 0's API, on the loopback address (every rank has its own port here).
+            "engine_api_url": "http://127.0.0.1:{{ hostvars[groups[lane][0]]['engine_port'] }}",
+            "engine_ready_timeout": 60,
+            "engine_ready_poll": 1,
+        }
+        with open(os.path.join(self.inventory, "group_vars", "all", "lane.yml"), "w") as handle:
+            json.dump(settings, handle)
+
+    def run(self, *args):
+        self.write_inventory()
+        return run_playbook(self.work, self.inventory, *args)
+
+    def containers(self, hosts=None):
+        return dict((h, inspect(self.names[h])) for h in (hosts or LANES["exl3_2x"]))
+
+    def ids(self, hosts=None):
+        return dict((h, (c or {}).get("id")) for h, c in self.containers(hosts).items())
+
+    def receipts_state(self, hosts=None):
+        """(inode, mtime_ns) of every receipt file, by path."""
+        out = {}
+        for host in hosts or LANES["exl3_2x"]:
+            for name in RECEIPT_NAMES:
+                path = os.path.join(self.cache(host), name, "worker.json")
+                st = os.stat(path)
+                out[path] = (st.st_ino, st.st_mtime_ns)
+        return out
+
+
+@pytest.fixture(scope="module")
+def lane(tmp_path_factory):
+    """A staged local hub shared by four hosts; exl3_2x started once."""
+    build_engine_double()
+    work = str(tmp_path_factory.mktemp("lane"))
+    nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=2)
+    tag = uuid.uuid4().hex[:8]
+    names = dict((h, "dgx-stage-test-lane-%s-%s" % (tag, h)) for h in HOSTS)
+    ports = dict((h, free_port()) for h in HOSTS)
+    the_lane = Lane(work, nas, names, ports)
+    strays = []
+    the_lane.strays = strays
+    try:
+        rc, data = the_lane.run("--tags", "stage", "--limit", "dgx1")
+        assert rc == 0, failures(data)
+        started = time.monotonic()
+        the_lane.first_run = the_lane.run("--tags", "manifest,engine")
+        the_lane.first_run_s = time.monotonic() - started
+        yield the_lane
+    finally:
+        for name in list(names.values()) + strays:
+            podman("rm", "--force", "--ignore", name)
+
+
+def assert_rank_order(containers, hosts):
+    """Every rank started after the previous one had started (throttle 1, rank order)."""
+    for before, after in zip(hosts, hosts[1:]):
+        assert containers[before]["started"] < containers[after]["created"], (before, after, containers)
+
+
+def test_first_start_labels_every_rank_and_starts_them_in_rank_order(lane):
+    rc, data = lane.first_run
+    assert rc == 0, failures(data)
+    containers = lane.containers()
+    for rank, host in enumerate(LANES["exl3_2x"]):
+        labels = containers[host]["labels"]
+        assert labels["dgx-stage.lane"] == "exl3_2x" and labels["dgx-stage.rank"] == str(rank)
+        assert labels["dgx-stage.lane-hosts"] == "dgx1,dgx2" and labels["dgx-stage.world-size"] == "2"
+        assert labels["dgx-stage.port"] == str(lane.ports[host]) and labels["dgx-stage.image"] == IMAGE
+        for aspect in ("image-id", "command-sha256", "env-sha256", "mounts-sha256", "files-sha256"):
+            assert labels["dgx-stage." + aspect], aspect
+        assert containers[host]["env"]["RANK"] == str(rank) and containers[host]["env"]["WORLD_SIZE"] == "2"
+    assert containers["dgx1"]["labels"]["dgx-stage.run-id"] == containers["dgx2"]["labels"]["dgx-stage.run-id"]
+    assert_rank_order(containers, LANES["exl3_2x"])
+    reasons = msgs(data, "Restart plan")
+    assert sorted(reasons) == ["dgx1", "dgx2"] and "container missing" in reasons["dgx1"], reasons
+
+
+def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(lane):
+    ids, receipts = lane.ids(), lane.receipts_state()
+    lane.host_vars["dgx2"] = {"engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0,
+                                                 DOUBLE_TEST_KNOB="2")}
+    rc, data = lane.run("--check", "--diff", "--tags", "manifest,engine")
+    assert rc == 0, failures(data)
+    plan = msgs(data, "Restart plan")
+    assert plan["dgx2"].startswith("rank 1 (dgx2) would restart: env changed (DOUBLE_TEST_KNOB)"), plan
+    assert plan["dgx1"].startswith("rank 0 (dgx1) would restart: the lane restarts as one (dgx2: env changed"), plan
+    assert data["stats"]["dgx1"]["changed"] >= 1 and data["stats"]["dgx2"]["changed"] >= 1
+    # Nothing removed, started or cleared.
+    assert lane.ids() == ids and lane.receipts_state() == receipts
+    assert not msgs(data, "Clear the receipts") and not msgs(data, "Container | Plan, remove or start with podman - start")
+
+
+def test_a_one_rank_change_restarts_the_whole_lane_in_rank_order(lane):
+    ids = lane.ids()
+    rc, data = lane.run("--tags", "manifest,engine")       # dgx2's env changed (previous test)
+    assert rc == 0, failures(data)
+    containers = lane.containers()
+    for host in LANES["exl3_2x"]:
+        assert containers[host]["id"] != ids[host], host
+    assert containers["dgx2"]["env"]["DOUBLE_TEST_KNOB"] == "2" and "DOUBLE_TEST_KNOB" not in containers["dgx1"]["env"]
+    assert_rank_order(containers, LANES["exl3_2x"])
+    # The receipts of every rank were cleared and written anew by this run's engines.
+    for host in LANES["exl3_2x"]:
+        with open(os.path.join(lane.cache(host), RECEIPT_NAMES[0], "worker.json")) as handle:
+            assert json.load(handle)["rank"] == str(LANES["exl3_2x"].index(host))
+    # Unchanged, a re-run leaves the lane alone.
+    rc, data = lane.run("--tags", "manifest,engine")
+    assert rc == 0, failures(data)
+    assert lane.ids() == dict((h, c["id"]) for h, c in containers.items()), msgs(data, "Restart plan")
+    assert all(data["stats"][h]["changed"] == 0 for h in LANES["exl3_2x"]), data["stats"]
+
+
+def flip_a_byte_in_a_staged_blob(lane):
+    files = lane.nas["repos"][MAIN_REPO]["files"]
+    shard = lane.nas["repos"][MAIN_REPO]["shards"][0]
+    blob = os.path.join(lane.work, "local", "hub", lane.nas["repos"][MAIN_REPO]["folder"], "blobs",
+                        files[shard]["etag"])
+    with open(blob, "r+b") as handle:
+        handle.seek(7)
+        byte = handle.read(1)
+        handle.seek(7)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    return blob
+
+
+def test_a_repaired_blob_restarts_the_lane(lane):
+    ids = lane.ids()
+    blob = flip_a_byte_in_a_staged_blob(lane)
+    inode = os.stat(blob).st_ino
+    rc, data = lane.run("--tags", "verify", "-e", "stage_verify=full", "--limit", "dgx1")
+    assert rc == 0, failures(data)
+    assert os.stat(blob).st_ino != inode   # repaired: a new file under the same name
+    rc, data = lane.run("--tags", "manifest,engine")
+    assert rc == 0, failures(data)
+    reasons = msgs(data, "Restart plan")
+    assert "bound files changed" in reasons["dgx1"] and "bound files changed" in reasons["dgx2"], reasons
+    new = lane.ids()
+    assert all(new[h] != ids[h] for h in ids), (ids, new)
+
+
+def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane):
+    ids = lane.ids()
+    rc, data = lane.run("--tags", "engine", "--limit", "dgx2")
+    assert rc != 0
+    assert any("--limit leaves out dgx1 of lane exl3_2x" in f for f in failures(data)), failures(data)
+    assert lane.ids() == ids
+    rc, data = lane.run("--tags", "engine", "--limit", "dgx2", "-e", "engine_restart_only=dgx2")
+    assert rc == 0, failures(data)
+    new = lane.ids()
+    assert new["dgx1"] == ids["dgx1"] and new["dgx2"] != ids["dgx2"]
+    assert "forced by engine_restart_only" in msgs(data, "Restart plan")["dgx2"]
+
+
+def test_engine_enabled_false_on_one_host_is_refused_on_every_host(lane):
+    ids = lane.ids()
+    lane.host_vars["dgx2"]["engine_enabled"] = False
+    try:
+        rc, data = lane.run("--tags", "engine")
+    finally:
+        del lane.host_vars["dgx2"]["engine_enabled"]
+    assert rc != 0
+    assert failed_hosts(data) == ["dgx1", "dgx2"]
+    for fail in failures(data):
+        assert "engine_enabled: false on dgx2 and true on dgx1" in fail, fail
+    assert lane.ids() == ids
+
+
+def test_a_missing_image_with_engine_pull_never_fails_fast_and_stops_nothing(lane):
+    ids = lane.ids()
+    image = "registry.invalid/dgx-stage/missing-%s:1" % uuid.uuid4().hex[:8]
+    started = time.monotonic()
+    rc, data = lane.run("--tags", "engine", "-e", "engine_image=%s" % image)
+    elapsed = time.monotonic() - started
+    assert rc != 0
+    refused = refusals(data, "The image is on every host")
+    assert sorted(refused) == failed_hosts(data) == ["dgx1", "dgx2"], failures(data)
+    for msg in refused.values():
+        assert "image %s is not on dgx1, dgx2 and engine_pull=never" % image in msg, msg
+    # No task pulled or tried to: the pull step was skipped, and no container task ran.
+    pulls = [r for play in data["plays"] for t in play["tasks"] if "Pull the engine image" in t["task"]["name"]
+             for r in t["hosts"].values()]
+    assert pulls and all(r.get("skipped") for r in pulls)
+    assert not any("Container |" in t["task"]["name"] and not r.get("skipped")
+                   for play in data["plays"] for t in play["tasks"] for r in t["hosts"].values())
+    assert lane.ids() == ids
+    assert podman("image", "exists", image).returncode != 0
+    assert elapsed < 60, elapsed
+
+
+def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_stopped_only_when_asked(lane):
+    # Switching the hosts to sglang_4x: exl3_2x's engines hold the names on dgx1/dgx2, strays of another lane.
+    rc, data = lane.run("--tags", "manifest,engine", "-e", "lane=sglang_4x", "-e", "engine_stop_strays=true")
+    assert rc == 0, failures(data)
+    four = lane.containers(HOSTS)
+    assert [four[h]["labels"]["dgx-stage.rank"] for h in HOSTS] == ["0", "1", "2", "3"]
+    assert_rank_order(four, HOSTS)
+
+    # Someone starts an engine by hand on dgx1's port (sglang_4x's rank 0 there is gone).
+    podman("rm", "--force", lane.names["dgx1"])
+    port_stray = "dgx-stage-test-stray-%s" % uuid.uuid4().hex[:8]
+    lane.strays.append(port_stray)
+    run = podman("run", "-d", "--name", port_stray, "--network", "host", IMAGE, "python3",
+                 "/opt/engine_double/engine_double.py", "--port", str(lane.ports["dgx1"]))
+    assert run.returncode == 0, run.stderr
+    time.sleep(1)   # its API binds the port
+
+    # Back to exl3_2x: refused on both hosts, naming the stranger on dgx1's port, sglang_4x's rank 1 holding
+    # dgx2's name, and its ranks 2 and 3 still running on dgx3 and dgx4, which are no longer in the lane.
+    rc, data = lane.run("--tags", "manifest,engine")
+    assert rc != 0
+    refused = refusals(data, "No stray holds")
+    assert sorted(refused) == failed_hosts(data) == ["dgx1", "dgx2"], failures(data)
+    msg = refused["dgx1"]
+    assert "dgx1: %s (not started by dgx-stage) listens on port %d" % (port_stray, lane.ports["dgx1"]) in msg, msg
+    assert ("dgx2: %s holds the engine name %s (an engine of lane sglang_4x, rank 1 of dgx1,dgx2,dgx3,dgx4)"
+            % (lane.names["dgx2"], lane.names["dgx2"])) in msg, msg
+    for host, rank in (("dgx3", 2), ("dgx4", 3)):
+        assert ("%s: %s on %s, no longer in the lane, is rank %d of lane sglang_4x"
+                % (host, lane.names[host], host, rank)) in msg, msg
+    assert "Set engine_stop_strays=true to stop them" in msg
+    assert inspect(port_stray)["running"]
+    assert lane.ids(HOSTS[1:]) == dict((h, four[h]["id"]) for h in HOSTS[1:])
+
+    # Asked to: every stray is stopped, then exl3_2x starts.
+    rc, data = lane.run("--tags", "manifest,engine", "-e", "engine_stop_strays=true")
+    assert rc == 0, failures(data)
+    assert inspect(port_stray) is None and inspect(lane.names["dgx3"]) is None and inspect(lane.names["dgx4"]) is None
+    two = lane.containers()
+    assert all(two[h]["running"] and two[h]["labels"]["dgx-stage.lane"] == "exl3_2x" for h in two)

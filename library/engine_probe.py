@@ -343,7 +343,7 @@ verdict:
       description: V(dead) - the down container's exit code, else null.
       type: int
   sample: {state: dead, decided: true, host: dgx2, rank: 1, exit_code: 3,
-           msg: "Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is exited, exit code 3 ..."}
+           msg: "Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is not running (exited) ..."}
 row:
   description: This host's share of the round, for O(lane) in the next round (the role passes it on unchanged).
   returned: success when O(mode=wait) and this call polled

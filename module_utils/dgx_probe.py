@@ -394,7 +394,7 @@ def describe_down(rank, host, container):
     """One rank that is not up: its host, container, exit code and when it ended."""
     if not container.get("exists"):
         return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
-    text = "rank %d (host %s): container %s is %s, exit code %s" % (
+    text = "rank %d (host %s): container %s is not running (%s), exit code %s" % (
         rank, host, container.get("name"), container.get("status"), container.get("exit_code"))
     if container.get("oom_killed"):
         text += ", killed out of memory"

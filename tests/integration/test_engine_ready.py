@@ -155,9 +155,9 @@ def wait_seconds(data, play="Engine"):
 
 def assert_every_host_fails(data, hosts, task_part, *needles):
     """Every host of the lane failed at task_part with a message holding every needle; returns the messages."""
-    assert failed_hosts(data) == sorted(hosts), failures(data)
+    assert failed_hosts(data) == sorted(hosts), "\n".join(failures(data))
     got = messages(data, task_part)
-    assert sorted(got) == sorted(hosts), failures(data)
+    assert sorted(got) == sorted(hosts), "\n".join(failures(data))
     for host, msg in got.items():
         for needle in needles:
             assert needle in msg, (host, needle, msg)
@@ -246,7 +246,8 @@ def test_an_api_served_by_a_stranger_fails_every_host_naming_the_holder(lane):
     assert rc != 0
     assert_every_host_fails(
         data, LANES["exl3_2x"], "Every rank is up and this run's container serves the API",
-        "Rank 0 of the lane is down - rank 0 (host dgx1): container %s is exited, exit code 1" % lane.names["dgx1"],
+        "Rank 0 of the lane is down - rank 0 (host dgx1): container %s is not running (exited), exit code 1"
+        % lane.names["dgx1"],
         "Address already in use",
         "The API at %s is answered by someone else: port %d on dgx1 is held by pid " % (lane.url(), lane.ports["dgx1"]),
         "(%s)" % old)
@@ -260,8 +261,9 @@ def test_a_rank_that_exits_while_rank_0_answers_fails_every_host_with_its_exit_c
         lane.host_env[host] = {}
     lane.host_env["dgx1"] = {"DOUBLE_STARTUP_DELAY_S": 3}
     lane.host_env["dgx2"] = {"DOUBLE_EXIT_AFTER_S": 1, "DOUBLE_EXIT_CODE": 3}
-    needles = ("Rank 1 of the lane is down - rank 1 (host dgx2): container %s is exited, exit code 3"
-               % lane.names["dgx2"], "Its log ends:", "RuntimeError: simulated crash after 1 s (DOUBLE_EXIT_AFTER_S), exit code 3")
+    needles = ("Rank 1 of the lane is down - rank 1 (host dgx2): container %s is not running (exited), exit code 3"
+               % lane.names["dgx2"], "Its log ends:",
+               "RuntimeError: simulated crash after 1 s (DOUBLE_EXIT_AFTER_S), exit code 3")
     rc, data = lane.run("--tags", "engine")
     assert rc != 0
     assert_every_host_fails(data, LANES["exl3_2x"], "Every rank is up and this run's container serves the API",
@@ -290,7 +292,8 @@ def test_rank_0_crashing_fails_ranks_1_to_3_well_inside_engine_ready_timeout(lan
     assert rc != 0
     assert_every_host_fails(
         data, LANES["sglang_4x"], "Every rank is up and this run's container serves the API",
-        "Rank 0 of the lane is down - rank 0 (host dgx1): container %s is exited, exit code 7" % lane.names["dgx1"],
+        "Rank 0 of the lane is down - rank 0 (host dgx1): container %s is not running (exited), exit code 7"
+        % lane.names["dgx1"],
         "RuntimeError: simulated crash after 2 s (DOUBLE_EXIT_AFTER_S), exit code 7")
     # The whole run (lane selection, plan, four starts in rank order, the wait) ends well inside the 300 s;
     # the wait itself within a few 5 s rounds of rank 0's crash.

@@ -315,8 +315,8 @@ def test_a_dead_rank_fails_the_lane_even_when_the_api_answers():
             "dgx3": row(), "dgx4": row()}
     verdict = lane_verdict(HOSTS, rows, URL)
     assert (verdict["state"], verdict["host"], verdict["rank"], verdict["exit_code"]) == ("dead", "dgx2", 1, 3)
-    assert verdict["msg"] == ("Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is exited, "
-                              "exit code 3, ended 2026-11-30T20:46:00Z. Its log ends:\n"
+    assert verdict["msg"] == ("Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is not "
+                              "running (exited), exit code 3, ended 2026-11-30T20:46:00Z. Its log ends:\n"
                               "loading\nRuntimeError: rank 1 lost its GPU")
 
 
@@ -326,8 +326,8 @@ def test_the_first_rank_to_end_is_named_and_the_others_listed():
             "dgx4": row()}
     verdict = lane_verdict(HOSTS, rows, URL)
     assert (verdict["host"], verdict["rank"], verdict["exit_code"]) == ("dgx3", 2, 137)
-    assert verdict["msg"].endswith("Killed\nAlso down: rank 0 (host dgx1): container ds41-engine is exited, exit "
-                                   "code 1, ended 2026-11-30T20:46:00Z.")
+    assert verdict["msg"].endswith("Killed\nAlso down: rank 0 (host dgx1): container ds41-engine is not running "
+                                   "(exited), exit code 1, ended 2026-11-30T20:46:00Z.")
 
 
 def test_a_rank_that_did_not_report_fails_the_lane():

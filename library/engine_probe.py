@@ -182,6 +182,10 @@ report:
       description: The lane verdict's state (RV(verdict.state)).
       returned: when O(mode=wait) and O(lane) is set
       type: str
+    rounds:
+      description: O(round) - the round that judged it (the wait's rounds so far when it decided).
+      returned: when O(mode=wait) and O(lane) is set
+      type: int
     ranks:
       description: Every rank's container as the last round saw it.
       returned: when O(mode=wait) and O(lane) is set

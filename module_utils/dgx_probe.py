@@ -480,13 +480,14 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
 
 
 def wait_report(result):
-    """The ready row of the host report: the models served, and with a lane verdict its state and every
-    rank's container (host, rank, status, exit code, id) and who served the API port."""
+    """The ready row of the host report: the models served, and with a lane verdict its state, the round
+    that decided it, every rank's container (host, rank, status, exit code, id) and who served the API port."""
     row = {"models": list(result.get("models") or [])}
     lane = result.get("lane_rows")
     if lane is None:
         return row
     row["state"] = result["verdict"]["state"]
+    row["rounds"] = result["round"]
     row["ranks"] = []
     for rank, host in enumerate(result["lane_hosts"]):
         container = (lane.get(host) or {}).get("container") or {}
@@ -729,7 +730,7 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
     if lane_hosts:
         master_row = (lane or {}).get(lane_hosts[0]) or {}
         result["models"] = list(master_row.get("models") or (row or {}).get("models") or [])
-        result["lane_hosts"], result["lane_rows"] = list(lane_hosts), lane
+        result["lane_hosts"], result["lane_rows"], result["round"] = list(lane_hosts), lane, round_no
     else:
         result["models"] = list(row["models"])
     if row is not None:
@@ -777,8 +778,8 @@ def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=t
                             params.get("round") or 1, opener=opener, clock=clock, sleep=sleep)
         result["report"] = probe_report(mode, result)
         # Shaped into the report; the inputs are the caller's own.
-        result.pop("lane_hosts", None)
-        result.pop("lane_rows", None)
+        for key in ("lane_hosts", "lane_rows", "round"):
+            result.pop(key, None)
         return result
     result = request_probe(params, opener=opener, clock=clock)
     verdict = floor_verdict(mode, result, params.get("floor"))

@@ -428,10 +428,10 @@ def test_a_round_that_the_last_round_decides_returns_without_polling():
 def test_run_probe_wait_in_a_lane_reports_every_rank():
     runner = FakeRunner(inspect_json())
     lane = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row(True)}
-    result = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane), runner=runner,
-                       opener=refused)
+    result = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane, round=2),
+                       runner=runner, opener=refused)
     assert result["ready"] and result["msg"] == "API ready: ds41 - all 2 ranks running"
-    assert result["report"] == {"models": ["ds41"], "state": "ready", "ranks": [
+    assert result["report"] == {"models": ["ds41"], "state": "ready", "rounds": 2, "ranks": [
         {"host": "dgx1", "rank": 0, "status": "running", "exit_code": 0, "id": OURS[:12]},
         {"host": "dgx2", "rank": 1, "status": "running", "exit_code": 0, "id": OURS[:12]}],
         "api_served_by": "pid 7 (?) in container 728f7444814f"}

@@ -123,6 +123,41 @@ def _failure(plays):
     return {}
 
 
+def run_status(failure, run, ended):
+    """failed as soon as a play failed; running until the run's end is recorded (end_view); then ok or check.
+    A run killed or interrupted before its end stays `running`: never `ok`."""
+    if failure:
+        return "failed"
+    if not ended:
+        return "running"
+    return "check" if run["check"] else "ok"
+
+
+def end_view(previous, host, run, reached_end, last_play, finished, identity):
+    """This run's view of the host once the run is over (`previous`: what this run wrote, or None).
+
+    reached_end: the host was still in the run at its last play. A host that was not, and whose view
+    names no failed play, became unreachable (or the run stopped) during last_play: that is a failure.
+    """
+    same_run = previous if isinstance(previous, dict) and previous.get("run_id") == run["id"] else None
+    view = dict(same_run) if same_run else {
+        "host": host, "run_id": run["id"], "started": run["started"], "check_mode": bool(run["check"]),
+        "tags": sorted(run["tags"]), "skip_tags": sorted(run["skip_tags"]), "plays": {}, "passes": {},
+        "weights": [], "engine": {}}
+    for key in IDENTITY:
+        if view.get(key) is None:
+            view[key] = identity.get(key)
+    view.update((key, value) for key, value in _stage_fields(view["plays"]).items() if key not in view)
+    failure = _failure(view["plays"])
+    if not failure and not reached_end:
+        failure = {"failed_play": last_play if last_play in PLAYS else None, "failed_task": "(host unreachable)",
+                   "failed_msg": "%s did not reach the end of the run: it became unreachable, or the run was "
+                                 "stopped, during %s" % (host, "play " + last_play if last_play else "lane selection")}
+    view.update(failure)
+    view.update(status=run_status(failure, run, ended=True), finished=finished)
+    return view
+
+
 def run_view(previous, host, run, play, data, finished):
     """This run's view of the host after `play`: `previous` is what this run wrote before (or None).
 
@@ -138,8 +173,9 @@ def run_view(previous, host, run, play, data, finished):
     engine = dict(same_run.get("engine") or {})
     engine.update(data["engine"])
     failure = _failure(plays)
-    view = {"host": host, "run_id": run["id"], "started": run["started"], "finished": finished,
-            "status": "failed" if failure else ("check" if run["check"] else "ok"),
+    status = run_status(failure, run, ended=False)
+    view = {"host": host, "run_id": run["id"], "started": run["started"],
+            "finished": None if status == "running" else finished, "status": status,
             "check_mode": bool(run["check"]), "tags": sorted(run["tags"]), "skip_tags": sorted(run["skip_tags"])}
     view.update(failure)
     view.update((key, data["identity"].get(key)) for key in IDENTITY)
@@ -222,6 +258,31 @@ def dumps(report):
     return (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _write_both(directory, host, history_path, latest_path, view, latest):
+    try:
+        os.makedirs(directory, 0o755, exist_ok=True)
+        atomic_write_bytes(history_path, dumps(view))
+        atomic_write_bytes(latest_path, dumps(latest))
+    except OSError as exc:
+        raise StageError("host_report: cannot write the reports of %s in %s: %s; check stage_report_dir"
+                         % (host, directory, exc))
+
+
+def end_reports(directory, host, run, reached_end, last_play=None, identity=None, finished=None, write=True):
+    """Record the end of the run in the host's history file of this run and its latest view (end_view)."""
+    check_inputs(host, run, {"name": last_play or PLAYS[0], "started": run["started"]})
+    directory = os.path.abspath(directory)
+    history_path, latest_path = report_paths(directory, host, run["id"])
+    previous_run, warn_run = read_report(history_path)
+    previous_latest, warn_latest = read_report(latest_path)
+    view = end_view(previous_run, host, run, reached_end, last_play, finished or utc_now(), identity or {})
+    latest = latest_view(previous_latest, view)
+    if write:
+        _write_both(directory, host, history_path, latest_path, view, latest)
+    return {"report": view, "latest": latest, "history_path": history_path, "latest_path": latest_path,
+            "warnings": [w for w in (warn_run, warn_latest) if w]}
+
+
 def update_reports(directory, host, run, play, data, finished=None, write=True):
     """Merge this play into the host's history file of this run and its latest view, and write both.
 
@@ -240,12 +301,6 @@ def update_reports(directory, host, run, play, data, finished=None, write=True):
     view = run_view(previous_run, host, run, play, data, finished)
     latest = latest_view(previous_latest, view)
     if write:
-        try:
-            os.makedirs(directory, 0o755, exist_ok=True)
-            atomic_write_bytes(history_path, dumps(view))
-            atomic_write_bytes(latest_path, dumps(latest))
-        except OSError as exc:
-            raise StageError("host_report: cannot write the reports of %s in %s: %s; check stage_report_dir"
-                             % (host, directory, exc))
+        _write_both(directory, host, history_path, latest_path, view, latest)
     return {"report": view, "latest": latest, "history_path": history_path, "latest_path": latest_path,
             "warnings": [w for w in (warn_run, warn_latest) if w]}

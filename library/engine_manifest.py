@@ -71,7 +71,7 @@ options:
         plan, its C(hf_hub_mirror) RV(hf_hub_mirror#module:report) rows from check mode passed unchanged;
         each row's C(repo_id), C(repo_type), C(commit) and C(excluded_paths) are read, other keys ignored.
       - A file a row's repo and commit select (not in its C(excluded_paths)) and that is not on the local
-        disk yet is bound from where the stage pass will put it (C(origin=local), C(planned=true)), so
+        disk yet is bound from where the stage pass will put it (C(origin=local), listed in RV(manifest.planned)), so
         the manifest predicts what the real run binds. A row for another commit plans nothing.
     type: list
     elements: dict
@@ -211,15 +211,7 @@ counts:
   returned: success
   type: dict
   contains:
-    local:
-      description: Mounts from the local disk.
-      type: int
-    nas:
-      description: Mounts from the NAS.
-      type: int
-    total:
-      description: All mounts.
-      type: int
+    <<: *counts
     planned:
       description: Of the local mounts, those whose file the stage pass has still to copy.
       type: int

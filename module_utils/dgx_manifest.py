@@ -35,6 +35,11 @@ def _regular_file(path, size=None):
     return None
 
 
+def snapshot_path(snapshot, rel):
+    """The path of a snapshot-relative '/'-separated path under a snapshot directory."""
+    return os.path.join(snapshot, *rel.split("/"))
+
+
 def local_source(local_repo, local_snapshot, entry, local_root_real):
     """The staged copy of one NAS snapshot entry, or None (then the NAS is bound).
 
@@ -46,7 +51,7 @@ def local_source(local_repo, local_snapshot, entry, local_root_real):
     snapshot files ending at one). A link to another same-size blob, a blob that is itself a link
     (into the NAS, or to another blob), or a broken local link all leave the file to the NAS.
     """
-    path = os.path.join(local_snapshot, *entry.path.split("/"))
+    path = snapshot_path(local_snapshot, entry.path)
     if not os.path.islink(path):
         return _regular_file(path, entry.size) if entry.kind == "real" else None
     try:
@@ -60,7 +65,7 @@ def local_source(local_repo, local_snapshot, entry, local_root_real):
         return blob
     if alias_of is None or entry.alias_of is None:
         return None
-    return _regular_file(os.path.join(local_snapshot, *alias_of.split("/")), entry.size)
+    return _regular_file(snapshot_path(local_snapshot, alias_of), entry.size)
 
 
 def stays_inside(link_path, directory):
@@ -87,7 +92,7 @@ def planned_source(local_repo, local_snapshot, entry):
     """Where the stage pass puts one selected NAS entry: its blob, or (a real file) the snapshot path."""
     if entry.kind == "link":
         return os.path.join(local_repo, "blobs", entry.etag)
-    return os.path.join(local_snapshot, *entry.path.split("/"))
+    return snapshot_path(local_snapshot, entry.path)
 
 
 def plan_for(plan, repo):
@@ -187,7 +192,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
         if staging is not None:
             if entry.path in excluded:
-                if source in pruned or os.path.join(local_snapshot, *entry.path.split("/")) in pruned:
+                if source in pruned or snapshot_path(local_snapshot, entry.path) in pruned:
                     source = None      # the stage pass removes it: the real run binds the NAS file
             elif source is None:
                 source = planned_source(local_repo, local_snapshot, entry)

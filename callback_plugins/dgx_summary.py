@@ -14,9 +14,15 @@ short_description: One lane summary table at the end of a dgx-stage run
 description:
   - Collects the C(report) row of every hf_hub_mirror result (per host, per pass - preflight, stage,
     verify), the lane facts of playbooks/select-lane.yml and each host's first failure, and prints one
-    table after the recap - host, rank, per repo the blobs copied / reused / repaired, GiB copied, time,
-    MiB/s, the verify mode and the status (ok / failed / check / unreachable, with the failed task) - then
-    the wall time, in C(--check) what the run would copy, and a C(next step) line for each failed host.
+    table after the recap - host, rank, per repo (its type shown when not a model) the blobs copied /
+    reused / repaired, GiB copied, time, MiB/s, the verify mode and the status (ok / failed / check /
+    preflight only / interrupted / unreachable, with the failed task) - then the wall time, in C(--check)
+    what the run would copy, and a C(next step) line for each failed host.
+  - In a real run the figures are what the stage and verify passes did; the preflight pass's plan is
+    never counted as copied (a repo only the preflight went over shows C(preflight only)). In C(--check)
+    the plan is what the table shows.
+  - Ansible sends no stats when a run is interrupted (Ctrl-C); the table is then printed at exit, once,
+    marked INTERRUPTED, with the hosts that did not finish and the command that finishes them.
   - With C(display_ok_hosts = false) the default stdout callback drops the warnings of unchanged results
     together with the results; this callback prints those warnings.
   - Silent for ad-hoc commands, for machine-readable stdout callbacks (json, jsonl) and for runs that
@@ -26,8 +32,11 @@ requirements:
   - enable it in callbacks_enabled
 """
 
+import atexit
 import os
+import re
 import shlex
+import signal
 import time
 
 from ansible import constants as C
@@ -83,50 +92,103 @@ def files_copied(row):
     return int(row.get("blobs", {}).get("copied", 0)) + int((row.get("real_files") or {}).get("copied", 0))
 
 
-def merge_repo(passes):
+def repo_key(row):
+    """A repo's key in the table: type, id and revision (a model and a dataset may share an id)."""
+    return "%s:%s@%s" % (row.get("repo_type") or "model", row.get("repo_id"), row.get("revision") or "main")
+
+
+def repo_label(repo_id, repo_type=None):
+    """The REPO cell: the repo id, with its type when it is not a model."""
+    return repo_id if (repo_type or "model") == "model" else "%s (%s)" % (repo_id, repo_type)
+
+
+def _reported(row):
+    """A row the module reported (not one the callback made for a failed call that returned none)."""
+    return bool(row) and not row.get("no_report")
+
+
+def merge_repo(passes, check_mode=None):
     """One repo's figures from its rows by pass ({pass: row}): what this run did to it (or would do).
 
-    The stage row (else the preflight plan, else the verify row) gives copied and reused. In a real run
-    repairs, bytes and time add up over stage and verify; a plan (check mode) is the base row's alone, with
-    no rate. The verify column is the verify pass's mode; any failed row fails the repo.
+    In a real run a plan (the preflight pass's check-mode row) is never counted as done: copied and reused
+    come from the stage row, else the verify row; repairs, bytes and time add up over both. A repo with
+    neither (only the preflight ran over it, or its pass failed before the module could report) has no
+    figures (None). In --check the plan is the figures: the stage row, else the preflight, else the verify
+    row, with no rate. check_mode: the run's; None reads it off the stage and verify rows. The verify
+    column is the verify pass's mode; any failed row fails the repo.
     """
-    base = passes.get("stage") or passes.get("preflight") or passes.get("verify")
-    plan = bool(base.get("check_mode"))
-    done = [base] if plan else ([passes[name] for name in ("stage", "verify") if passes.get(name)] or [base])
-    nbytes = sum(int(row.get("bytes_copied", 0)) for row in done)
-    duration = sum(float(row.get("duration_s", 0.0)) for row in done)
+    if check_mode is None:
+        check_mode = any(row.get("check_mode") for name, row in passes.items() if name != "preflight")
+    if check_mode:
+        plan = [passes[name] for name in ("stage", "preflight", "verify") if _reported(passes.get(name))]
+        done = plan[:1]
+    else:
+        done = [passes[name] for name in ("stage", "verify")
+                if _reported(passes.get(name)) and not passes[name].get("check_mode")]
+    base = done[0] if done else {}
+    first = next(iter(passes.values()), {})
     statuses = [row.get("status") for row in passes.values()]
-    return {
-        "repo_id": base.get("repo_id", "?"),
-        "copied": files_copied(base),
-        "reused": int(base.get("blobs", {}).get("reused", 0)),
-        "repaired": sum(int(row.get("blobs", {}).get("repaired", 0)) for row in done),
-        "bytes": nbytes,
-        "duration_s": duration,
-        "mib_per_s": nbytes / MIB / duration if nbytes and duration > 0 and not plan else None,
-        "verify": passes["verify"].get("verify", "?") if passes.get("verify") else "-",
-        "status": "failed" if "failed" in statuses else ("check" if plan else "ok"),
-    }
+    merged = {"repo_id": first.get("repo_id", "?"), "repo_type": first.get("repo_type") or "model",
+              "copied": None, "reused": None, "repaired": None, "bytes": None, "repaired_bytes": None,
+              "duration_s": None, "mib_per_s": None,
+              "verify": passes["verify"].get("verify", "?") if _reported(passes.get("verify")) else "-"}
+    if done:
+        nbytes = sum(int(row.get("bytes_copied", 0)) for row in done)
+        duration = sum(float(row.get("duration_s", 0.0)) for row in done)
+        merged.update(copied=files_copied(base), reused=int(base.get("blobs", {}).get("reused", 0)),
+                      repaired=sum(int(row.get("blobs", {}).get("repaired", 0)) for row in done),
+                      repaired_bytes=sum(int(fix.get("size", 0)) for row in done for fix in row.get("repairs") or ()
+                                         if isinstance(fix, dict)),
+                      bytes=nbytes, duration_s=duration,
+                      mib_per_s=nbytes / MIB / duration if nbytes and duration > 0 and not check_mode else None)
+    if "failed" in statuses:
+        merged["status"] = "failed"
+    elif check_mode:
+        merged["status"] = "check"
+    else:
+        merged["status"] = "ok" if done else "preflight only"
+    return merged
 
 
-def host_status(failed, unreachable, check_mode):
+def host_status(failed, unreachable, check_mode, interrupted=False):
     if unreachable:
         return "unreachable"
     if failed:
         return "failed"
+    if interrupted:
+        return "interrupted"
     return "check" if check_mode else "ok"
 
 
-def host_rows(host, rank, repos, status, failure=None):
+def _where(info):
+    """': play: task' of a failure or of the task a host was running."""
+    info = info or {}
+    return ": %s: %s" % (info.get("play") or "?", info.get("task") or "?")
+
+
+def host_rows(host, rank, repos, status, failure=None, check_mode=None, running=None):
     """The table rows of one host: one per repo ({repo: {pass: row}}, in the order seen), each with its own
-    status; a failed host's failed task goes on its failed repo's row, else on a row of its own (repo -)."""
-    rows = [dict(merge_repo(passes), host=host, rank=rank) for passes in repos.values()]
+    status; a failed host's failed task goes on its failed repo's row, else on a row of its own (repo -).
+    An interrupted host: the repos its mirror pass in flight (running: {play, task, pass}) had not
+    reported yet show interrupted, with that task; else the task in flight gets a row of its own."""
+    merged = [merge_repo(passes, check_mode) for passes in repos.values()]
+    rows = [dict(row, host=host, rank=rank) for row in merged]
+    if status == "interrupted":
+        cut = (running or {}).get("pass")
+        where = _where(running) if running else ""
+        hit = False
+        for row, passes in zip(rows, repos.values()):
+            if cut and not _reported(passes.get(cut)):
+                row["status"], hit = "interrupted" + where, True
+        if not hit:
+            rows.append({"host": host, "rank": rank, "repo_id": "-", "status": "interrupted" + where})
+        return rows
     if status not in ("failed", "unreachable"):
         for row in rows:
             if row["status"] == "failed":   # a repo failed but the host went on (ignored or rescued)
                 row["status"] = "failed (host went on)"
         return rows or [{"host": host, "rank": rank, "repo_id": "-", "status": status}]
-    where = ": %s: %s" % ((failure or {}).get("play") or "?", (failure or {}).get("task") or "?")
+    where = _where(failure)
     failed = [row for row in rows if row["status"] == "failed"]
     for row in failed:
         row["status"] += where
@@ -137,8 +199,10 @@ def host_rows(host, rank, repos, status, failure=None):
 
 def _cell(row, key):
     value = row.get(key)
-    if value is None or (key != "repo_id" and row.get("repo_id") == "-"):
-        return "-" if key not in ("host", "rank", "repo_id", "status") else str(value if value is not None else "-")
+    if key == "repo_id":
+        return repo_label(str(value if value is not None else "-"), row.get("repo_type"))
+    if value is None or row.get("repo_id") == "-":
+        return "-" if key not in ("host", "rank", "status") else str(value if value is not None else "-")
     if key == "bytes":
         return "%.2f" % (value / GIB)
     if key == "duration_s":
@@ -165,45 +229,86 @@ def render_table(rows, check_mode=False):
     return lines
 
 
-def rerun_command(inventory, playbook, host, play):
-    """What to run once the cause is fixed: the whole playbook for that host (staged blobs are reused)."""
+def _command(inventory, playbook, hosts, extra=()):
     cmd = ["ansible-playbook"]
     if inventory:
         cmd += ["-i", inventory]
-    cmd += [playbook or "stage-deepseek.yml", "--limit", host]
-    text = " ".join(shlex.quote(part) for part in cmd)
+    cmd += [playbook or "stage-deepseek.yml", "--limit", ",".join(hosts)] + list(extra)
+    return " ".join(shlex.quote(part) for part in cmd)
+
+
+def tags_asked(msg):
+    """The tags a failure message asks to run (`--tags stage`, `--tags=stage,verify`), in its order."""
+    tags = []
+    for group in re.findall(r"--tags[ =]+([\w,-]+)", str(msg or "")):
+        tags += [tag for tag in group.split(",") if tag and tag not in tags]
+    return tags
+
+
+def rerun_command(inventory, playbook, host, play, msg=None):
+    """What to run once the cause is fixed: the whole playbook for that host (staged blobs are reused), or
+    only the failed play - with the plays its message asks for first (verify refused for files not
+    staged asks for the stage play: --tags stage,verify)."""
+    text = _command(inventory, playbook, [host])
     if play:
-        text += "  (or only that play: --tags %s)" % play
+        tags = tags_asked(msg)
+        tags += [play] if play not in tags else []
+        text += "  (or only %s: --tags %s)" % ("that play" if len(tags) == 1 else "those plays", ",".join(tags))
     return text
 
 
-def next_step_lines(host, status, failure, report_path, inventory, playbook):
-    """For a failed host: what failed, why (first line of its message), where its report is, what to run."""
+def report_hint(host, report_path, report_file=None, report_seen=False):
+    """What to read: the error and the report this run wrote (report_path); else the host's report under
+    its report directory (report_file) when an earlier run left one; else no file is named."""
+    if report_path:
+        return "the error above and the host report %s" % report_path
+    if report_file and report_seen:
+        return "the error above and the host report %s (from an earlier run: this run wrote none)" % report_file
+    return "the error above (this run wrote no host report for %s)" % host
+
+
+def next_step_lines(host, status, failure, report_path, inventory, playbook, report_file=None, report_seen=False):
+    """For a failed host: what failed, why (first line of its message), where its report is, what to run.
+    report_path: the report this run wrote; report_file: else where the host's report is kept (named only
+    when report_seen: an earlier run left it)."""
     failure = failure or {}
     what = "unreachable" if status == "unreachable" else "failed"
-    msg = " ".join(str(failure.get("msg") or "").split())
-    if len(msg) > 300:
-        msg = msg[:297] + "..."
+    full = " ".join(str(failure.get("msg") or "").split())
+    msg = full if len(full) <= 300 else full[:297] + "..."
     lines = ["%s %s in play %s, task %r%s" % (host, what, failure.get("play") or "?", failure.get("task") or "?",
                                               ": " + msg if msg else "")]
     if status == "unreachable":
         step = "check that %s answers (ssh, its Python), then re-run: %s" % (
             host, rerun_command(inventory, playbook, host, None))
     else:
-        step = "read the error above and the host report %s; fix the cause, then re-run: %s" % (
-            report_path or "reports/%s.json" % host, rerun_command(inventory, playbook, host, failure.get("tag")))
+        step = "read %s; fix the cause, then re-run: %s" % (
+            report_hint(host, report_path, report_file, report_seen),
+            rerun_command(inventory, playbook, host, failure.get("tag"), full))
     lines.append("next step: " + step)
     return lines
 
 
+def interrupted_step(hosts, state):
+    """One next step for the hosts an interrupted run left unfinished: run it again for them."""
+    how = "interrupted" if state.get("stopped") == "INTERRUPTED" else "stopped"
+    extra = list(state.get("rerun_args") or ())
+    text = _command(state.get("inventory"), state.get("playbook"), hosts, extra)
+    if state.get("extra_vars"):
+        text += "  (with the same -e options)"
+    return ["next step: the run was %s before %s finished; what is staged is kept and reused, so re-run: %s"
+            % (how, ", ".join(hosts), text)]
+
+
 def summary_lines(state):
-    """The whole summary from the collected state (plain data; see CallbackModule.state)."""
+    """The whole summary from the collected state (plain data; see CallbackModule.state). state["stopped"]
+    (INTERRUPTED, STOPPED) says the run ended before its recap: the hosts not failed are then interrupted."""
     hosts = state.get("hosts", {})
     lane_hosts = [h for h, info in hosts.items() if info.get("repos") or info.get("rank") is not None
                   or info.get("failed") or info.get("unreachable")]
     if not lane_hosts:
         return []
     check_mode = bool(state.get("check_mode"))
+    stopped = state.get("stopped")
 
     def order(host):
         rank = hosts[host].get("rank")
@@ -212,37 +317,56 @@ def summary_lines(state):
     rows, statuses, steps = [], {}, []
     for host in sorted(lane_hosts, key=order):
         info = hosts[host]
-        status = host_status(info.get("failed"), info.get("unreachable"), check_mode)
+        status = host_status(info.get("failed"), info.get("unreachable"), check_mode, bool(stopped))
         statuses[host] = status
-        rows += host_rows(host, info.get("rank"), info.get("repos", {}), status, info.get("failure"))
+        rows += host_rows(host, info.get("rank"), info.get("repos", {}), status, info.get("failure"), check_mode,
+                          info.get("running"))
         if status in ("failed", "unreachable"):
             steps += next_step_lines(host, status, info.get("failure"), info.get("report_path"),
-                                     state.get("inventory"), state.get("playbook"))
+                                     state.get("inventory"), state.get("playbook"), info.get("report_file"),
+                                     info.get("report_seen"))
+    unfinished = [h for h in sorted(lane_hosts, key=order) if statuses[h] == "interrupted"]
+    if unfinished:
+        steps += interrupted_step(unfinished, state)
     lanes = sorted(set(str(hosts[h]["lane"]) for h in lane_hosts if hosts[h].get("lane")))
     run = ", run " + state["run_id"] if state.get("run_id") else ""
-    head = "DGX-STAGE LANE SUMMARY: lane %s, %s%s%s" % (",".join(lanes) or "?", plural(len(lane_hosts), "host"), run,
-                                                         ", CHECK MODE (nothing was written)" if check_mode else "")
+    head = "DGX-STAGE LANE SUMMARY: lane %s, %s%s%s%s" % (
+        ",".join(lanes) or "?", plural(len(lane_hosts), "host"), run,
+        ", CHECK MODE (nothing was written)" if check_mode else "", ", " + stopped if stopped else "")
     lines = [head] + render_table(rows, check_mode)
     bad = [h for h in lane_hosts if statuses[h] in ("failed", "unreachable")]
-    total = "wall time %s; %d/%d hosts %s" % (human_seconds(state.get("wall_s")), len(lane_hosts) - len(bad),
-                                               len(lane_hosts), "checked" if check_mode else "ok")
-    merged = [r for r in rows if "bytes" in r]
+    total = "wall time %s; %d/%d hosts %s" % (human_seconds(state.get("wall_s")),
+                                               len(lane_hosts) - len(bad) - len(unfinished), len(lane_hosts),
+                                               "checked" if check_mode else "ok")
+    merged = [r for r in rows if r.get("bytes") is not None]
     nfiles, nbytes = sum(r["copied"] for r in merged), sum(r["bytes"] for r in merged)
     if check_mode:
         total += "; would copy %s, %.2f GiB (%s)" % (plural(nfiles, "file"), nbytes / GIB, human_bytes(nbytes))
     elif merged:
-        total += "; copied %s, %s; repaired %d" % (plural(nfiles, "file"), human_bytes(nbytes),
-                                                    sum(r["repaired"] for r in merged))
+        fixed = sum(r.get("repaired_bytes") or 0 for r in merged)
+        total += "; copied %s, %s; repaired %d%s" % (
+            plural(nfiles, "file"), human_bytes(max(0, nbytes - fixed)), sum(r["repaired"] for r in merged),
+            " (%s)" % human_bytes(fixed) if fixed else "")
     if bad:
         total += "; FAILED: %s" % ", ".join(bad)
+    if unfinished:
+        total += "; %s: %s" % (stopped, ", ".join(unfinished))
     idle = [h for h in lane_hosts if hosts[h].get("engine_runs") is False]
-    if idle and not check_mode:
+    if idle and not check_mode and not stopped:
         total += "; engine not started%s (engine_enabled is false)" % (
             "" if len(idle) == len(lane_hosts) else " on " + ", ".join(idle))
     return lines + [total] + steps
 
 
 # ---- the callback: collects plain data, prints summary_lines() ---------------------------------------
+
+PLAY_ORDER = ("preflight", "stage", "verify", "receipts", "manifest", "engine", "smoke", "bench")
+
+
+def _play_order(tag):
+    """--tags in the order stage-deepseek.yml runs the plays (Ansible keeps them as a set)."""
+    return (PLAY_ORDER.index(tag), "") if tag in PLAY_ORDER else (len(PLAY_ORDER), tag)
+
 
 def _truthy(value):
     return str(value).strip().lower() in ("true", "1", "yes")
@@ -265,9 +389,15 @@ class CallbackModule(CallbackBase):
         super(CallbackModule, self).__init__(display=display)
         self.state = {"hosts": {}, "check_mode": False, "inventory": None, "playbook": None}
         self._started = None
+        self._play = None
         self._play_tags = ()
         self._play_name = ""
+        self._task = None
         self._hides_ok = None
+        self._printed = False
+        self._interrupted = False
+        self._watching = False
+        self._pid = os.getpid()
 
     def _host(self, name):
         return self.state["hosts"].setdefault(name, {"repos": {}})
@@ -284,6 +414,40 @@ class CallbackModule(CallbackBase):
         cwd = os.getcwd()
         self.state["inventory"] = ",".join(self._rel(i, cwd) for i in inventories) or None
         self.state["playbook"] = self._rel(getattr(playbook, "_file_name", None) or "", cwd) or None
+        # What an interrupted run is re-run with: its own tags and mode (the hosts are named by --limit).
+        rerun = []
+        tags = sorted((t for t in (args.get("tags") or ()) if t and t != "all"), key=_play_order)
+        if tags:
+            rerun += ["--tags", ",".join(tags)]
+        if args.get("skip_tags"):
+            rerun += ["--skip-tags", ",".join(args["skip_tags"])]
+        if args.get("check"):
+            rerun += ["--check"]
+        self.state["rerun_args"] = rerun
+        self.state["extra_vars"] = bool(args.get("extra_vars"))
+        if not self._watching:
+            self._watching = True
+            self._watch_interrupts()
+
+    def _watch_interrupts(self):
+        """Ansible sends no v2_playbook_on_stats when the run is interrupted (Ctrl-C raises KeyboardInterrupt
+        through the play loop): note a SIGINT, then pass it on to Ansible's own handler; the table is printed
+        at interpreter exit when the stats never came (once: _printed)."""
+        atexit.register(self._at_exit)
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+
+            def note_sigint(signum, frame):
+                if previous == signal.SIG_IGN:
+                    return None
+                self._interrupted = True
+                if callable(previous):
+                    return previous(signum, frame)
+                raise KeyboardInterrupt()
+
+            signal.signal(signal.SIGINT, note_sigint)
+        except (ValueError, OSError, TypeError):    # not the main thread: the exit hook still prints
+            pass
 
     @staticmethod
     def _rel(path, cwd):
@@ -292,8 +456,12 @@ class CallbackModule(CallbackBase):
         return path
 
     def v2_playbook_on_play_start(self, play):
+        self._play = play
         self._play_tags = tuple(play.tags or ())
         self._play_name = play.get_name().strip()
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._task = task
 
     def _tag(self):
         """The play's tag: what --tags takes to run it again."""
@@ -302,7 +470,11 @@ class CallbackModule(CallbackBase):
                 return tag
         return None
 
-    def _collect(self, result):
+    def _play_label(self):
+        tag = self._tag()
+        return tag or self._play_name.split(" - ")[0] or None
+
+    def _collect(self, result, failed=False):
         data = result.result
         host = self._host(result.host.get_name())
         facts = data.get("ansible_facts") or {}
@@ -316,19 +488,33 @@ class CallbackModule(CallbackBase):
             self.state["run_id"] = str(facts["lane_run_id"])
         action = str(getattr(result.task, "action", "") or "")
         row = data.get("report")
-        if action.endswith("hf_hub_mirror") and isinstance(row, dict) and "results" not in data:
-            name = pass_of(self._play_tags, row.get("phase"))
-            key = "%s@%s" % (row.get("repo_id"), row.get("revision", "main"))
-            host["repos"].setdefault(key, {})[name] = row
-        if action.endswith("host_report") and data.get("latest_path"):
-            host["report_path"] = self._rel(str(data["latest_path"]), os.getcwd())
+        if action.endswith("hf_hub_mirror") and "results" not in data:
+            if isinstance(row, dict):
+                name = pass_of(self._play_tags, row.get("phase"))
+                host["repos"].setdefault(repo_key(row), {})[name] = row
+            elif failed and isinstance(data.get("item"), dict):
+                # Refused before it had a result (another run held the lock, a bad input): the repo failed.
+                item = data["item"]
+                name = pass_of(self._play_tags)
+                made = {"repo_id": item.get("repo_id", "?"), "repo_type": item.get("repo_type") or "model",
+                        "revision": item.get("revision") or "main", "status": "failed", "no_report": True,
+                        "check_mode": name == "preflight" or self.state["check_mode"]}
+                host["repos"].setdefault(repo_key(made), {}).setdefault(name, made)
+        if action.endswith("host_report") and "results" not in data:
+            # The report is of the host it names: the end of the run writes every lane host's from one host.
+            args = (data.get("invocation") or {}).get("module_args") or {}
+            about = self._host(str(args["host"])) if args.get("host") else host
+            if data.get("latest_path"):
+                about["report_path"] = self._rel(str(data["latest_path"]), os.getcwd())
+            if args.get("dir"):
+                about["report_dir"] = str(args["dir"])
 
     def _fail(self, result, ignore_errors=False):
         if ignore_errors:
             return
         host = self._host(result.host.get_name())
         tag = self._tag()
-        host.setdefault("failure", {"play": tag or self._play_name.split(" - ")[0] or None, "tag": tag,
+        host.setdefault("failure", {"play": self._play_label(), "tag": tag,
                                     "task": _task_name(result.task), "msg": result.result.get("msg", "")})
 
     def _stdout_hides_ok(self):
@@ -342,35 +528,106 @@ class CallbackModule(CallbackBase):
             self._hides_ok = not shown and not self._quiet()
         return self._hides_ok
 
+    # What each host is doing, for a run that ends before its recap: the task in flight, the last outcome.
+    def v2_runner_on_start(self, host, task):
+        action = str(getattr(task, "action", "") or "")
+        self._host(host.get_name())["running"] = {
+            "play": self._play_label(), "task": _task_name(task),
+            "pass": pass_of(self._play_tags) if action.endswith("hf_hub_mirror") else None}
+
+    def _ended(self, result, failed=False, unreachable=False):
+        host = self._host(result.host.get_name())
+        host.pop("running", None)
+        host["last_failed"] = failed
+        if unreachable:
+            host["unreachable_seen"] = True
+
     def v2_runner_on_ok(self, result):
         self._collect(result)
+        self._ended(result)
         # The default callback drops an unchanged result's warnings with the result: say them here (a loop's
         # result carries its items' warnings).
         if not result.result.get("changed") and self._stdout_hides_ok():
             self._handle_warnings_and_exception(result)
 
+    def v2_runner_on_skipped(self, result):
+        self._ended(result)
+
     def v2_runner_item_on_ok(self, result):
         self._collect(result)
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
-        self._collect(result)
+        self._collect(result, failed=True)
         self._fail(result, ignore_errors)
+        self._ended(result, failed=not ignore_errors)
 
     def v2_runner_item_on_failed(self, result):
-        self._collect(result)   # a loop's first failed item says more than its "One or more items failed"
+        # A loop's first failed item says more than its "One or more items failed".
+        self._collect(result, failed=True)
         self._fail(result, bool(getattr(result.task, "ignore_errors", False)))
 
     def v2_runner_on_unreachable(self, result):
         self._fail(result)
+        self._ended(result, unreachable=True)
+
+    def _report_files(self):
+        """For a failed host with no report from this run: its report under the directory it was given
+        (host_report's dir) or its stage_report_dir, and whether an earlier run left it there."""
+        for name, info in self.state["hosts"].items():
+            if not info.get("failed") or info.get("report_path"):
+                continue
+            directory = info.get("report_dir") or self._host_var(name, "stage_report_dir")
+            if directory:
+                path = os.path.join(os.path.expanduser(str(directory)), "%s.json" % name)
+                info["report_file"] = self._rel(os.path.abspath(path), os.getcwd())
+                info["report_seen"] = os.path.isfile(path)
+
+    def _host_var(self, name, var):
+        """A host's variable as the plays see it (inventory, group_vars), templated; None if unknown."""
+        try:
+            from ansible.template import Templar
+            manager = self._play.get_variable_manager()
+            host = manager._inventory.get_host(name)
+            if host is None:
+                return None
+            variables = manager.get_vars(play=self._play, host=host)
+            if var not in variables:
+                return None
+            value = Templar(loader=manager._loader, variables=variables).template(variables[var])
+            return str(value) if value not in (None, "") else None
+        except Exception:   # an undefined or broken value: no directory rather than a wrong one
+            return None
+
+    def _print(self):
+        self._printed = True
+        self._report_files()
+        lines = summary_lines(self.state)
+        if lines:
+            self._display.display("\n".join(lines))
+            self._display.display("")
 
     def v2_playbook_on_stats(self, stats):
-        if self._quiet() or self._started is None:
+        if self._quiet() or self._started is None or self._printed:
             return
         self.state["wall_s"] = time.monotonic() - self._started
         for name, info in self.state["hosts"].items():
             info["failed"] = bool(stats.failures.get(name))
             info["unreachable"] = bool(stats.dark.get(name))
-        lines = summary_lines(self.state)
-        if lines:
-            self._display.display("\n".join(lines))
-            self._display.display("")
+        self._print()
+
+    def _at_exit(self):
+        """The run ended without its stats (Ctrl-C, or an error that stopped it): the table as far as it
+        got. A host whose last task failed (none in flight) failed; the others did not finish."""
+        if self._printed or self._started is None or os.getpid() != self._pid or self._quiet():
+            return
+        self.state["wall_s"] = time.monotonic() - self._started
+        self.state["stopped"] = "INTERRUPTED" if self._interrupted else "STOPPED"
+        for info in self.state["hosts"].values():
+            info["unreachable"] = bool(info.get("unreachable_seen")) and not info.get("running")
+            info["failed"] = bool(info.get("last_failed")) and not info.get("running")
+            if not info.get("running") and self._task is not None and not (info["failed"] or info["unreachable"]):
+                info["running"] = {"play": self._play_label(), "task": _task_name(self._task), "pass": None}
+        try:
+            self._print()
+        except Exception:   # pragma: no cover - a closed stdout at exit: nothing more to say
+            pass

@@ -71,7 +71,7 @@ options:
         plan, its C(hf_hub_mirror) RV(hf_hub_mirror#module:report) rows from check mode passed unchanged;
         each row's C(repo_id), C(repo_type), C(commit) and C(excluded_paths) are read, other keys ignored.
       - A file a row's repo and commit select (not in its C(excluded_paths)) and that is not on the local
-        disk yet is bound from where the stage pass will put it (C(origin=local), C(planned=true)), so
+        disk yet is bound from where the stage pass will put it (C(origin=local), listed in RV(manifest.planned)), so
         the manifest predicts what the real run binds. A row for another commit plans nothing.
     type: list
     elements: dict
@@ -166,12 +166,15 @@ manifest:
         origin:
           description: V(local) or V(nas).
           type: str
-        planned:
-          description: Check mode with O(plan) only - a local bind whose file the stage pass has still to copy.
-          type: bool
-          returned: success when true
+    planned:
+      description:
+        - Check mode with O(plan) only, and not part of the manifest file - the targets of local binds whose
+          file the stage pass has still to copy.
+      type: list
+      elements: str
+      returned: success when check mode with O(plan)
     counts:
-      description: Mounts by origin (the same as RV(counts)).
+      description: Mounts by origin (RV(counts) without its C(planned)).
       type: dict
       contains: &counts
         local:
@@ -183,10 +186,6 @@ manifest:
         total:
           description: All mounts.
           type: int
-        planned:
-          description: Of the local mounts, those the stage pass has still to copy (check mode with O(plan)).
-          type: int
-          returned: success when check mode with O(plan)
   sample:
     repos:
       - repo_id: org/name
@@ -211,7 +210,12 @@ counts:
   description: Mounts by origin.
   returned: success
   type: dict
-  contains: *counts
+  contains:
+    <<: *counts
+    planned:
+      description: Of the local mounts, those whose file the stage pass has still to copy.
+      type: int
+      returned: success when check mode with O(plan)
   sample: {local: 141, nas: 30, total: 171}
 msg:
   description: Why no manifest could be computed (a missing NAS root or snapshot, an inconsistent mount list).
@@ -251,10 +255,13 @@ def main():
                                               params["plan"] if module.check_mode else None)
     except StageError as exc:
         module.fail_json(msg=str(exc))
-    if not os.path.isdir(params["hub_local_root"]):
+    counts = dict(manifest["counts"])
+    if "planned" in manifest:
+        counts["planned"] = len(manifest["planned"])
+    elif not os.path.isdir(params["hub_local_root"]):
         module.warn("hub_local_root %s does not exist: every file is mounted from the NAS"
                     % params["hub_local_root"])
-    module.exit_json(changed=False, manifest=manifest, counts=manifest["counts"])
+    module.exit_json(changed=False, manifest=manifest, counts=counts)
 
 
 if __name__ == "__main__":

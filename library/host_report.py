@@ -18,7 +18,9 @@ description:
     C(<dir>/<host>.json), the latest complete view (this run's identity and status over the last real
     results of every play; a play not run keeps its last values with its own run id and timestamps).
   - Status is V(failed) when a play of the run failed (with C(failed_play), C(failed_task), C(failed_msg)),
-    else V(check) for a C(--check) run, else V(ok). A C(--check) run never replaces real results in the
+    else V(running) until the run's end is recorded (O(run_end=true), the playbook's last play), then V(check)
+    for a C(--check) run, else V(ok). A run killed or interrupted before its end stays V(running), never
+    V(ok); a host that did not reach the end (unreachable) is marked V(failed) then. A C(--check) run never replaces real results in the
     latest view; its plan is kept under C(check).
   - Both files are written atomically (temp file, fsync, rename); timestamps are ISO 8601 UTC.
 author: dgx-stage maintainers
@@ -63,15 +65,26 @@ options:
     default: false
   play:
     description:
-      - The play that just ended (its tag).
+      - The play that just ended (its tag); with O(run_end=true), the last play the host started (it names
+        the play a host that did not reach the end was lost in; omit it when the host started none).
+      - Required unless O(run_end=true).
     type: str
-    required: true
     choices: [preflight, stage, verify, receipts, manifest, engine, smoke, bench]
   play_started:
     description:
-      - When that play started, ISO 8601 UTC.
+      - When that play started, ISO 8601 UTC. Required unless O(run_end=true).
     type: str
-    required: true
+  run_end:
+    description:
+      - Record the end of the run instead of a play - the status becomes final (V(ok), V(check) or V(failed)).
+    type: bool
+    default: false
+  reached_end:
+    description:
+      - With O(run_end=true) - the host was still in the run at its last play. V(false) for a host whose
+        report names no failed play means it became unreachable (or the run stopped), a failure.
+    type: bool
+    default: true
   play_failed:
     description:
       - The play failed on this host (the report is written from the play's rescue).
@@ -184,10 +197,12 @@ report:
       description: O(run_started).
       type: str
     finished:
-      description: When the report was written (the end of the run's last play so far), ISO 8601 UTC.
+      description: When the run ended for the host (its end, or the play that failed), ISO 8601 UTC; null while V(running).
       type: str
     status:
-      description: V(failed) when a play of the run failed, else V(check) for a C(--check) run, else V(ok).
+      description:
+        - V(failed) when a play of the run failed or the host did not reach its end, else V(running) until the
+          run's end is recorded, then V(check) for a C(--check) run, else V(ok).
       type: str
     check_mode:
       description: O(check_run).
@@ -296,7 +311,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_report import IDENTITY, PLAYS, update_reports
+from ansible.module_utils.dgx_report import end_reports, IDENTITY, PLAYS, update_reports
 
 ARGUMENT_SPEC = dict(
     dir=dict(type="path", required=True),
@@ -306,8 +321,10 @@ ARGUMENT_SPEC = dict(
     tags=dict(type="list", elements="str", default=[]),
     skip_tags=dict(type="list", elements="str", default=[]),
     check_run=dict(type="bool", default=False),
-    play=dict(type="str", required=True, choices=list(PLAYS)),
-    play_started=dict(type="str", required=True),
+    play=dict(type="str", choices=list(PLAYS)),
+    play_started=dict(type="str"),
+    run_end=dict(type="bool", default=False),
+    reached_end=dict(type="bool", default=True),
     play_failed=dict(type="bool", default=False),
     failed_task=dict(type="str", default=""),
     failed_result=dict(type="dict", default={}),
@@ -323,7 +340,8 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           required_if=[("run_end", False, ("play", "play_started"))])
     params = module.params
     run = {"id": params["run_id"], "started": params["run_started"], "tags": params["tags"],
            "skip_tags": params["skip_tags"], "check": params["check_run"]}
@@ -332,7 +350,11 @@ def main():
     data = {"identity": dict((key, params[key]) for key in IDENTITY), "passes": params["passes"],
             "weights": params["weights"], "engine": params["engine"]}
     try:
-        result = update_reports(params["dir"], params["host"], run, play, data, write=not module.check_mode)
+        if params["run_end"]:
+            result = end_reports(params["dir"], params["host"], run, params["reached_end"], params["play"],
+                                 data["identity"], write=not module.check_mode)
+        else:
+            result = update_reports(params["dir"], params["host"], run, play, data, write=not module.check_mode)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     for warning in result.pop("warnings"):

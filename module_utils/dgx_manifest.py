@@ -35,6 +35,11 @@ def _regular_file(path, size=None):
     return None
 
 
+def snapshot_path(snapshot, rel):
+    """The path of a snapshot-relative '/'-separated path under a snapshot directory."""
+    return os.path.join(snapshot, *rel.split("/"))
+
+
 def local_source(local_repo, local_snapshot, entry, local_root_real):
     """The staged copy of one NAS snapshot entry, or None (then the NAS is bound).
 
@@ -46,7 +51,7 @@ def local_source(local_repo, local_snapshot, entry, local_root_real):
     snapshot files ending at one). A link to another same-size blob, a blob that is itself a link
     (into the NAS, or to another blob), or a broken local link all leave the file to the NAS.
     """
-    path = os.path.join(local_snapshot, *entry.path.split("/"))
+    path = snapshot_path(local_snapshot, entry.path)
     if not os.path.islink(path):
         return _regular_file(path, entry.size) if entry.kind == "real" else None
     try:
@@ -60,7 +65,7 @@ def local_source(local_repo, local_snapshot, entry, local_root_real):
         return blob
     if alias_of is None or entry.alias_of is None:
         return None
-    return _regular_file(os.path.join(local_snapshot, *alias_of.split("/")), entry.size)
+    return _regular_file(snapshot_path(local_snapshot, alias_of), entry.size)
 
 
 def stays_inside(link_path, directory):
@@ -87,15 +92,15 @@ def planned_source(local_repo, local_snapshot, entry):
     """Where the stage pass puts one selected NAS entry: its blob, or (a real file) the snapshot path."""
     if entry.kind == "link":
         return os.path.join(local_repo, "blobs", entry.etag)
-    return os.path.join(local_snapshot, *entry.path.split("/"))
+    return snapshot_path(local_snapshot, entry.path)
 
 
-def plan_for(plan, repo, commit):
-    """The stage plan's record for this repo and commit, or None (not planned: only what is on disk)."""
+def plan_for(plan, repo):
+    """The stage plan's row for this repo and revision, or None (not planned: only what is on disk)."""
     for record in plan or []:
         if (record.get("repo_id") == repo["repo_id"]
                 and (record.get("repo_type") or "model") == repo["repo_type"]
-                and record.get("commit") == commit):
+                and (record.get("revision") or "main") == repo["revision"] and record.get("commit")):
             return record
     return None
 
@@ -157,15 +162,18 @@ def _check_root(name, path, must_exist):
 
 
 def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
-    """Return (repo record, mounts, NAS file paths) for one repo.
+    """Return (repo record, mounts, NAS file paths, planned sources) for one repo.
 
-    plan (check mode): the stage pass's records {repo_id, repo_type, commit, excluded_paths}; a file it
-    selects that is not local yet is bound from where the stage pass will put it (mount `planned`)."""
+    plan (check mode): the stage pass's rows {repo_id, repo_type, revision, commit, excluded_paths,
+    pruned}. The row's commit is the one the real run stages (the NAS ref may have moved); a file it
+    selects that is not local yet is bound from where the stage pass will put it (a planned source),
+    and a local file it would prune is bound from the NAS."""
     repo = normalise_repo(entry)
     folder = repo_folder_name(repo["repo_id"], repo["repo_type"])
     local_repo = os.path.join(hub_local_root, folder)
     nas_repo = os.path.join(hub_nas_root, folder)
-    commit = resolve_commit(local_repo, nas_repo, repo["revision"])
+    staging = plan_for(plan, repo)
+    commit = staging["commit"] if staging else resolve_commit(local_repo, nas_repo, repo["revision"])
     nas_snapshot = os.path.join(nas_repo, "snapshots", commit)
     if not os.path.isdir(nas_snapshot):
         raise StageError("%s does not exist: the NAS has no snapshot for %s@%s (commit %s); "
@@ -177,28 +185,31 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
     entries = scan_snapshot(nas_repo, commit, hub_nas_root)
     files = [e.path for e in entries]
     local_root_real = os.path.realpath(hub_local_root)
-    local, planned = {}, set()
-    staging = plan_for(plan, repo, commit)
     excluded = set((staging or {}).get("excluded_paths") or [])
+    pruned = set((staging or {}).get("pruned") or [])
+    local, planned = {}, set()
     for entry in entries:
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
-        if source is None and staging is not None and entry.path not in excluded:
-            source = planned_source(local_repo, local_snapshot, entry)
-            planned.add(source)
+        if staging is not None:
+            if entry.path in excluded:
+                if source in pruned or snapshot_path(local_snapshot, entry.path) in pruned:
+                    source = None      # the stage pass removes it: the real run binds the NAS file
+            elif source is None:
+                source = planned_source(local_repo, local_snapshot, entry)
+                planned.add(source)
         if source:
             local[entry.path] = source
     record = dict(repo, commit=commit, folder=folder, local_snapshot=local_snapshot,
                   nas_snapshot=nas_snapshot, target=target)
     mounts = plan_snapshot_mounts(files, local, nas_snapshot, target)
-    for mount in mounts:
-        if mount["origin"] == "local" and mount["source"] in planned:
-            mount["planned"] = True
-    return record, mounts, [os.path.join(nas_snapshot, f) for f in files]
+    return record, mounts, [os.path.join(nas_snapshot, f) for f in files], planned
 
 
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None):
     """Return (manifest, NAS file paths); raises StageError if the result fails coverage_problems.
-    plan: see plan_repo (check mode's prediction; planned local sources need not exist yet)."""
+
+    The manifest is exactly what the manifest file holds. With a plan (check mode, see plan_repo) it
+    also lists under `planned` the targets whose local source the stage pass has still to write."""
     hub_local_root = _check_root("hub_local_root", hub_local_root, False)
     hub_nas_root = _check_root("hub_nas_root", hub_nas_root, True)
     if not target_root or not posixpath.isabs(target_root):
@@ -206,26 +217,27 @@ def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan
     target_root = posixpath.normpath(target_root)
     if not repos:
         raise StageError("repos is empty: nothing to mount; set stage_repos")
-    records, mounts, nas_files, folders = [], [], [], set()
+    records, mounts, nas_files, folders, planned = [], [], [], set(), set()
     for entry in repos:
-        record, repo_mounts, files = plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan)
+        record, repo_mounts, files, repo_planned = plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan)
         if record["folder"] in folders:
             raise StageError("repo %s is listed twice in repos; remove one entry" % record["repo_id"])
         folders.add(record["folder"])
         records.append(record)
         mounts.extend(repo_mounts)
         nas_files.extend(files)
+        planned |= repo_planned
     mounts.sort(key=lambda m: m["target"])
     local_count = sum(1 for m in mounts if m["origin"] == "local")
     manifest = {"repos": records, "mounts": mounts,
                 "counts": {"local": local_count, "nas": len(mounts) - local_count,
                            "total": len(mounts)}}
-    if plan is not None:
-        manifest["counts"]["planned"] = sum(1 for m in mounts if m.get("planned"))
-    problems = coverage_problems(manifest, nas_files)
+    problems = coverage_problems(manifest, nas_files, planned)
     if problems:
         raise StageError("mount manifest is inconsistent: %s" % "; ".join(problems[:10])
                          + ("; and %d more" % (len(problems) - 10) if len(problems) > 10 else ""))
+    if plan is not None:
+        manifest["planned"] = [m["target"] for m in mounts if m["origin"] == "local" and m["source"] in planned]
     return manifest, nas_files
 
 
@@ -244,9 +256,10 @@ def _ancestors(target):
         target, parent = parent, posixpath.dirname(parent)
 
 
-def mount_problems(mounts):
-    """Problems of the mount list alone: paths no runtime binds exactly as written, missing sources,
-    shared or nested targets, rw NAS."""
+def mount_problems(mounts, planned=()):
+    """Problems of the mount list alone: paths no runtime binds exactly as written, missing sources
+    (but a planned one: check mode's source the stage pass has still to write), shared or nested
+    targets, rw NAS."""
     problems = []
     by_target = {}
     for mount in mounts:
@@ -258,7 +271,7 @@ def mount_problems(mounts):
             problems.append("two mounts share target %s (%s and %s)"
                             % (mount["target"], by_target[mount["target"]]["source"], mount["source"]))
         by_target[mount["target"]] = mount
-        if not mount.get("planned") and not os.path.exists(mount["source"]):
+        if mount["source"] not in planned and not os.path.exists(mount["source"]):
             problems.append("mount source %s does not exist (or is a dangling link)" % mount["source"])
         if mount.get("origin") not in ("local", "nas"):
             problems.append("mount %s has origin %r, not local or nas"
@@ -274,14 +287,14 @@ def mount_problems(mounts):
     return problems
 
 
-def coverage_problems(manifest, nas_files):
+def coverage_problems(manifest, nas_files, planned=()):
     """List every way the manifest breaks the contract; empty means valid.
 
     Beyond mount_problems: each NAS snapshot file must be reachable through exactly one mount,
     and a file reached through a NAS directory mount must not be a link leaving that directory.
     """
     mounts = manifest["mounts"]
-    problems = mount_problems(mounts)
+    problems = mount_problems(mounts, planned)
     by_target = {m["target"]: m for m in mounts}
     for nas_file in nas_files:
         target = _file_target(manifest["repos"], nas_file)

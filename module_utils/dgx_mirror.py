@@ -809,7 +809,7 @@ def run_mirror(req, check_mode=False, progress=True):
             try:
                 result = _run_locked(tree, req, meter, started)
             except KeyboardInterrupt as exc:
-                meter.close("interrupted", "interrupted (%s)" % (exc or "Ctrl-C"))
+                meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
                 raise
             except BaseException as exc:
                 meter.close("failed", str(exc) or type(exc).__name__)

@@ -43,18 +43,20 @@ def utc_now(epoch=None):
     return time.strftime(ISO_FORMAT, time.gmtime(epoch))
 
 
-def check_inputs(host, run, play):
-    """Refuse what would make a wrong file name or an unreadable timestamp, naming the input."""
+def check_inputs(host, run, play=None):
+    """Refuse what would make a wrong file name or an unreadable timestamp, naming the input (play: the
+    play being recorded, None for the end of the run)."""
     if not host or "/" in host or "\0" in host or host.startswith(".") or len(host.encode("utf-8")) > 200:
         raise StageError("host_report: host %r cannot name a report file (empty, a '/', a leading '.', "
                          "or longer than 200 bytes)" % (host,))
     if not _RUN_ID.match(run["id"] or "") or len(run["id"]) > 64:
         raise StageError("host_report: run_id %r is not a run id (letters, digits, '.', '_', '-'; at most "
                          "64): it is made once per run in playbooks/select-lane.yml" % (run["id"],))
-    for what, value in (("run_started", run["started"]), ("play_started", play["started"])):
+    stamps = [("run_started", run["started"])] + ([("play_started", play["started"])] if play else [])
+    for what, value in stamps:
         if not _ISO.match(value or ""):
             raise StageError("host_report: %s %r is not ISO 8601 UTC (like 2026-11-30T20:45:12Z)" % (what, value))
-    if play["name"] not in PLAYS:
+    if play and play["name"] not in PLAYS:
         raise StageError("host_report: play %r is not one of %s" % (play["name"], ", ".join(PLAYS)))
 
 
@@ -123,6 +125,44 @@ def _failure(plays):
     return {}
 
 
+def _run_header(host, run):
+    """The keys every view of this run starts with."""
+    return {"host": host, "run_id": run["id"], "started": run["started"], "check_mode": bool(run["check"]),
+            "tags": sorted(run["tags"]), "skip_tags": sorted(run["skip_tags"])}
+
+
+def run_status(failure, run, ended):
+    """failed as soon as a play failed; running until the run's end is recorded (end_view); then ok or check.
+    A run killed or interrupted before its end stays `running`: never `ok`."""
+    if failure:
+        return "failed"
+    if not ended:
+        return "running"
+    return "check" if run["check"] else "ok"
+
+
+def end_view(previous, host, run, reached_end, last_play, finished, identity):
+    """This run's view of the host once the run is over (`previous`: what this run wrote, or None).
+
+    reached_end: the host was still in the run at its last play. A host that was not, and whose view
+    names no failed play, became unreachable (or the run stopped) during last_play: that is a failure.
+    """
+    same_run = previous if isinstance(previous, dict) and previous.get("run_id") == run["id"] else None
+    view = dict(same_run) if same_run else dict(_run_header(host, run), plays={}, passes={}, weights=[], engine={})
+    for key in IDENTITY:
+        if view.get(key) is None:
+            view[key] = identity.get(key)
+    view.update((key, value) for key, value in _stage_fields(view["plays"]).items() if key not in view)
+    failure = _failure(view["plays"])
+    if not failure and not reached_end:
+        failure = {"failed_play": last_play if last_play in PLAYS else None, "failed_task": "(host unreachable)",
+                   "failed_msg": "%s did not reach the end of the run: it became unreachable, or the run was "
+                                 "stopped, during %s" % (host, "play " + last_play if last_play else "lane selection")}
+    view.update(failure)
+    view.update(status=run_status(failure, run, ended=True), finished=finished)
+    return view
+
+
 def run_view(previous, host, run, play, data, finished):
     """This run's view of the host after `play`: `previous` is what this run wrote before (or None).
 
@@ -138,9 +178,8 @@ def run_view(previous, host, run, play, data, finished):
     engine = dict(same_run.get("engine") or {})
     engine.update(data["engine"])
     failure = _failure(plays)
-    view = {"host": host, "run_id": run["id"], "started": run["started"], "finished": finished,
-            "status": "failed" if failure else ("check" if run["check"] else "ok"),
-            "check_mode": bool(run["check"]), "tags": sorted(run["tags"]), "skip_tags": sorted(run["skip_tags"])}
+    status = run_status(failure, run, ended=False)
+    view = dict(_run_header(host, run), finished=None if status == "running" else finished, status=status)
     view.update(failure)
     view.update((key, data["identity"].get(key)) for key in IDENTITY)
     view.update(_stage_fields(plays))
@@ -222,22 +261,14 @@ def dumps(report):
     return (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def update_reports(directory, host, run, play, data, finished=None, write=True):
-    """Merge this play into the host's history file of this run and its latest view, and write both.
-
-    run:  {"id", "started", "tags", "skip_tags", "check"}   (check: this is a --check run; tags are sorted,
-          as Ansible keeps them as a set)
-    play: {"name", "started", "failed", "failed_task", "failed_result"} (failed_result: the failed task's result)
-    data: see run_view.
-    Returns {"report", "latest", "history_path", "latest_path", "warnings"}; write=False writes nothing.
-    """
-    check_inputs(host, run, play)
+def _record(directory, host, run, make_view, write):
+    """Read this run's history file and the latest view, make this run's view from the first
+    (make_view(previous)), merge it into the second, and write both atomically unless write=False."""
     directory = os.path.abspath(directory)
     history_path, latest_path = report_paths(directory, host, run["id"])
-    finished = finished or utc_now()
     previous_run, warn_run = read_report(history_path)
     previous_latest, warn_latest = read_report(latest_path)
-    view = run_view(previous_run, host, run, play, data, finished)
+    view = make_view(previous_run)
     latest = latest_view(previous_latest, view)
     if write:
         try:
@@ -249,3 +280,25 @@ def update_reports(directory, host, run, play, data, finished=None, write=True):
                              % (host, directory, exc))
     return {"report": view, "latest": latest, "history_path": history_path, "latest_path": latest_path,
             "warnings": [w for w in (warn_run, warn_latest) if w]}
+
+
+def end_reports(directory, host, run, reached_end, last_play=None, identity=None, finished=None, write=True):
+    """Record the end of the run in the host's history file of this run and its latest view (end_view)."""
+    check_inputs(host, run)
+    finished = finished or utc_now()
+    return _record(directory, host, run, lambda previous: end_view(
+        previous, host, run, reached_end, last_play, finished, identity or {}), write)
+
+
+def update_reports(directory, host, run, play, data, finished=None, write=True):
+    """Merge this play into the host's history file of this run and its latest view, and write both.
+
+    run:  {"id", "started", "tags", "skip_tags", "check"}   (check: this is a --check run; tags are sorted,
+          as Ansible keeps them as a set)
+    play: {"name", "started", "failed", "failed_task", "failed_result"} (failed_result: the failed task's result)
+    data: see run_view.
+    Returns {"report", "latest", "history_path", "latest_path", "warnings"}; write=False writes nothing.
+    """
+    check_inputs(host, run, play)
+    finished = finished or utc_now()
+    return _record(directory, host, run, lambda previous: run_view(previous, host, run, play, data, finished), write)

@@ -11,6 +11,7 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 from __future__ import absolute_import, division, print_function
 
 import collections
+import contextlib
 import errno
 import fcntl
 import json
@@ -355,12 +356,15 @@ def _start_and_wait(worker, count, stop):
     Ctrl-C can leave that thread marked finished while it still runs."""
     done = []
     try:
-        for number in range(count):
-            event = threading.Event()
-            thread = threading.Thread(target=worker, args=(event,), name="dgx-stage-%d" % number)
-            thread.daemon = True      # SIGKILL aside, every exit below waits for it first
-            thread.start()
-            done.append(event)
+        # Ctrl-C or SIGTERM held back while the threads start: one delivered between a thread's start and
+        # its event being listed would leave that thread unwaited-for, its temp file behind at exit.
+        with signals_held(signal.SIGINT, signal.SIGTERM):
+            for number in range(count):
+                event = threading.Event()
+                thread = threading.Thread(target=worker, args=(event,), name="dgx-stage-%d" % number)
+                thread.daemon = True      # SIGKILL aside, every exit below waits for it first
+                thread.start()
+                done.append(event)
         for event in done:
             while not event.wait(0.2):    # short waits keep Ctrl-C deliverable to this thread
                 pass
@@ -370,6 +374,17 @@ def _start_and_wait(worker, count, stop):
             while not event.wait(0.2):
                 pass
         raise
+
+
+@contextlib.contextmanager
+def signals_held(*signums):
+    """Delay these signals for the calling thread until the block ends (threads started inside inherit
+    the mask, so the signals then reach this thread only); delivered, if any came, on the way out."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def raise_interrupt_on_sigterm():

@@ -47,10 +47,12 @@ def copy_worktree(dest):
 
 def scan(roots):
     """{path: (type and mode, size, mtime_ns)} of everything below roots (links not followed); directories
-    by type only (their mtime moves when an entry is added: the entry itself is what counts)."""
+    by type only (their mtime moves when an entry is added: the entry itself is what counts). The work
+    tree under test is not watched (it may live in a temp dir, see namespace_main)."""
     found = {}
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != REPO_ROOT]
             for name in dirnames + filenames:
                 path = os.path.join(dirpath, name)
                 st = os.lstat(path)
@@ -116,10 +118,20 @@ def run_demo(sandbox, watched):
 
 
 def namespace_main():
-    """Inside `unshare --mount`: fresh tmpfs on the shared temp dirs, the sandbox in the new /tmp."""
-    for path in SHARED_TMP:
-        if os.path.isdir(path):
-            subprocess.check_call(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", path])
+    """Inside `unshare --mount`: fresh tmpfs on the shared temp dirs, the sandbox in the new /tmp. A work
+    tree that itself lives in a shared temp dir (a fresh clone in a mktemp dir) is bound back at its
+    path, with traversable parents, so its venv stays reachable."""
+    shared = [path for path in SHARED_TMP if os.path.isdir(path)]
+    held = None
+    if any((REPO_ROOT + "/").startswith(os.path.realpath(path) + "/") for path in shared):
+        held = tempfile.mkdtemp(prefix="dgx-demo-repo-", dir="/run" if os.path.isdir("/run") else "/mnt")
+        subprocess.check_call(["mount", "--bind", REPO_ROOT, held])
+    for path in shared:
+        subprocess.check_call(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", path])
+    if held:
+        os.makedirs(REPO_ROOT, mode=0o755)
+        subprocess.check_call(["mount", "--move", held, REPO_ROOT])
+        os.rmdir(held)
     sandbox = tempfile.mkdtemp(prefix="dgx-demo-", dir="/tmp")
     os.chmod(sandbox, 0o755)
     result = run_demo(sandbox, [path for path in SHARED_TMP if os.path.isdir(path)])

@@ -1,20 +1,25 @@
 """What an operator reads: stage-deepseek.yml through plain ansible-playbook with the repo's ansible.cfg
 (default stdout callback, only changed and failed results shown, then the lane summary table of
 callback_plugins/dgx_summary.py). The figures in the table are checked against the host reports."""
+import fcntl
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 from conftest import BIN_DIR, REPO_ROOT, ansible_env
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_stage_playbook import _corrupt_nas_shard, write_inventory
+from test_verify_and_progress import paced_python, progress_path, read_progress
 
 MAX_LINES = 100
 STAGE_TAGS = "preflight,stage,verify"
 GIB = 1024.0 ** 3
+MIB = 1024 * 1024
 
 
 def run_text(tmp_path, inventory, *args):
@@ -25,6 +30,17 @@ def run_text(tmp_path, inventory, *args):
                            os.path.join(REPO_ROOT, "stage-deepseek.yml")] + list(args),
                           cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     return proc.returncode, proc.stdout.decode("utf-8", "replace").splitlines()
+
+
+def host_inventory(tmp_path, nas, local, **host_vars):
+    """write_inventory's one-host lane, with vars of the host itself (its interpreter, say)."""
+    path = write_inventory(tmp_path, nas, local)
+    with open(path) as handle:
+        inventory = json.load(handle)
+    inventory["all"]["children"]["exl3_2x"]["hosts"]["localhost"].update(host_vars)
+    with open(path, "w") as handle:
+        json.dump(inventory, handle)
+    return path
 
 
 def summary_table(lines):
@@ -179,3 +195,162 @@ def test_warnings_of_unchanged_results_are_still_printed(tmp_path):
     assert "ok: [localhost]" not in out
     for text in ("config.json", "shard 1", "shard 2"):
         assert out.count("repaired %s: the local bytes hashed to 0123abcd" % text) == 1, out
+
+
+def test_verify_on_an_empty_root_counts_nothing_and_asks_for_the_stage_play(tmp_path, nas_hub, local_hub):
+    """--tags preflight,verify on a node with nothing staged: the verify pass refuses, writing nothing. The
+    table says that (not the preflight's plan as copied), and the next step follows the message: the
+    stage play, then verify - not verify alone, which fails again."""
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
+    code, lines = run_text(tmp_path, inventory, "--tags", "preflight,verify")
+    assert code != 0
+    _title, rows, total, after = summary_table(lines)
+    assert [(r["REPO"], r["COPIED"], r["REUSED"], r["GiB"], r["VERIFY"]) for r in rows] == [
+        (MAIN_REPO, "0", "0", "0.00", "sample"), (DRAFTER_REPO, "0", "0", "0.00", "sample")]
+    assert all(r["STATUS"].startswith("failed: verify: ") for r in rows), rows
+    assert "; 0/1 hosts ok; copied 0 files, 0 B; repaired 0; FAILED: localhost" in total, total
+    assert "not staged on this node" in after[0]
+    assert after[1].endswith("--limit localhost  (or only those plays: --tags stage,verify)"), after[1]
+
+
+def test_full_verify_after_a_flip_shows_the_repair(tmp_path, nas_hub, local_hub):
+    """Staged, then a byte flipped mid-shard on the node: --tags preflight,verify -e stage_verify=full
+    repairs it, and the table and the totals say so (the preflight plan is not the figures)."""
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
+    code, lines = run_text(tmp_path, inventory, "--tags", "preflight,stage")
+    assert code == 0, "\n".join(lines)
+    repo = nas_hub["repos"][MAIN_REPO]
+    shard = repo["shards"][1]
+    blob = local_hub / repo["folder"] / "blobs" / repo["files"][shard]["etag"]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+
+    code, lines = run_text(tmp_path, inventory, "--tags", "preflight,verify", "-e", "stage_verify=full")
+    assert code == 0, "\n".join(lines)
+    _title, rows, total, _after = summary_table(lines)
+    main = next(r for r in rows if r["REPO"] == MAIN_REPO)
+    assert (main["COPIED"], main["REPAIRED"], main["VERIFY"], main["STATUS"]) == ("0", "1", "full", "ok"), main
+    assert int(main["REUSED"]) > 0
+    assert re.search(r"; 1/1 hosts ok; copied 0 files, 0 B; repaired 1 \(64\.0 KiB\)", total), total
+
+
+def test_a_repo_whose_stage_call_failed_without_a_result_is_failed_and_counts_nothing(tmp_path, nas_hub,
+                                                                                        local_hub):
+    """Another run holds the drafter's lock past stage_lock_timeout: the module refuses with no result. The
+    drafter's row fails (it was not copied; the preflight plan is not shown as copied) and the totals
+    count only what the main repo copied."""
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_lock_timeout=1)
+    lock_dir = local_hub / ".locks" / nas_hub["repos"][DRAFTER_REPO]["folder"]
+    lock_dir.mkdir(parents=True)
+    fd = os.open(str(lock_dir / "dgx-stage.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        code, lines = run_text(tmp_path, inventory, "--tags", STAGE_TAGS)
+    finally:
+        os.close(fd)
+    assert code != 0
+    _title, rows, total, after = summary_table(lines)
+    row = dict((r["REPO"], r) for r in rows)
+    assert row[MAIN_REPO]["STATUS"] == "ok" and int(row[MAIN_REPO]["COPIED"]) > 0
+    drafter = row[DRAFTER_REPO]
+    assert (drafter["COPIED"], drafter["GiB"]) == ("-", "-"), rows
+    assert drafter["STATUS"].startswith("failed: stage: "), rows
+    assert "; copied %s files, " % row[MAIN_REPO]["COPIED"] in total, total
+    assert "holds" in after[0] and "lock_timeout" in after[0]
+
+
+def test_a_repo_refused_by_preflight_leaves_the_other_plan_uncounted(tmp_path, nas_hub, local_hub):
+    """Preflight refuses the main repo (a revision the NAS does not have): nothing was written, so the
+    drafter's plan is no copy - its row says only the preflight ran over it."""
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_repos=[
+        {"repo_id": MAIN_REPO, "revision": "no-such-revision"}, {"repo_id": DRAFTER_REPO}])
+    code, lines = run_text(tmp_path, inventory, "--tags", STAGE_TAGS)
+    assert code != 0
+    _title, rows, total, _after = summary_table(lines)
+    row = dict((r["REPO"], r) for r in rows)
+    assert row[MAIN_REPO]["STATUS"].startswith("failed: preflight: "), rows
+    assert (row[DRAFTER_REPO]["COPIED"], row[DRAFTER_REPO]["STATUS"]) == ("-", "preflight only"), rows
+    assert "copied" not in total and "; 0/1 hosts ok; FAILED: localhost" in total, total
+    assert not any(path.name.startswith("models--") for path in local_hub.iterdir())
+
+
+def test_a_host_that_fails_before_any_report_is_sent_to_no_wrong_file(tmp_path, nas_hub, local_hub):
+    """The node's Python is missing: the run fails at the lane facts, before any host report. The next step
+    names no reports/<host>.json by guess: the host's stage_report_dir, and only when a report is there."""
+    inventory = host_inventory(tmp_path, nas_hub["hub"], str(local_hub),
+                               ansible_python_interpreter=str(tmp_path / "no-python"))
+    code, lines = run_text(tmp_path, inventory)
+    assert code != 0
+    _title, _rows, _total, after = summary_table(lines)
+    assert after[0].startswith("localhost failed in play Lane facts, task 'Gathering Facts'"), after
+    assert after[1].startswith("next step: read the error above (this run wrote no host report for localhost); ")
+    assert "localhost.json" not in after[1], after[1]
+
+    earlier = tmp_path / "reports" / "localhost.json"       # left by an earlier run in stage_report_dir
+    earlier.parent.mkdir()
+    earlier.write_text("{}")
+    code, lines = run_text(tmp_path, inventory)
+    _title, _rows, _total, after = summary_table(lines)
+    assert after[1].startswith("next step: read the error above and the host report %s (from an earlier run: "
+                               "this run wrote none); " % earlier), after[1]
+
+
+def test_a_model_and_a_dataset_with_one_id_get_a_row_each(tmp_path, nas_hub, local_hub):
+    folder = nas_hub["repos"][DRAFTER_REPO]["folder"]
+    nas_hub.thaw()
+    shutil.copytree(os.path.join(nas_hub["hub"], folder),
+                    os.path.join(nas_hub["hub"], "datasets--" + folder.split("--", 1)[1]), symlinks=True)
+    nas_hub.freeze()
+    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_repos=[
+        {"repo_id": DRAFTER_REPO}, {"repo_id": DRAFTER_REPO, "repo_type": "dataset"}])
+    code, lines = run_text(tmp_path, inventory, "--tags", STAGE_TAGS)
+    assert code == 0, "\n".join(lines)
+    _title, rows, total, _after = summary_table(lines)
+    assert [r["REPO"] for r in rows] == [DRAFTER_REPO, DRAFTER_REPO + " (dataset)"], rows
+    copied = [int(r["COPIED"]) for r in rows]
+    assert copied[0] > 0 and copied[0] == copied[1] and "copied %d files" % sum(copied) in total
+
+
+def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_nas_hub):
+    """Ansible sends no stats on Ctrl-C: the table comes all the same, once, saying INTERRUPTED, which
+    host did not finish (the repo being copied) and how to finish."""
+    nas = make_nas_hub(shard_size=16 * MIB, n_shards=4)
+    local = tmp_path / "local"
+    local.mkdir()
+    inventory = host_inventory(tmp_path, nas["hub"], str(local),
+                               ansible_python_interpreter=paced_python(tmp_path, delay=1.0))
+    env = ansible_env(tmp_path)
+    env.pop("ANSIBLE_STDOUT_CALLBACK")
+    out_path = tmp_path / "playbook.out"
+    with open(str(out_path), "wb") as out:
+        proc = subprocess.Popen([os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory,
+                                 os.path.join(REPO_ROOT, "stage-deepseek.yml"), "--tags", STAGE_TAGS],
+                                cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        path, deadline = progress_path(local, nas), time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            doc = read_progress(path)
+            if doc and doc["pass"] == "stage" and doc["step"] == "copying" and doc["bytes_done"] > 0:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, out_path.read_text()
+        os.killpg(proc.pid, signal.SIGINT)        # Ctrl-C: the whole foreground process group
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = out_path.read_text().splitlines()
+    assert code != 0, "\n".join(lines)
+    title, rows, total, after = summary_table(lines)     # exactly one table
+    assert title.endswith(", INTERRUPTED"), title
+    row = dict((r["REPO"], r) for r in rows)
+    assert row[MAIN_REPO]["STATUS"].startswith("interrupted: stage: "), rows
+    assert row[MAIN_REPO]["COPIED"] == "-"
+    assert total.endswith("; 0/1 hosts ok; INTERRUPTED: localhost"), total
+    assert after[0] == ("next step: the run was interrupted before localhost finished; what is staged is kept "
+                        "and reused, so re-run: ansible-playbook -i %s stage-deepseek.yml --limit localhost "
+                        "--tags %s" % (inventory, STAGE_TAGS)), after
+    assert len(lines) < MAX_LINES, "\n".join(lines)

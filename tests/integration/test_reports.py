@@ -5,9 +5,12 @@ stage pass; a --check run keeps the last real results."""
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
-from conftest import failures, run_playbook
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 
 STAGE_TAGS = "preflight,stage,verify"
@@ -235,3 +238,67 @@ def test_in_a_two_host_lane_only_the_host_that_fails_reports_failed(tmp_path, na
     assert failed["status"] == "failed" and failed["failed_play"] == "preflight" and failed["failed_task"]
     assert list(failed["plays"]) == ["preflight"] and failed["stage_started"] is None
     assert failed["run_id"] == ok["run_id"] and failed["started"] == ok["started"]
+
+
+def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(tmp_path, nas_hub):
+    """rank1 staged fine yesterday; today it is unreachable: both its files say failed for today's run."""
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"])
+    assert run(tmp_path, inventory)[0] == 0
+    yesterday = reports(tmp_path)["rank1.json"]
+    lane = json.loads(open(inventory).read())
+    lane["all"]["children"]["exl3_2x"]["hosts"]["rank1"].update(
+        ansible_connection="ssh", ansible_host="127.0.0.1", ansible_port=1, ansible_ssh_common_args="-o ConnectTimeout=3")
+    with open(inventory, "w") as handle:
+        json.dump(lane, handle)
+    code, _data, _times = run(tmp_path, inventory)
+    assert code != 0
+    found = reports(tmp_path)
+    ok, lost = found["rank0.json"], found["rank1.json"]
+    assert ok["status"] == "ok" and lost["run_id"] == ok["run_id"] != yesterday["run_id"]
+    assert lost["status"] == "failed" and lost["failed_task"] == "(host unreachable)", lost
+    assert "unreachable" in lost["failed_msg"] and lost["finished"]
+    assert found["rank1-%s.json" % ok["run_id"]]["status"] == "failed"
+    assert lost["passes"]["stage"] == yesterday["passes"]["stage"]       # the last real results stay
+
+
+def test_a_killed_run_says_running_not_ok(tmp_path, nas_hub):
+    """Killed (SIGKILL) in the stage play after a good run: the reports say running for the new run, with
+    no finish time, so nobody takes it for a good one."""
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_repos=[{"repo_id": DRAFTER_REPO}])
+    assert run(tmp_path, inventory)[0] == 0
+    good = reports(tmp_path)["dgx1.json"]
+    # The module's reads of the NAS stall, so the stage play is in progress when the run is killed.
+    site = tmp_path / "stalled-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n_readv = os.readv\n"
+        "def _stalled(fd, buffers):\n    time.sleep(600)\n    return _readv(fd, buffers)\nos.readv = _stalled\n")
+    wrapper = tmp_path / "stalled-python"
+    wrapper.write_text('#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' % (site, sys.executable))
+    wrapper.chmod(0o755)
+    for staged in (tmp_path / "dgx1" / "hub").iterdir():    # a fresh node: the stage play has work to do
+        subprocess.check_call(["rm", "-rf", str(staged)])
+    lane = json.loads(open(inventory).read())
+    lane["all"]["children"]["exl3_2x"]["hosts"]["dgx1"]["ansible_python_interpreter"] = str(wrapper)
+    with open(inventory, "w") as handle:
+        json.dump(lane, handle)
+    cmd = [os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory, os.path.join(REPO_ROOT, "stage-deepseek.yml")]
+    with open(str(tmp_path / "killed.out"), "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=ansible_env(tmp_path), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            latest = reports(tmp_path).get("dgx1.json", {})
+            if latest.get("run_id") != good["run_id"] and "preflight" in latest.get("plays", {}):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the preflight play never reported")
+        time.sleep(3)    # into the stage play
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    latest = reports(tmp_path)["dgx1.json"]
+    assert latest["run_id"] != good["run_id"] and latest["status"] == "running" and latest["finished"] is None
+    assert reports(tmp_path)["dgx1-%s.json" % latest["run_id"]]["status"] == "running"

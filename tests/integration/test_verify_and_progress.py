@@ -61,6 +61,14 @@ def paced_python(tmp_path, delay=CHUNK_DELAY_S):
     return str(wrapper)
 
 
+def run_failures(out):
+    """The failed tasks' messages of a json-callback run (the whole output when it is not JSON)."""
+    try:
+        return failures(json.loads(out))
+    except ValueError:
+        return [out[-3000:]]
+
+
 class Playbook(object):
     """ansible-playbook stage-deepseek.yml in the background (json callback unless env says otherwise);
     its output goes to files, so a long watch never blocks it on a full pipe."""
@@ -222,7 +230,7 @@ def test_progress_file_during_and_after_a_copy(tmp_path, make_nas_hub):
     run = Playbook(tmp_path, inventory, "--tags", STAGE)
     seen = watch(run, path)
     code, out, err = run.finish()
-    assert code == 0, (out[-3000:], err[-3000:])
+    assert code == 0, (run_failures(out), err[-3000:])
     copying = [(doc, alive) for doc, alive in seen if doc["status"] == "running" and doc["step"] == "copying"]
     assert copying and all(alive for _doc, alive in copying)
     mid = [doc for doc, _alive in copying if 0 < doc["bytes_done"] < doc["bytes_total"]]

@@ -84,6 +84,74 @@ def test_a_failed_row_fails_the_repo_and_verify_alone_stands_for_itself():
     assert (merged["reused"], merged["repaired"], merged["verify"]) == (17, 2, "full")
 
 
+def plan_row(repo="org/model", copied=11, nbytes=48 * MIB):
+    return row(repo=repo, copied=copied, nbytes=nbytes, duration=0.01, status="check", check=True)
+
+
+def test_in_a_real_run_the_preflight_plan_is_never_counted_as_done():
+    """--tags preflight (or a run that stopped after it): the plan is no figure of what was done."""
+    merged = summary.merge_repo({"preflight": plan_row()}, check_mode=False)
+    assert merged["status"] == "preflight only"
+    assert [merged[key] for key in ("copied", "reused", "repaired", "bytes", "mib_per_s")] == [None] * 5
+    lines = summary.summary_lines(_state(n1={"rank": 0, "lane": "l", "repos": {"a": {"preflight": plan_row()}}}))
+    cells = table(lines)[("n1", "org/model")]
+    assert (cells["COPIED"], cells["GiB"], cells["STATUS"]) == ("-", "-", "preflight only")
+    assert lines[-1] == "wall time 8.4 s; 1/1 hosts ok"
+
+
+def test_verify_without_stage_takes_its_figures_from_the_verify_row():
+    """--tags preflight,verify: on an empty root the verify pass fails having copied nothing; after a flip
+    -e stage_verify=full repairs, and the repair is in REPAIRED and the totals."""
+    empty = summary.merge_repo({"preflight": plan_row(),
+                                "verify": row(status="failed", verify="sample")}, check_mode=False)
+    assert (empty["copied"], empty["bytes"], empty["status"], empty["verify"]) == (0, 0, "failed", "sample")
+    flip = dict(row(reused=10, repaired=1, nbytes=64 * 1024, duration=0.02, verify="full"),
+                repairs=[{"path": "model-00002.safetensors", "size": 64 * 1024}])
+    fixed = summary.merge_repo({"preflight": plan_row(copied=0, nbytes=0), "verify": flip}, check_mode=False)
+    assert (fixed["copied"], fixed["reused"], fixed["repaired"], fixed["status"]) == (0, 10, 1, "ok")
+    assert fixed["bytes"] == 64 * 1024 and fixed["repaired_bytes"] == 64 * 1024
+    lines = summary.summary_lines(_state(n1={"rank": 0, "lane": "l", "repos": {"a": {
+        "preflight": plan_row(copied=0, nbytes=0), "verify": flip}}}))
+    assert table(lines)[("n1", "org/model")]["REPAIRED"] == "1"
+    assert lines[-1] == "wall time 8.4 s; 1/1 hosts ok; copied 0 files, 0 B; repaired 1 (64.0 KiB)"
+
+
+def test_a_pass_that_failed_without_a_row_fails_the_repo_and_counts_nothing():
+    """The stage call refused before it had a result (another run held the lock): the callback's own row
+    fails the repo; the preflight plan does not stand in for it."""
+    refused = {"repo_id": "org/model", "repo_type": "model", "revision": "main", "status": "failed",
+               "no_report": True, "check_mode": False}
+    merged = summary.merge_repo({"preflight": plan_row(nbytes=128 * MIB), "stage": refused}, check_mode=False)
+    assert (merged["copied"], merged["bytes"], merged["status"], merged["verify"]) == (None, None, "failed", "-")
+    lines = summary.summary_lines(_state(n1={
+        "rank": 0, "lane": "l", "failed": True, "report_path": "reports/n1.json",
+        "failure": {"play": "stage", "tag": "stage", "task": "Mirror", "msg": "another dgx-stage run holds it"},
+        "repos": {"a": {"preflight": plan_row(nbytes=128 * MIB), "stage": refused},
+                  "b": {"preflight": plan_row(repo="org/b", copied=2, nbytes=MIB),
+                        "stage": row(repo="org/b", copied=2, nbytes=MIB, duration=1.0)}}}))
+    assert table(lines)[("n1", "org/model")]["STATUS"] == "failed: stage: Mirror"
+    assert table(lines)[("n1", "org/model")]["COPIED"] == "-"
+    assert "; copied 2 files, 1.0 MiB; repaired 0; FAILED: n1" in lines[-3]
+
+
+def test_check_mode_shows_the_plan_even_of_preflight_alone():
+    plan = plan_row(copied=13)
+    assert summary.merge_repo({"preflight": plan}, check_mode=True)["copied"] == 13
+    assert summary.merge_repo({"preflight": plan}, check_mode=True)["status"] == "check"
+    assert summary.merge_repo({"preflight": plan, "stage": plan})["status"] == "check"   # read off the rows
+
+
+def test_a_model_and_a_dataset_of_one_id_are_two_rows_and_the_type_is_shown():
+    model, dataset = row(repo="org/x", copied=4), dict(row(repo="org/x", copied=2), repo_type="dataset")
+    assert summary.repo_key(model) != summary.repo_key(dataset)
+    assert summary.repo_key(dict(model, repo_type="model")) == summary.repo_key(model)
+    repos = {summary.repo_key(model): {"stage": model}, summary.repo_key(dataset): {"stage": dataset}}
+    lines = summary.summary_lines(_state(n1={"rank": 0, "lane": "l", "repos": repos}))
+    cells = table(lines)
+    assert list(cells) == [("n1", "org/x"), ("n1", "org/x (dataset)")]
+    assert cells[("n1", "org/x (dataset)")]["COPIED"] == "2"
+
+
 def test_real_files_count_as_copied_files():
     assert summary.files_copied(dict(row(copied=2), real_files={"copied": 3})) == 5
 
@@ -117,7 +185,42 @@ def test_next_step_names_the_host_task_report_and_command():
     assert "check that dgx3 answers" in gone[1] and "--tags" not in gone[1]
     untagged = summary.next_step_lines("dgx4", "failed", {"play": "Lane facts", "tag": None, "task": "t"}, None,
                                        None, None)
-    assert "--tags" not in untagged[1] and "reports/dgx4.json" in untagged[1]
+    assert "--tags" not in untagged[1]
+
+
+def test_next_step_names_no_report_file_it_does_not_know():
+    """No report from this run: the host's report directory (stage_report_dir, or the dir host_report was
+    given) is named only when an earlier run left the file there; never reports/<host>.json by guess."""
+    failure = {"play": "Lane facts", "tag": None, "task": "Gathering Facts", "msg": "no python"}
+    unknown = summary.next_step_lines("dgx4", "failed", failure, None, "inventory/dgx", "stage-deepseek.yml")
+    assert unknown[1].startswith("next step: read the error above (this run wrote no host report for dgx4); ")
+    assert ".json" not in unknown[1]
+    missing = summary.next_step_lines("dgx4", "failed", failure, None, "inventory/dgx", "stage-deepseek.yml",
+                                      "/srv/reports/dgx4.json", False)
+    assert "/srv/reports/dgx4.json" not in missing[1] and "wrote no host report" in missing[1]
+    earlier = summary.next_step_lines("dgx4", "failed", failure, None, "inventory/dgx", "stage-deepseek.yml",
+                                      "/srv/reports/dgx4.json", True)
+    assert ("read the error above and the host report /srv/reports/dgx4.json (from an earlier run: this run "
+            "wrote none)") in earlier[1]
+
+
+NOT_STAGED = ("hf_hub_mirror a: 11 of the 11 selected file(s) of a@b7a6f9ba26b1 are not staged on this node (x): "
+              "this verify pass proves the local copy and copies nothing (copy_missing=false). Run the stage "
+              "play first (ansible-playbook -i INVENTORY stage-deepseek.yml --tags stage), then verify; "
+              "nothing was written" + " padding" * 40)
+
+
+def test_next_step_follows_what_the_failure_asks_for():
+    """verify refused for files not staged says run --tags stage: re-running only verify fails again."""
+    assert summary.tags_asked(NOT_STAGED) == ["stage"]
+    assert summary.tags_asked("run --tags=stage,verify or --tags receipts") == ["stage", "verify", "receipts"]
+    lines = summary.next_step_lines("n1", "failed", {"play": "verify", "tag": "verify", "task": "t",
+                                                     "msg": NOT_STAGED}, "reports/n1.json", None, None)
+    assert lines[0].endswith("...")      # the message is cut for the screen, not for reading what it asks
+    assert lines[1].endswith("--limit n1  (or only those plays: --tags stage,verify)")
+    plain = summary.next_step_lines("n1", "failed", {"play": "stage", "tag": "stage", "task": "t", "msg": "bad"},
+                                    "reports/n1.json", None, None)
+    assert plain[1].endswith("--limit n1  (or only that play: --tags stage)")
 
 
 def _state(**hosts):
@@ -176,3 +279,69 @@ def test_an_engine_left_off_is_said_once():
 
 def test_nothing_to_say_without_a_lane():
     assert summary.summary_lines(_state(other={"repos": {}})) == []
+
+
+def test_an_interrupted_run_says_so_with_the_hosts_that_did_not_finish():
+    """Ctrl-C: no recap. The repos the pass in flight had not reported are interrupted; a host that had
+    already failed stays failed; one next step re-runs the unfinished hosts with the run's own tags."""
+    done = {"preflight": plan_row(repo="a"), "stage": row(repo="a", copied=3, nbytes=MIB, duration=1.0)}
+    state = dict(_state(
+        n1={"rank": 0, "lane": "l", "repos": {"a": done, "b": {"preflight": plan_row(repo="b")}},
+            "running": {"play": "stage", "task": "stage : Mirror | Each repo", "pass": "stage"}},
+        n2={"rank": 1, "lane": "l", "repos": {"a": {"preflight": plan_row(repo="a")}},
+            "running": {"play": "Write report", "task": "Report | Write", "pass": None}},
+        n3={"rank": 2, "lane": "l", "repos": {}, "failed": True, "report_path": "reports/n3.json",
+            "failure": {"play": "preflight", "tag": "preflight", "task": "space", "msg": "full"}},
+    ), stopped="INTERRUPTED", rerun_args=["--tags", "preflight,stage"])
+    lines = summary.summary_lines(state)
+    assert lines[0].endswith(", run 20261130T204512Z-3fa2, INTERRUPTED")
+    cells = table(lines)
+    assert cells[("n1", "a")]["STATUS"] == "ok" and cells[("n1", "a")]["COPIED"] == "3"
+    assert cells[("n1", "b")]["STATUS"] == "interrupted: stage: stage : Mirror | Each repo"
+    assert cells[("n2", "a")]["STATUS"] == "preflight only"
+    assert cells[("n2", "-")]["STATUS"] == "interrupted: Write report: Report | Write"
+    assert cells[("n3", "-")]["STATUS"] == "failed: preflight: space"
+    total = next(line for line in lines if line.startswith("wall time"))
+    assert total == ("wall time 8.4 s; 0/3 hosts ok; copied 3 files, 1.0 MiB; repaired 0; FAILED: n3; "
+                     "INTERRUPTED: n1, n2")
+    assert lines[-1] == ("next step: the run was interrupted before n1, n2 finished; what is staged is kept and "
+                         "reused, so re-run: ansible-playbook -i inventory/demo stage-deepseek.yml --limit n1,n2 "
+                         "--tags preflight,stage")
+    assert sum(line.startswith("next step: ") for line in lines) == 2     # n3's own, and the re-run
+    stopped = summary.interrupted_step(["n1"], {"stopped": "STOPPED", "extra_vars": True, "rerun_args": ["--check"]})
+    assert stopped == ["next step: the run was stopped before n1 finished; what is staged is kept and reused, so "
+                       "re-run: ansible-playbook stage-deepseek.yml --limit n1 --check  (with the same -e options)"]
+
+
+class _Obj(object):
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _result(host, data, action="hf_hub_mirror"):
+    return _Obj(result=data, host=_Obj(get_name=lambda: host), task=_Obj(action=action, get_name=lambda: "t"))
+
+
+def test_the_callback_keeps_a_model_and_a_dataset_apart_and_notes_a_call_without_a_row():
+    callback = summary.CallbackModule()
+    callback._play_tags = ("stage",)
+    callback.v2_runner_item_on_ok(_result("n1", {"report": row(repo="org/x", copied=4)}))
+    callback.v2_runner_item_on_ok(_result("n1", {"report": dict(row(repo="org/x", copied=2),
+                                                                 repo_type="dataset")}))
+    callback.v2_runner_item_on_failed(_result("n1", {"msg": "lock", "item": {"repo_id": "org/y"}}))
+    repos = callback.state["hosts"]["n1"]["repos"]
+    assert list(repos) == ["model:org/x@main", "dataset:org/x@main", "model:org/y@main"]
+    assert repos["model:org/y@main"]["stage"]["status"] == "failed"
+    assert repos["model:org/y@main"]["stage"]["no_report"] is True
+
+
+def test_a_host_report_is_the_report_of_the_host_it_names():
+    """The end of the run writes every lane host's report from one host (run_once, a loop)."""
+    callback = summary.CallbackModule()
+    for name in ("n1", "n2"):
+        callback.v2_runner_item_on_ok(_result("n1", {
+            "latest_path": "/srv/reports/%s.json" % name,
+            "invocation": {"module_args": {"host": name, "dir": "/srv/reports"}}}, action="host_report"))
+    hosts = callback.state["hosts"]
+    assert hosts["n1"]["report_path"] == "/srv/reports/n1.json"
+    assert hosts["n2"]["report_path"] == "/srv/reports/n2.json" and hosts["n2"]["report_dir"] == "/srv/reports"

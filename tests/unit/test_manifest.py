@@ -448,40 +448,73 @@ def test_dangling_link_in_a_nas_bound_folder_is_refused_by_name(hubs):
         build(local, nas)
 
 
-def plan_row(excluded=PAGE15, commit=COMMIT, repo_id=REPO):
+def plan_row(excluded=PAGE15, commit=COMMIT, repo_id=REPO, pruned=()):
     """The stage pass's report row as the manifest play passes it in check mode (extra keys ignored)."""
-    return {"repo_id": repo_id, "repo_type": "model", "commit": commit, "excluded_paths": list(excluded),
-            "status": "check", "blobs": {"copied": 1}}
+    return {"repo_id": repo_id, "repo_type": "model", "revision": "main", "commit": commit,
+            "excluded_paths": list(excluded), "pruned": list(pruned), "status": "check", "blobs": {"copied": 1}}
 
 
 def test_check_mode_plan_binds_what_the_stage_pass_will_copy(tmp_path, hubs):
     """A fresh node (no local hub): the plan's selected files are predicted local at the stage pass's
-    paths; excluded page15 stays one NAS directory mount, as the real run will write it."""
+    paths; excluded page15 stays one NAS directory mount, as the real run will write it. The manifest
+    itself is what the file will hold; the planned targets are listed beside it."""
     _local, nas = hubs
     fresh = str(tmp_path / "fresh")
     manifest = build(fresh, nas, plan=[plan_row()])
     mounts = by_target(manifest)
-    assert manifest["counts"] == {"local": 5, "nas": 1, "total": 6, "planned": 5}
+    assert manifest["counts"] == {"local": 5, "nas": 1, "total": 6}
+    assert sorted(manifest["planned"]) == sorted(target(rel) for rel in LINKED)
     for rel in LINKED:
         assert mounts[target(rel)] == {"source": os.path.join(fresh, FOLDER, "blobs", sha("content of " + rel)),
-                                       "target": target(rel), "read_only": True, "origin": "local",
-                                       "planned": True}
+                                       "target": target(rel), "read_only": True, "origin": "local"}
     assert mounts[target("page15")]["origin"] == "nas"
 
 
 def test_check_mode_plan_keeps_what_is_already_local_unplanned(hubs):
     local, nas = hubs
     manifest = build(local, nas, plan=[plan_row()])
-    mounts = by_target(manifest)
-    assert manifest["counts"]["planned"] == 1 and mounts[target("sub/extra.bin")]["planned"] is True
-    assert not any(mounts[target(rel)].get("planned") for rel in STAGED)
+    assert manifest["planned"] == [target("sub/extra.bin")]
+    assert manifest["repos"] == build(local, nas)["repos"] and manifest["counts"]["local"] == 5
+    assert by_target(manifest)[target("sub/extra.bin")]["origin"] == "local"
 
 
-@pytest.mark.parametrize("row", [plan_row(commit=OLD), plan_row(repo_id="org/other")])
-def test_a_plan_for_another_commit_or_repo_plans_nothing(tmp_path, hubs, row):
+def test_an_empty_plan_on_a_staged_node_predicts_the_same_manifest(hubs):
+    """--check on a node with nothing to do must not show a manifest change."""
+    local, nas = hubs
+    add_link(os.path.join(local, FOLDER), COMMIT, "sub/extra.bin", "content of sub/extra.bin")
+    manifest = build(local, nas, plan=[plan_row()])
+    assert manifest.pop("planned") == [] and manifest == build(local, nas)
+
+
+@pytest.mark.parametrize("row", [plan_row(repo_id="org/other"), dict(plan_row(), revision="v2")])
+def test_a_plan_for_another_repo_or_revision_plans_nothing(tmp_path, hubs, row):
     _local, nas = hubs
     manifest = build(str(tmp_path / "fresh"), nas, plan=[row])
-    assert manifest["counts"]["planned"] == 0 and manifest["counts"]["local"] == 0
+    assert manifest["planned"] == [] and manifest["counts"]["local"] == 0
+
+
+def test_the_plan_commit_wins_when_the_nas_ref_moved(hubs):
+    """The local ref still names the staged commit; the stage pass would stage the NAS's new one."""
+    local, nas = hubs
+    nas_repo = os.path.join(nas, FOLDER)
+    add_link(nas_repo, OLD, "config.json", "new config")
+    set_ref(nas_repo, OLD)
+    manifest = build(local, nas, plan=[plan_row(commit=OLD, excluded=[])])
+    assert [r["commit"] for r in manifest["repos"]] == [OLD]
+    assert [m["target"] for m in manifest["mounts"]] == ["/hub/%s/snapshots/%s/config.json" % (FOLDER, OLD)]
+    assert manifest["planned"] == [manifest["mounts"][0]["target"]]
+
+
+def test_a_local_file_the_stage_pass_would_prune_is_predicted_from_the_nas(hubs):
+    local, nas = hubs
+    local_repo = os.path.join(local, FOLDER)
+    snapshot_link = os.path.join(local_repo, "snapshots", COMMIT, "sub", "tok.json")
+    blob = os.path.join(local_repo, "blobs", sha("content of sub/tok.json"))
+    row = plan_row(excluded=PAGE15 + ["sub/tok.json"], pruned=[snapshot_link, blob])
+    mounts = by_target(build(local, nas, plan=[row]))
+    assert mounts[target("sub/tok.json")]["origin"] == "nas"
+    kept = plan_row(excluded=PAGE15 + ["sub/tok.json"])      # prune off: the stale copy stays and is bound
+    assert by_target(build(local, nas, plan=[kept]))[target("sub/tok.json")]["origin"] == "local"
 
 
 def test_planned_real_files_are_bound_at_their_snapshot_path(tmp_path, hubs):
@@ -493,10 +526,11 @@ def test_planned_real_files_are_bound_at_their_snapshot_path(tmp_path, hubs):
     assert target("page15") not in mounts
 
 
-def test_without_a_plan_a_missing_source_is_still_a_problem(tmp_path, hubs):
+def test_a_planned_source_is_excused_only_in_the_plan(tmp_path, hubs):
     _local, nas = hubs
     manifest = build(str(tmp_path / "fresh"), nas, plan=[plan_row()])
-    for mount in manifest["mounts"]:
-        mount.pop("planned", None)
-    problems = coverage_problems(manifest, [])
-    assert problems and all("does not exist" in p for p in problems)
+    planned_sources = set(by_target(manifest)[t]["source"] for t in manifest["planned"])
+    _, nas_files = build_manifest(str(tmp_path / "fresh"), nas, [{"repo_id": REPO}], plan=[plan_row()])
+    assert coverage_problems(manifest, nas_files, planned_sources) == []
+    problems = coverage_problems(manifest, nas_files)
+    assert len(problems) == len(planned_sources) and all("does not exist" in p for p in problems)

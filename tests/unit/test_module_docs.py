@@ -583,8 +583,15 @@ def test_host_report_results(tmp_path):
             "play_started": "2026-11-30T20:45:14Z", "passes": {"stage": [row]}, "lane": "exl3_2x",
             "rank": 0, "world_size": 2, "hub_nas_root": "/nas/hub", "hub_local_root": "/nvme/hub"}
     result = check_result("host_report", args, run_main("host_report", args), {CHECK_RUN: False})
-    assert result["status"] == "ok" and result["latest"]["bytes_from_nas"] == 3
+    assert result["status"] == "running" and result["latest"]["bytes_from_nas"] == 3
     assert os.path.isfile(result["history_path"]) and os.path.isfile(result["latest_path"])
+    end = dict((k, v) for k, v in args.items() if k not in ("play_started", "passes"))
+    end.update(run_end=True, reached_end=True)
+    result = check_result("host_report", end, run_main("host_report", end), {CHECK_RUN: False})
+    assert result["status"] == "ok" and result["report"]["finished"] and result["latest"]["bytes_from_nas"] == 3
+    lost = dict(end, host="dgx2", reached_end=False)
+    result = check_result("host_report", lost, run_main("host_report", lost), {CHECK_RUN: False})
+    assert result["status"] == "failed" and result["report"]["failed_play"] == "stage"
     check = dict(args, run_id="20261130T210000Z-00aa", check_run=True, play="verify", play_failed=True,
                  failed_task="Verify the local copy", failed_result={"msg": "boom"}, passes={"verify": [row]})
     result = check_result("host_report", check, run_main("host_report", check), {CHECK_RUN: True})

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_report import (failure_message, latest_view, real_results, run_view, stage_bytes,
+from ansible.module_utils.dgx_report import (end_reports, end_view, failure_message, latest_view, real_results, run_view, stage_bytes,
                                              update_reports, utc_now)
 
 IDENTITY = {"lane": "exl3_2x", "rank": 1, "world_size": 2, "hub_nas_root": "/nas/hub", "hub_local_root": "/nvme/hub"}
@@ -43,8 +43,9 @@ def full_run(directory, run_id, started, weights=WEIGHTS, check=False):
     """The stage play, then the verify play, of one run: returns the last update_reports result."""
     this = run(run_id, started, check=check)
     update_reports(directory, "dgx1", this, play("stage", started), data(STAGED), finished=_later(started, 5))
-    return update_reports(directory, "dgx1", this, play("verify", _later(started, 5)), data(VERIFIED, weights),
-                          finished=_later(started, 9))
+    update_reports(directory, "dgx1", this, play("verify", _later(started, 5)), data(VERIFIED, weights),
+                   finished=_later(started, 9))
+    return end_reports(directory, "dgx1", this, True, "verify", dict(IDENTITY), finished=_later(started, 9))
 
 
 def _later(stamp, seconds):
@@ -83,7 +84,9 @@ def test_run_view_carries_identity_status_tags_and_the_stage_fields():
     view = run_view(None, "dgx1", run(tags=["stage", "verify"]), play("stage"), data(STAGED),
                     "2026-11-30T20:45:20Z")
     assert (view["host"], view["run_id"], view["started"], view["finished"], view["status"]) == (
-        "dgx1", "20261130T204512Z-3fa2", "2026-11-30T20:45:12Z", "2026-11-30T20:45:20Z", "ok")
+        "dgx1", "20261130T204512Z-3fa2", "2026-11-30T20:45:12Z", None, "running")
+    ended = end_view(view, "dgx1", run(), True, "stage", "2026-11-30T20:45:21Z", {})
+    assert (ended["finished"], ended["status"]) == ("2026-11-30T20:45:21Z", "ok") and ended["plays"] == view["plays"]
     assert view["tags"] == ["stage", "verify"] and view["check_mode"] is False
     assert (view["lane"], view["rank"], view["world_size"]) == ("exl3_2x", 1, 2)
     assert (view["stage_started"], view["stage_finished"]) == ("2026-11-30T20:45:14Z", "2026-11-30T20:45:20Z")
@@ -100,7 +103,7 @@ def test_run_view_accumulates_the_plays_of_the_run_in_play_order():
                       "2026-11-30T20:45:30Z")
     assert list(second["plays"]) == ["stage", "verify"] and list(second["passes"]) == ["preflight", "stage", "verify"]
     assert second["plays"]["stage"] == first["plays"]["stage"] and second["weights"] == WEIGHTS
-    assert second["finished"] == "2026-11-30T20:45:30Z" and second["stage_finished"] == "2026-11-30T20:45:20Z"
+    assert second["finished"] is None and second["stage_finished"] == "2026-11-30T20:45:20Z"
     # Another run's file is not this run's past.
     other = run_view(first, "dgx1", run("20261201T000000Z-0001"), play("verify"), data(), "2026-12-01T00:00:09Z")
     assert list(other["plays"]) == ["verify"] and other["stage_started"] is None and other["bytes_from_nas"] == 0
@@ -122,7 +125,8 @@ def test_a_failed_play_makes_the_run_failed_with_the_play_task_and_message():
 def test_a_check_run_is_status_check_and_copies_no_bytes():
     view = run_view(None, "dgx1", run(check=True), play("stage"), data({"stage": [row(MAIN, 1000, "check")]}),
                     "2026-11-30T20:45:20Z")
-    assert view["status"] == "check" and view["check_mode"] is True
+    assert view["status"] == "running" and view["check_mode"] is True
+    assert end_view(view, "dgx1", run(check=True), True, "stage", "2026-11-30T20:45:21Z", {})["status"] == "check"
     assert view["bytes_from_nas"] == 0 and view["plays"]["stage"]["status"] == "check"
     failed = run_view(None, "dgx1", run(check=True), play("preflight", failed_task="Preflight | space"), data(),
                       "2026-11-30T20:45:20Z")
@@ -132,7 +136,10 @@ def test_a_check_run_is_status_check_and_copies_no_bytes():
 # --- the latest view -------------------------------------------------------------------------------------
 
 def _view(run_args, name, passes, weights=None, engine=None, finished="2026-11-30T20:46:00Z", previous=None, **fail):
-    return run_view(previous, "dgx1", run(**run_args), play(name, **fail), data(passes, weights, engine), finished)
+    """A whole run of one play: its view once the run's end is recorded."""
+    this = run(**run_args)
+    view = run_view(previous, "dgx1", this, play(name, **fail), data(passes, weights, engine), finished)
+    return end_view(view, "dgx1", this, True, name, finished, {})
 
 
 def test_the_first_latest_view_is_the_run_with_last_real_run():
@@ -238,12 +245,12 @@ def test_update_reports_replaces_an_unreadable_latest_view_with_a_warning(tmp_pa
     (tmp_path / "dgx1.json").write_text("{not json")
     result = update_reports(str(tmp_path), "dgx1", run(), play("stage"), data(STAGED), finished="2026-11-30T20:45:20Z")
     assert result["warnings"] and "unreadable" in result["warnings"][0]
-    assert json.loads((tmp_path / "dgx1.json").read_text())["status"] == "ok"
+    assert json.loads((tmp_path / "dgx1.json").read_text())["status"] == "running"
 
 
 def test_update_reports_without_write_writes_nothing(tmp_path):
     result = update_reports(str(tmp_path / "reports"), "dgx1", run(), play("stage"), data(STAGED), write=False)
-    assert result["latest"]["status"] == "ok" and not os.path.exists(str(tmp_path / "reports"))
+    assert result["latest"]["status"] == "running" and not os.path.exists(str(tmp_path / "reports"))
 
 
 @pytest.mark.parametrize("host, run_args, play_args, words", [
@@ -260,3 +267,45 @@ def test_inputs_that_would_name_a_wrong_file_or_time_are_refused(tmp_path, host,
     with pytest.raises(StageError) as err:
         update_reports(str(tmp_path), host, run(**run_args), this_play, data())
     assert words in str(err.value) and os.listdir(str(tmp_path)) == []
+
+
+# --- the end of the run --------------------------------------------------------------------------------
+
+def test_a_run_is_running_until_its_end_and_a_killed_run_never_looks_good(tmp_path):
+    directory = str(tmp_path)
+    full_run(directory, "20261130T204512Z-3fa2", "2026-11-30T20:45:12Z")
+    killed = run("20261201T080000Z-dead", "2026-12-01T08:00:00Z")
+    result = update_reports(directory, "dgx1", killed, play("stage", "2026-12-01T08:00:01Z"), data(STAGED))
+    assert result["latest"]["status"] == "running" and result["latest"]["finished"] is None
+    assert result["latest"]["run_id"] == "20261201T080000Z-dead"
+
+
+def test_a_host_lost_during_a_play_is_failed_at_the_end_naming_the_play(tmp_path):
+    directory = str(tmp_path)
+    good = full_run(directory, "20261130T204512Z-3fa2", "2026-11-30T20:45:12Z")
+    today = run("20261201T080000Z-0ff1", "2026-12-01T08:00:00Z")
+    update_reports(directory, "dgx1", today, play("preflight", "2026-12-01T08:00:01Z"), data())
+    ended = end_reports(directory, "dgx1", today, False, "stage", dict(IDENTITY), finished="2026-12-01T08:05:00Z")
+    for view in (ended["report"], ended["latest"]):
+        assert view["status"] == "failed" and view["failed_play"] == "stage" and view["run_id"] == today["id"]
+        assert view["failed_task"] == "(host unreachable)" and "unreachable" in view["failed_msg"]
+    assert ended["latest"]["plays"]["verify"] == good["latest"]["plays"]["verify"]     # kept, with its own run id
+
+
+def test_a_host_unreachable_from_the_start_gets_a_failed_report_of_this_run(tmp_path):
+    full_run(str(tmp_path), "20261130T204512Z-3fa2", "2026-11-30T20:45:12Z")
+    today = run("20261201T080000Z-0ff2", "2026-12-01T08:00:00Z")
+    ended = end_reports(str(tmp_path), "dgx1", today, False, None, dict(IDENTITY))
+    assert ended["latest"]["status"] == "failed" and ended["latest"]["failed_play"] is None
+    assert "lane selection" in ended["latest"]["failed_msg"] and ended["report"]["plays"] == {}
+    assert os.path.exists(ended["history_path"])
+
+
+def test_the_end_keeps_a_failed_play_failed_and_ends_a_check_run_as_check(tmp_path):
+    failing = run("20261201T080000Z-0ff3", "2026-12-01T08:00:00Z")
+    update_reports(str(tmp_path), "dgx1", failing, play("stage", failed_task="Mirror | x", failed_msg="bad"), data())
+    ended = end_reports(str(tmp_path), "dgx1", failing, False, "stage", dict(IDENTITY))
+    assert ended["report"]["status"] == "failed" and ended["report"]["failed_task"] == "Mirror | x"
+    checking = run("20261201T090000Z-0ff4", "2026-12-01T09:00:00Z", check=True)
+    update_reports(str(tmp_path), "dgx1", checking, play("stage"), data(STAGED))
+    assert end_reports(str(tmp_path), "dgx1", checking, True, "stage", dict(IDENTITY))["latest"]["status"] == "check"

@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import threading
 import time
 
@@ -454,3 +455,25 @@ def test_meter_counts_every_byte_from_many_workers(tmp_path):
     doc = read_progress(tmp_path)
     assert doc["bytes_read"] == {"local": 0, "nas": 8000} and (doc["files_done"], doc["files_total"]) == (8, 8)
     assert tr.find_temp_debris(str(tmp_path)) == []
+
+
+def test_signals_held_delays_a_signal_until_the_block_ends_and_threads_started_inside_never_take_it():
+    """run_workers starts its threads inside signals_held: a Ctrl-C or SIGTERM then cannot land between a
+    thread's start and its listing (which left a worker unwaited-for and its temp file behind)."""
+    seen = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: seen.append(signum))
+    try:
+        masks = []
+        with tr.signals_held(signal.SIGUSR1):
+            thread = threading.Thread(target=lambda: masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+            thread.start()
+            thread.join()
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert seen == []
+        time.sleep(0.05)
+        assert seen == [signal.SIGUSR1]
+        assert signal.SIGUSR1 in masks[0]
+        assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -245,15 +245,27 @@ def tags_asked(msg):
     return tags
 
 
-def rerun_command(inventory, playbook, host, play, msg=None):
+ENGINE_PLAYS = ("engine", "smoke", "bench")
+
+
+def rerun_command(inventory, playbook, host, play, msg=None, lane=None):
     """What to run once the cause is fixed: the whole playbook for that host (staged blobs are reused), or
     only the failed play - with the plays its message asks for first (verify refused for files not
-    staged asks for the stage play: --tags stage,verify)."""
-    text = _command(inventory, playbook, [host])
+    staged asks for the stage play: --tags stage,verify). lane: the hosts of a lane whose engine runs; the
+    engine play refuses part of a lane, so a run that reaches it names them all."""
+    whole = list(lane or [host])
+    text = _command(inventory, playbook, whole)
     if play:
         tags = tags_asked(msg)
         tags += [play] if play not in tags else []
-        text += "  (or only %s: --tags %s)" % ("that play" if len(tags) == 1 else "those plays", ",".join(tags))
+        what = "that play" if len(tags) == 1 else "those plays"
+        if whole == [host] or set(tags) & set(ENGINE_PLAYS):
+            text += "  (or only %s: --tags %s)" % (what, ",".join(tags))
+        else:
+            text += "  (or only %s on %s: %s)" % (what, host, _command(inventory, playbook, [host],
+                                                                        ["--tags", ",".join(tags)]))
+    if whole != [host]:
+        text += "; the whole lane %s, as its engine restarts as one" % ",".join(whole)
     return text
 
 
@@ -267,10 +279,11 @@ def report_hint(host, report_path, report_file=None, report_seen=False):
     return "the error above (this run wrote no host report for %s)" % host
 
 
-def next_step_lines(host, status, failure, report_path, inventory, playbook, report_file=None, report_seen=False):
+def next_step_lines(host, status, failure, report_path, inventory, playbook, report_file=None, report_seen=False,
+                    lane=None):
     """For a failed host: what failed, why (first line of its message), where its report is, what to run.
     report_path: the report this run wrote; report_file: else where the host's report is kept (named only
-    when report_seen: an earlier run left it)."""
+    when report_seen: an earlier run left it); lane: the hosts of its lane when the engine runs there."""
     failure = failure or {}
     what = "unreachable" if status == "unreachable" else "failed"
     full = " ".join(str(failure.get("msg") or "").split())
@@ -279,11 +292,11 @@ def next_step_lines(host, status, failure, report_path, inventory, playbook, rep
                                               ": " + msg if msg else "")]
     if status == "unreachable":
         step = "check that %s answers (ssh, its Python), then re-run: %s" % (
-            host, rerun_command(inventory, playbook, host, None))
+            host, rerun_command(inventory, playbook, host, None, lane=lane))
     else:
         step = "read %s; fix the cause, then re-run: %s" % (
             report_hint(host, report_path, report_file, report_seen),
-            rerun_command(inventory, playbook, host, failure.get("tag"), full))
+            rerun_command(inventory, playbook, host, failure.get("tag"), full, lane))
     lines.append("next step: " + step)
     return lines
 
@@ -297,6 +310,16 @@ def interrupted_step(hosts, state):
         text += "  (with the same -e options)"
     return ["next step: the run was %s before %s finished; what is staged is kept and reused, so re-run: %s"
             % (how, ", ".join(hosts), text)]
+
+
+def engine_lane(hosts, host, order):
+    """The hosts of host's lane in rank order when its engine runs in this run (None otherwise): a re-run
+    that reaches the engine play must name them all."""
+    info = hosts[host]
+    if info.get("engine_runs") is not True or not info.get("lane"):
+        return None
+    lane = sorted((h for h, other in hosts.items() if other.get("lane") == info["lane"]), key=order)
+    return lane if len(lane) > 1 else None
 
 
 def summary_lines(state):
@@ -324,7 +347,7 @@ def summary_lines(state):
         if status in ("failed", "unreachable"):
             steps += next_step_lines(host, status, info.get("failure"), info.get("report_path"),
                                      state.get("inventory"), state.get("playbook"), info.get("report_file"),
-                                     info.get("report_seen"))
+                                     info.get("report_seen"), engine_lane(hosts, host, order))
     unfinished = [h for h in sorted(lane_hosts, key=order) if statuses[h] == "interrupted"]
     if unfinished:
         steps += interrupted_step(unfinished, state)

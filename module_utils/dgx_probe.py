@@ -75,11 +75,13 @@ def api_url(base, path):
 
 
 def chat_payload(model, prompt, max_tokens, stream=False):
-    """A temperature-0 chat completion request body."""
+    """A temperature-0 chat completion request body. The streamed (decode) request asks for usage and
+    for ignore_eos (SGLang and vLLM take it): a model that ends its answer early would otherwise make a
+    healthy engine fail the max_tokens check."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": int(max_tokens), "temperature": 0, "stream": bool(stream)}
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        body.update(stream_options={"include_usage": True}, ignore_eos=True)
     return body
 
 

@@ -223,6 +223,27 @@ def test_next_step_follows_what_the_failure_asks_for():
     assert plain[1].endswith("--limit n1  (or only that play: --tags stage)")
 
 
+def test_next_step_names_the_whole_lane_when_its_engine_runs():
+    """The engine play refuses --limit on part of a lane: a re-run that reaches it names every rank; a
+    pre-engine play alone may still be re-run on the failed host."""
+    failure = {"play": "stage", "tag": "stage", "task": "t", "msg": "bad"}
+    lines = summary.next_step_lines("dgx2", "failed", failure, "reports/dgx2.json", "inventory/dgx",
+                                    "stage-deepseek.yml", lane=["dgx1", "dgx2"])
+    assert "stage-deepseek.yml --limit dgx1,dgx2  (or only that play on dgx2: " in lines[1]
+    assert "--limit dgx2 --tags stage)" in lines[1]
+    assert lines[1].endswith("; the whole lane dgx1,dgx2, as its engine restarts as one")
+    engine = summary.next_step_lines("dgx2", "failed", dict(failure, play="engine", tag="engine"), None,
+                                     None, None, lane=["dgx1", "dgx2"])
+    assert "--limit dgx1,dgx2  (or only that play: --tags engine)" in engine[1]
+    assert "--limit dgx2 " not in engine[1]
+    state = _state(dgx1={"rank": 0, "lane": "exl3_2x", "engine_runs": True},
+                   dgx2={"rank": 1, "lane": "exl3_2x", "engine_runs": True, "failed": True, "failure": failure})
+    assert any("--limit dgx1,dgx2" in line for line in summary.summary_lines(state))
+    state["hosts"]["dgx1"]["engine_runs"] = state["hosts"]["dgx2"]["engine_runs"] = False
+    steps = [line for line in summary.summary_lines(state) if line.startswith("next step")]
+    assert steps and "--limit dgx2" in steps[0] and "dgx1" not in steps[0]
+
+
 def _state(**hosts):
     return {"hosts": hosts, "check_mode": False, "inventory": "inventory/demo", "playbook": "stage-deepseek.yml",
             "wall_s": 8.44, "run_id": "20261130T204512Z-3fa2"}

@@ -68,11 +68,14 @@ def test_api_url_joins_base_and_path_with_or_without_v1():
         api_url("dgx1:8000", "/v1/models")
 
 
-def test_chat_payload_is_temperature_zero_and_asks_for_usage_when_streaming():
+def test_chat_payload_is_temperature_zero_and_streams_with_usage_and_ignore_eos():
     body = chat_payload("m", "hi", 400, stream=True)
     assert body["temperature"] == 0 and body["max_tokens"] == 400 and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert "stream_options" not in chat_payload("m", "hi", 8)
+    # A decode probe must run to max_tokens: the model's own end of answer would fail a healthy engine.
+    assert body["ignore_eos"] is True
+    plain = chat_payload("m", "hi", 8)
+    assert "stream_options" not in plain and "ignore_eos" not in plain
 
 
 def test_first_model_id_and_a_clear_error_without_models():

@@ -78,16 +78,21 @@ lint: setup ## yamllint + ansible-lint (production profile, offline)
 unit: setup ## unit tests (tests/unit)
 	@$(call pytest,tests/unit)
 
-integration: setup system-packages ## integration tests (tests/integration)
-	@$(call pytest,tests/integration)
+# A Docker engine for the docker-runtime tests: scripts/docker-daemon.sh starts dockerd when none answers
+# (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.
+DOCKER_RUN := scripts/docker-daemon.sh run --
+
+integration: setup system-packages ## integration tests (tests/integration; a Docker daemon for the run)
+	@$(DOCKER_RUN) bash -c '$(call pytest,tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
-molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine
+molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine (a Docker daemon for the run)
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
-	BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh
 	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \
-	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)
+	$(DOCKER_RUN) bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
+	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$1" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)' \
+	molecule "$$roots"
 
 bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
 	@scripts/setup-system.sh bench   # rsync, the warm re-run's baseline (the bench runs without it if missing)

@@ -3,7 +3,9 @@
 # only when something must be installed; installing needs root, or sudo without a password):
 #   setup-system.sh venv    python3-venv, only when `$PYTHON -m venv` lacks ensurepip (make setup, once)
 #   setup-system.sh test    what only the tests need: rsync, rootful Podman with runc, mmdebstrap for the
-#                           base image (make test / integration / molecule / image / system-packages)
+#                           base image, a Docker engine (docker.io; scripts/docker-daemon.sh starts it) and
+#                           python3-requests (community.docker's need on a node's system Python)
+#                           (make test / integration / molecule / image / system-packages)
 #   setup-system.sh bench   rsync, the bench's baseline; never fatal (make bench)
 # `make setup` and `make demo` need none of the test packages: an ordinary user runs them without root.
 set -euo pipefail
@@ -14,7 +16,8 @@ case "$mode" in
         if "${PYTHON:-python3}" -c 'import ensurepip' >/dev/null 2>&1; then exit 0; fi
         PACKAGES=(python3-venv) ;;
     test)
-        PACKAGES=(rsync podman crun fuse-overlayfs slirp4netns uidmap catatonit iptables runc mmdebstrap) ;;
+        PACKAGES=(rsync podman crun fuse-overlayfs slirp4netns uidmap catatonit iptables runc mmdebstrap
+                  docker.io python3-requests) ;;
     bench)
         PACKAGES=(rsync) ;;
     *)

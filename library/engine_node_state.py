@@ -20,6 +20,8 @@ description:
   - With O(port), lists the processes listening on that TCP port (IPv4 or IPv6) in the node's network
     namespace, with the container each runs in (read from its cgroup), so a container or process outside
     the lane that holds the engine's port is found before the engine is started into it.
+  - With O(python_modules), says which of those Python modules the node's Python (the one running this
+    module, and every other module of the play) cannot import - C(requests), which community.docker needs.
   - Reads only; changes nothing.
 author: dgx-stage maintainers
 options:
@@ -33,6 +35,11 @@ options:
   port:
     description: TCP port whose listeners to list in RV(port_holders). Unset, no listener is looked for.
     type: int
+  python_modules:
+    description: Top-level Python modules to look for in the node's Python; RV(python) lists the missing ones.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -100,6 +107,22 @@ port_holders:
       description: The 64-hex id of the container the process runs in (from its cgroup); empty for a host process.
       type: str
   sample: [{pid: 4242, command: python3, container_id: adac941fb5f6a1505731ff38e640550f4fbc244e3601e15f964a225fc24f3b54}]
+python:
+  description: The node's Python and the modules of O(python_modules) it cannot import.
+  returned: success when python_modules names a module
+  type: dict
+  contains:
+    executable:
+      description: The Python that ran the module (the node's interpreter for every module of the play).
+      type: str
+    version:
+      description: Its version, major.minor.micro.
+      type: str
+    missing:
+      description: The modules of O(python_modules) it cannot find.
+      type: list
+      elements: str
+  sample: {executable: /usr/bin/python3, version: 3.12.3, missing: [requests]}
 msg:
   description: Why the node could not be read (a port out of range).
   returned: failure
@@ -107,12 +130,13 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dgx_nodestate import files_fingerprint, port_holders
+from ansible.module_utils.dgx_nodestate import files_fingerprint, port_holders, python_modules
 
 
 ARGUMENT_SPEC = dict(
     files=dict(type="list", elements="path", default=[]),
     port=dict(type="int"),
+    python_modules=dict(type="list", elements="str", default=[]),
 )
 
 
@@ -125,6 +149,8 @@ def main():
         if not 0 < params["port"] < 65536:
             module.fail_json(msg="port must be 1-65535, got %d" % params["port"])
         result["port_holders"] = port_holders(params["port"])
+    if params["python_modules"]:
+        result["python"] = python_modules(params["python_modules"])
     module.exit_json(**result)
 
 

@@ -10,6 +10,8 @@ files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing p
 listening_inodes(port, proc_root) -> socket inodes listening on TCP `port` (IPv4 and IPv6), from /proc/net
 port_holders(port, proc_root)     -> [{pid, command, container_id}]: the processes holding those sockets,
                                      with the container a process runs in (its cgroup), "" for a host process
+python_modules(names)             -> {executable, version, missing}: the modules of names this Python cannot
+                                     import (community.docker needs `requests` in the node's Python)
 
 Reads /proc of the node's own network namespace: host-network containers (the engine's) listen there.
 Stdlib only; runs on the nodes' system Python.
@@ -18,6 +20,7 @@ Stdlib only; runs on the nodes' system Python.
 import errno
 import hashlib
 import os
+import sys
 
 from ansible.module_utils.dgx_receipts import container_of
 
@@ -102,3 +105,20 @@ def port_holders(port, proc_root="/proc"):
                                 "container_id": container_of(_read(os.path.join(proc_root, pid, "cgroup")))})
                 break
     return holders
+
+
+def python_modules(names, finder=None):
+    """{executable, version, missing}: which top-level modules of names this Python cannot find (not imported:
+    finding is enough, and importing could have side effects)."""
+    if finder is None:
+        import importlib.util
+        finder = importlib.util.find_spec
+    missing = []
+    for name in names:
+        try:
+            found = finder(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3], "missing": missing}

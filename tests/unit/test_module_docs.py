@@ -563,6 +563,9 @@ def test_engine_node_state_results(staged):
         args = {"files": [], "port": port}
         result = check_result("engine_node_state", args, run_main("engine_node_state", args))
     assert [h["pid"] for h in result["port_holders"]] == [os.getpid()] and result["files"] == 0
+    args = {"python_modules": ["json", "dgx_no_such_module"]}
+    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
+    assert result["python"]["missing"] == ["dgx_no_such_module"] and result["python"]["executable"] == sys.executable
     bad = {"port": 70000}
     result = check_result("engine_node_state", bad, run_main("engine_node_state", bad), expect_failure=True)
     assert "1-65535" in result["msg"]

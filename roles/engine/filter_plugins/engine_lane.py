@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
 """Engine role filters for the lane-wide decisions: one engine per rank, restarted together.
 
-dgx_container_list(result, runtime)    -> the containers a runtime listed (podman_container_info, or
+dgx_container_list(result, runtime, details)
+                                       -> the containers a runtime listed (podman_container_info, or
                                           docker_host_info with verbose_output), as
-                                          [{id, name, running, state, exit_code, labels, env, image}]
+                                          [{id, name, running, state, exit_code, labels, env, image}];
+                                          details: inspect results (docker_container_info's `container`) that
+                                          fill in what Docker's list lacks (the environment)
 dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
                                           runs (lane, rank, image, command, env, mounts, bound files, ...):
                                           comparing them with the running container's says why it restarts
@@ -96,12 +99,19 @@ def _docker_container(info):
             "image": config.get("Image", "")}
 
 
-def dgx_container_list(result, runtime):
-    """The containers of a podman_container_info or docker_host_info result, normalised."""
+def dgx_container_list(result, runtime, details=None):
+    """The containers of a podman_container_info or docker_host_info result, normalised.
+
+    Docker's container list (docker_host_info) carries no environment: an inspect result in details (the
+    engine container's docker_container_info) with the same id replaces the listed entry, so the restart
+    reasons can name the changed variables on Docker too. Details of a container not listed are ignored.
+    """
     if runtime not in ("podman", "docker"):
         raise AnsibleFilterError("dgx_container_list: runtime must be podman or docker, not %r" % (runtime,))
     shape = _podman_container if runtime == "podman" else _docker_container
-    return [shape(info) for info in (result or {}).get("containers") or []]
+    listed = [shape(info) for info in (result or {}).get("containers") or []]
+    inspected = dict((c["id"], c) for c in (shape(info) for info in details or [] if info) if c["id"])
+    return [inspected.get(c["id"], c) for c in listed]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""The engine role's Docker path on data captured from a real Docker 20.10 daemon (tests/unit/fixtures/docker/,
+trimmed): community.docker 4.8.5's docker_host_info container list (verbose_output) and docker_container_info,
+`docker inspect --type container` of a running and an exited container, and /proc/<pid>/cgroup of a
+container process under cgroup v1 (cgroupfs driver). The playbook-level checks run in
+tests/integration/test_engine_one_rank.py, test_engine_mount_names.py and test_engine_lane.py (docker params).
+
+Captured with two containers of the engine double image:
+  dgx-stage-capture-1  running, labels dgx-stage.lane=exl3_2x and dgx-stage.rank=0, env RANK=0 and FOO=a=b,
+                       a read-only bind of "/nvme/capture/src a,b:c" at "/hub/x:y, z"
+  dgx-stage-capture-2  exited with code 3
+"""
+import json
+import os
+
+from ansible.module_utils.dgx_nodestate import python_modules
+from ansible.module_utils.dgx_probe import container_facts
+from ansible.module_utils.dgx_receipts import container_of
+from test_engine_lane import lane
+from test_mountspec import load_plugin as load_mounts_plugin
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "docker")
+RUNNING = "d45c0b38fd1ad600615296ca0e90b32fb2baf82b2e742f88ac1817103d594558"
+EXITED = "e5f5ac9e2c816448ece56a73bd8ec2e82c5e9cb1a7b17be013602f66e80fd378"
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as handle:
+        return handle.read() if name.endswith(".txt") else json.load(handle)
+
+
+def test_the_docker_host_list_is_normalised_like_podmans():
+    containers = dict((c["name"], c) for c in lane.dgx_container_list(fixture("host_info.json"), "docker"))
+    running, exited = containers["dgx-stage-capture-1"], containers["dgx-stage-capture-2"]
+    assert running["id"] == RUNNING and running["running"] is True and running["state"] == "running"
+    assert running["labels"]["dgx-stage.lane"] == "exl3_2x" and running["labels"]["dgx-stage.rank"] == "0"
+    assert running["image"] == "localhost/dgx-stage-engine-double:test"
+    # The API's list carries no environment, and the exit code only inside the status text.
+    assert running["env"] is None and running["exit_code"] is None
+    assert (exited["running"], exited["state"], exited["exit_code"]) == (False, "exited", 3)
+    assert set(running) == set(lane.dgx_container_list({"containers": [{}]}, "podman")[0])
+
+
+def test_the_engine_containers_inspect_data_fills_in_its_environment():
+    details = [fixture("container_info.json")["container"]]
+    containers = dict((c["name"], c) for c in lane.dgx_container_list(fixture("host_info.json"), "docker", details))
+    running = containers["dgx-stage-capture-1"]
+    assert running["env"]["RANK"] == "0" and running["env"]["FOO"] == "a=b"
+    assert running["labels"]["dgx-stage.lane"] == "exl3_2x" and running["running"] is True
+    assert containers["dgx-stage-capture-2"]["env"] is None
+    # No container under the engine name (docker_container_info gives container: null -> {}): the list as is.
+    assert lane.dgx_container_list(fixture("host_info.json"), "docker", [{}]) == \
+        lane.dgx_container_list(fixture("host_info.json"), "docker")
+    # So the restart reasons name the changed variables on Docker as on Podman.
+    labels = dict(running["labels"], **{"dgx-stage.env-sha256": "new"})
+    env = dict(running["env"], FOO="c")
+    reasons = lane.dgx_restart_reasons(running, labels, env=env)
+    assert "env changed (FOO)" in reasons
+
+
+def test_the_wait_reads_dockers_inspect_output():
+    running = container_facts(json.dumps(fixture("inspect_running.json")), "dgx-stage-capture-1")
+    assert (running["exists"], running["running"], running["id"], running["finished_at"]) == (
+        True, True, RUNNING, None)
+    exited = container_facts(json.dumps(fixture("inspect_exited.json")), "dgx-stage-capture-2")
+    assert (exited["running"], exited["status"], exited["exit_code"], exited["id"]) == (False, "exited", 3, EXITED)
+    assert exited["finished_at"].startswith("2026-") and exited["oom_killed"] is False
+
+
+def test_container_ids_from_docker_cgroup_paths():
+    # cgroup v1 (cgroupfs driver, as captured): every hierarchy names /docker/<id>.
+    assert container_of(fixture("cgroup_v1.txt")) == RUNNING
+    # cgroup v2 with the systemd driver, and v2 with cgroupfs.
+    assert container_of("0::/system.slice/docker-%s.scope\n" % RUNNING) == RUNNING
+    assert container_of("0::/docker/%s\n" % RUNNING) == RUNNING
+    assert container_of("0::/system.slice/docker.service\n") == ""
+
+
+def test_docker_mounts_keep_names_with_colons_commas_and_spaces_whole():
+    mounts = load_mounts_plugin()
+    binds = mounts.dgx_binds([{"source": "/nvme/capture/src a,b:c", "target": "/hub/x:y, z", "read_only": True}],
+                             [{"source": "/cache dir", "target": "/cache", "read_only": False}])
+    assert mounts.dgx_docker_mounts(binds) == [
+        {"type": "bind", "source": "/nvme/capture/src a,b:c", "target": "/hub/x:y, z", "read_only": True},
+        {"type": "bind", "source": "/cache dir", "target": "/cache", "read_only": False}]
+    # What the daemon made of such a mount (docker_container_info of the capture): the same paths, read-only.
+    captured = fixture("container_info.json")["container"]["HostConfig"]["Mounts"]
+    assert [(m["Source"], m["Target"], m.get("ReadOnly")) for m in captured] == [
+        ("/nvme/capture/src a,b:c", "/hub/x:y, z", True)]
+
+
+def test_python_modules_lists_what_the_node_python_lacks():
+    found = python_modules(["json", "dgx_stage_no_such_module", "no.such"])
+    assert found["missing"] == ["dgx_stage_no_such_module", "no.such"]
+    assert found["version"].count(".") == 2 and found["executable"]
+    assert python_modules(["requests"], finder=lambda name: None)["missing"] == ["requests"]

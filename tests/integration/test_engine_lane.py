@@ -1,4 +1,4 @@
-"""The engine lane as one unit, on real Podman with engine_double (a TEST DOUBLE of the inference engine).
+"""The engine lane as one unit, on real Podman and Docker with engine_double (a TEST DOUBLE of the inference engine).
 
 dgx1..dgx4 are local-connection aliases of this machine, each with its own container name, port, receipt
 directory and manifest; they share one staged local hub (staged once). exl3_2x is dgx1, dgx2;
@@ -14,6 +14,10 @@ sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves
 - switching the hosts to sglang_4x (its engines there hold the names: stopped with engine_stop_strays) and
   back, with a stranger on dgx1's port: the stranger, sglang_4x's rank on dgx2 and its engines left on
   dgx3/dgx4 (no longer in the lane) are reported, and stopped only with engine_stop_strays.
+
+Each runtime gets its own lane. On Docker the tests that exercise the runtime run (start in rank order, the
+check-mode plan, the one-rank change restarting the lane and the re-run, the missing image, the strays and
+earlier worlds); the rest decide in the plan's filters alone and run on Podman only.
 """
 import json
 import os
@@ -25,19 +29,17 @@ import pytest
 
 from conftest import failures, run_playbook
 from hubgen import build_nas_hub
-from test_engine_podman import (DOUBLE_RECEIPTS, IMAGE, MAIN_REPO, build_engine_double, free_port, podman,
-                                podman_unusable)
-
-pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
+from test_engine_one_rank import DOUBLE_RECEIPTS, IMAGE, MAIN_REPO, build_engine_double, free_port
+import runtimes
 
 HOSTS = ["dgx1", "dgx2", "dgx3", "dgx4"]
 LANES = {"exl3_2x": HOSTS[:2], "sglang_4x": HOSTS}
 RECEIPT_NAMES = DOUBLE_RECEIPTS["DOUBLE_RECEIPT_ROOTS"].split(",")
 
 
-def inspect(name):
+def inspect(runtime, name):
     """{id, started, created, labels, env} of a container, or None when there is none."""
-    proc = podman("container", "inspect", name)
+    proc = runtimes.cli(runtime, "container", "inspect", name)
     if proc.returncode != 0:
         return None
     info = json.loads(proc.stdout.decode())[0]
@@ -72,8 +74,8 @@ def failed_hosts(data):
 class Lane(object):
     """The test lane: its inventory, containers and runs."""
 
-    def __init__(self, work, nas, names, ports):
-        self.work, self.nas, self.names, self.ports = work, nas, names, ports
+    def __init__(self, runtime, work, nas, names, ports):
+        self.runtime, self.work, self.nas, self.names, self.ports = runtime, work, nas, names, ports
         self.inventory = os.path.join(work, "inventory")
         self.host_vars = dict((h, {}) for h in HOSTS)
 
@@ -102,11 +104,12 @@ class Lane(object):
             "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}],
             "stage_report_dir": os.path.join(self.work, "reports"),
             "engine_enabled": True,
-            "engine_runtime": "podman",
+            "engine_runtime": self.runtime,
             "engine_image": IMAGE,
             "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", "{{ engine_port }}"],
             "engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0),
             "engine_gpu_devices": [],
+            "engine_gpu_requests": [],
             "engine_master_port": 29533,
             # Rank 0's API, on the loopback address (every rank has its own port here).
             "engine_api_url": "http://127.0.0.1:{{ hostvars[groups[lane][0]]['engine_port'] }}",
@@ -121,7 +124,15 @@ class Lane(object):
         return run_playbook(self.work, self.inventory, *args)
 
     def containers(self, hosts=None):
-        return dict((h, inspect(self.names[h])) for h in (hosts or LANES["exl3_2x"]))
+        return dict((h, inspect(self.runtime, self.names[h])) for h in (hosts or LANES["exl3_2x"]))
+
+    def cli(self, *args):
+        return runtimes.cli(self.runtime, *args)
+
+    def only_on_podman(self):
+        """The checks that decide in the plan's filters alone (nothing runtime-specific) run once, on Podman."""
+        if self.runtime != "podman":
+            pytest.skip("runtime-independent: checked on podman only")
 
     def ids(self, hosts=None):
         return dict((h, (c or {}).get("id")) for h, c in self.containers(hosts).items())
@@ -137,16 +148,17 @@ class Lane(object):
         return out
 
 
-@pytest.fixture(scope="module")
-def lane(tmp_path_factory):
-    """A staged local hub shared by four hosts; exl3_2x started once."""
+@pytest.fixture(scope="module", params=runtimes.params())
+def lane(request, tmp_path_factory):
+    """A staged local hub shared by four hosts; exl3_2x started once (per runtime)."""
+    runtime = request.param
     build_engine_double()
-    work = str(tmp_path_factory.mktemp("lane"))
+    work = str(tmp_path_factory.mktemp("lane-" + runtime))
     nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=2)
     tag = uuid.uuid4().hex[:8]
-    names = dict((h, "dgx-stage-test-lane-%s-%s" % (tag, h)) for h in HOSTS)
+    names = dict((h, "dgx-stage-test-lane-%s-%s-%s" % (runtime, tag, h)) for h in HOSTS)
     ports = dict((h, free_port()) for h in HOSTS)
-    the_lane = Lane(work, nas, names, ports)
+    the_lane = Lane(runtime, work, nas, names, ports)
     strays = []
     the_lane.strays = strays
     try:
@@ -157,8 +169,7 @@ def lane(tmp_path_factory):
         the_lane.first_run_s = time.monotonic() - started
         yield the_lane
     finally:
-        for name in list(names.values()) + strays:
-            podman("rm", "--force", "--ignore", name)
+        runtimes.remove(runtime, *(list(names.values()) + strays))
 
 
 def assert_rank_order(containers, hosts):
@@ -197,7 +208,8 @@ def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(
     assert data["stats"]["dgx1"]["changed"] >= 1 and data["stats"]["dgx2"]["changed"] >= 1
     # Nothing removed, started or cleared.
     assert lane.ids() == ids and lane.receipts_state() == receipts
-    assert not msgs(data, "Clear the receipts") and not msgs(data, "Container | Plan, remove or start with podman - start")
+    assert not msgs(data, "Clear the receipts")
+    assert not msgs(data, "Container | Plan, remove or start with %s - start" % lane.runtime)
 
 
 def test_a_one_rank_change_restarts_the_whole_lane_in_rank_order(lane):
@@ -234,6 +246,7 @@ def flip_a_byte_in_a_staged_blob(lane):
 
 
 def test_a_repaired_blob_restarts_the_lane(lane):
+    lane.only_on_podman()
     ids = lane.ids()
     blob = flip_a_byte_in_a_staged_blob(lane)
     inode = os.stat(blob).st_ino
@@ -249,6 +262,7 @@ def test_a_repaired_blob_restarts_the_lane(lane):
 
 
 def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane):
+    lane.only_on_podman()
     ids = lane.ids()
     rc, data = lane.run("--tags", "engine", "--limit", "dgx2")
     assert rc != 0
@@ -262,6 +276,7 @@ def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane
 
 
 def test_engine_enabled_false_on_one_host_is_refused_on_every_host(lane):
+    lane.only_on_podman()
     ids = lane.ids()
     lane.host_vars["dgx2"]["engine_enabled"] = False
     try:
@@ -293,7 +308,7 @@ def test_a_missing_image_with_engine_pull_never_fails_fast_and_stops_nothing(lan
     assert not any("Container |" in t["task"]["name"] and not r.get("skipped")
                    for play in data["plays"] for t in play["tasks"] for r in t["hosts"].values())
     assert lane.ids() == ids
-    assert podman("image", "exists", image).returncode != 0
+    assert lane.cli("image", "inspect", image).returncode != 0
     assert elapsed < 60, elapsed
 
 
@@ -306,10 +321,10 @@ def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_st
     assert_rank_order(four, HOSTS)
 
     # Someone starts an engine by hand on dgx1's port (sglang_4x's rank 0 there is gone).
-    podman("rm", "--force", lane.names["dgx1"])
+    lane.cli("rm", "--force", lane.names["dgx1"])
     port_stray = "dgx-stage-test-stray-%s" % uuid.uuid4().hex[:8]
     lane.strays.append(port_stray)
-    run = podman("run", "-d", "--name", port_stray, "--network", "host", IMAGE, "python3",
+    run = lane.cli("run", "-d", "--name", port_stray, "--network", "host", IMAGE, "python3",
                  "/opt/engine_double/engine_double.py", "--port", str(lane.ports["dgx1"]))
     assert run.returncode == 0, run.stderr
     time.sleep(1)   # its API binds the port
@@ -328,12 +343,12 @@ def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_st
         assert ("%s: %s on %s, no longer in the lane, is rank %d of lane sglang_4x"
                 % (host, lane.names[host], host, rank)) in msg, msg
     assert "Set engine_stop_strays=true to stop them" in msg
-    assert inspect(port_stray)["running"]
+    assert inspect(lane.runtime, port_stray)["running"]
     assert lane.ids(HOSTS[1:]) == dict((h, four[h]["id"]) for h in HOSTS[1:])
 
     # Asked to: every stray is stopped, then exl3_2x starts.
     rc, data = lane.run("--tags", "manifest,engine", "-e", "engine_stop_strays=true")
     assert rc == 0, failures(data)
-    assert inspect(port_stray) is None and inspect(lane.names["dgx3"]) is None and inspect(lane.names["dgx4"]) is None
+    assert all(inspect(lane.runtime, name) is None for name in (port_stray, lane.names["dgx3"], lane.names["dgx4"]))
     two = lane.containers()
     assert all(two[h]["running"] and two[h]["labels"]["dgx-stage.lane"] == "exl3_2x" for h in two)

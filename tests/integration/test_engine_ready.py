@@ -24,7 +24,7 @@ import pytest
 
 from conftest import failures, run_playbook
 from hubgen import build_nas_hub
-from test_engine_podman import IMAGE, MAIN_REPO, build_engine_double, free_port, podman, podman_unusable
+from test_engine_one_rank import IMAGE, MAIN_REPO, build_engine_double, free_port, podman, podman_unusable
 
 pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
 

@@ -1,13 +1,14 @@
-"""The engine role against a real container runtime (Podman), with engine_double, a TEST DOUBLE of the
-inference engine (tests/engine_double), as the image.
+"""The engine role against a real container runtime, Podman and Docker (the default), with engine_double,
+a TEST DOUBLE of the inference engine (tests/engine_double), as the image.
 
-One rank on localhost (the Molecule engine scenario covers two). The lane is staged from a generated
-hub without the optional page15 pack, the manifest written, the double started through the engine
-role with engine_runtime=podman. The double reports what it sees from inside the container, which
-proves: every local bind resolves to the staged bytes, page15 is visible through a read-only NAS bind
-(a write there fails), the rank environment is set. Then: smoke and decode probe results are in the host
-report, a re-run changes nothing (the container is not recreated), and yesterday's stale receipts make
-the engine fail when nobody clears them, but not when the plays do (crash layer 2 of the night-shift log).
+One rank on localhost (test_engine_lane.py covers two). The lane is staged from a generated hub without the
+optional page15 pack, the manifest written, the double started through the engine role with
+engine_runtime=podman, then again with engine_runtime=docker (the same checks on each runtime). The double
+reports what it sees from inside the container, which proves: every local bind resolves to the staged bytes,
+page15 is visible through a read-only NAS bind (a write there fails), the rank environment is set. Then: smoke
+and decode probe results are in the host report, a re-run changes nothing (the container is not recreated), a
+config change restarts it, and yesterday's stale receipts make the engine fail when nobody clears them, but
+not when the plays do (crash layer 2 of the night-shift log).
 """
 import errno
 import json
@@ -25,8 +26,10 @@ from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
 from conftest import REPO_ROOT, failures, run_playbook
 from treestate import sha256_file
 from hubgen import build_nas_hub
+import runtimes
 
-IMAGE = "dgx-stage-engine-double:test"
+# Fully qualified: Docker would look a short name up in a registry.
+IMAGE = "localhost/dgx-stage-engine-double:test"
 RECEIPT_NAMES = list(RECEIPT_ROOTS)
 # engine_double writes (strict-on-exists, like the engine) the receipt roots its environment names.
 DOUBLE_RECEIPTS = {"DOUBLE_RECEIPT_ROOTS": ",".join(RECEIPT_NAMES)}
@@ -37,32 +40,16 @@ OTHER_UID = 4242
 
 
 def podman_env():
-    env = dict(os.environ)
-    conf = os.path.join(REPO_ROOT, "molecule", "containers.conf")
-    if "CONTAINERS_CONF" not in env and os.path.exists(conf):
-        env["CONTAINERS_CONF"] = conf  # runtime=runc and the VM's ulimits (the Makefile exports the same)
-    return env
+    return runtimes.runtime_env()
 
 
 def podman(*args, **kwargs):
-    return subprocess.run(["podman"] + list(args), env=podman_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, timeout=kwargs.pop("timeout", 120), **kwargs)
+    return runtimes.cli("podman", *args, **kwargs)
 
 
 def podman_unusable():
     """Why Podman cannot run containers here, or None."""
-    if not shutil.which("podman"):
-        return "podman is not installed (make system-packages installs it)"
-    try:
-        info = podman("info", "--format", "{{.Host.OCIRuntime.Name}}", timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return "podman info failed: %s" % exc
-    if info.returncode != 0:
-        return "podman is not usable: %s" % info.stderr.decode("utf-8", "replace").strip()[:300]
-    return None
-
-
-pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
+    return runtimes.unusable("podman")
 
 
 def free_port():
@@ -107,14 +94,15 @@ def double(lane, path, payload=None):
 
 
 def build_engine_double():
-    """The engine_double image (tests/engine_double/build.sh: rebuilt only when its files changed)."""
+    """The engine_double image (tests/engine_double/build.sh: rebuilt only when its files changed; put into
+    Docker too when a Docker daemon answers)."""
     build = subprocess.run(["bash", os.path.join(REPO_ROOT, "tests", "engine_double", "build.sh")],
                            env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert build.returncode == 0, build.stdout.decode("utf-8", "replace")
 
 
-def lane_settings(work, hub_nas_root, stage_repos, name, port, **extra):
-    """group_vars of a one-rank Podman lane under work running engine_double as container `name` on port."""
+def lane_settings(work, hub_nas_root, stage_repos, name, port, runtime="podman", **extra):
+    """group_vars of a one-rank lane under work running engine_double as container `name` on port."""
     settings = {
         "lane": "exl3_2x",
         "hub_nas_root": hub_nas_root,
@@ -124,13 +112,14 @@ def lane_settings(work, hub_nas_root, stage_repos, name, port, **extra):
         "receipt_parent": os.path.join(work, "cache"),
         "engine_manifest_path": os.path.join(work, "local", "engine-manifest.json"),
         "engine_enabled": True,
-        "engine_runtime": "podman",
+        "engine_runtime": runtime,
         "engine_image": IMAGE,
         "engine_name": name,
         "engine_port": port,
         "engine_command": ["python3", "/opt/engine_double/engine_double.py", "--port", str(port)],
         "engine_env": DOUBLE_RECEIPTS,
-        "engine_gpu_devices": [],  # no GPU here
+        "engine_gpu_devices": [],  # no GPU here (podman)
+        "engine_gpu_requests": [],  # (docker)
         "engine_ready_timeout": 60,
         "engine_ready_poll": 2,
     }
@@ -150,30 +139,37 @@ def write_lane_inventory(work, settings):
     return inventory
 
 
-@pytest.fixture(scope="module")
-def lane(tmp_path_factory):
-    """Image built, a generated hub, a one-rank podman lane; the whole sequence run once."""
+@pytest.fixture(scope="module", params=runtimes.params())
+def lane(request, tmp_path_factory):
+    """Image built, a generated hub, a one-rank lane on one runtime; the whole sequence run once per runtime."""
+    runtime = request.param
     build_engine_double()
-    work = str(tmp_path_factory.mktemp("engine"))
+    work = str(tmp_path_factory.mktemp("engine-" + runtime))
     nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=4)
     port = free_port()
-    name = "dgx-stage-test-engine-double-%s" % uuid.uuid4().hex[:8]
+    name = "dgx-stage-test-engine-double-%s-%s" % (runtime, uuid.uuid4().hex[:8])
     cache = os.path.join(work, "cache")
     os.makedirs(cache)
     plant_stale_receipts(cache)
     settings = lane_settings(
         work, nas["hub"], [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
-        name, port, engine_env=dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=TOKENS_PER_S, DOUBLE_STARTUP_DELAY_S=2),
+        name, port, runtime, engine_env=dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=TOKENS_PER_S, DOUBLE_STARTUP_DELAY_S=2),
         engine_master_port=29511, engine_decode_floor=30.78)
     inventory = write_lane_inventory(work, settings)
     info = {"work": work, "nas": nas, "port": port, "name": name, "cache": cache, "inventory": inventory,
-            "settings": settings, "report": os.path.join(work, "reports", "localhost.json")}
+            "settings": settings, "report": os.path.join(work, "reports", "localhost.json"), "runtime": runtime}
     try:
         rc, data = run_playbook(work, inventory, "--tags", "stage,receipts,manifest,engine,smoke")
         info["first_run"] = (rc, data)
         yield info
     finally:
-        podman("rm", "--force", "--ignore", name)
+        runtimes.remove(runtime, name)
+
+
+def on_podman_only(lane):
+    """The runtime-independent checks run once, on Podman."""
+    if lane["runtime"] != "podman":
+        pytest.skip("runtime-independent: checked on podman only")
 
 
 def test_first_run_starts_the_engine_and_reports_smoke_and_decode(lane):
@@ -186,7 +182,7 @@ def test_first_run_starts_the_engine_and_reports_smoke_and_decode(lane):
             assert json.load(handle)["rank"] == "0"
     with open(lane["report"]) as handle:
         engine = json.load(handle)["engine"]
-    assert engine["runtime"] == "podman" and engine["rank"] == 0 and engine["world_size"] == 1
+    assert engine["runtime"] == lane["runtime"] and engine["rank"] == 0 and engine["world_size"] == 1
     assert engine["smoke"]["passed"] is True and "11303" in engine["smoke"]["answer"]
     decode = engine["decode"]
     assert decode["tokens"] == 400 and decode["passed"] is True and decode["floor"] == 30.78
@@ -231,13 +227,14 @@ def test_manifest_binds_resolve_inside_the_container_and_nas_binds_are_read_only
 
 
 def test_rerun_changes_nothing_and_keeps_the_container(lane):
-    before = podman("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", lane["name"]).stdout
+    before = runtimes.container_ids(lane["runtime"], lane["name"])
+    assert before
     # The bench (tag bench, not run by default) rides along: the shipped 5-item sample, floor 5.
     rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "receipts,manifest,engine,smoke,bench",
                             "-e", "engine_bench_floor=5")
     assert rc == 0, failures(data)
     assert data["stats"]["localhost"]["changed"] == 0, changed_tasks(data)
-    assert podman("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", lane["name"]).stdout == before
+    assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
     # The live run's receipts were left alone.
     assert sorted(os.listdir(lane["cache"])) == RECEIPT_NAMES
     with open(lane["report"]) as handle:
@@ -246,7 +243,38 @@ def test_rerun_changes_nothing_and_keeps_the_container(lane):
     assert bench["passed"] is True
 
 
+def test_a_config_change_restarts_the_container(lane):
+    before = runtimes.container_ids(lane["runtime"], lane["name"])
+    env = dict(lane["settings"]["engine_env"], DOUBLE_TEST_KNOB="1")
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine", "-e", json.dumps({"engine_env": env}))
+    assert rc == 0, failures(data)
+    assert "restarts: env changed (DOUBLE_TEST_KNOB)" in task_result(data, "Restart plan")["msg"]
+    after = runtimes.container_ids(lane["runtime"], lane["name"])
+    assert after and after.split()[0] != before.split()[0]
+    inspect = json.loads(runtimes.cli(lane["runtime"], "inspect", "--type", "container", lane["name"]).stdout)[0]
+    assert "DOUBLE_TEST_KNOB=1" in inspect["Config"]["Env"]
+    # This run's receipts, written after the old ones were cleared.
+    with open(os.path.join(lane["cache"], RECEIPT_NAMES[0], "worker.json")) as handle:
+        assert json.load(handle)["rank"] == "0"
+
+
+def test_docker_without_python_requests_on_the_node_fails_naming_the_package(lane, tmp_path):
+    if lane["runtime"] != "docker":
+        pytest.skip("docker only: community.docker needs requests in the node's Python")
+    before = runtimes.container_ids(lane["runtime"], lane["name"])
+    bare = tmp_path / "bare-python"   # a node Python without requests (a venv sees no system packages)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "preflight,engine",
+                            "-e", "ansible_python_interpreter=%s" % python)
+    assert rc != 0
+    refused = [f for f in failures(data) if "has no 'requests' package" in f]
+    assert refused and "apt-get install python3-requests" in refused[0] and python in refused[0], failures(data)
+    assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
+
+
 def test_decode_below_the_floor_fails_clearly_and_is_still_reported(lane):
+    on_podman_only(lane)
     rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "smoke", "-e", "engine_decode_floor=100000")
     assert rc != 0
     assert any("below engine_decode_floor=100000" in f for f in failures(data)), failures(data)
@@ -257,13 +285,14 @@ def test_decode_below_the_floor_fails_clearly_and_is_still_reported(lane):
 
 def test_stale_receipts_break_a_restart_unless_the_plays_clear_them(lane):
     # Yesterday's run ended; its receipts stay behind, owned by another user.
-    assert podman("rm", "--force", lane["name"]).returncode == 0
+    runtime = lane["runtime"]
+    assert runtimes.cli(runtime, "rm", "--force", lane["name"]).returncode == 0
     shutil.rmtree(lane["cache"])
     os.makedirs(lane["cache"])
     plant_stale_receipts(lane["cache"])
 
     # Started directly, nobody clears them: the strict-on-exists receipt writer refuses to start.
-    direct = podman("run", "--rm", "--network", "host", "-v", "%s:/cache" % lane["cache"],
+    direct = runtimes.cli(runtime, "run", "--rm", "--network", "host", "-v", "%s:/cache" % lane["cache"],
                     "-e", "DOUBLE_RECEIPT_ROOTS=" + DOUBLE_RECEIPTS["DOUBLE_RECEIPT_ROOTS"], IMAGE,
                     "python3", "/opt/engine_double/engine_double.py", "--port", str(free_port()))
     assert direct.returncode != 0

@@ -1,7 +1,7 @@
 """The lane-wide decisions in Python: module_utils/dgx_nodestate.py (the bound files' fingerprint, the
 holders of a port, on a fake /proc) and the engine role's lane filters (roles/engine/filter_plugins/
 engine_lane.py: container lists, labels, restart reasons, strays, earlier worlds, the lane's plan).
-tests/integration/test_engine_lane.py runs them on real Podman."""
+tests/integration/test_engine_lane.py runs them on real Podman and Docker."""
 import importlib.util
 import os
 import socket

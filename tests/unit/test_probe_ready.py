@@ -124,6 +124,63 @@ def test_a_stream_without_tokens_measures_nothing():
         "no tok/s end to end (0 tokens / (last token - request sent)) is below engine_decode_floor=30.78"]
 
 
+def test_a_length_finish_without_usage_counts_max_tokens_not_chunks():
+    # Speculative decoding: 100 chunks of 4 tokens, no usage. finish_reason length says max_tokens came.
+    script = events([ROLE], 0.3) + events([token_chunk("abcd")] * 100, 4 / 35.0) + events(
+        [finish_chunk("length"), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert (result["tokens"], result["token_source"], result["chunks"]) == (400, "finish_reason length", 100)
+    assert result["decode_tok_s"] == pytest.approx(399 / (99 * 4 / 35.0), abs=0.01)
+    assert complete and problems == []
+    # Without a length finish the chunks stay the count (a lower bound).
+    result = decode_result(parse_sse([(1.0, b'data: {"choices": [{"delta": {"content": "a"}}]}\n')]), 0.0, 1.0, 400)
+    assert (result["tokens"], result["token_source"]) == (1, "chunks")
+
+
+@pytest.mark.parametrize("reason", ["abort", "content_filter", "error", "tool_calls"])
+def test_only_length_or_stop_is_a_finished_stream(reason):
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk(reason), usage(400), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert not complete
+    assert problems == ["the engine ended the answer with finish_reason %s after 400 of 400 tokens: only length "
+                        "or stop mean the answer ran to its end" % reason]
+
+
+def test_a_length_finish_with_fewer_tokens_by_usage_is_a_contradiction_not_a_short_answer():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 100, 1 / 35.0) + events(
+        [finish_chunk("length"), usage(100), b"[DONE]"], 0.0)
+    _result, complete, problems = probe(script)
+    assert not complete and problems == [
+        "the engine ended with finish_reason length but usage counts only 100 of 400 tokens: it hit another "
+        "length limit (the context window?) or miscounts"]
+
+
+def test_more_tokens_than_max_tokens_fails():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 450, 1 / 35.0) + events(
+        [finish_chunk("length"), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert result["tokens"] == 450 and not complete
+    assert problems == ["the engine streamed 450 tokens for max_tokens=400: it ignored max_tokens"]
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk("length"), usage(401), b"[DONE]"], 0.0)
+    _result, complete, problems = probe(script)
+    assert not complete and problems == ["the engine streamed 401 tokens for max_tokens=400: it ignored max_tokens"]
+
+
+def test_usage_far_beyond_the_content_streamed_is_not_believed():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 3, 1.0) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    _result, complete, problems = probe(script, floor=None)
+    assert not complete and problems == [
+        "usage claims 400 tokens but only 3 chunk(s) carried content (at most 16 tokens a chunk even with "
+        "speculative decoding): the count cannot be trusted"]
+    # 25 chunks of 16 drafted tokens each is believable.
+    script = events([ROLE], 0.3) + events([token_chunk("t" * 16)] * 25, 16 / 35.0) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    assert probe(script)[1:] == (True, [])
+
+
 def test_run_probe_reports_a_cut_stream_as_a_verdict_not_a_crash():
     clock = FakeClock()
     script = events([ROLE], 0.1) + events([token_chunk("t")] * 50, 0.01)

@@ -205,7 +205,7 @@ report:
           description: The container's status (V(running), V(exited), V(missing)...).
           type: str
         exit_code:
-          description: The container's exit code.
+          description: The container's exit code; null while it is paused, stopping or was never started.
           type: int
         id:
           description: The container id (12 characters), empty when there is none.
@@ -347,7 +347,7 @@ verdict:
       description: That host's rank, or null.
       type: int
     exit_code:
-      description: V(dead) - the down container's exit code, else null.
+      description: V(dead) - the down container's exit code, else null (also for a paused or never started one).
       type: int
   sample: {state: dead, decided: true, host: dgx2, rank: 1, exit_code: 3,
            msg: "Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is not running (exited) ..."}
@@ -398,7 +398,7 @@ row:
           description: The runtime's status, V(missing) when it does not exist.
           type: str
         exit_code:
-          description: Exit code (0 while it runs).
+          description: Exit code (0 while it runs; null while it is paused, stopping or was never started).
           type: int
         started_at:
           description: When it started (the runtime's timestamp).

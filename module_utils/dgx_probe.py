@@ -379,6 +379,16 @@ def probe_report(mode, result, floor=None):
 LOG_LINES = 30           # log lines kept of a container that is not running
 MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
 WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
+# Container statuses (docker: created running paused restarting removing exited dead; podman adds
+# configured initialized stopping stopped) of a container that is not running and has not exited
+# either: its ExitCode is a stale or zero placeholder, not an exit.
+NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
+# How describe_down() words them; exited, stopped, dead, restarting (and anything unknown) show the exit.
+_NOT_EXITED_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
+                    "created": "was created but never started", "configured": "was created but never started",
+                    "initialized": "was created but never started"}
+_EXITED_TEXT = {"restarting": "is restarting after an exit (not running), last exit code %s",
+                "dead": "is dead (the runtime failed to stop or remove it), exit code %s"}
 
 
 def missing_container(name, why):
@@ -401,9 +411,12 @@ def container_facts(inspect_text, name):
     finished = state.get("FinishedAt") or None
     if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
         finished = None
-    return {"name": name, "exists": True, "id": info.get("Id"), "running": running,
-            "status": state.get("Status") or ("running" if running else "stopped"),
-            "exit_code": state.get("ExitCode"), "started_at": state.get("StartedAt"), "finished_at": finished,
+    status = state.get("Status") or ("running" if running else "stopped")
+    if state.get("Paused"):
+        status = "paused"
+    exit_code = None if status in NOT_EXITED else state.get("ExitCode")
+    return {"name": name, "exists": True, "id": info.get("Id"), "running": running, "status": status,
+            "exit_code": exit_code, "started_at": state.get("StartedAt"), "finished_at": finished,
             "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
 
 
@@ -433,17 +446,27 @@ def _log_tail(text, lines=MESSAGE_LOG_LINES):
     return "\n".join(tail) if tail else "(empty)"
 
 
+def _down_state(container):
+    """What a container that is not running is doing, in words: paused, never started... or its exit."""
+    status = container.get("status")
+    if status in _NOT_EXITED_TEXT:
+        return _NOT_EXITED_TEXT[status]
+    if status in _EXITED_TEXT:
+        return _EXITED_TEXT[status] % container.get("exit_code")
+    return "is not running (%s), exit code %s" % (status, container.get("exit_code"))
+
+
 def describe_down(rank, host, container):
-    """One rank that is not up: its host, container, exit code and when it ended."""
+    """One rank that is not up: its host, container, what state it is in and, when it exited, the exit code
+    and when it ended."""
     if not container.get("exists"):
         return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
-    text = "rank %d (host %s): container %s is not running (%s), exit code %s" % (
-        rank, host, container.get("name"), container.get("status"), container.get("exit_code"))
+    text = "rank %d (host %s): container %s %s" % (rank, host, container.get("name"), _down_state(container))
     if container.get("oom_killed"):
         text += ", killed out of memory"
     if container.get("error"):
         text += ", error: %s" % container["error"]
-    if container.get("finished_at"):
+    if container.get("finished_at") and container.get("status") not in NOT_EXITED:
         text += ", ended %s" % container["finished_at"]
     return text
 

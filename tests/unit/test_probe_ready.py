@@ -377,6 +377,37 @@ def test_a_dead_rank_fails_the_lane_even_when_the_api_answers():
                               "loading\nRuntimeError: rank 1 lost its GPU")
 
 
+def test_a_paused_rank_is_named_paused_without_an_exit_code():
+    # docker: Running and Paused both true; podman: Running false, Status paused. ExitCode 0 is no exit.
+    for state in ({"Running": True, "Paused": True, "Status": "paused"}, {"Running": False, "Paused": True}):
+        facts = container_facts(inspect_json(finished="2026-11-30T20:40:00Z", **state), "ds41-engine")
+        assert (facts["running"], facts["status"], facts["exit_code"]) == (False, "paused", None)
+    rows = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": {"container": facts}, "dgx3": row(), "dgx4": row()}
+    verdict = lane_verdict(HOSTS, rows, URL)
+    assert (verdict["state"], verdict["rank"], verdict["exit_code"]) == ("dead", 1, None)
+    assert verdict["msg"].startswith("Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is "
+                                     "paused (not running). Its log ends:")
+
+
+@pytest.mark.parametrize("state, text", [
+    ({"Status": "exited", "ExitCode": 3}, "is not running (exited), exit code 3, ended 2026-11-30T20:46:00Z"),
+    ({"Status": "stopped", "ExitCode": 0}, "is not running (stopped), exit code 0, ended 2026-11-30T20:46:00Z"),
+    ({"Status": "created"}, "was created but never started"),
+    ({"Status": "configured"}, "was created but never started"),
+    ({"Status": "initialized"}, "was created but never started"),
+    ({"Status": "stopping"}, "is stopping (not running)"),
+    ({"Status": "dead", "ExitCode": 137}, "is dead (the runtime failed to stop or remove it), exit code 137, "
+                                          "ended 2026-11-30T20:46:00Z"),
+    ({"Status": "restarting", "Running": True, "Restarting": True, "ExitCode": 1},
+     "is restarting after an exit (not running), last exit code 1, ended 2026-11-30T20:46:00Z"),
+])
+def test_each_container_state_is_worded_as_it_is(state, text):
+    state = dict({"Running": False, "ExitCode": 0}, **state)
+    facts = container_facts(inspect_json(finished="2026-11-30T20:46:00Z", **state), "ds41-engine")
+    assert not facts["running"]
+    assert dgx_probe.describe_down(2, "dgx3", facts) == "rank 2 (host dgx3): container ds41-engine " + text
+
+
 def test_the_first_rank_to_end_is_named_and_the_others_listed():
     rows = {"dgx1": row(False, False, exit_code=1, finished="2026-11-30T20:46:00Z", logs="NCCL error"),
             "dgx2": row(), "dgx3": row(False, False, exit_code=137, finished="2026-11-30T20:45:59Z", logs="Killed"),

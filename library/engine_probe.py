@@ -27,10 +27,13 @@ description:
     measures decode tok/s from the stream as (tokens - 1) / (t_last - t_first), where t_first and
     t_last are the arrival times of the first and last token-bearing chunks, and end-to-end tok/s as
     tokens / (t_last - t_sent), t_sent when the request was sent. The token count is the
-    server's C(usage.completion_tokens) when it sends one, else the number of token-bearing chunks.
-    The stream is RV(complete) only when it ends with a finish reason after O(max_tokens) tokens
-    (a cut stream or a short answer measures nothing); with O(floor), both rates must reach it
-    (a stall followed by a burst has a huge decode rate and a tiny end-to-end one).
+    server's C(usage.completion_tokens) when it sends one, else O(max_tokens) when the stream ends with
+    finish reason C(length), else the number of token-bearing chunks. The stream is RV(complete) only
+    when it ends with finish reason C(length) or C(stop) after exactly O(max_tokens) tokens, and a usage
+    count is no more than 16 tokens per token-bearing chunk (a cut stream, a short or abandoned answer,
+    an engine that ignores O(max_tokens) or a usage count the stream does not bear out measures
+    nothing); with O(floor), both rates must reach it (a stall followed by a burst has a huge decode
+    rate and a tiny end-to-end one).
   - V(bench) runs each JSONL item of O(bench_jsonl) at temperature 0; an item passes when the
     answer contains its C(expected) string. RV(passed_items) counts them.
   - Every mode returns RV(report), this probe's row of the host report, shaped by the module.
@@ -202,7 +205,7 @@ report:
           description: The container's status (V(running), V(exited), V(missing)...).
           type: str
         exit_code:
-          description: The container's exit code.
+          description: The container's exit code; null while it is paused, stopping or was never started.
           type: int
         id:
           description: The container id (12 characters), empty when there is none.
@@ -344,7 +347,7 @@ verdict:
       description: That host's rank, or null.
       type: int
     exit_code:
-      description: V(dead) - the down container's exit code, else null.
+      description: V(dead) - the down container's exit code, else null (also for a paused or never started one).
       type: int
   sample: {state: dead, decided: true, host: dgx2, rank: 1, exit_code: 3,
            msg: "Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is not running (exited) ..."}
@@ -395,7 +398,7 @@ row:
           description: The runtime's status, V(missing) when it does not exist.
           type: str
         exit_code:
-          description: Exit code (0 while it runs).
+          description: Exit code (0 while it runs; null while it is paused, stopping or was never started).
           type: int
         started_at:
           description: When it started (the runtime's timestamp).
@@ -493,12 +496,14 @@ passed:
   returned: success when O(mode=smoke)
   type: bool
 tokens:
-  description: Tokens generated - the server's C(usage.completion_tokens), else token-bearing chunks.
+  description:
+    - Tokens generated - the server's C(usage.completion_tokens), else O(max_tokens) after finish reason
+      C(length), else token-bearing chunks.
   returned: success when O(mode=decode)
   type: int
   sample: 400
 token_source:
-  description: Where RV(tokens) came from - V(usage) or V(chunks).
+  description: Where RV(tokens) came from - V(usage), V(finish_reason length) or V(chunks).
   returned: success when O(mode=decode)
   type: str
 chunks:
@@ -529,7 +534,9 @@ e2e_tok_s:
   type: float
   sample: 34.2
 complete:
-  description: The stream ended with a finish reason after O(max_tokens) tokens.
+  description:
+    - The stream ended with finish reason C(length) or C(stop) after O(max_tokens) tokens, no more, and
+      any usage count is borne out by the chunks streamed.
   returned: success when O(mode=decode)
   type: bool
 problems:

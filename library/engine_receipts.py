@@ -20,8 +20,10 @@ description:
     host sees it, whatever path a container uses - a process whose working directory, open file or
     mapped file (C(/proc/<pid>/cwd), C(/proc/<pid>/fd/*), C(/proc/<pid>/maps)) is, by device and inode,
     a root or something under it; or a process in another mount namespace (a container) that has a
-    root, something inside it, or O(parent) mounted (C(/proc/<pid>/mountinfo)), since a live engine
-    with the receipt parent bound writes its receipts there.
+    root, something inside it, or O(parent) mounted, or a directory above O(parent) mounted read-write
+    (C(/proc/<pid>/mountinfo)), since a live engine with the receipt parent bound writes its receipts
+    there, and a container binding an ancestor read-write can make them. The host's own mounts are not
+    holders.
   - The failure names the roots, each holder (pid, command, the container from C(/proc/<pid>/cgroup)
     when it runs in one, what it holds and the path it sees) and the fix.
   - Roots held only by O(live_container) (this host's running engine) belong to the live run; they
@@ -125,16 +127,21 @@ holders:
       description: Id of the container the process runs in (from C(/proc/<pid>/cgroup)); empty when none.
       type: str
     how:
-      description: V(open) (an open file), V(cwd), V(mapped) (a mapped file) or V(mount).
+      description:
+        - V(open) (an open file), V(cwd), V(mapped) (a mapped file), V(mount) (a bind of a root, something in
+          one, or O(parent)) or V(ancestor) (a read-write bind of a directory containing O(parent)).
       type: str
     path:
-      description: What is held, as a host path - a root, a file under one, or for a mount possibly O(parent).
+      description:
+        - What is held, as a host path - a root, a file under one, for a mount possibly O(parent), for
+          V(ancestor) the bound directory (its path inside its filesystem and device when the host shows it
+          nowhere).
       type: str
     seen_as:
       description: The path the process sees it by (its fd or cwd link text, or the mount point).
       type: str
     roots:
-      description: The receipt roots this holds (every root for a mount of O(parent)).
+      description: The receipt roots this holds (every root for a mount of O(parent) or an ancestor).
       type: list
       elements: str
   sample: [{pid: 4242, name: python3, container: 018a9bfdf3cebcadf93f3007272220059bfe1e622297531dff97fad81746ce62,

@@ -171,17 +171,28 @@ def _rounded(value, digits):
     return None if value is None else round(value, digits)
 
 
-def decode_result(stream, t_sent, t_end):
-    """The decode probe's numbers from parse_sse() output and the request's send/end times.
+def stream_tokens(stream, max_tokens=None):
+    """(tokens, token_source) of a parse_sse() stream: the server's usage count when it sends one (with
+    speculative decoding a chunk may carry several tokens), else max_tokens when the stream ended with
+    finish_reason length (the engine says it reached max_tokens), else the token-bearing chunks (a lower
+    bound)."""
+    completion_tokens = (stream.get("usage") or {}).get("completion_tokens")
+    if completion_tokens:
+        return int(completion_tokens), "usage"
+    chunks = stream["chunks"]
+    if stream.get("finish_reason") == "length" and max_tokens and chunks < int(max_tokens):
+        return int(max_tokens), "finish_reason length"
+    return chunks, "chunks"
+
+
+def decode_result(stream, t_sent, t_end, max_tokens=None):
+    """The decode probe's numbers from parse_sse() output, the request's send/end times and its max_tokens.
 
     decode_tok_s (first to last token) is None when fewer than 2 tokens came; e2e_tok_s (request sent to
     last token) is None when none came. Never raises: decode_verdict() judges what is missing.
     """
     usage = stream.get("usage") or {}
-    completion_tokens = usage.get("completion_tokens")
-    # With speculative decoding (the DSpark drafter) a chunk may carry several tokens: trust the
-    # server's count when it sends one.
-    tokens = int(completion_tokens) if completion_tokens else stream["chunks"]
+    tokens, token_source = stream_tokens(stream, max_tokens)
     t_first, t_last = stream["t_first"], stream["t_last"]
     try:
         rate = decode_rate(tokens, t_first, t_last)
@@ -189,7 +200,7 @@ def decode_result(stream, t_sent, t_end):
         rate = None
     return {
         "tokens": tokens,
-        "token_source": "usage" if completion_tokens else "chunks",
+        "token_source": token_source,
         "chunks": stream["chunks"],
         "prompt_tokens": usage.get("prompt_tokens"),
         "ttft_s": None if t_first is None else round(t_first - t_sent, 4),
@@ -208,24 +219,54 @@ def _num(value):
     return ("%.2f" % float(value)).rstrip("0").rstrip(".")
 
 
+# finish_reason values of a stream that ran to its end (OpenAI, vLLM, SGLang); abort, content_filter,
+# error or anything else means the engine gave up on the answer.
+FINISHED = ("length", "stop")
+# Tokens one chunk may carry: generous for speculative decoding (a few drafted tokens per step).
+MAX_TOKENS_PER_CHUNK = 16
+
+
+def stream_problems(result, max_tokens):
+    """Why a decode_result() does not prove max_tokens tokens were streamed: [] when it does."""
+    tokens, reason = result["tokens"], result["finish_reason"]
+    count = "%d of %d tokens" % (tokens, max_tokens)
+    if reason is None:
+        how = "the connection broke (%s)" % result["cut"] if result.get("cut") else (
+            "[DONE] came" if result.get("done") else "the stream ended")
+        return ["the stream stopped after %s without a finish reason: %s" % (count, how)]
+    problems = []
+    if reason not in FINISHED:
+        problems.append("the engine ended the answer with finish_reason %s after %s: only length or stop mean "
+                        "the answer ran to its end" % (reason, count))
+    elif tokens < max_tokens and reason == "length":
+        # Counted by usage (stream_tokens() takes max_tokens otherwise): the engine contradicts itself.
+        problems.append("the engine ended with finish_reason length but %s counts only %s: it hit another "
+                        "length limit (the context window?) or miscounts" % (result.get("token_source"), count))
+    elif tokens < max_tokens:
+        problems.append("the engine ended the answer after %s (finish_reason %s): too short to measure decode "
+                        "speed" % (count, reason))
+    if tokens > max_tokens:
+        problems.append("the engine streamed %d tokens for max_tokens=%d: it ignored max_tokens"
+                        % (tokens, max_tokens))
+    chunks = result.get("chunks")
+    if result.get("token_source") == "usage" and chunks is not None and tokens > chunks * MAX_TOKENS_PER_CHUNK:
+        problems.append("usage claims %d tokens but only %d chunk(s) carried content (at most %d tokens a chunk "
+                        "even with speculative decoding): the count cannot be trusted"
+                        % (tokens, chunks, MAX_TOKENS_PER_CHUNK))
+    return problems
+
+
 def decode_verdict(result, max_tokens, floor=None):
     """(complete, problems) of a decode_result() plus its max_tokens: the problems an operator must
     read, [] when the probe proves the speed.
 
-    A stream proves nothing unless it ends with a finish reason after max_tokens tokens: a cut stream
-    (no finish reason), a short answer (finish_reason stop early) and a stall followed by a burst (a huge
-    first-to-last rate, a tiny end-to-end one) must not pass. With floor, both rates must reach it.
+    A stream proves nothing unless it ends with finish_reason length or stop after max_tokens tokens, no
+    more, counted believably (stream_problems()): a cut stream, a short or abandoned answer and an
+    inflated usage count must not pass, nor a stall followed by a burst (a huge first-to-last rate, a tiny
+    end-to-end one). With floor, both rates must reach it.
     """
-    problems = []
     tokens, max_tokens = result["tokens"], int(max_tokens)
-    if result["finish_reason"] is None:
-        how = "the connection broke (%s)" % result["cut"] if result.get("cut") else (
-            "[DONE] came" if result.get("done") else "the stream ended")
-        problems.append("the stream stopped after %d of %d tokens without a finish reason: %s"
-                        % (tokens, max_tokens, how))
-    elif tokens < max_tokens:
-        problems.append("the engine ended the answer after %d of %d tokens (finish_reason %s): too short to "
-                        "measure decode speed" % (tokens, max_tokens, result["finish_reason"]))
+    problems = stream_problems(result, max_tokens)
     complete = not problems
     if result["decode_tok_s"] is None:
         problems.append("decode speed cannot be measured from %d token(s)" % tokens)
@@ -338,6 +379,16 @@ def probe_report(mode, result, floor=None):
 LOG_LINES = 30           # log lines kept of a container that is not running
 MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
 WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
+# Container statuses (docker: created running paused restarting removing exited dead; podman adds
+# configured initialized stopping stopped) of a container that is not running and has not exited
+# either: its ExitCode is a stale or zero placeholder, not an exit.
+NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
+# How describe_down() words them; exited, stopped, dead, restarting (and anything unknown) show the exit.
+_NOT_EXITED_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
+                    "created": "was created but never started", "configured": "was created but never started",
+                    "initialized": "was created but never started"}
+_EXITED_TEXT = {"restarting": "is restarting after an exit (not running), last exit code %s",
+                "dead": "is dead (the runtime failed to stop or remove it), exit code %s"}
 
 
 def missing_container(name, why):
@@ -360,9 +411,12 @@ def container_facts(inspect_text, name):
     finished = state.get("FinishedAt") or None
     if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
         finished = None
-    return {"name": name, "exists": True, "id": info.get("Id"), "running": running,
-            "status": state.get("Status") or ("running" if running else "stopped"),
-            "exit_code": state.get("ExitCode"), "started_at": state.get("StartedAt"), "finished_at": finished,
+    status = state.get("Status") or ("running" if running else "stopped")
+    if state.get("Paused"):
+        status = "paused"
+    exit_code = None if status in NOT_EXITED else state.get("ExitCode")
+    return {"name": name, "exists": True, "id": info.get("Id"), "running": running, "status": status,
+            "exit_code": exit_code, "started_at": state.get("StartedAt"), "finished_at": finished,
             "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
 
 
@@ -392,17 +446,27 @@ def _log_tail(text, lines=MESSAGE_LOG_LINES):
     return "\n".join(tail) if tail else "(empty)"
 
 
+def _down_state(container):
+    """What a container that is not running is doing, in words: paused, never started... or its exit."""
+    status = container.get("status")
+    if status in _NOT_EXITED_TEXT:
+        return _NOT_EXITED_TEXT[status]
+    if status in _EXITED_TEXT:
+        return _EXITED_TEXT[status] % container.get("exit_code")
+    return "is not running (%s), exit code %s" % (status, container.get("exit_code"))
+
+
 def describe_down(rank, host, container):
-    """One rank that is not up: its host, container, exit code and when it ended."""
+    """One rank that is not up: its host, container, what state it is in and, when it exited, the exit code
+    and when it ended."""
     if not container.get("exists"):
         return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
-    text = "rank %d (host %s): container %s is not running (%s), exit code %s" % (
-        rank, host, container.get("name"), container.get("status"), container.get("exit_code"))
+    text = "rank %d (host %s): container %s %s" % (rank, host, container.get("name"), _down_state(container))
     if container.get("oom_killed"):
         text += ", killed out of memory"
     if container.get("error"):
         text += ", error: %s" % container["error"]
-    if container.get("finished_at"):
+    if container.get("finished_at") and container.get("status") not in NOT_EXITED:
         text += ", ended %s" % container["finished_at"]
     return text
 
@@ -625,7 +689,7 @@ def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.
     except (HTTPError, URLError, socket.timeout, OSError) as exc:
         raise StageError("POST %s (stream) failed: %s" % (url, _describe(exc)))
     stream["cut"] = cut["reason"]
-    result = decode_result(stream, t_sent, clock())
+    result = decode_result(stream, t_sent, clock(), int(max_tokens))
     result.update({"max_tokens": int(max_tokens), "prompt_chars": len(prompt)})
     return result
 

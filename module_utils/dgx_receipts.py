@@ -3,6 +3,7 @@
 The engine's receipt writer is strict-on-exists (mkdir(exist_ok=False), open('xb')), so a root
 left by an earlier run (often root-owned) makes every restart fail with FileExistsError.
 """
+import errno
 import os
 import re
 
@@ -90,10 +91,11 @@ def container_of(cgroup_text):
 
 
 def parse_mountinfo(text):
-    """[{dev: (major, minor), root, mount_point}] from /proc/<pid>/mountinfo text.
+    """[{dev: (major, minor), root, mount_point, read_only}] from /proc/<pid>/mountinfo text.
 
     root is the path inside the mounted filesystem that the mount shows: for a bind mount, the
-    bound directory as the filesystem knows it, whatever the mount point is called.
+    bound directory as the filesystem knows it, whatever the mount point is called. read_only: the
+    mount (a ro bind) or its whole filesystem (the super options after " - ") is read-only.
     """
     mounts = []
     for line in (text or "").splitlines():
@@ -105,8 +107,18 @@ def parse_mountinfo(text):
         except ValueError:
             continue
         mounts.append({"dev": (major, minor), "root": _unescape(fields[3]),
-                       "mount_point": _unescape(fields[4])})
+                       "mount_point": _unescape(fields[4]), "read_only": _read_only(fields)})
     return mounts
+
+
+def _read_only(fields):
+    """Whether a mountinfo line's mount options (field 6) or super options (the last field after the
+    "-" that ends the optional fields) say ro."""
+    options = [fields[5]] if len(fields) > 5 else []
+    if "-" in fields[6:]:
+        end = fields.index("-", 6)
+        options += fields[end + 3:end + 4]
+    return any("ro" in option.split(",") for option in options)
 
 
 def _unescape(field):
@@ -130,6 +142,19 @@ def mount_source(path, mounts):
     rel = os.path.relpath(path, best["mount_point"])
     inside = best["root"] if rel == "." else os.path.join(best["root"], rel)
     return best["dev"], os.path.normpath(inside)
+
+
+def host_path(source, mounts):
+    """A path that shows source, (dev, path inside that filesystem), in the namespace of mounts (the
+    inverse of mount_source()); None when no mount shows it (it lies above every mount of that dev,
+    or is covered by another mount)."""
+    for mount in mounts:
+        if mount["dev"] != source[0] or not is_within(source[1], mount["root"]):
+            continue
+        path = os.path.normpath(os.path.join(mount["mount_point"], os.path.relpath(source[1], mount["root"])))
+        if mount_source(path, mounts) == source:
+            return path
+    return None
 
 
 def tree_identities(root):
@@ -192,7 +217,8 @@ def _namespace_key(proc_root, pid, mountinfo):
 
 class _Targets(object):
     """The receipt roots as the host sees them: every (dev, inode) under them, and the filesystem
-    paths a mount would show when it binds a root, something in it, or the receipt parent."""
+    paths a mount would show when it binds a root, something in it, the receipt parent or a directory
+    above it."""
 
     def __init__(self, roots, parent, host_mounts):
         self.roots = list(roots)
@@ -206,18 +232,42 @@ class _Targets(object):
         # Mount points are real paths: a receipt_parent reached through a symlink is resolved first.
         self.sources = [(root, mount_source(os.path.realpath(root), host_mounts)) for root in self.roots]
         self.parent_source = mount_source(os.path.realpath(parent), host_mounts) if parent else None
+        self.host_mounts = host_mounts
 
     def mounted(self, mount):
-        """(host path, roots held) when a mount shows a root, something inside one, or the parent."""
+        """(how, host path, roots held) when a mount shows a root, something inside one or the parent
+        ("mount"), or a directory above the parent read-write ("ancestor": the roots can be made or
+        changed through it; through a read-only one they cannot, and open files are found by inode)."""
         source = (mount["dev"], os.path.normpath(mount["root"]))
         if self.parent_source is not None and source == self.parent_source:
-            return self.parent, list(self.roots)
+            return "mount", self.parent, list(self.roots)
         for root, root_source in self.sources:
             if root_source is None or root_source[0] != source[0] or not is_within(source[1], root_source[1]):
                 continue
             rel = os.path.relpath(source[1], root_source[1])
-            return (root if rel == "." else os.path.join(root, rel)), [root]
+            return "mount", (root if rel == "." else os.path.join(root, rel)), [root]
+        if self.parent_source is not None and not mount["read_only"] and source[0] == self.parent_source[0] \
+                and is_within(self.parent_source[1], source[1]):
+            shown = host_path(source, self.host_mounts) or "%s of device %d:%d" % ((source[1],) + source[0])
+            return "ancestor", shown, list(self.roots)
         return None
+
+    def holds(self, mounts):
+        """[(how, host path, seen_as, roots)] of one namespace's mounts: the binds of a root, something in
+        one or the parent, and the closest read-write ancestor only when the parent itself is not bound
+        (one line says how the namespace reaches every root)."""
+        found, closest = [], None
+        for mount in mounts:
+            held = self.mounted(mount)
+            if held and held[0] == "ancestor":
+                if closest is None or len(mount["root"]) > len(closest[0]["root"]):
+                    closest = (mount, held)
+            elif held:
+                found.append((held[0], held[1], mount["mount_point"], held[2]))
+        if closest and not any(path == self.parent for _how, path, _seen, _roots in found):
+            mount, held = closest
+            found.append((held[0], held[1], mount["mount_point"], held[2]))
+        return found
 
 
 def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
@@ -225,10 +275,11 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
 
     A process holds a root when (a) its cwd, an open file or a mapped file is (by st_dev/st_ino)
     the root or something under it, or (b) its mount namespace (other than ours) binds the root,
-    something inside it, or the parent: a live container with the receipt parent bound may write
-    receipts there at any time. roots are real (not symlinks), parent the directory holding them.
-    Returns [{pid, name, container, how, path, seen_as, roots}] with how one of open, cwd, mapped,
-    mount; for a mount, one process (the lowest pid) speaks for its namespace.
+    something inside it, the parent, or read-write a directory above the parent: a live container
+    that can reach the receipt parent may write receipts there at any time. roots are real (not
+    symlinks), parent the directory holding them. Returns [{pid, name, container, how, path, seen_as,
+    roots}] with how one of open, cwd, mapped, mount, ancestor; for a mount, one process (the lowest
+    pid) speaks for its namespace.
     """
     if not roots:
         return []
@@ -264,12 +315,9 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
         if mountinfo is not None and namespace not in seen_namespaces:
             seen_namespaces.add(namespace)
             container = container_of(_read_text(os.path.join(proc_root, pid, "cgroup")))
-            for mount in parse_mountinfo(mountinfo):
-                if not container and (mount["dev"], mount["root"], mount["mount_point"]) in host_copies:
-                    continue
-                held = targets.mounted(mount)
-                if held:
-                    found.append(("mount", held[0], mount["mount_point"], held[1]))
+            mounts = [m for m in parse_mountinfo(mountinfo)
+                      if container or (m["dev"], m["root"], m["mount_point"]) not in host_copies]
+            found += targets.holds(mounts)
         if not found:
             continue
         if container is None:
@@ -285,16 +333,20 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
     return holders
 
 
-_HOW = {"open": "has %s open", "cwd": "works in %s", "mapped": "maps %s", "mount": "binds %s"}
+_HOW = {"open": "has %s open", "cwd": "works in %s", "mapped": "maps %s", "mount": "binds %s",
+        "ancestor": "mounts %s"}
 
 
-def format_holder(holder, parent=None):
+def format_holder(holder):
     """'pid 42 (sleep, container 018a9bfdf3ce) has /c/ds41-x/w.json open (as /cache/ds41-x/w.json)'."""
     who = "pid %d (%s%s)" % (holder["pid"], holder["name"],
                              ", container %s" % holder["container"][:12] if holder["container"] else "")
     path = holder["path"]
     what = _HOW.get(holder["how"], "holds %s") % path
-    if holder["how"] == "mount":
+    if holder["how"] == "ancestor":
+        # Receipt roots are direct children of the parent.
+        what += " which contains %s, read-write at %s" % (os.path.dirname(holder["roots"][0]), holder["seen_as"])
+    elif holder["how"] == "mount":
         if path not in holder["roots"] and not any(is_within(path, r) for r in holder["roots"]):
             what += ", the receipt parent,"
         what += " at %s" % holder["seen_as"]
@@ -316,15 +368,16 @@ def _in_container(holder, container_id):
 def refusal_message(holders, paths):
     """The refusal: which roots, who holds them (and how), and what to do about it."""
     held = [p for p in paths if any(p in h["roots"] for h in holders)]
-    containers = []
+    # The holder may be an engine, a shell, a backup job...: name what to stop, not what it is.
+    stop = []
     for holder in holders:
-        if holder["container"] and holder["container"][:12] not in containers:
-            containers.append(holder["container"][:12])
-    loose = sorted(set(h["pid"] for h in holders if not h["container"]))
-    stop = ["container %s" % c for c in containers] + ["pid %d" % p for p in loose]
-    return ("engine_receipts: refusing to remove receipt roots in use: %s. Held by %s. Stop that engine "
-            "(%s) first, or set force: true (receipt_force: true in the plays) to remove them anyway"
-            % (", ".join(held), format_holders(holders), ", ".join(stop)))
+        what = ("container %s" % holder["container"][:12] if holder["container"] else
+                "process pid %d (command %s)" % (holder["pid"], holder["name"]))
+        if what not in stop:
+            stop.append(what)
+    return ("engine_receipts: refusing to remove receipt roots in use: %s. Held by %s. Stop %s first, "
+            "or set force: true (receipt_force: true in the plays) to remove them anyway"
+            % (", ".join(held), format_holders(holders), " and ".join(stop)))
 
 
 def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/proc", live_container=""):
@@ -351,10 +404,28 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
         return result
     for path in plan:
         try:
-            remove_path(path)
+            remove_root(path)
         except OSError as exc:
-            raise StageError("engine_receipts: cannot remove %s: %s; removed so far: %s. "
-                             "Run the play with become (root) or remove it by hand"
-                             % (path, exc, result["removed"] or "nothing"))
+            raise StageError("engine_receipts: cannot remove %s: %s; removed so far: %s. %s"
+                             % (path, exc, result["removed"] or "nothing", _removal_hint(exc)))
         result["removed"].append(path)
     return result
+
+
+def remove_root(path, attempts=3):
+    """remove_path(path); what vanishes meanwhile (another run removing the same root: ENOENT) is
+    removed, not a failure. The removal is retried so entries the other run has yet to remove go too."""
+    for attempt in range(attempts):
+        try:
+            remove_path(path)
+            return
+        except FileNotFoundError:
+            if attempt == attempts - 1 and os.path.lexists(path):
+                raise
+
+
+def _removal_hint(exc):
+    """become helps only when permission was refused."""
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "Run the play with become (root) or remove it by hand"
+    return "Remove it by hand"

@@ -9,6 +9,9 @@ sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves
 - that one-rank change then restarts the whole lane, rank 0 first; a re-run changes nothing;
 - a blob repaired by verify (a new inode, the same manifest) restarts the lane;
 - --limit to one rank is refused, and allowed with engine_restart_only naming it (that rank alone restarts);
+  the rank left out is still judged: a dead rank 0 with a stranger on its port fails the run;
+- a lane restart refused before anything stops when one rank's receipts are held;
+- an earlier engine of a rank still running under another name is a stray;
 - engine_enabled false on one host is refused on every host, naming it;
 - a missing image with engine_pull=never fails at once on every host, naming it, and stops nothing;
 - switching the hosts to sglang_4x (its engines there hold the names: stopped with engine_stop_strays) and
@@ -16,11 +19,13 @@ sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves
   dgx3/dgx4 (no longer in the lane) are reported, and stopped only with engine_stop_strays.
 
 Each runtime gets its own lane. On Docker the tests that exercise the runtime run (start in rank order, the
-check-mode plan, the one-rank change restarting the lane and the re-run, the missing image, the strays and
-earlier worlds); the rest decide in the plan's filters alone and run on Podman only.
+check-mode plan, the one-rank change restarting the lane and the re-run, a rank restarted alone judged with
+the whole lane, the missing image, an earlier engine under another name, the strays and earlier worlds); the
+rest decide in the plan's filters or the receipt module alone and run on Podman only.
 """
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -275,6 +280,80 @@ def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane
     assert "forced by engine_restart_only" in msgs(data, "Restart plan")["dgx2"]
 
 
+def test_a_rank_restarted_alone_is_judged_with_the_whole_lane(lane):
+    """engine_restart_only with --limit: the ranks left out are still asked (delegated) every round, so a
+    dead rank 0 with a stranger answering on its port fails the run, named as rank 0 on dgx1."""
+    ids = lane.ids()
+    lane.cli("rm", "--force", lane.names["dgx1"])
+    stranger = "dgx-stage-test-only-stranger-%s" % uuid.uuid4().hex[:8]
+    lane.strays.append(stranger)
+    run = lane.cli("run", "-d", "--name", stranger, "--network", "host", IMAGE, "python3",
+                 "/opt/engine_double/engine_double.py", "--port", str(lane.ports["dgx1"]))
+    assert run.returncode == 0, run.stderr
+    try:
+        rc, data = lane.run("--tags", "engine,smoke", "--limit", "dgx2", "-e", "engine_restart_only=dgx2")
+        assert rc != 0, "a stranger answered for a lane whose rank 0 has no container"
+        down = refusals(data, "Every rank is up")
+        assert list(down) == ["dgx2"], failures(data)
+        assert "Rank 0 of the lane is down - rank 0 (host dgx1)" in down["dgx2"], down
+        assert "held by" in down["dgx2"] and stranger in down["dgx2"], down
+        assert not msgs(data, "Smoke | Ask")
+    finally:
+        lane.cli("rm", "--force", stranger)
+    rc, data = lane.run("--tags", "engine")
+    assert rc == 0, failures(data)
+    assert lane.ids()["dgx1"] not in (None, ids["dgx1"])
+
+
+def test_nothing_is_stopped_when_one_rank_cannot_clear_its_receipts(lane):
+    """A lane restart with dgx2's receipt held by a stranger process: refused before any rank is stopped
+    (no rank starts alone into a world of two), naming the holder; the lane keeps running as it was."""
+    lane.only_on_podman()
+    ids = lane.ids()
+    held = os.path.join(lane.cache("dgx2"), RECEIPT_NAMES[0], "worker.json")
+    lane.host_vars["dgx2"]["engine_env"] = dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_TEST_KNOB="held")
+    with open(held) as handle:
+        holder = subprocess.Popen(["sleep", "300"], stdin=handle)
+    try:
+        rc, data = lane.run("--tags", "engine")
+    finally:
+        holder.kill()
+        holder.wait()
+        del lane.host_vars["dgx2"]["engine_env"]
+    assert rc != 0
+    assert failed_hosts(data) == ["dgx1", "dgx2"], failures(data)
+    refused = refusals(data, "Remove the receipt roots")
+    assert list(refused) == ["dgx2"] and "pid %d" % holder.pid in refused["dgx2"], failures(data)
+    assert any("Not going on with the engine on any host (before stopping any rank): dgx2 failed" in f
+               for f in failures(data)), failures(data)
+    assert lane.ids() == ids and all(c["running"] for c in lane.containers().values())
+
+
+def test_an_earlier_engine_of_a_rank_under_another_name_is_a_stray(lane):
+    """dgx2's engine_name changes on a running lane: its old container (labels: rank 1 of this lane) would
+    keep the GPUs; it is reported, and stopped only with engine_stop_strays."""
+    old, new = lane.names["dgx2"], "dgx-stage-test-renamed-%s" % uuid.uuid4().hex[:8]
+    lane.strays.append(new)
+    lane.host_vars["dgx2"]["engine_name"] = new
+    try:
+        rc, data = lane.run("--tags", "engine")
+        assert rc != 0
+        refused = refusals(data, "No stray holds")
+        assert sorted(refused) == ["dgx1", "dgx2"], failures(data)
+        assert "dgx2: %s is still running as this host's engine (an engine of lane exl3_2x, rank 1" % old \
+            in refused["dgx1"], refused
+        assert inspect(lane.runtime, old)["running"] and inspect(lane.runtime, new) is None
+        rc, data = lane.run("--tags", "engine", "-e", "engine_stop_strays=true")
+        assert rc == 0, failures(data)
+        assert not inspect(lane.runtime, old)["running"] and inspect(lane.runtime, new)["running"]
+    finally:
+        del lane.host_vars["dgx2"]["engine_name"]
+    # Back to the old name: the renamed one is now the stray.
+    rc, data = lane.run("--tags", "engine", "-e", "engine_stop_strays=true")
+    assert rc == 0, failures(data)
+    assert inspect(lane.runtime, old)["running"] and not inspect(lane.runtime, new)["running"]
+
+
 def test_engine_enabled_false_on_one_host_is_refused_on_every_host(lane):
     lane.only_on_podman()
     ids = lane.ids()
@@ -349,6 +428,7 @@ def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_st
     # Asked to: every stray is stopped, then exl3_2x starts.
     rc, data = lane.run("--tags", "manifest,engine", "-e", "engine_stop_strays=true")
     assert rc == 0, failures(data)
-    assert all(inspect(lane.runtime, name) is None for name in (port_stray, lane.names["dgx3"], lane.names["dgx4"]))
+    # Stopped, not removed: their logs stay to read.
+    assert not any(inspect(lane.runtime, name)["running"] for name in (port_stray, lane.names["dgx3"], lane.names["dgx4"]))
     two = lane.containers()
     assert all(two[h]["running"] and two[h]["labels"]["dgx-stage.lane"] == "exl3_2x" for h in two)

@@ -152,7 +152,7 @@ def test_a_file_held_through_the_containers_own_path_refuses_until_forced_or_gon
     assert "refusing to remove receipt roots in use: %s." % ", ".join(lane["roots"]) in msg
     assert "(sleep, container %s) has %s/worker.json open (as %s)" % (cid[:12], lane["roots"][1], held) in msg
     assert "binds %s, the receipt parent, at /cache" % lane["parent"] in msg
-    assert "Stop that engine (container %s) first" % cid[:12] in msg and "receipt_force: true" in msg
+    assert "Stop container %s first" % cid[:12] in msg and "receipt_force: true" in msg
     assert all(os.path.isfile(os.path.join(r, "worker.json")) for r in lane["roots"]), "refused: nothing removed"
     # The play's rescue fails the host with the play and the task named.
     assert any("receipts" in f for f in failures(data)), failures(data)
@@ -174,14 +174,16 @@ def test_a_file_held_through_the_containers_own_path_refuses_until_forced_or_gon
 
 
 def test_an_open_file_is_found_by_inode_through_a_bind_of_an_ancestor(lane, containers):
-    # The container binds <work>/srv at /data: no mount of a root or of the parent, only the open file
-    # /data/cache/<root>/worker.json, which is the host's <parent>/<root>/worker.json.
+    # The container binds <work>/srv at /data read-write: it can reach every root (a holder of them all),
+    # and its open file /data/cache/<root>/worker.json is the host's <parent>/<root>/worker.json.
     held = "/data/cache/%s/worker.json" % NAMES[2]
-    _name, cid = containers("ancestor", [(os.path.dirname(lane["parent"]), "/data")], "exec 3<%s" % held)
+    ancestor = os.path.dirname(lane["parent"])
+    _name, cid = containers("ancestor", [(ancestor, "/data")], "exec 3<%s" % held)
     rc, data = receipts_play(lane)
     assert rc != 0
     msg = refusal(data)
-    assert "in use: %s." % lane["roots"][2] in msg
+    assert "in use: %s." % ", ".join(lane["roots"]) in msg
+    assert "mounts %s which contains %s" % (ancestor, lane["parent"]) in msg, msg
     assert "has %s/worker.json open (as %s)" % (lane["roots"][2], held) in msg
     assert "receipt parent" not in msg and cid[:12] in msg
     assert sorted(os.listdir(lane["parent"])) == NAMES

@@ -269,6 +269,22 @@ def test_strays_hold_the_name_or_the_port():
     assert survey["worlds"] == [{"lane": "sglang_4x", "lane_hosts": "dgx1,dgx2,dgx3,dgx4"}]
 
 
+def test_an_earlier_engine_of_this_rank_under_another_name_is_a_stray():
+    """engine_name (and port) changed on a running lane: the old container still runs as this host's rank
+    (its labels say so) and holds the GPUs; it is a stray, not forgotten. Another rank's engine (in a test
+    lane sharing one runtime) and a stopped old one are not."""
+    renamed = container(ID2, "old-e2", labels_for(rank=1))
+    other_rank = container(ID1, "e1", labels_for(rank=0))
+    stopped = container(ID3, "older-e2", labels_for(rank=1), running=False)
+    survey = lane.dgx_lane_survey([renamed, other_rank, stopped], "e2", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"],
+                                  "dgx2", 8001)
+    assert survey["own"] is None
+    assert lane.dgx_stray_lines(survey["strays"]) == [
+        "dgx2: old-e2 is still running as this host's engine (an engine of lane exl3_2x, rank 1 of dgx1,dgx2)"]
+    assert survey["strays"][0]["stoppable"] is True
+    assert lane.dgx_lane_survey([renamed], "e1", "exl3_2x", ["dgx1", "dgx2"], ["e1", "e2"], "dgx1")["strays"] == []
+
+
 def test_a_name_holder_on_the_port_is_one_stray():
     foreign = container(ID1, "e1", None)
     survey = lane.dgx_lane_survey([foreign], "e1", "exl3_2x", ["dgx1"], ["e1"], "dgx1", 8000,
@@ -314,13 +330,17 @@ def test_left_strays_are_that_hosts_rank_of_the_dead_world():
 def test_the_lane_restarts_as_one_or_the_one_rank_named():
     plans = [{"host": "dgx2", "rank": 1, "reasons": ["env changed (X)"]}, {"host": "dgx1", "rank": 0, "reasons": []}]
     plan = lane.dgx_lane_plan(plans)
-    assert plan == {"restart": ["dgx1", "dgx2"],
+    assert plan == {"restart": ["dgx1", "dgx2"], "held": {},
                     "reasons": {"dgx1": ["the lane restarts as one (dgx2: env changed (X))"],
                                 "dgx2": ["env changed (X)"]}}
     quiet = [dict(p, reasons=[]) for p in plans]
-    assert lane.dgx_lane_plan(quiet) == {"restart": [], "reasons": {}}
-    assert lane.dgx_lane_plan(quiet, "dgx2") == {"restart": ["dgx2"],
+    assert plan["held"] == {}
+    assert lane.dgx_lane_plan(quiet) == {"restart": [], "reasons": {}, "held": {}}
+    assert lane.dgx_lane_plan(quiet, "dgx2") == {"restart": ["dgx2"], "held": {},
                                                   "reasons": {"dgx2": ["forced by engine_restart_only"]}}
+    # A forced single-rank restart leaves the other ranks' own reasons undone: they are named, not lost.
+    assert lane.dgx_lane_plan(plans, "dgx1") == {"restart": ["dgx1"], "held": {"dgx2": ["env changed (X)"]},
+                                                 "reasons": {"dgx1": ["forced by engine_restart_only"]}}
     with pytest.raises(AnsibleFilterError, match="not a rank in play"):
         lane.dgx_lane_plan(quiet, "dgx9")
 

@@ -124,6 +124,63 @@ def test_a_stream_without_tokens_measures_nothing():
         "no tok/s end to end (0 tokens / (last token - request sent)) is below engine_decode_floor=30.78"]
 
 
+def test_a_length_finish_without_usage_counts_max_tokens_not_chunks():
+    # Speculative decoding: 100 chunks of 4 tokens, no usage. finish_reason length says max_tokens came.
+    script = events([ROLE], 0.3) + events([token_chunk("abcd")] * 100, 4 / 35.0) + events(
+        [finish_chunk("length"), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert (result["tokens"], result["token_source"], result["chunks"]) == (400, "finish_reason length", 100)
+    assert result["decode_tok_s"] == pytest.approx(399 / (99 * 4 / 35.0), abs=0.01)
+    assert complete and problems == []
+    # Without a length finish the chunks stay the count (a lower bound).
+    result = decode_result(parse_sse([(1.0, b'data: {"choices": [{"delta": {"content": "a"}}]}\n')]), 0.0, 1.0, 400)
+    assert (result["tokens"], result["token_source"]) == (1, "chunks")
+
+
+@pytest.mark.parametrize("reason", ["abort", "content_filter", "error", "tool_calls"])
+def test_only_length_or_stop_is_a_finished_stream(reason):
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk(reason), usage(400), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert not complete
+    assert problems == ["the engine ended the answer with finish_reason %s after 400 of 400 tokens: only length "
+                        "or stop mean the answer ran to its end" % reason]
+
+
+def test_a_length_finish_with_fewer_tokens_by_usage_is_a_contradiction_not_a_short_answer():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 100, 1 / 35.0) + events(
+        [finish_chunk("length"), usage(100), b"[DONE]"], 0.0)
+    _result, complete, problems = probe(script)
+    assert not complete and problems == [
+        "the engine ended with finish_reason length but usage counts only 100 of 400 tokens: it hit another "
+        "length limit (the context window?) or miscounts"]
+
+
+def test_more_tokens_than_max_tokens_fails():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 450, 1 / 35.0) + events(
+        [finish_chunk("length"), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert result["tokens"] == 450 and not complete
+    assert problems == ["the engine streamed 450 tokens for max_tokens=400: it ignored max_tokens"]
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk("length"), usage(401), b"[DONE]"], 0.0)
+    _result, complete, problems = probe(script)
+    assert not complete and problems == ["the engine streamed 401 tokens for max_tokens=400: it ignored max_tokens"]
+
+
+def test_usage_far_beyond_the_content_streamed_is_not_believed():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 3, 1.0) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    _result, complete, problems = probe(script, floor=None)
+    assert not complete and problems == [
+        "usage claims 400 tokens but only 3 chunk(s) carried content (at most 16 tokens a chunk even with "
+        "speculative decoding): the count cannot be trusted"]
+    # 25 chunks of 16 drafted tokens each is believable.
+    script = events([ROLE], 0.3) + events([token_chunk("t" * 16)] * 25, 16 / 35.0) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    assert probe(script)[1:] == (True, [])
+
+
 def test_run_probe_reports_a_cut_stream_as_a_verdict_not_a_crash():
     clock = FakeClock()
     script = events([ROLE], 0.1) + events([token_chunk("t")] * 50, 0.01)
@@ -318,6 +375,37 @@ def test_a_dead_rank_fails_the_lane_even_when_the_api_answers():
     assert verdict["msg"] == ("Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is not "
                               "running (exited), exit code 3, ended 2026-11-30T20:46:00Z. Its log ends:\n"
                               "loading\nRuntimeError: rank 1 lost its GPU")
+
+
+def test_a_paused_rank_is_named_paused_without_an_exit_code():
+    # docker: Running and Paused both true; podman: Running false, Status paused. ExitCode 0 is no exit.
+    for state in ({"Running": True, "Paused": True, "Status": "paused"}, {"Running": False, "Paused": True}):
+        facts = container_facts(inspect_json(finished="2026-11-30T20:40:00Z", **state), "ds41-engine")
+        assert (facts["running"], facts["status"], facts["exit_code"]) == (False, "paused", None)
+    rows = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": {"container": facts}, "dgx3": row(), "dgx4": row()}
+    verdict = lane_verdict(HOSTS, rows, URL)
+    assert (verdict["state"], verdict["rank"], verdict["exit_code"]) == ("dead", 1, None)
+    assert verdict["msg"].startswith("Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is "
+                                     "paused (not running). Its log ends:")
+
+
+@pytest.mark.parametrize("state, text", [
+    ({"Status": "exited", "ExitCode": 3}, "is not running (exited), exit code 3, ended 2026-11-30T20:46:00Z"),
+    ({"Status": "stopped", "ExitCode": 0}, "is not running (stopped), exit code 0, ended 2026-11-30T20:46:00Z"),
+    ({"Status": "created"}, "was created but never started"),
+    ({"Status": "configured"}, "was created but never started"),
+    ({"Status": "initialized"}, "was created but never started"),
+    ({"Status": "stopping"}, "is stopping (not running)"),
+    ({"Status": "dead", "ExitCode": 137}, "is dead (the runtime failed to stop or remove it), exit code 137, "
+                                          "ended 2026-11-30T20:46:00Z"),
+    ({"Status": "restarting", "Running": True, "Restarting": True, "ExitCode": 1},
+     "is restarting after an exit (not running), last exit code 1, ended 2026-11-30T20:46:00Z"),
+])
+def test_each_container_state_is_worded_as_it_is(state, text):
+    state = dict({"Running": False, "ExitCode": 0}, **state)
+    facts = container_facts(inspect_json(finished="2026-11-30T20:46:00Z", **state), "ds41-engine")
+    assert not facts["running"]
+    assert dgx_probe.describe_down(2, "dgx3", facts) == "rank 2 (host dgx3): container ds41-engine " + text
 
 
 def test_the_first_rank_to_end_is_named_and_the_others_listed():

@@ -7,8 +7,10 @@ import pytest
 
 from ansible.module_utils.dgx_errors import StageError
 from privilege import nobody_owned_dir, run_as_nobody
+from ansible.module_utils import dgx_receipts
 from ansible.module_utils.dgx_receipts import (RECEIPT_ROOTS, clear_receipts, container_of, find_holders,
-                                              format_holder, mount_source, parse_mountinfo, plan_removal)
+                                              format_holder, host_path, mount_source, parse_mountinfo,
+                                              plan_removal)
 
 NAMES = list(RECEIPT_ROOTS)
 
@@ -204,8 +206,11 @@ def _dev(path):
     return "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
 
 
-def _mount_line(mount_id, root, point, dev):
-    return "%d 1 %s %s %s rw,relatime - ext4 /dev/vda rw\n" % (mount_id, dev, root, point)
+def _mount_line(mount_id, root, point, dev, options="rw,relatime"):
+    return "%d 1 %s %s %s %s - ext4 /dev/vda rw\n" % (mount_id, dev, root, point, options)
+
+
+OVERLAY = "0:55"  # a container's own root filesystem: another device than the host's
 
 
 class FakeProc(object):
@@ -255,8 +260,7 @@ def holders_of(fake, roots=None):
 def test_an_open_file_is_found_by_its_identity_through_another_path(fake):
     held = fake["view"] / "worker.json"
     fake["proc"].add(41, "sleep", fds=[held, "/dev/null"], ns="mnt:[4026532249]",
-                     cgroup="0::/libpod_parent/libpod-%s\n" % PODMAN_ID,
-                     mountinfo=_mount_line(84, "/", "/", fake["proc"].dev))
+                     cgroup="0::/libpod_parent/libpod-%s\n" % PODMAN_ID, mountinfo=_mount_line(84, "/", "/", OVERLAY))
     holders = holders_of(fake)
     host_path = str(fake["parent"] / NAMES[1] / "worker.json")
     assert holders == [{"pid": 41, "name": "sleep", "container": PODMAN_ID, "how": "open", "path": host_path,
@@ -319,13 +323,13 @@ def test_no_false_positive_for_neighbours_on_the_same_device(fake, tmp_path):
     fake["proc"].add(90, "reader", fds=[other / "shard.bin"], cwd=fake["parent"],
                      maps="7f00-7f01 r--p 00000000 %02x:%02x %d /x\n" % (os.major(st.st_dev), os.minor(st.st_dev),
                                                                          st.st_ino))
-    # Containers binding a neighbour, the parent's parent (an ancestor: a monitoring agent's /host), or a
-    # sibling whose name starts like a root.
+    # Containers binding a neighbour, the parent's parent or / read-only (ancestors: a monitoring agent's
+    # /host, by its mount options or its filesystem's), or a sibling whose name starts like a root.
     (fake["parent"] / (NAMES[0] + "-old")).mkdir()
     fake["proc"].add(91, "node_exporter", ns="mnt:[4026532500]", cgroup="0::/docker/%s\n" % DOCKER_ID,
                      mountinfo=(_mount_line(1, str(other), "/models", dev)
-                                + _mount_line(2, os.path.dirname(real_parent), "/host", dev)
-                                + _mount_line(3, "/", "/rootfs", dev)
+                                + _mount_line(2, os.path.dirname(real_parent), "/host", dev, "ro,relatime")
+                                + _mount_line(3, "/", "/rootfs", dev).replace(" rw\n", " ro\n")
                                 + _mount_line(4, os.path.join(real_parent, NAMES[0] + "-old"), "/old", dev)))
     # A mount of the parent's path on another device is another filesystem.
     fake["proc"].add(92, "other", ns="mnt:[4026532501]", mountinfo=_mount_line(1, real_parent, "/cache", "7:3"))
@@ -346,6 +350,84 @@ def test_the_hosts_own_mounts_are_not_holders(fake):
     # The same mount inside a container (same path on both sides) is a bind of the parent.
     fake["proc"].add(4, "engine", mountinfo=host, ns="mnt:[4026532601]", cgroup="0::/libpod-%s.scope\n" % PODMAN_ID)
     assert [(h["pid"], h["how"], h["container"]) for h in holders_of(fake)] == [(4, "mount", PODMAN_ID)]
+
+
+def test_a_container_binding_an_ancestor_read_write_holds_every_root(fake):
+    # podman run -v $W/host:/data: the receipt roots are /data/cache/<root> inside, and can be made there.
+    real_parent = os.path.realpath(str(fake["parent"]))
+    top = os.path.dirname(real_parent)
+    dev = fake["proc"].dev
+    fake["proc"].add(95, "sleep", ns="mnt:[4026532700]", cgroup="0::/libpod-%s.scope\n" % PODMAN_ID,
+                     mountinfo=(_mount_line(1, "/", "/", OVERLAY) + _mount_line(2, "/", "/rootfs", dev)
+                                + _mount_line(3, top, "/data", dev)))
+    holders = holders_of(fake)
+    # Of two read-write ancestors, the closest says how the container reaches the roots.
+    assert holders == [{"pid": 95, "name": "sleep", "container": PODMAN_ID, "how": "ancestor", "path": top,
+                        "seen_as": "/data", "roots": fake["roots"]}]
+    assert format_holder(holders[0]) == ("pid 95 (sleep, container 018a9bfdf3ce) mounts %s which contains %s, "
+                                         "read-write at /data" % (top, fake["parent"]))
+    # A non-container namespace binding it counts too; its copy of the host's own / does not.
+    fake["proc"].add(96, "unshare", ns="mnt:[4026532701]", mountinfo=fake["proc"].host_mounts + _mount_line(
+        4, top, "/mnt/top", dev))
+    assert [(h["pid"], h["how"], h["seen_as"]) for h in holders_of(fake)] == [
+        (95, "ancestor", "/data"), (96, "ancestor", "/mnt/top")]
+
+
+def test_an_ancestor_bind_is_named_by_the_filesystem_path_when_the_host_shows_it_nowhere():
+    mounts = parse_mountinfo("27 1 254:0 / / rw - ext4 /dev/vda rw\n"
+                             "40 27 259:1 /srv/cache /cache rw,relatime shared:5 - xfs /dev/nvme0n1 rw\n"
+                             "41 27 259:2 / /cache/sub ro - xfs /dev/nvme1n1 rw\n"
+                             "42 27 259:3 / /scratch rw - xfs /dev/nvme2n1 ro\n")
+    assert [m["read_only"] for m in mounts] == [False, False, True, True]
+    assert host_path(((259, 1), "/srv/cache/x"), mounts) == "/cache/x"
+    assert host_path(((259, 1), "/srv"), mounts) is None           # above the only mount of that device
+    assert host_path(((259, 1), "/srv/cache/sub"), mounts) is None  # covered by another mount
+    assert host_path(((254, 0), "/cache"), mounts) is None          # the root filesystem's /cache is covered too
+
+
+def test_a_refusal_names_what_to_stop_without_calling_it_an_engine(fake):
+    fake["proc"].add(70, "sleep", cwd=fake["parent"] / NAMES[0])
+    fake["proc"].add(71, "bash", fds=[fake["parent"] / NAMES[1] / "worker.json"])
+    os.rename(fake["proc"].root + "/1", fake["proc"].root + "/%d" % os.getpid())
+    with pytest.raises(StageError) as err:
+        clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root)
+    msg = str(err.value)
+    assert "Stop process pid 70 (command sleep) and process pid 71 (command bash) first, or set force" in msg
+    assert "engine" not in msg.split(". Stop ")[1]
+
+
+def test_a_root_removed_meanwhile_by_another_run_counts_as_removed(tmp_path, monkeypatch):
+    paths = make_roots(tmp_path)
+    real_remove = dgx_receipts.remove_path
+    calls = []
+
+    def racing(path):
+        # The other run empties the root first: our removal of an entry it took finds nothing there.
+        calls.append(path)
+        if len(calls) == 1:
+            real_remove(path)
+            raise FileNotFoundError(2, "No such file or directory", os.path.join(path, "worker.json"))
+        return real_remove(path)
+
+    monkeypatch.setattr(dgx_receipts, "remove_path", racing)
+    assert clear_receipts(str(tmp_path), NAMES)["removed"] == paths
+    assert os.listdir(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("error, hint", [
+    (PermissionError(13, "Permission denied"), "Run the play with become (root) or remove it by hand"),
+    (OSError(16, "Device or resource busy"), "Remove it by hand"),
+])
+def test_only_a_refused_permission_suggests_become(tmp_path, monkeypatch, error, hint):
+    make_roots(tmp_path, NAMES[:1])
+
+    def failing(path):
+        raise error
+
+    monkeypatch.setattr(dgx_receipts, "remove_path", failing)
+    with pytest.raises(StageError) as err:
+        clear_receipts(str(tmp_path), NAMES)
+    assert str(err.value).endswith("removed so far: nothing. " + hint)
 
 
 def test_own_pid_is_skipped(fake):
@@ -373,7 +455,7 @@ def test_parse_mountinfo_unescapes_paths_and_mount_source_takes_the_deepest_moun
             "41 27 259:2 / /raid\\040cache/sub rw - xfs /dev/nvme1n1 rw\n"
             "42 27 259:3 / /raid\\040cache/sub rw - xfs /dev/nvme2n1 rw\n")
     mounts = parse_mountinfo(text)
-    assert mounts[1] == {"dev": (259, 1), "root": "/srv/raid cache", "mount_point": "/raid cache"}
+    assert mounts[1] == {"dev": (259, 1), "root": "/srv/raid cache", "mount_point": "/raid cache", "read_only": False}
     assert mount_source("/raid cache/ds41-x", mounts) == ((259, 1), "/srv/raid cache/ds41-x")
     assert mount_source("/raid cache", mounts) == ((259, 1), "/srv/raid cache")
     assert mount_source("/raid cache/sub/x", mounts) == ((259, 3), "/x")  # the last of stacked mounts
@@ -392,7 +474,7 @@ def test_clear_receipts_refuses_naming_root_holder_and_fix(fake):
     assert "pid 41 (sleep, container 018a9bfdf3ce) has %s/worker.json open (as %s/worker.json)" % (
         fake["roots"][1], fake["view"]) in msg
     assert "binds %s, the receipt parent, at /cache" % fake["parent"] in msg
-    assert "Stop that engine (container 018a9bfdf3ce) first, or set force: true (receipt_force: true" in msg
+    assert "Stop container 018a9bfdf3ce first, or set force: true (receipt_force: true" in msg
     assert all(os.path.isdir(p) for p in fake["roots"])
 
     # This host's live engine: its receipts are kept, not refused; anyone else still refuses.

@@ -192,6 +192,16 @@ def _describe(container):
     return "not started by dgx-stage"
 
 
+def _rank_host(container):
+    """The host a dgx-stage engine container is the rank of (its rank's place in its lane hosts), or None."""
+    labels = container.get("labels") or {}
+    hosts = (labels.get(LANE_HOSTS) or "").split(",")
+    try:
+        return hosts[int(labels.get(RANK, ""))] or None
+    except (ValueError, IndexError):
+        return None
+
+
 def _world(container):
     labels = container.get("labels") or {}
     if LANE in labels and LANE_HOSTS in labels:
@@ -205,8 +215,9 @@ def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, hos
     own: the container named engine_name when it is this lane's (lane label = lane and its name one of
     lane_engines, the ranks' engine names; an unlabelled one with the mounts label is an earlier dgx-stage's);
     run_id: the run that started it ("" when none).
-    strays: containers outside the lane that hold engine_name or listen on port, and host processes on port;
-    each {host, id, name, why, stoppable}. worlds: the earlier worlds ({lane, lane_hosts}) of own and the
+    strays: containers outside the lane that hold engine_name or listen on port, running engines whose labels
+    make them this host's rank of a lane (an earlier engine of this host under another name or port), and host
+    processes on port; each {host, id, name, why, stoppable}. worlds: the earlier worlds ({lane, lane_hosts}) of own and the
     strays, whose other ranks may still run on hosts that left the lane.
     """
     by_id = dict((c["id"], c) for c in containers)
@@ -226,6 +237,11 @@ def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, hos
         else:
             strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
                                "why": "%s holds the engine name %s (%s)" % (c["name"], engine_name, _describe(c))}
+    for c in containers:
+        if c["running"] and c["id"] not in strays and c is not own and c["name"] not in lane_engines \
+                and _rank_host(c) == host:
+            strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
+                               "why": "%s is still running as this host's engine (%s)" % (c["name"], _describe(c))}
     for holder in port_holders or []:
         cid = holder.get("container_id") or ""
         c = by_id.get(cid)
@@ -279,16 +295,11 @@ def dgx_left_strays(podman_results, docker_results):
             if result.get("unreachable") or result.get("failed"):
                 unchecked.append(item["host"])
                 continue
-            world_hosts = item["lane_hosts"].split(",")
             for c in dgx_container_list(result, runtime):
                 labels = c["labels"]
                 if not c["running"] or labels.get(LANE) != item["lane"] or labels.get(LANE_HOSTS) != item["lane_hosts"]:
                     continue
-                try:
-                    rank_host = world_hosts[int(labels.get(RANK, ""))]
-                except (ValueError, IndexError):
-                    continue
-                if rank_host == item["host"]:
+                if _rank_host(c) == item["host"]:
                     strays.append({"host": item["host"], "id": c["id"], "name": c["name"], "stoppable": True,
                                    "runtime": runtime,
                                    "why": "%s on %s, no longer in the lane, is rank %s of lane %s (%s): a dead world"
@@ -312,10 +323,12 @@ def dgx_stray_lines(strays):
 # ------------------------------------------------------------------------------------------------
 
 def dgx_lane_plan(plans, restart_only=""):
-    """{restart: hosts in rank order, reasons: {host: [why]}} from every rank's {host, rank, reasons}.
+    """{restart: hosts in rank order, reasons: {host: [why]}, held: {host: [why]}} from every rank's
+    {host, rank, reasons}.
 
     A lane restarts as one: when any rank has a reason, every rank restarts, the others for the lane's sake.
-    restart_only (an operator's forced single-rank restart) restarts that host alone, whatever the plans say.
+    restart_only (an operator's forced single-rank restart) restarts that host alone, whatever the plans say;
+    held names the other ranks that have reasons of their own, left running.
     """
     plans = sorted(plans, key=lambda p: int(p["rank"]))
     if restart_only:
@@ -323,12 +336,14 @@ def dgx_lane_plan(plans, restart_only=""):
         if not mine:
             raise AnsibleFilterError("dgx_lane_plan: engine_restart_only=%s is not a rank in play" % restart_only)
         return {"restart": [restart_only],
-                "reasons": {restart_only: list(mine[0]["reasons"]) + ["forced by engine_restart_only"]}}
+                "reasons": {restart_only: list(mine[0]["reasons"]) + ["forced by engine_restart_only"]},
+                "held": dict((p["host"], list(p["reasons"])) for p in plans
+                             if p["reasons"] and p["host"] != restart_only)}
     changed = [p for p in plans if p["reasons"]]
     if not changed:
-        return {"restart": [], "reasons": {}}
+        return {"restart": [], "reasons": {}, "held": {}}
     why = "; ".join("%s: %s" % (p["host"], ", ".join(p["reasons"])) for p in changed)
-    return {"restart": [p["host"] for p in plans],
+    return {"restart": [p["host"] for p in plans], "held": {},
             "reasons": dict((p["host"], list(p["reasons"]) or ["the lane restarts as one (%s)" % why]) for p in plans)}
 
 

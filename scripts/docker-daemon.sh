@@ -25,12 +25,23 @@ say() { echo "docker-daemon: $*" >&2; }
 
 answers() { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }
 
+started_at() {
+    # A process's start time (clock ticks since boot, /proc/PID/stat field 22): with the pid, it names one
+    # process for good - a reused pid (a reboot, a copied .cache) is another process.
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }              # after the command name, which may hold spaces
+    set -- $stat
+    echo "${20}"                   # field 22 overall: 20th after pid and comm
+}
+
 our_pid() {
-    # The pid this script started, if that process is still a dockerd.
+    # The pid this script started ("PID START" in $OURS), if that very process is still a dockerd.
     [[ -s "$OURS" ]] || return 1
-    local pid
-    pid=$(cat "$OURS")
+    local pid start
+    read -r pid start <"$OURS" || true
     [[ "$pid" =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == dockerd ]] || return 1
+    [[ -n "$start" && "$(started_at "$pid")" == "$start" ]] || return 1
     echo "$pid"
 }
 
@@ -55,20 +66,24 @@ start() {
         return 1
     fi
     rm -f "$PIDFILE"
+    # The log is appended to across starts: a failure quotes only this start's lines (from this offset).
+    local from
+    from=$(($(stat -c %s "$LOG" 2>/dev/null || echo 0) + 1))
+    echo "=== docker-daemon.sh: start $(date -u +%Y-%m-%dT%H:%M:%SZ)" >>"$LOG"
     # setsid: the daemon is not in the caller's process group, so a Ctrl-C reaches it only through stop().
     setsid dockerd --iptables=false --bridge=none --pidfile "$PIDFILE" >>"$LOG" 2>&1 </dev/null &
     local pid=$! waited=0
-    echo "$pid" >"$OURS"
+    echo "$pid $(started_at "$pid")" >"$OURS"
     until answers; do
         if ! kill -0 "$pid" 2>/dev/null; then
             rm -f "$OURS"
             say "dockerd exited while starting; its log ($LOG) ends:"
-            tail -n 20 "$LOG" >&2 || true
+            tail -c +"$from" "$LOG" | tail -n 20 >&2 || true
             return 1
         fi
         if ((waited >= TIMEOUT * 2)); then
             say "dockerd (pid $pid) did not answer within ${TIMEOUT}s; stopping it. Its log: $LOG"
-            tail -n 20 "$LOG" >&2 || true
+            tail -c +"$from" "$LOG" | tail -n 20 >&2 || true
             stop
             return 1
         fi

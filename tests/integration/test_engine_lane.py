@@ -19,7 +19,8 @@ sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves
   dgx3/dgx4 (no longer in the lane) are reported, and stopped only with engine_stop_strays.
 
 Each runtime gets its own lane. On Docker the tests that exercise the runtime run (start in rank order, the
-check-mode plan, the one-rank change restarting the lane and the re-run, a rank restarted alone judged with
+check-mode plan, the one-rank change restarting the lane and the re-run, a paused or self-restarting rank,
+a rank restarted alone judged with
 the whole lane, the missing image, an earlier engine under another name, the strays and earlier worlds); the
 rest decide in the plan's filters or the receipt module alone and run on Podman only.
 """
@@ -248,6 +249,27 @@ def flip_a_byte_in_a_staged_blob(lane):
         handle.seek(7)
         handle.write(bytes([byte[0] ^ 0xFF]))
     return blob
+
+
+def test_a_paused_or_self_restarting_rank_restarts_the_lane(lane):
+    """Docker says Running for a paused container and for one its restart policy keeps restarting: neither is a
+    rank that runs. A paused rank restarts the lane like a stopped one; a restart policy set behind the lane's
+    back (a rank that would restart on its own, without its receipts cleared) restarts it too."""
+    ids = lane.ids()
+    assert lane.cli("pause", lane.names["dgx2"]).returncode == 0
+    rc, data = lane.run("--tags", "engine")
+    assert rc == 0, failures(data)
+    assert "container paused" in msgs(data, "Restart plan")["dgx2"], msgs(data, "Restart plan")
+    new = lane.ids()
+    assert all(new[h] != ids[h] for h in ids) and all(c["running"] for c in lane.containers().values())
+    if lane.runtime == "docker":   # podman 4.3 cannot change a container's restart policy
+        assert lane.cli("update", "--restart", "always", lane.names["dgx1"]).returncode == 0
+        rc, data = lane.run("--tags", "engine")
+        assert rc == 0, failures(data)
+        assert "restart policy always" in msgs(data, "Restart plan")["dgx1"], msgs(data, "Restart plan")
+        assert lane.ids()["dgx1"] != new["dgx1"]
+    rc, data = lane.run("--tags", "engine")
+    assert rc == 0 and all(data["stats"][h]["changed"] == 0 for h in LANES["exl3_2x"]), failures(data)
 
 
 def test_a_repaired_blob_restarts_the_lane(lane):

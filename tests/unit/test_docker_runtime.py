@@ -57,6 +57,33 @@ def test_the_engine_containers_inspect_data_fills_in_its_environment():
     assert "env changed (FOO)" in reasons
 
 
+def test_a_paused_or_crash_looping_docker_rank_is_not_running_and_restarts():
+    """Docker keeps State.Running true while a container is paused or restarting under a restart policy: the
+    plan must see a rank that does not run (and a policy that restarts it on its own), as for a stopped one."""
+    info = fixture("container_info.json")["container"]
+    labels = lane.dgx_container_list({"containers": [info]}, "podman")[0]["labels"]
+    for flag, state in (("Paused", "paused"), ("Restarting", "restarting")):
+        stuck = dict(info, State=dict(info["State"], **{flag: True, "Running": True}))
+        own = lane.dgx_container_list(fixture("host_info.json"), "docker", [stuck])
+        own = [c for c in own if c["id"] == info["Id"]][0]
+        assert (own["running"], own["state"]) == (False, state)
+        assert "container %s" % state in lane.dgx_restart_reasons(own, labels)
+    looping = dict(info, HostConfig=dict(info.get("HostConfig") or {}, RestartPolicy={"Name": "always"}))
+    own = [c for c in lane.dgx_container_list(fixture("host_info.json"), "docker", [looping])
+           if c["id"] == info["Id"]][0]
+    assert own["running"] and own["restart_policy"] == "always"
+    assert lane.dgx_restart_reasons(own, labels) == [
+        "restart policy always (a rank must never restart on its own: the lane restarts as one)"]
+
+
+def test_image_ids_in_reasons_drop_dockers_sha256_prefix():
+    info = fixture("container_info.json")["container"]
+    own = lane.dgx_container_list({"containers": [info]}, "docker")[0]
+    labels = dict(own["labels"], **{"dgx-stage.image-id": "sha256:" + "7f47a" * 8})
+    reasons = lane.dgx_restart_reasons(own, labels)
+    assert any("-> 7f47a7f47a7f)" in r for r in reasons), reasons
+
+
 def test_the_wait_reads_dockers_inspect_output():
     running = container_facts(json.dumps(fixture("inspect_running.json")), "dgx-stage-capture-1")
     assert (running["exists"], running["running"], running["id"], running["finished_at"]) == (

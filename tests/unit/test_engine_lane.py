@@ -162,11 +162,13 @@ def test_container_lists_of_both_runtimes_are_normalised():
     podman = lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {"a": "b"}, False, 3, {"K": "v=w"})]},
                                      "podman")
     assert podman == [{"id": ID1, "name": "e1", "running": False, "state": "exited", "exit_code": 3,
-                       "labels": {"a": "b"}, "env": {"K": "v=w"}, "image": "localhost/engine:1"}]
+                       "labels": {"a": "b"}, "env": {"K": "v=w"}, "image": "localhost/engine:1",
+                       "restart_policy": ""}]
     docker = lane.dgx_container_list({"containers": [
         {"Id": ID2, "Names": ["/e2"], "State": "exited", "Status": "Exited (137) 5 minutes ago", "Labels": None,
          "Image": "engine:1"}]}, "docker")
     assert docker[0]["name"] == "e2" and docker[0]["exit_code"] == 137 and docker[0]["env"] is None
+    assert docker[0]["restart_policy"] is None   # the list does not say; the engine's inspect data does
     assert lane.dgx_container_list({}, "podman") == []
     with pytest.raises(AnsibleFilterError):
         lane.dgx_container_list({}, "lxc")

@@ -51,7 +51,7 @@ ASPECTS = (
     (WORLD_SIZE, lambda old, new: "world size %s -> %s" % (old, new)),
     (PORT, lambda old, new: "port %s -> %s" % (old, new)),
     (IMAGE, lambda old, new: "image %s -> %s" % (old, new)),
-    (IMAGE_ID, lambda old, new: "image rebuilt or re-pulled (id %s -> %s)" % ((old or "?")[:12], (new or "?")[:12])),
+    (IMAGE_ID, lambda old, new: "image rebuilt or re-pulled (id %s -> %s)" % (_short_id(old), _short_id(new))),
     (COMMAND, lambda old, new: "command changed"),
     (ENV, lambda old, new: "env changed"),
     (MOUNTS, lambda old, new: "mounts changed"),
@@ -59,6 +59,11 @@ ASPECTS = (
     (DEVICES, lambda old, new: "GPU devices changed"),
 )
 _EXITED = re.compile(r"Exited \((-?\d+)\)")
+
+
+def _short_id(image_id):
+    """12 hex digits of an image id, without Docker's sha256: prefix."""
+    return (image_id or "?").split(":")[-1][:12]
 
 
 def _digest(value):
@@ -75,13 +80,22 @@ def _env_dict(entries):
 # containers
 # ------------------------------------------------------------------------------------------------
 
-def _podman_container(info):
+def _inspected(info, image):
+    """An inspect result (podman_container_info, docker_container_info), normalised. Docker keeps
+    State.Running true while a container is paused or restarting (crash-looping under a restart policy):
+    neither is a rank that runs."""
     state = info.get("State") or {}
     config = info.get("Config") or {}
-    return {"id": info.get("Id", ""), "name": info.get("Name", ""), "running": bool(state.get("Running")),
-            "state": state.get("Status", ""), "exit_code": state.get("ExitCode"),
-            "labels": dict(config.get("Labels") or {}), "env": _env_dict(config.get("Env")),
-            "image": info.get("ImageName") or config.get("Image") or ""}
+    status = "paused" if state.get("Paused") else "restarting" if state.get("Restarting") else state.get("Status", "")
+    return {"id": info.get("Id", ""), "name": info.get("Name", "").lstrip("/"),
+            "running": bool(state.get("Running")) and status not in ("paused", "restarting"),
+            "state": status, "exit_code": state.get("ExitCode"),
+            "labels": dict(config.get("Labels") or {}), "env": _env_dict(config.get("Env")), "image": image,
+            "restart_policy": ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or ""}
+
+
+def _podman_container(info):
+    return _inspected(info, info.get("ImageName") or (info.get("Config") or {}).get("Image") or "")
 
 
 def _docker_container(info):
@@ -90,13 +104,8 @@ def _docker_container(info):
         return {"id": info.get("Id", ""), "name": (info.get("Names") or [""])[0].lstrip("/"),
                 "running": info.get("State") == "running", "state": info.get("State", ""),
                 "exit_code": int(exited.group(1)) if exited else None, "labels": dict(info.get("Labels") or {}),
-                "env": None, "image": info.get("Image", "")}
-    state = info.get("State") or {}   # an inspect result (docker_container_info)
-    config = info.get("Config") or {}
-    return {"id": info.get("Id", ""), "name": info.get("Name", "").lstrip("/"), "running": bool(state.get("Running")),
-            "state": state.get("Status", ""), "exit_code": state.get("ExitCode"),
-            "labels": dict(config.get("Labels") or {}), "env": _env_dict(config.get("Env")),
-            "image": config.get("Image", "")}
+                "env": None, "image": info.get("Image", ""), "restart_policy": None}
+    return _inspected(info, (info.get("Config") or {}).get("Image", ""))   # docker_container_info
 
 
 def dgx_container_list(result, runtime, details=None):
@@ -162,6 +171,9 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
         return reasons + ["container missing"]
     if not own.get("running"):
         reasons.append(_state_text(own))
+    if own.get("restart_policy") not in (None, "", "no"):
+        reasons.append("restart policy %s (a rank must never restart on its own: the lane restarts as one)"
+                       % own["restart_policy"])
     current = own.get("labels") or {}
     if LANE not in current:
         return reasons + ["the container predates the lane labels (started by an earlier dgx-stage)"]

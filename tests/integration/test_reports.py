@@ -240,6 +240,19 @@ def test_in_a_two_host_lane_only_the_host_that_fails_reports_failed(tmp_path, na
     assert failed["run_id"] == ok["run_id"] and failed["started"] == ok["started"]
 
 
+def test_a_host_left_out_by_limit_keeps_its_report(tmp_path, nas_hub):
+    """--limit rank1: rank0 is not in the run; its reports are not touched (never marked lost)."""
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"])
+    assert run(tmp_path, inventory)[0] == 0
+    before = reports(tmp_path)["rank0.json"]
+    code, data, _times = run(tmp_path, inventory, "--limit", "rank1")
+    assert code == 0, failures(data)
+    found = reports(tmp_path)
+    assert found["rank0.json"] == before
+    assert found["rank1.json"]["status"] == "ok" and found["rank1.json"]["rank"] == 1
+    assert found["rank1.json"]["world_size"] == 2
+
+
 def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(tmp_path, nas_hub):
     """rank1 staged fine yesterday; today it is unreachable: both its files say failed for today's run."""
     inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"])

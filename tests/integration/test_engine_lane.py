@@ -135,6 +135,17 @@ class Lane(object):
     def cli(self, *args):
         return runtimes.cli(self.runtime, *args)
 
+    def stranger_on_port(self, host, label):
+        """host's engine removed, and an engine_double started by hand on its port under another name (a
+        stray, removed when the lane is); its name."""
+        self.cli("rm", "--force", self.names[host])
+        name = "dgx-stage-test-%s-%s" % (label, uuid.uuid4().hex[:8])
+        self.strays.append(name)
+        run = self.cli("run", "-d", "--name", name, "--network", "host", IMAGE, "python3",
+                       "/opt/engine_double/engine_double.py", "--port", str(self.ports[host]))
+        assert run.returncode == 0, run.stderr
+        return name
+
     def only_on_podman(self):
         """The checks that decide in the plan's filters alone (nothing runtime-specific) run once, on Podman."""
         if self.runtime != "podman":
@@ -306,12 +317,7 @@ def test_a_rank_restarted_alone_is_judged_with_the_whole_lane(lane):
     """engine_restart_only with --limit: the ranks left out are still asked (delegated) every round, so a
     dead rank 0 with a stranger answering on its port fails the run, named as rank 0 on dgx1."""
     ids = lane.ids()
-    lane.cli("rm", "--force", lane.names["dgx1"])
-    stranger = "dgx-stage-test-only-stranger-%s" % uuid.uuid4().hex[:8]
-    lane.strays.append(stranger)
-    run = lane.cli("run", "-d", "--name", stranger, "--network", "host", IMAGE, "python3",
-                 "/opt/engine_double/engine_double.py", "--port", str(lane.ports["dgx1"]))
-    assert run.returncode == 0, run.stderr
+    stranger = lane.stranger_on_port("dgx1", "only-stranger")
     try:
         rc, data = lane.run("--tags", "engine,smoke", "--limit", "dgx2", "-e", "engine_restart_only=dgx2")
         assert rc != 0, "a stranger answered for a lane whose rank 0 has no container"
@@ -422,12 +428,7 @@ def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_st
     assert_rank_order(four, HOSTS)
 
     # Someone starts an engine by hand on dgx1's port (sglang_4x's rank 0 there is gone).
-    lane.cli("rm", "--force", lane.names["dgx1"])
-    port_stray = "dgx-stage-test-stray-%s" % uuid.uuid4().hex[:8]
-    lane.strays.append(port_stray)
-    run = lane.cli("run", "-d", "--name", port_stray, "--network", "host", IMAGE, "python3",
-                 "/opt/engine_double/engine_double.py", "--port", str(lane.ports["dgx1"]))
-    assert run.returncode == 0, run.stderr
+    port_stray = lane.stranger_on_port("dgx1", "stray")
     time.sleep(1)   # its API binds the port
 
     # Back to exl3_2x: refused on both hosts, naming the stranger on dgx1's port, sglang_4x's rank 1 holding

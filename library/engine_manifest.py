@@ -22,6 +22,10 @@ description:
   - A directory is only bound whole when every file in it is a real file (or a relative link that
     stays inside it). Snapshot links such as C(../../blobs/<sha>) would dangle inside the
     container, so such files are bound one by one, resolved on the host.
+  - With O(bind_from=nas) the local hub is not read at all - its refs, links and blobs are left as they
+    are and ignored - and every file is bound read-only from the NAS snapshot of the NAS's commit
+    (C(origin=nas)), so a lane whose local disks are suspect serves the NAS weights without anything
+    being removed. V(local) again binds the staged copies.
   - Before returning, checks that every source exists, no two mounts share a target, no target
     is nested in a directory mount, every NAS mount is read-only, and every NAS snapshot file is
     reachable through exactly one mount.
@@ -79,6 +83,14 @@ options:
     description: Hub root inside the container; targets are C(<target_root>/<repo folder>/snapshots/<commit>/<path>).
     type: str
     default: /hub
+  bind_from:
+    description:
+      - V(local) binds every file staged on the local disk from there and the rest from the NAS.
+      - V(nas) binds every file from the NAS, read-only, ignoring local copies (and O(plan)); the commit is
+        the NAS's for the revision. Nothing local is read, changed or removed.
+    type: str
+    choices: [local, nas]
+    default: local
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -112,6 +124,14 @@ EXAMPLES = r"""
     content: "{{ engine_mounts.manifest | to_nice_json(indent=2) }}"
     dest: "{{ engine_manifest_path }}"
     mode: "0644"
+
+- name: Serve the NAS weights while the local disk is suspect (the local hub is left as it is)
+  engine_manifest:
+    hub_local_root: "{{ hub_local_root }}"
+    hub_nas_root: "{{ hub_nas_root }}"
+    repos: "{{ stage_repos }}"
+    bind_from: nas
+  register: engine_mounts
 """
 
 RETURN = r"""
@@ -243,6 +263,7 @@ ARGUMENT_SPEC = dict(
     )),
     plan=dict(type="list", elements="dict"),
     target_root=dict(type="str", default="/hub"),
+    bind_from=dict(type="str", choices=["local", "nas"], default="local"),
 )
 
 
@@ -252,13 +273,14 @@ def main():
     try:
         manifest, _nas_files = build_manifest(params["hub_local_root"], params["hub_nas_root"],
                                               params["repos"], params["target_root"],
-                                              params["plan"] if module.check_mode else None)
+                                              params["plan"] if module.check_mode else None,
+                                              params["bind_from"])
     except StageError as exc:
         module.fail_json(msg=str(exc))
     counts = dict(manifest["counts"])
     if "planned" in manifest:
         counts["planned"] = len(manifest["planned"])
-    elif not os.path.isdir(params["hub_local_root"]):
+    elif params["bind_from"] == "local" and not os.path.isdir(params["hub_local_root"]):
         module.warn("hub_local_root %s does not exist: every file is mounted from the NAS"
                     % params["hub_local_root"])
     module.exit_json(changed=False, manifest=manifest, counts=counts)

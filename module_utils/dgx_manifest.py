@@ -2,7 +2,8 @@
 
 The NAS snapshot is the source of truth for "every file". A file staged on local disk is bound
 from its local blob; what is not staged is bound read-only from the NAS, one mount per maximal
-directory with nothing local in it (page15/), else one mount per file.
+directory with nothing local in it (page15/), else one mount per file. With bind_from "nas" (a lane
+rolled back to the NAS weights) no local copy is looked at: every file is bound from the NAS.
 """
 import os
 import posixpath
@@ -14,6 +15,9 @@ from ansible.module_utils.dgx_hashing import file_matches_own_name
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
+
+# Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
+BIND_FROM = ("local", "nas")
 
 
 def resolve_commit(local_repo, nas_repo, revision):
@@ -161,19 +165,27 @@ def _check_root(name, path, must_exist):
     return path
 
 
-def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
+def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_from="local"):
     """Return (repo record, mounts, NAS file paths, planned sources) for one repo.
 
     plan (check mode): the stage pass's rows {repo_id, repo_type, revision, commit, excluded_paths,
     pruned}. The row's commit is the one the real run stages (the NAS ref may have moved); a file it
     selects that is not local yet is bound from where the stage pass will put it (a planned source),
-    and a local file it would prune is bound from the NAS."""
+    and a local file it would prune is bound from the NAS.
+    bind_from "nas": the local hub is not read at all (its refs, links and blobs are suspect): the
+    commit is the NAS's and every file is bound from the NAS; a plan changes nothing."""
     repo = normalise_repo(entry)
     folder = repo_folder_name(repo["repo_id"], repo["repo_type"])
     local_repo = os.path.join(hub_local_root, folder)
     nas_repo = os.path.join(hub_nas_root, folder)
-    staging = plan_for(plan, repo)
-    commit = staging["commit"] if staging else resolve_commit(local_repo, nas_repo, repo["revision"])
+    from_local = bind_from == "local"
+    staging = plan_for(plan, repo) if from_local else None
+    if staging:
+        commit = staging["commit"]
+    elif from_local:
+        commit = resolve_commit(local_repo, nas_repo, repo["revision"])
+    else:
+        commit = hubcache_resolve_commit(nas_repo, repo["revision"])
     nas_snapshot = os.path.join(nas_repo, "snapshots", commit)
     if not os.path.isdir(nas_snapshot):
         raise StageError("%s does not exist: the NAS has no snapshot for %s@%s (commit %s); "
@@ -188,7 +200,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
     excluded = set((staging or {}).get("excluded_paths") or [])
     pruned = set((staging or {}).get("pruned") or [])
     local, planned = {}, set()
-    for entry in entries:
+    for entry in entries if from_local else ():
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
         if staging is not None:
             if entry.path in excluded:
@@ -205,11 +217,14 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None):
     return record, mounts, [os.path.join(nas_snapshot, f) for f in files], planned
 
 
-def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None):
+def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):
     """Return (manifest, NAS file paths); raises StageError if the result fails coverage_problems.
 
     The manifest is exactly what the manifest file holds. With a plan (check mode, see plan_repo) it
-    also lists under `planned` the targets whose local source the stage pass has still to write."""
+    also lists under `planned` the targets whose local source the stage pass has still to write.
+    bind_from: "local" (staged files from the local disk) or "nas" (every file from the NAS)."""
+    if bind_from not in BIND_FROM:
+        raise StageError("bind_from %r is neither %s" % (bind_from, " nor ".join(BIND_FROM)))
     hub_local_root = _check_root("hub_local_root", hub_local_root, False)
     hub_nas_root = _check_root("hub_nas_root", hub_nas_root, True)
     if not target_root or not posixpath.isabs(target_root):
@@ -219,7 +234,8 @@ def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan
         raise StageError("repos is empty: nothing to mount; set stage_repos")
     records, mounts, nas_files, folders, planned = [], [], [], set(), set()
     for entry in repos:
-        record, repo_mounts, files, repo_planned = plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan)
+        record, repo_mounts, files, repo_planned = plan_repo(hub_local_root, hub_nas_root, entry, target_root,
+                                                             plan, bind_from)
         if record["folder"] in folders:
             raise StageError("repo %s is listed twice in repos; remove one entry" % record["repo_id"])
         folders.add(record["folder"])

@@ -197,3 +197,45 @@ def test_check_mode_on_a_fresh_node_predicts_the_manifest_the_real_run_writes(tm
     assert rc == 0, failures(data)
     assert computed(data).pop("planned") == []
     assert data["stats"]["localhost"]["changed"] == 0, data["stats"]
+
+
+def test_bind_from_nas_serves_the_nas_weights_and_leaves_the_local_hub_alone(tmp_path, lane, tree_state):
+    """The roll-back runbook: -e engine_bind_from=nas binds every file from the NAS (counts.local 0), the
+    local hub untouched; without it the manifest binds the staged copies again, as it did before."""
+    nas = lane["nas"]
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--tags", "stage,manifest")
+    assert rc == 0, failures(data)
+    with open(lane["manifest"]) as handle:
+        staged = json.load(handle)
+    assert staged["counts"]["local"] > 0
+    local_before = tree_state(lane["local"])
+
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--tags", "manifest", "-e", "engine_bind_from=nas")
+    assert rc == 0, failures(data)
+    with open(lane["manifest"]) as handle:
+        manifest = json.load(handle)
+    assert manifest["counts"]["local"] == 0 and manifest["counts"]["nas"] == manifest["counts"]["total"] > 0
+    assert manifest["repos"] == staged["repos"]
+    for mount in manifest["mounts"]:
+        assert mount["origin"] == "nas" and mount["read_only"] is True
+        assert mount["source"].startswith(nas["hub"] + "/"), mount
+    by_repo = {r["repo_id"]: r for r in manifest["repos"]}
+    for repo_id, repo in nas["repos"].items():
+        for rel, info in repo["files"].items():
+            target = by_repo[repo_id]["target"] + "/" + rel
+            [mount] = covering_mounts(manifest, target)
+            assert sha256_file(os.path.join(mount["source"], os.path.relpath(target, mount["target"]))
+                               if mount["target"] != target else mount["source"]) == info["sha256"], rel
+    assert tree_state.diff(local_before, tree_state(lane["local"])) == []
+    [(_name, summary)] = task_results(data, "Manifest | Summary")
+    assert summary["msg"].startswith("engine_bind_from nas - every file from the NAS")
+    with open(lane["report"]) as handle:
+        report = json.load(handle)
+    assert report["engine"]["manifest"]["bind_from"] == "nas"
+    assert report["engine"]["manifest"]["counts"]["local"] == 0
+
+    # Back to the staged copies: the manifest is the one the stage run wrote.
+    rc, data = run_playbook(tmp_path, lane["inventory"], "--tags", "manifest")
+    assert rc == 0, failures(data)
+    with open(lane["manifest"]) as handle:
+        assert json.load(handle) == staged

@@ -534,3 +534,102 @@ def test_a_planned_source_is_excused_only_in_the_plan(tmp_path, hubs):
     assert coverage_problems(manifest, nas_files, planned_sources) == []
     problems = coverage_problems(manifest, nas_files)
     assert len(problems) == len(planned_sources) and all("does not exist" in p for p in problems)
+
+
+# --- engine_bind_from: nas (a lane rolled back to the NAS weights) -------------------------------------------
+
+def load_filters(name):
+    """The engine role's filter plugin roles/engine/filter_plugins/<name>.py, as the role uses it."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "roles", "engine", "filter_plugins", name + ".py")
+    spec = importlib.util.spec_from_file_location("%s_filters_under_test" % name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bind_from_nas_binds_every_snapshot_file_once_read_only_from_the_nas(hubs):
+    local, nas = hubs
+    manifest, nas_files = build_manifest(local, nas, [{"repo_id": REPO}], bind_from="nas")
+    assert manifest["counts"] == {"local": 0, "nas": 6, "total": 6}
+    assert all(m["origin"] == "nas" and m["read_only"] is True for m in manifest["mounts"])
+    assert all(m["source"].startswith(nas_path(nas) + os.sep) for m in manifest["mounts"])
+    assert coverage_problems(manifest, nas_files) == []
+    # Exactly one mount per file: the staged files are bound one by one from the NAS snapshot links,
+    # the unstaged page15 pack stays one directory mount.
+    mounts = by_target(manifest)
+    assert sorted(mounts) == sorted([target(rel) for rel in LINKED] + [target("page15")])
+    for rel in LINKED:
+        assert mounts[target(rel)]["source"] == nas_path(nas, rel)
+    targets = [m["target"] for m in manifest["mounts"]]
+    assert len(targets) == len(set(targets)) and targets == sorted(targets)
+    # The same repo records and targets as the local manifest: the engine sees the same paths.
+    assert manifest["repos"] == build(local, nas)["repos"]
+
+
+def test_bind_from_local_is_the_default_and_binds_the_staged_copies(hubs):
+    local, nas = hubs
+    assert build(local, nas, bind_from="local") == build(local, nas)
+    assert build(local, nas)["counts"]["local"] == len(STAGED)
+
+
+def test_bind_from_nas_reads_nothing_of_the_local_hub(hubs):
+    """Suspect local disks: a local ref naming another commit, a broken ref or a rotten blob change nothing;
+    the commit is the NAS's (with local, the local ref would win and this NAS has no such snapshot)."""
+    local, nas = hubs
+    local_repo = os.path.join(local, FOLDER)
+    set_ref(local_repo, OLD)
+    add_link(local_repo, OLD, "config.json", "an older config")
+    with open(os.path.join(local_repo, "blobs", sha("content of config.json")), "w") as handle:
+        handle.write("rotten")
+    with pytest.raises(StageError, match="NAS has no snapshot"):
+        build(local, nas)
+    manifest = build(local, nas, bind_from="nas")
+    assert [r["commit"] for r in manifest["repos"]] == [COMMIT]
+    assert manifest["counts"] == {"local": 0, "nas": 6, "total": 6}
+    assert not any(m["source"].startswith(local + os.sep) for m in manifest["mounts"])
+
+
+def test_bind_from_nas_without_a_local_hub(tmp_path, hubs):
+    _local, nas = hubs
+    manifest = build(str(tmp_path / "no-local"), nas, bind_from="nas")
+    assert manifest["counts"] == {"local": 0, "nas": 6, "total": 6}
+
+
+def test_bind_from_nas_ignores_the_stage_plan_in_check_mode(tmp_path, hubs):
+    _local, nas = hubs
+    manifest = build(str(tmp_path / "fresh"), nas, plan=[plan_row()], bind_from="nas")
+    assert manifest["planned"] == [] and manifest["counts"]["local"] == 0
+
+
+def test_an_unknown_bind_from_is_refused(hubs):
+    local, nas = hubs
+    with pytest.raises(StageError, match="bind_from 'disk' is neither local nor nas"):
+        build(local, nas, bind_from="disk")
+
+
+def test_switching_bind_from_restarts_the_lane_through_the_mounts_digest(hubs):
+    """The engine role labels each container with the digest of its binds (vars/main.yml: _engine_binds |
+    dgx_podman_mount_specs | dgx_mounts_digest); a change of engine_bind_from changes it both ways, so the next
+    engine play restarts the lane ("mounts changed"), while the same setting leaves it alone."""
+    local, nas = hubs
+    mounts_filters = load_filters("engine_mounts")
+    lane = load_filters("engine_lane")
+    receipts = [{"source": "/cache", "target": "/cache", "read_only": False}]
+
+    def labels(bind_from):
+        binds = mounts_filters.dgx_binds(build(local, nas, bind_from=bind_from)["mounts"], receipts)
+        digest = mounts_filters.dgx_mounts_digest(mounts_filters.dgx_podman_mount_specs(binds))
+        return lane.dgx_engine_labels({
+            "lane": "exl3_2x", "lane_hosts": ["dgx1"], "rank": 0, "world_size": 1, "port": 8000, "run_id": "r1",
+            "image": "localhost/engine:1", "image_id": "sha256:" + "1" * 64, "command": [], "env": {},
+            "mounts": digest, "files": "f", "devices": []})
+
+    def reasons(running, wanted):
+        own = {"running": True, "restart_policy": None, "labels": labels(running)}
+        return lane.dgx_restart_reasons(own, labels(wanted))
+
+    assert reasons("local", "local") == [] and reasons("nas", "nas") == []
+    assert reasons("local", "nas") == ["mounts changed"]
+    assert reasons("nas", "local") == ["mounts changed"]

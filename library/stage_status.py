@@ -1,0 +1,251 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: stage_status
+short_description: Say what a node holds - staged commits, local files, last stage and verify, receipts, engine
+version_added: "1.0.0"
+description:
+  - Reads, and never changes, the node's local hub. For each repo of O(repos) - the commit
+    C(refs/<revision>) names in O(hub_local_root) and whether its snapshot is there (V(snapshot missing)
+    when a ref points at a missing snapshot, V(not staged) when there is no local repo or ref), the
+    files and bytes the snapshot holds locally, and when it was last staged and last verified and how
+    (the verify mode), from the C(passes) of the progress file
+    C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json) hf_hub_mirror writes.
+  - A repo folder, snapshot or lock folder that is a symlink is reported (V(refused)) and never read
+    through. A half-written progress file or one whose C(passes) is garbage is reported, not fatal.
+  - The receipt roots O(receipt_roots) present under O(receipt_parent).
+  - The engine container's state and API health from O(engine_probe), the result of an C(engine_probe)
+    V(wait) call made with C(container) (the module itself runs no container command).
+  - RV(lines) are the human lines for the host; C(playbooks/status.yml) prints them, the front end renders them.
+author: dgx-stage maintainers
+options:
+  hub_local_root:
+    description: The node-local hub cache root.
+    type: path
+    required: true
+  repos:
+    description:
+      - The repos to report, as in C(stage_repos) (C(repo_id), C(repo_type), C(revision); other keys ignored).
+    type: list
+    elements: dict
+    required: true
+  receipt_parent:
+    description: The directory holding the engine's receipt roots (the receipt role's default).
+    type: path
+    default: /cache
+  receipt_roots:
+    description: The receipt roots' bare names; default the three C(ds41-*) roots (the receipt role's default).
+    type: list
+    elements: str
+  engine_enabled:
+    description: The engine is enabled on this host; V(false) reports the engine V(disabled).
+    type: bool
+    default: true
+  engine_name:
+    description: The engine container's name.
+    type: str
+    default: ds41-engine
+  engine_probe:
+    description:
+      - The result of C(engine_probe) with C(mode=wait) and C(container) on this host ({} when it did not run).
+    type: dict
+    default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; check mode reads the same.
+  diff_mode:
+    support: none
+    details: Nothing changes, so there is no diff.
+  idempotent:
+    description: A second run with the same options and the same state reports C(changed=false).
+    support: full
+    details: The module never writes.
+  platform:
+    support: full
+    platforms: posix
+notes:
+  - Runs on the node with the system Python; stdlib only.
+"""
+
+EXAMPLES = r"""
+- name: What this node holds
+  stage_status:
+    hub_local_root: "{{ hub_local_root }}"
+    repos: "{{ stage_repos }}"
+    receipt_parent: "{{ receipt_parent }}"
+    receipt_roots: "{{ receipt_roots }}"
+    engine_enabled: "{{ lane_engine_enabled }}"
+    engine_probe: "{{ __status_probe if lane_engine_enabled else {} }}"
+  register: __status
+
+- name: Print it
+  ansible.builtin.debug:
+    msg: "{{ __status.lines }}"
+"""
+
+RETURN = r"""
+status:
+  description: What the node holds.
+  returned: success
+  type: dict
+  contains:
+    hub_local_root:
+      description: O(hub_local_root).
+      type: str
+    problem:
+      description: Why the local hub could not be read (then RV(status.repos) is empty), else null.
+      type: str
+    repos:
+      description: One row per repo of O(repos), in their order.
+      type: list
+      elements: dict
+      contains:
+        repo_id:
+          description: The repo id.
+          type: str
+        repo_type:
+          description: model, dataset or space.
+          type: str
+        revision:
+          description: The revision asked for (default main).
+          type: str
+        folder:
+          description: The repo folder (C(models--org--name)), null when the repo id is invalid.
+          type: str
+        state:
+          description:
+            - V(staged) (the ref and its snapshot are there), V(not staged) (no local repo folder or no
+              ref), V(snapshot missing) (the ref points at a snapshot that is not there), V(refused) (a
+              symlink where a directory must be; not followed), V(error) (an invalid repo id).
+          type: str
+        problem:
+          description: What is wrong, for every state but V(staged); null when nothing is.
+          type: str
+        commit:
+          description: The staged commit (C(refs/<revision>)), null when there is none.
+          type: str
+        snapshot:
+          description: The local snapshot directory, null without a commit.
+          type: str
+        files_local:
+          description: Files of the snapshot whose content is in the local repo.
+          type: int
+        bytes_local:
+          description: Bytes of their distinct contents (a blob two files share counts once).
+          type: int
+        dangling:
+          description: Snapshot links whose content is missing or outside the repo folder.
+          type: int
+        last_staged:
+          description: When the last stage pass last wrote its figures, ISO 8601 UTC, or null.
+          type: str
+        last_stage_status:
+          description: How it ended - V(ok), V(failed), V(interrupted), V(running) - or null.
+          type: str
+        last_verified:
+          description: When the last verify pass last wrote its figures, ISO 8601 UTC, or null.
+          type: str
+        verify_mode:
+          description: Its verify mode, V(sample), V(full) or V(none), or null.
+          type: str
+        last_verify_status:
+          description: How it ended, or null.
+          type: str
+        verified_commit:
+          description: The commit the last verify pass proved, or null.
+          type: str
+        progress_problem:
+          description: Why the progress file could not be read (wholly or partly), else null.
+          type: str
+    receipts:
+      description: The receipt roots under O(receipt_parent).
+      type: dict
+      contains:
+        parent:
+          description: O(receipt_parent).
+          type: str
+        present:
+          description: The names of O(receipt_roots) present there.
+          type: list
+          elements: str
+        problem:
+          description: Why they could not be looked up, else null.
+          type: str
+    engine:
+      description: The engine container and its API.
+      type: dict
+      contains:
+        enabled:
+          description: O(engine_enabled).
+          type: bool
+        name:
+          description: O(engine_name).
+          type: str
+        state:
+          description:
+            - V(disabled), V(running), V(exited), V(absent), V(unknown) (not looked up), or the runtime's
+              word for another state (V(paused), V(created), V(restarting)).
+          type: str
+        exit_code:
+          description: The exit code of a container that is not running, else null.
+          type: int
+        container_id:
+          description: The container id, null when there is none.
+          type: str
+        health:
+          description: V(not checked) unless the container runs, V(ok) when the API listed its models, else V(unhealthy) and why.
+          type: str
+        models:
+          description: The model ids the API listed.
+          type: list
+          elements: str
+        problem:
+          description: Why the state is V(unknown) or V(absent), when the runtime said, else null.
+          type: str
+lines:
+  description: Human lines for this host - one per repo, the receipts, the engine.
+  returned: success
+  type: list
+  elements: str
+  sample:
+    - "coolbho3k/DSpark-drafter@main: commit 1a2b3c4d5e6f, 5 files, 1.2 GiB local; staged 2026-11-30T20:45:12Z; verified 2026-11-30T21:02:40Z (full)"
+    - "receipts under /cache: none"
+    - "engine ds41-engine: disabled"
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dgx_fsutil import printable_names
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
+from ansible.module_utils.dgx_status import host_status, status_lines
+
+ARGUMENT_SPEC = dict(
+    hub_local_root=dict(type="path", required=True),
+    repos=dict(type="list", elements="dict", required=True),
+    receipt_parent=dict(type="path", default="/cache"),
+    receipt_roots=dict(type="list", elements="str"),
+    engine_enabled=dict(type="bool", default=True),
+    engine_name=dict(type="str", default="ds41-engine"),
+    engine_probe=dict(type="dict", default={}),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    status = host_status(params["hub_local_root"], params["repos"], params["receipt_parent"],
+                         params["receipt_roots"] if params["receipt_roots"] is not None else list(RECEIPT_ROOTS), params["engine_enabled"], params["engine_name"],
+                         params["engine_probe"])
+    module.exit_json(changed=False, status=printable_names(status), lines=printable_names(status_lines(status)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+# -*- coding: utf-8 -*-
+"""What a node holds, read without changing anything (playbooks/status.yml, module stage_status).
+
+Per repo of stage_repos: the commit refs/<revision> names in the local hub and whether its snapshot is
+there, the files and bytes it holds locally, and when it was last staged and last verified (and how) from
+the progress file hf_hub_mirror keeps in `<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json`
+(its `passes` hold the last figures of each pass). Then the receipt roots present under receipt_parent and
+the engine container's state and API health from an engine_probe wait result.
+
+Nothing here follows a symlink out of the local hub: a repo folder, snapshot or lock folder that is a link
+is reported as such and not read through. Garbage (a half-written progress file, `passes` that is not a
+mapping, a ref that is no commit, a ref naming a missing snapshot) is reported, never raised.
+
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax. Pure functions except the read_* ones.
+"""
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import stat
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
+
+PROGRESS_NAME = "dgx-stage.progress.json"   # dgx_transfer.PROGRESS_NAME (kept import-light here)
+PROGRESS_MAX_BYTES = 1024 * 1024
+# Container statuses that mean the engine stopped (docker and podman words).
+EXITED = ("exited", "stopped", "dead")
+
+_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def human_bytes(count):
+    """1.2 GiB, 512.0 KiB, 17 B."""
+    value = float(count or 0)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return "%d B" % value if unit == "B" else "%.1f %s" % (value, unit)
+        value /= 1024.0
+    return "%d B" % count
+
+
+# ------------------------------------------------------------------------------------------------
+# the progress file
+# ------------------------------------------------------------------------------------------------
+
+def parse_progress(raw):
+    """(passes, problem) from the progress file's bytes (None: no file).
+
+    passes: {phase: figures} of the entries that are mappings; problem: why some or all of it could not
+    be read (a half-written or garbage file, `passes` not a mapping), else None.
+    """
+    if raw is None:
+        return {}, None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return {}, "the progress file is not JSON (half-written, or not ours)"
+    if not isinstance(data, dict):
+        return {}, "the progress file holds no JSON object"
+    passes = data.get("passes")
+    if passes is None:
+        # Written before `passes` existed: its top level is the last pass run.
+        phase = data.get("pass")
+        return ({phase: data} if phase in ("stage", "verify") else {}), None
+    if not isinstance(passes, dict):
+        return {}, "the progress file's passes is not a mapping (%s)" % type(passes).__name__
+    good = dict((k, v) for k, v in passes.items() if isinstance(v, dict))
+    problem = None if len(good) == len(passes) else "the progress file's passes %s are not mappings" % (
+        ", ".join(sorted(str(k) for k in passes if k not in good)))
+    return good, problem
+
+
+def _text(value):
+    return value if isinstance(value, str) and value else None
+
+
+def pass_summary(figures):
+    """{when, status, verify, commit} of one pass's figures (when: its last update, ISO 8601 UTC)."""
+    figures = figures if isinstance(figures, dict) else {}
+    status = _text(figures.get("status"))
+    if status is None and "finished" in figures:
+        status = "ok" if figures.get("finished") is True else ("failed" if figures.get("aborted") else "running")
+    return {"when": _text(figures.get("updated_at")), "status": status, "verify": _text(figures.get("verify")),
+            "commit": _text(figures.get("commit"))}
+
+
+# ------------------------------------------------------------------------------------------------
+# reading the local hub (never through a link)
+# ------------------------------------------------------------------------------------------------
+
+def _lstat(path):
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def read_small(path, limit):
+    """The bytes of a regular file at path (not through a final link), or None when absent."""
+    try:
+        fd = os.open(path, _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def link_problem(path, what):
+    """Why a path that must be a real directory is not one (None when it is, or is absent)."""
+    st = _lstat(path)
+    if st is None or stat.S_ISDIR(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return "%s %s is a symlink (to %s): not followed out of the local hub" % (what, path, target)
+    return "%s %s is not a directory" % (what, path)
+
+
+def snapshot_content(repo_dir, snap_dir):
+    """(files, bytes, dangling) of a local snapshot: files whose content is in the repo (a link into
+    its blobs/, or a real file), the bytes of their distinct contents, links whose content is missing
+    or outside the repo folder (not counted)."""
+    repo_real = os.path.realpath(repo_dir)
+    files, dangling, seen, total = 0, 0, set(), 0
+    for dirpath, dirnames, filenames in os.walk(snap_dir):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = _lstat(path)
+            if st is None:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                real = os.path.realpath(path)
+                st = _lstat(real)
+                if st is None or not stat.S_ISREG(st.st_mode) or not real.startswith(repo_real + os.sep):
+                    dangling += 1
+                    continue
+                key = (st.st_dev, st.st_ino)
+            elif stat.S_ISREG(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+            else:
+                continue
+            files += 1
+            if key not in seen:
+                seen.add(key)
+                total += st.st_size
+    return files, total, dangling
+
+
+def staged_commit(repo_dir, revision):
+    """(commit, problem): the commit refs/<revision> names (or the revision itself when it is a commit
+    hash with a snapshot), or None with why."""
+    if not revision or revision.startswith("/") or ".." in revision.split("/"):
+        return None, "revision %r cannot name a ref" % (revision,)
+    ref_path = os.path.join(repo_dir, "refs", revision)
+    st = _lstat(ref_path)
+    if st is None:
+        if COMMIT_RE.match(revision):
+            return revision, None
+        return None, "no refs/%s in the local hub" % revision
+    if not stat.S_ISREG(st.st_mode):
+        return None, "refs/%s is not a regular file" % revision
+    raw = read_small(ref_path, REF_MAX_BYTES) or b""
+    commit = raw.decode("utf-8", "replace").strip()
+    if not COMMIT_RE.match(commit):
+        return None, "refs/%s holds %r, not a commit hash" % (revision, commit[:60])
+    return commit, None
+
+
+def repo_status(hub_root, repo):
+    """One repo's status (see stage_status's RETURN: status.repos[])."""
+    repo_id = repo.get("repo_id")
+    repo_type = repo.get("repo_type") or "model"
+    revision = repo.get("revision") or "main"
+    row = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "folder": None, "state": "error",
+           "problem": None, "commit": None, "snapshot": None, "files_local": 0, "bytes_local": 0, "dangling": 0,
+           "last_staged": None, "last_stage_status": None, "last_verified": None, "verify_mode": None,
+           "last_verify_status": None, "verified_commit": None, "progress_problem": None}
+    try:
+        folder = repo_folder_name(repo_id, repo_type)
+    except StageError as exc:
+        row["problem"] = str(exc)
+        return row
+    row["folder"] = folder
+    repo_dir = os.path.join(hub_root, folder)
+    problem = link_problem(repo_dir, "repo folder")
+    if problem:
+        row.update(state="refused", problem=problem)
+        return row
+    lock_dir = os.path.join(hub_root, ".locks", folder)
+    row.update(progress_of(lock_dir))
+    if _lstat(repo_dir) is None:
+        row["state"] = "not staged"
+        return row
+    commit, problem = staged_commit(repo_dir, revision)
+    if commit is None:
+        row.update(state="not staged", problem=problem)
+        return row
+    row["commit"] = commit
+    snap_dir = os.path.join(repo_dir, "snapshots", commit)
+    row["snapshot"] = snap_dir
+    problem = link_problem(snap_dir, "snapshot")
+    if problem:
+        row.update(state="refused", problem=problem)
+        return row
+    if _lstat(snap_dir) is None:
+        row.update(state="snapshot missing",
+                   problem="refs/%s points at %s but snapshots/%s is missing" % (revision, commit, commit))
+        return row
+    row["files_local"], row["bytes_local"], row["dangling"] = snapshot_content(repo_dir, snap_dir)
+    row["state"] = "staged"
+    return row
+
+
+def progress_of(lock_dir):
+    """The last-staged / last-verified fields of a repo from the progress file in its lock folder."""
+    fields = {}
+    problem = link_problem(lock_dir, "lock folder")
+    if problem:
+        return {"progress_problem": problem}
+    passes, problem = parse_progress(read_small(os.path.join(lock_dir, PROGRESS_NAME), PROGRESS_MAX_BYTES))
+    fields["progress_problem"] = problem
+    stage, verify = pass_summary(passes.get("stage")), pass_summary(passes.get("verify"))
+    fields.update(last_staged=stage["when"], last_stage_status=stage["status"], last_verified=verify["when"],
+                  verify_mode=verify["verify"], last_verify_status=verify["status"], verified_commit=verify["commit"])
+    return fields
+
+
+def receipts_status(parent, names):
+    """{parent, present, problem}: the receipt roots (bare names) present under parent."""
+    if not parent:
+        return {"parent": parent, "present": [], "problem": "receipt_parent is not set"}
+    st = _lstat(parent)
+    if st is None:
+        return {"parent": parent, "present": [], "problem": None}
+    present = [name for name in names or [] if name and "/" not in name and name not in (".", "..")
+               and _lstat(os.path.join(parent, name)) is not None]
+    return {"parent": parent, "present": present, "problem": None}
+
+
+# ------------------------------------------------------------------------------------------------
+# the engine (from an engine_probe wait result: no container code here)
+# ------------------------------------------------------------------------------------------------
+
+def engine_status(enabled, name, probe):
+    """{enabled, name, state, exit_code, container_id, health, models} from engine_probe's wait result.
+
+    state: disabled (engine_enabled false), running, exited, absent (the runtime does not know it, or is
+    not installed), or the runtime's own word (paused, created, restarting ...); unknown without a probe.
+    health: not checked unless the container runs; ok when the API listed its models; else why not.
+    """
+    status = {"enabled": bool(enabled), "name": name, "state": "disabled", "exit_code": None, "container_id": None,
+              "health": "not checked", "models": [], "problem": None}
+    if not enabled:
+        return status
+    probe = probe if isinstance(probe, dict) else {}
+    row = probe.get("row") if isinstance(probe.get("row"), dict) else {}
+    container = row.get("container") if isinstance(row.get("container"), dict) else None
+    if container is None:
+        status.update(state="unknown", problem=probe.get("msg") or "the engine container was not looked up")
+        return status
+    word = container.get("status") or "unknown"
+    if not container.get("exists"):
+        state = "absent"
+        status["problem"] = container.get("error") or None
+    elif container.get("running"):
+        state = "running"
+    elif word in EXITED:
+        state = "exited"
+    else:
+        state = word
+    status.update(state=state, exit_code=container.get("exit_code") if state != "running" else None,
+                  container_id=(container.get("id") or None))
+    if state == "running":
+        models = [m for m in row.get("models") or [] if isinstance(m, str)]
+        status["models"] = models
+        status["health"] = "ok" if row.get("api") else "unhealthy: %s" % (row.get("status") or "no answer")
+    return status
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole host and its lines
+# ------------------------------------------------------------------------------------------------
+
+def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, engine_name, engine_probe):
+    """The status dict of stage_status (its RETURN documents every key)."""
+    problem = link_problem(hub_root, "hub_local_root") if hub_root else "hub_local_root is not set"
+    if problem and hub_root and os.path.isdir(hub_root):
+        problem = None   # a symlinked hub root is the operator's configuration, not a link inside the hub
+    rows = [] if problem else [repo_status(hub_root, r if isinstance(r, dict) else {}) for r in repos or []]
+    return {"hub_local_root": hub_root, "problem": problem, "repos": rows,
+            "receipts": receipts_status(receipt_parent, receipt_roots),
+            "engine": engine_status(engine_enabled, engine_name, engine_probe)}
+
+
+def _short(commit):
+    return commit[:12] if commit else "?"
+
+
+def repo_line(row):
+    head = "%s@%s" % (row["repo_id"], row["revision"])
+    if row["state"] == "staged":
+        text = "%s: commit %s, %d files, %s local" % (head, _short(row["commit"]), row["files_local"],
+                                                     human_bytes(row["bytes_local"]))
+        if row["dangling"]:
+            text += ", %d link(s) without local content" % row["dangling"]
+    elif row["state"] in ("not staged", "snapshot missing"):
+        text = "%s: %s" % (head, row["state"]) + (" (%s)" % row["problem"] if row["problem"] else "")
+    else:
+        text = "%s: %s - %s" % (head, row["state"], row["problem"])
+    if row["state"] in ("refused", "error"):
+        return text
+    text += "; staged %s" % (row["last_staged"] or "never (no progress file)")
+    if row["last_stage_status"] not in (None, "ok"):
+        text += " (%s)" % row["last_stage_status"]
+    if row["last_verified"]:
+        text += "; verified %s (%s)" % (row["last_verified"], row["verify_mode"] or "mode unknown")
+        if row["last_verify_status"] not in (None, "ok"):
+            text += " - %s" % row["last_verify_status"]
+        if row["verified_commit"] and row["commit"] and row["verified_commit"] != row["commit"]:
+            text += ", of commit %s, not the staged one" % _short(row["verified_commit"])
+    else:
+        text += "; never verified"
+    if row["progress_problem"]:
+        text += "; %s" % row["progress_problem"]
+    return text
+
+
+def status_lines(status):
+    """Human lines for one host, in the order the operator reads them."""
+    if status["problem"]:
+        lines = ["local hub %s: %s" % (status["hub_local_root"], status["problem"])]
+    else:
+        lines = [repo_line(row) for row in status["repos"]] or ["no repos in stage_repos"]
+    receipts = status["receipts"]
+    if receipts["problem"]:
+        lines.append("receipts: %s" % receipts["problem"])
+    else:
+        lines.append("receipts under %s: %s" % (receipts["parent"], ", ".join(receipts["present"]) or "none"))
+    engine = status["engine"]
+    text = "engine %s: %s" % (engine["name"], engine["state"])
+    if engine["state"] == "exited" and engine["exit_code"] is not None:
+        text += " (exit code %s)" % engine["exit_code"]
+    if engine["enabled"]:
+        text += ", API health: %s" % engine["health"]
+        if engine["models"]:
+            text += " (%s)" % ", ".join(engine["models"])
+        if engine["problem"] and engine["state"] in ("unknown", "absent"):
+            text += " - %s" % engine["problem"]
+    lines.append(text)
+    return lines

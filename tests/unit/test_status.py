@@ -1,0 +1,242 @@
+"""dgx_status and stage_status: what a node holds, read without changing anything - the staged commit and
+its snapshot, files and bytes local, last stage and verify from the progress file (garbage tolerated),
+receipts, and the engine's state from captured engine_probe wait results."""
+import json
+import os
+
+import pytest
+
+from ansible.module_utils.dgx_status import (engine_status, host_status, parse_progress, pass_summary,
+                                             repo_status, status_lines)
+from test_module_docs import check_result, run_main
+from treestate import tree_snapshot
+
+COMMIT = "a" * 40
+OTHER = "b" * 40
+REPO = {"repo_id": "org/model"}
+FOLDER = "models--org--model"
+
+
+def make_repo(hub, commit=COMMIT, files=None, ref="main", snapshot=True):
+    """A local repo folder: refs/<ref> -> commit, blobs, a snapshot of links to them (files: {path: bytes})."""
+    repo = hub / FOLDER
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    (repo / "blobs").mkdir(exist_ok=True)
+    if snapshot:
+        snap = repo / "snapshots" / commit
+        snap.mkdir(parents=True, exist_ok=True)
+        for path, data in (files or {}).items():
+            blob = repo / "blobs" / ("blob-" + path.replace("/", "_"))
+            blob.write_bytes(data)
+            target = snap / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(os.path.relpath(str(blob), str(target.parent)))
+    return repo
+
+
+def write_progress(hub, document, folder=FOLDER):
+    lock = hub / ".locks" / folder
+    lock.mkdir(parents=True, exist_ok=True)
+    path = lock / "dgx-stage.progress.json"
+    path.write_bytes(document if isinstance(document, bytes) else json.dumps(document).encode())
+    return path
+
+
+def figures(phase, when, verify, status="ok", commit=COMMIT):
+    return {"pass": phase, "updated_at": when, "verify": verify, "status": status, "commit": commit,
+            "finished": status == "ok", "aborted": status not in ("ok", "running")}
+
+
+# --- the progress file --------------------------------------------------------------------------------
+
+def test_progress_passes_give_the_last_stage_and_verify_with_its_mode():
+    raw = json.dumps(dict(figures("verify", "2026-11-30T21:00:00Z", "full"),
+                          passes={"stage": figures("stage", "2026-11-30T20:00:00Z", "none"),
+                                  "verify": figures("verify", "2026-11-30T21:00:00Z", "full")})).encode()
+    passes, problem = parse_progress(raw)
+    assert problem is None
+    assert pass_summary(passes["verify"]) == {"when": "2026-11-30T21:00:00Z", "status": "ok", "verify": "full",
+                                              "commit": COMMIT}
+    assert pass_summary(passes["stage"])["when"] == "2026-11-30T20:00:00Z"
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b'{"passes": {"stage": {"updated_at": "2026-11-30T2', "not JSON"),        # half-written
+    (b"\xff\xfe garbage", "not JSON"),
+    (b"[1, 2]", "no JSON object"),
+    (json.dumps({"passes": "garbage"}).encode(), "passes is not a mapping"),
+    (json.dumps({"passes": [1, 2]}).encode(), "passes is not a mapping"),
+])
+def test_a_garbage_progress_file_is_reported_not_raised(raw, words):
+    passes, problem = parse_progress(raw)
+    assert passes == {} and words in problem
+
+
+def test_a_garbage_pass_entry_is_skipped_and_named_the_others_kept():
+    raw = json.dumps({"passes": {"stage": figures("stage", "2026-11-30T20:00:00Z", "none"), "verify": 7}}).encode()
+    passes, problem = parse_progress(raw)
+    assert list(passes) == ["stage"] and "verify" in problem
+
+
+def test_pass_summary_of_garbage_figures_is_all_null():
+    assert pass_summary({"updated_at": 5, "verify": ["x"]}) == {"when": None, "status": None, "verify": None,
+                                                               "commit": None}
+    assert pass_summary(None)["when"] is None
+
+
+# --- a repo in the local hub --------------------------------------------------------------------------
+
+def test_a_staged_repo_reports_commit_files_bytes_and_its_last_passes(tmp_path):
+    make_repo(tmp_path, files={"config.json": b"{}" * 5, "w/model.safetensors": b"x" * 1000})
+    write_progress(tmp_path, {"passes": {"stage": figures("stage", "2026-11-30T20:00:00Z", "none"),
+                                         "verify": figures("verify", "2026-11-30T21:00:00Z", "sample")}})
+    row = repo_status(str(tmp_path), REPO)
+    assert (row["state"], row["commit"], row["files_local"], row["bytes_local"], row["dangling"]) == (
+        "staged", COMMIT, 2, 1010, 0)
+    assert (row["last_staged"], row["last_verified"], row["verify_mode"], row["last_verify_status"]) == (
+        "2026-11-30T20:00:00Z", "2026-11-30T21:00:00Z", "sample", "ok")
+    line = status_lines(host_status(str(tmp_path), [REPO], str(tmp_path / "cache"), [], False, "e", {}))[0]
+    assert line == ("org/model@main: commit aaaaaaaaaaaa, 2 files, 1010 B local; staged 2026-11-30T20:00:00Z; "
+                    "verified 2026-11-30T21:00:00Z (sample)")
+
+
+def test_no_local_repo_is_not_staged_and_a_ref_to_a_missing_snapshot_says_so(tmp_path):
+    row = repo_status(str(tmp_path), REPO)
+    assert row["state"] == "not staged" and row["commit"] is None
+    make_repo(tmp_path, snapshot=False)
+    row = repo_status(str(tmp_path), REPO)
+    assert row["state"] == "snapshot missing" and row["commit"] == COMMIT and "snapshots/" + COMMIT in row["problem"]
+    assert status_lines(host_status(str(tmp_path), [REPO], None, [], False, "e", {}))[0].startswith(
+        "org/model@main: snapshot missing (refs/main points at %s" % COMMIT)
+
+
+def test_another_revision_without_a_ref_is_not_staged_and_a_garbage_ref_is_named(tmp_path):
+    make_repo(tmp_path, files={"a": b"1"})
+    row = repo_status(str(tmp_path), dict(REPO, revision="v2"))
+    assert row["state"] == "not staged" and "refs/v2" in row["problem"]
+    (tmp_path / FOLDER / "refs" / "main").write_text("not a commit\n")
+    row = repo_status(str(tmp_path), REPO)
+    assert row["state"] == "not staged" and "not a commit hash" in row["problem"]
+
+
+def test_a_commit_revision_without_a_ref_is_read_from_its_snapshot(tmp_path):
+    make_repo(tmp_path, files={"a": b"12"}, ref="main")
+    row = repo_status(str(tmp_path), dict(REPO, revision=COMMIT))
+    assert row["state"] == "staged" and row["commit"] == COMMIT and row["bytes_local"] == 2
+
+
+def test_a_symlinked_repo_folder_is_reported_and_never_read_through(tmp_path):
+    outside = tmp_path / "outside"
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    make_repo(outside, files={"a": b"secret"})
+    (hub / FOLDER).symlink_to(outside / FOLDER)
+    row = repo_status(str(hub), REPO)
+    assert row["state"] == "refused" and "symlink" in row["problem"] and str(outside / FOLDER) in row["problem"]
+    assert row["commit"] is None and row["files_local"] == 0     # nothing was read through the link
+
+
+def test_a_symlinked_lock_folder_is_not_read(tmp_path):
+    make_repo(tmp_path, files={"a": b"1"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "dgx-stage.progress.json").write_text(json.dumps(
+        {"passes": {"verify": figures("verify", "2026-11-30T21:00:00Z", "full")}}))
+    (tmp_path / ".locks").mkdir()
+    (tmp_path / ".locks" / FOLDER).symlink_to(elsewhere)
+    row = repo_status(str(tmp_path), REPO)
+    assert row["last_verified"] is None and "symlink" in row["progress_problem"]
+
+
+def test_links_to_missing_or_outside_content_are_dangling_not_counted(tmp_path):
+    repo = make_repo(tmp_path, files={"a": b"1234"})
+    snap = repo / "snapshots" / COMMIT
+    (snap / "gone").symlink_to("../../blobs/nothing")
+    (tmp_path / "outside.bin").write_bytes(b"x" * 99)
+    (snap / "out").symlink_to(tmp_path / "outside.bin")
+    row = repo_status(str(tmp_path), REPO)
+    assert (row["files_local"], row["bytes_local"], row["dangling"]) == (1, 4, 2)
+
+
+def test_a_verify_of_another_commit_is_said(tmp_path):
+    make_repo(tmp_path, files={"a": b"1"})
+    write_progress(tmp_path, {"passes": {"verify": figures("verify", "2026-11-30T21:00:00Z", "full", commit=OTHER)}})
+    status = host_status(str(tmp_path), [REPO], None, [], False, "e", {})
+    assert "of commit bbbbbbbbbbbb, not the staged one" in status_lines(status)[0]
+
+
+def test_the_status_reads_and_writes_nothing_new(tmp_path):
+    make_repo(tmp_path, files={"a": b"1"})
+    write_progress(tmp_path, b"{half")
+    before = tree_snapshot(str(tmp_path))
+    status = host_status(str(tmp_path), [REPO], str(tmp_path / "cache"), ["r1"], False, "e", {})
+    assert status["repos"][0]["progress_problem"] and tree_snapshot(str(tmp_path)) == before
+
+
+# --- receipts -----------------------------------------------------------------------------------------
+
+def test_receipts_present_are_listed(tmp_path):
+    (tmp_path / "ds41-combined-ready").mkdir()
+    status = host_status(str(tmp_path / "hub"), [], str(tmp_path), ["ds41-backend-attestation", "ds41-combined-ready"],
+                         False, "e", {})
+    assert status["receipts"]["present"] == ["ds41-combined-ready"]
+    assert "receipts under %s: ds41-combined-ready" % tmp_path in status_lines(status)
+    assert host_status("/x", [], str(tmp_path / "none"), ["a"], False, "e", {})["receipts"]["present"] == []
+
+
+# --- the engine, from captured engine_probe wait results ----------------------------------------------
+
+def probe(container, api=False, models=(), status="ready"):
+    return {"ready": api, "row": {"api": api, "models": list(models), "status": status, "container": container}}
+
+
+def container(status, running=False, exists=True, exit_code=None):
+    return {"name": "ds41-engine", "exists": exists, "id": "c0ffee" if exists else None, "running": running,
+            "status": status, "exit_code": exit_code, "error": "" if exists else "no such container"}
+
+
+def test_engine_disabled_is_not_looked_up():
+    status = engine_status(False, "ds41-engine", probe(container("running", running=True), api=True))
+    assert (status["state"], status["health"]) == ("disabled", "not checked")
+
+
+def test_engine_running_and_healthy():
+    status = engine_status(True, "ds41-engine", probe(container("running", running=True, exit_code=0), True, ["m"]))
+    assert (status["state"], status["health"], status["models"], status["exit_code"]) == ("running", "ok", ["m"], None)
+
+
+def test_engine_running_but_the_api_does_not_answer():
+    status = engine_status(True, "ds41-engine", probe(container("running", running=True), status="connection refused"))
+    assert status["health"] == "unhealthy: connection refused"
+
+
+@pytest.mark.parametrize("word, state", [("exited", "exited"), ("stopped", "exited"), ("paused", "paused"),
+                                         ("created", "created")])
+def test_engine_not_running_is_not_health_checked(word, state):
+    status = engine_status(True, "ds41-engine", probe(container(word, exit_code=3), status=word))
+    assert (status["state"], status["health"]) == (state, "not checked")
+
+
+def test_engine_absent_and_not_looked_up():
+    status = engine_status(True, "ds41-engine", probe(container("missing", exists=False), status="missing"))
+    assert status["state"] == "absent" and status["problem"] == "no such container"
+    assert engine_status(True, "ds41-engine", {})["state"] == "unknown"
+    line = status_lines(host_status("/x", [], None, [], True, "ds41-engine",
+                                    probe(container("exited", exit_code=137))))[-1]
+    assert line == "engine ds41-engine: exited (exit code 137), API health: not checked"
+
+
+# --- the module ---------------------------------------------------------------------------------------
+
+def test_stage_status_module_returns_what_it_documents(tmp_path):
+    make_repo(tmp_path, files={"a": b"1"})
+    write_progress(tmp_path, {"passes": "garbage"})
+    args = {"hub_local_root": str(tmp_path), "repos": [REPO, {"repo_id": "org/absent"}, {"repo_id": "bad/../id"}],
+            "receipt_parent": str(tmp_path), "engine_enabled": True,
+            "engine_probe": probe(container("running", running=True), True, ["m"])}
+    result = check_result("stage_status", args, run_main("stage_status", args))
+    assert result["changed"] is False
+    assert [r["state"] for r in result["status"]["repos"]] == ["staged", "not staged", "error"]
+    assert result["lines"][-1] == "engine ds41-engine: running, API health: ok (m)"
+    assert len(result["lines"]) == 5

@@ -1,0 +1,278 @@
+# -*- coding: utf-8 -*-
+"""The node_exporter textfile of a host (`<stage_metrics_dir>/dgx_stage.prom`), module stage_metrics.
+
+Rendered from the host's latest report view (host_report's `latest`: this run's status over the last real
+results of every play) and the previous textfile (whose last success and last verify timestamps are kept
+when this run did not renew them). Every metric is a gauge in base units (bytes, seconds since the epoch),
+snake_case, prefixed dgx_stage_; label values are escaped as the text format wants (\\ " and newline).
+
+A re-run that changes nothing on the node still moves the run's timestamps: the file is rewritten then
+(a freshness alert needs the new last success), but that is not a change of the node's state, so
+content_change() tells the two apart and the module reports changed only for the second.
+
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import calendar
+import math
+import os
+import re
+import stat
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+
+FILE_NAME = "dgx_stage.prom"
+PREVIOUS_MAX_BYTES = 1024 * 1024
+
+# name -> help; every metric is a gauge. In the order they are written.
+METRICS = (
+    ("dgx_stage_last_run_success", "1 when the last dgx-stage run on this host ended ok, 0 when it failed."),
+    ("dgx_stage_last_success_timestamp_seconds", "When the last successful dgx-stage run on this host ended."),
+    ("dgx_stage_repo_staged_bytes", "Bytes of the repo's selected files staged on the local disk, by commit."),
+    ("dgx_stage_last_verify_timestamp_seconds", "When the repo's local copy was last proven by a verify pass."),
+    ("dgx_stage_blobs_repaired", "Local blobs repaired (replaced after a failed check) by the last stage and verify passes."),
+    ("dgx_stage_nas_corrupt_blobs", "Snapshot files whose NAS blob does not hash to its name, found by the last stage and verify passes."),
+    ("dgx_stage_decode_tokens_per_second", "Decode tokens per second of the last decode probe on this host."),
+)
+TIMESTAMP_METRICS = ("dgx_stage_last_success_timestamp_seconds", "dgx_stage_last_verify_timestamp_seconds")
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$')
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def escape_label(value):
+    """A label value for the text format: \\ as \\\\, " as \\", newline as \\n."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def unescape_label(text):
+    return re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], text)
+
+
+def iso_seconds(text):
+    """Seconds since the epoch of an ISO 8601 UTC stamp (2026-11-30T20:45:12Z), or None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(text.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def format_value(value):
+    """A sample value: integers without a fraction, floats as repr (the parser reads both)."""
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(int(value)) if value == int(value) and abs(value) < 1e15 else repr(value)
+
+
+# ------------------------------------------------------------------------------------------------
+# the previous file
+# ------------------------------------------------------------------------------------------------
+
+def parse_samples(text):
+    """[(name, {label: value}, float)] of a textfile; comments and unreadable lines are skipped."""
+    samples = []
+    for line in (text or "").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = _SAMPLE.match(line.strip())
+        if not match:
+            continue
+        name, labels_text, value = match.groups()
+        labels = dict((k, unescape_label(v)) for k, v in _LABEL.findall(labels_text or ""))
+        try:
+            samples.append((name, labels, float(value)))
+        except ValueError:
+            continue
+    return samples
+
+
+def previous_state(text):
+    """{"last_success": seconds or None, "last_verify": {repo: (mode, seconds)}} kept by the previous file."""
+    state = {"last_success": None, "last_verify": {}}
+    for name, labels, value in parse_samples(text):
+        if name == "dgx_stage_last_success_timestamp_seconds":
+            state["last_success"] = value
+        elif name == "dgx_stage_last_verify_timestamp_seconds" and labels.get("repo"):
+            state["last_verify"][labels["repo"]] = (labels.get("mode", ""), value)
+    return state
+
+
+# ------------------------------------------------------------------------------------------------
+# the samples of a report view
+# ------------------------------------------------------------------------------------------------
+
+def _rows(report, name):
+    rows = (report.get("passes") or {}).get(name) if isinstance(report.get("passes"), dict) else None
+    return [r for r in rows or [] if isinstance(r, dict) and r.get("repo_id")]
+
+
+def _play_finished(report, name):
+    plays = report.get("plays") if isinstance(report.get("plays"), dict) else {}
+    record = plays.get(name) if isinstance(plays.get(name), dict) else {}
+    return record.get("finished") or ""
+
+
+def run_outcome(report):
+    """(status, finished) of the last real run the view speaks for (a --check run's view: its last real run)."""
+    if report.get("check_mode"):
+        last = report.get("last_real_run") if isinstance(report.get("last_real_run"), dict) else {}
+        return last.get("status"), last.get("finished")
+    return report.get("status"), report.get("finished")
+
+
+def _int(value):
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def samples_of(report, previous):
+    """[(name, labels, value)] for the textfile, from a latest report view and previous_state()."""
+    report = report if isinstance(report, dict) else {}
+    samples = []
+    status, finished = run_outcome(report)
+    if status in ("ok", "failed"):
+        samples.append(("dgx_stage_last_run_success", {}, 1 if status == "ok" else 0))
+    last_success = iso_seconds(finished) if status == "ok" else None
+    if last_success is None:
+        last_success = previous["last_success"]
+    if last_success is not None:
+        samples.append(("dgx_stage_last_success_timestamp_seconds", {}, last_success))
+
+    # Staged bytes and commit: the repo's row of the later of the last stage and verify passes that ended ok.
+    staged = {}
+    passes = sorted(("stage", "verify"), key=lambda name: _play_finished(report, name))
+    for name in passes:
+        for row in _rows(report, name):
+            if row.get("status") == "ok" and row.get("commit"):
+                staged[(row["repo_id"], row.get("repo_type") or "model")] = row
+    for (repo, repo_type), row in sorted(staged.items()):
+        samples.append(("dgx_stage_repo_staged_bytes", {"repo": repo, "repo_type": repo_type, "commit": row["commit"]},
+                        _int(row.get("bytes_staged"))))
+
+    verified = iso_seconds(_play_finished(report, "verify"))
+    verify_rows = dict((row["repo_id"], row) for row in _rows(report, "verify"))
+    repos = sorted(set(verify_rows) | set(previous["last_verify"]))
+    for repo in repos:
+        row = verify_rows.get(repo)
+        if row is not None and row.get("status") == "ok" and verified is not None:
+            samples.append(("dgx_stage_last_verify_timestamp_seconds",
+                            {"repo": repo, "mode": row.get("verify") or "unknown"}, verified))
+        elif repo in previous["last_verify"]:
+            mode, seconds = previous["last_verify"][repo]
+            samples.append(("dgx_stage_last_verify_timestamp_seconds", {"repo": repo, "mode": mode}, seconds))
+
+    rows = _rows(report, "stage") + _rows(report, "verify")
+    if rows:
+        samples.append(("dgx_stage_blobs_repaired", {},
+                        sum(_int((r.get("blobs") or {}).get("repaired")) for r in rows
+                            if isinstance(r.get("blobs"), dict))))
+        samples.append(("dgx_stage_nas_corrupt_blobs", {},
+                        sum(len(set(r.get("nas_corrupt") or [])) for r in rows if isinstance(r.get("nas_corrupt"), list))))
+
+    decode = (report.get("engine") or {}).get("decode") if isinstance(report.get("engine"), dict) else None
+    rate = decode.get("decode_tok_s") if isinstance(decode, dict) else None
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        samples.append(("dgx_stage_decode_tokens_per_second", {}, rate))
+    return samples
+
+
+def render(samples):
+    """The textfile: per metric HELP, TYPE gauge and its samples, in METRICS order; ends with a newline."""
+    lines = []
+    for name, help_text in METRICS:
+        mine = [s for s in samples if s[0] == name]
+        if not mine:
+            continue
+        lines.append("# HELP %s %s" % (name, help_text.replace("\\", "\\\\").replace("\n", "\\n")))
+        lines.append("# TYPE %s gauge" % name)
+        for _name, labels, value in mine:
+            label_text = ",".join('%s="%s"' % (k, escape_label(v)) for k, v in sorted(labels.items()))
+            lines.append("%s%s %s" % (name, "{%s}" % label_text if label_text else "", format_value(value)))
+    return "\n".join(lines) + "\n"
+
+
+def content_change(old, new):
+    """none (identical), timestamps (only the run's timestamp samples differ) or content."""
+    if old == new:
+        return "none"
+    if old is None:
+        return "content"
+
+    def without_timestamps(text):
+        return [line for line in text.splitlines() if not any(line.startswith(n + " ") or line.startswith(n + "{")
+                                                             for n in TIMESTAMP_METRICS)]
+
+    def repos_of_timestamps(text):
+        return sorted((n, tuple(sorted(l.items()))) for n, l, _v in parse_samples(text) if n in TIMESTAMP_METRICS)
+
+    same = without_timestamps(old) == without_timestamps(new) and repos_of_timestamps(old) == repos_of_timestamps(new)
+    return "timestamps" if same else "content"
+
+
+# ------------------------------------------------------------------------------------------------
+# the directory and the file (the module's I/O)
+# ------------------------------------------------------------------------------------------------
+
+def open_metrics_dir(directory):
+    """An fd of the metrics directory (a symlink to a directory is followed: node_exporter setups use
+    them), or a StageError naming the directory and the fix."""
+    if not directory or not os.path.isabs(directory):
+        raise StageError("stage_metrics_dir %r is not an absolute path: set it to node_exporter's "
+                         "--collector.textfile.directory, or leave it unset for no metrics" % (directory,))
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StageError("stage_metrics_dir %s is not an existing directory (%s): create it (node_exporter's "
+                         "--collector.textfile.directory) or leave stage_metrics_dir unset"
+                         % (directory, exc.strerror or exc))
+    if not os.access(directory, os.W_OK | os.X_OK):
+        os.close(fd)
+        raise StageError("stage_metrics_dir %s is not writable by this user (uid %d): make it writable, "
+                         "or run with become" % (directory, os.geteuid()))
+    return fd
+
+
+def read_previous(dir_fd):
+    """The previous textfile's text (never through a link; a link or non-file counts as none), or None."""
+    try:
+        fd = os.open(FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, PREVIOUS_MAX_BYTES).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def write_metrics(directory, report, write=True):
+    """Render the textfile from `report` (a latest view) and the previous file, and write it atomically
+    (mode 0644) when its content differs. Returns {path, content, previous, change, written}."""
+    fd = open_metrics_dir(directory)
+    try:
+        previous = read_previous(fd)
+        content = render(samples_of(report, previous_state(previous)))
+        change = content_change(previous, content)
+        written = False
+        if write and change != "none":
+            try:
+                atomic_write_bytes(FILE_NAME, content.encode("utf-8"), mode=0o644, dir_fd=fd)
+            except OSError as exc:
+                raise StageError("cannot write %s in stage_metrics_dir %s: %s" % (FILE_NAME, directory, exc))
+            written = True
+    finally:
+        os.close(fd)
+    return {"path": os.path.join(directory, FILE_NAME), "content": content, "previous": previous,
+            "change": change, "written": written}

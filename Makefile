@@ -19,6 +19,10 @@ BASE_IMAGE := dgx-stage-base:bookworm
 # Re-install the Python deps only when requirements.txt changes: the stamp name carries its hash.
 REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
 REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH).stamp
+# The front end (dgx_stage/, `.venv/bin/dgx-stage`) is installed in editable mode, again only when
+# pyproject.toml changes (the package's code is read from the repo). Its build backend is stdlib-only.
+PKG_HASH := $(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+PKG_STAMP := $(VENV)/.dgx-stage-$(PKG_HASH).stamp
 
 # Environment for every recipe (scripts and tools see the same set-up as CI).
 export PATH := $(VENV)/bin:$(PATH)
@@ -52,7 +56,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
 		awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: $(REQ_STAMP) ## venv, Python deps and the collections bundled with them (idempotent, quick when done)
+setup: $(REQ_STAMP) $(PKG_STAMP) ## venv, Python deps, collections bundled with them, .venv/bin/dgx-stage (quick when done)
 
 $(VENV)/bin/python:
 	@PYTHON=$(PYTHON) scripts/setup-system.sh venv
@@ -62,6 +66,11 @@ $(REQ_STAMP): | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet --requirement requirements.txt
 	rm -f $(VENV)/.requirements-*.stamp
 	echo "$(REQ_HASH)" > $@
+
+$(PKG_STAMP): $(REQ_STAMP)
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation --no-index --editable .
+	rm -f $(VENV)/.dgx-stage-*.stamp
+	echo "$(PKG_HASH)" > $@
 
 system-packages: ## the system packages only the tests need (Podman, mmdebstrap, rsync...), as root
 	@scripts/setup-system.sh test

@@ -72,7 +72,8 @@ def nobody_venv(venv, target):
     """A venv nobody can run with the packages of `venv`: `venv` itself when nobody can run its python;
     else (its interpreter lives where only root reaches, e.g. under /root) a thin venv at `target` on a
     system interpreter of the same Python version whose site-packages points at venv's, with venv's
-    console scripts and `make setup` stamps. None when no such interpreter exists.
+    console scripts and `make setup` stamps (the front end's too: its editable install is not redone).
+    None when no such interpreter exists.
     """
     venv = os.path.abspath(str(venv))
     if nobody_can_run([os.path.join(venv, "bin", "python"), "-c", "import ansible"]):
@@ -99,6 +100,6 @@ def nobody_venv(venv, target):
                 handle.write(b"#!" + python.encode() + b"\n" + rest)
             os.chmod(dest, 0o755)
     for name in os.listdir(venv):
-        if name.startswith(".requirements-") and name.endswith(".stamp"):
+        if name.startswith((".requirements-", ".dgx-stage-")) and name.endswith(".stamp"):
             shutil.copy2(os.path.join(venv, name), os.path.join(target, name))
     return target

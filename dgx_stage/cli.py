@@ -1,0 +1,247 @@
+"""`dgx-stage`: the operator's command line for the dgx-stage playbooks, on ansible-runner.
+
+    dgx-stage stage          stage-deepseek.yml --tags preflight,stage,verify,manifest
+    dgx-stage verify         stage-deepseek.yml --tags verify          (e.g. -e stage_verify=full)
+    dgx-stage clean-receipts stage-deepseek.yml --tags receipts
+    dgx-stage serve          stage-deepseek.yml --tags preflight,receipts,manifest,engine,smoke
+    dgx-stage status         playbooks/status.yml                      (changes nothing)
+    dgx-stage report [RUN_ID] [--markdown]                             (runs no playbook)
+
+Exit codes: 0 every host ok; 2 a host failed or was unreachable (named with its play, task and message);
+64 usage error; 99 interrupted; 1 ansible-playbook failed without a host result (see the run's log).
+"""
+import argparse
+import contextlib
+import io
+import os
+import sys
+
+from dgx_stage import REPO, runs, table
+
+EXIT_OK = 0
+EXIT_ANSIBLE = 1
+EXIT_FAILED = 2
+EXIT_USAGE = 64
+EXIT_INTERRUPTED = 99
+
+PLAYBOOK = "stage-deepseek.yml"
+SUBCOMMANDS = {
+    "stage": (PLAYBOOK, "preflight,stage,verify,manifest", "stage every repo, verify it, write the mount manifest"),
+    "verify": (PLAYBOOK, "verify", "verify the staged repos (e.g. -e stage_verify=full)"),
+    "clean-receipts": (PLAYBOOK, "receipts", "clear the engine's stale receipt roots"),
+    "serve": (PLAYBOOK, "preflight,receipts,manifest,engine,smoke", "start the engine lane and smoke-test it"),
+    "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
+}
+
+
+class UsageError(Exception):
+    """Bad arguments: exit 64."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError("%s: %s" % (self.prog, message))
+
+
+def default_runs_dir():
+    return os.environ.get("DGX_STAGE_RUNS_DIR") or os.path.join(REPO, ".cache", "runs")
+
+
+def default_inventory():
+    return os.environ.get("DGX_STAGE_INVENTORY") or os.path.join(REPO, "inventory", "dgx")
+
+
+def build_parser():
+    parser = Parser(prog="dgx-stage", description="Stage, verify and serve the DeepSeek checkpoints on the lane "
+                                                  "(the playbooks of this repo, run through ansible-runner).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for name, (playbook, tags, help_text) in SUBCOMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description="%s: runs %s%s" % (
+            help_text, playbook, " --tags " + tags if tags else ""))
+        cmd.add_argument("-i", "--inventory", help="inventory path (default: $DGX_STAGE_INVENTORY, else inventory/dgx)")
+        cmd.add_argument("--limit", help="only these hosts (an Ansible host pattern)")
+        cmd.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VAR=VALUE|@FILE",
+                         help="extra variables, as ansible-playbook -e (repeatable)")
+        cmd.add_argument("--check", action="store_true", help="dry run: --check --diff, nothing changes")
+        cmd.add_argument("-v", "--verbose", action="count", default=0,
+                         help="also stream the playbook's output (-vv and up: ansible-playbook -v...)")
+        cmd.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, "
+                                            "else .cache/runs of the repo)")
+    report = sub.add_parser("report", help="render the stored host reports of a run",
+                            description="Render the host reports of a recorded run (default: the latest) as the "
+                                        "final table, or as Markdown for a change log.")
+    report.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run's id (the lane run id or the runner ident)")
+    report.add_argument("--markdown", action="store_true", help="a Markdown table")
+    report.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs)")
+    report.add_argument("--report-dir", help="read the reports here (default: the dir the run wrote them to)")
+    report.add_argument("--limit", help="only these hosts (comma-separated names or shell patterns)")
+    return parser
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
+
+
+# --- validation --------------------------------------------------------------------------------------------
+
+def resolve_inventory(path):
+    """The inventory as an absolute path (the playbook runs from the repo); UsageError when missing.
+    A comma-separated host list ('a,b,') is passed through."""
+    path = path or default_inventory()
+    if "," in path and not os.path.exists(path):
+        return path
+    if not os.path.exists(path):
+        raise UsageError("inventory not found: %s" % path)
+    return os.path.abspath(path)
+
+
+def resolve_extra_vars(values):
+    """-e values with @file made absolute; UsageError for a missing file."""
+    out = []
+    for value in values:
+        if value.startswith("@"):
+            path = value[1:]
+            if not os.path.isfile(path):
+                raise UsageError("extra vars file not found: %s" % path)
+            value = "@" + os.path.abspath(path)
+        out.append(value)
+    return out
+
+
+def inventory_hosts(inventory, limit=None):
+    """The inventory's hosts (those --limit selects when given), read the way ansible-playbook reads it."""
+    os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        manager = InventoryManager(loader=DataLoader(), sources=[inventory])
+        if limit:
+            manager.subset(limit)
+        return [host.name for host in manager.get_hosts("all")]
+
+
+def check_limit(inventory, limit):
+    if limit and not inventory_hosts(inventory, limit):
+        raise UsageError("--limit %s matches no host of %s (hosts: %s)"
+                         % (limit, inventory, ", ".join(inventory_hosts(inventory)) or "none"))
+
+
+def runner_cmdline(tags, limit, extra_vars, check, verbose):
+    """ansible-playbook's arguments besides the inventory and the playbook (a shell-quoted string)."""
+    import shlex
+    args = []
+    if tags:
+        args += ["--tags", tags]
+    if limit:
+        args += ["--limit", limit]
+    for value in extra_vars:
+        args += ["-e", value]
+    if check:
+        args += ["--check", "--diff"]
+    if verbose > 1:
+        args.append("-" + "v" * (verbose - 1))
+    return " ".join(shlex.quote(a) for a in args)
+
+
+# --- subcommands -------------------------------------------------------------------------------------------
+
+def run_subcommand(args, out=None):
+    from dgx_stage.run import PlaybookRun
+    playbook, tags, _help = SUBCOMMANDS[args.command]
+    inventory = resolve_inventory(args.inventory)
+    extra_vars = resolve_extra_vars(args.extra_vars)
+    if args.limit:
+        check_limit(inventory, args.limit)
+    runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
+    spec = {"subcommand": args.command, "playbook": playbook, "tags": tags, "inventory": inventory,
+            "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose,
+            "cmdline": runner_cmdline(tags, args.limit, extra_vars, args.check, args.verbose)}
+    return PlaybookRun(spec, runs_dir, out=out).run()
+
+
+def _limit_hosts(hosts, limit):
+    import fnmatch
+    if not limit:
+        return list(hosts)
+    patterns = [p.strip() for p in limit.split(",") if p.strip()]
+    return [h for h in hosts if any(fnmatch.fnmatchcase(h, p) for p in patterns)]
+
+
+def load_run_reports(args):
+    """(record or None, run id, {host: report}) for `report`; UsageError when the run is unknown."""
+    import json
+    records = runs.read_records(os.path.abspath(args.runs_dir or default_runs_dir()))
+    with_reports = runs.report_records(records)
+    history = runs.history_files(args.report_dir) if args.report_dir else {}
+    if args.run_id:
+        record = runs.find_record(records, args.run_id)
+        run_id = record.get("run_id") if record else (args.run_id if args.run_id in history else None)
+        if record and not run_id:
+            raise UsageError("run %s wrote no host reports (a %s run)" % (args.run_id, record.get("subcommand")))
+    elif with_reports:
+        record, run_id = with_reports[-1], with_reports[-1]["run_id"]
+    else:
+        record, run_id = None, (sorted(history)[-1] if history else None)
+    if not run_id:
+        known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in with_reports] + list(history)))
+        what = "unknown run %s" % args.run_id if args.run_id else "no recorded run"
+        raise UsageError("%s; known runs: %s" % (what, ", ".join(known) or "none"))
+    if args.report_dir:
+        paths = dict((host, os.path.join(args.report_dir, "%s-%s.json" % (host, run_id)))
+                     for host in (record or {}).get("reports") or {})
+        paths.update(history.get(run_id) or {})
+    else:
+        paths = dict((record or {}).get("reports") or {})
+    reports = {}
+    for host in _limit_hosts(sorted(paths), args.limit):
+        try:
+            with open(paths[host]) as handle:
+                reports[host] = json.load(handle)
+        except (OSError, ValueError) as exc:
+            reports[host] = {"host": host, "run_id": run_id, "status": "unreadable: %s" % exc}
+    if args.limit and not reports:
+        raise UsageError("--limit %s matches no host of run %s (hosts: %s)"
+                         % (args.limit, run_id, ", ".join(sorted(paths)) or "none"))
+    return record, run_id, reports
+
+
+def report_failures(reports):
+    return [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
+            for h, r in sorted(reports.items()) if r.get("status") == "failed"]
+
+
+def report_subcommand(args, out=None):
+    out = out or sys.stdout
+    record, run_id, reports = load_run_reports(args)
+    receipts = (record or {}).get("receipts_removed") or {}
+    rows = table.table_rows(reports, receipts)
+    title = "dgx-stage run %s" % run_id
+    if record:
+        title += " (%s, %s)" % (record.get("subcommand"), record.get("started"))
+    failures = report_failures(reports)
+    if args.markdown:
+        out.write(table.render_markdown(rows, title=title, failures=failures) + "\n")
+    elif out.isatty():
+        from rich.console import Console
+        console = Console(file=out)
+        console.print(table.rich_table(rows, title=title))
+        for failure in failures:
+            console.print(table.failure_line(failure), markup=False, highlight=False)
+    else:
+        out.write(title + "\n" + table.render_plain(rows) + "\n")
+        for failure in failures:
+            out.write(table.failure_line(failure) + "\n")
+    return EXIT_OK
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+        if args.command == "report":
+            return report_subcommand(args)
+        return run_subcommand(args)
+    except UsageError as exc:
+        sys.stderr.write("dgx-stage: %s\n" % exc)
+        return EXIT_USAGE

@@ -1,0 +1,94 @@
+"""What the operator sees while a playbook runs: one progress bar per host on a terminal (rich), one plain
+line per progress update otherwise (`[host] line`, no escape codes)."""
+import sys
+
+
+def progress_description(host, progress):
+    """'host pass repo' of a bar."""
+    parts = [host, progress.get("pass") or "", progress.get("repo_id") or ""]
+    return " ".join(p for p in parts if p)
+
+
+def format_eta(seconds):
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
+    if seconds >= 60:
+        return "%dm%02ds" % (seconds // 60, seconds % 60)
+    return "%ds" % seconds
+
+
+def format_rate(mib_per_s):
+    return "-" if mib_per_s is None else "%.0f MiB/s" % float(mib_per_s)
+
+
+class PlainDisplay(object):
+    """Line per update; a line a host already showed is not printed again (the final poll of a repo
+    arrives both as the loop item's result and the task's)."""
+
+    def __init__(self, stream=None, verbose=False):
+        self.stream = stream or sys.stdout
+        self.verbose = verbose
+        self.shown = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def progress(self, host, entry):
+        line = entry.get("line") or ""
+        if not line or line in self.shown.setdefault(host, set()):
+            return
+        self.shown[host].add(line)
+        self.print("[%s] %s" % (host, line))
+
+    def output(self, text):
+        if self.verbose:
+            self.print(text.replace("\r\n", "\n"))
+
+    def print(self, text=""):
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+class RichDisplay(object):
+    """rich Progress, a bar per host: description (host, pass, repo), bar, bytes done/total, rate, ETA."""
+
+    def __init__(self, console, verbose=False):
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+        self.console = console
+        self.verbose = verbose
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                             DownloadColumn(binary_units=True), TextColumn("{task.fields[rate]}"),
+                             TextColumn("ETA {task.fields[eta]}"), console=console, transient=False)
+        self.tasks = {}
+
+    def __enter__(self):
+        self.bars.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bars.stop()
+        return False
+
+    def progress(self, host, entry):
+        prog = entry.get("progress") or {}
+        fields = {"description": progress_description(host, prog), "rate": format_rate(prog.get("mib_per_s")),
+                  "eta": "done" if entry.get("finished") else format_eta(prog.get("eta_s"))}
+        total = prog.get("bytes_total") or None
+        done = prog.get("bytes_done") or 0
+        if host not in self.tasks:
+            self.tasks[host] = self.bars.add_task(total=total, completed=done, **fields)
+        else:
+            self.bars.update(self.tasks[host], total=total, completed=done, **fields)
+
+    def output(self, text):
+        if self.verbose:
+            self.console.print(text.replace("\r\n", "\n"), markup=False, highlight=False)
+
+    def print(self, text=""):
+        self.console.print(text, markup=False, highlight=False)

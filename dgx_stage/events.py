@@ -1,0 +1,140 @@
+"""What a run's ansible-runner events say, gathered as they arrive (pure: event dicts in, state out).
+
+The events are ansible-runner's (`event`, `event_data` with `host`, `play`, `task`, `task_action`, `res`,
+`stdout`, `pid`). The front end reads:
+- the polls of `stage_progress` tasks (each retry and the final result carry `progress` and `line`);
+- the results of `host_report` (this run's `report` per host and `history_path`), `engine_receipts`
+  (`removed`) and `stage_status` (`lines`);
+- failures and unreachable hosts (play, task, message), and the final stats.
+"""
+
+PROGRESS_EVENTS = ("runner_retry", "runner_on_ok", "runner_on_failed", "runner_item_on_ok", "runner_item_on_failed")
+RESULT_EVENTS = ("runner_on_ok", "runner_item_on_ok")
+FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed")
+
+
+def action_is(task_action, name):
+    """True when the task's action is `name`, short or fully qualified (ns.coll.name)."""
+    return task_action == name or (task_action or "").endswith("." + name)
+
+
+def result_message(res):
+    """A failed result's message: msg, else the failed loop items' labels and messages, else stderr."""
+    res = res or {}
+    if res.get("msg"):
+        return str(res["msg"]).strip()
+    items = ["%s: %s" % (item.get("_ansible_item_label", item.get("item")), result_message(item))
+             for item in res.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+    if items:
+        return "; ".join(items)
+    for key in ("stderr", "reason", "exception"):
+        if res.get(key):
+            return str(res[key]).strip().splitlines()[-1]
+    return "(no message)"
+
+
+def _results(res):
+    """The result itself, or each item's result of a looped task."""
+    if isinstance(res.get("results"), list):
+        return [item for item in res["results"] if isinstance(item, dict)]
+    return [res]
+
+
+class RunState(object):
+    """Everything the front end shows, from the events seen so far."""
+
+    def __init__(self):
+        self.pid = None              # ansible-playbook's pid (every event carries it)
+        self.play = None
+        self.task = None
+        self.progress = {}           # host -> {"progress": {...}, "line": str, "finished": bool}
+        self.failures = {}           # host -> {"host", "play", "task", "msg"}, the last one seen
+        self.unreachable = {}        # host -> {"host", "play", "task", "msg"}
+        self.reports = {}            # host -> this run's report (the last host_report result)
+        self.history_paths = {}      # host -> <report dir>/<host>-<run_id>.json
+        self.receipts_removed = {}   # host -> [paths]
+        self.status_lines = {}       # host -> [lines] of stage_status
+        self.stats = None            # playbook_on_stats event_data
+        self.stats_stdout = ""       # the recap as ansible-playbook printed it
+        self.epilogue = []           # what callbacks printed after the recap (the lane summary)
+
+    @property
+    def run_id(self):
+        ids = sorted(set(r.get("run_id") for r in self.reports.values() if r.get("run_id")))
+        return ids[-1] if ids else None
+
+    @property
+    def report_dir(self):
+        import os
+        dirs = sorted(set(os.path.dirname(p) for p in self.history_paths.values() if p))
+        return dirs[0] if dirs else None
+
+    def handle(self, event):
+        """Take one event; returns the updates to show: [("progress", host, entry)] or [("output", text)]."""
+        updates = []
+        name = event.get("event")
+        data = event.get("event_data") or {}
+        if event.get("pid") and self.pid is None:
+            self.pid = event["pid"]
+        if event.get("stdout"):
+            updates.append(("output", event["stdout"]))
+            if self.stats is not None and name == "verbose":
+                self.epilogue.append(event["stdout"])
+        if name == "playbook_on_play_start":
+            self.play = data.get("play") or data.get("name")
+        elif name == "playbook_on_task_start":
+            self.task = data.get("task") or data.get("name")
+        elif name == "playbook_on_stats":
+            self.stats = data
+            self.stats_stdout = event.get("stdout") or ""
+        action = data.get("task_action")
+        host = data.get("host")
+        res = data.get("res") if isinstance(data.get("res"), dict) else {}
+        if action_is(action, "stage_progress") and name in PROGRESS_EVENTS and host:
+            for item in _results(res):
+                if item.get("progress") is not None or item.get("line"):
+                    entry = {"progress": item.get("progress") or {}, "line": item.get("line") or "",
+                             "finished": bool(item.get("finished"))}
+                    self.progress[host] = entry
+                    updates.append(("progress", host, entry))
+        if name in RESULT_EVENTS:
+            self._result(action, host, res)
+        if name in FAILED_EVENTS and not data.get("ignore_errors") and host and name == "runner_on_failed":
+            self.failures[host] = {"host": host, "play": data.get("play") or self.play,
+                                   "task": data.get("task") or self.task, "msg": result_message(res)}
+        elif name == "runner_on_unreachable" and host:
+            self.unreachable[host] = {"host": host, "play": data.get("play") or self.play,
+                                      "task": data.get("task") or self.task, "msg": result_message(res)}
+        return updates
+
+    def _result(self, action, host, res):
+        for item in _results(res):
+            if action_is(action, "host_report") and isinstance(item.get("report"), dict):
+                report = item["report"]
+                self.reports[report.get("host") or host] = report
+                self.history_paths[report.get("host") or host] = item.get("history_path")
+            elif action_is(action, "engine_receipts") and host and isinstance(item.get("removed"), list):
+                self.receipts_removed.setdefault(host, [])
+                self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]
+            elif action_is(action, "stage_status") and host and isinstance(item.get("lines"), list):
+                self.status_lines[host] = list(item["lines"])
+
+    def failed_hosts(self):
+        """[{"host", "play", "task", "msg"}] of every host the run counts failed or unreachable, the host's
+        report (when it names the failed play and task) preferred to the last failure event."""
+        stats = self.stats or {}
+        failed = set(h for h, n in (stats.get("failures") or {}).items() if n)
+        dark = set(h for h, n in (stats.get("dark") or {}).items() if n)
+        if self.stats is None:   # the run stopped before its recap: what the events said
+            failed, dark = set(self.failures), set(self.unreachable)
+        out = []
+        for host in sorted(failed | dark):
+            seen = self.unreachable.get(host) if host in dark else self.failures.get(host)
+            seen = dict(seen or {"host": host, "play": None, "task": None, "msg": "(no failure event)"})
+            report = self.reports.get(host) or {}
+            if report.get("status") == "failed" and report.get("failed_task"):
+                seen.update(play=report.get("failed_play") or seen["play"], task=report["failed_task"],
+                            msg=report.get("failed_msg") or seen["msg"])
+            seen["unreachable"] = host in dark
+            out.append(seen)
+        return out

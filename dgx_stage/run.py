@@ -1,0 +1,214 @@
+"""One playbook run through ansible-runner: events to the display, signals to ansible-playbook, run.json.
+
+ansible-runner starts ansible-playbook in its own session (a pseudo-terminal), so a Ctrl-C at the
+operator's terminal reaches only this process: the first Ctrl-C (or SIGTERM) is forwarded as SIGINT to
+ansible-playbook's process group, which stops the run and prints its summary; a second one cancels the
+run (ansible-runner kills the process group).
+"""
+import os
+import queue
+import signal
+import sys
+
+from dgx_stage import REPO, runs, table
+from dgx_stage.display import PlainDisplay, RichDisplay
+from dgx_stage.events import RunState
+
+EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 99
+LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no host result
+
+
+def runner_env():
+    """The repo's ansible.cfg and callback plugins (ansible-runner adds its own callback dir after ours and
+    replaces the stdout callback with its event-emitting one), this interpreter's ansible-playbook first."""
+    plugins = [os.path.join(REPO, "callback_plugins")]
+    if os.environ.get("ANSIBLE_CALLBACK_PLUGINS"):
+        plugins.append(os.environ["ANSIBLE_CALLBACK_PLUGINS"])
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    return {"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join(plugins),
+            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", os.defpath)}
+
+
+def playbook_pids():
+    """Pids of this process's children that run ansible-playbook (ansible-runner's pexpect child)."""
+    pids = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open("/proc/self/task/%s/children" % tid) as handle:
+                children = handle.read().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                    cmdline = handle.read()
+            except OSError:
+                continue
+            if b"ansible-playbook" in cmdline:
+                pids.append(int(pid))
+    return pids
+
+
+class PlaybookRun(object):
+    def __init__(self, spec, runs_dir, out=None):
+        self.spec = spec
+        self.runs_dir = runs_dir
+        self.out = out or sys.stdout
+        self.ident = runs.new_ident(spec["subcommand"])
+        self.run_dir = os.path.join(runs_dir, self.ident)
+        self.state = RunState()
+        self.events = queue.Queue()
+        self.interrupts = 0
+        self.forwarded_to = None
+        self.record = {}
+
+    # -- signals ----------------------------------------------------------------------------------------
+    def _on_signal(self, signum, _frame):
+        self.interrupts += 1
+        if self.interrupts == 1:
+            pids = playbook_pids() or ([self.state.pid] if self.state.pid else [])
+            for pid in pids:
+                try:
+                    os.killpg(os.getpgid(pid), signal.SIGINT)
+                    self.forwarded_to = pid
+                except OSError:
+                    pass
+            self.events.put({"_note": "interrupted (%s): SIGINT forwarded to ansible-playbook%s; it stops after "
+                                      "its summary. Again to cancel at once."
+                                      % (signal.Signals(signum).name,
+                                         " (pid %d)" % self.forwarded_to if self.forwarded_to else "")})
+        elif self.interrupts == 2:
+            self.events.put({"_note": "interrupted again: cancelling the run"})
+
+    # -- the record -------------------------------------------------------------------------------------
+    def _write_record(self, **fields):
+        self.record.update(fields)
+        self.record.update({
+            "run_id": self.state.run_id, "report_dir": self.state.report_dir,
+            "reports": dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p),
+            "receipts_removed": dict(sorted(self.state.receipts_removed.items())),
+        })
+        runs.write_record(self.run_dir, self.record)
+
+    def run(self):
+        import ansible_runner
+        spec = self.spec
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._write_record(ident=self.ident, subcommand=spec["subcommand"], argv=sys.argv[1:],
+                           playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
+                           limit=spec["limit"], extra_vars=spec["extra_vars"], check=spec["check"],
+                           status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,
+                           artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"))
+        tty = self.out.isatty()
+        if tty:
+            from rich.console import Console
+            console = Console(file=self.out)
+            display = RichDisplay(console, verbose=spec["verbose"] > 0)
+        else:
+            console = None
+            display = PlainDisplay(self.out, verbose=spec["verbose"] > 0)
+        display.print("dgx-stage %s: %s%s on %s%s (run %s)" % (
+            spec["subcommand"], spec["playbook"], " --tags " + spec["tags"] if spec["tags"] else "",
+            spec["inventory"], " --limit " + spec["limit"] if spec["limit"] else "", self.ident))
+
+        handlers = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handlers[signum] = signal.signal(signum, self._on_signal)
+        try:
+            thread, runner = ansible_runner.run_async(
+                private_data_dir=self.run_dir, artifact_dir=self.runs_dir, ident=self.ident, project_dir=REPO,
+                playbook=os.path.join(REPO, spec["playbook"]), inventory=spec["inventory"], cmdline=spec["cmdline"],
+                envvars=runner_env(), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
+                event_handler=self._on_event, status_handler=self._on_status,
+                cancel_callback=lambda: self.interrupts >= 2)
+            shown_play = None
+            with display:
+                while thread.is_alive() or not self.events.empty():
+                    try:
+                        event = self.events.get(timeout=0.2)
+                    except queue.Empty:
+                        continue
+                    if "_note" in event:
+                        display.print(event["_note"])
+                        continue
+                    if "_status" in event:
+                        continue
+                    for update in self.state.handle(event):
+                        if update[0] == "progress":
+                            display.progress(update[1], update[2])
+                        else:
+                            display.output(update[1])
+                    if event.get("event") == "playbook_on_task_start" and self.state.play != shown_play:
+                        shown_play = self.state.play
+                        if not spec["verbose"]:
+                            display.print("play: %s" % shown_play)
+            thread.join()
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        return self._finish(runner, display, console)
+
+    def _on_event(self, event):
+        self.events.put(event)
+        return True   # keep it in the artifacts (job_events/)
+
+    def _on_status(self, status, runner_config=None):
+        self.events.put({"_status": status.get("status")})
+
+    # -- the end ----------------------------------------------------------------------------------------
+    def _finish(self, runner, display, console):
+        state = self.state
+        failures = state.failed_hosts()
+        if self.interrupts:
+            code, status = EXIT_INTERRUPTED, "interrupted"
+        elif failures:
+            code, status = EXIT_FAILED, "failed"
+        elif runner.rc != 0:
+            code, status = EXIT_ANSIBLE, "error"
+        else:
+            code, status = EXIT_OK, "ok"
+        self._write_record(status=status, runner_status=runner.status, rc=runner.rc, exit_code=code,
+                           finished=runs.utc_now(), failures=failures)
+        if self.spec["subcommand"] == "status":
+            self._print_status(display)
+        elif state.reports:
+            rows = table.table_rows(state.reports, state.receipts_removed)
+            title = "dgx-stage %s: run %s" % (self.spec["subcommand"], state.run_id)
+            if console is not None:
+                console.print(table.rich_table(rows, title=title))
+            else:
+                display.print(title)
+                display.print(table.render_plain(rows))
+        else:
+            display.print("no host report was written in this run")
+        for failure in failures:
+            display.print(table.failure_line(failure))
+        if code == EXIT_ANSIBLE:
+            display.print("ansible-playbook exited %s with no host failure; the end of its log:" % runner.rc)
+            display.print(self._log_tail())
+        if self.interrupts:
+            display.print("interrupted: exit %d (the host reports of this run do not say ok)" % code)
+        display.print("artifacts: %s" % self.run_dir)
+        display.print("full log: %s" % os.path.join(self.run_dir, "stdout"))
+        return code
+
+    def _print_status(self, display):
+        if not self.state.status_lines:
+            display.print("no host reported its status")
+        for host in sorted(self.state.status_lines):
+            display.print("%s:" % host)
+            for line in self.state.status_lines[host]:
+                display.print("  %s" % line)
+
+    def _log_tail(self):
+        try:
+            with open(os.path.join(self.run_dir, "stdout"), errors="replace") as handle:
+                lines = handle.read().replace("\r\n", "\n").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-LOG_TAIL:])

@@ -316,9 +316,10 @@ def repo_line(row):
         text = "%s: %s" % (head, row["state"]) + (" (%s)" % row["problem"] if row["problem"] else "")
     else:
         text = "%s: %s - %s" % (head, row["state"], row["problem"])
-    if row["state"] in ("refused", "error"):
+    if row["state"] in ("refused", "error") or not (row["last_staged"] or row["last_verified"]
+                                                     or row["progress_problem"]):
         return text
-    text += "; staged %s" % (row["last_staged"] or "never (no progress file)")
+    text += "; staged %s" % (row["last_staged"] or "at an unknown time (no stage pass in the progress file)")
     if row["last_stage_status"] not in (None, "ok"):
         text += " (%s)" % row["last_stage_status"]
     if row["last_verified"]:

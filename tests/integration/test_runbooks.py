@@ -1,0 +1,327 @@
+"""docs/runbooks/*.md, run as an operator would: every `$ ` line of their ```console blocks, in order.
+
+Each runbook runs in bash at the root of a copy of the work tree (the developer's own .cache/demo is never
+touched), against the demo inventory (INVENTORY=inventory/demo, HOST=localhost; the runbook's own
+`export INVENTORY=... HOST=...` line says which lane the operator sets), with the copy's .venv/bin first on
+PATH. The copy is staged once the way `make demo` does it (scripts/demo.py); every runbook starts from
+that staged state, restored, plus the broken state it is about (a corrupt NAS blob, stale receipts, a
+corrupt local blob after a disk swap...), set up here before its commands run.
+
+Checked per command: its exit status (0, or the code a trailing `# exits N` comment gives), and every
+output line the runbook shows under it: a line matches when its words appear in order on one line of the
+real output, `...` standing for anything (run ids, timings). The NAS copy must be left unchanged by the
+commands (only a test set-up writes to it).
+"""
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hubgen
+from project import receipt_roots
+from test_demo_unprivileged import copy_worktree
+from treestate import set_writable, snapshot_diff, tree_snapshot
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUNBOOK_DIR = os.path.join(REPO_ROOT, "docs", "runbooks")
+CONSOLE_BLOCK = re.compile(r"^```console[ \t]*\n(.*?)^```", re.M | re.S)
+EXPECTED_EXIT = re.compile(r"#\s*exits\s+(\d+)\s*$")
+LANE_LINE = re.compile(r"^export INVENTORY=\S+ HOST=\S+$")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+DEMO_LANE = "export INVENTORY=inventory/demo HOST=localhost"
+DEMO = os.path.join(".cache", "demo")
+NAS_HUB = os.path.join(DEMO, "nas", "hub")
+LOCAL_HUB = os.path.join(DEMO, "local", "hub")
+RUNBOOK_TIMEOUT = 300
+
+
+# ------------------------------------------------------------------------------------------------
+# reading a runbook
+# ------------------------------------------------------------------------------------------------
+
+def excerpt_pattern(line):
+    """An output line of a runbook as a regex: its words in order, any spacing, `...` for anything."""
+    pieces = [r"\s+".join(re.escape(word) for word in piece.split()) for piece in line.split("...")]
+    return re.compile(".*?".join(pieces))
+
+
+def runbook_steps(text):
+    """[{command, rc, expect: [output lines]}] of every ```console block, in order."""
+    steps = []
+    for block in CONSOLE_BLOCK.findall(text):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                command = line[2:].strip()
+                found = EXPECTED_EXIT.search(command)
+                steps.append({"command": command, "rc": int(found.group(1)) if found else 0, "expect": []})
+            elif line.strip() and line.strip() != "...":
+                assert steps, "output before the first command of a console block: %r" % line
+                steps[-1]["expect"].append(line.strip())
+    return steps
+
+
+def test_runbook_steps_parse_commands_exit_codes_and_excerpts():
+    text = ("intro\n```console\n$ export INVENTORY=inventory/dgx HOST=dgx2\n$ dgx-stage verify   # exits 2\n"
+            "localhost   failed   verify ...\n...\n```\n```sh\n$ not run\n```\n"
+            "```console\n$ dgx-stage report\nrun ... ok\n```\n")
+    assert runbook_steps(text) == [
+        {"command": "export INVENTORY=inventory/dgx HOST=dgx2", "rc": 0, "expect": []},
+        {"command": "dgx-stage verify   # exits 2", "rc": 2, "expect": ["localhost   failed   verify ..."]},
+        {"command": "dgx-stage report", "rc": 0, "expect": ["run ... ok"]}]
+    assert excerpt_pattern("localhost   failed   verify ...").search("localhost failed  verify: Verify | x")
+    assert excerpt_pattern("run ... ok").search("run 20261201T100715Z-16cd ok")
+    assert not excerpt_pattern("run ... ok").search("ok run")
+
+
+# ------------------------------------------------------------------------------------------------
+# the staged demo, once; restored before every runbook
+# ------------------------------------------------------------------------------------------------
+
+def command_env(work):
+    """What an operator's shell has at the repo root: the venv first on PATH, nothing of the test's
+    Ansible settings; Ansible's home and temp dirs in the copy's .cache (as the demo keeps them)."""
+    env = dict((key, value) for key, value in os.environ.items()
+               if not key.startswith(("ANSIBLE_", "DGX_STAGE_", "PYTHON")))
+    cache = os.path.join(work, ".cache")
+    env.update({
+        "PATH": os.path.join(work, ".venv", "bin") + os.pathsep + os.environ.get("PATH", os.defpath),
+        # The copy's dgx_stage package (the venv's editable install maps it to the developer's tree).
+        "PYTHONPATH": work,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "ANSIBLE_HOME": os.path.join(cache, "ansible-home"),
+        "ANSIBLE_LOCAL_TEMP": os.path.join(cache, "ansible-tmp", "local"),
+        "ANSIBLE_REMOTE_TMP": os.path.join(cache, "ansible-tmp", "remote"),
+        "ANSIBLE_NOCOLOR": "1",
+        "NO_COLOR": "1",
+        "COLUMNS": "160",
+        "LANG": "C.UTF-8",
+    })
+    return env
+
+
+def clear_tree(path):
+    if os.path.lexists(path):
+        set_writable(path, True)    # the demo's NAS copy is read-only by permissions for a non-root user
+        shutil.rmtree(path)
+
+
+@pytest.fixture(scope="module")
+def staged_demo(tmp_path_factory):
+    """A copy of the work tree staged by scripts/demo.py, and a copy of its .cache to restore from."""
+    base = tmp_path_factory.mktemp("runbooks")
+    work = str(base / "repo")
+    copy_worktree(work)
+    os.symlink(os.path.join(REPO_ROOT, ".venv"), os.path.join(work, ".venv"))
+    started = time.monotonic()
+    proc = subprocess.run([os.path.join(work, ".venv", "bin", "python"), "scripts/demo.py"], cwd=work,
+                          env=command_env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert proc.returncode == 0, proc.stdout.decode("utf-8", "replace")[-6000:]
+    saved = str(base / "cache-staged")
+    shutil.copytree(os.path.join(work, ".cache"), saved, symlinks=True)
+    yield {"work": work, "saved": saved, "demo_s": time.monotonic() - started}
+    clear_tree(saved)
+    clear_tree(os.path.join(work, ".cache"))
+
+
+def restore(demo):
+    """The staged demo as scripts/demo.py left it, at the same paths (reports and manifest name them)."""
+    work = demo["work"]
+    clear_tree(os.path.join(work, ".cache"))
+    clear_tree(os.path.join(work, "reports"))
+    shutil.copytree(demo["saved"], os.path.join(work, ".cache"), symlinks=True)
+    return work
+
+
+# ------------------------------------------------------------------------------------------------
+# broken states
+# ------------------------------------------------------------------------------------------------
+
+class WritableNas(object):
+    """The demo's NAS copy made writable for a set-up (it is read-only by permissions), then read-only again."""
+
+    def __init__(self, work):
+        self.root = os.path.join(work, DEMO, "nas")
+
+    def __enter__(self):
+        set_writable(self.root, True)
+        return os.path.join(self.root, "hub")
+
+    def __exit__(self, *exc):
+        set_writable(self.root, False)
+
+
+def repo_dir(hub, repo_id):
+    return os.path.join(hub, hubgen.repo_folder(repo_id))
+
+
+def snapshot_of(hub, repo_id):
+    repo = repo_dir(hub, repo_id)
+    with open(os.path.join(repo, "refs", "main")) as handle:
+        return os.path.join(repo, "snapshots", handle.read().strip())
+
+
+def shard_blob(hub, repo_id, index=0):
+    """The repo blob (resolved through the hub store) behind the index-th .safetensors shard."""
+    snapshot = snapshot_of(hub, repo_id)
+    shard = sorted(n for n in os.listdir(snapshot) if n.endswith(".safetensors"))[index]
+    return os.path.realpath(os.path.join(snapshot, shard))
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def new_nas_revision(work):
+    """The NAS hub got a new revision of the drafter (its main ref moved): a new config.json, the rest shared."""
+    with WritableNas(work) as hub:
+        repo = repo_dir(hub, hubgen.DRAFTER_REPO)
+        old = snapshot_of(hub, hubgen.DRAFTER_REPO)
+        old_commit = os.path.basename(old)
+        commit = hubgen.git_blob_sha1(b"DSpark-drafter r2")
+        config = json.dumps({"model_type": "dspark", "revision": "r2", "num_draft_tokens": 4}).encode()
+        etag = hubgen.git_blob_sha1(config)
+        with open(os.path.join(repo, "blobs", etag), "wb") as handle:
+            handle.write(config)
+        new = os.path.join(repo, "snapshots", commit)
+        os.makedirs(new)
+        for name in os.listdir(old):
+            target = "../../blobs/" + etag if name == "config.json" else os.readlink(os.path.join(old, name))
+            os.symlink(target, os.path.join(new, name))
+        with open(os.path.join(repo, "trees", old_commit + ".json")) as handle:
+            tree = json.load(handle)
+        tree["files"]["config.json"] = {"size": len(config), "blob_id": etag}
+        with open(os.path.join(repo, "trees", commit + ".json"), "w") as handle:
+            json.dump(tree, handle, indent=1, sort_keys=True)
+        with open(os.path.join(repo, "refs", "main"), "w") as handle:
+            handle.write(commit)
+    return {"commit": commit}
+
+
+def wrong_shard_in_place(work):
+    """The log's engine init failure #1: a weight blob hardlinked to another shard of the same size."""
+    hub = os.path.join(work, LOCAL_HUB)
+    first, second = shard_blob(hub, hubgen.MAIN_REPO, 0), shard_blob(hub, hubgen.MAIN_REPO, 1)
+    assert os.path.getsize(first) == os.path.getsize(second)
+    os.unlink(first)
+    os.link(second, first)
+    plant_stale_receipts(work)
+    return {"blob": os.path.basename(first)}
+
+
+def corrupt_local_blob(work):
+    """After a disk swap the local copy came back with a flipped byte in the middle of a shard."""
+    blob = shard_blob(os.path.join(work, LOCAL_HUB), hubgen.MAIN_REPO, 2)
+    flip_byte(blob, os.path.getsize(blob) // 2 + 12345)
+    return {"blob": os.path.basename(blob)}
+
+
+def plant_stale_receipts(work):
+    """Yesterday's receipt roots, read-only as the root-owned ones of the log (scripts/demo.py plants them so)."""
+    parent = os.path.join(work, DEMO, "cache")
+    for name in receipt_roots():
+        root = os.path.join(parent, name)
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, "worker.json"), "w") as handle:
+            handle.write('{"run": "yesterday"}\n')
+        os.chmod(os.path.join(root, "worker.json"), 0o444)
+        os.chmod(root, 0o555)
+    return {"parent": parent}
+
+
+def corrupt_nas_blob(work):
+    """A NAS blob rotted after it was staged: a flipped byte in its head (the sampled blocks see it)."""
+    with WritableNas(work) as hub:
+        blob = shard_blob(hub, hubgen.MAIN_REPO, 1)
+        flip_byte(blob, 4096)
+    return {"blob": os.path.basename(blob)}
+
+
+def nothing(work):
+    return {}
+
+
+# Every runbook and the state it starts from (besides the staged demo).
+SETUPS = {
+    "stage-new-revision.md": new_nas_revision,
+    "engine-init-failure.md": wrong_shard_in_place,
+    "disk-swap-verify.md": corrupt_local_blob,
+    "rollback-to-nas.md": nothing,
+    "stale-receipts.md": plant_stale_receipts,
+    "nas-blob-corrupt.md": corrupt_nas_blob,
+}
+
+
+def test_every_runbook_is_tested_and_listed_in_the_index():
+    names = sorted(n for n in os.listdir(RUNBOOK_DIR) if n.endswith(".md") and n != "README.md")
+    assert names == sorted(SETUPS)
+    with open(os.path.join(RUNBOOK_DIR, "README.md")) as handle:
+        index = handle.read()
+    with open(os.path.join(REPO_ROOT, "README.md")) as handle:
+        readme = handle.read()
+    for name in names:
+        assert "(%s)" % name in index and "(docs/runbooks/%s)" % name in readme, name
+
+
+# ------------------------------------------------------------------------------------------------
+# running one
+# ------------------------------------------------------------------------------------------------
+
+def run_steps(work, steps, out_dir):
+    """Run the commands in one bash session (an `export` carries over), each one's output and exit status
+    in files; returns [(output, rc, seconds)]."""
+    os.makedirs(out_dir)
+    script = ["cd %s || exit 90" % shlex.quote(work)]
+    for i, step in enumerate(steps):
+        out = shlex.quote(os.path.join(out_dir, "%d" % i))
+        # The newline before } keeps a trailing `# exits N` comment from hiding the brace.
+        script.append('s=$(date +%%s.%%N); { %s\n} >%s.out 2>&1 </dev/null; echo "$? $s $(date +%%s.%%N)" >%s.rc'
+                      % (step["command"], out, out))
+    subprocess.run(["bash", "-c", "\n".join(script)], env=command_env(work), timeout=RUNBOOK_TIMEOUT,
+                   stdin=subprocess.DEVNULL)
+    results = []
+    for i in range(len(steps)):
+        path = os.path.join(out_dir, "%d" % i)
+        with open(path + ".out", "rb") as handle:
+            output = ANSI.sub("", handle.read().decode("utf-8", "replace"))
+        with open(path + ".rc") as handle:
+            rc, start, end = handle.read().split()
+        results.append((output, int(rc), float(end) - float(start)))
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(SETUPS))
+def test_runbook(staged_demo, tmp_path, name):
+    with open(os.path.join(RUNBOOK_DIR, name)) as handle:
+        steps = runbook_steps(handle.read())
+    assert steps and LANE_LINE.match(steps[0]["command"]), \
+        "%s must start by setting the lane: export INVENTORY=inventory/dgx HOST=<node>" % name
+    assert all(s["command"].startswith(("dgx-stage ", "export ")) for s in steps), \
+        "runbooks use only dgx-stage commands and shell variables"
+    steps[0] = dict(steps[0], command=DEMO_LANE)
+    work = restore(staged_demo)
+    SETUPS[name](work)
+    nas = os.path.join(work, DEMO, "nas")
+    nas_before = tree_snapshot(nas)
+    results = run_steps(work, steps, str(tmp_path / "out"))
+    problems = []
+    for step, (output, rc, seconds) in zip(steps, results):
+        wrong = ["exited %d, the runbook says %d" % (rc, step["rc"])] if rc != step["rc"] else []
+        lines = output.splitlines()
+        wrong += ["no output line matches %r" % line for line in step["expect"]
+                  if not any(excerpt_pattern(line).search(real) for real in lines)]
+        if wrong:
+            problems.append("`%s` (%.1f s): %s; its output:\n%s"
+                            % (step["command"], seconds, "; ".join(wrong), output[-4000:]))
+    assert not problems, "%s:\n%s" % (name, "\n".join(problems))
+    assert snapshot_diff(nas_before, tree_snapshot(nas)) == [], "the runbook's commands wrote to the NAS copy"
+    sys.stderr.write("%s: %s\n" % (name, ", ".join("%.1f s" % r[2] for r in results)))

@@ -1,0 +1,208 @@
+"""The `dgx-stage` front end through real ansible-runner runs of stage-deepseek.yml (issue 13 items 1-3, 6).
+
+Each test runs `python -m dgx_stage` (the work tree's package, as .venv/bin/dgx-stage runs it) against a
+throwaway local lane in the style of test_reports.py, with stdout a pipe (plain lines, no escape codes).
+The copies that must be watched read their NAS at a known pace (test_verify_and_progress.paced_python) and
+the stage pass polls every second, so a few seconds of copying give several progress events.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import REPO_ROOT, ansible_env
+from hubgen import DRAFTER_REPO, MAIN_REPO
+from test_verify_and_progress import lane, paced_python
+
+sys.path.insert(0, REPO_ROOT)
+from dgx_stage import table  # noqa: E402
+
+MIB = 1024 * 1024
+PACED_SHARD = 32 * MIB     # 4 shards at 0.25 s per 8 MiB chunk, one worker: ~4 s of copying
+PACED_DELAY_S = 0.25
+POLL = ["-e", "stage_poll_interval=1"]
+
+
+def frontend_env(tmp_path):
+    env = ansible_env(tmp_path)
+    env.pop("ANSIBLE_STDOUT_CALLBACK", None)   # ansible-runner brings its own
+    env["DGX_STAGE_RUNS_DIR"] = str(tmp_path / "runs")
+    return env
+
+
+def frontend_command(*args):
+    return [sys.executable, "-m", "dgx_stage"] + list(args)
+
+
+def dgx_stage(tmp_path, *args, timeout=600):
+    """(exit code, output) of one front-end command, run to its end."""
+    proc = subprocess.run(frontend_command(*args), cwd=REPO_ROOT, env=frontend_env(tmp_path), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=timeout)
+    return proc.returncode, proc.stdout.decode("utf-8", "replace")
+
+
+def paced_lane(tmp_path, make_nas_hub, hosts=("dgx1",), **extra):
+    nas = make_nas_hub(shard_size=PACED_SHARD, n_shards=4)
+    inventory, roots = lane(tmp_path, nas, hosts=hosts, interpreter=paced_python(tmp_path, delay=PACED_DELAY_S),
+                            stage_workers=1, **extra)
+    for root in roots.values():
+        root.mkdir(parents=True)
+    return nas, inventory, roots
+
+
+def run_records(tmp_path):
+    runs_dir = tmp_path / "runs"
+    return [json.loads((runs_dir / name / "run.json").read_text()) for name in sorted(os.listdir(str(runs_dir)))]
+
+
+def job_events(record):
+    events_dir = os.path.join(record["artifacts"], "job_events")
+    out = []
+    for name in os.listdir(events_dir):
+        with open(os.path.join(events_dir, name)) as handle:
+            out.append(json.load(handle))
+    return sorted(out, key=lambda e: e["counter"])
+
+
+def plain_row(output, host):
+    """The cells of host's row of the plain final table (columns split on 2+ spaces)."""
+    lines = output.splitlines()
+    header = [i for i, line in enumerate(lines) if line.startswith("HOST ") and "RUN" in line][-1]
+    for line in lines[header + 1:]:
+        if line.startswith(host + " "):
+            return re.split(r"\s{2,}", line.strip())
+    raise AssertionError("no row for %s in:\n%s" % (host, output))
+
+
+def markdown_row(output, host):
+    for line in output.splitlines():
+        if line.startswith("| " + host + " "):
+            return [cell.strip().replace("\\", "") for cell in line.strip("|").split(" | ")]
+    raise AssertionError("no Markdown row for %s in:\n%s" % (host, output))
+
+
+def expected_row(report, receipts=None):
+    row = table.host_row(report, receipts)
+    return [row[key] for key, _title in table.COLUMNS]
+
+
+def test_stage_shows_progress_per_poll_and_a_table_with_the_reports_figures(tmp_path, make_nas_hub):
+    nas, inventory, roots = paced_lane(tmp_path, make_nas_hub)
+    code, out = dgx_stage(tmp_path, "stage", "-i", inventory, *POLL)
+    assert code == 0, out
+
+    # Progress: plain lines (stdout is a pipe), several of them for the paced main repo before it is done.
+    assert "\x1b[" not in out
+    main_lines = [line for line in out.splitlines() if line.startswith("[dgx1] stage %s: " % MAIN_REPO)]
+    assert len(main_lines) >= 3 and len(set(main_lines)) == len(main_lines), out
+    assert "done" in main_lines[-1] and not any("done" in line for line in main_lines[:-1]), main_lines
+    # Every line came from a runner event: the retries of the stage_progress poll, two or more of them.
+    record = run_records(tmp_path)[-1]
+    retries = [e for e in job_events(record) if e["event"] == "runner_retry"
+               and e["event_data"].get("task_action") == "stage_progress"
+               and e["event_data"]["res"]["progress"].get("repo_id") == MAIN_REPO]
+    assert len(retries) >= 2, len(retries)
+    done = [e["event_data"]["res"]["progress"]["bytes_done"] for e in retries]
+    assert done == sorted(done) and done[-1] > done[0], done
+
+    # The table: the figures of this run's host report file.
+    assert record["status"] == "ok" and record["exit_code"] == 0 and record["subcommand"] == "stage"
+    history = record["reports"]["dgx1"]
+    assert history == os.path.join(str(tmp_path / "reports"), "dgx1-%s.json" % record["run_id"])
+    with open(history) as handle:
+        report = json.load(handle)
+    row = plain_row(out, "dgx1")
+    assert row == expected_row(report), (row, out)
+    local = sum(r["files"]["local"] for r in report["passes"]["stage"])
+    excluded = sum(r["files"]["excluded"] for r in report["passes"]["stage"])
+    assert row[2] == "ok" and row[3] == "%d/%d" % (local, excluded) and excluded == 5
+    assert row[4] == table.human_bytes(report["bytes_from_nas"]) and report["bytes_from_nas"] >= 4 * PACED_SHARD
+    assert row[5] == "0" and row[6] == "0" and row[8] == "sample"
+    assert "artifacts: %s" % record["artifacts"] in out and os.path.isfile(record["log"])
+
+    # `report RUN_ID --markdown` reproduces the figures from the stored reports.
+    code, md = dgx_stage(tmp_path, "report", record["run_id"], "--markdown")
+    assert code == 0, md
+    assert markdown_row(md, "dgx1") == row
+    assert md.startswith("### dgx-stage run %s (stage, " % record["run_id"]) and "| HOST | RUN | STATUS |" in md
+    # The runner ident finds the same run, and the latest run is the default.
+    assert markdown_row(dgx_stage(tmp_path, "report", record["ident"], "--markdown")[1], "dgx1") == row
+    assert markdown_row(dgx_stage(tmp_path, "report", "--markdown")[1], "dgx1") == row
+
+
+def test_a_failing_host_exits_2_naming_host_play_and_task_and_the_other_is_ok(tmp_path, nas_hub):
+    inventory, roots = lane(tmp_path, nas_hub, hosts=("rank0", "rank1"))
+    with open(inventory) as handle:
+        data = json.load(handle)
+    data["all"]["children"]["exl3_2x"]["hosts"]["rank1"]["hub_nas_root"] = str(tmp_path / "no-such-nas")
+    with open(inventory, "w") as handle:
+        json.dump(data, handle)
+    for root in roots.values():
+        root.mkdir(parents=True)
+    code, out = dgx_stage(tmp_path, "stage", "-i", inventory)
+    assert code == 2, out
+    failed = [line for line in out.splitlines() if line.startswith("host rank1 failed in play ")]
+    assert len(failed) == 1, out
+    assert "task " in failed[0] and "no-such-nas" in failed[0], failed
+    assert not [line for line in out.splitlines() if line.startswith("host rank0 ")], out
+    record = run_records(tmp_path)[-1]
+    assert record["exit_code"] == 2 and [f["host"] for f in record["failures"]] == ["rank1"]
+    assert plain_row(out, "rank0")[2] == "ok" and plain_row(out, "rank1")[2] == "failed"
+    # The stored run says the same, with the failure under the table.
+    code, md = dgx_stage(tmp_path, "report", "--markdown")
+    assert code == 0 and markdown_row(md, "rank1")[2] == "failed" and "- host rank1 failed in play" in md, md
+
+
+def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_nas_hub):
+    nas, inventory, roots = paced_lane(tmp_path, make_nas_hub)
+    out_path = tmp_path / "frontend.out"
+    with open(str(out_path), "wb") as out:
+        proc = subprocess.Popen(frontend_command("stage", "-i", inventory, *POLL), cwd=REPO_ROOT,
+                                env=frontend_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            text = out_path.read_text(errors="replace")
+            if re.search(r"\[dgx1\] stage %s: .*\(\d+%%\)" % re.escape(MAIN_REPO), text) and "done" not in text:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, out_path.read_text()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = out_path.read_text(errors="replace")
+    assert code == 99, out
+    assert "SIGINT forwarded to ansible-playbook" in out and "interrupted: exit 99" in out, out
+    record = run_records(tmp_path)[-1]
+    assert record["status"] == "interrupted" and record["exit_code"] == 99
+    with open(str(tmp_path / "reports" / "dgx1.json")) as handle:
+        assert json.load(handle)["status"] != "ok"
+
+
+def test_status_renders_each_hosts_lines_once(tmp_path, nas_hub):
+    inventory, roots = lane(tmp_path, nas_hub, hosts=("rank0", "rank1"))
+    for root in roots.values():
+        root.mkdir(parents=True)
+    assert dgx_stage(tmp_path, "stage", "-i", inventory)[0] == 0
+    code, out = dgx_stage(tmp_path, "status", "-i", inventory)
+    assert code == 0, out
+    record = run_records(tmp_path)[-1]
+    lines = {}
+    for event in job_events(record):
+        data = event["event_data"]
+        if event["event"] == "runner_on_ok" and data.get("task_action") == "stage_status":
+            lines[data["host"]] = data["res"]["lines"]
+    assert sorted(lines) == ["rank0", "rank1"]
+    # Each host once, its lines under it, in order, each once.
+    sections = re.split(r"^(rank[01]):$", out, flags=re.M)
+    assert sections.count("rank0") == 1 and sections.count("rank1") == 1, out
+    for host, host_lines in lines.items():
+        shown = sections[sections.index(host) + 1].strip("\n").splitlines()[:len(host_lines)]
+        assert host_lines and shown == ["  " + line for line in host_lines], (host, out)
+    assert MAIN_REPO in out and DRAFTER_REPO in out

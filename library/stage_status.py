@@ -192,7 +192,8 @@ status:
           type: str
         state:
           description:
-            - V(disabled), V(running), V(exited), V(absent), V(unknown) (not looked up), or the runtime's
+            - V(disabled), V(running), V(exited), V(absent) (no such container, or no runtime on the node),
+              V(unknown) (not looked up, or the runtime could not answer - its daemon down), or the runtime's
               word for another state (V(paused), V(created), V(restarting)).
           type: str
         exit_code:

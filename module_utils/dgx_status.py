@@ -26,6 +26,8 @@ PROGRESS_NAME = "dgx-stage.progress.json"   # dgx_transfer.PROGRESS_NAME (kept i
 PROGRESS_MAX_BYTES = 1024 * 1024
 # Container statuses that mean the engine stopped (docker and podman words).
 EXITED = ("exited", "stopped", "dead")
+# What docker and podman (and engine_probe, for a missing runtime) say of a container that is not there.
+ABSENT_WORDS = ("no such container", "no such object", "not found on this host")
 
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
@@ -269,8 +271,11 @@ def engine_status(enabled, name, probe):
         return status
     word = container.get("status") or "unknown"
     if not container.get("exists"):
-        state = "absent"
-        status["problem"] = container.get("error") or None
+        # absent: the runtime said there is no such container, or there is no runtime at all; a runtime
+        # that could not answer (its daemon down) leaves the state unknown.
+        error = container.get("error") or ""
+        state = "absent" if not error or any(w in error.lower() for w in ABSENT_WORDS) else "unknown"
+        status["problem"] = error or None
     elif container.get("running"):
         state = "running"
     elif word in EXITED:

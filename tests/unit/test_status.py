@@ -221,6 +221,14 @@ def test_engine_not_running_is_not_health_checked(word, state):
 def test_engine_absent_and_not_looked_up():
     status = engine_status(True, "ds41-engine", probe(container("missing", exists=False), status="missing"))
     assert status["state"] == "absent" and status["problem"] == "no such container"
+    # As engine_probe reports them: docker's and podman's words, no runtime at all, a daemon that is down.
+    for error, state in (("docker inspect: Error: No such object: ds41-engine", "absent"),
+                         ("podman inspect: Error: no such container ds41-engine", "absent"),
+                         ("podman not found on this host", "absent"),
+                         ("docker inspect: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+                          "Is the docker daemon running?", "unknown")):
+        gone = dict(container("missing", exists=False), error=error)
+        assert engine_status(True, "ds41-engine", probe(gone, status="missing"))["state"] == state, error
     assert engine_status(True, "ds41-engine", {})["state"] == "unknown"
     line = status_lines(host_status("/x", [], None, [], True, "ds41-engine",
                                     probe(container("exited", exit_code=137))))[-1]

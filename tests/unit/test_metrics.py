@@ -191,6 +191,11 @@ def test_stage_metrics_module_returns_what_it_documents(tmp_path):
     later = dict(args, report=view(stage=[row(MAIN)], finished="2026-12-02T00:00:00Z"))
     result = check_result("stage_metrics", later, run_main("stage_metrics", later))
     assert result["changed"] is False and result["change"] == "timestamps" and result["written"] is True
+    # --check --diff: the old and the new file, nothing written.
+    diff = dict(args, report=view(stage=[row(MAIN, staged=7)]), _ansible_check_mode=True, _ansible_diff=True)
+    result = check_result("stage_metrics", diff, run_main("stage_metrics", diff))
+    assert result["changed"] is True and result["written"] is False and result["diff"]["after"] == result["content"]
+    assert result["diff"]["before"] == (tmp_path / "dgx_stage.prom").read_text() != result["content"]
     bad = dict(args, dir=str(tmp_path / "nope"))
     result = check_result("stage_metrics", bad, run_main("stage_metrics", bad), expect_failure=True)
     assert str(tmp_path / "nope") in result["msg"]

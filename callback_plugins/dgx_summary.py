@@ -25,6 +25,10 @@ description:
     marked INTERRUPTED, with the hosts that did not finish and the command that finishes them.
   - With C(display_ok_hosts = false) the default stdout callback drops the warnings of unchanged results
     together with the results; this callback prints those warnings.
+  - The stage and verify passes run each repo as a background job polled by C(stage_progress); with the
+    default stdout callback, each poll that retries prints C([host] <its line>) (repo, bytes done of total,
+    rate, ETA, the file in hand) instead of Ansible's C(FAILED - RETRYING) line. Other stdout callbacks
+    (json, ansible-runner's) are left as they are.
   - Silent for ad-hoc commands, for machine-readable stdout callbacks (json, jsonl) and for runs that
     staged nothing.
   - Enabled by the repo's ansible.cfg (C(callbacks_enabled = dgx_summary)).
@@ -37,6 +41,7 @@ import os
 import re
 import shlex
 import signal
+import sys
 import time
 
 from ansible import constants as C
@@ -44,6 +49,9 @@ from ansible import context
 from ansible.plugins.callback import CallbackBase
 
 PASSES = ("preflight", "stage", "verify")
+# The actions whose results carry a repo's row: the mirror itself (preflight, --check), and stage_progress
+# returning a background stage or verify job's own result.
+MIRROR_ACTIONS = ("hf_hub_mirror", "stage_progress")
 GIB = 1024.0 ** 3
 MIB = 1024.0 ** 2
 # Machine-readable stdout callbacks: a table would corrupt their output.
@@ -402,6 +410,38 @@ def _task_name(task):
         return getattr(task, "action", "?")
 
 
+def is_progress_poll(task):
+    return str(getattr(task, "action", "") or "").endswith("stage_progress")
+
+
+def take_over_retry_lines(callback):
+    """Make the default stdout callback leave a stage_progress poll's retry to `callback` (which prints its
+    progress line); True when done. Ansible hands a callback no reference to the others: the task queue
+    manager that calls this one (callback in its _callback_plugins) is found up the stack. Any other stdout
+    callback (json, ansible-runner's awx_display, whose retry is an event) is left alone: False."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        plugins = getattr(owner, "_callback_plugins", None)
+        if isinstance(plugins, list) and callback in plugins:
+            break
+        frame = frame.f_back
+    else:
+        return False
+    stdout = plugins[0] if plugins and plugins[0] is not callback else None
+    if getattr(stdout, "CALLBACK_NAME", None) != "default" or getattr(stdout, "_dgx_retry_taken", False):
+        return bool(getattr(stdout, "_dgx_retry_taken", False))
+    original = stdout.v2_runner_retry
+
+    def retry(result):
+        if not is_progress_poll(result.task):
+            original(result)
+
+    stdout.v2_runner_retry = retry
+    stdout._dgx_retry_taken = True
+    return True
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -420,6 +460,7 @@ class CallbackModule(CallbackBase):
         self._printed = False
         self._interrupted = False
         self._watching = False
+        self._retry_lines = False
         self._pid = os.getpid()
 
     def _host(self, name):
@@ -451,6 +492,12 @@ class CallbackModule(CallbackBase):
         if not self._watching:
             self._watching = True
             self._watch_interrupts()
+        self._retry_lines = take_over_retry_lines(self)
+
+    def v2_runner_retry(self, result):
+        """A background job's poll: its progress line, where the default callback said FAILED - RETRYING."""
+        if self._retry_lines and is_progress_poll(result.task) and result.result.get("line"):
+            self._display.display("[%s] %s" % (result.host.get_name(), result.result["line"]))
 
     def _watch_interrupts(self):
         """Ansible sends no v2_playbook_on_stats when the run is interrupted (Ctrl-C raises KeyboardInterrupt
@@ -511,7 +558,7 @@ class CallbackModule(CallbackBase):
             self.state["run_id"] = str(facts["lane_run_id"])
         action = str(getattr(result.task, "action", "") or "")
         row = data.get("report")
-        if action.endswith("hf_hub_mirror") and "results" not in data:
+        if action.endswith(MIRROR_ACTIONS) and "results" not in data:
             if isinstance(row, dict):
                 name = pass_of(self._play_tags, row.get("phase"))
                 host["repos"].setdefault(repo_key(row), {})[name] = row
@@ -556,7 +603,7 @@ class CallbackModule(CallbackBase):
         action = str(getattr(task, "action", "") or "")
         self._host(host.get_name())["running"] = {
             "play": self._play_label(), "task": _task_name(task),
-            "pass": pass_of(self._play_tags) if action.endswith("hf_hub_mirror") else None}
+            "pass": pass_of(self._play_tags) if action.endswith(MIRROR_ACTIONS) else None}
 
     def _ended(self, result, failed=False, unreachable=False):
         host = self._host(result.host.get_name())

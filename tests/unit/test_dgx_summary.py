@@ -366,3 +366,77 @@ def test_a_host_report_is_the_report_of_the_host_it_names():
     hosts = callback.state["hosts"]
     assert hosts["n1"]["report_path"] == "/srv/reports/n1.json"
     assert hosts["n2"]["report_path"] == "/srv/reports/n2.json" and hosts["n2"]["report_dir"] == "/srv/reports"
+
+
+# ---- progress lines of the background stage and verify jobs -------------------------------------------
+
+class _Display(object):
+    verbosity = 0
+
+    def __init__(self):
+        self.lines = []
+
+    def display(self, msg, **_kw):
+        self.lines.append(msg)
+
+
+class _Stdout(object):
+    def __init__(self, name):
+        self.CALLBACK_NAME = name
+        self.retried = []
+
+    def v2_runner_retry(self, result):
+        self.retried.append(result.result)
+
+
+class _QueueManager(object):
+    """Calls its callbacks the way Ansible's task queue manager does: stdout first, from its own method."""
+
+    def __init__(self, *plugins):
+        self._callback_plugins = list(plugins)
+
+    def send_callback(self, method, *args):
+        for plugin in self._callback_plugins:
+            if hasattr(plugin, method):
+                getattr(plugin, method)(*args)
+
+
+def _poll(host, line):
+    return _result(host, {"line": line, "finished": False, "attempts": 1, "retries": 9}, action="stage_progress")
+
+
+@pytest.mark.parametrize("stdout_name, replaced", [("default", True), ("awx_display", False), ("json", False)])
+def test_a_progress_poll_retry_prints_its_line_instead_of_failed_retrying(stdout_name, replaced):
+    display = _Display()
+    callback = summary.CallbackModule(display=display)
+    callback._watching = True             # no SIGINT handler and exit hook in the test process
+    stdout = _Stdout(stdout_name)
+    tqm = _QueueManager(stdout, callback)
+    tqm.send_callback("v2_playbook_on_start", _Obj(_file_name="stage-deepseek.yml"))
+    line = "stage org/x: 12.3 GiB of 300.0 GiB (4%), 812 MiB/s, ETA 6m12s, current: model-00003.safetensors"
+    tqm.send_callback("v2_runner_retry", _poll("dgx1", line))
+    other = _result("dgx1", {"attempts": 1, "retries": 3}, action="ansible.builtin.uri")
+    tqm.send_callback("v2_runner_retry", other)
+    if replaced:
+        # The default callback's FAILED - RETRYING is left out for the poll only; the poll's line is printed.
+        assert stdout.retried == [other.result]
+        assert display.lines == ["[dgx1] " + line]
+    else:
+        # ansible-runner's retry is an event the front end reads, json prints its own: both untouched.
+        assert len(stdout.retried) == 2 and display.lines == []
+
+
+def test_the_row_of_a_background_job_comes_from_its_result_task():
+    callback = summary.CallbackModule()
+    callback._play_tags = ("verify",)
+    callback.v2_runner_on_start(_Obj(get_name=lambda: "n1"), _Obj(action="stage_progress", get_name=lambda: "t"))
+    assert callback.state["hosts"]["n1"]["running"]["pass"] == "verify"
+    callback.v2_runner_item_on_ok(_result("n1", {"report": row(repo="org/x", verify="sample")}, action="stage_progress"))
+    callback.v2_runner_item_on_failed(_result("n1", {"msg": "lock", "item": {"repo_id": "org/y"}},
+                                              action="stage_progress"))
+    callback.v2_runner_on_ok(_result("n1", {"line": "verify org/z: starting", "finished": False},
+                                     action="stage_progress"))      # a poll: no row
+    repos = callback.state["hosts"]["n1"]["repos"]
+    assert list(repos) == ["model:org/x@main", "model:org/y@main"]
+    assert repos["model:org/x@main"]["verify"]["verify"] == "sample"
+    assert repos["model:org/y@main"]["verify"]["no_report"] is True

@@ -1,0 +1,280 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: dgx-stage maintainers; GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: stage_progress
+short_description: Watch a background hf_hub_mirror job - ready its jobs dir, poll its progress, return its result
+version_added: "1.0.0"
+description:
+  - The stage role runs each repo's stage and verify pass as an Ansible async job (C(async), C(poll=0)) and
+    watches it with this module, in three steps given by O(mode).
+  - O(mode=prepare), before the first job starts - refuses a jobs dir O(async_dir) that is a symlink, or has
+    a symlink on its way inside O(dest) (C(.locks)), naming the link and the fix; creates it; removes the job
+    files ended jobs of earlier runs left there (only the names Ansible's async_wrapper gives its files,
+    C(j<digits>.<digits>) and their C(.tmp); a job file still saying running is left alone until it is older
+    than O(async_timeout)). No other file in that directory is touched.
+  - O(mode=poll), under C(until)/C(retries)/C(delay) - reads the job file and the repo's progress file
+    C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) (tolerating a missing, half-written or garbled
+    one) and returns RV(progress), RV(finished) and one human RV(line) with binary units, rate and ETA.
+    Figures an earlier run left in the progress file are not shown as this job's.
+  - O(mode=result), once the job ended - returns the job's own result (the hf_hub_mirror keys, documented
+    there, with its C(changed), C(failed) and C(msg) - a failed job fails this task with the mirror's message),
+    adds RV(progress), RV(finished) and RV(line), and removes the job's file.
+author: dgx-stage maintainers
+options:
+  mode:
+    description: The step - V(prepare) the jobs dir, V(poll) a job, or read its V(result).
+    type: str
+    choices: [prepare, poll, result]
+    default: poll
+  async_dir:
+    description: The jobs dir the async task was given (its C(ansible_async_dir)).
+    type: path
+    required: true
+  dest:
+    description: The local hub root (hf_hub_mirror's C(dest)); holds the repo's progress file.
+    type: path
+    required: true
+  jid:
+    description: The job id (the async task's C(ansible_job_id)). Required unless O(mode=prepare).
+    type: str
+  repo_id:
+    description: The job's repo id, C(org/name). Required unless O(mode=prepare).
+    type: str
+  repo_type:
+    description: Kind of repo.
+    type: str
+    choices: [model, dataset, space]
+    default: model
+  phase:
+    description: The pass the job runs (hf_hub_mirror's C(phase)); its figures are read from the progress file.
+    type: str
+    choices: [stage, verify]
+    default: stage
+  first_wait:
+    description:
+      - O(mode=poll) - while the job is younger than this many seconds, wait for it to end (its job file is
+        checked every quarter second at most) before answering. A job shorter than that ends within its first
+        poll, with no retry and no poll interval lost; an older job is answered at once.
+    type: float
+    default: 0
+  async_timeout:
+    description:
+      - The async time limit the jobs run with, in seconds. O(mode=prepare) removes a job file still saying
+        running only once it is older than this (its wrapper was killed).
+    type: int
+    default: 86400
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: O(mode=prepare) says what it would create and remove; O(mode=result) leaves the job file; polls only read.
+  diff_mode:
+    support: full
+    details: O(mode=result) returns the job's own diff (hf_hub_mirror's, when its task ran in diff mode).
+  idempotent:
+    description: A second run with the same options and the same state reports C(changed=false).
+    support: full
+    details: >-
+      Polls never change anything. O(mode=prepare) reports a change when it created the jobs dir or removed
+      job files (the stage role does not count its own scratch space as a change); O(mode=result) reports the
+      job's own C(changed).
+  platform:
+    support: full
+    platforms: posix
+notes:
+  - Runs on the node with the system Python; stdlib only.
+"""
+
+EXAMPLES = r"""
+- name: Ready the jobs dir
+  stage_progress:
+    mode: prepare
+    dest: /raid/hf-local/hub
+    async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
+
+- name: Stage one repo in the background
+  hf_hub_mirror:
+    src: /mnt/nas/hf/hub
+    dest: /raid/hf-local/hub
+    repo_id: coolbho3k/DSpark-drafter
+  async: 86400
+  poll: 0
+  vars:
+    ansible_async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
+  register: job
+
+- name: Progress of the copy, every 5 seconds until it ended
+  stage_progress:
+    dest: /raid/hf-local/hub
+    async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
+    jid: "{{ job.ansible_job_id }}"
+    repo_id: coolbho3k/DSpark-drafter
+  register: watched
+  until: watched.finished
+  retries: 17280
+  delay: 5
+
+- name: The mirror's own result (fails with its message when the copy failed)
+  stage_progress:
+    mode: result
+    dest: /raid/hf-local/hub
+    async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
+    jid: "{{ job.ansible_job_id }}"
+    repo_id: coolbho3k/DSpark-drafter
+"""
+
+RETURN = r"""
+progress:
+  description: The job's figures from the progress file; null or 0 until the job wrote its first.
+  returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
+  type: dict
+  contains:
+    repo_id:
+      description: O(repo_id).
+      type: str
+    pass:
+      description: O(phase).
+      type: str
+    step:
+      description: What the pass is doing - V(planning), V(hashing) (content checks), V(copying), V(done).
+      type: str
+    current:
+      description: The snapshot path in hand (null between files and at the end).
+      type: str
+    files_done:
+      description: Files whose work this pass is over.
+      type: int
+    files_total:
+      description: Files this pass works on.
+      type: int
+    bytes_done:
+      description: Bytes read so far (copies and content checks).
+      type: int
+    bytes_total:
+      description: Bytes to read; equals RV(progress.bytes_done) once the pass finished.
+      type: int
+    percent:
+      description: RV(progress.bytes_done) of RV(progress.bytes_total), in percent (100 only once finished).
+      type: float
+    mib_per_s:
+      description: Mean rate so far in MiB/s (null until known).
+      type: float
+    eta_s:
+      description: Seconds left at that rate (null until known, 0 once finished).
+      type: float
+    status:
+      description: V(running), V(ok), V(failed) or V(interrupted) (null before the first figures).
+      type: str
+    finished:
+      description: The pass ended well.
+      type: bool
+    aborted:
+      description: The pass stopped on an error, Ctrl-C or SIGTERM.
+      type: bool
+    error:
+      description: Why it stopped, when it did.
+      type: str
+    started_at:
+      description: When the pass started, ISO 8601 UTC.
+      type: str
+    updated_at:
+      description: When the figures were written, ISO 8601 UTC (null before the first figures).
+      type: str
+finished:
+  description: The job ended (its result is in its job file, or the job file is gone).
+  returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
+  type: bool
+line:
+  description: >-
+    One line for the operator, e.g. V(stage org/x: 12.3 GiB of 300.0 GiB (4%), 3/14 files, 812 MiB/s, ETA 6m12s,
+    current: model-00003.safetensors); V(starting) before the first figures; V(done) or V(failed: <msg>) at the end.
+  returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
+  type: str
+jid:
+  description: O(jid).
+  returned: success when O(mode=poll)
+  type: str
+async_dir:
+  description: The jobs dir, as an absolute path.
+  returned: success when O(mode=prepare)
+  type: str
+created:
+  description: The jobs dir was created (in check mode, would be).
+  returned: success when O(mode=prepare)
+  type: bool
+removed:
+  description: Job files of ended jobs removed from the jobs dir (in check mode, that would be).
+  returned: success when O(mode=prepare)
+  type: list
+  elements: str
+msg:
+  description: What failed - the job's own message (O(mode=result)), or the refused jobs dir.
+  returned: failure
+  type: str
+"""
+
+import json
+import os
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_progress import poll, prepare_jobs_dir, remove_job
+
+
+ARGUMENT_SPEC = dict(
+    mode=dict(type="str", default="poll", choices=["prepare", "poll", "result"]),
+    async_dir=dict(type="path", required=True),
+    dest=dict(type="path", required=True),
+    jid=dict(type="str"),
+    repo_id=dict(type="str"),
+    repo_type=dict(type="str", default="model", choices=["model", "dataset", "space"]),
+    phase=dict(type="str", default="stage", choices=["stage", "verify"]),
+    first_wait=dict(type="float", default=0),
+    async_timeout=dict(type="int", default=86400),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           required_if=[("mode", "poll", ["jid", "repo_id"]), ("mode", "result", ["jid", "repo_id"])])
+    params = module.params
+    if params["mode"] == "prepare":
+        try:
+            done = prepare_jobs_dir(params["dest"], params["async_dir"], params["async_timeout"],
+                                    check_mode=module.check_mode)
+        except (StageError, OSError) as exc:
+            module.fail_json(msg="stage_progress: %s" % exc)
+        module.exit_json(changed=bool(done["created"] or done["removed"]),
+                         async_dir=os.path.abspath(params["async_dir"]), **done)
+    try:
+        seen = poll(params["async_dir"], params["jid"], params["dest"], params["repo_id"], params["repo_type"],
+                    params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0)
+    except StageError as exc:
+        module.fail_json(msg="stage_progress: %s" % exc)
+    if params["mode"] == "poll":
+        module.exit_json(changed=False, jid=params["jid"], finished=seen["finished"], progress=seen["progress"],
+                         line=seen["line"])
+    if not seen["finished"]:
+        module.fail_json(msg="stage_progress: job %s of %s is still running: poll it until it finished first"
+                         % (params["jid"], params["repo_id"]), finished=False, progress=seen["progress"],
+                         line=seen["line"])
+    result = dict(seen["job"]["result"], finished=True, progress=seen["progress"], line=seen["line"])
+    for key in ("ansible_job_id", "started", "results_file"):   # the wrapper's keys, not the mirror's
+        result.pop(key, None)
+    if not module.check_mode:
+        remove_job(params["async_dir"], params["jid"])
+    # The job's own result as it wrote it (its warnings, diff and changed untouched), as async_status does.
+    print("\n%s" % json.dumps(result))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,366 @@
+# -*- coding: utf-8 -*-
+"""Watching a background hf_hub_mirror job: its Ansible job file, its repo's progress file, one human line.
+
+The stage role runs each repo's stage and verify pass as an Ansible async job (`async`, `poll: 0`) and polls
+it with the stage_progress module, which is a thin wrapper around these functions:
+- prepare_jobs_dir: the jobs directory (refused when it or `.locks` is a symlink), cleared of the job
+  files that ended jobs of earlier runs left (only names Ansible's async_wrapper gives its files);
+- read_job: the state of one job from its job file (running, ended with its result, or missing);
+- read_progress / pass_figures / shape_progress: the repo's progress file (written by the mirror's
+  PassMeter), read whatever state it is in, reduced to the figures of the pass this job runs;
+- progress_line: one line for the operator, binary units, rate and ETA.
+
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import calendar
+import json
+import os
+import re
+import stat
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_hubcache import repo_folder_name
+from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalTree, linked_dir_problem
+
+# What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
+JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
+# A job file or its temp that is older than this and still says "running" was left by a killed wrapper
+# (a wrapper writes its .tmp in milliseconds, and kills its job at the async time limit).
+TMP_STALE_S = 60
+# The keys every `progress` dict has (null or 0 before the job wrote its first figures).
+PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_total", "bytes_done", "bytes_total",
+                 "percent", "mib_per_s", "eta_s", "status", "finished", "aborted", "error", "started_at",
+                 "updated_at")
+READ_LIMIT = 1024 * 1024
+
+
+# ---- files ----------------------------------------------------------------------------------------------
+
+def read_json_file(path):
+    """The JSON object in `path` (never through a final symlink), or None when the file is missing, not
+    a regular file, empty, half-written or not a JSON object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = json.loads(os.read(fd, READ_LIMIT).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+def progress_path(dest, repo_id, repo_type="model"):
+    """`<dest>/.locks/<repo folder>/dgx-stage.progress.json`, where the mirror keeps the repo's figures."""
+    return os.path.join(dest, ".locks", repo_folder_name(repo_id, repo_type), PROGRESS_NAME)
+
+
+def read_progress(dest, repo_id, repo_type="model"):
+    """The repo's progress document, or None when there is none (yet) or it cannot be read as one."""
+    return read_json_file(progress_path(dest, repo_id, repo_type))
+
+
+# ---- the job file ---------------------------------------------------------------------------------------
+
+def job_state(data):
+    """`running` or `ended` from a job file's JSON (None: empty or unreadable, as while it is first written).
+    async_wrapper writes {started, finished: false} when the job starts and the module's result at the end."""
+    if data is None:
+        return "running"
+    if "started" in data and not data.get("finished"):
+        return "running"
+    return "ended"
+
+
+def read_job(async_dir, jid):
+    """The job's state: {state: running|ended|missing, result: the module's result once ended, started:
+    epoch seconds the job file was written at (the job's start while it runs), path}."""
+    path = os.path.join(async_dir, jid)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return {"state": "missing", "result": None, "started": None, "path": path}
+    data = read_json_file(path)
+    state = job_state(data)
+    return {"state": state, "result": data if state == "ended" else None, "started": st.st_mtime, "path": path}
+
+
+def remove_job(async_dir, jid):
+    """Remove this job's file (and a temp its wrapper left); the names removed."""
+    removed = []
+    for name in (jid, jid + ".tmp"):
+        if not JOB_FILE.match(name):
+            continue
+        try:
+            os.unlink(os.path.join(async_dir, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def ended_job_file(name, data, age_s, async_timeout):
+    """Whether a file of the jobs dir is a job file of an ended job, safe to remove.
+
+    Only async_wrapper's names count. A job file holding a result ended; one still saying running (or not
+    readable yet) ended only once it is older than the async time limit (its wrapper would have killed the
+    job and written a result by then: only a killed wrapper leaves it). A temp file ended after TMP_STALE_S.
+    """
+    match = JOB_FILE.match(name)
+    if not match:
+        return False
+    if match.group(1):
+        return age_s > TMP_STALE_S
+    return job_state(data) == "ended" or age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+
+
+def jobs_dir_problem(dest, async_dir):
+    """Why the jobs dir cannot be used (it or a directory on its way inside the local hub is a symlink, or
+    not a directory), or None. Outside the local hub only the jobs dir itself is checked."""
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    if async_dir == dest or async_dir.startswith(dest.rstrip(os.sep) + os.sep):
+        rel = os.path.relpath(async_dir, dest)
+        problem = linked_dir_problem(dest, rel)
+    else:
+        problem = linked_dir_problem(os.path.dirname(async_dir), os.path.basename(async_dir))
+    if problem:
+        return ("the async jobs dir %s cannot be used: %s. Set stage_async_dir to a real directory, or leave it "
+                "empty for <hub_local_root>/.locks/dgx-stage-async" % (async_dir, problem))
+    return None
+
+
+def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
+    """Refuse a symlinked jobs dir (or `.locks` on its way), create it, and remove the job files ended jobs
+    of earlier runs left there. Returns {created, removed (names)}; any other file is left alone."""
+    problem = jobs_dir_problem(dest, async_dir)
+    if problem:
+        raise StageError(problem)
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    inside = async_dir == dest or async_dir.startswith(dest.rstrip(os.sep) + os.sep)
+    root, rel = (dest, os.path.relpath(async_dir, dest)) if inside else \
+        (os.path.dirname(async_dir), os.path.basename(async_dir))
+    created = not os.path.isdir(async_dir)
+    if check_mode:
+        if created:
+            return {"created": True, "removed": []}
+        return {"created": False, "removed": [name for name, _st in _ended_jobs(async_dir, None, async_timeout, now)]}
+    tree = LocalTree(root)
+    removed = []
+    with tree.open_dir(rel, create=True) as jobs:
+        for name, st in _ended_jobs(jobs.path, jobs.fd, async_timeout, now):
+            try:
+                os.unlink(name, dir_fd=jobs.fd)
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return {"created": created, "removed": removed}
+
+
+def _ended_jobs(path, dir_fd, async_timeout, now):
+    """(name, lstat) of the regular files in the jobs dir that are job files of ended jobs."""
+    now = time.time() if now is None else now
+    try:
+        names = sorted(os.listdir(dir_fd if dir_fd is not None else path))
+    except FileNotFoundError:
+        return []
+    ended = []
+    for name in names:
+        if not JOB_FILE.match(name):
+            continue
+        try:
+            st = os.lstat(name, dir_fd=dir_fd) if dir_fd is not None else os.lstat(os.path.join(path, name))
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        data = read_json_file(os.path.join(path, name)) if not name.endswith(".tmp") else None
+        if ended_job_file(name, data, now - st.st_mtime, async_timeout):
+            ended.append((name, st))
+    return ended
+
+
+# ---- the progress figures -------------------------------------------------------------------------------
+
+def utc_epoch(text):
+    """Epoch seconds of an ISO 8601 UTC text (2026-09-27T03:14:15Z), or None."""
+    try:
+        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
+    except (TypeError, ValueError):
+        return None
+
+
+def pass_figures(doc, phase, not_before=None):
+    """The figures of pass `phase` in a progress document: its `passes` entry (else the top level when it is
+    that pass), or None. not_before: epoch seconds the job started; figures of an earlier run are not this
+    job's (the file keeps the last run's figures until the job writes its own)."""
+    if not isinstance(doc, dict):
+        return None
+    passes = doc.get("passes")
+    figures = passes.get(phase) if isinstance(passes, dict) else None
+    if not isinstance(figures, dict):
+        figures = doc if doc.get("pass") == phase else None
+    if figures is None:
+        return None
+    if not_before is not None:
+        started = utc_epoch(figures.get("started_at"))
+        if started is None or started < int(not_before):
+            return None
+    return figures
+
+
+def _number(value, kind=int):
+    try:
+        return kind(value) if value is not None and not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def shape_progress(figures, repo_id, phase):
+    """The `progress` dict of a poll: the PROGRESS_KEYS, null or 0 when there are no figures yet."""
+    figures = figures if isinstance(figures, dict) else {}
+    done = _number(figures.get("bytes_done")) or 0
+    total = _number(figures.get("bytes_total")) or 0
+    files_done = _number(figures.get("files_done")) or 0
+    files_total = _number(figures.get("files_total")) or 0
+    status = figures.get("status") if isinstance(figures.get("status"), str) else None
+    finished = figures.get("finished") is True
+    if total > 0:
+        percent = 100.0 if finished else min(99.9, 100.0 * done / total)
+    elif files_total > 0:
+        percent = 100.0 * files_done / files_total
+    else:
+        percent = 100.0 if finished else 0.0
+    current = figures.get("current")
+    return {
+        "repo_id": repo_id, "pass": phase,
+        "step": figures.get("step") if isinstance(figures.get("step"), str) else None,
+        "current": current if isinstance(current, str) else None,
+        "files_done": files_done, "files_total": files_total, "bytes_done": done, "bytes_total": total,
+        "percent": round(percent, 1), "mib_per_s": _number(figures.get("mib_per_s"), float),
+        "eta_s": _number(figures.get("eta_s"), float), "status": status, "finished": finished,
+        "aborted": figures.get("aborted") is True,
+        "error": figures.get("error") if isinstance(figures.get("error"), str) else None,
+        "started_at": figures.get("started_at") if isinstance(figures.get("started_at"), str) else None,
+        "updated_at": figures.get("updated_at") if isinstance(figures.get("updated_at"), str) else None,
+    }
+
+
+# ---- the line -------------------------------------------------------------------------------------------
+
+def human_bytes(size):
+    """Binary units, one decimal: 17 B, 3.2 KiB, 812.0 MiB, 12.3 GiB, 1.2 TiB."""
+    size = float(size or 0)
+    if size < 1024:
+        return "%d B" % size
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024.0
+        if size < 1024 or unit == "TiB":
+            return "%.1f %s" % (size, unit)
+
+
+def human_rate(mib_per_s):
+    """812 MiB/s, 9.5 MiB/s."""
+    return ("%.0f MiB/s" if mib_per_s >= 10 else "%.1f MiB/s") % mib_per_s
+
+
+def human_eta(seconds):
+    """ETA text: 45s, 6m12s, 1h02m."""
+    seconds = int(round(max(0.0, float(seconds))))
+    if seconds < 60:
+        return "%ds" % seconds
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return "%dm%02ds" % (minutes, secs)
+    hours, minutes = divmod(minutes, 60)
+    return "%dh%02dm" % (hours, minutes)
+
+
+def progress_line(progress, finished=False, job_result=None):
+    """One line for the operator: `stage org/x: 12.3 GiB of 300.0 GiB (4%), 812 MiB/s, ETA 6m12s, current:
+    model-00003.safetensors`; before the first figures, `starting`; once the job ended, how it ended."""
+    head = "%s %s" % (progress.get("pass") or "stage", progress.get("repo_id") or "?")
+    failed = isinstance(job_result, dict) and bool(job_result.get("failed"))
+    has_figures = progress.get("updated_at") is not None
+    if not has_figures:
+        if finished:
+            return "%s: %s" % (head, _ended_text(job_result, failed))
+        return "%s: starting (no figures yet)" % head
+    parts = ["%s of %s (%d%%)" % (human_bytes(progress["bytes_done"]), human_bytes(progress["bytes_total"]),
+                                  int(progress["percent"]))]
+    if progress.get("files_total"):
+        parts.append("%d/%d files" % (progress["files_done"], progress["files_total"]))
+    if progress.get("mib_per_s") is not None:
+        parts.append(human_rate(progress["mib_per_s"]))
+    if finished or progress.get("finished") or progress.get("aborted"):
+        return "%s: %s, %s" % (head, _ended_text(job_result, failed or progress.get("aborted"), progress),
+                               ", ".join(parts))
+    if progress.get("eta_s") is not None:
+        parts.append("ETA %s" % human_eta(progress["eta_s"]))
+    if progress.get("current"):
+        parts.append("current: %s" % progress["current"])
+    return "%s: %s" % (head, ", ".join(parts))
+
+
+def _ended_text(job_result, failed, progress=None):
+    if failed:
+        msg = (job_result or {}).get("msg") or (progress or {}).get("error") or (progress or {}).get("status")
+        first = " ".join(str(msg or "").split())
+        return "failed" + (": " + (first if len(first) <= 160 else first[:157] + "...") if first else "")
+    return "done"
+
+
+def job_figures(doc, phase, job):
+    """This job's figures of pass `phase` from the progress document, or None (none yet, or an earlier
+    run's). While the job runs its file's time is its start: figures started since then are its own. Once
+    it ended the file's time is its end: figures that started within the module's own run time before it
+    (its result's duration_s), else that were last written by then, are its own."""
+    if job["started"] is None:
+        return None
+    if job["state"] == "running":
+        return pass_figures(doc, phase, not_before=job["started"])
+    figures = pass_figures(doc, phase)
+    if figures is None:
+        return None
+    duration = _number((job["result"] or {}).get("duration_s"), float)
+    if duration is not None:
+        started = utc_epoch(figures.get("started_at"))
+        return figures if started is not None and started >= int(job["started"] - duration) - 2 else None
+    updated = utc_epoch(figures.get("updated_at"))
+    return figures if updated is not None and updated >= int(job["started"]) - 2 else None
+
+
+def wait_while_young(async_dir, jid, first_wait, clock=time.time, sleep=time.sleep):
+    """read_job, after waiting for the job to end while it is younger than first_wait seconds (its job file's
+    time is its start): a job shorter than that ends within its first poll, with no retry and no delay."""
+    pause = 0.05
+    while True:
+        job = read_job(async_dir, jid)
+        if job["state"] != "running":
+            return job
+        left = job["started"] + float(first_wait or 0) - clock()
+        if left <= 0:
+            return job
+        sleep(min(pause, left))
+        pause = min(pause * 2, 0.25)
+
+
+def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_wait=0, clock=time.time,
+         sleep=time.sleep):
+    """One poll of a job: {finished, progress, line, job} (job: read_job's dict, with the module's result
+    once it ended; a missing job file is an ended job whose result says so). first_wait: see wait_while_young."""
+    job = wait_while_young(async_dir, jid, first_wait, clock, sleep)
+    if job["state"] == "missing":
+        job["result"] = {"failed": True, "msg": "no job file %s: the background job did not start, or its file "
+                                                "was removed" % job["path"]}
+    figures = job_figures(read_progress(dest, repo_id, repo_type), phase, job)
+    progress = shape_progress(figures, repo_id, phase)
+    finished = job["state"] != "running"
+    return {"finished": finished, "progress": progress, "line": progress_line(progress, finished, job["result"]),
+            "job": job}

@@ -1,0 +1,128 @@
+"""The stage and verify passes run each repo as a background job (async, poll 0) watched by stage_progress polls
+(roles/stage/tasks/mirror-async.yml): through ansible-playbook on localhost, the polls' progress grows while a
+paced copy runs (read from ansible-runner's retry events), the mirror's own failure still fails the host with
+its message, the jobs dir keeps everything but the files of ended jobs, a symlinked jobs dir is refused before
+anything is written, and a re-run changes nothing."""
+import json
+import os
+
+import ansible_runner
+
+from conftest import REPO_ROOT, ansible_env, failures, run_playbook
+from hubgen import DRAFTER_REPO, MAIN_REPO
+from test_stage_playbook import _corrupt_nas_shard, mirror_results, play
+from test_verify_and_progress import lane, paced_python, to_copy
+
+MIB = 1024 * 1024
+STAGE = "preflight,stage"
+JOBS = os.path.join(".locks", "dgx-stage-async")
+RESULT_TASK = "Mirror | Each repo from the NAS hub to the local hub, pass %s"
+
+
+def job_files(hub):
+    jobs = os.path.join(str(hub), JOBS)
+    return sorted(name for name in os.listdir(jobs) if name.startswith("j")) if os.path.isdir(jobs) else []
+
+
+def runner_events(tmp_path, inventory, tags):
+    """(status, rc, events) of stage-deepseek.yml run through ansible_runner, as a front end runs it."""
+    events = []
+    (tmp_path / "runner").mkdir()
+    env = ansible_env(tmp_path)
+    env.pop("ANSIBLE_STDOUT_CALLBACK")          # ansible-runner brings its own
+    run = ansible_runner.run(private_data_dir=str(tmp_path / "runner"), project_dir=REPO_ROOT,
+                             playbook="stage-deepseek.yml", inventory=inventory, cmdline="--tags %s" % tags,
+                             envvars=env, quiet=True, event_handler=lambda event: events.append(event) or True)
+    return run.status, run.rc, events
+
+
+def test_polls_report_growing_progress_of_a_slow_copy(tmp_path, make_nas_hub):
+    nas = make_nas_hub(shard_size=24 * MIB, n_shards=4)
+    files, nbytes = to_copy(nas)
+    inventory, roots = lane(tmp_path, nas, interpreter=paced_python(tmp_path, delay=0.2), stage_workers=2,
+                            stage_poll_interval=0.5)
+    status, rc, events = runner_events(tmp_path, inventory, STAGE)
+    assert (status, rc) == ("successful", 0), [e.get("stdout") for e in events][-30:]
+    polls = [e["event_data"]["res"] for e in events if e["event"] == "runner_retry"
+             and e["event_data"]["res"].get("progress", {}).get("repo_id") == MAIN_REPO]
+    assert len(polls) >= 2, [p.get("line") for p in polls]
+    for res in polls:
+        assert res["finished"] is False and res["progress"]["pass"] == "stage"
+        assert res["line"].startswith("stage %s: " % MAIN_REPO)
+    moving = [p["progress"] for p in polls if p["progress"]["updated_at"]]
+    done = [p["bytes_done"] for p in moving]
+    assert done == sorted(done) and len(set(done)) >= 2, done           # it grows, never back
+    assert all(p["bytes_total"] == nbytes for p in moving if p["step"] == "copying")
+    # The job's end: the last poll, then the result task with the mirror's own result and the full figures.
+    ended = [e["event_data"]["res"] for e in events if e["event"] in ("runner_on_ok", "runner_item_on_ok")
+             and e["event_data"].get("task_action", "").endswith("stage_progress")
+             and e["event_data"]["res"].get("finished") is True
+             and e["event_data"]["res"].get("progress", {}).get("repo_id") == MAIN_REPO]
+    assert ended, "no finished poll or result of %s" % MAIN_REPO
+    final = ended[-1]
+    assert final["progress"]["bytes_done"] == final["progress"]["bytes_total"] == nbytes >= done[-1]
+    assert final["progress"]["files_done"] == files and final["progress"]["finished"] is True
+    assert final["report"]["status"] == "ok" and final["blobs"]["copied"] > 0 and final["changed"] is True
+    assert job_files(roots["localhost"]) == []
+
+
+def test_a_corrupt_nas_blob_fails_the_host_with_the_mirrors_message(tmp_path, nas_hub):
+    shard = nas_hub["repos"][MAIN_REPO]["shards"][1]
+    info = _corrupt_nas_shard(nas_hub, shard)
+    inventory, roots = lane(tmp_path, nas_hub)
+    code, tasks, stats = play(tmp_path, inventory, tags=STAGE)
+    assert code != 0 and stats["failures"] == 1
+    results = dict((r["item"]["repo_id"], r) for r in mirror_results(tasks, "stage"))
+    failed = results[MAIN_REPO]
+    assert failed["failed"] is True and shard in failed["msg"] and info["etag"] in failed["msg"]
+    assert failed["nas_corrupt"] == [shard] and failed["progress"]["aborted"] is True
+    assert results[DRAFTER_REPO]["report"]["status"] == "ok"      # every repo had its turn, as in the foreground
+    report = json.loads((tmp_path / "reports" / "localhost.json").read_text())
+    assert report["status"] == "failed"
+    assert report["failed_task"].startswith(RESULT_TASK % "stage")
+    assert shard in report["failed_msg"] and info["etag"] in report["failed_msg"]
+    rows = dict((row["repo_id"], row) for row in report["passes"]["stage"])
+    assert rows[MAIN_REPO]["status"] == "failed" and rows[MAIN_REPO]["nas_corrupt"] == [shard]
+    assert job_files(roots["localhost"]) == []
+
+
+def test_only_ended_jobs_files_are_removed_and_a_rerun_changes_nothing(tmp_path, nas_hub):
+    inventory, roots = lane(tmp_path, nas_hub)
+    jobs = roots["localhost"] / JOBS
+    jobs.mkdir(parents=True)
+    (jobs / "decoy.json").write_text('{"changed": true}')                    # not a job file: kept
+    (jobs / "j100.200").write_text('{"changed": false, "msg": "an earlier run"}')   # an ended job: removed
+    (jobs / "j300.400").write_text('{"started": true, "finished": false}')   # another run's job, running: kept
+    code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage,verify")
+    assert code == 0, failures(data)
+    assert sorted(os.listdir(str(jobs))) == ["decoy.json", "j300.400"]       # and none of this run's
+    assert (jobs / "decoy.json").read_text() == '{"changed": true}'
+
+    code, tasks, stats = play(tmp_path, inventory, tags="preflight,stage,verify")
+    assert code == 0 and stats["changed"] == 0, stats
+    for stage_pass in ("stage", "verify"):
+        rows = mirror_results(tasks, stage_pass)
+        assert [r["item"]["repo_id"] for r in rows] == [MAIN_REPO, DRAFTER_REPO]
+        assert all(r["changed"] is False and r["report"]["status"] == "ok" for r in rows)
+    assert sorted(os.listdir(str(jobs))) == ["decoy.json", "j300.400"]
+
+
+def test_a_symlinked_jobs_dir_is_refused_before_anything_is_written(tmp_path, nas_hub):
+    inventory, roots = lane(tmp_path, nas_hub)
+    hub = roots["localhost"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (hub / ".locks").mkdir(parents=True)
+    os.symlink(str(elsewhere), str(hub / JOBS))
+    code, tasks, stats = play(tmp_path, inventory, tags=STAGE)
+    assert code != 0 and stats["failures"] == 1
+    refused = [run for name, runs in tasks.items() if name.startswith("Mirror | Ready the background jobs")
+               for run in runs if run.get("failed")]
+    assert len(refused) == 1, tasks.keys()
+    msg = refused[0]["msg"]
+    assert str(hub / JOBS) in msg and "symlink" in msg and "stage_async_dir" in msg
+    assert os.listdir(str(elsewhere)) == []
+    assert sorted(os.listdir(str(hub))) == [".locks"]                 # no repo was touched
+    report = json.loads((tmp_path / "reports" / "localhost.json").read_text())
+    assert report["failed_task"].startswith("Mirror | Ready the background jobs") and str(hub / JOBS) in \
+        report["failed_msg"]

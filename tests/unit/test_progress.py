@@ -1,0 +1,294 @@
+"""Watching a background hf_hub_mirror job (module_utils/dgx_progress.py, library/stage_progress.py): the job
+file, the progress file in whatever state it is found, the figures of this job only, the human line, and the
+jobs dir (symlinks refused, only ended jobs' files removed)."""
+import json
+import os
+import time
+
+import pytest
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils import dgx_progress as progress
+from ansible.module_utils.dgx_progress import (ended_job_file, human_bytes, human_eta, job_figures, pass_figures,
+                                               poll, prepare_jobs_dir, progress_line, read_job, read_json_file,
+                                               shape_progress)
+from test_module_docs import check_result, run_main
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+REPO = "org/model"
+FOLDER = "models--org--model"
+
+
+def utc(epoch):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def figures(phase="stage", started=None, **kw):
+    started = time.time() if started is None else started
+    doc = {"pass": phase, "repo_id": REPO, "started_at": utc(started), "updated_at": utc(started + 2),
+           "step": "copying", "current": "model-00003.safetensors", "files_done": 2, "files_total": 14,
+           "bytes_done": 12 * GIB + 300 * MIB, "bytes_total": 300 * GIB, "mib_per_s": 812.4, "eta_s": 372.0,
+           "status": "running", "finished": False, "aborted": False, "error": None}
+    doc.update(kw)
+    return doc
+
+
+def write_progress(dest, doc):
+    lock_dir = os.path.join(str(dest), ".locks", FOLDER)
+    os.makedirs(lock_dir, exist_ok=True)
+    path = os.path.join(lock_dir, "dgx-stage.progress.json")
+    with open(path, "w") as handle:
+        handle.write(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+def write_job(jobs, jid, data, mtime=None):
+    os.makedirs(str(jobs), exist_ok=True)
+    path = os.path.join(str(jobs), jid)
+    with open(path, "w") as handle:
+        handle.write(data if isinstance(data, str) else json.dumps(data))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+RUNNING = {"started": True, "finished": False, "ansible_job_id": "j1.2"}
+
+
+# ---- reading files in whatever state ------------------------------------------------------------------
+
+@pytest.mark.parametrize("content", ["", "{\"pass\": \"sta", "garbage", "[1, 2]", "\x00\x01"])
+def test_a_half_written_or_garbled_file_reads_as_none(tmp_path, content):
+    path = tmp_path / "f.json"
+    path.write_text(content)
+    assert read_json_file(str(path)) is None
+
+
+def test_a_missing_file_or_a_link_reads_as_none(tmp_path):
+    assert read_json_file(str(tmp_path / "absent.json")) is None
+    real = tmp_path / "real.json"
+    real.write_text('{"a": 1}')
+    os.symlink(str(real), str(tmp_path / "link.json"))
+    assert read_json_file(str(real)) == {"a": 1}
+    assert read_json_file(str(tmp_path / "link.json")) is None
+
+
+def test_the_job_file_says_running_ended_or_missing(tmp_path):
+    jobs = tmp_path / "jobs"
+    write_job(jobs, "j1.2", RUNNING)
+    assert read_job(str(jobs), "j1.2")["state"] == "running"
+    write_job(jobs, "j1.3", "")                                     # not written yet: still starting
+    assert read_job(str(jobs), "j1.3")["state"] == "running"
+    write_job(jobs, "j1.4", {"changed": True, "report": {}, "ansible_job_id": "j1.4"})
+    ended = read_job(str(jobs), "j1.4")
+    assert ended["state"] == "ended" and ended["result"]["changed"] is True
+    assert read_job(str(jobs), "j9.9") == {"state": "missing", "result": None, "started": None,
+                                          "path": str(jobs / "j9.9")}
+
+
+# ---- the figures of this job's pass ------------------------------------------------------------------
+
+def test_the_pass_is_read_from_passes_else_from_the_top_level():
+    stage, verify = figures("stage"), figures("verify", bytes_done=5)
+    doc = dict(verify, passes={"stage": stage, "verify": verify})
+    assert pass_figures(doc, "stage") == stage and pass_figures(doc, "verify") == verify
+    assert pass_figures(stage, "stage") == stage and pass_figures(stage, "verify") is None
+    assert pass_figures(None, "stage") is None and pass_figures({"passes": "x"}, "stage") is None
+
+
+def test_figures_of_an_earlier_run_are_not_this_jobs():
+    now = 1800000000
+    old = figures("verify", started=now - 3600, status="ok", finished=True)
+    running = {"state": "running", "started": now, "result": None}
+    assert job_figures(old, "verify", running) is None
+    fresh = figures("verify", started=now + 1)
+    assert job_figures(fresh, "verify", running) == fresh
+    # Ended: the job file's time is its end; figures started within the module's run time are its own.
+    ended = {"state": "ended", "started": now + 30, "result": {"duration_s": 29.5}}
+    assert job_figures(fresh, "verify", ended) == fresh and job_figures(old, "verify", ended) is None
+    # A job that failed with no run time (lock held): only figures written right at its end count.
+    refused = {"state": "ended", "started": now, "result": {"failed": True, "msg": "lock"}}
+    assert job_figures(old, "verify", refused) is None
+    assert job_figures(figures("verify", started=now - 2), "verify", refused) is not None
+
+
+def test_progress_has_every_key_null_or_zero_before_the_first_figures():
+    shaped = shape_progress(None, REPO, "verify")
+    assert sorted(shaped) == sorted(progress.PROGRESS_KEYS)
+    assert shaped["repo_id"] == REPO and shaped["pass"] == "verify"
+    assert (shaped["bytes_done"], shaped["bytes_total"], shaped["files_done"], shaped["files_total"]) == (0, 0, 0, 0)
+    assert shaped["updated_at"] is None and shaped["mib_per_s"] is None and shaped["eta_s"] is None
+    assert shaped["finished"] is False and shaped["aborted"] is False
+
+
+def test_progress_keeps_the_figures_and_tolerates_wrong_types():
+    shaped = shape_progress(figures(), REPO, "stage")
+    assert shaped["bytes_done"] == 12 * GIB + 300 * MIB and shaped["files_total"] == 14
+    assert shaped["percent"] == pytest.approx(4.1, abs=0.05) and shaped["current"] == "model-00003.safetensors"
+    odd = shape_progress(figures(bytes_done="many", mib_per_s=True, current=7, eta_s="x"), REPO, "stage")
+    assert odd["bytes_done"] == 0 and odd["mib_per_s"] is None and odd["current"] is None and odd["eta_s"] is None
+    # 100% only once finished; a pass with no bytes to read counts by files.
+    assert shape_progress(figures(bytes_done=10, bytes_total=10), REPO, "stage")["percent"] == 99.9
+    assert shape_progress(figures(bytes_done=10, bytes_total=10, finished=True), REPO, "stage")["percent"] == 100
+    assert shape_progress(figures(bytes_done=0, bytes_total=0, files_done=1, files_total=4), REPO,
+                          "verify")["percent"] == 25
+
+
+# ---- the line ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size, text", [(0, "0 B"), (1023, "1023 B"), (3277, "3.2 KiB"), (812 * MIB, "812.0 MiB"),
+                                        (12 * GIB + 300 * MIB, "12.3 GiB"), (1300 * GIB, "1.3 TiB")])
+def test_bytes_in_binary_units(size, text):
+    assert human_bytes(size) == text
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (44.6, "45s"), (372, "6m12s"), (3720, "1h02m"),
+                                           (-3, "0s")])
+def test_eta_text(seconds, text):
+    assert human_eta(seconds) == text
+
+
+def test_the_line_of_a_running_copy():
+    line = progress_line(shape_progress(figures(), REPO, "stage"))
+    assert line == ("stage org/model: 12.3 GiB of 300.0 GiB (4%), 2/14 files, 812 MiB/s, ETA 6m12s, "
+                    "current: model-00003.safetensors")
+
+
+def test_the_line_before_figures_without_a_rate_and_at_the_end():
+    assert progress_line(shape_progress(None, REPO, "verify")) == "verify org/model: starting (no figures yet)"
+    early = progress_line(shape_progress(figures(mib_per_s=None, eta_s=None, current=None), REPO, "stage"))
+    assert early == "stage org/model: 12.3 GiB of 300.0 GiB (4%), 2/14 files"
+    done = shape_progress(figures(bytes_done=300 * GIB, files_done=14, status="ok", finished=True, eta_s=0.0,
+                                  current=None), REPO, "stage")
+    assert progress_line(done, True, {"changed": True}) == \
+        "stage org/model: done, 300.0 GiB of 300.0 GiB (100%), 14/14 files, 812 MiB/s"
+    failed = progress_line(shape_progress(None, REPO, "stage"), True, {"failed": True, "msg": "hf_hub_mirror org/model:"
+                                                                       "  1 NAS blob(s)\n do not hold"})
+    assert failed == "stage org/model: failed: hf_hub_mirror org/model: 1 NAS blob(s) do not hold"
+
+
+# ---- one poll ------------------------------------------------------------------------------------------
+
+def test_a_poll_of_a_running_job_shows_its_figures_and_a_short_job_ends_within_the_first_poll(tmp_path):
+    dest, jobs = tmp_path / "hub", tmp_path / "hub" / ".locks" / "jobs"
+    now = time.time()
+    write_job(jobs, "j1.2", RUNNING, mtime=now - 10)
+    write_progress(dest, figures(started=now - 5))
+    seen = poll(str(jobs), "j1.2", str(dest), REPO)
+    assert seen["finished"] is False and seen["progress"]["bytes_total"] == 300 * GIB
+    assert seen["line"].startswith("stage org/model: 12.3 GiB of 300.0 GiB")
+    # A young job: the poll waits for it (here it ends during the first wait) instead of answering at once.
+    write_job(jobs, "j1.3", RUNNING, mtime=now)
+    clock = [now]
+
+    def sleep(seconds):
+        clock[0] += seconds
+        write_job(jobs, "j1.3", {"changed": False, "duration_s": 0.2})
+
+    seen = poll(str(jobs), "j1.3", str(dest), REPO, first_wait=5, clock=lambda: clock[0], sleep=sleep)
+    assert seen["finished"] is True and clock[0] - now < 0.1
+
+
+def test_a_poll_of_a_missing_job_ends_it_with_the_reason(tmp_path):
+    seen = poll(str(tmp_path / "jobs"), "j5.6", str(tmp_path), REPO)
+    assert seen["finished"] is True and seen["job"]["result"]["failed"] is True
+    assert "no job file" in seen["line"] and "j5.6" in seen["line"]
+
+
+# ---- the jobs dir --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, data, age, ended", [
+    ("j123.456", {"changed": True}, 0, True),                  # a result: ended
+    ("j123.456", RUNNING, 100, False),                         # running, younger than the time limit
+    ("j123.456", RUNNING, 86400 + 61, True),                   # its wrapper was killed long ago
+    ("j123.456", None, 100, False),                            # unreadable: as if being written
+    ("j123.456.tmp", None, 5, False),                          # a write in progress
+    ("j123.456.tmp", None, 61, True),
+    ("notes.txt", {"changed": True}, 10 ** 6, False),          # not a job file name
+    ("j123", {"changed": True}, 10 ** 6, False),
+    ("j12.34.bak", {"changed": True}, 10 ** 6, False),
+])
+def test_only_job_files_of_ended_jobs_are_removable(name, data, age, ended):
+    assert ended_job_file(name, data, age, 86400) is ended
+
+
+def test_prepare_removes_ended_jobs_files_only_and_keeps_a_decoy(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "j1.1", {"changed": False})
+    write_job(jobs, "j1.2", RUNNING)
+    write_job(jobs, "j1.3.tmp", "", mtime=time.time() - 120)
+    write_job(jobs, "decoy", {"changed": False})
+    (jobs / "j7.7").mkdir()                                    # a directory with a job's name is not a job file
+    os.symlink(str(jobs / "decoy"), str(jobs / "j8.8"))        # nor a link
+    assert prepare_jobs_dir(str(dest), str(jobs), 86400, check_mode=True) == {"created": False,
+                                                                               "removed": ["j1.1", "j1.3.tmp"]}
+    assert len(os.listdir(str(jobs))) == 6
+    assert prepare_jobs_dir(str(dest), str(jobs), 86400) == {"created": False, "removed": ["j1.1", "j1.3.tmp"]}
+    assert sorted(os.listdir(str(jobs))) == ["decoy", "j1.2", "j7.7", "j8.8"]
+
+
+def test_prepare_creates_the_dir_and_refuses_a_symlinked_locks_or_jobs_dir(tmp_path):
+    dest = tmp_path / "hub"
+    dest.mkdir()
+    assert prepare_jobs_dir(str(dest), str(dest / ".locks" / "jobs"), 60, check_mode=True)["created"] is True
+    assert not (dest / ".locks").exists()
+    assert prepare_jobs_dir(str(dest), str(dest / ".locks" / "jobs"), 60)["created"] is True
+    assert (dest / ".locks" / "jobs").is_dir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other = tmp_path / "hub2"
+    other.mkdir()
+    os.symlink(str(elsewhere), str(other / ".locks"))
+    with pytest.raises(StageError) as refused:
+        prepare_jobs_dir(str(other), str(other / ".locks" / "jobs"), 60)
+    assert str(other / ".locks") in str(refused.value) and "stage_async_dir" in str(refused.value)
+    assert os.listdir(str(elsewhere)) == []
+    os.symlink(str(elsewhere), str(tmp_path / "jobs-link"))
+    with pytest.raises(StageError):                            # outside the hub: the dir itself is checked
+        prepare_jobs_dir(str(dest), str(tmp_path / "jobs-link"), 60)
+    assert os.listdir(str(elsewhere)) == []
+
+
+# ---- the module ----------------------------------------------------------------------------------------
+
+def test_module_results_match_their_docs(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    dest.mkdir()
+    args = {"mode": "prepare", "dest": str(dest), "async_dir": str(jobs)}
+    check_result("stage_progress", args, run_main("stage_progress", dict(args, _ansible_check_mode=True)))
+    prepared = check_result("stage_progress", args, run_main("stage_progress", args))
+    assert prepared["created"] is True and prepared["changed"] is True
+    write_job(jobs, "j1.2", RUNNING)
+    args = {"dest": str(dest), "async_dir": str(jobs), "jid": "j1.2", "repo_id": REPO}
+    polled = check_result("stage_progress", args, run_main("stage_progress", args))
+    assert polled["finished"] is False and polled["changed"] is False and polled["line"].endswith("starting "
+                                                                                                 "(no figures yet)")
+    os.symlink(str(tmp_path), str(dest / "jobs-link"))
+    args = {"mode": "prepare", "dest": str(dest), "async_dir": str(dest / "jobs-link")}
+    refused = check_result("stage_progress", args, run_main("stage_progress", args), expect_failure=True)
+    assert str(dest / "jobs-link") in refused["msg"] and "is a symlink" in refused["msg"]
+
+
+def test_the_result_step_returns_the_jobs_own_result_and_removes_its_file(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    mirror = {"changed": True, "summary": "copied 3 files", "report": {"status": "ok"}, "duration_s": 1.0,
+              "warnings": ["a repair"], "invocation": {"module_args": {"repo_id": REPO}}}
+    write_job(jobs, "j1.2", dict(mirror, ansible_job_id="j1.2"))
+    write_progress(dest, figures(status="ok", finished=True, started=time.time() - 1))
+    args = {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.2", "repo_id": REPO}
+    got = run_main("stage_progress", args)
+    assert {k: got[k] for k in mirror} == mirror and "ansible_job_id" not in got
+    assert got["finished"] is True and got["progress"]["finished"] is True and got["line"].startswith(
+        "stage org/model: done, ")
+    assert not (jobs / "j1.2").exists()
+    write_job(jobs, "j1.3", {"failed": True, "msg": "hf_hub_mirror org/model: 1 NAS blob(s) do not hold"})
+    failed = run_main("stage_progress", dict(args, jid="j1.3"))
+    assert failed["failed"] is True and failed["msg"] == "hf_hub_mirror org/model: 1 NAS blob(s) do not hold"
+    assert not (jobs / "j1.3").exists()
+    write_job(jobs, "j1.4", RUNNING)
+    early = run_main("stage_progress", dict(args, jid="j1.4"))
+    assert early["failed"] is True and "still running" in early["msg"] and (jobs / "j1.4").exists()

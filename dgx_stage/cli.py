@@ -40,7 +40,7 @@ class UsageError(Exception):
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UsageError("%s: %s" % (self.prog, message))
+        raise UsageError("%s\n%s" % (message, self.format_usage().strip()))
 
 
 def default_runs_dir():

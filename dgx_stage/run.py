@@ -54,6 +54,15 @@ def playbook_pids():
     return pids
 
 
+def visible_result(event):
+    """A changed or failed result, or an unreachable host (what makes a play worth naming)."""
+    name = event.get("event")
+    data = event.get("event_data") or {}
+    if name == "runner_on_unreachable" or (name == "runner_on_failed" and not data.get("ignore_errors")):
+        return True
+    return name == "runner_on_ok" and bool((data.get("res") or {}).get("changed"))
+
+
 class PlaybookRun(object):
     def __init__(self, spec, runs_dir, out=None):
         self.spec = spec
@@ -138,15 +147,18 @@ class PlaybookRun(object):
                         continue
                     if "_status" in event:
                         continue
-                    for update in self.state.handle(event):
+                    updates = self.state.handle(event)
+                    # A play is named once it shows something: progress, a change, a failure (the plays
+                    # the tags skip still run their bookkeeping tasks: not worth a line).
+                    if self.state.play != shown_play and not spec["verbose"] and (
+                            any(u[0] == "progress" for u in updates) or visible_result(event)):
+                        shown_play = self.state.play
+                        display.print("play: %s" % shown_play)
+                    for update in updates:
                         if update[0] == "progress":
                             display.progress(update[1], update[2])
                         else:
                             display.output(update[1])
-                    if event.get("event") == "playbook_on_task_start" and self.state.play != shown_play:
-                        shown_play = self.state.play
-                        if not spec["verbose"]:
-                            display.print("play: %s" % shown_play)
             thread.join()
         finally:
             for signum, handler in handlers.items():

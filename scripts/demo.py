@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""`make demo`: build a synthetic NAS hub with every trap of the night-shift log, then run
-stage-deepseek.yml on the demo inventory (localhost) with the NAS copy read-only, and print what the
-lane summary table (callback_plugins/dgx_summary.py) does not: shard headers, mounts, receipts, report.
+"""`make demo`: build a synthetic NAS hub with every trap of the night-shift log, then stage it on the
+demo inventory (localhost) through the operator front end with the NAS copy read-only
+(`dgx-stage stage -i inventory/demo`, then `dgx-stage clean-receipts` for yesterday's receipts), and print
+the playbook's recap and lane summary (callback_plugins/dgx_summary.py), what they do not say (shard
+headers, mounts, receipts) and the run's Markdown report (`dgx-stage report RUN_ID --markdown`).
+The front end records its runs under .cache/demo/runs.
 
 Root is never needed: every demo path is under .cache/demo and belongs to whoever runs it (the demo
 inventory sets become_root: false). The NAS is kept read-only without root too: as root it is bound
@@ -26,6 +29,7 @@ NAS_PARENT = os.path.join(DEMO_ROOT, "nas")
 NAS_HUB = os.path.join(NAS_PARENT, "hub")
 REPORT = os.path.join(DEMO_ROOT, "reports", "localhost.json")
 ANSIBLE_TMP = os.path.join(DEMO_ROOT, "ansible-tmp")
+RUNS_DIR = os.path.join(DEMO_ROOT, "runs")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
 STALE_RECEIPTS = receipt_roots()   # the engine's receipt roots, as the receipts play clears them
@@ -49,10 +53,10 @@ def ensure_nas_hub():
     print("demo: planted stale engine receipts under %s" % RECEIPT_PARENT)
 
 
-def playbook_command(extra_args):
-    bin_dir = os.path.dirname(sys.executable)
-    cmd = [os.path.join(bin_dir, "ansible-playbook"), "-i", os.path.join(REPO, "inventory", "demo"),
-           os.path.join(REPO, "stage-deepseek.yml")] + extra_args
+def frontend_command(subcommand, extra_args):
+    """`dgx-stage SUBCOMMAND -i inventory/demo ...` as this work tree's package (python -m dgx_stage from the
+    repo: the copy being demonstrated, whichever venv runs it), under the NAS read-only wrapper."""
+    cmd = [sys.executable, "-m", "dgx_stage", subcommand, "-i", os.path.join(REPO, "inventory", "demo")] + extra_args
     if os.geteuid() == 0 and shutil.which("unshare"):
         bind = ('mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"')
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, NAS_PARENT] + cmd
@@ -65,7 +69,8 @@ def playbook_command(extra_args):
 def playbook_env():
     """The repo's ansible.cfg; Ansible's home (which ansible-core creates at start) and temp dirs under
     .cache/demo unless the caller chose others (the demo needs only the collections bundled in the venv)."""
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), PYTHONDONTWRITEBYTECODE="1",
+               DGX_STAGE_RUNS_DIR=RUNS_DIR)
     env.setdefault("ANSIBLE_HOME", os.path.join(DEMO_ROOT, "ansible-home"))
     env.setdefault("ANSIBLE_LOCAL_TEMP", os.path.join(ANSIBLE_TMP, "local"))
     env.setdefault("ANSIBLE_REMOTE_TMP", os.path.join(ANSIBLE_TMP, "remote"))
@@ -97,16 +102,40 @@ def summary(check=False):
     return "\n".join(lines)
 
 
+def latest_run():
+    """The run.json of the front end's latest run in the demo's runs dir."""
+    names = sorted(os.listdir(RUNS_DIR))
+    with open(os.path.join(RUNS_DIR, names[-1], "run.json")) as handle:
+        return json.load(handle)
+
+
+def recap(run):
+    """The end of the run's full log: ansible-playbook's recap and the lane summary table."""
+    with open(run["log"], errors="replace") as handle:
+        text = handle.read().replace("\r\n", "\n")
+    start = text.rfind("PLAY RECAP")
+    return text[start:].rstrip() if start >= 0 else ""
+
+
 def main():
     ensure_nas_hub()
-    cmd = playbook_command(sys.argv[1:])
-    sys.stdout.flush()   # our lines before the playbook's, also through a pipe
-    code = subprocess.call(cmd, cwd=REPO, env=playbook_env())
+    extra = sys.argv[1:]
+    sys.stdout.flush()   # our lines before the front end's, also through a pipe
+    code = subprocess.call(frontend_command("stage", extra), cwd=REPO, env=playbook_env())
+    staged = latest_run()
     if code != 0:
-        print("demo: stage-deepseek.yml failed (exit %d); the lane summary above names the cause" % code)
+        print("demo: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
         return code
-    print(summary(check="--check" in sys.argv[1:] or "-C" in sys.argv[1:]))
-    return 0
+    print(recap(staged))
+    sys.stdout.flush()
+    code = subprocess.call(frontend_command("clean-receipts", extra), cwd=REPO, env=playbook_env())
+    if code != 0:
+        print("demo: dgx-stage clean-receipts failed (exit %d); the lines above name the host and task" % code)
+        return code
+    print(summary(check="--check" in extra or "-C" in extra))
+    sys.stdout.flush()
+    return subprocess.call([sys.executable, "-m", "dgx_stage", "report", staged["run_id"], "--markdown"], cwd=REPO,
+                           env=playbook_env())
 
 
 if __name__ == "__main__":

@@ -100,17 +100,20 @@ def _smoke(engine):
 
 
 def _decode(engine):
+    """'35.0 (e2e 34.2), floor 30.78: ok': both rates must reach the floor, and the stream be complete."""
     decode = engine.get("decode")
     if not decode:
         return NONE
     rate = decode.get("decode_tok_s")
     if rate is None:
         return "error: %s" % (decode.get("error") or "no rate")
-    floor = decode.get("floor")
-    if floor is None:
-        return "%.1f" % rate
-    verdict = "ok" if decode.get("passed") else "BELOW"
-    return "%.1f %s %s %s" % (rate, ">=" if rate >= float(floor) else "<", floor, verdict)
+    text = "%.1f" % rate
+    if decode.get("e2e_tok_s") is not None:
+        text += " (e2e %.1f)" % decode["e2e_tok_s"]
+    if decode.get("floor") is None:
+        return text
+    verdict = "ok" if decode.get("passed") else ("incomplete" if decode.get("complete") is False else "BELOW")
+    return "%s, floor %s: %s" % (text, decode["floor"], verdict)
 
 
 def _pair(a, b):

@@ -1,0 +1,151 @@
+"""dgx_stage.events and dgx_stage.display: synthetic events shaped like ansible-runner's (the keys a real
+run's job_events carry: event, event_data.host/play/task/task_action/res, stdout, pid)."""
+import io
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
+from dgx_stage.display import PlainDisplay, RichDisplay, format_eta  # noqa: E402
+from dgx_stage.events import RunState, result_message  # noqa: E402
+
+REPO_ID = "deepseek-ai/X"
+
+
+def event(name, host=None, action=None, res=None, play="Stage - copy", task="Mirror | poll", **data):
+    event_data = dict(data, play=play, task=task)
+    if host:
+        event_data["host"] = host
+    if action:
+        event_data["task_action"] = action
+    if res is not None:
+        event_data["res"] = res
+    return {"event": name, "event_data": event_data, "stdout": "", "pid": 4242, "counter": 1}
+
+
+def poll(host, done, total=300, finished=False, name="runner_retry"):
+    progress = {"repo_id": REPO_ID, "pass": "stage", "current": "model-00003.safetensors", "files_done": 1,
+                "files_total": 9, "bytes_done": done, "bytes_total": total, "mib_per_s": 812.0, "eta_s": 372,
+                "finished": finished, "aborted": False, "updated_at": "2026-12-01T10:00:00Z"}
+    line = "stage %s: %d of %d%s" % (REPO_ID, done, total, ", done" if finished else "")
+    return event(name, host, "stage_progress", {"progress": progress, "finished": finished, "line": line,
+                                                "attempts": 2})
+
+
+def stats(failures=None, dark=None, ok=None):
+    return {"event": "playbook_on_stats", "stdout": "PLAY RECAP",
+            "event_data": {"failures": failures or {}, "dark": dark or {}, "ok": ok or {}, "rescued": {}}}
+
+
+def test_progress_polls_update_the_host_and_are_reported_as_updates():
+    state = RunState()
+    assert state.handle(poll("dgx1", 12)) == [("progress", "dgx1", state.progress["dgx1"])]
+    state.handle(poll("dgx2", 40))
+    updates = state.handle(poll("dgx1", 300, finished=True, name="runner_on_ok"))
+    assert updates[0][1] == "dgx1" and updates[0][2]["finished"] is True
+    assert state.progress["dgx1"]["progress"]["bytes_done"] == 300 and state.progress["dgx2"]["progress"]["bytes_done"] == 40
+    assert state.pid == 4242
+    # A fully qualified action counts; another module's retries do not.
+    assert state.handle(dict(poll("dgx1", 5), event_data=dict(poll("dgx1", 5)["event_data"],
+                                                               task_action="local.dgx.stage_progress")))
+    other = poll("dgx1", 7)
+    other["event_data"]["task_action"] = "ansible.builtin.async_status"
+    assert state.handle(other) == [] and state.progress["dgx1"]["progress"]["bytes_done"] == 5
+
+
+def test_looped_stage_progress_items_each_update_their_host():
+    state = RunState()
+    item = poll("dgx1", 300, finished=True)["event_data"]["res"]
+    updates = state.handle(event("runner_on_ok", "dgx1", "stage_progress", {"results": [item, dict(item, line="x")]}))
+    assert [u[2]["line"] for u in updates] == [item["line"], "x"]
+
+
+def test_host_reports_receipts_and_status_lines_are_taken_from_their_results():
+    state = RunState()
+    report0 = {"host": "rank0", "run_id": "20261201T100609Z-be99", "status": "running"}
+    state.handle(event("runner_on_ok", "rank0", "host_report",
+                       {"report": report0, "history_path": "/r/rank0-20261201T100609Z-be99.json"}))
+    # The end of the run: one looped task on the first host, each item a host's final report.
+    end = [{"report": dict(report0, status="ok"), "history_path": "/r/rank0-20261201T100609Z-be99.json"},
+           {"report": {"host": "rank1", "run_id": "20261201T100609Z-be99", "status": "failed"},
+            "history_path": "/r/rank1-20261201T100609Z-be99.json"}]
+    state.handle(event("runner_on_ok", "rank0", "host_report", {"results": end}))
+    assert state.reports["rank0"]["status"] == "ok" and state.reports["rank1"]["status"] == "failed"
+    assert state.run_id == "20261201T100609Z-be99" and state.report_dir == "/r"
+    state.handle(event("runner_on_ok", "rank1", "engine_receipts", {"removed": ["/c/a", "/c/b"]}))
+    state.handle(event("runner_on_ok", "rank0", "engine_receipts", {"removed": []}))
+    assert state.receipts_removed == {"rank1": ["/c/a", "/c/b"], "rank0": []}
+    state.handle(event("runner_on_ok", "rank0", "stage_status", {"lines": ["a: staged", "receipts: none"]}))
+    assert state.status_lines == {"rank0": ["a: staged", "receipts: none"]}
+
+
+def test_failed_hosts_are_those_the_recap_counts_with_the_reports_task_preferred():
+    state = RunState()
+    # A failure a rescue handled (not counted in the recap) and an ignored one: not named.
+    state.handle(event("runner_on_failed", "rank0", "command", {"msg": "rescued"}))
+    state.handle(event("runner_on_failed", "rank2", "command", {"msg": "ignored"}, ignore_errors=True))
+    state.handle(event("runner_on_failed", "rank1", "fail", {"msg": "Fail the host"}, play="Stage", task="Fail"))
+    state.handle(event("runner_on_unreachable", "rank3", None, {"msg": "ssh: no route"}, play="Preflight",
+                       task="Gathering Facts"))
+    state.handle(event("runner_on_ok", "rank1", "host_report", {"report": {
+        "host": "rank1", "run_id": "r", "status": "failed", "failed_play": "stage",
+        "failed_task": "Mirror | Each repo", "failed_msg": "blob abc does not hash to its name"}, "history_path": "/r/x"}))
+    state.handle(stats(failures={"rank0": 0, "rank1": 1}, dark={"rank3": 1}))
+    assert state.failed_hosts() == [
+        {"host": "rank1", "play": "stage", "task": "Mirror | Each repo", "msg": "blob abc does not hash to its name",
+         "unreachable": False},
+        {"host": "rank3", "play": "Preflight", "task": "Gathering Facts", "msg": "ssh: no route", "unreachable": True}]
+
+
+def test_without_a_recap_the_failure_events_decide():
+    state = RunState()
+    state.handle(event("runner_on_failed", "rank1", "fail", {"msg": "boom"}))
+    assert [f["host"] for f in state.failed_hosts()] == ["rank1"]
+
+
+def test_result_message_of_a_loop_names_the_failed_items():
+    res = {"results": [{"failed": True, "_ansible_item_label": "a@main", "msg": "bad a"}, {"failed": False},
+                       {"failed": True, "item": "b", "stderr": "x\nlast words"}]}
+    assert result_message(res) == "a@main: bad a; b: last words"
+    assert result_message({}) == "(no message)"
+
+
+def test_the_recap_and_what_follows_it_are_kept():
+    state = RunState()
+    state.handle(stats())
+    state.handle({"event": "verbose", "stdout": "DGX-STAGE LANE SUMMARY", "event_data": {}})
+    assert state.stats_stdout == "PLAY RECAP" and state.epilogue == ["DGX-STAGE LANE SUMMARY"]
+
+
+def test_plain_display_prints_each_hosts_line_once_without_escapes():
+    out = io.StringIO()
+    display = PlainDisplay(out)
+    state = RunState()
+    for ev in (poll("dgx1", 12), poll("dgx1", 12), poll("dgx2", 5), poll("dgx1", 300, finished=True),
+               poll("dgx1", 300, finished=True, name="runner_on_ok")):
+        for update in state.handle(ev):
+            display.progress(update[1], update[2])
+    assert out.getvalue().splitlines() == ["[dgx1] stage %s: 12 of 300" % REPO_ID, "[dgx2] stage %s: 5 of 300" % REPO_ID,
+                                           "[dgx1] stage %s: 300 of 300, done" % REPO_ID]
+    display.output("PLAY [x]\r\n")   # the playbook's own output only with -v
+    assert "PLAY" not in out.getvalue()
+    PlainDisplay(out, verbose=True).output("PLAY [x]")
+    assert "PLAY [x]" in out.getvalue()
+
+
+def test_rich_display_keeps_one_bar_per_host_with_bytes_rate_and_eta():
+    from rich.console import Console
+    out = io.StringIO()
+    console = Console(file=out, width=160, force_terminal=False)
+    state = RunState()
+    with RichDisplay(console) as display:
+        for ev in (poll("dgx1", 100, total=1000), poll("dgx2", 10, total=1000), poll("dgx1", 500, total=1000)):
+            for update in state.handle(ev):
+                display.progress(update[1], update[2])
+        tasks = dict((t.description, t) for t in display.bars.tasks)
+        assert sorted(tasks) == ["dgx1 stage %s" % REPO_ID, "dgx2 stage %s" % REPO_ID]
+        bar = tasks["dgx1 stage %s" % REPO_ID]
+        assert (bar.completed, bar.total, bar.fields["rate"], bar.fields["eta"]) == (500, 1000, "812 MiB/s", "6m12s")
+
+
+def test_format_eta():
+    assert [format_eta(s) for s in (None, 5, 372, 7322)] == ["-", "5s", "6m12s", "2h02m"]

@@ -1,0 +1,130 @@
+"""dgx_stage.table: the final table's figures from real host reports (tests/unit/fixtures/frontend: a demo
+run that copied both repos, a host that failed in preflight), the engine rows as module_utils/dgx_probe
+shapes them, and the plain, Markdown and rich renderings."""
+import io
+import json
+import os
+import sys
+
+from ansible.module_utils.dgx_probe import probe_report
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
+from dgx_stage import table  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "frontend")
+DECODE_RESULT = {"model": "m", "tokens": 400, "token_source": "usage", "prompt_tokens": 487, "ttft_s": 0.3,
+                 "decode_s": 11.4, "decode_tok_s": 35.0, "e2e_tok_s": 34.2, "duration_s": 11.8,
+                 "finish_reason": "length", "max_tokens": 400, "complete": True, "problems": []}
+SMOKE_RESULT = {"model": "m", "question": "127*89?", "expected": "11303", "answer": "11303", "passed": True,
+                "duration_s": 1.25}
+
+
+def fixture(name):
+    with open(os.path.join(FIXTURES, name)) as handle:
+        return json.load(handle)
+
+
+def test_a_staged_hosts_row_has_the_reports_figures():
+    report = fixture("report-stage-ok.json")
+    stage = report["passes"]["stage"]
+    figures = table.host_figures(report, receipts_removed=["/c/a", "/c/b", "/c/c"])
+    # Files of the stage pass: 13 + 4 local, the 5 page15 files excluded.
+    assert (figures["files_local"], figures["files_excluded"]) == (17, 5)
+    # Bytes copied by the stage and verify passes (the preflight plan is not a copy): the NAS bytes.
+    assert figures["bytes_copied"] == sum(r["bytes_copied"] for r in stage) == report["bytes_from_nas"] == 50360327
+    assert figures["blobs_repaired"] == 0 and figures["nas_corrupt"] == 0
+    # The stage pass's rate: its bytes over the module's own time.
+    assert abs(figures["mib_s"] - 50360327 / 1048576.0 / (0.198 + 0.101)) < 1e-9
+    assert figures["verify"] == "sample" and (figures["manifest_local"], figures["manifest_nas"]) == (17, 1)
+    assert figures["receipts_removed"] == 3
+    row = table.host_row(report, ["/c/a", "/c/b", "/c/c"])
+    assert row == {"host": "localhost", "run_id": "20261201T101737Z-ed44", "status": "ok", "files": "17/5",
+                   "copied": "48.0 MiB", "repaired": "0", "nas_corrupt": "0", "mib_s": "160.6", "verify": "sample",
+                   "manifest": "17/1", "receipts": "3", "engine": "-", "smoke": "-", "decode": "-"}
+
+
+def test_receipts_unknown_is_a_dash_and_none_removed_is_zero():
+    report = fixture("report-stage-ok.json")
+    assert table.host_row(report)["receipts"] == "-"
+    assert table.host_row(report, [])["receipts"] == "0"
+
+
+def test_a_host_that_failed_in_preflight_shows_failed_and_no_figures():
+    row = table.host_row(fixture("report-preflight-failed.json"))
+    assert row["host"] == "rank1" and row["status"] == "failed"
+    assert [row[k] for k in ("files", "copied", "repaired", "nas_corrupt", "mib_s", "verify", "manifest")] == ["-"] * 7
+
+
+def test_repairs_and_nas_corruption_are_counted_over_the_passes():
+    report = fixture("report-stage-ok.json")
+    report["passes"]["verify"][0]["blobs"]["repaired"] = 2
+    report["passes"]["verify"][0]["bytes_copied"] = 2048
+    report["passes"]["stage"][0]["nas_corrupt"] = ["model-00002-of-00006.safetensors"]
+    report["passes"]["verify"][0]["nas_corrupt"] = ["model-00002-of-00006.safetensors", "config.json"]
+    figures = table.host_figures(report)
+    assert figures["blobs_repaired"] == 2 and figures["nas_corrupt"] == 2
+    assert figures["bytes_copied"] == 50360327 + 2048
+
+
+def test_engine_columns_from_the_rows_dgx_probe_shapes():
+    report = fixture("report-stage-ok.json")
+    report["engine"].update(runtime="podman", started=True, ready={"models": ["m"], "state": "ready", "rounds": 3},
+                            smoke=probe_report("smoke", SMOKE_RESULT),
+                            decode=probe_report("decode", DECODE_RESULT, 30.78))
+    row = table.host_row(report)
+    assert row["engine"] == "ready (restarted)" and row["smoke"] == "ok (1.2 s)"
+    assert row["decode"] == "35.0 (e2e 34.2), floor 30.78: ok"
+    report["engine"]["decode"] = probe_report("decode", DECODE_RESULT, 100000)
+    assert table.host_row(report)["decode"] == "35.0 (e2e 34.2), floor 100000.0: BELOW"
+    report["engine"]["decode"] = probe_report("decode", dict(DECODE_RESULT, complete=False), 30.78)
+    assert table.host_row(report)["decode"].endswith(": incomplete")
+    report["engine"].update(smoke={"error": "connection refused"}, decode={"error": "connection refused"})
+    row = table.host_row(report)
+    assert row["smoke"] == "error: connection refused" and row["decode"] == "error: connection refused"
+    report["engine"].update(started=False, ready={"models": ["m"], "state": "dead"})
+    assert table.host_row(report)["engine"] == "dead"
+
+
+def test_rows_are_in_rank_order_and_plain_text_is_aligned_without_escapes():
+    ok, failed = fixture("report-stage-ok.json"), fixture("report-preflight-failed.json")
+    ok["rank"], failed["rank"] = 1, 0
+    rows = table.table_rows({"localhost": ok, "rank1": failed}, {"localhost": []})
+    assert [r["host"] for r in rows] == ["rank1", "localhost"]
+    text = table.render_plain(rows)
+    lines = text.splitlines()
+    assert len(lines) == 3 and "\x1b" not in text
+    assert lines[0].startswith("HOST       RUN ") and lines[2].startswith("localhost  20261201T101737Z-ed44  ok ")
+    # Every column starts at the same offset on every line.
+    start = lines[0].index("COPIED")
+    assert lines[2][start:].startswith("48.0 MiB") and lines[1][start:].startswith("-")
+
+
+def test_markdown_escapes_the_specials_in_every_cell():
+    assert table.markdown_escape("a|b*c_d`e<f>g[h]i\\j") == "a\\|b\\*c\\_d\\`e\\<f\\>g\\[h\\]i\\\\j"
+    assert table.markdown_escape("two\nlines") == "two lines"
+    report = fixture("report-stage-ok.json")
+    report["host"] = "node|<1>"
+    md = table.render_markdown([table.host_row(report)], title="dgx-stage run x",
+                               failures=[{"host": "n*1", "play": "stage", "task": "Mirror | x", "msg": "[bad]"}])
+    lines = md.splitlines()
+    assert lines[0] == "### dgx-stage run x"
+    assert lines[2].startswith("| HOST | RUN | STATUS | FILES local/excl | COPIED |") and lines[3].startswith("|---|")
+    assert lines[4].startswith("| node\\|\\<1\\> | 20261201T101737Z-ed44 | ok | 17/5 | 48.0 MiB |")
+    assert lines[4].count(" | ") == len(table.COLUMNS) - 1   # the escaped | does not split the row
+    assert lines[-1] == "- host n\\*1 failed in play stage, task Mirror \\| x: \\[bad\\]"
+
+
+def test_rich_table_renders_every_column_and_row():
+    from rich.console import Console
+    out = io.StringIO()
+    Console(file=out, width=250, force_terminal=False).print(
+        table.rich_table([table.host_row(fixture("report-stage-ok.json"))], title="t"))
+    text = out.getvalue()
+    for _key, title in table.COLUMNS:
+        assert title in text
+    assert "20261201T101737Z-ed44" in text and "48.0 MiB" in text
+
+
+def test_human_bytes():
+    assert [table.human_bytes(n) for n in (None, 0, 1023, 1024, 1536, 50360327, 3 << 40)] == [
+        "-", "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "48.0 MiB", "3.0 TiB"]

@@ -1,0 +1,295 @@
+"""dgx_stage.cli and dgx_stage.run without a playbook: arguments and their validation (exit 64), the
+ansible-playbook arguments each subcommand passes, the exit code of a finished run (0, 1, 2, 99), the
+forwarding of the first Ctrl-C to ansible-playbook's process group, and `report`'s lookup of runs."""
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
+from dgx_stage import cli, run, runs  # noqa: E402
+from dgx_stage.events import RunState  # noqa: E402
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "frontend")
+INVENTORY = """all:
+  children:
+    exl3_2x:
+      hosts:
+        rank0: {ansible_connection: local}
+        rank1: {ansible_connection: local}
+"""
+
+
+@pytest.fixture
+def inventory(tmp_path):
+    path = tmp_path / "hosts.yml"
+    path.write_text(INVENTORY)
+    return str(path)
+
+
+def main(argv, capsys):
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- arguments ---------------------------------------------------------------------------------------------
+
+def test_each_playbook_subcommand_takes_the_common_options():
+    for name in ("stage", "verify", "clean-receipts", "serve", "status"):
+        args = cli.parse_args([name, "-i", "inv", "--limit", "rank0", "-e", "a=1", "-e", "@vars.yml", "--check", "-vv"])
+        assert (args.command, args.inventory, args.limit, args.extra_vars, args.check, args.verbose) == (
+            name, "inv", "rank0", ["a=1", "@vars.yml"], True, 2)
+
+
+def test_subcommands_run_their_tags_of_the_playbooks():
+    assert cli.SUBCOMMANDS["stage"][:2] == ("stage-deepseek.yml", "preflight,stage,verify,manifest")
+    assert cli.SUBCOMMANDS["verify"][:2] == ("stage-deepseek.yml", "verify")
+    assert cli.SUBCOMMANDS["clean-receipts"][:2] == ("stage-deepseek.yml", "receipts")
+    assert cli.SUBCOMMANDS["serve"][:2] == ("stage-deepseek.yml", "preflight,receipts,manifest,engine,smoke")
+    assert cli.SUBCOMMANDS["status"][:2] == (os.path.join("playbooks", "status.yml"), None)
+    for playbook, _tags, _help in cli.SUBCOMMANDS.values():
+        assert os.path.isfile(os.path.join(cli.REPO, playbook)) or playbook.endswith("status.yml")
+
+
+def test_the_runner_command_line_quotes_values_and_adds_diff_to_check():
+    line = cli.runner_cmdline("verify", "rank0,rank1", ["stage_verify=full", "msg='a b'", "@/x y.yml"], True, 3)
+    assert line == ("--tags verify --limit rank0,rank1 -e stage_verify=full -e 'msg='\"'\"'a b'\"'\"'' "
+                    "-e '@/x y.yml' --check --diff -vv")
+    assert cli.runner_cmdline(None, None, [], False, 1) == ""   # -v streams the output, ansible stays quiet
+
+
+def test_bad_arguments_exit_64(capsys):
+    for argv in ([], ["bogus"], ["stage", "--frob"], ["report", "a", "b"]):
+        code, _out, err = main(argv, capsys)
+        assert code == 64 and err.startswith("dgx-stage: ") and "usage:" in err, (argv, err)
+
+
+def test_a_missing_inventory_exits_64_naming_it(tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    code, out, err = main(["stage", "-i", missing], capsys)
+    assert code == 64 and err == "dgx-stage: inventory not found: %s\n" % missing and out == ""
+
+
+def test_the_default_inventory_comes_from_the_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DGX_STAGE_INVENTORY", str(tmp_path / "from-env"))
+    code, _out, err = main(["status"], capsys)
+    assert code == 64 and str(tmp_path / "from-env") in err
+    monkeypatch.delenv("DGX_STAGE_INVENTORY")
+    assert cli.default_inventory() == os.path.join(cli.REPO, "inventory", "dgx")
+
+
+def test_a_missing_extra_vars_file_exits_64(inventory, tmp_path, capsys):
+    code, _out, err = main(["verify", "-i", inventory, "-e", "@%s" % (tmp_path / "vars.yml")], capsys)
+    assert code == 64 and "extra vars file not found" in err
+
+
+def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
+    code, _out, err = main(["stage", "-i", inventory, "--limit", "dgx9"], capsys)
+    assert code == 64 and "--limit dgx9 matches no host of %s (hosts: rank0, rank1)" % inventory in err
+    # Patterns are the inventory's: groups, globs and exclusions select hosts.
+    assert cli.inventory_hosts(inventory, "exl3_2x:!rank1") == ["rank0"]
+    assert cli.inventory_hosts(inventory, "rank*") == ["rank0", "rank1"]
+    cli.check_limit(inventory, "rank1")   # no error
+
+
+def test_relative_paths_are_made_absolute_for_the_run_in_the_repo(inventory, tmp_path, monkeypatch):
+    monkeypatch.chdir(str(tmp_path))
+    (tmp_path / "vars.yml").write_text("a: 1\n")
+    assert cli.resolve_inventory("hosts.yml") == inventory
+    assert cli.resolve_extra_vars(["a=1", "@vars.yml"]) == ["a=1", "@" + str(tmp_path / "vars.yml")]
+    assert cli.resolve_inventory("rank0,") == "rank0,"   # a host list is not a path
+
+
+# --- the end of a run: exit codes ------------------------------------------------------------------------------
+
+class FakeRunner(object):
+    def __init__(self, rc, status="successful"):
+        self.rc, self.status = rc, status
+
+
+def finished(tmp_path, state, rc, interrupts=0):
+    """(exit code, output, run.json) of PlaybookRun._finish on a run that ended with `state`."""
+    spec = {"subcommand": "stage", "playbook": "stage-deepseek.yml", "tags": "stage", "inventory": "i",
+            "limit": None, "extra_vars": [], "check": False, "verbose": 0, "cmdline": ""}
+    out = io.StringIO()
+    playbook_run = run.PlaybookRun(spec, str(tmp_path / "runs"), out=out)
+    os.makedirs(playbook_run.run_dir)
+    playbook_run.state = state
+    playbook_run.interrupts = interrupts
+    playbook_run.record["ident"] = playbook_run.ident
+    code = playbook_run._finish(FakeRunner(rc), run.PlainDisplay(out), None)
+    with open(os.path.join(playbook_run.run_dir, "run.json")) as handle:
+        return code, out.getvalue(), json.load(handle)
+
+
+def state_with(report_names=(), failures=None, dark=None):
+    state = RunState()
+    for name in report_names:
+        with open(os.path.join(FIXTURES, name)) as handle:
+            report = json.load(handle)
+        state.reports[report["host"]] = report
+        state.history_paths[report["host"]] = "/r/%s-%s.json" % (report["host"], report["run_id"])
+    state.stats = {"failures": failures or {}, "dark": dark or {}}
+    return state
+
+
+def test_all_hosts_ok_exits_0_with_the_table_and_the_artifacts(tmp_path):
+    code, out, record = finished(tmp_path, state_with(["report-stage-ok.json"]), 0)
+    assert code == 0 and record["status"] == "ok" and record["exit_code"] == 0 and record["rc"] == 0
+    assert "localhost  20261201T101737Z-ed44  ok      17/5" in out
+    run_dir = os.path.join(str(tmp_path / "runs"), record["ident"])
+    assert "artifacts: %s\n" % run_dir in out and "full log: %s/stdout\n" % run_dir in out
+    assert record["run_id"] == "20261201T101737Z-ed44" and record["report_dir"] == "/r"
+    assert record["reports"] == {"localhost": "/r/localhost-20261201T101737Z-ed44.json"}
+
+
+def test_a_failed_host_exits_2_naming_host_play_task_and_message(tmp_path):
+    state = state_with(["report-stage-ok.json", "report-preflight-failed.json"], failures={"rank1": 1})
+    code, out, record = finished(tmp_path, state, 2)
+    assert code == 2 and record["status"] == "failed"
+    failed = [line for line in out.splitlines() if line.startswith("host ")]
+    assert len(failed) == 1 and failed[0].startswith(
+        "host rank1 failed in play preflight, task Mirror | Each repo from the NAS hub to the local hub, pass "
+        "preflight: One or more items failed")
+    assert record["failures"][0]["host"] == "rank1"
+
+
+def test_an_unreachable_host_exits_2(tmp_path):
+    state = state_with(["report-stage-ok.json"], dark={"dgx9": 1})
+    state.unreachable["dgx9"] = {"host": "dgx9", "play": "Preflight", "task": "ping", "msg": "no route"}
+    code, out, _record = finished(tmp_path, state, 4)
+    assert code == 2 and "host dgx9 unreachable in play Preflight, task ping: no route" in out
+
+
+def test_ansible_failing_without_a_host_result_exits_1_with_the_end_of_its_log(tmp_path):
+    state = RunState()
+    code, out, record = finished(tmp_path, state, 4)
+    assert code == 1 and record["status"] == "error" and "ansible-playbook exited 4 with no host failure" in out
+
+
+def test_an_interrupted_run_exits_99_whatever_ansible_returned(tmp_path):
+    code, out, record = finished(tmp_path, state_with(["report-stage-ok.json"]), 0, interrupts=1)
+    assert code == 99 and record["status"] == "interrupted" and "interrupted: exit 99" in out
+
+
+def test_status_prints_each_hosts_lines_once(tmp_path):
+    state = RunState()
+    state.status_lines = {"rank1": ["same line"], "rank0": ["same line", "receipts: none"]}
+    out = io.StringIO()
+    spec = {"subcommand": "status", "playbook": "p", "tags": None, "inventory": "i", "limit": None,
+            "extra_vars": [], "check": False, "verbose": 0, "cmdline": ""}
+    playbook_run = run.PlaybookRun(spec, str(tmp_path / "runs"), out=out)
+    os.makedirs(playbook_run.run_dir)
+    playbook_run.state = state
+    state.stats = {}
+    assert playbook_run._finish(FakeRunner(0), run.PlainDisplay(out), None) == 0
+    assert out.getvalue().splitlines()[:5] == ["rank0:", "  same line", "  receipts: none", "rank1:", "  same line"]
+
+
+# --- Ctrl-C ----------------------------------------------------------------------------------------------------
+
+def test_the_first_interrupt_sends_sigint_to_ansible_playbooks_group_and_the_second_cancels(tmp_path):
+    # A stand-in child in its own session (as ansible-runner's pexpect child is), named like ansible-playbook.
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGINT, lambda *a: sys.exit(42))\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, "ansible-playbook"], stdout=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        assert child.pid in run.playbook_pids()
+        spec = {"subcommand": "stage"}
+        playbook_run = run.PlaybookRun(spec, str(tmp_path))
+        playbook_run._on_signal(signal.SIGINT, None)
+        assert child.wait(timeout=30) == 42
+        assert playbook_run.forwarded_to == child.pid and playbook_run.interrupts == 1
+        assert "SIGINT forwarded to ansible-playbook (pid %d)" % child.pid in playbook_run.events.get()["_note"]
+        playbook_run._on_signal(signal.SIGTERM, None)
+        assert playbook_run.interrupts == 2 and "cancelling" in playbook_run.events.get()["_note"]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+# --- report ----------------------------------------------------------------------------------------------------
+
+def record_run(runs_dir, ident, subcommand, run_id, reports, started):
+    os.makedirs(os.path.join(runs_dir, ident))
+    runs.write_record(os.path.join(runs_dir, ident), {
+        "ident": ident, "subcommand": subcommand, "run_id": run_id, "reports": reports, "started": started,
+        "receipts_removed": {"localhost": ["/c/a"]} if run_id else {}})
+
+
+@pytest.fixture
+def recorded(tmp_path):
+    """Two recorded runs: a stage run whose report is the ok fixture, then a status run (no reports)."""
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    shutil.copy(os.path.join(FIXTURES, "report-stage-ok.json"),
+                str(report_dir / "localhost-20261201T101737Z-ed44.json"))
+    runs_dir = str(tmp_path / "runs")
+    record_run(runs_dir, "20261201T101736Z-stage-aaaa", "stage", "20261201T101737Z-ed44",
+               {"localhost": str(report_dir / "localhost-20261201T101737Z-ed44.json")}, "2026-12-01T10:17:36Z")
+    record_run(runs_dir, "20261201T102000Z-status-bbbb", "status", None, {}, "2026-12-01T10:20:00Z")
+    return runs_dir, str(report_dir)
+
+
+def test_report_renders_the_latest_run_with_reports_as_markdown(recorded, capsys):
+    runs_dir, _report_dir = recorded
+    code, out, _err = main(["report", "--markdown", "--runs-dir", runs_dir], capsys)
+    assert code == 0
+    assert out.splitlines()[0] == "### dgx-stage run 20261201T101737Z-ed44 (stage, 2026-12-01T10:17:36Z)"
+    assert ("| localhost | 20261201T101737Z-ed44 | ok | 17/5 | 48.0 MiB | 0 | 0 | 160.6 | sample | 17/1 | 1 | - | - "
+            "| - |") in out
+    # By lane run id or runner ident, plain text when not a terminal.
+    for wanted in ("20261201T101737Z-ed44", "20261201T101736Z-stage-aaaa"):
+        code, out, _err = main(["report", wanted, "--runs-dir", runs_dir], capsys)
+        assert code == 0 and "localhost  20261201T101737Z-ed44  ok " in out and "|" not in out
+
+
+def test_report_of_an_unknown_run_exits_64_listing_the_known_ones(recorded, capsys):
+    runs_dir, _report_dir = recorded
+    code, out, err = main(["report", "20990101T000000Z-0000", "--runs-dir", runs_dir], capsys)
+    assert code == 64 and out == ""
+    assert err.startswith("dgx-stage: unknown run 20990101T000000Z-0000; known runs: ")
+    for known in ("20261201T101736Z-stage-aaaa", "20261201T101737Z-ed44", "20261201T102000Z-status-bbbb"):
+        assert known in err
+    code, _out, err = main(["report", "20261201T102000Z-status-bbbb", "--runs-dir", runs_dir], capsys)
+    assert code == 64 and "wrote no host reports" in err
+
+
+def test_report_limit_matching_no_host_exits_64(recorded, capsys):
+    runs_dir, _report_dir = recorded
+    code, _out, err = main(["report", "--limit", "rank*", "--runs-dir", runs_dir], capsys)
+    assert code == 64 and "--limit rank* matches no host of run 20261201T101737Z-ed44 (hosts: localhost)" in err
+    assert main(["report", "--limit", "local*", "--runs-dir", runs_dir], capsys)[0] == 0
+
+
+def test_report_reads_a_report_dir_without_any_recorded_run(recorded, tmp_path, capsys):
+    _runs_dir, report_dir = recorded
+    code, out, _err = main(["report", "--markdown", "--runs-dir", str(tmp_path / "none"), "--report-dir", report_dir],
+                           capsys)
+    assert code == 0 and "| localhost | 20261201T101737Z-ed44 | ok | 17/5 | 48.0 MiB |" in out
+    code, _out, err = main(["report", "--runs-dir", str(tmp_path / "none")], capsys)
+    assert code == 64 and "no recorded run; known runs: none" in err
+
+
+def test_run_records_are_written_atomically_and_read_oldest_first(tmp_path):
+    runs_dir = str(tmp_path)
+    record_run(runs_dir, "b", "stage", "r2", {}, "2026-12-01T10:00:02Z")
+    record_run(runs_dir, "a", "stage", "r1", {}, "2026-12-01T10:00:01Z")
+    os.makedirs(os.path.join(runs_dir, "c"))
+    with open(os.path.join(runs_dir, "c", "run.json"), "w") as handle:
+        handle.write("{torn")
+    assert [r["ident"] for r in runs.read_records(runs_dir)] == ["a", "b"]
+    assert os.listdir(os.path.join(runs_dir, "a")) == ["run.json"]   # no temp file left
+    assert runs.find_record(runs.read_records(runs_dir), "r2")["ident"] == "b"
+    assert runs.new_ident("stage").split("-")[1] == "stage"

@@ -80,19 +80,24 @@ class PlaybookRun(object):
     def _on_signal(self, signum, _frame):
         self.interrupts += 1
         if self.interrupts == 1:
-            pids = playbook_pids() or ([self.state.pid] if self.state.pid else [])
-            for pid in pids:
-                try:
-                    os.killpg(os.getpgid(pid), signal.SIGINT)
-                    self.forwarded_to = pid
-                except OSError:
-                    pass
+            self._forward()
             self.events.put({"_note": "interrupted (%s): SIGINT forwarded to ansible-playbook%s; it stops after "
                                       "its summary. Again to cancel at once."
                                       % (signal.Signals(signum).name,
-                                         " (pid %d)" % self.forwarded_to if self.forwarded_to else "")})
+                                         " (pid %d)" % self.forwarded_to if self.forwarded_to else
+                                         " as soon as it runs")})
         elif self.interrupts == 2:
             self.events.put({"_note": "interrupted again: cancelling the run"})
+
+    def _forward(self):
+        """SIGINT to ansible-playbook's process group (its own session: the terminal's Ctrl-C reached only
+        us). Before ansible-playbook has started there is nobody to tell: the run loop tries again."""
+        for pid in playbook_pids() or ([self.state.pid] if self.state.pid else []):
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGINT)
+                self.forwarded_to = pid
+            except OSError:
+                pass
 
     # -- the record -------------------------------------------------------------------------------------
     def _write_record(self, **fields):
@@ -138,6 +143,8 @@ class PlaybookRun(object):
             shown_play = None
             with display:
                 while thread.is_alive() or not self.events.empty():
+                    if self.interrupts == 1 and self.forwarded_to is None:
+                        self._forward()
                     try:
                         event = self.events.get(timeout=0.2)
                     except queue.Empty:

@@ -4,6 +4,7 @@ the report's, the commit label is the staged ref; a re-run rewrites only its tim
 a failing run (a corrupt NAS blob) says last_run_success 0 and keeps the last success; --check writes nothing;
 a stage_metrics_dir that is no directory fails preflight, naming it, before anything is written."""
 import calendar
+import json
 import os
 import stat
 import time
@@ -108,3 +109,21 @@ def test_a_metrics_dir_that_is_no_directory_fails_preflight_before_anything_is_w
     assert latest["failed_play"] == "preflight" and missing in latest["failed_msg"]
     assert "stage_metrics_dir" in latest["failed_msg"] and "Nothing was written" in latest["failed_msg"]
     assert not os.path.exists(missing) and not (tmp_path / "dgx1").exists()
+
+
+def test_every_host_of_a_lane_writes_its_own_textfile_from_its_own_report(tmp_path, nas_hub):
+    """The end of the run is recorded once for the lane (run_once); each host still writes its own file."""
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"], stage_repos=[{"repo_id": DRAFTER_REPO}])
+    lane = json.loads(open(inventory).read())
+    for host, member in lane["all"]["children"]["exl3_2x"]["hosts"].items():
+        (tmp_path / host / "metrics").mkdir(parents=True)
+        member["stage_metrics_dir"] = str(tmp_path / host / "metrics")
+    with open(inventory, "w") as handle:
+        json.dump(lane, handle)
+    code, data, _times = run(tmp_path, inventory)
+    assert code == 0, failures(data)
+    for host in ("rank0", "rank1"):
+        latest = reports(tmp_path)[host + ".json"]
+        got = families(str(tmp_path / host / "metrics" / PROM))
+        assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, seconds(latest["finished"]))]
+        assert got["dgx_stage_repo_staged_bytes"][0][1] == latest["passes"]["verify"][0]["bytes_staged"]

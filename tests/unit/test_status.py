@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from ansible.module_utils.dgx_probe import container_facts
 from ansible.module_utils.dgx_status import (engine_status, host_status, parse_progress, pass_summary,
                                              repo_status, status_lines)
 from test_module_docs import check_result, run_main
@@ -233,6 +234,21 @@ def test_engine_absent_and_not_looked_up():
     line = status_lines(host_status("/x", [], None, [], True, "ds41-engine",
                                     probe(container("exited", exit_code=137))))[-1]
     assert line == "engine ds41-engine: exited (exit code 137), API health: not checked"
+
+
+def test_engine_states_from_captured_docker_inspect_output():
+    """Docker's own `inspect` output (tests/unit/fixtures/docker), as engine_probe's wait turns it into a row."""
+    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "docker")
+
+    def captured(name):
+        with open(os.path.join(fixtures, name)) as handle:
+            return container_facts(handle.read(), "ds41-engine")
+
+    running = engine_status(True, "ds41-engine", probe(captured("inspect_running.json"), True, ["ds41"]))
+    assert (running["state"], running["health"], running["exit_code"]) == ("running", "ok", None)
+    assert running["container_id"] and len(running["container_id"]) == 64
+    exited = engine_status(True, "ds41-engine", probe(captured("inspect_exited.json"), status="exited"))
+    assert (exited["state"], exited["exit_code"], exited["health"]) == ("exited", 3, "not checked")
 
 
 # --- the module ---------------------------------------------------------------------------------------

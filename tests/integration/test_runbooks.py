@@ -9,7 +9,7 @@ corrupt local blob after a disk swap...), set up here before its commands run.
 
 Checked per command: its exit status (0, or the code a trailing `# exits N` comment gives), and every
 output line the runbook shows under it: a line matches when its words appear in order on one line of the
-real output, `...` standing for anything (run ids, timings). The NAS copy must be left unchanged by the
+real output, `...` standing for anything (paths, rates), and a run id or timestamp for any other. The NAS copy must be left unchanged by the
 commands (only a test set-up writes to it).
 """
 import json
@@ -34,6 +34,8 @@ CONSOLE_BLOCK = re.compile(r"^```console[ \t]*\n(.*?)^```", re.M | re.S)
 EXPECTED_EXIT = re.compile(r"#\s*exits\s+(\d+)\s*$")
 LANE_LINE = re.compile(r"^export INVENTORY=\S+ HOST=\S+$")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# A lane run id (20261201T101711Z-addc), a front-end run ident (20261201T101710Z-verify-8aa6), a timestamp.
+VOLATILE = re.compile(r"(\d{8}T\d{6}Z-(?:[a-z-]+-)?[0-9a-f]{4}|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 DEMO_LANE = "export INVENTORY=inventory/demo HOST=localhost"
 DEMO = os.path.join(".cache", "demo")
 NAS_HUB = os.path.join(DEMO, "nas", "hub")
@@ -45,9 +47,15 @@ RUNBOOK_TIMEOUT = 300
 # reading a runbook
 # ------------------------------------------------------------------------------------------------
 
+def _word_pattern(word):
+    return "".join(VOLATILE.pattern if i % 2 else re.escape(part)
+                   for i, part in enumerate(VOLATILE.split(word)))
+
+
 def excerpt_pattern(line):
-    """An output line of a runbook as a regex: its words in order, any spacing, `...` for anything."""
-    pieces = [r"\s+".join(re.escape(word) for word in piece.split()) for piece in line.split("...")]
+    """An output line of a runbook as a regex: its words in order, any spacing, `...` for anything, and
+    any run id or timestamp where the excerpt shows one (they change with every run)."""
+    pieces = [r"\s+".join(_word_pattern(word) for word in piece.split()) for piece in line.split("...")]
     return re.compile(".*?".join(pieces))
 
 
@@ -77,6 +85,10 @@ def test_runbook_steps_parse_commands_exit_codes_and_excerpts():
     assert excerpt_pattern("localhost   failed   verify ...").search("localhost failed  verify: Verify | x")
     assert excerpt_pattern("run ... ok").search("run 20261201T100715Z-16cd ok")
     assert not excerpt_pattern("run ... ok").search("ok run")
+    row = excerpt_pattern("localhost  20261201T101711Z-addc  ok  17/5  full")
+    assert row.search("localhost  20261202T000000Z-9f9f  ok      17/5              full")
+    assert not row.search("localhost  20261202T000000Z-9f9f  failed  17/5  full")
+    assert excerpt_pattern("staged 2026-12-01T10:14:22Z;").search("staged 2027-01-02T03:04:05Z;")
 
 
 # ------------------------------------------------------------------------------------------------

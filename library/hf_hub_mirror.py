@@ -137,6 +137,20 @@ options:
       - When unset, the node's CPU count, at least 2 and at most 8; at most 32. The read buffers of all
         workers together stay within 32 MiB (a worker's chunk shrinks as workers are added).
     type: int
+  lease_file:
+    description:
+      - For a background run (C(async)) - a file whose mtime the controller renews while it watches the run (the
+        stage role's stage_progress polls touch it). The run touches it when it starts and checks it every few
+        seconds; when it was not renewed for O(lease_timeout) seconds, or was removed, the run stops as on
+        Ctrl-C (the copies in flight stopped within a chunk, their temp files removed, no ref written for an
+        incomplete snapshot, the repo lock released) and fails saying so. Unset - no lease (a background run
+        whose controller was killed runs to its end, holding the repo lock).
+      - Ignored in check mode.
+    type: path
+  lease_timeout:
+    description: Seconds O(lease_file) may go unrenewed before the run stops itself.
+    type: int
+    default: 120
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -511,6 +525,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
+from ansible.module_utils.dgx_progress import LeaseWatch
 from ansible.module_utils.dgx_transfer import raise_interrupt_on_sigterm
 
 
@@ -529,6 +544,8 @@ ARGUMENT_SPEC = dict(
     workers=dict(type="int"),
     copy_missing=dict(type="bool", default=True),
     phase=dict(type="str", default="stage", choices=["stage", "verify"]),
+    lease_file=dict(type="path"),
+    lease_timeout=dict(type="int", default=120),
 )
 
 
@@ -536,7 +553,10 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     raise_interrupt_on_sigterm()
+    lease = None
     try:
+        if params["lease_file"] and not module.check_mode:
+            lease = LeaseWatch(params["lease_file"], params["lease_timeout"]).start()
         request = MirrorRequest(
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
             revision=params["revision"], allow_patterns=params["allow_patterns"],
@@ -553,9 +573,13 @@ def main():
     except (StageError, OSError) as exc:
         module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)))
     except KeyboardInterrupt as exc:
+        why = lease.message() if lease is not None and lease.fired else exc or "Ctrl-C"
         module.fail_json(msg="hf_hub_mirror %s: interrupted (%s): the copies in flight were stopped and their temp "
                              "files removed; no ref was written for an incomplete snapshot. Re-run to finish"
-                         % (params["repo_id"], exc or "Ctrl-C"))
+                         % (params["repo_id"], why))
+    finally:
+        if lease is not None:
+            lease.stop()
     result = printable_names(result)
     diff_text = result.pop("diff_text")
     warnings = result.pop("warnings")

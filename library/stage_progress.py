@@ -17,7 +17,8 @@ description:
     a symlink on its way inside O(dest) (C(.locks)), naming the link and the fix; creates it; removes the job
     files ended jobs of earlier runs left there (only the names Ansible's async_wrapper gives its files,
     C(j<digits>.<digits>) and their C(.tmp); a job file still saying running is left alone until it is older
-    than O(async_timeout)). No other file in that directory is touched.
+    than O(async_timeout)), and the stage role's lease files (C(dgx-lease.*)) older than that. No other file in
+    that directory is touched.
   - O(mode=poll), under C(until)/C(retries)/C(delay) - reads the job file and the repo's progress file
     C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) (tolerating a missing, half-written or garbled
     one) and returns RV(progress), RV(finished) and one human RV(line) with binary units, rate and ETA.
@@ -66,9 +67,15 @@ options:
   async_timeout:
     description:
       - The async time limit the jobs run with, in seconds. O(mode=prepare) removes a job file still saying
-        running only once it is older than this (its wrapper was killed).
+        running, or a lease file (C(dgx-lease.*)), only once it is older than this (its wrapper or its
+        controller was killed).
     type: int
     default: 86400
+  lease_file:
+    description:
+      - The job's lease (hf_hub_mirror's C(lease_file)) - O(mode=poll) renews it (touches it) at each poll, so the
+        job goes on while it is watched; O(mode=result) removes it.
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -226,7 +233,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_progress import poll, prepare_jobs_dir, remove_job
+from ansible.module_utils.dgx_progress import end_lease, poll, prepare_jobs_dir, remove_job, renew_lease
 
 
 ARGUMENT_SPEC = dict(
@@ -239,6 +246,7 @@ ARGUMENT_SPEC = dict(
     phase=dict(type="str", default="stage", choices=["stage", "verify"]),
     first_wait=dict(type="float", default=0),
     async_timeout=dict(type="int", default=86400),
+    lease_file=dict(type="path"),
 )
 
 
@@ -255,9 +263,11 @@ def main():
         module.exit_json(changed=bool(done["created"] or done["removed"]),
                          async_dir=os.path.abspath(params["async_dir"]), **done)
     try:
+        if params["lease_file"] and params["mode"] == "poll" and not module.check_mode:
+            renew_lease(params["lease_file"])
         seen = poll(params["async_dir"], params["jid"], params["dest"], params["repo_id"], params["repo_type"],
                     params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0)
-    except StageError as exc:
+    except (StageError, OSError) as exc:
         module.fail_json(msg="stage_progress: %s" % exc)
     if params["mode"] == "poll":
         module.exit_json(changed=False, jid=params["jid"], finished=seen["finished"], progress=seen["progress"],
@@ -271,6 +281,8 @@ def main():
         result.pop(key, None)
     if not module.check_mode:
         remove_job(params["async_dir"], params["jid"])
+        if params["lease_file"]:
+            end_lease(params["lease_file"])
     # The job's own result as it wrote it (its warnings, diff and changed untouched), as async_status does.
     print("\n%s" % json.dumps(result))
     sys.exit(0)

@@ -18,7 +18,9 @@ import calendar
 import json
 import os
 import re
+import signal
 import stat
+import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
@@ -27,6 +29,8 @@ from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalTree, linked_d
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
 JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
+# The stage role's job leases, next to the job files: dgx-lease.<run id>.<pass>.<repo type>.<repo>.
+LEASE_FILE = re.compile(r"^dgx-lease\.[A-Za-z0-9_.-]+$")
 # A job file or its temp that is older than this and still says "running" was left by a killed wrapper
 # (a wrapper writes its .tmp in milliseconds, and kills its job at the async time limit).
 TMP_STALE_S = 60
@@ -113,6 +117,8 @@ def ended_job_file(name, data, age_s, async_timeout):
     readable yet) ended only once it is older than the async time limit (its wrapper would have killed the
     job and written a result by then: only a killed wrapper leaves it). A temp file ended after TMP_STALE_S.
     """
+    if LEASE_FILE.match(name):      # a lease nobody renewed for that long: its job stopped, or ended
+        return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
     match = JOB_FILE.match(name)
     if not match:
         return False
@@ -172,7 +178,7 @@ def _ended_jobs(path, dir_fd, async_timeout, now):
         return []
     ended = []
     for name in names:
-        if not JOB_FILE.match(name):
+        if not (JOB_FILE.match(name) or LEASE_FILE.match(name)):
             continue
         try:
             st = os.lstat(name, dir_fd=dir_fd) if dir_fd is not None else os.lstat(os.path.join(path, name))
@@ -180,7 +186,8 @@ def _ended_jobs(path, dir_fd, async_timeout, now):
             continue
         if not stat.S_ISREG(st.st_mode):
             continue
-        data = read_json_file(os.path.join(path, name)) if not name.endswith(".tmp") else None
+        data = read_json_file(os.path.join(path, name)) if JOB_FILE.match(name) and not name.endswith(".tmp") \
+            else None
         if ended_job_file(name, data, now - st.st_mtime, async_timeout):
             ended.append((name, st))
     return ended
@@ -364,3 +371,83 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
     finished = job["state"] != "running"
     return {"finished": finished, "progress": progress, "line": progress_line(progress, finished, job["result"]),
             "job": job}
+
+
+# ---- the lease: a background job whose controller is gone stops itself -------------------------------------
+
+
+def renew_lease(path):
+    """Touch the lease file (created when missing, never through a symlink): its mtime is the last renewal."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
+
+
+def lease_age(path, now=None):
+    """Seconds since the lease was last renewed; None when there is no lease file (it was ended)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (time.time() if now is None else now) - st.st_mtime
+
+
+def end_lease(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+class LeaseWatch(object):
+    """Stop this process the way Ctrl-C or SIGTERM does when its lease is not renewed for `timeout` seconds
+    (or its file is gone): a background job whose controller was killed stops within about a lease time,
+    through its own interrupted path (workers stopped within a chunk, temp files removed, the repo lock
+    released), instead of running on to the end holding the repo lock."""
+
+    def __init__(self, path, timeout, every=None, stop_process=None, clock=time.time):
+        self.path, self.timeout = path, float(timeout)
+        self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0))
+        self.fired = None
+        self._clock = clock
+        self._stop_process = stop_process or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self._done = threading.Event()
+        self._thread = None
+
+    def expired(self):
+        """None while the lease holds, else why it does not."""
+        age = lease_age(self.path, self._clock())
+        if age is None:
+            return "its lease file %s is gone" % self.path
+        if age > self.timeout:
+            return "its lease %s was not renewed for %d s (lease_timeout %d s)" % (self.path, age, self.timeout)
+        return None
+
+    def check(self):
+        """One look at the lease: stops the process (once) when it expired; True then."""
+        why = self.expired()
+        if why and self.fired is None:
+            self.fired = why
+            self._stop_process()
+        return bool(why)
+
+    def start(self):
+        renew_lease(self.path)         # the job's start is a renewal: its first poll comes after it
+        self._thread = threading.Thread(target=self._watch, name="dgx-stage-lease")
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def _watch(self):
+        while not self._done.wait(self.every):
+            if self.check():
+                return
+
+    def stop(self):
+        self._done.set()
+
+    def message(self):
+        return ("stopped: %s - the controller that started this background job is gone (killed or "
+                "interrupted) or stopped polling it" % self.fired)

@@ -2,13 +2,17 @@
 (roles/stage/tasks/mirror-async.yml): through ansible-playbook on localhost, the polls' progress grows while a
 paced copy runs (read from ansible-runner's retry events), the mirror's own failure still fails the host with
 its message, the jobs dir keeps everything but the files of ended jobs, a symlinked jobs dir is refused before
-anything is written, and a re-run changes nothing."""
+anything is written, a re-run changes nothing, and a job whose lease is not renewed (its controller is gone)
+stops itself cleanly."""
 import json
 import os
+import subprocess
+import time
 
 import ansible_runner
 
-from conftest import REPO_ROOT, ansible_env, failures, run_playbook
+from ansible.module_utils.dgx_fsutil import is_temp_name, walk_tree
+from conftest import REPO_ROOT, ansible_env, failures, module_command, parse_module_output, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_stage_playbook import _corrupt_nas_shard, mirror_results, play
 from test_verify_and_progress import lane, paced_python, to_copy
@@ -126,3 +130,30 @@ def test_a_symlinked_jobs_dir_is_refused_before_anything_is_written(tmp_path, na
     report = json.loads((tmp_path / "reports" / "localhost.json").read_text())
     assert report["failed_task"].startswith("Mirror | Ready the background jobs") and str(hub / JOBS) in \
         report["failed_msg"]
+
+
+def test_a_job_whose_lease_is_not_renewed_stops_itself_cleanly(tmp_path, make_nas_hub):
+    """No poll renews the lease (as when the controller was killed): the paced copy stops after about
+    lease_timeout, through the interrupted path - no temp file, no ref, the lock released, the progress
+    file saying interrupted - instead of running to its end."""
+    nas = make_nas_hub(shard_size=24 * MIB, n_shards=4)
+    local = tmp_path / "local"
+    local.mkdir()
+    lease = tmp_path / "dgx-lease.test"
+    args = {"src": nas["hub"], "dest": str(local), "repo_id": MAIN_REPO, "ignore_patterns": ["page15/"],
+            "workers": 2, "lease_file": str(lease), "lease_timeout": 1}
+    cmd = [part if not part.startswith("ansible_python_interpreter=") else
+           "ansible_python_interpreter=%s" % paced_python(tmp_path, delay=0.5) for part in module_command(args)]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=ansible_env(tmp_path), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=300)
+    elapsed = time.monotonic() - started
+    result = parse_module_output(proc.stdout.decode("utf-8", "replace"))
+    assert result.get("failed") is True, result
+    assert "interrupted" in result["msg"] and "was not renewed" in result["msg"] and str(lease) in result["msg"]
+    folder = nas["repos"][MAIN_REPO]["folder"]
+    assert [p for p, _rel, _d in walk_tree(str(local)) if is_temp_name(os.path.basename(p))] == []
+    assert not os.path.exists(str(local / folder / "refs" / "main"))
+    doc = json.loads((local / ".locks" / folder / "dgx-stage.progress.json").read_text())
+    assert doc["status"] == "interrupted" and doc["aborted"] is True and doc["bytes_done"] < doc["bytes_total"]
+    assert elapsed < 60, elapsed

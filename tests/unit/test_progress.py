@@ -292,3 +292,56 @@ def test_the_result_step_returns_the_jobs_own_result_and_removes_its_file(tmp_pa
     write_job(jobs, "j1.4", RUNNING)
     early = run_main("stage_progress", dict(args, jid="j1.4"))
     assert early["failed"] is True and "still running" in early["msg"] and (jobs / "j1.4").exists()
+
+
+# ---- the lease -----------------------------------------------------------------------------------------
+
+def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_path):
+    path = str(tmp_path / "dgx-lease.run.stage.model.org--model")
+    stopped = []
+    now = [time.time()]
+    watch = progress.LeaseWatch(path, 30, stop_process=lambda: stopped.append(True), clock=lambda: now[0])
+    assert watch.expired() == "its lease file %s is gone" % path
+    progress.renew_lease(path)
+    assert watch.check() is False and stopped == []
+    now[0] += 31
+    assert watch.check() is True and watch.check() is True and stopped == [True]      # stopped once
+    assert "not renewed for 31 s" in watch.fired and "controller" in watch.message()
+    progress.renew_lease(path)                  # a poll renews it (mtime is now)
+    now[0] = time.time()
+    assert watch.expired() is None
+    progress.end_lease(path)
+    assert progress.lease_age(path) is None
+
+
+def test_a_started_lease_watch_fires_from_its_thread(tmp_path):
+    path = str(tmp_path / "dgx-lease.x")
+    fired = []
+    watch = progress.LeaseWatch(path, 0.3, every=0.05, stop_process=lambda: fired.append(time.time())).start()
+    try:
+        assert os.path.exists(path)                 # the start is a renewal
+        deadline = time.time() + 5
+        while not fired and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        watch.stop()
+    assert len(fired) == 1 and watch.fired
+
+
+def test_a_lease_file_is_never_followed_through_a_link(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("keep")
+    os.symlink(str(target), str(tmp_path / "dgx-lease.y"))
+    with pytest.raises(OSError):
+        progress.renew_lease(str(tmp_path / "dgx-lease.y"))
+    assert target.read_text() == "keep"
+
+
+def test_prepare_removes_only_leases_older_than_the_time_limit(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "dgx-lease.old", "", mtime=time.time() - 700)
+    write_job(jobs, "dgx-lease.fresh", "")
+    write_job(jobs, "lease.other", "", mtime=time.time() - 700)
+    assert prepare_jobs_dir(str(dest), str(jobs), 600)["removed"] == ["dgx-lease.old"]
+    assert sorted(os.listdir(str(jobs))) == ["dgx-lease.fresh", "lease.other"]

@@ -9,8 +9,9 @@ corrupt local blob after a disk swap...), set up here before its commands run.
 
 Checked per command: its exit status (0, or the code a trailing `# exits N` comment gives), and every
 output line the runbook shows under it: a line matches when its words appear in order on one line of the
-real output, `...` standing for anything (paths, rates), and a run id or timestamp for any other. The NAS copy must be left unchanged by the
-commands (only a test set-up writes to it).
+real output, `...` standing for anything (paths, rates), and a run id or timestamp for any other. The
+commands must leave the NAS copy unchanged (only a test's set-up writes to it). The copy runs its own
+dgx_stage package (PYTHONPATH), so the front end finds the copy's playbooks and records its runs there.
 """
 import json
 import os
@@ -19,7 +20,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -130,13 +130,12 @@ def staged_demo(tmp_path_factory):
     work = str(base / "repo")
     copy_worktree(work)
     os.symlink(os.path.join(REPO_ROOT, ".venv"), os.path.join(work, ".venv"))
-    started = time.monotonic()
     proc = subprocess.run([os.path.join(work, ".venv", "bin", "python"), "scripts/demo.py"], cwd=work,
                           env=command_env(work), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert proc.returncode == 0, proc.stdout.decode("utf-8", "replace")[-6000:]
     saved = str(base / "cache-staged")
     shutil.copytree(os.path.join(work, ".cache"), saved, symlinks=True)
-    yield {"work": work, "saved": saved, "demo_s": time.monotonic() - started}
+    yield {"work": work, "saved": saved}
     clear_tree(saved)
     clear_tree(os.path.join(work, ".cache"))
 
@@ -309,6 +308,15 @@ def run_steps(work, steps, out_dir):
             rc, start, end = handle.read().split()
         results.append((output, int(rc), float(end) - float(start)))
     return results
+
+
+def test_run_steps_keeps_exports_and_reports_each_exit_status(tmp_path):
+    steps = runbook_steps("```console\n$ export LANE=demo\n$ echo \"lane $LANE in $PWD\"\n"
+                          "$ false   # exits 1\n$ echo after\n```\n")
+    results = run_steps(str(tmp_path), steps, str(tmp_path / "out"))
+    assert [(out.strip(), rc) for out, rc, _s in results] == [
+        ("", 0), ("lane demo in %s" % tmp_path, 0), ("", 1), ("after", 0)]
+    assert [s["rc"] for s in steps] == [0, 0, 1, 0]
 
 
 @pytest.mark.parametrize("name", sorted(SETUPS))

@@ -25,7 +25,9 @@ description:
     Figures an earlier run left in the progress file are not shown as this job's.
   - O(mode=result), once the job ended - returns the job's own result (the hf_hub_mirror keys, documented
     there, with its C(changed), C(failed) and C(msg) - a failed job fails this task with the mirror's message),
-    adds RV(progress), RV(finished) and RV(line), and removes the job's file.
+    adds RV(progress), RV(finished) and RV(line), and removes the job's file (and its lease); the jobs dir is
+    removed when that left it empty, and C(.locks) above it when empty too (a pass that wrote nothing else
+    leaves the local hub as it found it).
 author: dgx-stage maintainers
 options:
   mode:
@@ -233,7 +235,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_progress import end_lease, poll, prepare_jobs_dir, remove_job, renew_lease
+from ansible.module_utils.dgx_progress import end_lease, poll, prepare_jobs_dir, prune_jobs_dir, remove_job, renew_lease
 
 
 ARGUMENT_SPEC = dict(
@@ -283,6 +285,7 @@ def main():
         remove_job(params["async_dir"], params["jid"])
         if params["lease_file"]:
             end_lease(params["lease_file"])
+        prune_jobs_dir(params["dest"], params["async_dir"])
     # The job's own result as it wrote it (its warnings, diff and changed untouched), as async_status does.
     print("\n%s" % json.dumps(result))
     sys.exit(0)

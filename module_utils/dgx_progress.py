@@ -110,6 +110,24 @@ def remove_job(async_dir, jid):
     return removed
 
 
+def prune_jobs_dir(dest, async_dir):
+    """Remove the jobs dir when it is empty, and `.locks` above it when that is empty too (a pass that wrote
+    nothing else leaves the local hub as it found it); the dirs removed. rmdir only: never anything that
+    holds a file, never the local hub root (Ansible's async_wrapper creates the jobs dir again for a job)."""
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    locks = os.path.join(dest, ".locks")
+    removed = []
+    for path in (async_dir, locks):
+        if path == dest or (path == locks and os.path.dirname(async_dir) != locks):
+            break
+        try:
+            os.rmdir(path)
+        except OSError:
+            break
+        removed.append(path)
+    return removed
+
+
 def ended_job_file(name, data, age_s, async_timeout):
     """Whether a file of the jobs dir is a job file of an ended job, safe to remove.
 
@@ -131,7 +149,10 @@ def jobs_dir_problem(dest, async_dir):
     """Why the jobs dir cannot be used (it or a directory on its way inside the local hub is a symlink, or
     not a directory), or None. Outside the local hub only the jobs dir itself is checked."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
-    if async_dir == dest or async_dir.startswith(dest.rstrip(os.sep) + os.sep):
+    if async_dir == dest:
+        return ("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a directory of its "
+                "own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
+    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
         rel = os.path.relpath(async_dir, dest)
         problem = linked_dir_problem(dest, rel)
     else:

@@ -214,7 +214,10 @@ def test_verify_on_an_empty_local_root_fails_naming_what_is_not_staged_and_write
         assert "%d of the %d selected file(s) of %s" % (len(files), len(files), repo_id) in row["msg"]
         assert files[0] in row["msg"] and "--tags stage" in row["msg"] and row["bytes_copied"] == 0
     assert sorted(rows) == sorted([MAIN_REPO, DRAFTER_REPO])
-    assert snapshot_diff(before, tree_snapshot(local_hub)) == []        # no blob, no lock, no progress file
+    # No blob, no lock, no progress file. The background jobs' dir came and went (.locks/dgx-stage-async,
+    # removed once empty): the root's own mtime moved, nothing else.
+    assert [d for d in snapshot_diff(before, tree_snapshot(local_hub)) if not d.startswith("changed .:")] == []
+    assert os.listdir(str(local_hub)) == []
     assert not [name for name in tasks if name.startswith("Verify | Check each snapshot")]
 
 

@@ -345,3 +345,21 @@ def test_prepare_removes_only_leases_older_than_the_time_limit(tmp_path):
     write_job(jobs, "lease.other", "", mtime=time.time() - 700)
     assert prepare_jobs_dir(str(dest), str(jobs), 600)["removed"] == ["dgx-lease.old"]
     assert sorted(os.listdir(str(jobs))) == ["dgx-lease.fresh", "lease.other"]
+
+
+def test_an_emptied_jobs_dir_is_removed_with_an_empty_locks_but_never_the_hub_root(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    jobs.mkdir(parents=True)
+    (dest / ".locks" / "models--org--model").mkdir()
+    assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs)]          # .locks holds a repo's lock dir
+    jobs.mkdir()
+    write_job(jobs, "decoy", "")
+    assert progress.prune_jobs_dir(str(dest), str(jobs)) == []                   # holds a file: kept
+    os.unlink(str(jobs / "decoy"))
+    os.rmdir(str(dest / ".locks" / "models--org--model"))
+    assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
+    assert os.listdir(str(dest)) == []
+    assert progress.prune_jobs_dir(str(dest), str(dest)) == [] and dest.is_dir()
+    with pytest.raises(StageError):
+        prepare_jobs_dir(str(dest), str(dest), 60)

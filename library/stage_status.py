@@ -17,8 +17,9 @@ description:
     files and bytes the snapshot holds locally, and when it was last staged and last verified and how
     (the verify mode), from the C(passes) of the progress file
     C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json) hf_hub_mirror writes.
-  - A repo folder, snapshot or lock folder that is a symlink is reported (V(refused)) and never read
-    through. A half-written progress file or one whose C(passes) is garbage is reported, not fatal.
+  - A repo folder, snapshot or lock folder that is a symlink - or a C(refs), C(snapshots) or C(.locks)
+    folder on the way to one - is reported (V(refused), or in RV(status.repos[].problem) and
+    RV(status.repos[].progress_problem)) and never read through. A half-written progress file or one whose C(passes) is garbage is reported, not fatal.
   - The receipt roots O(receipt_roots) present under O(receipt_parent).
   - The engine container's state and API health from O(engine_probe), the result of an C(engine_probe)
     V(wait) call made with C(container) (the module itself runs no container command).

@@ -8,7 +8,7 @@ the progress file hf_hub_mirror keeps in `<hub_local_root>/.locks/<repo folder>/
 the engine container's state and API health from an engine_probe wait result.
 
 Nothing here follows a symlink out of the local hub: a repo folder, snapshot or lock folder that is a link
-is reported as such and not read through. Garbage (a half-written progress file, `passes` that is not a
+(or a refs/, snapshots/ or .locks folder on the way to one) is reported as such and not read through. Garbage (a half-written progress file, `passes` that is not a
 mapping, a ref that is no commit, a ref naming a missing snapshot) is reported, never raised.
 
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax. Pure functions except the read_* ones.
@@ -126,6 +126,21 @@ def link_problem(path, what):
     return "%s %s is not a directory" % (what, path)
 
 
+def path_problem(base, parts, what):
+    """Why base/parts[0]/parts[1]/... cannot be reached without following a link: the first component that
+    is a symlink or not a directory (the last one included), else None (also when a component is absent).
+    lstat() and open() follow a link anywhere on the way; each step is checked on its own."""
+    path = base
+    for index, part in enumerate(parts):
+        path = os.path.join(path, part)
+        problem = link_problem(path, what if index == len(parts) - 1 else "folder")
+        if problem:
+            return problem
+        if _lstat(path) is None:
+            return None
+    return None
+
+
 def snapshot_content(repo_dir, snap_dir):
     """(files, bytes, dangling) of a local snapshot: files whose content is in the repo (a link into
     its blobs/, or a real file), the bytes of their distinct contents, links whose content is missing
@@ -163,6 +178,10 @@ def staged_commit(repo_dir, revision):
     if not revision or revision.startswith("/") or ".." in revision.split("/"):
         return None, "revision %r cannot name a ref" % (revision,)
     ref_path = os.path.join(repo_dir, "refs", revision)
+    # refs/ and any folder of a revision like release/v1: never read through a link out of the repo.
+    problem = path_problem(repo_dir, ["refs"] + revision.split("/")[:-1], "refs folder")
+    if problem:
+        return None, problem
     st = _lstat(ref_path)
     if st is None:
         if COMMIT_RE.match(revision):
@@ -197,8 +216,7 @@ def repo_status(hub_root, repo):
     if problem:
         row.update(state="refused", problem=problem)
         return row
-    lock_dir = os.path.join(hub_root, ".locks", folder)
-    row.update(progress_of(lock_dir))
+    row.update(progress_of(hub_root, folder))
     if _lstat(repo_dir) is None:
         row["state"] = "not staged"
         return row
@@ -209,7 +227,7 @@ def repo_status(hub_root, repo):
     row["commit"] = commit
     snap_dir = os.path.join(repo_dir, "snapshots", commit)
     row["snapshot"] = snap_dir
-    problem = link_problem(snap_dir, "snapshot")
+    problem = path_problem(repo_dir, ["snapshots", commit], "snapshot")
     if problem:
         row.update(state="refused", problem=problem)
         return row
@@ -222,12 +240,14 @@ def repo_status(hub_root, repo):
     return row
 
 
-def progress_of(lock_dir):
-    """The last-staged / last-verified fields of a repo from the progress file in its lock folder."""
+def progress_of(hub_root, folder):
+    """The last-staged / last-verified fields of a repo from the progress file in its lock folder
+    (<hub_root>/.locks/<folder>; neither .locks nor the folder is read through a link)."""
     fields = {}
-    problem = link_problem(lock_dir, "lock folder")
+    problem = path_problem(hub_root, [".locks", folder], "lock folder")
     if problem:
         return {"progress_problem": problem}
+    lock_dir = os.path.join(hub_root, ".locks", folder)
     passes, problem = parse_progress(read_small(os.path.join(lock_dir, PROGRESS_NAME), PROGRESS_MAX_BYTES))
     fields["progress_problem"] = problem
     stage, verify = pass_summary(passes.get("stage")), pass_summary(passes.get("verify"))

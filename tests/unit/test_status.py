@@ -150,6 +150,50 @@ def test_a_symlinked_lock_folder_is_not_read(tmp_path):
     assert row["last_verified"] is None and "symlink" in row["progress_problem"]
 
 
+def _outside_repo(tmp_path):
+    """A repo outside the hub whose refs, snapshot and progress would all read as staged and verified."""
+    outside = tmp_path / "outside"
+    make_repo(outside, files={"a": b"secret"})
+    write_progress(outside, {"passes": {"verify": figures("verify", "2026-11-30T21:00:00Z", "full")}})
+    hub = tmp_path / "hub"
+    (hub / FOLDER).mkdir(parents=True)
+    return outside / FOLDER, hub
+
+
+@pytest.mark.parametrize("linked", ["refs", "snapshots"])
+def test_a_symlinked_refs_or_snapshots_folder_is_refused_not_read_through(tmp_path, linked):
+    outside, hub = _outside_repo(tmp_path)
+    make_repo(hub, files={"a": b"1"}, snapshot=linked == "refs")
+    if linked == "snapshots":
+        (hub / FOLDER / "snapshots").symlink_to(outside / "snapshots")
+    else:
+        (hub / FOLDER / "refs" / "main").unlink()
+        (hub / FOLDER / "refs").rmdir()
+        (hub / FOLDER / "refs").symlink_to(outside / "refs")
+    row = repo_status(str(hub), REPO)
+    assert "symlink" in row["problem"] and str(outside / linked) in row["problem"], row
+    assert row["state"] != "staged" and row["files_local"] == 0 and row["bytes_local"] == 0
+
+
+def test_a_ref_under_a_symlinked_folder_of_its_revision_is_not_read(tmp_path):
+    outside, hub = _outside_repo(tmp_path)
+    make_repo(hub, files={"a": b"1"})
+    (outside / "refs" / "v1").mkdir()
+    (outside / "refs" / "v1" / "main").write_text(COMMIT)
+    (hub / FOLDER / "refs" / "release").symlink_to(outside / "refs" / "v1")
+    row = repo_status(str(hub), dict(REPO, revision="release/main"))
+    assert row["state"] == "not staged" and row["commit"] is None and "symlink" in row["problem"]
+
+
+def test_a_symlinked_locks_folder_of_the_hub_is_not_read(tmp_path):
+    outside, hub = _outside_repo(tmp_path)
+    make_repo(hub, files={"a": b"1"})
+    (hub / ".locks").symlink_to(outside.parent / ".locks")
+    row = repo_status(str(hub), REPO)
+    assert row["state"] == "staged" and row["last_verified"] is None
+    assert "symlink" in row["progress_problem"] and ".locks" in row["progress_problem"]
+
+
 def test_links_to_missing_or_outside_content_are_dangling_not_counted(tmp_path):
     repo = make_repo(tmp_path, files={"a": b"1234"})
     snap = repo / "snapshots" / COMMIT

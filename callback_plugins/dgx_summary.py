@@ -29,6 +29,10 @@ description:
     default stdout callback, each poll that retries prints C([host] <its line>) (repo, bytes done of total,
     rate, ETA, the file in hand) instead of Ansible's C(FAILED - RETRYING) line. Other stdout callbacks
     (json, ansible-runner's) are left as they are.
+  - For C(playbooks/status.yml) (a C(stage_status) result, or the playbook's name) it prints, in place of the
+    table, each host's status lines (the result's C(lines), shown nowhere else since C(display_ok_hosts =
+    false) hides the play's debug task), in rank order, or why a host has none (unreachable, failed), with
+    a next step for a host that did not answer.
   - Silent for ad-hoc commands, for machine-readable stdout callbacks (json, jsonl) and for runs that
     staged nothing.
   - Enabled by the repo's ansible.cfg (C(callbacks_enabled = dgx_summary)).
@@ -52,6 +56,9 @@ PASSES = ("preflight", "stage", "verify")
 # The actions whose results carry a repo's row: the mirror itself (preflight, --check), and stage_progress
 # returning a background stage or verify job's own result.
 MIRROR_ACTIONS = ("hf_hub_mirror", "stage_progress")
+# The status playbook's task: its result's `lines` are what the summary prints for the host.
+STATUS_ACTION = "stage_status"
+STATUS_PLAYBOOK = "status.yml"
 GIB = 1024.0 ** 3
 MIB = 1024.0 ** 2
 # Machine-readable stdout callbacks: a table would corrupt their output.
@@ -330,9 +337,65 @@ def engine_lane(hosts, host, order):
     return lane if len(lane) > 1 else None
 
 
+def _rank_order(hosts):
+    """A sort key of host names: by lane rank, hosts without one last, then by name."""
+    def order(host):
+        rank = hosts[host].get("rank")
+        return (0, int(rank), host) if str(rank).isdigit() else (1, 0, host)
+    return order
+
+
+def one_line(text):
+    """A status line printed as one line: a newline or other control character in a name or message would
+    otherwise start a line that reads as another host's."""
+    return "".join(ch if ch >= " " and ch != "\x7f" else repr(ch)[1:-1] for ch in str(text))
+
+
+def status_summary_lines(state):
+    """The status playbook's summary (in place of the lane table, which it has no figures for): per host in
+    rank order its stage_status lines, or why it has none (unreachable, failed, the run stopped); then the
+    count and a next step for each host that could not be read."""
+    hosts = state.get("hosts", {})
+    names = [h for h, info in hosts.items() if info.get("status_lines") is not None or info.get("rank") is not None
+             or info.get("failed") or info.get("unreachable")]
+    if not names:
+        return []
+    stopped = state.get("stopped")
+    lanes = sorted(set(str(hosts[h]["lane"]) for h in names if hosts[h].get("lane")))
+    lines = ["DGX-STAGE STATUS: lane %s, %s%s" % (",".join(lanes) or "?", plural(len(names), "host"),
+                                                ", " + stopped if stopped else "")]
+    bad, steps = [], []
+    for host in sorted(names, key=_rank_order(hosts)):
+        info = hosts[host]
+        title = host + (" (rank %s)" % info["rank"] if info.get("rank") is not None else "")
+        failure = info.get("failure") or {}
+        msg = one_line(failure.get("msg") or "")
+        if info.get("status_lines") is not None and not info.get("unreachable"):
+            lines.append(title + ":")
+            lines += ["  " + one_line(text) for text in info["status_lines"]]
+            continue
+        bad.append(host)
+        if info.get("unreachable"):
+            why = "unreachable" + (": " + msg if msg else "")
+            steps.append("next step: check that %s answers (ssh, its Python), then re-run: %s"
+                         % (host, _command(state.get("inventory"), state.get("playbook"), [host])))
+        elif info.get("failed"):
+            why = "failed%s%s" % (_where(failure), ": " + msg if msg else "")
+        else:
+            why = "not read (%s)" % (stopped.lower() if stopped else "no status")
+        lines.append("%s: %s" % (title, why))
+    total = "%d/%d hosts read" % (len(names) - len(bad), len(names))
+    if bad:
+        total += "; NOT READ: %s" % ", ".join(bad)
+    return lines + [total] + steps
+
+
 def summary_lines(state):
     """The whole summary from the collected state (plain data; see CallbackModule.state). state["stopped"]
-    (INTERRUPTED, STOPPED) says the run ended before its recap: the hosts not failed are then interrupted."""
+    (INTERRUPTED, STOPPED) says the run ended before its recap: the hosts not failed are then interrupted.
+    A status run (state["status"]) prints each host's status lines instead (status_summary_lines)."""
+    if state.get("status"):
+        return status_summary_lines(state)
     hosts = state.get("hosts", {})
     lane_hosts = [h for h, info in hosts.items() if info.get("repos") or info.get("rank") is not None
                   or info.get("failed") or info.get("unreachable")]
@@ -340,10 +403,7 @@ def summary_lines(state):
         return []
     check_mode = bool(state.get("check_mode"))
     stopped = state.get("stopped")
-
-    def order(host):
-        rank = hosts[host].get("rank")
-        return (0, int(rank), host) if str(rank).isdigit() else (1, 0, host)
+    order = _rank_order(hosts)
 
     rows, statuses, steps = [], {}, []
     for host in sorted(lane_hosts, key=order):
@@ -478,6 +538,8 @@ class CallbackModule(CallbackBase):
         cwd = os.getcwd()
         self.state["inventory"] = ",".join(self._rel(i, cwd) for i in inventories) or None
         self.state["playbook"] = self._rel(getattr(playbook, "_file_name", None) or "", cwd) or None
+        # playbooks/status.yml: its summary is the hosts' status lines (also when no host could be read).
+        self.state["status"] = os.path.basename(self.state["playbook"] or "") == STATUS_PLAYBOOK
         # What an interrupted run is re-run with: its own tags and mode (the hosts are named by --limit).
         rerun = []
         tags = sorted((t for t in (args.get("tags") or ()) if t and t != "all"), key=_play_order)
@@ -570,6 +632,9 @@ class CallbackModule(CallbackBase):
                         "revision": item.get("revision") or "main", "status": "failed", "no_report": True,
                         "check_mode": name == "preflight" or self.state["check_mode"]}
                 host["repos"].setdefault(repo_key(made), {}).setdefault(name, made)
+        if action.endswith(STATUS_ACTION) and isinstance(data.get("lines"), list):
+            host["status_lines"] = [str(text) for text in data["lines"]]
+            self.state["status"] = True
         if action.endswith("host_report") and "results" not in data:
             # The report is of the host it names: the end of the run writes every lane host's from one host.
             args = (data.get("invocation") or {}).get("module_args") or {}

@@ -440,3 +440,57 @@ def test_the_row_of_a_background_job_comes_from_its_result_task():
     assert list(repos) == ["model:org/x@main", "model:org/y@main"]
     assert repos["model:org/x@main"]["verify"]["verify"] == "sample"
     assert repos["model:org/y@main"]["verify"]["no_report"] is True
+
+
+# ---- the status playbook: each host's status lines in place of the table --------------------------------
+
+def _status_callback():
+    display = _Display()
+    callback = summary.CallbackModule(display=display)
+    callback._watching = True             # no SIGINT handler and exit hook in the test process
+    callback.state.update(inventory="inventory/dgx", playbook="playbooks/status.yml")
+    callback._started = 0.0
+    return callback, display
+
+
+def test_a_status_run_prints_each_hosts_status_lines_instead_of_an_empty_table(monkeypatch):
+    monkeypatch.setattr(summary.CallbackModule, "_quiet", lambda self: False)
+    callback, display = _status_callback()
+    for host, rank in (("n2", 1), ("n1", 0), ("n3", 2)):
+        callback.v2_runner_on_ok(_result(host, {"ansible_facts": {"lane_name": "exl3_2x", "lane_rank": rank}},
+                                         action="ansible.builtin.set_fact"))
+    callback.v2_runner_on_ok(_result("n2", {"lines": ["org/x@main: not staged", "engine e: disabled"],
+                                            "status": {}}, action="stage_status"))
+    callback.v2_runner_on_ok(_result("n1", {"lines": ["org/x@main: commit 1a2b, 5 files, 1.2 GiB local",
+                                                      "bad\nn2 (rank 1): spoofed"], "status": {}},
+                                     action="stage_status"))
+    callback.v2_runner_on_unreachable(_result("n3", {"msg": "ssh: connect refused"}))
+    stats = _Obj(failures={}, dark={"n3": 1})
+    callback.v2_playbook_on_stats(stats)
+    out = "\n".join(display.lines).splitlines()
+    assert not any(line.startswith("HOST ") for line in out)           # no lane table
+    assert out[:7] == [
+        "DGX-STAGE STATUS: lane exl3_2x, 3 hosts",
+        "n1 (rank 0):",
+        "  org/x@main: commit 1a2b, 5 files, 1.2 GiB local",
+        "  bad\\nn2 (rank 1): spoofed",                                 # one line: a newline cannot fake a host
+        "n2 (rank 1):",
+        "  org/x@main: not staged",
+        "  engine e: disabled"]
+    assert out[7] == "n3 (rank 2): unreachable: ssh: connect refused"
+    assert out[8] == "2/3 hosts read; NOT READ: n3"
+    assert out[9] == ("next step: check that n3 answers (ssh, its Python), then re-run: "
+                      "ansible-playbook -i inventory/dgx playbooks/status.yml --limit n3")
+
+
+def test_the_status_playbook_is_recognised_by_name_when_no_host_could_be_read():
+    callback, _display = _status_callback()
+    callback._watching = True
+    callback.v2_playbook_on_start(_Obj(_file_name=os.path.join(REPO_ROOT, "playbooks", "status.yml")))
+    assert callback.state["status"] is True
+    lines = summary.summary_lines(dict(callback.state, hosts={"n1": {"rank": 0, "failed": True, "failure": {
+        "play": "Select the lane", "task": "t", "msg": "no lane"}}}))
+    assert lines == ["DGX-STAGE STATUS: lane ?, 1 host", "n1 (rank 0): failed: Select the lane: t: no lane",
+                     "0/1 hosts read; NOT READ: n1"]
+    callback.v2_playbook_on_start(_Obj(_file_name="stage-deepseek.yml"))
+    assert callback.state["status"] is False

@@ -16,8 +16,10 @@ description:
   - O(mode=prepare), before the first job starts - refuses a jobs dir O(async_dir) that is a symlink, or has
     a symlink on its way inside O(dest) (C(.locks)), naming the link and the fix; creates it; removes the job
     files ended jobs of earlier runs left there (only the names Ansible's async_wrapper gives its files,
-    C(j<digits>.<digits>) and their C(.tmp); a job file still saying running is left alone until it is older
-    than O(async_timeout)), and the stage role's lease files (C(dgx-lease.*)) older than that. No other file in
+    C(j<digits>.<digits>) and their C(.tmp)), only once older than O(async_timeout) - a job file still saying
+    running then had its wrapper killed, and a result nobody collected by then had its run killed (a fresher
+    result may belong to another run on this hub, still at work on its next repo, that collects it at the end of
+    its pass) - and the stage role's lease files (C(dgx-lease.*)) older than that. No other file in
     that directory is touched.
   - O(mode=poll), under C(until)/C(retries)/C(delay) - reads the job file and the repo's progress file
     C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) (tolerating a missing, half-written or garbled

@@ -131,9 +131,11 @@ def prune_jobs_dir(dest, async_dir):
 def ended_job_file(name, data, age_s, async_timeout):
     """Whether a file of the jobs dir is a job file of an ended job, safe to remove.
 
-    Only async_wrapper's names count. A job file holding a result ended; one still saying running (or not
-    readable yet) ended only once it is older than the async time limit (its wrapper would have killed the
-    job and written a result by then: only a killed wrapper leaves it). A temp file ended after TMP_STALE_S.
+    Only async_wrapper's names count, and only once older than the async time limit (plus TMP_STALE_S). One
+    still saying running (or not readable yet) is that old only when its wrapper was killed (a live wrapper
+    kills its job at the limit and writes a result). One holding a result is kept as long: another run on
+    this hub may still be at work on its next repos and collect it at the end of its pass (its result step
+    reads it then), so a fresh result is never taken from it. A temp file ended after TMP_STALE_S.
     """
     if LEASE_FILE.match(name):      # a lease nobody renewed for that long: its job stopped, or ended
         return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
@@ -142,7 +144,7 @@ def ended_job_file(name, data, age_s, async_timeout):
         return False
     if match.group(1):
         return age_s > TMP_STALE_S
-    return job_state(data) == "ended" or age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+    return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
 
 
 def jobs_dir_problem(dest, async_dir):

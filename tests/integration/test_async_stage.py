@@ -96,10 +96,12 @@ def test_only_ended_jobs_files_are_removed_and_a_rerun_changes_nothing(tmp_path,
     jobs.mkdir(parents=True)
     (jobs / "decoy.json").write_text('{"changed": true}')                    # not a job file: kept
     (jobs / "j100.200").write_text('{"changed": false, "msg": "an earlier run"}')   # an ended job: removed
+    os.utime(str(jobs / "j100.200"), (time.time() - 86400 - 120,) * 2)     # once nobody can still collect it
+    (jobs / "j100.201").write_text('{"changed": false, "msg": "a run at work"}')    # fresh: another run's: kept
     (jobs / "j300.400").write_text('{"started": true, "finished": false}')   # another run's job, running: kept
     code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage,verify")
     assert code == 0, failures(data)
-    assert sorted(os.listdir(str(jobs))) == ["decoy.json", "j300.400"]       # and none of this run's
+    assert sorted(os.listdir(str(jobs))) == ["decoy.json", "j100.201", "j300.400"]       # and none of this run's
     assert (jobs / "decoy.json").read_text() == '{"changed": true}'
 
     code, tasks, stats = play(tmp_path, inventory, tags="preflight,stage,verify")
@@ -108,7 +110,7 @@ def test_only_ended_jobs_files_are_removed_and_a_rerun_changes_nothing(tmp_path,
         rows = mirror_results(tasks, stage_pass)
         assert [r["item"]["repo_id"] for r in rows] == [MAIN_REPO, DRAFTER_REPO]
         assert all(r["changed"] is False and r["report"]["status"] == "ok" for r in rows)
-    assert sorted(os.listdir(str(jobs))) == ["decoy.json", "j300.400"]
+    assert sorted(os.listdir(str(jobs))) == ["decoy.json", "j100.201", "j300.400"]
 
 
 def test_a_symlinked_jobs_dir_is_refused_before_anything_is_written(tmp_path, nas_hub):

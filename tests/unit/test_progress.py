@@ -199,7 +199,8 @@ def test_a_poll_of_a_missing_job_ends_it_with_the_reason(tmp_path):
 # ---- the jobs dir --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, data, age, ended", [
-    ("j123.456", {"changed": True}, 0, True),                  # a result: ended
+    ("j123.456", {"changed": True}, 0, False),                 # a result another run has yet to collect
+    ("j123.456", {"changed": True}, 86400 + 61, True),         # a result nobody collected: its run was killed
     ("j123.456", RUNNING, 100, False),                         # running, younger than the time limit
     ("j123.456", RUNNING, 86400 + 61, True),                   # its wrapper was killed long ago
     ("j123.456", None, 100, False),                            # unreadable: as if being written
@@ -216,7 +217,7 @@ def test_only_job_files_of_ended_jobs_are_removable(name, data, age, ended):
 def test_prepare_removes_ended_jobs_files_only_and_keeps_a_decoy(tmp_path):
     dest = tmp_path / "hub"
     jobs = dest / ".locks" / "dgx-stage-async"
-    write_job(jobs, "j1.1", {"changed": False})
+    write_job(jobs, "j1.1", {"changed": False}, mtime=time.time() - 86400 - 120)
     write_job(jobs, "j1.2", RUNNING)
     write_job(jobs, "j1.3.tmp", "", mtime=time.time() - 120)
     write_job(jobs, "decoy", {"changed": False})
@@ -227,6 +228,18 @@ def test_prepare_removes_ended_jobs_files_only_and_keeps_a_decoy(tmp_path):
     assert len(os.listdir(str(jobs))) == 6
     assert prepare_jobs_dir(str(dest), str(jobs), 86400) == {"created": False, "removed": ["j1.1", "j1.3.tmp"]}
     assert sorted(os.listdir(str(jobs))) == ["decoy", "j1.2", "j7.7", "j8.8"]
+
+
+def test_prepare_keeps_the_fresh_result_of_a_run_still_at_work_on_its_next_repo(tmp_path):
+    # Run A's first repo ended (its result waits in its job file for A's result step, after A's last repo);
+    # run B starts on the same hub meanwhile: B's prepare must not take A's result away.
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "j1.1", {"changed": True, "summary": "copied 3 files"}, mtime=time.time() - 3600)
+    assert prepare_jobs_dir(str(dest), str(jobs), 86400)["removed"] == []
+    got = run_main("stage_progress", {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.1",
+                                      "repo_id": REPO})
+    assert got.get("failed") is not True and got["summary"] == "copied 3 files"
 
 
 def test_prepare_creates_the_dir_and_refuses_a_symlinked_locks_or_jobs_dir(tmp_path):

@@ -26,6 +26,7 @@ from ansible.module_utils.dgx_fsutil import atomic_write_bytes
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
+MAX_TIMESTAMP = 95617584000.0     # 5000-01-01T00:00:00Z
 
 # name -> help; every metric is a gauge. In the order they are written.
 METRICS = (
@@ -95,14 +96,26 @@ def parse_samples(text):
     return samples
 
 
+def plausible_timestamp(value):
+    """A previous file's timestamp worth keeping: finite, after the epoch, before the year 5000 (a garbage
+    file's NaN, +Inf, negative or absurd value is dropped, never carried into the next file)."""
+    return isinstance(value, float) and math.isfinite(value) and 0 < value < MAX_TIMESTAMP
+
+
 def previous_state(text):
-    """{"last_success": seconds or None, "last_verify": {repo: (mode, seconds)}} kept by the previous file."""
+    """{"last_success": seconds or None, "last_verify": {repo: (mode, seconds)}} kept by the previous file.
+
+    Only samples this module writes are kept - the right labels and a plausible timestamp: the last
+    success of a file someone else wrote, or garbage, must not become the host's last success."""
     state = {"last_success": None, "last_verify": {}}
     for name, labels, value in parse_samples(text):
-        if name == "dgx_stage_last_success_timestamp_seconds":
+        if not plausible_timestamp(value):
+            continue
+        if name == "dgx_stage_last_success_timestamp_seconds" and not labels:
             state["last_success"] = value
-        elif name == "dgx_stage_last_verify_timestamp_seconds" and labels.get("repo"):
-            state["last_verify"][labels["repo"]] = (labels.get("mode", ""), value)
+        elif (name == "dgx_stage_last_verify_timestamp_seconds" and labels.get("repo")
+              and set(labels) <= {"repo", "mode"}):
+            state["last_verify"][labels["repo"]] = (labels.get("mode") or "unknown", value)
     return state
 
 

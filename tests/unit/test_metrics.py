@@ -125,6 +125,25 @@ def test_garbage_in_the_view_and_the_previous_file_is_tolerated():
     assert got["dgx_stage_repo_staged_bytes"][0][1] == 0.0
 
 
+@pytest.mark.parametrize("garbage", ["NaN", "+Inf", "-Inf", "-5", "0", "1e300"])
+def test_a_garbage_last_success_in_the_previous_file_is_not_kept(garbage):
+    previous = ("dgx_stage_last_success_timestamp_seconds %s\n"
+                'dgx_stage_last_verify_timestamp_seconds{repo="%s",mode="full"} %s\n' % (garbage, MAIN, garbage))
+    failed = view(status="failed", finished="2026-12-01T08:00:00Z")
+    got = families(render(samples_of(failed, previous_state(previous))))
+    assert got["dgx_stage_last_run_success"] == [({}, 0.0)]
+    assert "dgx_stage_last_success_timestamp_seconds" not in got
+    assert "dgx_stage_last_verify_timestamp_seconds" not in got
+
+
+def test_only_the_samples_this_module_writes_are_kept_from_the_previous_file():
+    previous = ('dgx_stage_last_success_timestamp_seconds{host="other"} 1700000000\n'
+                'dgx_stage_last_verify_timestamp_seconds{repo="%s",mode="full",host="other"} 1700000000\n'
+                'dgx_stage_last_verify_timestamp_seconds{repo="%s",mode="sample"} 1700000001\n' % (MAIN, DRAFTER))
+    state = previous_state(previous)
+    assert state == {"last_success": None, "last_verify": {DRAFTER: ("sample", 1700000001.0)}}
+
+
 def test_only_moved_timestamps_are_not_a_content_change():
     first = render(samples_of(view(verify=[row(MAIN, verify="full")]), NO_PREVIOUS))
     later = render(samples_of(view(verify=[row(MAIN, verify="full")], finished="2026-12-01T00:00:00Z",

@@ -132,6 +132,10 @@ class RunState(object):
             seen = self.unreachable.get(host) if host in dark else self.failures.get(host)
             seen = dict(seen or {"host": host, "play": None, "task": None, "msg": "(no failure event)"})
             report = self.reports.get(host) or {}
+            # An unreachable host's own event says why (the ssh error); its report, written for it by
+            # another host, only says it did not reach the end of the run.
+            if host in dark and host in self.unreachable:
+                report = {}
             if report.get("status") == "failed" and report.get("failed_task"):
                 seen.update(play=report.get("failed_play") or seen["play"], task=report["failed_task"],
                             msg=report.get("failed_msg") or seen["msg"])

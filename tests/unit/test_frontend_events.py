@@ -96,6 +96,23 @@ def test_failed_hosts_are_those_the_recap_counts_with_the_reports_task_preferred
         {"host": "rank3", "play": "Preflight", "task": "Gathering Facts", "msg": "ssh: no route", "unreachable": True}]
 
 
+def test_an_unreachable_host_keeps_its_connection_error_over_its_report():
+    # A real run (ssh to an unused loopback address): the lane summary writes the host a report that only
+    # says it did not reach the end; the operator needs the ssh error and the task it happened in.
+    state = RunState()
+    state.handle(event("runner_on_unreachable", "dgx2", None,
+                       {"msg": "Task failed: Failed to connect to the host via ssh: connection refused"},
+                       play="Lane facts", task="Gathering Facts"))
+    state.handle(event("runner_on_ok", "dgx2", "host_report", {"report": {
+        "host": "dgx2", "run_id": "r", "status": "failed", "failed_play": "Lane facts",
+        "failed_task": "(host unreachable)", "failed_msg": "dgx2 did not reach the end of the run"},
+        "history_path": "/r/x"}))
+    state.handle(stats(dark={"dgx2": 1}))
+    assert state.failed_hosts() == [
+        {"host": "dgx2", "play": "Lane facts", "task": "Gathering Facts",
+         "msg": "Task failed: Failed to connect to the host via ssh: connection refused", "unreachable": True}]
+
+
 def test_without_a_recap_the_failure_events_decide():
     state = RunState()
     state.handle(event("runner_on_failed", "rank1", "fail", {"msg": "boom"}))

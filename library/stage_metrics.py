@@ -19,6 +19,9 @@ description:
     C(dgx_stage_last_verify_timestamp_seconds{repo,mode}) (a repo whose verify did not end ok keeps its
     previous sample), C(dgx_stage_blobs_repaired) and C(dgx_stage_nas_corrupt_blobs) (the last stage and
     verify passes), C(dgx_stage_decode_tokens_per_second) (when a decode probe ran).
+  - The file's first line is a comment naming the host (the report's C(host)). O(dir) is the node's own
+    directory - a file of another host there (a directory shared between hosts, e.g. on NFS) is refused,
+    naming both hosts, rather than overwritten (each host would take the other's last success as its own).
   - O(dir) must be an existing, writable directory; a symlink to one is followed (node_exporter setups link
     their textfile directory), the file itself never is (a link named C(dgx_stage.prom) is replaced, not
     written through).

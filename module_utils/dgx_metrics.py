@@ -10,6 +10,10 @@ A re-run that changes nothing on the node still moves the run's timestamps: the 
 (a freshness alert needs the new last success), but that is not a change of the node's state, so
 content_change() tells the two apart and the module reports changed only for the second.
 
+The file's first line, a comment, names the host it is of: a directory shared between hosts (one NFS
+directory for the lane) is refused instead of each host overwriting the other's file and taking its last
+success as its own. stage_metrics_dir is node-local, like node_exporter's textfile directory.
+
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -27,6 +31,8 @@ from ansible.module_utils.dgx_fsutil import atomic_write_bytes
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
 MAX_TIMESTAMP = 95617584000.0     # 5000-01-01T00:00:00Z
+# The first line of the file: the host it is of (inventory_hostname, as the report names it).
+HOST_COMMENT = "# dgx-stage textfile of host "
 
 # name -> help; every metric is a gauge. In the order they are written.
 METRICS = (
@@ -200,9 +206,10 @@ def samples_of(report, previous):
     return samples
 
 
-def render(samples):
-    """The textfile: per metric HELP, TYPE gauge and its samples, in METRICS order; ends with a newline."""
-    lines = []
+def render(samples, host=None):
+    """The textfile: the host it is of (a comment), then per metric HELP, TYPE gauge and its samples, in
+    METRICS order; ends with a newline."""
+    lines = [HOST_COMMENT + escape_label(host)] if host else []
     for name, help_text in METRICS:
         mine = [s for s in samples if s[0] == name]
         if not mine:
@@ -213,6 +220,14 @@ def render(samples):
             label_text = ",".join('%s="%s"' % (k, escape_label(v)) for k, v in sorted(labels.items()))
             lines.append("%s%s %s" % (name, "{%s}" % label_text if label_text else "", format_value(value)))
     return "\n".join(lines) + "\n"
+
+
+def previous_host(text):
+    """The host a previous textfile says it is of (render's comment), or None (none, or an older file)."""
+    for line in (text or "").splitlines():
+        if line.startswith(HOST_COMMENT):
+            return unescape_label(line[len(HOST_COMMENT):])
+    return None
 
 
 def content_change(old, new):
@@ -276,7 +291,16 @@ def write_metrics(directory, report, write=True):
     fd = open_metrics_dir(directory)
     try:
         previous = read_previous(fd)
-        content = render(samples_of(report, previous_state(previous)))
+        host = report.get("host") if isinstance(report, dict) and isinstance(report.get("host"), str) else None
+        other = previous_host(previous)
+        if host and other and other != host:
+            # One name per directory: a directory shared by several nodes (NFS) would have each host take the
+            # other's last success as its own and overwrite its file.
+            raise StageError("%s in stage_metrics_dir %s is the textfile of host %s, not %s: stage_metrics_dir must "
+                             "be this node's own directory (node_exporter's --collector.textfile.directory on "
+                             "its local disk), not one shared between hosts. If %s was renamed to %s, remove the "
+                             "file." % (FILE_NAME, directory, other, host, other, host))
+        content = render(samples_of(report, previous_state(previous)), host)
         change = content_change(previous, content)
         written = False
         if write and change != "none":

@@ -218,3 +218,21 @@ def test_stage_metrics_module_returns_what_it_documents(tmp_path):
     bad = dict(args, dir=str(tmp_path / "nope"))
     result = check_result("stage_metrics", bad, run_main("stage_metrics", bad), expect_failure=True)
     assert str(tmp_path / "nope") in result["msg"]
+
+
+def test_the_file_names_its_host_and_a_directory_shared_with_another_host_is_refused(tmp_path):
+    """Two hosts writing one shared directory (one NFS dir for the lane): the second would overwrite the first's
+    file and keep its last success as its own; it is refused, naming both hosts and the fix."""
+    first = write_metrics(str(tmp_path), view(stage=[row(MAIN)]))
+    assert first["content"].splitlines()[0] == "# dgx-stage textfile of host dgx1"
+    assert families(first["content"])["dgx_stage_last_run_success"] == [({}, 1.0)]    # a comment Prometheus skips
+    before = (tmp_path / "dgx_stage.prom").read_text()
+    with pytest.raises(StageError) as err:
+        write_metrics(str(tmp_path), dict(view(status="failed"), host="dgx2"))
+    assert "host dgx1, not dgx2" in str(err.value) and str(tmp_path) in str(err.value)
+    assert "not one shared between hosts" in str(err.value)
+    assert (tmp_path / "dgx_stage.prom").read_text() == before and os.listdir(str(tmp_path)) == ["dgx_stage.prom"]
+    # The same host again, and a file written before files named their host, are written as before.
+    assert write_metrics(str(tmp_path), view(status="failed"))["written"]
+    (tmp_path / "dgx_stage.prom").write_text("dgx_stage_last_run_success 1\n")
+    assert write_metrics(str(tmp_path), dict(view(), host="dgx2"))["written"]

@@ -72,7 +72,8 @@ options:
     description:
       - The async time limit the jobs run with, in seconds. O(mode=prepare) removes a job file still saying
         running, or a lease file (C(dgx-lease.*)), only once it is older than this (its wrapper or its
-        controller was killed).
+        controller was killed). O(mode=poll) and O(mode=result) name it when Ansible's async wrapper killed a job
+        that ran past it (its own result says only C(Timeout exceeded)).
     type: int
     default: 86400
   lease_file:
@@ -270,7 +271,8 @@ def main():
         if params["lease_file"] and params["mode"] == "poll" and not module.check_mode:
             renew_lease(params["lease_file"])
         seen = poll(params["async_dir"], params["jid"], params["dest"], params["repo_id"], params["repo_type"],
-                    params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0)
+                    params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0,
+                    async_timeout=params["async_timeout"])
     except (StageError, OSError) as exc:
         module.fail_json(msg="stage_progress: %s" % exc)
     if params["mode"] == "poll":

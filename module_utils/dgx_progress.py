@@ -381,11 +381,37 @@ def wait_while_young(async_dir, jid, first_wait, clock=time.time, sleep=time.sle
         pause = min(pause * 2, 0.25)
 
 
+def explain_wrapper_result(result, repo_id, phase, async_timeout=None):
+    """The result of a job that ended without the mirror's own result, worded for the operator; any other result
+    unchanged. Ansible's async_wrapper writes one of its own when it killed the job at the async time limit
+    ("Timeout exceeded"), or when the module's process died without printing a result (SIGKILL, the OOM
+    killer: a Python traceback of its JSON parsing)."""
+    if not isinstance(result, dict) or not result.get("failed"):
+        return result
+    head = "hf_hub_mirror %s: the background %s job" % (repo_id, phase)
+    tail = ("a copy in flight may have left its temp file, which the next run removes; no ref was written for an "
+            "incomplete snapshot")
+    if result.get("msg") == "Timeout exceeded" and "child_pid" in result:
+        limit = ("stage_async_timeout, %s s" % async_timeout) if async_timeout else "stage_async_timeout"
+        msg = ("%s ran past its time limit (%s) and was killed by Ansible's async wrapper: %s. Raise "
+               "stage_async_timeout (seconds) and re-run to finish" % (head, limit, tail))
+    elif "cmd" in result and ("data" in result or "outdata" in result) and "invocation" not in result:
+        stderr = " ".join(str(result.get("stderr") or "").split())
+        msg = ("%s ended without a result: its process was killed (SIGKILL, or the out-of-memory killer: see the "
+               "node's kernel log) or died%s: %s. Re-run to finish"
+               % (head, (" (stderr: %s)" % stderr[-300:]) if stderr else "", tail))
+    else:
+        return result
+    return dict(result, msg=msg)
+
+
 def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_wait=0, clock=time.time,
-         sleep=time.sleep):
+         sleep=time.sleep, async_timeout=None):
     """One poll of a job: {finished, progress, line, job} (job: read_job's dict, with the module's result
-    once it ended; a missing job file is an ended job whose result says so). first_wait: see wait_while_young."""
+    once it ended; a missing job file is an ended job whose result says so; a result of the async wrapper's own
+    is worded by explain_wrapper_result). first_wait: see wait_while_young."""
     job = wait_while_young(async_dir, jid, first_wait, clock, sleep)
+    job["result"] = explain_wrapper_result(job["result"], repo_id, phase, async_timeout)
     if job["state"] == "missing":
         job["result"] = {"failed": True, "msg": "no job file %s: the background job did not start, or its file "
                                                 "was removed" % job["path"]}

@@ -307,6 +307,31 @@ def test_the_result_step_returns_the_jobs_own_result_and_removes_its_file(tmp_pa
     assert early["failed"] is True and "still running" in early["msg"] and (jobs / "j1.4").exists()
 
 
+def test_a_job_the_async_wrapper_killed_or_that_died_fails_with_words_not_a_traceback(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    # What async_wrapper writes when it killed the job at the time limit, and when the module printed nothing.
+    write_job(jobs, "j1.5", {"msg": "Timeout exceeded", "failed": True, "child_pid": 4242})
+    write_job(jobs, "j1.6", {"failed": True, "cmd": "/usr/bin/python3 /root/.ansible/tmp/x/AnsiballZ_hf_hub_mirror.py",
+                             "data": "", "stderr": "", "msg": "Traceback (most recent call last):\n  File ...\n"
+                             "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)\n",
+                             "ansible_job_id": "j1.6"})
+    args = {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.5", "repo_id": REPO,
+            "async_timeout": 600}
+    timed_out = run_main("stage_progress", args)
+    assert timed_out["failed"] is True
+    assert timed_out["msg"].startswith("hf_hub_mirror org/model: the background stage job ran past")
+    assert "stage_async_timeout, 600 s" in timed_out["msg"] and "Raise stage_async_timeout" in timed_out["msg"]
+    assert "stage_async_timeout" in timed_out["line"]
+    died = run_main("stage_progress", dict(args, jid="j1.6", phase="verify"))
+    assert died["failed"] is True and "Traceback" not in died["msg"] and "Traceback" not in died["line"]
+    assert died["msg"].startswith("hf_hub_mirror org/model: the background verify job ended without a result: "
+                                  "its process was killed") and "Re-run" in died["msg"]
+    mirror_own = {"failed": True, "msg": "hf_hub_mirror org/model: 1 NAS blob(s) do not hold",
+                  "invocation": {"module_args": {}}}
+    assert progress.explain_wrapper_result(mirror_own, REPO, "stage") == mirror_own
+
+
 # ---- the lease -----------------------------------------------------------------------------------------
 
 def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_path):

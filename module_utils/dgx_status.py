@@ -341,8 +341,12 @@ def repo_line(row):
         text = "%s: %s" % (head, row["state"]) + (" (%s)" % row["problem"] if row["problem"] else "")
     else:
         text = "%s: %s - %s" % (head, row["state"], row["problem"])
-    if row["state"] in ("refused", "error") or not (row["last_staged"] or row["last_verified"]
-                                                     or row["progress_problem"]):
+    if row["state"] in ("refused", "error"):
+        return text
+    if not (row["last_staged"] or row["last_verified"]):
+        # An unreadable progress file says nothing of either pass: not "never verified", not "staged" at all.
+        if row["progress_problem"]:
+            text += "; last stage and verify unknown: %s" % row["progress_problem"]
         return text
     text += "; staged %s" % (row["last_staged"] or "at an unknown time (no stage pass in the progress file)")
     if row["last_stage_status"] not in (None, "ok"):

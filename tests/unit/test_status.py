@@ -219,6 +219,17 @@ def test_the_status_reads_and_writes_nothing_new(tmp_path):
     assert status["repos"][0]["progress_problem"] and tree_snapshot(str(tmp_path)) == before
 
 
+@pytest.mark.parametrize("staged", [True, False])
+def test_an_unreadable_progress_file_claims_neither_a_stage_nor_never_verified(tmp_path, staged):
+    if staged:
+        make_repo(tmp_path, files={"a": b"1"})
+    write_progress(tmp_path, b"{half")
+    line = status_lines(host_status(str(tmp_path), [REPO], None, [], False, "e", {}))[0]
+    assert "never verified" not in line and "staged at" not in line and "staged 20" not in line
+    assert line.endswith("; last stage and verify unknown: the progress file is not JSON (half-written, or not ours)")
+    assert line.startswith("org/model@main: " + ("commit aaaaaaaaaaaa" if staged else "not staged;"))
+
+
 # --- receipts -----------------------------------------------------------------------------------------
 
 def test_receipts_present_are_listed(tmp_path):

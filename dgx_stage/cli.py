@@ -109,16 +109,31 @@ def resolve_extra_vars(values):
     return out
 
 
-def inventory_hosts(inventory, limit=None):
-    """The inventory's hosts (those --limit selects when given), read the way ansible-playbook reads it."""
+def inventory_hosts(inventory, limit=None, warnings=None):
+    """The inventory's hosts (those --limit selects when given), read the way ansible-playbook reads it;
+    what Ansible warned while reading it is appended to `warnings` when given."""
     os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
         manager = InventoryManager(loader=DataLoader(), sources=[inventory])
         if limit:
             manager.subset(limit)
-        return [host.name for host in manager.get_hosts("all")]
+        hosts = [host.name for host in manager.get_hosts("all")]
+    if warnings is not None:
+        warnings.extend(line.strip() for line in said.getvalue().splitlines() if line.strip())
+    return hosts
+
+
+def check_inventory(inventory):
+    """UsageError when the inventory gives no host: it does not parse (ansible-playbook would only warn,
+    run no play and exit 0) or it is empty."""
+    warnings = []
+    if not inventory_hosts(inventory, warnings=warnings):
+        said = [w for w in warnings if "parse" in w] or warnings
+        raise UsageError("inventory %s has no host (%s); fix it or pass another with -i"
+                         % (inventory, " ".join(said[:3]) if said else "it is empty"))
 
 
 def check_limit(inventory, limit):
@@ -151,6 +166,7 @@ def run_subcommand(args, out=None):
     playbook, tags, _help = SUBCOMMANDS[args.command]
     inventory = resolve_inventory(args.inventory)
     extra_vars = resolve_extra_vars(args.extra_vars)
+    check_inventory(inventory)
     if args.limit:
         check_limit(inventory, args.limit)
     runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())

@@ -98,6 +98,19 @@ def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
     cli.check_limit(inventory, "rank1")   # no error
 
 
+def test_an_inventory_that_does_not_parse_or_is_empty_exits_64_naming_it(tmp_path, capsys):
+    # ansible-playbook only warns about such an inventory, runs no play and exits 0: that must not read as ok.
+    broken, empty = tmp_path / "broken.yml", tmp_path / "empty.yml"
+    broken.write_text("all: [\n")
+    empty.write_text("all: {}\n")
+    for path, why in ((broken, "Failed to parse inventory"), (empty, "it is empty")):
+        code, out, err = main(["status", "-i", str(path)], capsys)
+        assert code == 64 and out == "", err
+        assert err.startswith("dgx-stage: inventory %s has no host (" % path) and "pass another with -i" in err
+        assert why in err
+    cli.check_inventory("rank0,")   # a host list has its hosts
+
+
 def test_relative_paths_are_made_absolute_for_the_run_in_the_repo(inventory, tmp_path, monkeypatch):
     monkeypatch.chdir(str(tmp_path))
     (tmp_path / "vars.yml").write_text("a: 1\n")

@@ -290,6 +290,14 @@ def write_metrics(directory, report, write=True):
     (mode 0644) when its content differs. Returns {path, content, previous, change, written}."""
     fd = open_metrics_dir(directory)
     try:
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(FILE_NAME, dir_fd=fd).st_mode)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            # rename() cannot replace a directory: say so before anything is rendered or written.
+            raise StageError("%s in stage_metrics_dir %s is a directory, not the textfile: remove it (dgx-stage "
+                             "writes the file itself)" % (FILE_NAME, directory))
         previous = read_previous(fd)
         host = report.get("host") if isinstance(report, dict) and isinstance(report.get("host"), str) else None
         other = previous_host(previous)

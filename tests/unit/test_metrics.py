@@ -236,3 +236,12 @@ def test_the_file_names_its_host_and_a_directory_shared_with_another_host_is_ref
     assert write_metrics(str(tmp_path), view(status="failed"))["written"]
     (tmp_path / "dgx_stage.prom").write_text("dgx_stage_last_run_success 1\n")
     assert write_metrics(str(tmp_path), dict(view(), host="dgx2"))["written"]
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_a_directory_named_like_the_textfile_is_refused_with_the_fix_and_nothing_is_left(tmp_path, write):
+    (tmp_path / "dgx_stage.prom").mkdir()
+    with pytest.raises(StageError) as err:
+        write_metrics(str(tmp_path), view(stage=[row(MAIN)]), write=write)
+    assert "is a directory" in str(err.value) and "remove it" in str(err.value)
+    assert str(tmp_path) in str(err.value) and os.listdir(str(tmp_path)) == ["dgx_stage.prom"]

@@ -127,3 +127,24 @@ def test_every_host_of_a_lane_writes_its_own_textfile_from_its_own_report(tmp_pa
         got = families(str(tmp_path / host / "metrics" / PROM))
         assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, seconds(latest["finished"]))]
         assert got["dgx_stage_repo_staged_bytes"][0][1] == latest["passes"]["verify"][0]["bytes_staged"]
+
+
+
+def test_a_metrics_dir_gone_by_the_end_of_the_run_fails_it_naming_the_dir_and_creates_nothing(tmp_path, nas_hub):
+    """The directory went away after the last preflight check (here: a --tags verify run, which has no preflight
+    play): the textfile cannot be written at the end and the host fails there, naming the directory and the
+    fix; nothing is created in its place. (Its host report, recorded just before, still says ok.)"""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_metrics_dir=str(metrics),
+                           stage_repos=[{"repo_id": DRAFTER_REPO}])
+    code, data, _times = run(tmp_path, inventory)
+    assert code == 0, failures(data)
+    os.remove(str(metrics / PROM))
+    metrics.rmdir()
+    code, data, _times = run(tmp_path, inventory, tags="verify")
+    assert code == 2 and data["stats"]["dgx1"]["failures"] == 1
+    [failure] = failures(data)
+    assert "Metrics | Write the node_exporter textfile" in failure and str(metrics) in failure
+    assert "is not an existing directory" in failure and "create it" in failure
+    assert not metrics.exists()

@@ -18,16 +18,41 @@ EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 99
 LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no host result
 
 
-def runner_env():
+# ansible-playbook as ansible-runner starts it: through this shim, which asks the kernel to send it SIGINT
+# when the front end dies (SIGKILL, OOM: no handler of ours runs). Without it ansible-playbook, in its own
+# session, outlives a killed front end and goes on staging with nobody watching and run.json "running".
+GUARD = """#!%(python)s
+import ctypes, os, signal, sys
+PR_SET_PDEATHSIG = 1
+ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+if os.getppid() != %(parent)d:   # the front end died before the request took effect
+    sys.exit(99)
+os.execv(%(playbook)r, [%(playbook)r] + sys.argv[1:])
+"""
+
+
+def write_guard(bin_dir, parent=None, playbook=None):
+    """<bin_dir>/ansible-playbook: the shim above, ending its run with the front end `parent`."""
+    real = playbook or os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "ansible-playbook")
+    os.makedirs(bin_dir, exist_ok=True)
+    path = os.path.join(bin_dir, "ansible-playbook")
+    with open(path, "w") as handle:
+        handle.write(GUARD % {"python": sys.executable, "parent": parent or os.getpid(), "playbook": real})
+    os.chmod(path, 0o755)
+    return path
+
+
+def runner_env(guard_dir=None):
     """The repo's ansible.cfg and callback plugins (ansible-runner adds its own callback dir after ours and
-    replaces the stdout callback with its event-emitting one), this interpreter's ansible-playbook first."""
+    replaces the stdout callback with its event-emitting one), this interpreter's ansible-playbook first
+    (behind the guard of guard_dir when given)."""
     plugins = [os.path.join(REPO, "callback_plugins")]
     if os.environ.get("ANSIBLE_CALLBACK_PLUGINS"):
         plugins.append(os.environ["ANSIBLE_CALLBACK_PLUGINS"])
-    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    bin_dirs = ([guard_dir] if guard_dir else []) + [os.path.dirname(os.path.abspath(sys.executable))]
     return {"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join(plugins),
             "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", os.defpath)}
+            "PATH": os.pathsep.join(bin_dirs + [os.environ.get("PATH", os.defpath)])}
 
 
 def playbook_pids():
@@ -137,7 +162,7 @@ class PlaybookRun(object):
             thread, runner = ansible_runner.run_async(
                 private_data_dir=self.run_dir, artifact_dir=self.runs_dir, ident=self.ident, project_dir=REPO,
                 playbook=os.path.join(REPO, spec["playbook"]), inventory=spec["inventory"], cmdline=spec["cmdline"],
-                envvars=runner_env(), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
+                envvars=runner_env(os.path.dirname(write_guard(os.path.join(self.run_dir, "bin")))), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
                 event_handler=self._on_event, status_handler=self._on_status,
                 cancel_callback=lambda: self.interrupts >= 2)
             shown_play = None

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -306,3 +307,38 @@ def test_run_records_are_written_atomically_and_read_oldest_first(tmp_path):
     assert os.listdir(os.path.join(runs_dir, "a")) == ["run.json"]   # no temp file left
     assert runs.find_record(runs.read_records(runs_dir), "r2")["ident"] == "b"
     assert runs.new_ident("stage").split("-")[1] == "stage"
+
+
+def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path):
+    # A SIGKILLed front end runs no handler: ansible-playbook (its own session) went on staging unwatched.
+    # The guard ansible-runner starts instead asks the kernel for a SIGINT when its parent dies.
+    fake = tmp_path / "fake-playbook"
+    fake.write_text("#!%s\nimport signal, sys, time\n"
+                    "def stop(signum, _frame):\n"
+                    "    open(sys.argv[1], 'w').write(signal.Signals(signum).name)\n"
+                    "    sys.exit(0)\n"
+                    "signal.signal(signal.SIGINT, stop)\n"
+                    "open(sys.argv[1] + '.started', 'w').close()\n"
+                    "time.sleep(60)\n" % sys.executable)
+    fake.chmod(0o755)
+    said = tmp_path / "said"
+    front_end = subprocess.Popen([sys.executable, "-c", (
+        "import os, subprocess, sys, time; sys.path.insert(0, %r)\n"
+        "from dgx_stage import run\n"
+        "guard = run.write_guard(%r, playbook=%r)\n"
+        "subprocess.Popen([guard, %r], start_new_session=True)\n"
+        "time.sleep(60)\n") % (cli.REPO, str(tmp_path / "bin"), str(fake), str(said))])
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(str(said) + ".started") and time.time() < deadline:
+            time.sleep(0.1)
+        assert os.path.exists(str(said) + ".started")
+        assert (tmp_path / "bin" / "ansible-playbook").exists()
+    finally:
+        front_end.kill()
+        front_end.wait()
+    deadline = time.time() + 10
+    while not said.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert said.read_text() == "SIGINT"
+    assert run.runner_env(str(tmp_path / "bin"))["PATH"].startswith(str(tmp_path / "bin") + os.pathsep)

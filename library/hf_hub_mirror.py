@@ -140,7 +140,8 @@ options:
   lease_file:
     description:
       - For a background run (C(async)) - a file whose mtime the controller renews while it watches the run (the
-        stage role's stage_progress polls touch it). The run touches it when it starts and checks it every few
+        stage role's stage_progress polls touch it). The run writes its process id into it when it starts (a poll
+        that finds that process gone without a result ends the job as failed) and checks it every few
         seconds; when it was not renewed for O(lease_timeout) seconds, or was removed, the run stops as on
         Ctrl-C (the copies in flight stopped within a chunk, their temp files removed, no ref written for an
         incomplete snapshot, the repo lock released) and fails saying so. Unset - no lease (a background run

@@ -80,6 +80,9 @@ options:
     description:
       - The job's lease (hf_hub_mirror's C(lease_file)) - O(mode=poll) renews it (touches it) at each poll, so the
         job goes on while it is watched; O(mode=result) removes it.
+      - The job writes its process id into it when it starts. A poll that finds the job file still saying running
+        while that process is gone (its async wrapper killed with it, or unable to write its result) waits a few
+        seconds for the result, then ends the job as failed, saying so, instead of polling until O(async_timeout).
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -272,7 +275,7 @@ def main():
             renew_lease(params["lease_file"])
         seen = poll(params["async_dir"], params["jid"], params["dest"], params["repo_id"], params["repo_type"],
                     params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0,
-                    async_timeout=params["async_timeout"])
+                    async_timeout=params["async_timeout"], lease_file=params["lease_file"])
     except (StageError, OSError) as exc:
         module.fail_json(msg="stage_progress: %s" % exc)
     if params["mode"] == "poll":

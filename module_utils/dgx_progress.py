@@ -34,6 +34,8 @@ LEASE_FILE = re.compile(r"^dgx-lease\.[A-Za-z0-9_.-]+$")
 # A job file or its temp that is older than this and still says "running" was left by a killed wrapper
 # (a wrapper writes its .tmp in milliseconds, and kills its job at the async time limit).
 TMP_STALE_S = 60
+# Seconds a poll waits for the result of a job whose process it saw gone (its wrapper writes it right after).
+DEAD_JOB_GRACE_S = 5
 # The keys every `progress` dict has (null or 0 before the job wrote its first figures).
 PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_total", "bytes_done", "bytes_total",
                  "percent", "mib_per_s", "eta_s", "status", "finished", "aborted", "error", "started_at",
@@ -406,11 +408,23 @@ def explain_wrapper_result(result, repo_id, phase, async_timeout=None):
 
 
 def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_wait=0, clock=time.time,
-         sleep=time.sleep, async_timeout=None):
+         sleep=time.sleep, async_timeout=None, lease_file=None):
     """One poll of a job: {finished, progress, line, job} (job: read_job's dict, with the module's result
     once it ended; a missing job file is an ended job whose result says so; a result of the async wrapper's own
-    is worded by explain_wrapper_result). first_wait: see wait_while_young."""
+    is worded by explain_wrapper_result). first_wait: see wait_while_young. lease_file: the job's lease, which
+    names its process: a job still "running" whose process is gone (its async wrapper was killed with it, or
+    could not write its result) ends here, failed, instead of being polled until the async time limit."""
     job = wait_while_young(async_dir, jid, first_wait, clock, sleep)
+    if job["state"] == "running" and lease_file and lease_process_gone(lease_file):
+        job = wait_for_a_dead_jobs_result(async_dir, jid, DEAD_JOB_GRACE_S, clock, sleep)
+        if job["state"] == "running":
+            job["state"] = "ended"
+            job["result"] = {"failed": True, "msg": (
+                "hf_hub_mirror %s: the background %s job's process (named in %s) is gone and its async wrapper "
+                "wrote no result to %s: they were killed (SIGKILL, or the out-of-memory killer: see the node's "
+                "kernel log), or the wrapper could not write its job file (a full disk?). A copy in flight may have "
+                "left its temp file, which the next run removes; no ref was written for an incomplete snapshot. "
+                "Re-run to finish" % (repo_id, phase, lease_file, job["path"]))}
     job["result"] = explain_wrapper_result(job["result"], repo_id, phase, async_timeout)
     if job["state"] == "missing":
         job["result"] = {"failed": True, "msg": "no job file %s: the background job did not start, or its file "
@@ -425,13 +439,58 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
 # ---- the lease: a background job whose controller is gone stops itself -------------------------------------
 
 
-def renew_lease(path):
-    """Touch the lease file (created when missing, never through a symlink): its mtime is the last renewal."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+def renew_lease(path, pid=None):
+    """Touch the lease file (created when missing, never through a symlink): its mtime is the last renewal.
+    pid: the job's own process id, written as the file's content when the job starts (polls keep it)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_TRUNC if pid else 0)
+    fd = os.open(path, flags, 0o644)
     try:
+        if pid:
+            os.write(fd, ("%d\n" % pid).encode("ascii"))
         os.utime(fd)
     finally:
         os.close(fd)
+
+
+def lease_process_gone(path):
+    """Whether the job process named in the lease file (its content, see renew_lease) is gone: no such process,
+    or one whose command line no longer names hf_hub_mirror (its pid was reused). False when the lease names no
+    process (the job has not started yet) or the process cannot be seen."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        text = os.read(fd, 64).decode("ascii", "replace").strip()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if not text.isdigit() or int(text) <= 1:
+        return False
+    pid = int(text)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:             # EPERM: someone else's process, alive
+        pass
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return b"hf_hub_mirror" not in handle.read()
+    except OSError:             # no /proc, or it ended just now: the next poll looks again
+        return False
+
+
+def wait_for_a_dead_jobs_result(async_dir, jid, grace_s, clock=time.time, sleep=time.sleep):
+    """read_job for a job whose process is gone, after waiting up to grace_s for its wrapper to write the result
+    (it does so right after the module's process ended): still running then, its wrapper died with it."""
+    deadline = clock() + grace_s
+    while True:
+        job = read_job(async_dir, jid)
+        if job["state"] != "running" or clock() >= deadline:
+            return job
+        sleep(0.25)
 
 
 def lease_age(path, now=None):
@@ -483,7 +542,7 @@ class LeaseWatch(object):
         return bool(why)
 
     def start(self):
-        renew_lease(self.path)         # the job's start is a renewal: its first poll comes after it
+        renew_lease(self.path, os.getpid())   # the job's start is a renewal; its pid lets polls see it die
         self._thread = threading.Thread(target=self._watch, name="dgx-stage-lease")
         self._thread.daemon = True
         self._thread.start()

@@ -332,6 +332,59 @@ def test_a_job_the_async_wrapper_killed_or_that_died_fails_with_words_not_a_trac
     assert progress.explain_wrapper_result(mirror_own, REPO, "stage") == mirror_own
 
 
+def dead_pid():
+    import subprocess
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_the_time_limit(tmp_path,
+                                                                                                 monkeypatch):
+    # kill -9 of the whole async_wrapper tree (or a wrapper that could not write its result) leaves the job file
+    # saying running: without a look at the job's process the polls went on until stage_async_timeout (a day).
+    monkeypatch.setattr(progress, "DEAD_JOB_GRACE_S", 0.3)
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "j2.1", RUNNING, mtime=time.time() - 600)
+    lease = str(jobs / "dgx-lease.run.stage.model.org--model")
+    args = {"dest": str(dest), "async_dir": str(jobs), "jid": "j2.1", "repo_id": REPO, "lease_file": lease}
+    import subprocess
+    import sys
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "AnsiballZ_hf_hub_mirror.py"])
+    try:
+        deadline = time.time() + 10         # the interpreter's launcher may exec again before it runs
+        while b"hf_hub_mirror" not in open("/proc/%d/cmdline" % job.pid, "rb").read() and time.time() < deadline:
+            time.sleep(0.05)
+        progress.renew_lease(lease, job.pid)              # a live job: still running
+        alive = run_main("stage_progress", args)
+        assert alive["finished"] is False, alive["line"]
+        progress.renew_lease(lease, os.getpid())          # a live process that is not the job (a reused pid)
+        assert run_main("stage_progress", args)["finished"] is True
+    finally:
+        job.kill()
+        job.wait()
+    progress.renew_lease(lease, dead_pid())
+    progress.renew_lease(lease)                           # a poll's renewal keeps the pid
+    gone = run_main("stage_progress", args)
+    assert gone["finished"] is True
+    assert "failed: hf_hub_mirror org/model: the background stage job's process" in gone["line"]
+    result = run_main("stage_progress", dict(args, mode="result"))
+    assert result["failed"] is True and "Re-run to finish" in result["msg"] and str(jobs / "j2.1") in result["msg"]
+    assert not (jobs / "j2.1").exists() and not os.path.exists(lease)
+    assert progress.lease_process_gone(str(tmp_path / "no-lease")) is False
+
+
+def test_a_job_whose_process_just_ended_is_read_with_its_result_not_declared_dead(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "j2.2", {"changed": False, "summary": "nothing to copy"})
+    lease = str(jobs / "dgx-lease.x")
+    progress.renew_lease(lease, dead_pid())
+    got = poll(str(jobs), "j2.2", str(dest), REPO, lease_file=lease)
+    assert got["finished"] is True and got["job"]["result"]["summary"] == "nothing to copy"
+
+
 # ---- the lease -----------------------------------------------------------------------------------------
 
 def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_path):
@@ -342,7 +395,7 @@ def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_pat
     assert watch.expired() == "its lease file %s is gone" % path
     progress.renew_lease(path)
     assert watch.check() is False and stopped == []
-    now[0] += 31
+    now[0] = time.time() + 31.5               # from the renewal's own time: 31 s whatever the clock did meanwhile
     assert watch.check() is True and watch.check() is True and stopped == [True]      # stopped once
     assert "not renewed for 31 s" in watch.fired and "controller" in watch.message()
     progress.renew_lease(path)                  # a poll renews it (mtime is now)

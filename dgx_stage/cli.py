@@ -214,6 +214,8 @@ def load_run_reports(args):
         try:
             with open(paths[host]) as handle:
                 reports[host] = json.load(handle)
+            if not isinstance(reports[host], dict):
+                raise ValueError("%s is not a JSON object" % paths[host])
         except (OSError, ValueError) as exc:
             reports[host] = {"host": host, "run_id": run_id, "status": "unreadable: %s" % exc}
     if args.limit and not reports:

@@ -48,9 +48,25 @@ def read_records(runs_dir):
         except (OSError, ValueError):
             continue
         if isinstance(record, dict):
-            record.setdefault("ident", name)
-            records.append(record)
+            records.append(normal_record(record, name))
     return sorted(records, key=lambda r: (r.get("started") or "", r["ident"]))
+
+
+def normal_record(record, name):
+    """A run.json as `report` reads it: the fields it uses of the types it expects (a hand-edited or foreign
+    file must not crash report: a wrong field reads as absent; the ident falls back to the dir's name)."""
+    record = dict(record)
+    for key in ("ident", "run_id", "started", "subcommand", "report_dir"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            record[key] = None
+    record["ident"] = record["ident"] or name
+    reports = record.get("reports")
+    record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
+        if isinstance(reports, dict) else {}
+    receipts = record.get("receipts_removed")
+    record["receipts_removed"] = dict((h, p) for h, p in receipts.items() if isinstance(p, list)) \
+        if isinstance(receipts, dict) else {}
+    return record
 
 
 def find_record(records, wanted):

@@ -37,9 +37,30 @@ def human_bytes(count):
         value /= 1024
 
 
+def _dict(value):
+    """A report's part as a dict ({} for anything else: a hand-edited or foreign file must not crash report)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value):
+    """An int or float from a report's value ('12' counts as 12); None for anything else (null, text, lists)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return int(number) if number.is_integer() else number
+    return None
+
+
 def _rows(report, *names):
-    passes = report.get("passes") or {}
-    return [row for name in names for row in passes.get(name) or [] if isinstance(row, dict)]
+    passes = _dict(report.get("passes"))
+    return [row for name in names for row in (passes.get(name) if isinstance(passes.get(name), list) else [])
+            if isinstance(row, dict)]
 
 
 def _sum(rows, *path):
@@ -47,8 +68,8 @@ def _sum(rows, *path):
     for row in rows:
         value = row
         for key in path:
-            value = (value or {}).get(key) if isinstance(value, dict) else None
-        total += value or 0
+            value = value.get(key) if isinstance(value, dict) else None
+        total += _number(value) or 0
     return total
 
 
@@ -57,10 +78,11 @@ def host_figures(report, receipts_removed=None):
     copying = _rows(report, "stage", "verify")
     files_rows = _rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")
     stage = _rows(report, "stage")
-    stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(float(r.get("duration_s") or 0) for r in stage)
-    engine = report.get("engine") or {}
-    manifest = (engine.get("manifest") or {}).get("counts")
-    corrupt = set(path for row in copying + _rows(report, "preflight") for path in row.get("nas_corrupt") or [])
+    stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
+    engine = _dict(report.get("engine"))
+    manifest = _dict(_dict(engine.get("manifest")).get("counts"))
+    corrupt = set(str(path) for row in copying + _rows(report, "preflight")
+                  for path in (row.get("nas_corrupt") if isinstance(row.get("nas_corrupt"), list) else []))
     verify_modes = sorted(set(str(r.get("verify")) for r in _rows(report, "verify") if r.get("verify")))
     return {
         "host": report.get("host"),
@@ -81,35 +103,36 @@ def host_figures(report, receipts_removed=None):
 
 
 def _engine_health(engine):
-    ready = engine.get("ready") or {}
+    ready = _dict(engine.get("ready"))
     if ready.get("state"):
-        return ready["state"] + (" (restarted)" if engine.get("started") else "")
+        return str(ready["state"]) + (" (restarted)" if engine.get("started") else "")
     if engine.get("runtime"):
         return "started" if engine.get("started") else "unchanged"
     return NONE
 
 
 def _smoke(engine):
-    smoke = engine.get("smoke")
+    smoke = _dict(engine.get("smoke"))
     if not smoke:
         return NONE
     if "passed" not in smoke:
         return "error: %s" % (smoke.get("error") or "no answer")
     text = "ok" if smoke["passed"] else "FAILED"
-    return text + (" (%.1f s)" % smoke["duration_s"] if smoke.get("duration_s") is not None else "")
+    duration = _number(smoke.get("duration_s"))
+    return text + (" (%.1f s)" % duration if duration is not None else "")
 
 
 def _decode(engine):
     """'35.0 (e2e 34.2), floor 30.78: ok': both rates must reach the floor, and the stream be complete."""
-    decode = engine.get("decode")
+    decode = _dict(engine.get("decode"))
     if not decode:
         return NONE
-    rate = decode.get("decode_tok_s")
+    rate = _number(decode.get("decode_tok_s"))
     if rate is None:
         return "error: %s" % (decode.get("error") or "no rate")
     text = "%.1f" % rate
-    if decode.get("e2e_tok_s") is not None:
-        text += " (e2e %.1f)" % decode["e2e_tok_s"]
+    if _number(decode.get("e2e_tok_s")) is not None:
+        text += " (e2e %.1f)" % _number(decode["e2e_tok_s"])
     if decode.get("floor") is None:
         return text
     verdict = "ok" if decode.get("passed") else ("incomplete" if decode.get("complete") is False else "BELOW")
@@ -124,9 +147,9 @@ def host_row(report, receipts_removed=None):
     """{column key: text} of one host's row."""
     f = host_figures(report, receipts_removed)
     return {
-        "host": f["host"] or NONE,
-        "run_id": f["run_id"] or NONE,
-        "status": f["status"] or NONE,
+        "host": str(f["host"] or NONE),
+        "run_id": str(f["run_id"] or NONE),
+        "status": str(f["status"] or NONE),
         "files": _pair(f["files_local"], f["files_excluded"]),
         "copied": human_bytes(f["bytes_copied"]),
         "repaired": NONE if f["blobs_repaired"] is None else str(f["blobs_repaired"]),
@@ -144,9 +167,11 @@ def host_row(report, receipts_removed=None):
 def table_rows(reports, receipts=None):
     """Rows in host order (rank order when the reports have ranks) from {host: report}."""
     receipts = receipts or {}
+    reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
+                   for h, r in reports.items())
     order = sorted(reports, key=lambda h: (reports[h].get("rank") if isinstance(reports[h].get("rank"), int)
                                            else 1 << 30, h))
-    return [host_row(reports[h], receipts.get(h)) for h in order]
+    return [host_row(dict(reports[h], host=reports[h].get("host") or h), receipts.get(h)) for h in order]
 
 
 def render_plain(rows):

@@ -342,3 +342,24 @@ def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path):
         time.sleep(0.1)
     assert said.read_text() == "SIGINT"
     assert run.runner_env(str(tmp_path / "bin"))["PATH"].startswith(str(tmp_path / "bin") + os.pathsep)
+
+
+def test_report_survives_garbage_run_records_and_report_files(recorded, capsys):
+    # run.json files a crash, an old version or a hand edit left: fields of the wrong type read as absent;
+    # a half-written one is skipped; a report file that is not an object is named unreadable.
+    runs_dir, report_dir = recorded
+    for ident, text in (("20261201T090000Z-stage-cccc", '{"started": 5, "run_id": "r-1", "reports": "abc"}'),
+                        ("20261201T090100Z-stage-dddd", '{"run_id": ["a"], "started": null}'),
+                        ("20261201T090200Z-stage-eeee", '{"ident": "half", "run_'),
+                        ("20261201T090300Z-stage-ffff", '[1, 2]')):
+        os.makedirs(os.path.join(runs_dir, ident))
+        with open(os.path.join(runs_dir, ident, "run.json"), "w") as handle:
+            handle.write(text)
+    code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
+    assert code == 0 and "localhost  20261201T101737Z-ed44  ok" in out
+    code, out, _err = main(["report", "r-1", "--runs-dir", runs_dir], capsys)
+    assert code == 0 and out.startswith("dgx-stage run r-1")
+    with open(os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json"), "w") as handle:
+        handle.write("[]")
+    code, out, _err = main(["report", "--runs-dir", runs_dir, "--markdown"], capsys)
+    assert code == 0 and "not a JSON object" in out

@@ -128,3 +128,23 @@ def test_rich_table_renders_every_column_and_row():
 def test_human_bytes():
     assert [table.human_bytes(n) for n in (None, 0, 1023, 1024, 1536, 50360327, 3 << 40)] == [
         "-", "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "48.0 MiB", "3.0 TiB"]
+
+
+def test_a_report_with_strings_nulls_or_wrong_shapes_renders_instead_of_crashing():
+    # `report` reads files from disk: a hand-edited or foreign report crashed it with a TypeError.
+    report = fixture("report-stage-ok.json")
+    for row in report["passes"]["stage"]:
+        row["bytes_copied"] = str(row["bytes_copied"])          # numbers as text count
+        row["duration_s"] = None
+        row["blobs"]["repaired"] = "n/a"                        # text that is no number does not
+        row["nas_corrupt"] = "none"
+    report["engine"] = {"ready": {"state": 1}, "smoke": "ok", "decode": {"decode_tok_s": "35", "e2e_tok_s": [],
+                                                                       "floor": 30, "passed": True}}
+    row = table.host_row(report)
+    assert row["copied"] == table.human_bytes(sum(int(r["bytes_copied"]) for r in report["passes"]["stage"]))
+    assert (row["repaired"], row["nas_corrupt"], row["mib_s"]) == ("0", "0", "-")
+    assert (row["engine"], row["smoke"], row["decode"]) == ("1", "-", "35.0, floor 30: ok")
+    for bad in ([], "text", {"passes": "x", "engine": "x", "status": 5}, {"passes": {"stage": [{"files": "x"}]}}):
+        rows = table.table_rows({"h": bad})
+        assert rows[0]["host"] == "h" and table.render_plain(rows) and table.render_markdown(rows)
+    assert table.table_rows({"h": []})[0]["status"] == "unreadable: not a JSON object"

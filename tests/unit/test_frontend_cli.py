@@ -338,7 +338,7 @@ def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path):
         front_end.kill()
         front_end.wait()
     deadline = time.time() + 10
-    while not said.exists() and time.time() < deadline:
+    while not (said.exists() and said.read_text()) and time.time() < deadline:
         time.sleep(0.1)
     assert said.read_text() == "SIGINT"
     assert run.runner_env(str(tmp_path / "bin"))["PATH"].startswith(str(tmp_path / "bin") + os.pathsep)

@@ -134,10 +134,31 @@ class PlaybookRun(object):
         })
         runs.write_record(self.run_dir, self.record)
 
+    def _make_run_dir(self):
+        """A new dir for this run: a run started in the same second with the same random suffix (another
+        dgx-stage on this runs dir) gets another ident rather than sharing the dir. An unusable runs dir is a
+        usage error naming it."""
+        from dgx_stage.cli import UsageError
+        for _attempt in range(20):
+            try:
+                os.makedirs(self.runs_dir, exist_ok=True)
+                os.mkdir(self.run_dir)
+                return
+            except FileExistsError:
+                if not os.path.isdir(self.runs_dir):
+                    raise UsageError("runs dir %s is not a directory; pass --runs-dir or set DGX_STAGE_RUNS_DIR"
+                                     % self.runs_dir)
+                self.ident = runs.new_ident(self.spec["subcommand"])
+                self.run_dir = os.path.join(self.runs_dir, self.ident)
+            except OSError as exc:
+                raise UsageError("cannot record the run under %s (%s); pass --runs-dir or set DGX_STAGE_RUNS_DIR"
+                                 % (self.runs_dir, exc.strerror or exc))
+        raise UsageError("no free run ident under %s" % self.runs_dir)
+
     def run(self):
         import ansible_runner
         spec = self.spec
-        os.makedirs(self.run_dir, exist_ok=True)
+        self._make_run_dir()
         self._write_record(ident=self.ident, subcommand=spec["subcommand"], argv=sys.argv[1:],
                            playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
                            limit=spec["limit"], extra_vars=spec["extra_vars"], check=spec["check"],

@@ -363,3 +363,21 @@ def test_report_survives_garbage_run_records_and_report_files(recorded, capsys):
         handle.write("[]")
     code, out, _err = main(["report", "--runs-dir", runs_dir, "--markdown"], capsys)
     assert code == 0 and "not a JSON object" in out
+
+
+def test_a_run_never_shares_another_runs_dir_and_an_unusable_runs_dir_exits_64(tmp_path, monkeypatch, capsys):
+    # Two dgx-stage runs started in the same second could draw the same ident: the second wrote its run.json
+    # and artifacts into the first one's dir.
+    spec = {"subcommand": "stage"}
+    idents = iter(["20261201T100000Z-stage-aaaa", "20261201T100000Z-stage-aaaa", "20261201T100000Z-stage-bbbb"])
+    monkeypatch.setattr(runs, "new_ident", lambda _subcommand: next(idents))
+    first, second = run.PlaybookRun(spec, str(tmp_path / "runs")), run.PlaybookRun(spec, str(tmp_path / "runs"))
+    first._make_run_dir()
+    second._make_run_dir()
+    assert (first.ident, second.ident) == ("20261201T100000Z-stage-aaaa", "20261201T100000Z-stage-bbbb")
+    assert second.run_dir == str(tmp_path / "runs" / second.ident) and os.path.isdir(second.run_dir)
+    monkeypatch.undo()
+    (tmp_path / "afile").write_text("")
+    for runs_dir, why in (("afile", "is not a directory"), ("afile/runs", "Not a directory")):
+        code, out, err = main(["status", "-i", "localhost,", "--runs-dir", str(tmp_path / runs_dir)], capsys)
+        assert code == 64 and why in err and str(tmp_path / runs_dir) in err and "--runs-dir" in err, err

@@ -75,7 +75,11 @@ def _sum(rows, *path):
 
 def host_figures(report, receipts_removed=None):
     """The raw figures of one host's row (numbers, None when the run did not produce them)."""
-    copying = _rows(report, "stage", "verify")
+    # A check run copies nothing: each pass reports what it would copy, the same bytes again (stage's
+    # would-be copies are still missing when verify looks), so one pass counts, and there is no rate.
+    check = report.get("check_mode") is True or report.get("status") == "check"
+    copying = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
+        else _rows(report, "stage", "verify")
     files_rows = _rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")
     stage = _rows(report, "stage")
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
@@ -93,7 +97,7 @@ def host_figures(report, receipts_removed=None):
         "bytes_copied": _sum(copying, "bytes_copied") if copying else None,
         "blobs_repaired": _sum(copying, "blobs", "repaired") if copying else None,
         "nas_corrupt": len(corrupt) if copying or corrupt else None,
-        "mib_s": stage_bytes / MIB / stage_s if stage_bytes and stage_s > 0 else None,
+        "mib_s": stage_bytes / MIB / stage_s if stage_bytes and stage_s > 0 and not check else None,
         "verify": ",".join(verify_modes) or None,
         "manifest_local": manifest.get("local") if manifest else None,
         "manifest_nas": manifest.get("nas") if manifest else None,

@@ -148,3 +148,19 @@ def test_a_report_with_strings_nulls_or_wrong_shapes_renders_instead_of_crashing
         rows = table.table_rows({"h": bad})
         assert rows[0]["host"] == "h" and table.render_plain(rows) and table.render_markdown(rows)
     assert table.table_rows({"h": []})[0]["status"] == "unreadable: not a JSON object"
+
+
+def test_a_check_run_counts_the_would_be_copies_once_and_shows_no_rate():
+    # In --check every pass reports what it would copy: stage's copies are still missing when verify looks,
+    # so the table said twice the bytes, and a MiB/s for nothing copied.
+    report = fixture("report-stage-ok.json")
+    report["check_mode"], report["status"] = True, "check"
+    for row in report["passes"]["stage"]:
+        row.update(check_mode=True, status="check")
+    report["passes"]["verify"] = [dict(row) for row in report["passes"]["stage"]]
+    row = table.host_row(report)
+    assert row["status"] == "check" and row["mib_s"] == "-"
+    assert row["copied"] == table.human_bytes(sum(r["bytes_copied"] for r in report["passes"]["stage"]))
+    del report["passes"]["stage"], report["passes"]["verify"]   # --tags preflight: its would-be copies
+    assert table.host_row(report)["copied"] == table.human_bytes(
+        sum(r["bytes_copied"] for r in report["passes"]["preflight"]))

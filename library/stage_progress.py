@@ -14,7 +14,9 @@ description:
   - The stage role runs each repo's stage and verify pass as an Ansible async job (C(async), C(poll=0)) and
     watches it with this module, in three steps given by O(mode).
   - O(mode=prepare), before the first job starts - refuses a jobs dir O(async_dir) that is a symlink, or has
-    a symlink on its way inside O(dest) (C(.locks)), naming the link and the fix; creates it; removes the job
+    a symlink on its way inside O(dest) (C(.locks)), or is inside O(dest) but not under its C(.locks) (the rest of
+    the hub is the mirror's), naming the link and the fix; creates it. A jobs dir outside O(dest) is never cleared
+    nor removed (its other files are not the stage role's). Inside C(.locks) it removes the job
     files ended jobs of earlier runs left there (only the names Ansible's async_wrapper gives its files,
     C(j<digits>.<digits>) and their C(.tmp)), only once older than O(async_timeout) - a job file still saying
     running then had its wrapper killed, and a result nobody collected by then had its run killed (a fresher
@@ -27,9 +29,9 @@ description:
     Figures an earlier run left in the progress file are not shown as this job's.
   - O(mode=result), once the job ended - returns the job's own result (the hf_hub_mirror keys, documented
     there, with its C(changed), C(failed) and C(msg) - a failed job fails this task with the mirror's message),
-    adds RV(progress), RV(finished) and RV(line), and removes the job's file (and its lease); the jobs dir is
-    removed when that left it empty, and C(.locks) above it when empty too (a pass that wrote nothing else
-    leaves the local hub as it found it).
+    adds RV(progress), RV(finished) and RV(line), and removes the job's file (and its lease); a jobs dir under
+    O(dest) is removed when that left it empty, and C(.locks) above it when empty too (a pass that wrote nothing
+    else leaves the local hub as it found it).
 author: dgx-stage maintainers
 options:
   mode:

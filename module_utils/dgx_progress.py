@@ -119,6 +119,8 @@ def prune_jobs_dir(dest, async_dir):
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     locks = os.path.join(dest, ".locks")
     removed = []
+    if not async_dir.startswith(locks + os.sep) and async_dir != locks:
+        return removed          # a jobs dir outside the local hub is the operator's: never removed
     for path in (async_dir, locks):
         if path == dest or (path == locks and os.path.dirname(async_dir) != locks):
             break
@@ -158,6 +160,11 @@ def jobs_dir_problem(dest, async_dir):
                 "own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
     if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
         rel = os.path.relpath(async_dir, dest)
+        if rel.split(os.sep)[0] != ".locks":
+            # The rest of the hub is the mirror's: its repo folders are pruned of files it does not know.
+            return ("the async jobs dir %s is inside the local hub %s but not under its .locks: set stage_async_dir "
+                    "to a directory under %s, or outside the hub, or leave it empty for "
+                    "<hub_local_root>/.locks/dgx-stage-async" % (async_dir, dest, os.path.join(dest, ".locks")))
         problem = linked_dir_problem(dest, rel)
     else:
         problem = linked_dir_problem(os.path.dirname(async_dir), os.path.basename(async_dir))
@@ -178,6 +185,13 @@ def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None)
     root, rel = (dest, os.path.relpath(async_dir, dest)) if inside else \
         (os.path.dirname(async_dir), os.path.basename(async_dir))
     created = not os.path.isdir(async_dir)
+    if not inside:
+        # Outside the local hub (stage_async_dir): created when missing, never cleared - its other files (Ansible's
+        # own async jobs among them) are not this run's to remove. The result step removes this run's files.
+        if not check_mode and created:
+            with LocalTree(root).open_dir(rel, create=True):
+                pass
+        return {"created": created, "removed": []}
     if check_mode:
         if created:
             return {"created": True, "removed": []}

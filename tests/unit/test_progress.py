@@ -242,6 +242,36 @@ def test_prepare_keeps_the_fresh_result_of_a_run_still_at_work_on_its_next_repo(
     assert got.get("failed") is not True and got["summary"] == "copied 3 files"
 
 
+def test_a_jobs_dir_outside_the_hub_is_never_cleared_nor_removed(tmp_path):
+    # stage_async_dir pointed at a shared dir (Ansible's own ~/.ansible_async, /tmp): its files are not ours.
+    dest = tmp_path / "hub"
+    dest.mkdir()
+    shared = tmp_path / "ansible_async"
+    old = time.time() - 2 * 86400
+    write_job(shared, "j5.5", {"changed": False}, mtime=old)         # another playbook's job, long ended
+    write_job(shared, "j5.6.tmp", "", mtime=old)
+    write_job(shared, "dgx-lease.other", "", mtime=old)
+    assert prepare_jobs_dir(str(dest), str(shared), 600, check_mode=True) == {"created": False, "removed": []}
+    assert prepare_jobs_dir(str(dest), str(shared), 600) == {"created": False, "removed": []}
+    assert sorted(os.listdir(str(shared))) == ["dgx-lease.other", "j5.5", "j5.6.tmp"]
+    empty = tmp_path / "jobs"
+    assert prepare_jobs_dir(str(dest), str(empty), 600, check_mode=True)["created"] is True and not empty.exists()
+    assert prepare_jobs_dir(str(dest), str(empty), 600)["created"] is True and empty.is_dir()
+    assert progress.prune_jobs_dir(str(dest), str(empty)) == [] and empty.is_dir()    # the operator's dir
+    assert progress.prune_jobs_dir(str(dest), str(tmp_path)) == [] and tmp_path.is_dir()
+
+
+@pytest.mark.parametrize("inside", ["models--org--model", "jobs", os.path.join("models--org--model", "blobs")])
+def test_a_jobs_dir_inside_the_hub_but_not_under_locks_is_refused(tmp_path, inside):
+    dest = tmp_path / "hub"
+    (dest / "models--org--model" / "blobs").mkdir(parents=True)
+    write_job(dest / "models--org--model", "j5.5", {"changed": False}, mtime=time.time() - 2 * 86400)
+    with pytest.raises(StageError) as refused:
+        prepare_jobs_dir(str(dest), str(dest / inside), 600)
+    assert "not under its .locks" in str(refused.value) and "stage_async_dir" in str(refused.value)
+    assert (dest / "models--org--model" / "j5.5").exists() and not (dest / "jobs").exists()
+
+
 def test_prepare_creates_the_dir_and_refuses_a_symlinked_locks_or_jobs_dir(tmp_path):
     dest = tmp_path / "hub"
     dest.mkdir()
@@ -279,10 +309,11 @@ def test_module_results_match_their_docs(tmp_path):
     polled = check_result("stage_progress", args, run_main("stage_progress", args))
     assert polled["finished"] is False and polled["changed"] is False and polled["line"].endswith("starting "
                                                                                                  "(no figures yet)")
-    os.symlink(str(tmp_path), str(dest / "jobs-link"))
-    args = {"mode": "prepare", "dest": str(dest), "async_dir": str(dest / "jobs-link")}
+    (dest / ".locks").mkdir(exist_ok=True)
+    os.symlink(str(tmp_path), str(dest / ".locks" / "jobs-link"))
+    args = {"mode": "prepare", "dest": str(dest), "async_dir": str(dest / ".locks" / "jobs-link")}
     refused = check_result("stage_progress", args, run_main("stage_progress", args), expect_failure=True)
-    assert str(dest / "jobs-link") in refused["msg"] and "is a symlink" in refused["msg"]
+    assert str(dest / ".locks" / "jobs-link") in refused["msg"] and "is a symlink" in refused["msg"]
 
 
 def test_the_result_step_returns_the_jobs_own_result_and_removes_its_file(tmp_path):

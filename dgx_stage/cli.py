@@ -243,7 +243,7 @@ def report_subcommand(args, out=None):
     elif out.isatty():
         from rich.console import Console
         console = Console(file=out)
-        console.print(table.rich_table(rows, title=title))
+        table.print_table(console, rows, title=title)
         for failure in failures:
             console.print(table.failure_line(failure), markup=False, highlight=False)
     else:

@@ -245,7 +245,7 @@ class PlaybookRun(object):
             rows = table.table_rows(state.reports, state.receipts_removed)
             title = "dgx-stage %s: run %s" % (self.spec["subcommand"], state.run_id)
             if console is not None:
-                console.print(table.rich_table(rows, title=title))
+                table.print_table(console, rows, title=title)
             else:
                 display.print(title)
                 display.print(table.render_plain(rows))

@@ -209,12 +209,47 @@ def render_markdown(rows, title=None, failures=()):
     return "\n".join(lines)
 
 
+NO_WRAP = ("host", "run_id", "status")
+
+
+def rich_table_min_width(rows):
+    """The narrowest terminal the rich table fits without cutting a word (or a host, run id, status)."""
+    total = 1
+    for key, title in COLUMNS:
+        cells = [title] + [row[key] for row in rows]
+        words = cells if key in NO_WRAP else [w for cell in cells for w in cell.split()]
+        total += max(len(w) for w in words) + 3   # a padded cell and its border
+    return total
+
+
+def render_vertical(rows):
+    """One block per host, a line per column: the table for a terminal too narrow for its columns."""
+    width = max(len(title) for _key, title in COLUMNS)
+    lines = []
+    for row in rows:
+        lines += [("%s:" % title).ljust(width + 1) + " " + row[key] if key != "host" else row[key]
+                  for key, title in COLUMNS]
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
+def print_table(console, rows, title=None):
+    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing
+    in 40 columns), else the vertical blocks."""
+    if console.width >= rich_table_min_width(rows):
+        console.print(rich_table(rows, title=title))
+    else:
+        if title:
+            console.print(title, markup=False, highlight=False)
+        console.print(render_vertical(rows), markup=False, highlight=False)
+
+
 def rich_table(rows, title=None):
     """The same table for a terminal (rich)."""
     from rich.table import Table
     table = Table(title=title)
     for key, title_text in COLUMNS:
-        table.add_column(title_text, no_wrap=key in ("host", "run_id", "status"),
+        table.add_column(title_text, no_wrap=key in NO_WRAP,
                          justify="right" if key in ("copied", "repaired", "nas_corrupt", "mib_s", "receipts") else "left")
     for row in rows:
         style = None if row["status"] in ("ok", "check") else "red"

@@ -164,3 +164,20 @@ def test_a_check_run_counts_the_would_be_copies_once_and_shows_no_rate():
     del report["passes"]["stage"], report["passes"]["verify"]   # --tags preflight: its would-be copies
     assert table.host_row(report)["copied"] == table.human_bytes(
         sum(r["bytes_copied"] for r in report["passes"]["preflight"]))
+
+
+def test_a_narrow_terminal_gets_one_block_per_host_instead_of_a_squeezed_table():
+    # rich squeezed 14 columns into 40: the HOST column to nothing and the status to "c…".
+    from rich.console import Console
+    rows = table.table_rows({"dgx1": fixture("report-stage-ok.json"), "dgx2": fixture("report-preflight-failed.json")})
+    for width, wide in ((40, False), (table.rich_table_min_width(rows) - 1, False),
+                        (table.rich_table_min_width(rows), True)):
+        out = io.StringIO()
+        table.print_table(Console(file=out, width=width, force_terminal=False), rows, title="t")
+        text = out.getvalue()
+        assert ("┃" in text) == wide, width
+        for row in rows:
+            assert row["host"] in text.split() if not wide else row["host"] in text
+            assert row["status"] in text and row["run_id"] in text
+    assert table.render_vertical(rows[:1]).splitlines()[:3] == [
+        rows[0]["host"], "RUN:                   " + rows[0]["run_id"], "STATUS:                ok"]

@@ -148,3 +148,19 @@ def test_a_metrics_dir_gone_by_the_end_of_the_run_fails_it_naming_the_dir_and_cr
     assert "Metrics | Write the node_exporter textfile" in failure and str(metrics) in failure
     assert "is not an existing directory" in failure and "create it" in failure
     assert not metrics.exists()
+
+
+def test_a_metrics_dir_holding_another_hosts_textfile_fails_preflight_before_anything_is_written(tmp_path, nas_hub):
+    """One directory for the whole lane (NFS): the first host to write it would have its file overwritten by the
+    next, which would take its last success as its own. Preflight refuses it, naming both hosts."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    theirs = "# dgx-stage textfile of host dgx9\ndgx_stage_last_success_timestamp_seconds 1796119200\n"
+    (metrics / PROM).write_text(theirs)
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_metrics_dir=str(metrics))
+    code, data, _times = run(tmp_path, inventory)
+    assert code != 0
+    latest = reports(tmp_path)["dgx1.json"]
+    assert latest["failed_play"] == "preflight" and "textfile of host dgx9, not dgx1" in latest["failed_msg"]
+    assert (metrics / PROM).read_text() == theirs and os.listdir(str(metrics)) == [PROM]
+    assert not (tmp_path / "dgx1").exists()

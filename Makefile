@@ -20,8 +20,9 @@ BASE_IMAGE := dgx-stage-base:bookworm
 REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
 REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH).stamp
 # The front end (dgx_stage/, `.venv/bin/dgx-stage`) is installed in editable mode, again only when
-# pyproject.toml changes (the package's code is read from the repo). Its build backend is stdlib-only.
-PKG_HASH := $(shell sha256sum pyproject.toml 2>/dev/null | cut -c1-16)
+# pyproject.toml or its build backend changes, or the venv last pointed it at another work tree (a clone
+# sharing a venv must not run the other tree's playbooks): the package's code is read from the repo.
+PKG_HASH := $(shell (cat pyproject.toml dgx_stage/_build.py; echo "$(CURDIR)") 2>/dev/null | sha256sum | cut -c1-16)
 PKG_STAMP := $(VENV)/.dgx-stage-$(PKG_HASH).stamp
 
 # Environment for every recipe (scripts and tools see the same set-up as CI).

@@ -1,0 +1,40 @@
+"""The Makefile's install of the front end: `make setup` re-installs the editable package when the venv
+last pointed it at another work tree (a clone sharing a venv, whose stamp said "done": dgx-stage then ran the
+other tree's package and playbooks)."""
+import os
+import shutil
+import subprocess
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tree(path):
+    """The files `make setup` reads, in a work tree at `path`."""
+    os.makedirs(os.path.join(path, "dgx_stage"))
+    for name in ("Makefile", "requirements.txt", "pyproject.toml", os.path.join("dgx_stage", "_build.py")):
+        shutil.copy(os.path.join(REPO, name), os.path.join(path, name))
+    return path
+
+
+def up_to_date(path, venv):
+    return subprocess.run(["make", "-q", "setup", "VENV=" + venv], cwd=path, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+@pytest.mark.skipif(not shutil.which("make"), reason="no make")
+def test_setup_reinstalls_the_front_end_for_another_work_tree_only(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    pip = venv / "bin" / "pip"      # a stand-in: the test checks what make decides, not pip
+    pip.write_text("#!/bin/sh\nexit 0\n")
+    pip.chmod(0o755)
+    first, clone = tree(str(tmp_path / "main")), tree(str(tmp_path / "clone"))
+    subprocess.run(["make", "-s", "setup", "VENV=" + str(venv)], cwd=first, check=True, stdout=subprocess.DEVNULL)
+    assert up_to_date(first, str(venv))            # make setup twice: the second does nothing
+    assert not up_to_date(clone, str(venv))        # the same files elsewhere: install it for this tree
+    with open(os.path.join(first, "dgx_stage", "_build.py"), "a") as handle:
+        handle.write("\n# the backend changed\n")
+    assert not up_to_date(first, str(venv))

@@ -17,7 +17,7 @@ description:
   - Gauges - C(dgx_stage_last_run_success) (1 ok, 0 failed), C(dgx_stage_last_success_timestamp_seconds)
     (kept from the previous file when the run failed), C(dgx_stage_repo_staged_bytes{repo,repo_type,commit}),
     C(dgx_stage_last_verify_timestamp_seconds{repo,mode}) (a repo whose verify did not end ok keeps its
-    previous sample), C(dgx_stage_blobs_repaired) and C(dgx_stage_nas_corrupt_blobs) (the last stage and
+    previous sample; one no longer in the view's stage and verify passes, dropped from stage_repos, loses it), C(dgx_stage_blobs_repaired) and C(dgx_stage_nas_corrupt_blobs) (the last stage and
     verify passes), C(dgx_stage_decode_tokens_per_second) (when a decode probe ran).
   - The file's first line is a comment naming the host (the report's C(host)). O(dir) is the node's own
     directory - a file of another host there (a directory shared between hosts, e.g. on NFS) is refused,

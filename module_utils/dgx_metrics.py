@@ -181,7 +181,12 @@ def samples_of(report, previous):
 
     verified = iso_seconds(_play_finished(report, "verify"))
     verify_rows = dict((row["repo_id"], row) for row in _rows(report, "verify"))
-    repos = sorted(set(verify_rows) | set(previous["last_verify"]))
+    # A previous sample is kept for a repo this view still stages (its verify failed, or did not run): one
+    # dropped from stage_repos is gone from the view's passes and its series ends, instead of aging forever
+    # into a stale-verify alert. A view with no stage or verify rows at all says nothing: keep them all.
+    known = set(verify_rows) | set(row["repo_id"] for row in _rows(report, "stage"))
+    kept = set(previous["last_verify"]) & known if known else set(previous["last_verify"])
+    repos = sorted(set(verify_rows) | kept)
     for repo in repos:
         row = verify_rows.get(repo)
         if row is not None and row.get("status") == "ok" and verified is not None:

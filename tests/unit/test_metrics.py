@@ -100,6 +100,20 @@ def test_a_repo_whose_verify_failed_keeps_its_previous_verify_sample():
                    ({"repo": MAIN, "mode": "full"}, iso_seconds("2026-11-30T20:59:00Z"))]
 
 
+def test_a_repo_no_longer_staged_loses_its_verify_sample_a_view_without_passes_keeps_them():
+    first = render(samples_of(view(verify=[row(MAIN, verify="full"), row(DRAFTER, verify="full")]), NO_PREVIOUS))
+    # DRAFTER left stage_repos: the next verify pass has no row for it (the report's passes are per run).
+    second = view(verify=[row(MAIN, verify="sample")], verify_finished="2026-12-01T09:00:00Z")
+    got = families(render(samples_of(second, previous_state(first))))["dgx_stage_last_verify_timestamp_seconds"]
+    assert got == [({"repo": MAIN, "mode": "sample"}, iso_seconds("2026-12-01T09:00:00Z"))]
+    # A repo only the stage pass has rows for this time still keeps its previous verify sample.
+    third = view(stage=[row(DRAFTER)], verify=[row(MAIN, verify="sample")], verify_finished="2026-12-01T09:00:00Z")
+    got = families(render(samples_of(third, previous_state(first))))["dgx_stage_last_verify_timestamp_seconds"]
+    assert [labels["repo"] for labels, _v in got] == [DRAFTER, MAIN]
+    got = families(render(samples_of(view(status="failed"), previous_state(first))))
+    assert len(got["dgx_stage_last_verify_timestamp_seconds"]) == 2
+
+
 def test_the_later_pass_gives_the_staged_commit():
     report = view(stage=[row(MAIN, commit="1" * 40, staged=5)], verify=[row(MAIN, commit="2" * 40, staged=6)],
                   stage_finished="2026-11-30T22:00:00Z", verify_finished="2026-11-30T20:00:00Z")

@@ -1,5 +1,7 @@
 """What the operator sees while a playbook runs: one progress bar per host on a terminal (rich), one plain
 line per progress update otherwise (`[host] line`, no escape codes)."""
+import io
+import os
 import sys
 
 
@@ -32,6 +34,7 @@ class PlainDisplay(object):
         self.stream = stream or sys.stdout
         self.verbose = verbose
         self.shown = {}
+        self.closed = False      # the reader of a pipe went away
 
     def __enter__(self):
         return self
@@ -51,8 +54,21 @@ class PlainDisplay(object):
             self.print(text.replace("\r\n", "\n"))
 
     def print(self, text=""):
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.closed:
+            return
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except BrokenPipeError:
+            # `dgx-stage stage | head`: the reader left, the run goes on to its end and its run.json (a
+            # traceback here left ansible-playbook running unrecorded and run.json "running").
+            self.closed = True
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())   # nor a second error when Python flushes at exit
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+                pass
 
 
 class RichDisplay(object):

@@ -166,3 +166,18 @@ def test_rich_display_keeps_one_bar_per_host_with_bytes_rate_and_eta():
 
 def test_format_eta():
     assert [format_eta(s) for s in (None, 5, 372, 7322)] == ["-", "5s", "6m12s", "2h02m"]
+
+
+def test_plain_display_outlives_a_reader_that_went_away():
+    # `dgx-stage stage | head -2`: the third line raised BrokenPipeError out of the run loop; the run went
+    # on unwatched and its run.json stayed "running". Now the display falls silent and the run ends normally.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stream = os.fdopen(write_end, "w")
+    display = PlainDisplay(stream)
+    display.print("first")
+    display.print("second")
+    assert display.closed
+    stream.write("x" * 100000)
+    stream.flush()                     # the fd is /dev/null now: Python's flush at exit cannot fail either
+    stream.close()

@@ -108,6 +108,8 @@ def test_a_metrics_dir_that_is_no_directory_fails_preflight_before_anything_is_w
     latest = reports(tmp_path)["dgx1.json"]
     assert latest["failed_play"] == "preflight" and missing in latest["failed_msg"]
     assert "stage_metrics_dir" in latest["failed_msg"] and "Nothing was written" in latest["failed_msg"]
+    # The rescue does not try the textfile the check just refused (one error, not the same one twice).
+    assert metrics_results(data) == {}
     assert not os.path.exists(missing) and not (tmp_path / "dgx1").exists()
 
 

@@ -97,3 +97,18 @@ def test_status_of_a_host_with_nothing_staged(tmp_path, nas_hub):
     assert [r["state"] for r in results["dgx1"]["status"]["repos"]] == ["not staged", "not staged"]
     assert results["dgx1"]["lines"][0] == "%s@main: not staged" % MAIN_REPO
     assert not (tmp_path / "dgx1").exists() and not (tmp_path / "reports").exists()
+
+
+def test_a_plain_ansible_playbook_run_prints_each_hosts_status_lines(tmp_path, nas_hub):
+    """ansible.cfg hides ok results (the play's debug task of the lines): the lane summary callback prints them."""
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], receipt_parent=str(tmp_path / "cache"))
+    env = dict(ansible_env(tmp_path), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    proc = subprocess.run([os.path.join(BIN_DIR, "ansible-playbook"), "-i", inventory,
+                           os.path.join(REPO_ROOT, "playbooks", "status.yml")], cwd=REPO_ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = proc.stdout.decode("utf-8", "replace")
+    assert proc.returncode == 0, out
+    tail = out[out.index("DGX-STAGE STATUS: lane exl3_2x, 1 host"):].splitlines()
+    assert tail[:3] == ["DGX-STAGE STATUS: lane exl3_2x, 1 host", "dgx1 (rank 0):", "  %s@main: not staged" % MAIN_REPO]
+    assert "  engine ds41-engine: disabled" in tail and "1/1 hosts read" in tail
+    assert "HOST " not in out                       # no empty lane table

@@ -364,8 +364,18 @@ def repo_line(row):
     return text
 
 
+def one_line(text):
+    """text with its control characters escaped (\\n, \\x1b): a repo id, path or message holding a newline
+    or a terminal escape stays on its own line and cannot pass for another line or recolour the terminal."""
+    return "".join(ch if " " <= ch != "\x7f" else repr(ch)[1:-1] for ch in text)
+
+
 def status_lines(status):
-    """Human lines for one host, in the order the operator reads them."""
+    """Human lines for one host, in the order the operator reads them (each one line: see one_line)."""
+    return [one_line(line) for line in _status_lines(status)]
+
+
+def _status_lines(status):
     if status["problem"]:
         lines = ["local hub %s: %s" % (status["hub_local_root"], status["problem"])]
     else:

@@ -319,3 +319,12 @@ def test_stage_status_module_returns_what_it_documents(tmp_path):
     assert [r["state"] for r in result["status"]["repos"]] == ["staged", "not staged", "error"]
     assert result["lines"][-1] == "engine ds41-engine: running, API health: ok (m)"
     assert len(result["lines"]) == 5
+
+
+def test_control_characters_in_a_repo_id_or_a_message_stay_on_one_line(tmp_path):
+    (tmp_path / ".locks").mkdir()
+    (tmp_path / ".locks" / "models--org--bad\nid").symlink_to("/elsewhere\x1b[31m")
+    status = host_status(str(tmp_path), [{"repo_id": "org/bad\nid"}], None, [], False, "e", {})
+    [line] = status_lines(status)[:1]
+    assert "\n" not in line and "\x1b" not in line
+    assert line.startswith("org/bad\\nid@main: not staged") and "/elsewhere\\x1b[31m" in line

@@ -438,11 +438,11 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
                 "wrote no result to %s: they were killed (SIGKILL, or the out-of-memory killer: see the node's "
                 "kernel log), or the wrapper could not write its job file (a full disk?). A copy in flight may have "
                 "left its temp file, which the next run removes; no ref was written for an incomplete snapshot. "
-                "Re-run to finish" % (repo_id, phase, lease_file, job["path"]))}
+                "Re-run to finish.%s" % (repo_id, phase, lease_file, job["path"], full_disk_note(async_dir)))}
     job["result"] = explain_wrapper_result(job["result"], repo_id, phase, async_timeout)
     if job["state"] == "missing":
         job["result"] = {"failed": True, "msg": "no job file %s: the background job did not start, or its file "
-                                                "was removed" % job["path"]}
+                                                "was removed.%s" % (job["path"], full_disk_note(async_dir))}
     figures = job_figures(read_progress(dest, repo_id, repo_type), phase, job)
     progress = shape_progress(figures, repo_id, phase)
     finished = job["state"] != "running"
@@ -494,6 +494,25 @@ def lease_process_gone(path):
             return b"hf_hub_mirror" not in handle.read()
     except OSError:             # no /proc, or it ended just now: the next poll looks again
         return False
+
+
+# Free bytes under which the jobs dir's disk counts as full: the async wrapper cannot write its job file there.
+FULL_DISK_BYTES = 1024 * 1024
+
+
+def full_disk_note(async_dir):
+    """' The disk of the jobs dir is full ...' when the filesystem holding async_dir has (almost) no free space
+    left for the async wrapper's job file (which then holds no result, and no mirror message), else ''."""
+    try:
+        st = os.statvfs(async_dir)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= FULL_DISK_BYTES and (st.f_files == 0 or st.f_favail > 0):
+        return ""
+    return (" The disk of %s is full (%d bytes free): Ansible's async wrapper could not write the job's file, so the "
+            "mirror's own message is lost. Free space on that disk and re-run (or set stage_async_dir to a directory "
+            "on another disk)." % (async_dir, free))
 
 
 def wait_for_a_dead_jobs_result(async_dir, jid, grace_s, clock=time.time, sleep=time.sleep):

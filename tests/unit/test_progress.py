@@ -406,6 +406,27 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
     assert progress.lease_process_gone(str(tmp_path / "no-lease")) is False
 
 
+def test_a_job_that_ended_on_a_full_disk_says_the_disk_is_full_and_the_fix(tmp_path, monkeypatch):
+    # Seen on an 8 MiB tmpfs filled mid-copy: the wrapper could write neither the mirror's result nor (for the
+    # next repo) its start file; the mirror's own ENOSPC message is lost, so the poll names the disk instead.
+    monkeypatch.setattr(progress, "DEAD_JOB_GRACE_S", 0.1)
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "j3.1", RUNNING, mtime=time.time() - 600)
+    lease = str(jobs / "dgx-lease.z")
+    progress.renew_lease(lease, dead_pid())
+    real = os.statvfs(str(jobs))
+    full = os.statvfs_result((real.f_bsize, real.f_frsize, real.f_blocks, 0, 0, real.f_files, real.f_ffree,
+                              real.f_favail, real.f_flag, real.f_namemax))
+    monkeypatch.setattr(progress.os, "statvfs", lambda path: full)
+    dead = poll(str(jobs), "j3.1", str(dest), REPO, lease_file=lease)["job"]["result"]["msg"]
+    missing = poll(str(jobs), "j3.2", str(dest), REPO)["job"]["result"]["msg"]
+    for msg in (dead, missing):
+        assert "The disk of %s is full (0 bytes free)" % jobs in msg and "Free space on that disk" in msg
+    monkeypatch.setattr(progress.os, "statvfs", lambda path: real)
+    assert "is full" not in poll(str(jobs), "j3.2", str(dest), REPO)["job"]["result"]["msg"]
+
+
 def test_a_job_whose_process_just_ended_is_read_with_its_result_not_declared_dead(tmp_path):
     dest = tmp_path / "hub"
     jobs = dest / ".locks" / "dgx-stage-async"

@@ -176,7 +176,7 @@ class PlaybookRun(object):
             spec["subcommand"], spec["playbook"], " --tags " + spec["tags"] if spec["tags"] else "",
             spec["inventory"], " --limit " + spec["limit"] if spec["limit"] else "", self.ident))
 
-        handlers = {}
+        handlers, thread = {}, None
         for signum in (signal.SIGINT, signal.SIGTERM):
             handlers[signum] = signal.signal(signum, self._on_signal)
         try:
@@ -213,6 +213,14 @@ class PlaybookRun(object):
                         else:
                             display.output(update[1])
             thread.join()
+        except Exception as exc:
+            # The front end itself failed: the run must not go on unwatched, nor its run.json say "running".
+            self.interrupts = max(self.interrupts, 2)   # ansible-runner's cancel callback ends the run
+            if thread is not None:
+                thread.join(timeout=120)
+            self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=runs.utc_now(),
+                               error="dgx-stage failed: %s: %s" % (type(exc).__name__, exc))
+            raise
         finally:
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)

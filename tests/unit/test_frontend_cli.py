@@ -381,3 +381,39 @@ def test_a_run_never_shares_another_runs_dir_and_an_unusable_runs_dir_exits_64(t
     for runs_dir, why in (("afile", "is not a directory"), ("afile/runs", "Not a directory")):
         code, out, err = main(["status", "-i", "localhost,", "--runs-dir", str(tmp_path / runs_dir)], capsys)
         assert code == 64 and why in err and str(tmp_path / runs_dir) in err and "--runs-dir" in err, err
+
+
+def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, monkeypatch):
+    # An exception in the run loop (a display error, a bug) left ansible-playbook running with nobody
+    # watching and run.json saying "running" for ever.
+    import threading
+    import ansible_runner
+    cancelled = threading.Event()
+
+    def fake_run_async(**kwargs):
+        def playbook():
+            kwargs["event_handler"]({"event": "runner_retry", "event_data": {
+                "host": "dgx1", "task_action": "stage_progress", "res": {"progress": {}, "line": "stage x: 1%"}}})
+            deadline = time.time() + 30
+            while not kwargs["cancel_callback"]() and time.time() < deadline:
+                time.sleep(0.05)
+            if kwargs["cancel_callback"]():
+                cancelled.set()
+        thread = threading.Thread(target=playbook, daemon=True)
+        thread.start()
+        return thread, FakeRunner(None, "running")
+
+    def broken_progress(_self, _host, _entry):
+        raise RuntimeError("display broke")
+
+    monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
+    monkeypatch.setattr(run.PlainDisplay, "progress", broken_progress)
+    spec = {"subcommand": "stage", "playbook": "stage-deepseek.yml", "tags": "stage", "inventory": "i",
+            "limit": None, "extra_vars": [], "check": False, "verbose": 0, "cmdline": ""}
+    playbook_run = run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO())
+    with pytest.raises(RuntimeError):
+        playbook_run.run()
+    assert cancelled.is_set()
+    with open(os.path.join(playbook_run.run_dir, "run.json")) as handle:
+        record = json.load(handle)
+    assert record["status"] == "error" and record["exit_code"] == 1 and "display broke" in record["error"]

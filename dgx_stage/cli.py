@@ -109,6 +109,16 @@ def resolve_extra_vars(values):
     return out
 
 
+def resolve_limit(limit):
+    """--limit with an @file (a retry file) made absolute, as -i and -e @file: ansible-playbook runs in the
+    repo, so a relative one named another file (or none) there; UsageError when it is missing."""
+    if not limit or not limit.startswith("@"):
+        return limit
+    if not os.path.isfile(limit[1:]):
+        raise UsageError("--limit file not found: %s" % limit[1:])
+    return "@" + os.path.abspath(limit[1:])
+
+
 def inventory_hosts(inventory, limit=None, warnings=None):
     """The inventory's hosts (those --limit selects when given), read the way ansible-playbook reads it;
     what Ansible warned while reading it is appended to `warnings` when given."""
@@ -167,6 +177,7 @@ def run_subcommand(args, out=None):
     inventory = resolve_inventory(args.inventory)
     extra_vars = resolve_extra_vars(args.extra_vars)
     check_inventory(inventory)
+    args.limit = resolve_limit(args.limit)
     if args.limit:
         check_limit(inventory, args.limit)
     runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())

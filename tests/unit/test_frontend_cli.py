@@ -118,6 +118,12 @@ def test_relative_paths_are_made_absolute_for_the_run_in_the_repo(inventory, tmp
     assert cli.resolve_inventory("hosts.yml") == inventory
     assert cli.resolve_extra_vars(["a=1", "@vars.yml"]) == ["a=1", "@" + str(tmp_path / "vars.yml")]
     assert cli.resolve_inventory("rank0,") == "rank0,"   # a host list is not a path
+    (tmp_path / "retry").write_text("rank1\n")
+    assert cli.resolve_limit("@retry") == "@" + str(tmp_path / "retry")   # ansible-playbook runs in the repo
+    assert cli.inventory_hosts(inventory, cli.resolve_limit("@retry")) == ["rank1"]
+    assert cli.resolve_limit("rank*") == "rank*"
+    with pytest.raises(cli.UsageError, match="--limit file not found: nope"):
+        cli.resolve_limit("@nope")
 
 
 # --- the end of a run: exit codes ------------------------------------------------------------------------------

@@ -439,7 +439,10 @@ class RepoLock(object):
                     holder = os.pread(self._fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
                     os.close(self._fd)
                     raise StageError("another dgx-stage run (pid %s) holds %s; wait for it to finish "
-                                     "or raise lock_timeout" % (holder, self.path))
+                                     "or raise lock_timeout (stage_lock_timeout). A background stage or verify "
+                                     "job whose controller was interrupted or killed holds it until it stops "
+                                     "itself, within its lease time (2 minutes by default): re-run after that"
+                                     % (holder, self.path))
                 time.sleep(0.2)
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, str(os.getpid()).encode("ascii"), 0)

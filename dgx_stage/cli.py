@@ -97,7 +97,8 @@ def resolve_inventory(path):
 
 
 def resolve_extra_vars(values):
-    """-e values with @file made absolute; UsageError for a missing file."""
+    """-e values with @file made absolute; UsageError for a missing file, or a file or inline JSON/YAML
+    that does not parse (ansible-playbook would stop with exit 1 and no host result)."""
     out = []
     for value in values:
         if value.startswith("@"):
@@ -105,8 +106,26 @@ def resolve_extra_vars(values):
             if not os.path.isfile(path):
                 raise UsageError("extra vars file not found: %s" % path)
             value = "@" + os.path.abspath(path)
+            check_extra_vars(value, path)
+        elif value.startswith(("{", "[")):   # as ansible-playbook tells YAML/JSON from key=value
+            check_extra_vars(value)
         out.append(value)
     return out
+
+
+def check_extra_vars(value, path=None):
+    """UsageError unless `value` (-e, or the @file at path) parses to a dict, as ansible-playbook needs it."""
+    os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+    from ansible.parsing.dataloader import DataLoader
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            data = DataLoader().load_from_file(path) if path else DataLoader().load(value)
+    except Exception as exc:   # Ansible's parse errors have no common base worth naming
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError("-e %s does not parse: %s" % (path or value, first))
+    if not isinstance(data, dict) and data is not None:
+        raise UsageError("-e %s is not a mapping of variables (a %s)"
+                         % (path or value, "list" if isinstance(data, list) else type(data).__name__))
 
 
 def resolve_limit(limit):

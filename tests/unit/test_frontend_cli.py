@@ -90,6 +90,21 @@ def test_a_missing_extra_vars_file_exits_64(inventory, tmp_path, capsys):
     assert code == 64 and "extra vars file not found" in err
 
 
+def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, capsys):
+    # ansible-playbook stops on them with exit 1 and a YAML error in its log, after the run was recorded.
+    (tmp_path / "bad.yml").write_text("a: [\n")
+    (tmp_path / "list.yml").write_text("- a\n")
+    for value, said in (('{"bad": ', '-e {"bad":  does not parse: YAML parsing failed'),
+                        ("[1, 2]", "-e [1, 2] is not a mapping of variables (a list)"),
+                        ("@%s" % (tmp_path / "bad.yml"), "-e %s does not parse" % (tmp_path / "bad.yml")),
+                        ("@%s" % (tmp_path / "list.yml"), "is not a mapping of variables (a list)")):
+        code, out, err = main(["stage", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
+        assert code == 64 and said in err and out == "", (value, err)
+    assert not (tmp_path / "runs").exists()
+    good = ['{"a": "b c", "q": "it\'s"}', 'a=1 b="x y"', ' {key=value for Ansible']
+    assert cli.resolve_extra_vars(good) == good
+
+
 def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
     code, _out, err = main(["stage", "-i", inventory, "--limit", "dgx9"], capsys)
     assert code == 64 and "--limit dgx9 matches no host of %s (hosts: rank0, rank1)" % inventory in err

@@ -41,14 +41,20 @@ def local_commit(tmp_path, repo_id):
     return (tmp_path / "dgx1" / "hub" / folder / "refs" / "main").read_text().strip()
 
 
-def test_a_run_writes_the_textfile_a_rerun_changes_nothing_a_failure_keeps_the_last_success(tmp_path, nas_hub):
+def staged_drafter(tmp_path, nas_hub):
+    """A good run of the drafter only on dgx1 with stage_metrics_dir <tmp>/metrics: (metrics dir, inventory, data)."""
     metrics = tmp_path / "metrics"
     metrics.mkdir()
-    # Yesterday: the drafter only, a good run.
     inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_metrics_dir=str(metrics),
                            stage_repos=[{"repo_id": DRAFTER_REPO}])
     code, data, _times = run(tmp_path, inventory)
     assert code == 0, failures(data)
+    return metrics, inventory, data
+
+
+def test_a_run_writes_the_textfile_a_rerun_changes_nothing_a_failure_keeps_the_last_success(tmp_path, nas_hub):
+    # Yesterday: the drafter only, a good run.
+    metrics, inventory, data = staged_drafter(tmp_path, nas_hub)
     latest = reports(tmp_path)["dgx1.json"]
     path = str(metrics / PROM)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644 and os.listdir(str(metrics)) == [PROM]
@@ -136,12 +142,7 @@ def test_a_metrics_dir_gone_by_the_end_of_the_run_fails_it_naming_the_dir_and_cr
     """The directory went away after the last preflight check (here: a --tags verify run, which has no preflight
     play): the textfile cannot be written at the end and the host fails there, naming the directory and the
     fix; nothing is created in its place. (Its host report, recorded just before, still says ok.)"""
-    metrics = tmp_path / "metrics"
-    metrics.mkdir()
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_metrics_dir=str(metrics),
-                           stage_repos=[{"repo_id": DRAFTER_REPO}])
-    code, data, _times = run(tmp_path, inventory)
-    assert code == 0, failures(data)
+    metrics, inventory, _data = staged_drafter(tmp_path, nas_hub)
     os.remove(str(metrics / PROM))
     metrics.rmdir()
     code, data, _times = run(tmp_path, inventory, tags="verify")

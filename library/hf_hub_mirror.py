@@ -146,6 +146,8 @@ options:
         Ctrl-C (the copies in flight stopped within a chunk, their temp files removed, no ref written for an
         incomplete snapshot, the repo lock released) and fails saying so. Unset - no lease (a background run
         whose controller was killed runs to its end, holding the repo lock).
+      - Refused (before anything is written) when its directory is a symlink or has one on its way inside O(dest),
+        or is inside O(dest) but not under its C(.locks).
       - Ignored in check mode.
     type: path
   lease_timeout:
@@ -526,7 +528,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
-from ansible.module_utils.dgx_progress import LeaseWatch
+from ansible.module_utils.dgx_progress import LeaseWatch, lease_dir_problem
 from ansible.module_utils.dgx_transfer import raise_interrupt_on_sigterm
 
 
@@ -557,6 +559,9 @@ def main():
     lease = None
     try:
         if params["lease_file"] and not module.check_mode:
+            problem = lease_dir_problem(params["dest"], params["lease_file"])
+            if problem:
+                raise StageError("lease_file %s: %s" % (params["lease_file"], problem))
             lease = LeaseWatch(params["lease_file"], params["lease_timeout"]).start()
         request = MirrorRequest(
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],

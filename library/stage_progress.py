@@ -85,6 +85,8 @@ options:
       - The job writes its process id into it when it starts. A poll that finds the job file still saying running
         while that process is gone (its async wrapper killed with it, or unable to write its result) waits a few
         seconds for the result, then ends the job as failed, saying so, instead of polling until O(async_timeout).
+      - A poll fails, writing nothing, when the lease's directory has become a symlink (or has one on its way
+        inside O(dest)); the job, no longer renewed, then stops itself.
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -243,7 +245,8 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_progress import end_lease, poll, prepare_jobs_dir, prune_jobs_dir, remove_job, renew_lease
+from ansible.module_utils.dgx_progress import (end_lease, lease_dir_problem, poll, prepare_jobs_dir, prune_jobs_dir,
+                                               remove_job, renew_lease)
 
 
 ARGUMENT_SPEC = dict(
@@ -274,6 +277,9 @@ def main():
                          async_dir=os.path.abspath(params["async_dir"]), **done)
     try:
         if params["lease_file"] and params["mode"] == "poll" and not module.check_mode:
+            problem = lease_dir_problem(params["dest"], params["lease_file"])
+            if problem:
+                raise StageError("the lease %s is not renewed: %s" % (params["lease_file"], problem))
             renew_lease(params["lease_file"])
         seen = poll(params["async_dir"], params["jid"], params["dest"], params["repo_id"], params["repo_type"],
                     params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0,

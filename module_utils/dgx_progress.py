@@ -174,6 +174,13 @@ def jobs_dir_problem(dest, async_dir):
     return None
 
 
+def lease_dir_problem(dest, lease_file):
+    """Why the lease file's directory (the jobs dir) cannot be written now, or None: checked again by the job when
+    it starts and by each poll before they write the lease, as `.locks` or the jobs dir may have been replaced by
+    a symlink since the jobs dir was prepared (the lease would be written wherever it points)."""
+    return jobs_dir_problem(dest, os.path.dirname(os.path.abspath(lease_file)))
+
+
 def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
     """Refuse a symlinked jobs dir (or `.locks` on its way), create it, and remove the job files ended jobs
     of earlier runs left there. Returns {created, removed (names)}; any other file is left alone."""

@@ -471,6 +471,28 @@ def test_a_started_lease_watch_fires_from_its_thread(tmp_path):
     assert len(fired) == 1 and watch.fired
 
 
+def test_a_lease_is_not_written_once_locks_was_replaced_by_a_symlink_after_prepare(tmp_path):
+    # prepare checked .locks; by the job's start (or a later poll) it points elsewhere: neither the job nor a
+    # poll writes its lease there, and the job refuses to run.
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    dest.mkdir()
+    prepare_jobs_dir(str(dest), str(jobs), 600)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "dgx-stage-async").mkdir(parents=True)
+    os.rename(str(dest / ".locks"), str(tmp_path / "old-locks"))
+    os.symlink(str(elsewhere), str(dest / ".locks"))
+    lease = str(jobs / "dgx-lease.run.stage.model.org--model")
+    job = run_main("hf_hub_mirror", {"src": str(tmp_path / "nas"), "dest": str(dest), "repo_id": REPO,
+                                     "lease_file": lease})
+    assert job["failed"] is True and "lease_file" in job["msg"] and "symlink" in job["msg"]
+    write_job(elsewhere / "dgx-stage-async", "j4.1", RUNNING)
+    polled = run_main("stage_progress", {"dest": str(dest), "async_dir": str(jobs), "jid": "j4.1", "repo_id": REPO,
+                                         "lease_file": lease})
+    assert polled["failed"] is True and "is not renewed" in polled["msg"] and "symlink" in polled["msg"]
+    assert os.listdir(str(elsewhere / "dgx-stage-async")) == ["j4.1"]       # no lease written through the link
+
+
 def test_a_lease_file_is_never_followed_through_a_link(tmp_path):
     target = tmp_path / "target"
     target.write_text("keep")

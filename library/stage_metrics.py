@@ -86,6 +86,13 @@ written:
   description: The file was written in this call.
   returned: success
   type: bool
+debris:
+  description:
+    - Temp files of dgx_stage.prom a killed run left in O(dir) (their writing process is gone) - removed
+      in this call, or in check mode would be. Only this module's own temp names.
+  returned: success
+  type: list
+  elements: str
 diff:
   description: The old and the new content.
   returned: success when in diff mode
@@ -131,7 +138,7 @@ def main():
     if module._diff:
         result["diff"] = {"before": previous or "", "after": result["content"], "before_header": result["textfile"],
                           "after_header": result["textfile"]}
-    module.exit_json(changed=result["change"] == "content", **result)
+    module.exit_json(changed=result["change"] == "content" or bool(result["debris"]), **result)
 
 
 if __name__ == "__main__":

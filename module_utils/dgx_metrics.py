@@ -26,7 +26,7 @@ import stat
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, unlink_quietly
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
@@ -290,6 +290,29 @@ def read_previous(dir_fd):
         os.close(fd)
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:          # another user's process: alive
+        return True
+    return True
+
+
+def dead_temp_files(dir_fd):
+    """The temp files of this textfile a killed run left (the writing pid is gone): only our own names
+    (TEMP_PREFIX + dgx_stage.prom + .<pid>.<8 hex>), never a file of another exporter."""
+    head = TEMP_PREFIX + FILE_NAME + "."
+    found = []
+    for name in os.listdir(dir_fd):
+        if name.startswith(head) and is_temp_name(name):
+            pid = name[len(head):].split(".")[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                found.append(name)
+    return sorted(found)
+
+
 def write_metrics(directory, report, write=True):
     """Render the textfile from `report` (a latest view) and the previous file, and write it atomically
     (mode 0644) when its content differs. Returns {path, content, previous, change, written}."""
@@ -316,6 +339,12 @@ def write_metrics(directory, report, write=True):
         content = render(samples_of(report, previous_state(previous)), host)
         change = content_change(previous, content)
         written = False
+        # A run killed while writing left its temp file (node_exporter reads only *.prom, but it stays):
+        # the next write removes it.
+        debris = dead_temp_files(fd)
+        if write:
+            for name in debris:
+                unlink_quietly(name, dir_fd=fd)
         if write and change != "none":
             try:
                 atomic_write_bytes(FILE_NAME, content.encode("utf-8"), mode=0o644, dir_fd=fd)
@@ -325,4 +354,4 @@ def write_metrics(directory, report, write=True):
     finally:
         os.close(fd)
     return {"path": os.path.join(directory, FILE_NAME), "content": content, "previous": previous,
-            "change": change, "written": written}
+            "change": change, "written": written, "debris": debris}

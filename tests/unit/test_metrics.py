@@ -259,3 +259,19 @@ def test_a_directory_named_like_the_textfile_is_refused_with_the_fix_and_nothing
         write_metrics(str(tmp_path), view(stage=[row(MAIN)]), write=write)
     assert "is a directory" in str(err.value) and "remove it" in str(err.value)
     assert str(tmp_path) in str(err.value) and os.listdir(str(tmp_path)) == ["dgx_stage.prom"]
+
+
+def test_the_temp_file_of_a_killed_write_is_removed_by_the_next_one_others_are_left(tmp_path):
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    killed = ".dgx-stage-tmp.dgx_stage.prom.%d.0123abcd" % dead.pid
+    running = ".dgx-stage-tmp.dgx_stage.prom.%d.89abcdef" % os.getpid()      # a write in flight: kept
+    others = [killed.replace("dgx_stage.prom", "other.prom"), "node.prom"]
+    for name in [killed, running] + others:
+        (tmp_path / name).write_text("x")
+    planned = write_metrics(str(tmp_path), view(stage=[row(MAIN)]), write=False)
+    assert planned["debris"] == [killed] and (tmp_path / killed).exists()      # check mode removes nothing
+    result = write_metrics(str(tmp_path), view(stage=[row(MAIN)]))
+    assert result["debris"] == [killed]
+    assert sorted(os.listdir(str(tmp_path))) == sorted([running, "dgx_stage.prom"] + others)

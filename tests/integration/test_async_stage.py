@@ -7,6 +7,8 @@ stops itself cleanly."""
 import json
 import os
 import subprocess
+import signal
+import threading
 import time
 
 import ansible_runner
@@ -159,3 +161,41 @@ def test_a_job_whose_lease_is_not_renewed_stops_itself_cleanly(tmp_path, make_na
     doc = json.loads((local / ".locks" / folder / "dgx-stage.progress.json").read_text())
     assert doc["status"] == "interrupted" and doc["aborted"] is True and doc["bytes_done"] < doc["bytes_total"]
     assert elapsed < 60, elapsed
+
+
+def test_a_job_killed_with_its_async_wrapper_ends_the_wait_with_words_not_at_the_time_limit(tmp_path,
+                                                                                             make_nas_hub):
+    """kill -9 of the whole background job (the async wrapper's watcher and runner, and the module) leaves its
+    job file saying running forever: the poll sees the job's process (named in its lease) gone and fails the
+    host within seconds, saying what happened, instead of polling until stage_async_timeout (a day)."""
+    nas = make_nas_hub(shard_size=8 * MIB, n_shards=3)
+    inventory, roots = lane(tmp_path, nas, interpreter=paced_python(tmp_path, delay=0.3), stage_poll_interval=0.5)
+    jobs = roots["localhost"] / JOBS
+    ran = {}
+    runner = threading.Thread(target=lambda: ran.update(result=run_playbook(tmp_path, inventory, "--tags", STAGE)))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        leases = []
+        while time.monotonic() < deadline and not leases:
+            leases = [n for n in (os.listdir(str(jobs)) if jobs.is_dir() else []) if n.startswith("dgx-lease.")]
+            time.sleep(0.1)
+        assert leases, "no background job started"
+        time.sleep(1)
+        jid = job_files(roots["localhost"])[0].split(".")[0]
+        ps = subprocess.check_output(["ps", "-eww", "-o", "pid=,args="]).decode("utf-8", "replace")
+        tree = [int(line.split()[0]) for line in ps.splitlines() if "async_wrapper" in line and jid in line]
+        tree.append(int((jobs / leases[0]).read_text().strip()))       # the module's own pid, from its lease
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        runner.join(timeout=300)
+    assert time.monotonic() - killed < 60
+    code, data = ran["result"]
+    assert code != 0
+    msgs = [r.get("msg", "") for play_ in data["plays"] for task in play_["tasks"]
+            if task["task"]["name"].endswith(RESULT_TASK % "stage")
+            for res in task["hosts"].values() for r in res.get("results", [res])]
+    assert any("is gone and its async wrapper wrote no result" in m and "Re-run to finish" in m for m in msgs), msgs
+    assert job_files(roots["localhost"]) == []

@@ -78,7 +78,8 @@ class RichDisplay(object):
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
         self.console = console
         self.verbose = verbose
-        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        # markup=False: host names and repo ids are text ("[/]" in a host name raised MarkupError)
+        self.bars = Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                              DownloadColumn(binary_units=True), TextColumn("{task.fields[rate]}"),
                              TextColumn("ETA {task.fields[eta]}"), console=console, transient=False)
         self.tasks = {}

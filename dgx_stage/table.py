@@ -247,13 +247,14 @@ def print_table(console, rows, title=None):
 def rich_table(rows, title=None):
     """The same table for a terminal (rich)."""
     from rich.table import Table
-    table = Table(title=title)
+    from rich.text import Text
+    table = Table(title=Text(title) if title is not None else None)   # cells are text, not rich markup
     for key, title_text in COLUMNS:
         table.add_column(title_text, no_wrap=key in NO_WRAP,
                          justify="right" if key in ("copied", "repaired", "nas_corrupt", "mib_s", "receipts") else "left")
     for row in rows:
         style = None if row["status"] in ("ok", "check") else "red"
-        table.add_row(*[row[key] for key, _t in COLUMNS], style=style)
+        table.add_row(*[Text(row[key]) for key, _t in COLUMNS], style=style)
     return table
 
 

@@ -181,3 +181,19 @@ def test_plain_display_outlives_a_reader_that_went_away():
     stream.write("x" * 100000)
     stream.flush()                     # the fd is /dev/null now: Python's flush at exit cannot fail either
     stream.close()
+
+
+def test_rich_display_and_table_show_brackets_in_names_as_text():
+    # Host names are the inventory's: "[/]" raised rich's MarkupError mid-run, "[bold]" vanished.
+    from rich.console import Console
+    from dgx_stage import table
+    out = io.StringIO()
+    display = RichDisplay(Console(file=out, width=160, force_terminal=True, color_system=None))
+    with display:
+        display.progress("we[/]ird[bold]", {"progress": {"pass": "stage", "repo_id": REPO_ID, "bytes_done": 1,
+                                                         "bytes_total": 2}, "line": "x"})
+    assert "we[/]ird[bold] stage " + REPO_ID in out.getvalue()
+    out = io.StringIO()
+    row = dict((key, "[/]") for key, _title in table.COLUMNS)
+    Console(file=out, width=250, color_system=None).print(table.rich_table([dict(row, host="h[bold]")], title="[/]t"))
+    assert "h[bold]" in out.getvalue() and "[/]t" in out.getvalue()

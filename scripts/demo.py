@@ -122,10 +122,10 @@ def main():
     extra = sys.argv[1:]
     sys.stdout.flush()   # our lines before the front end's, also through a pipe
     code = subprocess.call(frontend_command("stage", extra), cwd=REPO, env=playbook_env())
-    staged = latest_run()
-    if code != 0:
+    if code != 0:   # before reading a run: a usage error (64) recorded none, and the latest is another's
         print("demo: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
         return code
+    staged = latest_run()
     print(recap(staged))
     sys.stdout.flush()
     code = subprocess.call(frontend_command("clean-receipts", extra), cwd=REPO, env=playbook_env())

@@ -24,9 +24,13 @@ LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no ho
 GUARD = """#!%(python)s
 import ctypes, os, signal, sys
 PR_SET_PDEATHSIG = 1
-ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
-if os.getppid() != %(parent)d:   # the front end died before the request took effect
-    sys.exit(99)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGINT), 0, 0, 0)
+except (AttributeError, OSError):   # no prctl (not Linux): run unguarded rather than not at all
+    pass
+else:
+    if os.getppid() != %(parent)d:   # the front end died before the request took effect
+        sys.exit(99)
 os.execv(%(playbook)r, [%(playbook)r] + sys.argv[1:])
 """
 

@@ -265,8 +265,9 @@ def report_subcommand(args, out=None):
     receipts = (record or {}).get("receipts_removed") or {}
     rows = table.table_rows(reports, receipts)
     title = "dgx-stage run %s" % run_id
-    if record:
-        title += " (%s, %s)" % (record.get("subcommand"), record.get("started"))
+    known = [record.get(key) for key in ("subcommand", "started") if record and record.get(key)]
+    if known:
+        title += " (%s)" % ", ".join(known)
     failures = report_failures(reports)
     if args.markdown:
         out.write(table.render_markdown(rows, title=title, failures=failures) + "\n")

@@ -379,7 +379,7 @@ def test_report_survives_garbage_run_records_and_report_files(recorded, capsys):
     code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
     assert code == 0 and "localhost  20261201T101737Z-ed44  ok" in out
     code, out, _err = main(["report", "r-1", "--runs-dir", runs_dir], capsys)
-    assert code == 0 and out.startswith("dgx-stage run r-1")
+    assert code == 0 and out.startswith("dgx-stage run r-1\n")   # no "(None, None)" for what it lacks
     with open(os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json"), "w") as handle:
         handle.write("[]")
     code, out, _err = main(["report", "--runs-dir", runs_dir, "--markdown"], capsys)

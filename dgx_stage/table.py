@@ -23,7 +23,7 @@ COLUMNS = (
 )
 NONE = "-"
 MIB = 1024.0 * 1024.0
-MARKDOWN_SPECIALS = "\\`*_<>[]|"
+MARKDOWN_SPECIALS = "\\`*_<>[]|~&"   # ~: GitHub's strikethrough; &: an entity (&lt;) would render as "<"
 
 
 def human_bytes(count):

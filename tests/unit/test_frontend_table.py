@@ -102,6 +102,7 @@ def test_rows_are_in_rank_order_and_plain_text_is_aligned_without_escapes():
 def test_markdown_escapes_the_specials_in_every_cell():
     assert table.markdown_escape("a|b*c_d`e<f>g[h]i\\j") == "a\\|b\\*c\\_d\\`e\\<f\\>g\\[h\\]i\\\\j"
     assert table.markdown_escape("two\nlines") == "two lines"
+    assert table.markdown_escape("~/x ~~gone~~ &lt;b&gt;") == "\\~/x \\~\\~gone\\~\\~ \\&lt;b\\&gt;"
     report = fixture("report-stage-ok.json")
     report["host"] = "node|<1>"
     md = table.render_markdown([table.host_row(report)], title="dgx-stage run x",

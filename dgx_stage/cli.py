@@ -294,3 +294,6 @@ def main(argv=None):
     except UsageError as exc:
         sys.stderr.write("dgx-stage: %s\n" % exc)
         return EXIT_USAGE
+    except KeyboardInterrupt:   # before a run started (reading the inventory): nothing ran
+        sys.stderr.write("dgx-stage: interrupted before any playbook ran\n")
+        return EXIT_INTERRUPTED

@@ -160,6 +160,16 @@ class PlaybookRun(object):
         raise UsageError("no free run ident under %s" % self.runs_dir)
 
     def run(self):
+        # Our handlers from the start: a Ctrl-C while ansible-runner loads is forwarded once the playbook
+        # runs (a KeyboardInterrupt traceback before, with run.json left "running").
+        handlers = dict((signum, signal.signal(signum, self._on_signal)) for signum in (signal.SIGINT, signal.SIGTERM))
+        try:
+            return self._run()
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    def _run(self):
         import ansible_runner
         spec = self.spec
         self._make_run_dir()
@@ -180,9 +190,7 @@ class PlaybookRun(object):
             spec["subcommand"], spec["playbook"], " --tags " + spec["tags"] if spec["tags"] else "",
             spec["inventory"], " --limit " + spec["limit"] if spec["limit"] else "", self.ident))
 
-        handlers, thread = {}, None
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            handlers[signum] = signal.signal(signum, self._on_signal)
+        thread = None
         try:
             thread, runner = ansible_runner.run_async(
                 private_data_dir=self.run_dir, artifact_dir=self.runs_dir, ident=self.ident, project_dir=REPO,
@@ -225,9 +233,6 @@ class PlaybookRun(object):
             self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=runs.utc_now(),
                                error="dgx-stage failed: %s: %s" % (type(exc).__name__, exc))
             raise
-        finally:
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
         return self._finish(runner, display, console)
 
     def _on_event(self, event):

@@ -438,3 +438,21 @@ def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, mon
     with open(os.path.join(playbook_run.run_dir, "run.json")) as handle:
         record = json.load(handle)
     assert record["status"] == "error" and record["exit_code"] == 1 and "display broke" in record["error"]
+
+
+def test_a_ctrl_c_before_the_run_exits_99_and_the_handlers_cover_the_whole_run(tmp_path, monkeypatch, capsys):
+    # A Ctrl-C while the inventory was read, or ansible-runner loaded, was a KeyboardInterrupt traceback
+    # (exit -2), after run.json was written "running" in the second case.
+    def interrupted(_args, out=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "run_subcommand", interrupted)
+    code, _out, err = main(["status"], capsys)
+    assert code == 99 and err == "dgx-stage: interrupted before any playbook ran\n"
+    playbook_run = run.PlaybookRun({"subcommand": "stage"}, str(tmp_path))
+    seen = {}
+    monkeypatch.setattr(playbook_run, "_run", lambda: seen.update(
+        (s, signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)) or 0)
+    before = signal.getsignal(signal.SIGINT)
+    assert playbook_run.run() == 0
+    assert seen == {signal.SIGINT: playbook_run._on_signal, signal.SIGTERM: playbook_run._on_signal}
+    assert signal.getsignal(signal.SIGINT) is before

@@ -75,7 +75,8 @@ def build_parser():
     report.add_argument("--markdown", action="store_true", help="a Markdown table")
     report.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs)")
     report.add_argument("--report-dir", help="read the reports here (default: the dir the run wrote them to)")
-    report.add_argument("--limit", help="only these hosts (comma-separated names or shell patterns)")
+    report.add_argument("--limit", help="only these hosts (names or shell patterns, comma or colon separated, "
+                                         "!pattern excludes)")
     return parser
 
 
@@ -210,8 +211,14 @@ def _limit_hosts(hosts, limit):
     import fnmatch
     if not limit:
         return list(hosts)
-    patterns = [p.strip() for p in limit.split(",") if p.strip()]
-    return [h for h in hosts if any(fnmatch.fnmatchcase(h, p) for p in patterns)]
+    # As a playbook's --limit reads: comma or colon separated, "all", "!pattern" excludes (groups are
+    # not in a report: names and shell patterns only).
+    patterns = [p.strip() for p in limit.replace(":", ",").split(",") if p.strip()]
+    wanted = [p for p in patterns if not p.startswith("!")] or ["*"]
+    unwanted = [p[1:] for p in patterns if p.startswith("!")]
+    wanted = ["*" if p == "all" else p for p in wanted]
+    return [h for h in hosts if any(fnmatch.fnmatchcase(h, p) for p in wanted)
+            and not any(fnmatch.fnmatchcase(h, p) for p in unwanted)]
 
 
 def load_run_reports(args):

@@ -306,6 +306,12 @@ def test_report_limit_matching_no_host_exits_64(recorded, capsys):
     code, _out, err = main(["report", "--limit", "rank*", "--runs-dir", runs_dir], capsys)
     assert code == 64 and "--limit rank* matches no host of run 20261201T101737Z-ed44 (hosts: localhost)" in err
     assert main(["report", "--limit", "local*", "--runs-dir", runs_dir], capsys)[0] == 0
+    # The same pattern a playbook subcommand took: "!host" excluded everything matching nothing instead.
+    hosts = ["dgx1", "dgx2", "dgx3"]
+    assert cli._limit_hosts(hosts, "!dgx1") == ["dgx2", "dgx3"]
+    assert cli._limit_hosts(hosts, "all:!dgx2") == ["dgx1", "dgx3"]
+    assert cli._limit_hosts(hosts, "dgx*,!dgx3") == ["dgx1", "dgx2"]
+    assert main(["report", "--limit", "!localhost", "--runs-dir", runs_dir], capsys)[0] == 64
 
 
 def test_report_reads_a_report_dir_without_any_recorded_run(recorded, tmp_path, capsys):

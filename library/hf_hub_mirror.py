@@ -154,6 +154,13 @@ options:
     description: Seconds O(lease_file) may go unrenewed before the run stops itself.
     type: int
     default: 120
+  time_limit:
+    description:
+      - With O(lease_file) - seconds after which the run stops itself the same way (temp files removed, no ref
+        for an incomplete snapshot, the lock released) and fails saying so; set it below the task's C(async)
+        time limit, at which Ansible's async wrapper kills the run with SIGKILL instead. V(0) - none.
+    type: int
+    default: 0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -549,6 +556,7 @@ ARGUMENT_SPEC = dict(
     phase=dict(type="str", default="stage", choices=["stage", "verify"]),
     lease_file=dict(type="path"),
     lease_timeout=dict(type="int", default=120),
+    time_limit=dict(type="int", default=0),
 )
 
 
@@ -562,7 +570,7 @@ def main():
             problem = lease_dir_problem(params["dest"], params["lease_file"])
             if problem:
                 raise StageError("lease_file %s: %s" % (params["lease_file"], problem))
-            lease = LeaseWatch(params["lease_file"], params["lease_timeout"]).start()
+            lease = LeaseWatch(params["lease_file"], params["lease_timeout"], time_limit=params["time_limit"]).start()
         request = MirrorRequest(
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
             revision=params["revision"], allow_patterns=params["allow_patterns"],

@@ -555,10 +555,15 @@ class LeaseWatch(object):
     through its own interrupted path (workers stopped within a chunk, temp files removed, the repo lock
     released), instead of running on to the end holding the repo lock."""
 
-    def __init__(self, path, timeout, every=None, stop_process=None, clock=time.time):
+    def __init__(self, path, timeout, every=None, stop_process=None, clock=time.time, time_limit=None):
         self.path, self.timeout = path, float(timeout)
         self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0))
         self.fired = None
+        # time_limit: seconds after which the run stops itself the same way, before Ansible's async wrapper
+        # would SIGKILL it at its own limit (leaving temp files and the mirror's message unsaid).
+        self.time_limit = float(time_limit) if time_limit else None
+        self.deadline = clock() + self.time_limit if self.time_limit else None
+        self.timed_out = False
         self._clock = clock
         self._stop_process = stop_process or (lambda: os.kill(os.getpid(), signal.SIGTERM))
         self._done = threading.Event()
@@ -566,6 +571,9 @@ class LeaseWatch(object):
 
     def expired(self):
         """None while the lease holds, else why it does not."""
+        if self.deadline is not None and self._clock() >= self.deadline:
+            self.timed_out = True
+            return "its time limit of %d s was reached" % self.time_limit
         age = lease_age(self.path, self._clock())
         if age is None:
             return "its lease file %s is gone" % self.path
@@ -597,5 +605,8 @@ class LeaseWatch(object):
         self._done.set()
 
     def message(self):
+        if self.timed_out:
+            return ("stopped: %s (the background job's time limit, stage_async_timeout less a margin): raise "
+                    "stage_async_timeout (seconds) for a pass this long" % self.fired)
         return ("stopped: %s - the controller that started this background job is gone (killed or "
                 "interrupted) or stopped polling it" % self.fired)

@@ -457,6 +457,25 @@ def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_pat
     assert progress.lease_age(path) is None
 
 
+def test_a_renewed_lease_still_stops_the_job_at_its_time_limit_with_the_setting_to_raise(tmp_path):
+    # At stage_async_timeout the async wrapper SIGKILLs the job (temp files left, "Timeout exceeded"): the job
+    # stops itself first, through the interrupted path, saying which setting to raise.
+    path = str(tmp_path / "dgx-lease.t")
+    stopped = []
+    now = [time.time()]
+    watch = progress.LeaseWatch(path, 120, stop_process=lambda: stopped.append(True), clock=lambda: now[0],
+                                time_limit=600)
+    progress.renew_lease(path)
+    now[0] += 599
+    progress.renew_lease(path)
+    os.utime(path, (now[0], now[0]))
+    assert watch.check() is False and stopped == []
+    now[0] += 1
+    assert watch.check() is True and stopped == [True]
+    assert "time limit of 600 s was reached" in watch.message() and "raise stage_async_timeout" in watch.message()
+    assert progress.LeaseWatch(path, 120).deadline is None          # no time limit by default
+
+
 def test_a_started_lease_watch_fires_from_its_thread(tmp_path):
     path = str(tmp_path / "dgx-lease.x")
     fired = []

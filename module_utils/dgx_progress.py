@@ -563,6 +563,8 @@ class LeaseWatch(object):
         # would SIGKILL it at its own limit (leaving temp files and the mirror's message unsaid).
         self.time_limit = float(time_limit) if time_limit else None
         self.deadline = clock() + self.time_limit if self.time_limit else None
+        if self.time_limit and every is None:       # a short limit is looked at often enough to beat the wrapper
+            self.every = min(self.every, max(0.2, self.time_limit / 4.0))
         self.timed_out = False
         self._clock = clock
         self._stop_process = stop_process or (lambda: os.kill(os.getpid(), signal.SIGTERM))

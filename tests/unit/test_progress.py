@@ -474,6 +474,7 @@ def test_a_renewed_lease_still_stops_the_job_at_its_time_limit_with_the_setting_
     assert watch.check() is True and stopped == [True]
     assert "time limit of 600 s was reached" in watch.message() and "raise stage_async_timeout" in watch.message()
     assert progress.LeaseWatch(path, 120).deadline is None          # no time limit by default
+    assert progress.LeaseWatch(path, 120, time_limit=4).every == 1.0   # looked at before the wrapper's kill
 
 
 def test_a_started_lease_watch_fires_from_its_thread(tmp_path):

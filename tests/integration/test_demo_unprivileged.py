@@ -78,6 +78,18 @@ def writable_entries(root):
     return bad
 
 
+def mark_front_end_installed(repo):
+    """The copy's `make setup` stamp for the front end. Its name carries the work tree's path, so the copy
+    would re-run the editable install into the shared venv, which the unprivileged user cannot write; the
+    demo runs the copy's own dgx_stage (`python -m dgx_stage` from the copy) and needs no install."""
+    stamp = subprocess.check_output(
+        ["make", "-s", "--no-print-directory", "--eval", "print-pkg-stamp: ; @echo $(PKG_STAMP)", "print-pkg-stamp"],
+        cwd=repo, universal_newlines=True).strip()
+    if not os.path.exists(stamp):
+        with open(stamp, "w") as handle:
+            handle.write("copy of the work tree under test\n")
+
+
 def run_demo(sandbox, watched):
     """Two `make demo` runs as the unprivileged user in a copy of the work tree under sandbox; what they
     printed and what they wrote outside the copy's .cache/demo (of everything below watched)."""
@@ -87,6 +99,7 @@ def run_demo(sandbox, watched):
     if venv is None:
         return {"skip": "no Python the unprivileged user can run for the project venv"}
     os.symlink(venv, os.path.join(repo, ".venv"))
+    mark_front_end_installed(repo)
     os.makedirs(home)
     os.makedirs(tmp)
     if os.geteuid() == 0:

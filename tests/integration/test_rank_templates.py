@@ -2,7 +2,8 @@
 rank_patterns is the list ["engram/rank-{rank}-of-{world_size}/*"], expanded on each host from its place in
 the lane. Each host stages exactly the shared files plus its own rank's engram tables; its mount manifest
 binds the other rank's tables read-only from the NAS, every NAS snapshot file reachable through exactly one
-mount. A map form with a rank outside the lane is refused on every host before anything is written.
+mount, and the verify pass checks the index against the local shards and the other rank's NAS headers.
+A map form with a rank outside the lane is refused on every host before anything is written.
 
 The engram repo is generated here into the shared NAS hub (hubgen's writer: blobs named by their hash,
 snapshot links into ../blobs, one table in the hub-level store behind a relative link), beside hubgen's two repos."""
@@ -132,12 +133,14 @@ def test_each_rank_stages_the_shared_files_and_its_own_tables_and_binds_the_rest
         for rel in shared + own:
             assert sha256_file(str(snapshot / rel)) == repo["files"][rel]["sha256"], (host, rel)
 
-        # The verify pass checked the index against this rank's shards and left the other rank's out.
+        # The verify pass checked the index against this rank's shards on its disk and the other rank's
+        # shards against their headers on the NAS.
         [weights] = [r for result in host_results(data, "safetensors index against the shard headers", host)
                      for r in result["results"]]
         assert not weights.get("failed"), weights
-        assert sorted(weights["absent"]) == [p for p in other if p.endswith(".safetensors")], host
-        assert weights["shards"] == 3, weights
+        other_shards = [p for p in other if p.endswith(".safetensors")]
+        assert sorted(weights["absent"]) == other_shards and sorted(weights["nas_shards"]) == other_shards, host
+        assert (weights["shards"], weights["report"]["nas_shards"]) == (5, 2), weights
 
         # The manifest: shared and own files from this host's disk, the other rank's read-only from the NAS,
         # every NAS snapshot file reachable through exactly one mount, with the NAS file's bytes.

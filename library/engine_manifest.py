@@ -67,7 +67,10 @@ options:
         description: Accepted so C(stage_repos) entries pass validation; not used here.
         type: raw
       rank_patterns:
-        description: Accepted so C(stage_repos) entries pass validation; not used here.
+        description:
+          - Accepted so C(stage_repos) entries pass validation (a map rank -> patterns, or a list of templates
+            with C({rank}) and C({world_size})); not used here - whatever a rank staged is found on its local
+            disk, and every other file of the NAS snapshot is bound read-only from the NAS.
         type: raw
   plan:
     description:

@@ -59,6 +59,17 @@ options:
     type: list
     elements: str
     default: []
+  nas_path:
+    description:
+      - The NAS snapshot directory the local one was staged from, C(<NAS hub>/models--org--name/snapshots/<commit>).
+      - When given, the header of every shard left out on purpose (O(absent_ok)) and not on the local disk is read
+        there and checked like a local one - against the index's C(weight_map) and for keys in two shards - so a
+        rank's sparse copy is checked against the whole checkpoint it serves. RV(nas_shards) lists those shards.
+      - Its files are found through the hub's snapshot walker, C(nas_path)'s parents being the repo folder and the
+        NAS hub root - a shard is read only where its link chain ends at a regular file inside that NAS hub; one
+        that does not, or is missing there, fails the check naming it. Only headers are read (no tensor data).
+      - When omitted, such shards are skipped - listed in RV(absent), their keys not looked for.
+    type: path
   repo_id:
     description: The repo the snapshot belongs to; only echoed in RV(report), so a caller needs no shaping.
     type: str
@@ -86,6 +97,12 @@ EXAMPLES = r"""
 - name: Check the staged checkpoint's shard headers against its index
   safetensors_check:
     path: "{{ mirror.snapshot }}"
+
+- name: A rank's sparse copy - its own shards here, the ones it left on the NAS read there
+  safetensors_check:
+    path: "{{ mirror.snapshot }}"
+    absent_ok: "{{ mirror.excluded_paths }}"
+    nas_path: "{{ hub_nas_root }}/{{ mirror.snapshot | relpath(hub_local_root) }}"
 """
 
 RETURN = r"""
@@ -94,8 +111,13 @@ absent:
   returned: success
   type: list
   elements: str
+nas_shards:
+  description: Shards of RV(absent) whose headers were read from O(nas_path) and checked (empty without it).
+  returned: success
+  type: list
+  elements: str
 shards:
-  description: Number of shard files whose headers were checked.
+  description: Number of shard files whose headers were checked, on the local disk and (O(nas_path)) on the NAS.
   returned: success
   type: int
   sample: 69
@@ -133,6 +155,9 @@ report:
     tensors:
       description: As RV(tensors).
       type: int
+    nas_shards:
+      description: How many of them were read from the NAS (RV(nas_shards)).
+      type: int
 problems:
   description: Every problem found, one line each, naming the shard (and the tensor where there is one).
   returned: failure
@@ -151,6 +176,7 @@ ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),
     index=dict(type="str"),
     absent_ok=dict(type="list", elements="str", default=[]),
+    nas_path=dict(type="path"),
     repo_id=dict(type="str"),
 )
 
@@ -158,10 +184,12 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
-        result = check_snapshot(module.params["path"], module.params["index"], module.params["absent_ok"])
+        result = check_snapshot(module.params["path"], module.params["index"], module.params["absent_ok"],
+                                module.params["nas_path"])
     except StageError as exc:
         module.fail_json(msg=str(exc), problems=getattr(exc, "problems", [str(exc)]))
-    result["report"] = {"repo_id": module.params["repo_id"], "shards": result["shards"], "tensors": result["tensors"]}
+    result["report"] = {"repo_id": module.params["repo_id"], "shards": result["shards"], "tensors": result["tensors"],
+                        "nas_shards": len(result["nas_shards"])}
     module.exit_json(changed=False, **result)
 
 

@@ -35,6 +35,7 @@ import re
 import struct
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_hubcache import scan_snapshot
 
 DEFAULT_INDEX = "model.safetensors.index.json"
 # safetensors' MAX_HEADER_SIZE: the loader refuses a longer header whatever the file size.
@@ -400,6 +401,7 @@ class _ShardTally(object):
     def __init__(self):
         self.shard_problems, self.key_problems, self.details = [], [], []
         self.absent = []
+        self.nas = []        # absent shards whose header was read from the NAS snapshot
         self.keys = {}       # shard -> set of its tensor names
         self.owner = {}      # tensor name -> the first shard holding it
         self.checked = self.tensors = 0
@@ -451,48 +453,96 @@ def _check_weight_map(tally, weight_map, index_path):
                               "blob, re-stage and verify" % (index_path, name, shard, found))
 
 
-def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=()):
+class NasSnapshot(object):
+    """The NAS snapshot a rank's sparse copy was staged from, for the shards it left there.
+
+    `nas_path` is `<NAS hub>/<repo folder>/snapshots/<commit>`; its files are found through the hub's
+    snapshot walker (dgx_hubcache.scan_snapshot), so a shard is read only where its link chain ends at a
+    regular file inside that NAS hub. The walk is made once, on the first shard asked for.
+    """
+
+    def __init__(self, nas_path, local_snapshot):
+        self.path = os.path.abspath(nas_path)
+        self.local = os.path.abspath(local_snapshot)
+        self._entries = None
+
+    def _scan(self):
+        snapshots = os.path.dirname(self.path)
+        if os.path.basename(snapshots) != "snapshots" or not os.path.isdir(self.path):
+            raise StageError("nas_path %s is not a NAS snapshot directory (<NAS hub>/models--org--name/snapshots/"
+                             "<commit>); point it at the snapshot the local one was staged from" % self.path)
+        repo_dir = os.path.dirname(snapshots)
+        entries = scan_snapshot(repo_dir, os.path.basename(self.path), os.path.dirname(repo_dir), strict=False)
+        return dict((entry.path, entry) for entry in entries)
+
+    def source(self, local_path):
+        """(real path of the shard's content on the NAS, None) or (None, why it cannot be read there)."""
+        if self._entries is None:
+            self._entries = self._scan()
+        rel = os.path.relpath(os.path.normpath(local_path), self.local).replace(os.sep, "/")
+        entry = self._entries.get(rel)
+        nas_file = os.path.join(self.path, rel)
+        if entry is None:
+            return None, "shard %s is not on the local disk and %s is not in the NAS snapshot" % (rel, nas_file)
+        if entry.kind == "bad":
+            return None, "shard %s is not on the local disk and its NAS copy cannot be read: %s" % (rel, entry.problem)
+        return entry.source, None
+
+
+def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=(), nas=None):
     """Read every shard header; check keys against weight_map and for cross-shard duplicates.
 
-    absent_ok: absolute paths of shards left out on purpose (a rank's sparse copy); their
-    absence is not a problem and their keys are not looked for.
-    Returns {shards, tensors, checked_bytes, absent}. A broken shard does not stop the others
-    being checked: raises SafetensorsCheckError whose message names the failing shards first (up
-    to ten entries in all), then key problems, and whose ``problems`` lists every problem found.
+    absent_ok: absolute paths of shards left out on purpose (a rank's sparse copy). Without `nas` their
+    absence is not a problem and their keys are not looked for; with `nas` (a NasSnapshot) their headers
+    are read from the NAS snapshot instead and checked like the local ones.
+    Returns {shards (headers checked), tensors, checked_bytes, absent, nas_shards}. A broken shard does
+    not stop the others being checked: raises SafetensorsCheckError whose message names the failing
+    shards first (up to ten entries in all), then key problems, and whose ``problems`` lists every
+    problem found.
     """
     tally = _ShardTally()
     for shard in shards:
         path = _shard_path(base, shard)
         if not os.path.lexists(path) and os.path.normpath(path) in absent_ok:
             tally.absent.append(shard)
+            if nas is not None:
+                source, problem = nas.source(path)
+                if problem:
+                    tally.broken_shard(problem)
+                else:
+                    tally.nas.append(shard)
+                    _read_shard_into(tally, source, shard, index_path)
         else:
             _read_shard_into(tally, path, shard, index_path)
     _check_weight_map(tally, weight_map, index_path)
     if tally.shard_problems or tally.key_problems:
         raise SafetensorsCheckError("safetensors check failed in %s: %s"
                                     % (base, _summarise(tally.shard_problems + tally.key_problems)), tally.details)
-    return {"shards": len(shards) - len(tally.absent), "tensors": tally.tensors, "checked_bytes": tally.checked,
-            "absent": tally.absent}
+    return {"shards": len(shards) - len(tally.absent) + len(tally.nas), "tensors": tally.tensors,
+            "checked_bytes": tally.checked, "absent": tally.absent, "nas_shards": tally.nas}
 
 
-def check_snapshot(path, index=None, absent_ok=()):
+def check_snapshot(path, index=None, absent_ok=(), nas_path=None):
     """Check a snapshot dir: through its index if any, else its top-level *.safetensors files.
 
     absent_ok: snapshot-relative paths the staging patterns left out (they may be missing).
-    Returns {shards, tensors, checked_bytes, absent, index, msg}.
+    nas_path: the NAS snapshot those were left in; the headers of the absent shards are read there.
+    Returns {shards, tensors, checked_bytes, absent, nas_shards, index, msg}.
     """
     absent_ok = set(os.path.normpath(os.path.join(path, p)) for p in absent_ok)
     if not os.path.isdir(path):
         raise StageError("%s is not a directory; point path at a local snapshot dir "
                          "(<hub>/models--org--name/snapshots/<commit>)" % path)
+    nas = NasSnapshot(nas_path, path) if nas_path else None
     index_path = os.path.join(path, index or DEFAULT_INDEX)
     if os.path.lexists(index_path):
         weight_map = load_weight_map(index_path)
         base = os.path.dirname(index_path)
         shards = sorted(set(weight_map.values()))
-        result = check_shards(base, shards, weight_map, index_path, absent_ok)
-        result.update(index=index_path, msg="%d shards, %d tensors match %s" % (
-            result["shards"], result["tensors"], index_path))
+        result = check_shards(base, shards, weight_map, index_path, absent_ok, nas)
+        from_nas = " (%d of them read from the NAS)" % len(result["nas_shards"]) if result["nas_shards"] else ""
+        result.update(index=index_path, msg="%d shards%s, %d tensors match %s" % (
+            result["shards"], from_nas, result["tensors"], index_path))
         return result
     if index:
         raise StageError("%s does not exist; fix the index option or stage the index file"
@@ -500,7 +550,7 @@ def check_snapshot(path, index=None, absent_ok=()):
     # No index: loaders read every top-level *.safetensors, so check each and look for duplicates.
     shards = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
     if not shards:
-        return {"shards": 0, "tensors": 0, "checked_bytes": 0, "absent": [], "index": None,
+        return {"shards": 0, "tensors": 0, "checked_bytes": 0, "absent": [], "nas_shards": [], "index": None,
                 "msg": "no safetensors files in %s: nothing to check" % path}
     result = check_shards(path, shards)
     result.update(index=None, msg="no index; %d safetensors file(s), %d tensors checked" % (

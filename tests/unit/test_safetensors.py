@@ -332,6 +332,84 @@ def test_shards_left_out_on_purpose_may_be_absent_but_others_may_not(tmp_path):
         check_snapshot(str(snap))
 
 
+# --- a rank's sparse copy: the shards left on the NAS are checked there (nas_path) ----------------
+
+def sparse_copy(tmp_path):
+    """A NAS hub with both shards (../../blobs links) and a rank's local snapshot holding the index and
+    SHARD1 only: (local snapshot, NAS snapshot)."""
+    nas = make_snapshot(tmp_path / "nas" / "hub")
+    local = tmp_path / "local" / "hub" / "models--org--name" / "snapshots" / nas.name
+    local.mkdir(parents=True)
+    for name in ("model.safetensors.index.json", SHARD1):
+        (local / name).write_bytes((nas / name).read_bytes())
+    return local, nas
+
+
+def test_a_shard_left_on_the_nas_is_checked_from_its_nas_header(tmp_path):
+    local, nas = sparse_copy(tmp_path)
+    result = check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(nas))
+    assert result["absent"] == [SHARD2] and result["nas_shards"] == [SHARD2]
+    assert (result["shards"], result["tensors"]) == (2, 6)
+    assert result["checked_bytes"] == header_size(local / SHARD1) + header_size(nas / SHARD2)
+    assert "(1 of them read from the NAS)" in result["msg"]
+    # Without nas_path the shard is skipped, as before.
+    result = check_snapshot(str(local), absent_ok=[SHARD2])
+    assert (result["shards"], result["tensors"], result["nas_shards"]) == (1, 3, [])
+
+
+def test_the_index_is_checked_against_the_nas_header_of_a_shard_left_there(tmp_path):
+    """A key the index maps to the NAS shard that lacks it, and a key in a local and a NAS shard, both fail."""
+    local, nas = sparse_copy(tmp_path)
+    index = json.loads((local / "model.safetensors.index.json").read_text())
+    index["weight_map"]["layers.1.9.w"] = SHARD2
+    (local / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(StageError, match="maps layers.1.9.w to %s, but that shard lacks it" % SHARD2):
+        check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(nas))
+    assert check_snapshot(str(local), absent_ok=[SHARD2])["shards"] == 1     # not seen without nas_path
+
+    local, nas = sparse_copy(tmp_path / "dup")
+    write_shard(local / SHARD1, tensors("layers.1"))      # the local shard holds the NAS shard's keys
+    index = {"weight_map": dict([(k, SHARD1) for k in tensors("layers.1")] + [("other", SHARD2)])}
+    (local / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(StageError, match="Duplicate mapped checkpoint key: layers.1.0.w is in both"):
+        check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(nas))
+
+
+def test_a_nas_shard_whose_link_leaves_the_nas_hub_is_not_read(tmp_path):
+    local, nas = sparse_copy(tmp_path)
+    outside = write_shard(tmp_path / "elsewhere.safetensors", tensors("layers.1"))
+    blob = nas.parent.parent / "blobs" / ("blob-" + SHARD2)
+    blob.unlink()
+    blob.symlink_to(outside)
+    with pytest.raises(StageError) as err:
+        check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(nas))
+    assert SHARD2 in str(err.value) and "outside the source hub root" in str(err.value)
+
+
+def test_a_shard_missing_from_the_nas_snapshot_fails_naming_it(tmp_path):
+    local, nas = sparse_copy(tmp_path)
+    (nas / SHARD2).unlink()
+    with pytest.raises(StageError, match="%s is not on the local disk and .* is not in the NAS snapshot" % SHARD2):
+        check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(nas))
+
+
+def test_nas_path_must_be_a_snapshot_dir_and_is_only_read_for_an_absent_shard(tmp_path):
+    local, nas = sparse_copy(tmp_path)
+    with pytest.raises(StageError, match="not a NAS snapshot directory"):
+        check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(nas.parent.parent))
+    (local / SHARD2).write_bytes((nas / SHARD2).read_bytes())
+    result = check_snapshot(str(local), absent_ok=[SHARD2], nas_path=str(tmp_path / "no-such-nas"))
+    assert (result["shards"], result["nas_shards"], result["absent"]) == (2, [], [])
+
+
+def test_module_reports_the_shards_read_from_the_nas(tmp_path, capsys):
+    local, nas = sparse_copy(tmp_path)
+    result = run_main(capsys, {"path": str(local), "absent_ok": [SHARD2], "nas_path": str(nas), "repo_id": "org/name"})
+    assert not result.get("failed"), result
+    assert result["nas_shards"] == [SHARD2]
+    assert result["report"] == {"repo_id": "org/name", "shards": 2, "tensors": 6, "nas_shards": 1}
+
+
 # --- the format, exactly: a corpus of shards judged by the real safetensors loader ---------------
 
 def test_the_loader_is_the_pinned_version():

@@ -1,0 +1,143 @@
+# -*- coding: utf-8 -*-
+"""Stage role filter: which files of a stage_repos entry this host of the lane stages.
+
+dgx_stage_allow(repo, rank, world_size) -> the entry's allow patterns on the host of that rank: its
+                                           allow_patterns followed by its rank_patterns for that rank
+                                           ([] means the whole repo, as hf_hub_mirror reads no patterns)
+
+rank_patterns takes two forms:
+  - a list of templates, expanded on every rank: `{rank}` and `{world_size}` are replaced by the host's
+    position in the lane and the lane's size (`engram/rank-{rank}-of-{world_size}/*`), so one list serves a
+    lane of any size; a format spec is allowed (`{rank:02d}`);
+  - a map rank -> patterns (keys int or their text), taken literally: a key outside the lane is refused,
+    as a typo there would silently leave a rank with nothing of its own.
+
+Every problem raises AnsibleFilterError naming the repo and the pattern (or key), on every host alike.
+"""
+
+import string
+
+from ansible.errors import AnsibleFilterError
+
+PLACEHOLDERS = ("rank", "world_size")
+
+
+def _is_text(value):
+    return isinstance(value, str)
+
+
+def _repo_name(repo):
+    return repo.get("repo_id", "<no repo_id>") if isinstance(repo, dict) else repr(repo)
+
+
+def _as_int(value, what):
+    if isinstance(value, bool):
+        raise AnsibleFilterError("dgx_stage_allow: %s must be an integer, got %r" % (what, value))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("dgx_stage_allow: %s must be an integer, got %r" % (what, value))
+
+
+def _pattern_list(value, repo_name, where):
+    """A list of text patterns (a single text is refused: it would be read as one pattern per character)."""
+    if not isinstance(value, (list, tuple)):
+        raise AnsibleFilterError("stage_repos entry %s: %s must be a list of patterns, got %s %r"
+                                 % (repo_name, where, type(value).__name__, value))
+    for pattern in value:
+        if not _is_text(pattern):
+            raise AnsibleFilterError("stage_repos entry %s: %s holds %r, which is not a text pattern"
+                                     % (repo_name, where, pattern))
+    return list(value)
+
+
+def expand_template(template, rank, world_size, repo_name="<repo>"):
+    """One rank template with `{rank}` / `{world_size}` replaced; refuses any other placeholder, a
+    conversion (`{rank!r}`), a field access (`{rank.real}`) and an unbalanced brace."""
+    values = {"rank": rank, "world_size": world_size}
+    out = []
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r is malformed (%s); use "
+                                 "{rank} and {world_size}, each brace in a pair"
+                                 % (repo_name, template, exc))
+    for literal, field, spec, conversion in fields:
+        out.append(literal)
+        if field is None:
+            continue
+        if field not in PLACEHOLDERS or conversion is not None:
+            shown = "{" + field + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
+            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the unknown "
+                                     "placeholder %s; only {rank} and {world_size} are known"
+                                     % (repo_name, template, shown))
+        if "{" in spec:
+            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r nests a placeholder in "
+                                     "the format spec of {%s}" % (repo_name, template, field))
+        try:
+            out.append(format(values[field], spec))
+        except ValueError as exc:
+            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the format spec "
+                                     "%r for {%s}, which an integer does not take (%s)"
+                                     % (repo_name, template, spec, field, exc))
+    return "".join(out)
+
+
+def _map_patterns(rank_patterns, rank, world_size, repo_name):
+    chosen = []
+    for key, patterns in rank_patterns.items():
+        if isinstance(key, bool):
+            key_rank = None
+        elif isinstance(key, int):
+            key_rank = key
+        elif _is_text(key) and key.strip().isdigit():
+            key_rank = int(key.strip())
+        else:
+            key_rank = None
+        if key_rank is None or not 0 <= key_rank < world_size:
+            raise AnsibleFilterError(
+                "stage_repos entry %s: rank_patterns has the key %r, which is not a rank of this lane "
+                "(0 to %d for its %d hosts): a typo here would leave that rank with nothing of its own; "
+                "a list of templates with {rank} and {world_size} fits any lane size"
+                % (repo_name, key, world_size - 1, world_size))
+        patterns = _pattern_list(patterns, repo_name, "rank_patterns[%r]" % (key,))
+        if key_rank == rank:
+            chosen.extend(patterns)
+    return chosen
+
+
+def stage_allow(repo, rank, world_size):
+    """The allow patterns of one stage_repos entry on the host of `rank` in a lane of `world_size` hosts:
+    allow_patterns, then the rank's own (expanded templates, or the map's entry), duplicates dropped."""
+    if not isinstance(repo, dict):
+        raise AnsibleFilterError("dgx_stage_allow: a stage_repos entry must be a dict, got %r" % (repo,))
+    repo_name = _repo_name(repo)
+    rank = _as_int(rank, "the rank (lane_rank)")
+    world_size = _as_int(world_size, "the world size (lane_world_size)")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise AnsibleFilterError("dgx_stage_allow: rank %d is not in a lane of %d hosts" % (rank, world_size))
+    allow = repo.get("allow_patterns")
+    allow = [] if allow is None else _pattern_list(allow, repo_name, "allow_patterns")
+    rank_patterns = repo.get("rank_patterns")
+    if rank_patterns is None:
+        own = []
+    elif isinstance(rank_patterns, dict):
+        own = _map_patterns(rank_patterns, rank, world_size, repo_name)
+    elif isinstance(rank_patterns, (list, tuple)):
+        own = [expand_template(t, rank, world_size, repo_name)
+               for t in _pattern_list(rank_patterns, repo_name, "rank_patterns")]
+    else:
+        raise AnsibleFilterError(
+            "stage_repos entry %s: rank_patterns must be a list of templates with {rank} and {world_size} "
+            "(engram/rank-{rank}-of-{world_size}/*) or a map rank -> patterns, got %s %r"
+            % (repo_name, type(rank_patterns).__name__, rank_patterns))
+    result = []
+    for pattern in allow + own:
+        if pattern not in result:
+            result.append(pattern)
+    return result
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"dgx_stage_allow": stage_allow}

@@ -1,0 +1,202 @@
+"""Rank templates on a lane of two local-connection hosts (issue 14, item 1): one stage_repos entry whose
+rank_patterns is the list ["engram/rank-{rank}-of-{world_size}/*"], expanded on each host from its place in
+the lane. Each host stages exactly the shared files plus its own rank's engram tables; its mount manifest
+binds the other rank's tables read-only from the NAS, every NAS snapshot file reachable through exactly one
+mount, and the verify pass checks the index against the local shards and the other rank's NAS headers.
+A map form with a rank outside the lane is refused on every host before anything is written.
+
+The engram repo is generated here into the shared NAS hub (hubgen's writer: blobs named by their hash,
+snapshot links into ../blobs, one table in the hub-level store behind a relative link), beside hubgen's two repos."""
+import json
+import os
+
+import pytest
+
+import hubgen
+from conftest import failures, run_playbook
+from treestate import sha256_file
+
+ENGRAM_REPO = "dgx-stage/engram-lane-test"
+WORLD_SIZE = 2
+HOSTS = ["rank0", "rank1"]
+TAGS = "preflight,stage,verify,manifest"
+SHARED_PATTERNS = ["config.json", "model*", "engram/shared/*"]
+RANK_TEMPLATES = ["engram/rank-{rank}-of-{world_size}/*"]
+
+
+def rank_dir(rank):
+    return "engram/rank-%d-of-%d" % (rank, WORLD_SIZE)
+
+
+def _add_engram_repo(nas):
+    """Write ENGRAM_REPO into the NAS hub: shared files (config, dense shard, index, engram/shared/) and per
+    rank two engram table shards and a meta file; the index maps every tensor, the tables' included.
+    Returns {"folder", "commit", "files": {snapshot path: sha256 and etag}}."""
+    hub = hubgen._Hub(nas["hub"], 7, False)
+    repo_dir = hubgen._new_repo(nas["hub"], ENGRAM_REPO)
+    commit = hubgen._commit(7, ENGRAM_REPO + "@main")
+    snap = os.path.join(repo_dir, "snapshots", commit)
+    os.makedirs(snap)
+    files, weight_map, total = {}, {}, 0
+
+    def put(rel, data, lfs=False, form=hubgen.FORM_REAL):
+        info = hub.put_bytes(repo_dir, data, lfs=lfs, form=form)
+        hub.link(snap, rel, repo_dir, info["etag"])
+        files[rel] = hubgen._file_entry(info)
+
+    def put_shard(rel, tensors, form=hubgen.FORM_REAL):
+        nonlocal total
+        data = hubgen.write_safetensors(None, tensors)
+        for name, raw in tensors.items():
+            weight_map[name] = rel
+            total += len(raw)
+        put(rel, data, lfs=True, form=form)
+
+    put("config.json", hubgen._json_bytes({"architectures": ["DeepseekV4ForCausalLM"], "engram_ranks": WORLD_SIZE}))
+    put("engram/shared/vocab.json", hubgen._json_bytes({"ngram": 3, "buckets": 4096}))
+    put_shard("model-00001-of-00001.safetensors",
+              {"model.embed_tokens.weight": hubgen._small_bytes(7, "dense", 4096)})
+    for rank in range(WORLD_SIZE):
+        put(rank_dir(rank) + "/meta.json", hubgen._json_bytes({"rank": rank, "world_size": WORLD_SIZE}))
+        for table in range(2):
+            label = "engram.%d.table.%d" % (rank, table)
+            form = hubgen.FORM_REL_STORE if (rank, table) == (1, 0) else hubgen.FORM_REAL
+            put_shard("%s/table-%05d.safetensors" % (rank_dir(rank), table),
+                      {label + ".keys": hubgen._small_bytes(7, label + "k", 2048),
+                       label + ".values": hubgen._small_bytes(7, label + "v", 3072)}, form)
+    put("model.safetensors.index.json",
+        hubgen._json_bytes({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}))
+    hubgen._write_trees(hub, repo_dir, commit, files)
+    hubgen._write_text(os.path.join(repo_dir, "refs", "main"), commit)
+    return {"folder": hubgen.repo_folder(ENGRAM_REPO), "commit": commit, "files": files}
+
+
+@pytest.fixture
+def engram_nas(nas_hub):
+    """The shared NAS hub with the engram repo added, read-only again (checked unchanged at teardown)."""
+    nas_hub.thaw()
+    try:
+        repo = _add_engram_repo(nas_hub)
+    finally:
+        nas_hub.freeze()
+    return nas_hub["hub"], repo
+
+
+def write_lane(tmp_path, nas, rank_patterns):
+    """Two local-connection hosts in one lane group, each with its own hub_local_root (<tmp>/<host>/hub),
+    so each host's manifest is <tmp>/<host>/engine-mounts.json."""
+    members = dict((name, {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                           "hub_local_root": str(tmp_path / name / "hub")}) for name in HOSTS)
+    group_vars = {"lane": "sglang_2x", "hub_nas_root": nas, "engine_enabled": False, "stage_verify": "full",
+                  "stage_report_dir": str(tmp_path / "reports"),
+                  "stage_repos": [{"repo_id": ENGRAM_REPO, "allow_patterns": SHARED_PATTERNS,
+                                   "rank_patterns": rank_patterns}]}
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps({"all": {"children": {"sglang_2x": {"hosts": members}}, "vars": group_vars}}))
+    return str(path)
+
+
+def snapshot_files(snapshot):
+    """Snapshot-relative paths of every file (link or real) under a snapshot directory."""
+    found = []
+    for dirpath, _dirs, names in os.walk(snapshot):
+        found.extend(os.path.relpath(os.path.join(dirpath, n), snapshot) for n in names)
+    return sorted(found)
+
+
+def host_results(data, name_part, host):
+    return [task["hosts"][host] for play in data["plays"] for task in play["tasks"]
+            if name_part in task["task"]["name"] and host in task["hosts"]]
+
+
+def test_each_rank_stages_the_shared_files_and_its_own_tables_and_binds_the_rest_from_the_nas(tmp_path, engram_nas):
+    nas, repo = engram_nas
+    inventory = write_lane(tmp_path, nas, RANK_TEMPLATES)
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
+    assert code == 0, failures(data)
+
+    every = sorted(repo["files"])
+    shared = sorted(p for p in every if not p.startswith("engram/rank-"))
+    assert shared == ["config.json", "engram/shared/vocab.json", "model-00001-of-00001.safetensors",
+                      "model.safetensors.index.json"]
+    for rank, host in enumerate(HOSTS):
+        own = sorted(p for p in every if p.startswith(rank_dir(rank) + "/"))
+        other = sorted(set(every) - set(shared) - set(own))
+        assert len(own) == 3 and len(other) == 3
+        local = tmp_path / host / "hub"
+
+        # Exactly the shared files and this rank's: snapshot entries and the blobs behind them.
+        snapshot = local / repo["folder"] / "snapshots" / repo["commit"]
+        assert snapshot_files(str(snapshot)) == sorted(shared + own), host
+        blobs = sorted(os.listdir(str(local / repo["folder"] / "blobs")))
+        assert blobs == sorted(repo["files"][p]["etag"] for p in shared + own), host
+        for rel in shared + own:
+            assert sha256_file(str(snapshot / rel)) == repo["files"][rel]["sha256"], (host, rel)
+
+        # The verify pass checked the index against this rank's shards on its disk and the other rank's
+        # shards against their headers on the NAS.
+        [weights] = [r for result in host_results(data, "safetensors index against the shard headers", host)
+                     for r in result["results"]]
+        assert not weights.get("failed"), weights
+        other_shards = [p for p in other if p.endswith(".safetensors")]
+        assert sorted(weights["absent"]) == other_shards and sorted(weights["nas_shards"]) == other_shards, host
+        assert (weights["shards"], weights["report"]["nas_shards"]) == (5, 2), weights
+
+        # The manifest: shared and own files from this host's disk, the other rank's read-only from the NAS,
+        # every NAS snapshot file reachable through exactly one mount, with the NAS file's bytes.
+        with open(str(tmp_path / host / "engine-mounts.json")) as handle:
+            manifest = json.load(handle)
+        [record] = manifest["repos"]
+        assert record["commit"] == repo["commit"]
+        for mount in manifest["mounts"]:
+            assert mount["read_only"] is True
+        for rel in every:
+            target = record["target"] + "/" + rel
+            covering = [m for m in manifest["mounts"]
+                        if target == m["target"] or target.startswith(m["target"] + "/")]
+            assert len(covering) == 1, (host, rel, covering)
+            mount = covering[0]
+            source = mount["source"] if target == mount["target"] else os.path.join(
+                mount["source"], os.path.relpath(target, mount["target"]))
+            if rel in other:
+                assert mount["origin"] == "nas" and mount["source"].startswith(nas + os.sep), (host, rel, mount)
+                assert os.path.realpath(source).startswith(os.path.realpath(nas) + os.sep), (host, rel, mount)
+            else:
+                assert mount["origin"] == "local", (host, rel, mount)
+                assert os.path.realpath(source).startswith(os.path.realpath(str(local)) + os.sep), (host, rel, mount)
+            assert sha256_file(source) == repo["files"][rel]["sha256"], (host, rel)
+        assert manifest["counts"]["local"] == len(shared) + len(own), (host, manifest["counts"])
+
+    # A second run finds everything in place.
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
+    assert code == 0, failures(data)
+    assert all(data["stats"][host]["changed"] == 0 for host in HOSTS), data["stats"]
+
+
+def test_the_map_form_picks_each_rank_entry_keyed_by_text(tmp_path, engram_nas):
+    """The older map form still works with text keys (as a YAML inventory may write them)."""
+    nas, repo = engram_nas
+    rank_patterns = dict((str(rank), [rank_dir(rank) + "/table-00001.safetensors"]) for rank in range(WORLD_SIZE))
+    inventory = write_lane(tmp_path, nas, rank_patterns)
+    code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage")
+    assert code == 0, failures(data)
+    for rank, host in enumerate(HOSTS):
+        snapshot = tmp_path / host / "hub" / repo["folder"] / "snapshots" / repo["commit"]
+        own = [p for p in snapshot_files(str(snapshot)) if p.startswith("engram/rank-")]
+        assert own == [rank_dir(rank) + "/table-00001.safetensors"], (host, own)
+
+
+@pytest.mark.parametrize("rank_patterns,named", [
+    ({0: ["engram/rank-0-of-2/*"], 2: ["engram/rank-2-of-2/*"]}, "the key '2'"),
+    (["engram/rank-{rank}-of-{ranks}/*"], "{ranks}"),
+])
+def test_a_bad_rank_pattern_fails_every_host_before_anything_is_written(tmp_path, engram_nas, rank_patterns, named):
+    nas, _repo = engram_nas
+    inventory = write_lane(tmp_path, nas, rank_patterns)
+    code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage")
+    assert code != 0
+    for host in HOSTS:
+        [preflight] = host_results(data, "Each repo from the NAS hub to the local hub, pass preflight", host)
+        messages = [r.get("msg", "") for r in preflight.get("results", []) if r.get("failed")]
+        assert messages and ENGRAM_REPO in messages[0] and named in messages[0], (host, failures(data), preflight)
+        assert not (tmp_path / host / "hub").exists(), host

@@ -1,0 +1,139 @@
+"""The stage role's rank filter (roles/stage/filter_plugins/stage_lane.py): the allow patterns of a
+stage_repos entry on one rank of the lane - rank templates with {rank} / {world_size}, the older map
+rank -> patterns, and the errors that name the repo and the pattern."""
+import importlib.util
+import os
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLUGIN = os.path.join(REPO_ROOT, "roles", "stage", "filter_plugins", "stage_lane.py")
+
+
+def load_plugin():
+    spec = importlib.util.spec_from_file_location("stage_lane_filter_under_test", PLUGIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+lane = load_plugin()
+REPO = "deepseek-ai/DeepSeek-V4-Flash"
+TEMPLATES = ["engram/rank-{rank}-of-{world_size}/*", "engram/meta-{world_size}.json"]
+
+
+def entry(**extra):
+    return dict({"repo_id": REPO, "allow_patterns": ["*.json", "*.py"]}, **extra)
+
+
+def test_the_filter_is_registered_under_its_documented_name():
+    assert lane.FilterModule().filters()["dgx_stage_allow"] is lane.stage_allow
+
+
+@pytest.mark.parametrize("rank,world_size", [(0, 2), (1, 2), (3, 4)])
+def test_templates_expand_both_placeholders_per_rank_after_the_common_patterns(rank, world_size):
+    assert lane.stage_allow(entry(rank_patterns=TEMPLATES), rank, world_size) == [
+        "*.json", "*.py", "engram/rank-%d-of-%d/*" % (rank, world_size), "engram/meta-%d.json" % world_size]
+
+
+def test_rank_and_world_size_as_text_as_set_fact_may_leave_them():
+    assert lane.stage_allow(entry(rank_patterns=TEMPLATES), "1", "4")[2] == "engram/rank-1-of-4/*"
+
+
+def test_a_format_spec_pads_the_rank():
+    assert lane.stage_allow(entry(rank_patterns=["part-{rank:02d}-{world_size:03d}/*"]), 3, 4)[-1] == \
+        "part-03-004/*"
+
+
+def test_no_rank_patterns_gives_the_common_patterns_and_none_at_all_the_whole_repo():
+    assert lane.stage_allow(entry(), 0, 4) == ["*.json", "*.py"]
+    assert lane.stage_allow(entry(rank_patterns=None), 0, 4) == ["*.json", "*.py"]
+    assert lane.stage_allow({"repo_id": REPO}, 2, 4) == []
+
+
+def test_a_template_without_allow_patterns_alone_selects_the_rank_files():
+    assert lane.stage_allow({"repo_id": REPO, "rank_patterns": TEMPLATES[:1]}, 1, 2) == ["engram/rank-1-of-2/*"]
+
+
+def test_duplicates_are_dropped_keeping_the_first_place():
+    assert lane.stage_allow(entry(rank_patterns=["*.json", "r{rank}/*"]), 0, 1) == ["*.json", "*.py", "r0/*"]
+
+
+@pytest.mark.parametrize("key0,key1", [(0, 1), ("0", "1")])
+def test_the_map_form_keyed_by_rank_number_or_its_text_picks_the_rank_entry(key0, key1):
+    repo = entry(rank_patterns={key0: ["model-00001.safetensors"], key1: ["model-00002.safetensors"]})
+    assert lane.stage_allow(repo, 0, 2) == ["*.json", "*.py", "model-00001.safetensors"]
+    assert lane.stage_allow(repo, 1, 2) == ["*.json", "*.py", "model-00002.safetensors"]
+
+
+def test_the_map_form_is_taken_literally_not_expanded():
+    repo = entry(rank_patterns={0: ["odd{name}.bin"]})
+    assert lane.stage_allow(repo, 0, 2)[-1] == "odd{name}.bin"
+
+
+def test_a_rank_the_map_leaves_out_gets_only_the_common_patterns():
+    assert lane.stage_allow(entry(rank_patterns={0: ["a"]}), 1, 2) == ["*.json", "*.py"]
+
+
+def _error(repo, rank=0, world_size=2):
+    with pytest.raises(AnsibleFilterError) as info:
+        lane.stage_allow(repo, rank, world_size)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("template,shown", [
+    ("engram/rank-{foo}/*", "{foo}"),
+    ("engram/rank-{}/*", "{}"),
+    ("engram/rank-{0}/*", "{0}"),
+    ("engram/rank-{rank!r}/*", "{rank!r}"),
+    ("engram/rank-{rank.real}/*", "{rank.real}"),
+])
+def test_an_unknown_placeholder_is_refused_naming_repo_pattern_and_placeholder(template, shown):
+    message = _error(entry(rank_patterns=["ok-{rank}", template]))
+    assert REPO in message and repr(template) in message and shown in message and "unknown placeholder" in message
+
+
+@pytest.mark.parametrize("template", ["engram/rank-{rank/*", "engram/rank-rank}/*", "engram/{rank}}/*"])
+def test_an_unbalanced_brace_is_refused_naming_repo_and_pattern(template):
+    message = _error(entry(rank_patterns=[template]))
+    assert REPO in message and repr(template) in message and "malformed" in message
+
+
+def test_a_format_spec_an_integer_does_not_take_is_refused():
+    message = _error(entry(rank_patterns=["r{rank:s}/*"]))
+    assert REPO in message and "'r{rank:s}/*'" in message
+
+
+@pytest.mark.parametrize("value", ["engram/rank-{rank}/*", 3, True])
+def test_rank_patterns_neither_list_nor_map_is_refused(value):
+    message = _error(entry(rank_patterns=value))
+    assert REPO in message and "list of templates" in message and "map" in message and repr(value) in message
+
+
+def test_a_non_text_template_is_refused():
+    message = _error(entry(rank_patterns=["a", 7]))
+    assert REPO in message and "7" in message
+
+
+@pytest.mark.parametrize("key", [2, "2", -1, "one", True])
+def test_a_map_key_outside_the_lane_is_refused_on_every_rank(key):
+    repo = entry(rank_patterns={0: ["a"], key: ["b"]})
+    for rank in (0, 1):
+        message = _error(repo, rank, 2)
+        assert REPO in message and repr(key) in message and "0 to 1" in message
+
+
+def test_a_map_value_that_is_not_a_list_is_refused():
+    message = _error(entry(rank_patterns={0: "model-00001.safetensors"}))
+    assert REPO in message and "rank_patterns[0]" in message
+
+
+def test_allow_patterns_as_text_is_refused():
+    assert "allow_patterns" in _error({"repo_id": REPO, "allow_patterns": "*.json"})
+
+
+@pytest.mark.parametrize("rank,world_size", [(2, 2), (-1, 2), (0, 0), ("x", 2)])
+def test_a_rank_outside_its_lane_is_refused(rank, world_size):
+    with pytest.raises(AnsibleFilterError):
+        lane.stage_allow(entry(rank_patterns=TEMPLATES), rank, world_size)

@@ -92,8 +92,8 @@ unit: setup ## unit tests (tests/unit)
 # (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.
 DOCKER_RUN := scripts/docker-daemon.sh run --
 
-integration: setup system-packages ## integration tests (tests/integration; a Docker daemon for the run)
-	@$(DOCKER_RUN) bash -c '$(call pytest,tests/integration)'
+integration: setup system-packages ## integration tests (tests/integration; a Docker daemon for the run; the 15 slowest listed)
+	@$(DOCKER_RUN) bash -c '$(call pytest,--durations=15 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
 molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine (a Docker daemon for the run)

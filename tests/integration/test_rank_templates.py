@@ -187,7 +187,7 @@ def test_the_map_form_picks_each_rank_entry_keyed_by_text(tmp_path, engram_nas):
 
 
 @pytest.mark.parametrize("rank_patterns,named", [
-    ({0: ["engram/rank-0-of-2/*"], 2: ["engram/rank-2-of-2/*"]}, "the key '2'"),
+    ({0: ["engram/rank-0-of-2/*"], "one": ["engram/rank-1-of-2/*"]}, "the key 'one'"),
     (["engram/rank-{rank}-of-{ranks}/*"], "{ranks}"),
 ])
 def test_a_bad_rank_pattern_fails_every_host_before_anything_is_written(tmp_path, engram_nas, rank_patterns, named):

@@ -116,12 +116,20 @@ def test_a_non_text_template_is_refused():
     assert REPO in message and "7" in message
 
 
-@pytest.mark.parametrize("key", [2, "2", -1, "one", True])
-def test_a_map_key_outside_the_lane_is_refused_on_every_rank(key):
+@pytest.mark.parametrize("key", [-1, "-1", "one", True, "\u00b2", "\u0661"])
+def test_a_map_key_that_is_not_a_rank_number_is_refused_on_every_rank(key):
     repo = entry(rank_patterns={0: ["a"], key: ["b"]})
     for rank in (0, 1):
         message = _error(repo, rank, 2)
-        assert REPO in message and repr(key) in message and "0 to 1" in message
+        assert REPO in message and repr(key) in message and "not a rank number" in message
+
+
+@pytest.mark.parametrize("key", [2, "3"])
+def test_a_map_written_for_a_larger_lane_serves_a_smaller_one(key):
+    """The map form as it always worked: one stage_repos for the 4x and the 2x lane of the same nodes."""
+    repo = entry(rank_patterns={0: ["a"], 1: ["b"], key: ["c"]})
+    assert [lane.stage_allow(repo, rank, 2)[-1:] for rank in (0, 1)] == [["a"], ["b"]]
+    assert "c" not in lane.stage_allow(repo, 0, 2) + lane.stage_allow(repo, 1, 2)
 
 
 def test_a_map_value_that_is_not_a_list_is_refused():

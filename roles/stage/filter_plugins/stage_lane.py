@@ -9,12 +9,14 @@ rank_patterns takes two forms:
   - a list of templates, expanded on every rank: `{rank}` and `{world_size}` are replaced by the host's
     position in the lane and the lane's size (`engram/rank-{rank}-of-{world_size}/*`), so one list serves a
     lane of any size; a format spec is allowed (`{rank:02d}`);
-  - a map rank -> patterns (keys int or their text), taken literally: a key outside the lane is refused,
-    as a typo there would silently leave a rank with nothing of its own.
+  - a map rank -> patterns (keys int or their text), taken literally: a key that is not a rank number is
+    refused, as a typo there would silently leave a rank with nothing of its own; a key past the lane's
+    size is skipped (one map serves lanes of different sizes, as it always did).
 
 Every problem raises AnsibleFilterError naming the repo and the pattern (or key), on every host alike.
 """
 
+import re
 import string
 
 from ansible.errors import AnsibleFilterError
@@ -84,22 +86,23 @@ def expand_template(template, rank, world_size, repo_name="<repo>"):
 
 
 def _map_patterns(rank_patterns, rank, world_size, repo_name):
+    """The map form: keys are rank numbers (int or ASCII digits). A key past this lane's size is skipped, as
+    before templates existed: one map written for the 4x lane serves the 2x lane too."""
     chosen = []
     for key, patterns in rank_patterns.items():
         if isinstance(key, bool):
             key_rank = None
         elif isinstance(key, int):
             key_rank = key
-        elif _is_text(key) and key.strip().isdigit():
+        elif _is_text(key) and re.match(r"^[0-9]+$", key.strip()):
             key_rank = int(key.strip())
         else:
             key_rank = None
-        if key_rank is None or not 0 <= key_rank < world_size:
+        if key_rank is None or key_rank < 0:
             raise AnsibleFilterError(
-                "stage_repos entry %s: rank_patterns has the key %r, which is not a rank of this lane "
-                "(0 to %d for its %d hosts): a typo here would leave that rank with nothing of its own; "
-                "a list of templates with {rank} and {world_size} fits any lane size"
-                % (repo_name, key, world_size - 1, world_size))
+                "stage_repos entry %s: rank_patterns has the key %r, which is not a rank number (0, 1, ...): "
+                "a typo here would leave that rank with nothing of its own; a list of templates with {rank} "
+                "and {world_size} fits any lane size" % (repo_name, key))
         patterns = _pattern_list(patterns, repo_name, "rank_patterns[%r]" % (key,))
         if key_rank == rank:
             chosen.extend(patterns)

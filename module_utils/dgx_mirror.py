@@ -154,6 +154,8 @@ def parse_reserve(value, disk_total):
 
 
 def human_bytes(count):
+    """Binary units, one decimal: 17 B, 3.2 KiB, 812.0 MiB, 12.3 GiB, 1.2 TiB (None reads as 0 B)."""
+    count = count or 0
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(count) < 1024 or unit == "TiB":
             return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))

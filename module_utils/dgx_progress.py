@@ -25,6 +25,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hubcache import repo_folder_name
+from ansible.module_utils.dgx_mirror import human_bytes
 from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalTree, linked_dir_problem
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
@@ -306,17 +307,6 @@ def shape_progress(figures, repo_id, phase):
 
 
 # ---- the line -------------------------------------------------------------------------------------------
-
-def human_bytes(size):
-    """Binary units, one decimal: 17 B, 3.2 KiB, 812.0 MiB, 12.3 GiB, 1.2 TiB."""
-    size = float(size or 0)
-    if size < 1024:
-        return "%d B" % size
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024.0
-        if size < 1024 or unit == "TiB":
-            return "%.1f %s" % (size, unit)
-
 
 def human_rate(mib_per_s):
     """812 MiB/s, 9.5 MiB/s."""

@@ -21,6 +21,7 @@ import stat
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
+from ansible.module_utils.dgx_mirror import human_bytes
 
 PROGRESS_NAME = "dgx-stage.progress.json"   # dgx_transfer.PROGRESS_NAME (kept import-light here)
 PROGRESS_MAX_BYTES = 1024 * 1024
@@ -30,16 +31,6 @@ EXITED = ("exited", "stopped", "dead")
 ABSENT_WORDS = ("no such container", "no such object", "not found on this host")
 
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-
-
-def human_bytes(count):
-    """1.2 GiB, 512.0 KiB, 17 B."""
-    value = float(count or 0)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return "%d B" % value if unit == "B" else "%.1f %s" % (value, unit)
-        value /= 1024.0
-    return "%d B" % count
 
 
 # ------------------------------------------------------------------------------------------------

@@ -35,6 +35,18 @@ RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
 STALE_RECEIPTS = receipt_roots()   # the engine's receipt roots, as the receipts play clears them
 
 
+def plant_stale_receipts(parent):
+    """Yesterday's receipt roots under parent, read-only as the root-owned ones of the log: the receipts
+    play clears them."""
+    for name in STALE_RECEIPTS:
+        root = os.path.join(parent, name)
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, "worker.json"), "w") as handle:
+            handle.write('{"run": "yesterday"}\n')
+        os.chmod(os.path.join(root, "worker.json"), 0o444)
+        os.chmod(root, 0o555)
+
+
 def ensure_nas_hub():
     if os.path.isdir(NAS_HUB):
         return
@@ -42,14 +54,7 @@ def ensure_nas_hub():
     desc = hubgen.build_nas_hub(NAS_PARENT, shard_size=SHARD_SIZE, n_shards=6)
     print("demo: built a synthetic NAS hub at %s (%d repos) in %.1f s"
           % (desc["hub"], len(desc["repos"]), desc["duration_s"]))
-    # Yesterday's receipts, read-only as the root-owned ones of the log: the receipts play clears them.
-    for name in STALE_RECEIPTS:
-        root = os.path.join(RECEIPT_PARENT, name)
-        os.makedirs(root, exist_ok=True)
-        with open(os.path.join(root, "worker.json"), "w") as handle:
-            handle.write('{"run": "yesterday"}\n')
-        os.chmod(os.path.join(root, "worker.json"), 0o444)
-        os.chmod(root, 0o555)
+    plant_stale_receipts(RECEIPT_PARENT)
     print("demo: planted stale engine receipts under %s" % RECEIPT_PARENT)
 
 

@@ -62,6 +62,15 @@ MIN_SHARD_SIZE = 1024
 # hashing helpers (public: other tests use them)
 # --------------------------------------------------------------------------------------------
 
+def flip_byte(path, offset):
+    """A fault the tests inject: invert the byte at offset in place (same size, same inode, wrong hash)."""
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
 def git_blob_sha1(data):
     """Git blob id of ``data``: sha1(b"blob <size>\\0" + data), 40 hex. Regular hub files are named by it."""
     h = hashlib.sha1(b"blob %d\0" % len(data))

@@ -24,11 +24,12 @@ import sys
 import pytest
 
 import hubgen
-from project import receipt_roots
 from test_demo_unprivileged import copy_worktree
 from treestate import set_writable, snapshot_diff, tree_snapshot
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
+import demo  # noqa: E402  (scripts/demo.py: how `make demo` plants the stale receipts)
 RUNBOOK_DIR = os.path.join(REPO_ROOT, "docs", "runbooks")
 CONSOLE_BLOCK = re.compile(r"^```console[ \t]*\n(.*?)^```", re.M | re.S)
 EXPECTED_EXIT = re.compile(r"#\s*exits\s+(\d+)\s*$")
@@ -184,14 +185,6 @@ def shard_blob(hub, repo_id, index=0):
     return os.path.realpath(os.path.join(snapshot, shard))
 
 
-def flip_byte(path, offset):
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-
-
 def new_nas_revision(work):
     """The NAS hub got a new revision of the drafter (its main ref moved): a new config.json, the rest shared."""
     with WritableNas(work) as hub:
@@ -232,20 +225,14 @@ def wrong_shard_in_place(work):
 def corrupt_local_blob(work):
     """After a disk swap the local copy came back with a flipped byte in the middle of a shard."""
     blob = shard_blob(os.path.join(work, LOCAL_HUB), hubgen.MAIN_REPO, 2)
-    flip_byte(blob, os.path.getsize(blob) // 2 + 12345)
+    hubgen.flip_byte(blob, os.path.getsize(blob) // 2 + 12345)
     return {"blob": os.path.basename(blob)}
 
 
 def plant_stale_receipts(work):
-    """Yesterday's receipt roots, read-only as the root-owned ones of the log (scripts/demo.py plants them so)."""
+    """Yesterday's receipt roots, planted as `make demo` plants them."""
     parent = os.path.join(work, DEMO, "cache")
-    for name in receipt_roots():
-        root = os.path.join(parent, name)
-        os.makedirs(root, exist_ok=True)
-        with open(os.path.join(root, "worker.json"), "w") as handle:
-            handle.write('{"run": "yesterday"}\n')
-        os.chmod(os.path.join(root, "worker.json"), 0o444)
-        os.chmod(root, 0o555)
+    demo.plant_stale_receipts(parent)
     return {"parent": parent}
 
 
@@ -253,7 +240,7 @@ def corrupt_nas_blob(work):
     """A NAS blob rotted after it was staged: a flipped byte in its head (the sampled blocks see it)."""
     with WritableNas(work) as hub:
         blob = shard_blob(hub, hubgen.MAIN_REPO, 1)
-        flip_byte(blob, 4096)
+        hubgen.flip_byte(blob, 4096)
     return {"blob": os.path.basename(blob)}
 
 

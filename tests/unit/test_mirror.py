@@ -149,14 +149,6 @@ def nas_blob_real(nas, etag, repo_id=MAIN):
     return os.path.realpath(os.path.join(nas.repo_dir(repo_id), "blobs", etag))
 
 
-def flip_byte(path, offset):
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        byte = handle.read(1)
-        handle.seek(offset)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-
-
 def assert_all_local(nas, local, repo_id=MAIN, ignore_page15=True):
     """Every selected entry is a correct relative link to a real, correct local blob (or a real file)."""
     local_real = os.path.realpath(str(local))
@@ -377,12 +369,12 @@ def _corrupt(path, kind, size):
             handle.write(b"\0" * size)
     elif kind == "flip-in-middle-sample":
         offset, length = ranges[4]
-        flip_byte(path, offset + length // 2)
+        hubgen.flip_byte(path, offset + length // 2)
     else:
         offset, length = ranges[4]
         gap = offset + length + 100
         assert gap < ranges[5][0]
-        flip_byte(path, gap)
+        hubgen.flip_byte(path, gap)
 
 
 @pytest.mark.parametrize("verify", ["none", "sample", "full"])
@@ -516,7 +508,7 @@ def test_full_verify_catches_corruption_without_nas(prestage, nas, local):
     info = selected(nas)[nas.repo()["shards"][2]]
     prestage(nas, local)
     blob = local_blob(nas, local, info["etag"])
-    flip_byte(blob, info["size"] - 1)
+    hubgen.flip_byte(blob, info["size"] - 1)
     result = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, verify="full"), check_mode=True)
     assert result["repaired_paths"] == [nas.repo()["shards"][2]]
 
@@ -897,7 +889,7 @@ def test_check_mode_reports_a_corrupt_blob_without_fixing_it(prestage, big_nas, 
     info = selected(nas)[shard]
     prestage(nas, local)
     blob = local_blob(nas, local, info["etag"])
-    flip_byte(blob, sample_ranges(info["size"])[3][0] + 7)
+    hubgen.flip_byte(blob, sample_ranges(info["size"])[3][0] + 7)
     before = tree_snapshot(local)
     result = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
     assert result["changed"] is True
@@ -961,7 +953,7 @@ def corrupt_nas_blob(nas, etag, repo_id=MAIN):
     real = nas_blob_real(nas, etag, repo_id)
     st = os.stat(real)
     nas.thaw()
-    flip_byte(real, st.st_size // 2)
+    hubgen.flip_byte(real, st.st_size // 2)
     os.utime(real, ns=(st.st_atime_ns, st.st_mtime_ns))
     nas.freeze()
     return real
@@ -1030,7 +1022,7 @@ def test_wrong_local_blob_with_a_corrupt_nas_copy_is_removed_not_served(fresh_na
     nas = fresh_nas
     shard = nas.repo()["shards"][1]
     info, blob, _ino = _good_copy_then_corrupt_nas(nas, local, shard)
-    flip_byte(blob, 0)            # the local copy is wrong too (sampled region: the head)
+    hubgen.flip_byte(blob, 0)            # the local copy is wrong too (sampled region: the head)
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, verify="sample")
     assert failure.result["nas_corrupt_blobs"][0]["local"] == "removed"
     assert "was removed" in str(failure)
@@ -1041,7 +1033,7 @@ def test_verify_full_repair_from_a_corrupt_nas_leaves_nothing_under_the_name(fre
     nas = fresh_nas
     shard = nas.repo()["shards"][1]
     info, blob, _ino = _good_copy_then_corrupt_nas(nas, local, shard)
-    flip_byte(blob, info["size"] // 3)
+    hubgen.flip_byte(blob, info["size"] // 3)
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, verify="full")
     assert failure.result["nas_corrupt"] == [shard] and not os.path.lexists(blob)
     assert find_debris(local) == []
@@ -1277,7 +1269,7 @@ def test_content_checks_run_workers_at_once_and_still_catch_a_wrong_blob(prestag
     prestage(nas, local)
     shard = nas.repo()["shards"][2]
     blob = local_blob(nas, local, selected(nas)[shard]["etag"])
-    flip_byte(blob, 0)
+    hubgen.flip_byte(blob, 0)
     state = _count_concurrency(monkeypatch, "content_matches")
     result = stage(nas, local, ignore_patterns=PAGE15, verify=verify, workers=3)
     assert state["peak"] == 3
@@ -1332,7 +1324,7 @@ def test_check_mode_over_a_good_local_copy_with_a_rotten_nas_blob_reports_it_and
     real = nas_blob_real(nas, info["etag"])
     offset = sample_ranges(info["size"])[4][0]
     nas.thaw()
-    flip_byte(real, offset)                      # inside a sampled block: sample sees it
+    hubgen.flip_byte(real, offset)                      # inside a sampled block: sample sees it
     before = tree_snapshot(local)
     try:
         with pytest.raises(mirror.MirrorFailed) as err:
@@ -1341,7 +1333,7 @@ def test_check_mode_over_a_good_local_copy_with_a_rotten_nas_blob_reports_it_and
         assert err.value.result["repaired_paths"] == [] and "sampled bytes differ" in str(err.value)
         assert snapshot_diff(before, tree_snapshot(local)) == []
     finally:
-        flip_byte(real, offset)
+        hubgen.flip_byte(real, offset)
         nas.freeze()
 
 
@@ -1563,7 +1555,7 @@ def test_a_flip_between_samples_is_missed_by_sample_and_repaired_by_full_with_a_
     shard = nas.repo()["shards"][0]
     etag, size = selected(nas)[shard]["etag"], selected(nas)[shard]["size"]
     blob = local_blob(nas, local, etag)
-    flip_byte(blob, between_samples(size))
+    hubgen.flip_byte(blob, between_samples(size))
     flipped = sha256_file(blob)
     sampled = run_mirror(verify_request(nas, local))
     assert sampled["repairs"] == [] and sampled["blobs"]["repaired"] == 0 and sampled["changed"] is False
@@ -1585,7 +1577,7 @@ def test_repairs_name_what_the_local_bytes_hash_to_at_their_own_size_and_as_name
     config_blob = local_blob(nas, local, selected(nas)[config]["etag"])
     with open(shard_blob, "r+b") as handle:      # truncated: hashed at the local size
         handle.truncate(1000)
-    flip_byte(config_blob, 3)                    # a git-sha1 named blob: hashed as git names it
+    hubgen.flip_byte(config_blob, 3)                    # a git-sha1 named blob: hashed as git names it
     truncated, config_hash = sha256_file(shard_blob), git_blob_sha1(config_blob)
     result = run_mirror(verify_request(nas, local, verify="full"))
     repairs = dict((r["path"], r) for r in result["repairs"])
@@ -1600,7 +1592,7 @@ def test_a_repair_in_check_mode_is_reported_as_would_repair(prestage, big_nas, l
     prestage(nas, local)
     shard = nas.repo()["shards"][1]
     blob = local_blob(nas, local, selected(nas)[shard]["etag"])
-    flip_byte(blob, 0)
+    hubgen.flip_byte(blob, 0)
     flipped = sha256_file(blob)
     result = run_mirror(verify_request(nas, local), check_mode=True)
     assert [(r["path"], r["local_hash"]) for r in result["repairs"]] == [(shard, flipped)]

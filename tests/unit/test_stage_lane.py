@@ -20,21 +20,23 @@ def load_plugin():
 
 lane = load_plugin()
 REPO = "deepseek-ai/DeepSeek-V4-Flash"
-TEMPLATES = ["engram/rank-{rank}-of-{world_size}/*", "engram/meta-{world_size}.json"]
+TEMPLATES = ["engram/rank-{rank}-of-{world_size}/*", "engram/meta-{rank}-{world_size}.json"]
 
 
 def entry(**extra):
     return dict({"repo_id": REPO, "allow_patterns": ["*.json", "*.py"]}, **extra)
 
 
-def test_the_filter_is_registered_under_its_documented_name():
-    assert lane.FilterModule().filters()["dgx_stage_allow"] is lane.stage_allow
+def test_the_filters_are_registered_under_their_documented_names():
+    filters = lane.FilterModule().filters()
+    assert filters["dgx_stage_allow"] is lane.stage_allow
+    assert filters["dgx_stage_rank_patterns"] is lane.stage_rank_patterns
 
 
 @pytest.mark.parametrize("rank,world_size", [(0, 2), (1, 2), (3, 4)])
 def test_templates_expand_both_placeholders_per_rank_after_the_common_patterns(rank, world_size):
     assert lane.stage_allow(entry(rank_patterns=TEMPLATES), rank, world_size) == [
-        "*.json", "*.py", "engram/rank-%d-of-%d/*" % (rank, world_size), "engram/meta-%d.json" % world_size]
+        "*.json", "*.py", "engram/rank-%d-of-%d/*" % (rank, world_size), "engram/meta-%d-%d.json" % (rank, world_size)]
 
 
 def test_rank_and_world_size_as_text_as_set_fact_may_leave_them():
@@ -57,7 +59,9 @@ def test_a_template_without_allow_patterns_alone_selects_the_rank_files():
 
 
 def test_duplicates_are_dropped_keeping_the_first_place():
-    assert lane.stage_allow(entry(rank_patterns=["*.json", "r{rank}/*"]), 0, 1) == ["*.json", "*.py", "r0/*"]
+    assert lane.stage_allow(entry(rank_patterns=["*.json{rank}", "r{rank}/*"]), 0, 1) == \
+        ["*.json", "*.py", "*.json0", "r0/*"]
+    assert lane.stage_allow(entry(rank_patterns={0: ["*.json", "r0/*"]}), 0, 1) == ["*.json", "*.py", "r0/*"]
 
 
 @pytest.mark.parametrize("key0,key1", [(0, 1), ("0", "1")])
@@ -100,9 +104,83 @@ def test_an_unbalanced_brace_is_refused_naming_repo_and_pattern(template):
     assert REPO in message and repr(template) in message and "malformed" in message
 
 
-def test_a_format_spec_an_integer_does_not_take_is_refused():
-    message = _error(entry(rank_patterns=["r{rank:s}/*"]))
-    assert REPO in message and "'r{rank:s}/*'" in message
+@pytest.mark.parametrize("template,expanded", [
+    ("r{rank}/*", "r3/*"), ("r{rank:d}/*", "r3/*"), ("r{rank:02d}/*", "r03/*"), ("r{rank:3}/*", "r  3/*"),
+    ("r{rank:03}-{world_size:d}/*", "r003-4/*"),
+])
+def test_integer_format_specs_are_allowed(template, expanded):
+    assert lane.stage_allow(entry(rank_patterns=[template]), 3, 4)[-1] == expanded
+
+
+@pytest.mark.parametrize("spec", ["s", "x", "b", "o", "f", ".1f", "e", "%", ",d", "_d", "+d", " d", "<3d", ">03",
+                                  "^3", "#x", "n", "c", "d{world_size}"])
+def test_a_format_spec_other_than_an_integer_width_is_refused_on_every_rank(spec):
+    """Some of these would format an int (hex, a sign, a fill): refused all the same, as only a width names a
+    file layout, and a spec an int does not take must not fail on one rank only."""
+    template = "r{rank:%s}/*" % spec
+    for rank in (0, 1):
+        message = _error(entry(rank_patterns=[template]), rank, 2)
+        assert REPO in message and repr(template) in message and "format spec" in message, message
+        assert "{rank:02d}" in message, message
+
+
+@pytest.mark.parametrize("template", ["engram/shared/*", "engram/meta-{world_size}.json", "{{rank}}/*"])
+def test_a_template_without_rank_is_refused_pointing_to_allow_patterns(template):
+    """It would give every rank the same files: those are allow_patterns ({{rank}} is a literal brace)."""
+    for rank in (0, 1):
+        message = _error(entry(rank_patterns=["engram/rank-{rank}/*", template]), rank, 2)
+        assert REPO in message and repr(template) in message and "allow_patterns" in message, message
+        assert "no {rank}" in message, message
+
+
+def test_the_map_form_needs_no_rank_placeholder():
+    """The map's patterns are each rank's own already: taken literally, no placeholder required."""
+    assert lane.stage_allow(entry(rank_patterns={1: ["engram/shared-b.bin"]}), 1, 2)[-1] == "engram/shared-b.bin"
+
+
+@pytest.mark.parametrize("rank,world_size", [(0, 2), (1, 2), (3, 4)])
+def test_rank_patterns_filter_gives_only_the_expanded_templates_of_the_rank(rank, world_size):
+    assert lane.stage_rank_patterns(entry(rank_patterns=TEMPLATES), rank, world_size) == [
+        "engram/rank-%d-of-%d/*" % (rank, world_size), "engram/meta-%d-%d.json" % (rank, world_size)]
+
+
+def test_rank_patterns_filter_gives_the_map_entry_of_the_rank_deduplicated():
+    repo = entry(rank_patterns={"0": ["a", "b", "a"], 1: ["c"], 5: ["d"]})
+    assert lane.stage_rank_patterns(repo, 0, 2) == ["a", "b"]
+    assert lane.stage_rank_patterns(repo, 1, 2) == ["c"]
+
+
+def test_rank_patterns_filter_is_empty_without_a_rank_part():
+    assert lane.stage_rank_patterns(entry(), 0, 2) == []
+    assert lane.stage_rank_patterns(entry(rank_patterns=None), 1, 2) == []
+    assert lane.stage_rank_patterns(entry(rank_patterns={0: ["a"]}), 1, 2) == []
+    assert lane.stage_rank_patterns(entry(rank_patterns=[]), 1, 2) == []
+
+
+def test_rank_patterns_filter_keeps_a_pattern_allow_patterns_also_has():
+    """require_match still wants it matched: the rank's part is checked whatever else selects the files."""
+    assert lane.stage_rank_patterns(entry(rank_patterns={0: ["*.json"]}), 0, 1) == ["*.json"]
+
+
+@pytest.mark.parametrize("repo,named", [
+    (entry(rank_patterns=["r{rank}/*", "shared/*"]), "no {rank}"),
+    (entry(rank_patterns=["r{rank:x}/*"]), "format spec"),
+    (entry(rank_patterns=["r{ranks}/*"]), "unknown placeholder"),
+    (entry(rank_patterns={"one": ["a"]}), "not a rank number"),
+    (entry(rank_patterns="r{rank}/*"), "list of templates"),
+    ({"repo_id": REPO, "allow_patterns": "*.json"}, "allow_patterns"),
+])
+def test_rank_patterns_filter_refuses_what_the_allow_filter_refuses(repo, named):
+    with pytest.raises(AnsibleFilterError) as info:
+        lane.stage_rank_patterns(repo, 0, 2)
+    assert REPO in str(info.value) and named in str(info.value)
+
+
+@pytest.mark.parametrize("rank,world_size", [(2, 2), (-1, 2), (0, 0), ("x", 2), (True, 2)])
+def test_rank_patterns_filter_refuses_a_rank_outside_its_lane_naming_itself(rank, world_size):
+    with pytest.raises(AnsibleFilterError) as info:
+        lane.stage_rank_patterns(entry(rank_patterns=TEMPLATES), rank, world_size)
+    assert "dgx_stage_rank_patterns" in str(info.value)
 
 
 @pytest.mark.parametrize("value", ["engram/rank-{rank}/*", 3, True])

@@ -4,11 +4,17 @@
 dgx_stage_allow(repo, rank, world_size) -> the entry's allow patterns on the host of that rank: its
                                            allow_patterns followed by its rank_patterns for that rank
                                            ([] means the whole repo, as hf_hub_mirror reads no patterns)
+dgx_stage_rank_patterns(repo, rank, world_size) -> the rank part alone (the expanded templates, or the map's
+                                           entry for that rank; [] when there is none): each must match a
+                                           file of the snapshot (hf_hub_mirror require_match), as a rank
+                                           pattern matching nothing would leave that rank without its part
 
 rank_patterns takes two forms:
   - a list of templates, expanded on every rank: `{rank}` and `{world_size}` are replaced by the host's
     position in the lane and the lane's size (`engram/rank-{rank}-of-{world_size}/*`), so one list serves a
-    lane of any size; a format spec is allowed (`{rank:02d}`);
+    lane of any size; every template has `{rank}` (one without it would give every rank the same files: those
+    belong in allow_patterns); an integer width is allowed as format spec (`{rank:02d}`, `{rank:d}`), nothing
+    else;
   - a map rank -> patterns (keys int or their text), taken literally: a key that is not a rank number is
     refused, as a typo there would silently leave a rank with nothing of its own; a key past the lane's
     size is skipped (one map serves lanes of different sizes, as it always did).
@@ -22,6 +28,9 @@ import string
 from ansible.errors import AnsibleFilterError
 
 PLACEHOLDERS = ("rank", "world_size")
+# The format specs a placeholder may carry: none, `d`, or a width with an optional zero pad (`02d`, `3`).
+# A float, string, hex or grouping spec would name files no rank layout uses, or fail only on some ranks.
+INTEGER_SPEC = re.compile(r"(0?[0-9]+)?d?\Z")
 
 
 def _is_text(value):
@@ -32,13 +41,13 @@ def _repo_name(repo):
     return repo.get("repo_id", "<no repo_id>") if isinstance(repo, dict) else repr(repo)
 
 
-def _as_int(value, what):
+def _as_int(value, what, caller):
     if isinstance(value, bool):
-        raise AnsibleFilterError("dgx_stage_allow: %s must be an integer, got %r" % (what, value))
+        raise AnsibleFilterError("%s: %s must be an integer, got %r" % (caller, what, value))
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise AnsibleFilterError("dgx_stage_allow: %s must be an integer, got %r" % (what, value))
+        raise AnsibleFilterError("%s: %s must be an integer, got %r" % (caller, what, value))
 
 
 def _pattern_list(value, repo_name, where):
@@ -54,8 +63,9 @@ def _pattern_list(value, repo_name, where):
 
 
 def expand_template(template, rank, world_size, repo_name="<repo>"):
-    """One rank template with `{rank}` / `{world_size}` replaced; refuses any other placeholder, a
-    conversion (`{rank!r}`), a field access (`{rank.real}`) and an unbalanced brace."""
+    """One rank template with `{rank}` / `{world_size}` replaced; refuses a template without `{rank}`, any
+    other placeholder, a conversion (`{rank!r}`), a field access (`{rank.real}`), a format spec other than an
+    integer width and an unbalanced brace."""
     values = {"rank": rank, "world_size": world_size}
     out = []
     try:
@@ -64,6 +74,7 @@ def expand_template(template, rank, world_size, repo_name="<repo>"):
         raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r is malformed (%s); use "
                                  "{rank} and {world_size}, each brace in a pair"
                                  % (repo_name, template, exc))
+    has_rank = False
     for literal, field, spec, conversion in fields:
         out.append(literal)
         if field is None:
@@ -73,15 +84,16 @@ def expand_template(template, rank, world_size, repo_name="<repo>"):
             raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the unknown "
                                      "placeholder %s; only {rank} and {world_size} are known"
                                      % (repo_name, template, shown))
-        if "{" in spec:
-            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r nests a placeholder in "
-                                     "the format spec of {%s}" % (repo_name, template, field))
-        try:
-            out.append(format(values[field], spec))
-        except ValueError as exc:
-            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the format spec "
-                                     "%r for {%s}, which an integer does not take (%s)"
-                                     % (repo_name, template, spec, field, exc))
+        if not INTEGER_SPEC.match(spec):
+            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the format spec %r "
+                                     "for {%s}; only an integer width is allowed: {%s}, {%s:d}, {%s:02d}"
+                                     % (repo_name, template, spec, field, field, field, field))
+        has_rank = has_rank or field == "rank"
+        out.append(format(values[field], spec))
+    if not has_rank:
+        raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has no {rank}, so every rank "
+                                 "would stage the same files; move it to allow_patterns, or add {rank}"
+                                 % (repo_name, template))
     return "".join(out)
 
 
@@ -109,16 +121,23 @@ def _map_patterns(rank_patterns, rank, world_size, repo_name):
     return chosen
 
 
-def stage_allow(repo, rank, world_size):
-    """The allow patterns of one stage_repos entry on the host of `rank` in a lane of `world_size` hosts:
-    allow_patterns, then the rank's own (expanded templates, or the map's entry), duplicates dropped."""
+def _unique(patterns):
+    result = []
+    for pattern in patterns:
+        if pattern not in result:
+            result.append(pattern)
+    return result
+
+
+def _entry_parts(repo, rank, world_size, caller):
+    """(allow_patterns, the rank's own patterns) of one stage_repos entry, every part checked."""
     if not isinstance(repo, dict):
-        raise AnsibleFilterError("dgx_stage_allow: a stage_repos entry must be a dict, got %r" % (repo,))
+        raise AnsibleFilterError("%s: a stage_repos entry must be a dict, got %r" % (caller, repo))
     repo_name = _repo_name(repo)
-    rank = _as_int(rank, "the rank (lane_rank)")
-    world_size = _as_int(world_size, "the world size (lane_world_size)")
+    rank = _as_int(rank, "the rank (lane_rank)", caller)
+    world_size = _as_int(world_size, "the world size (lane_world_size)", caller)
     if world_size < 1 or not 0 <= rank < world_size:
-        raise AnsibleFilterError("dgx_stage_allow: rank %d is not in a lane of %d hosts" % (rank, world_size))
+        raise AnsibleFilterError("%s: rank %d is not in a lane of %d hosts" % (caller, rank, world_size))
     allow = repo.get("allow_patterns")
     allow = [] if allow is None else _pattern_list(allow, repo_name, "allow_patterns")
     rank_patterns = repo.get("rank_patterns")
@@ -134,13 +153,24 @@ def stage_allow(repo, rank, world_size):
             "stage_repos entry %s: rank_patterns must be a list of templates with {rank} and {world_size} "
             "(engram/rank-{rank}-of-{world_size}/*) or a map rank -> patterns, got %s %r"
             % (repo_name, type(rank_patterns).__name__, rank_patterns))
-    result = []
-    for pattern in allow + own:
-        if pattern not in result:
-            result.append(pattern)
-    return result
+    return allow, own
+
+
+def stage_allow(repo, rank, world_size):
+    """The allow patterns of one stage_repos entry on the host of `rank` in a lane of `world_size` hosts:
+    allow_patterns, then the rank's own (expanded templates, or the map's entry), duplicates dropped."""
+    allow, own = _entry_parts(repo, rank, world_size, "dgx_stage_allow")
+    return _unique(allow + own)
+
+
+def stage_rank_patterns(repo, rank, world_size):
+    """Only the rank's own patterns of one stage_repos entry (duplicates dropped; [] without rank_patterns or
+    without a map key for this rank), the same checks as stage_allow: what hf_hub_mirror's require_match
+    wants matched, so a template naming a layout the snapshot lacks fails preflight instead of staging
+    nothing of that rank."""
+    return _unique(_entry_parts(repo, rank, world_size, "dgx_stage_rank_patterns")[1])
 
 
 class FilterModule(object):
     def filters(self):
-        return {"dgx_stage_allow": stage_allow}
+        return {"dgx_stage_allow": stage_allow, "dgx_stage_rank_patterns": stage_rank_patterns}

@@ -26,7 +26,10 @@ Traps reproduced: link -> repo blob -> hub store (relative and absolute hops); p
 inside the snapshot; every weight shard has the same size but different content (size-based dedup
 binds the wrong shard); an older revision with a same-size, different shard; non-content noise.
 
-CLI: ``python3 tools/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--json]``
+CLI: ``python3 tools/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--engram WORLD_SIZE] [--json]``
+
+The engram layout (``add_engram_repo``, ``build_engram_hub``): a repo with shared files and per-rank
+``engram/rank-{rank}-of-{world_size}/`` tables for a lane of world_size hosts (issue 14).
 """
 
 import argparse
@@ -582,6 +585,115 @@ def _parse_header_bytes(data):
     return n, json.loads(data[8:8 + n].decode("utf-8"))
 
 
+# --------------------------------------------------------------------------------------------
+# the engram layout (issue 14: per-rank sparse tables for a lane of world_size hosts)
+# --------------------------------------------------------------------------------------------
+
+ENGRAM_REPO = "dgx-stage/engram-lane-test"
+#: The files every rank stages (config, the dense shard and its index, engram/shared/).
+ENGRAM_SHARED_PATTERNS = ["config.json", "model*", "engram/shared/*"]
+#: A rank's own part, as a stage_repos rank_patterns template list.
+ENGRAM_RANK_TEMPLATES = ["engram/rank-{rank}-of-{world_size}/*"]
+ENGRAM_SEED = 7
+ENGRAM_TABLES_PER_RANK = 2
+
+
+def engram_rank_dir(rank, world_size):
+    """Snapshot-relative folder of one rank's tables: engram/rank-<rank>-of-<world_size>."""
+    return "engram/rank-%d-of-%d" % (rank, world_size)
+
+
+def _unique_bytes(files, paths):
+    """Bytes of the distinct blobs behind ``paths`` (one blob copied once however many paths name it)."""
+    return sum(dict((files[p]["etag"], files[p]["size"]) for p in paths).values())
+
+
+def add_engram_repo(hub, world_size, repo_id=ENGRAM_REPO, seed=ENGRAM_SEED, table_size=5120, dense_size=4096,
+                    hf_native=False):
+    """Write an engram repo for a lane of ``world_size`` ranks into the existing hub root ``hub``.
+
+    Shared files: ``config.json``, ``engram/shared/vocab.json``, one dense shard
+    ``model-00001-of-00001.safetensors`` (``dense_size`` payload bytes) and ``model.safetensors.index.json``
+    mapping every tensor, the rank tables' included. Per rank, under ``engram/rank-<r>-of-<world_size>/``:
+    ``meta.json`` and ENGRAM_TABLES_PER_RANK table shards ``table-0000<t>.safetensors`` (``table_size``
+    payload bytes each, keys and values 2:3). Blobs are named by their hash, snapshot entries link into
+    ../blobs, and the last rank's first table lives in the hub-level store behind a relative link (the
+    log's trap). Deterministic from ``seed``; with the defaults and world_size 2 it is the repo
+    tests/integration/test_rank_templates.py writes.
+
+    Returns {"repo_id", "folder", "commit", "world_size", "files": {path: hubgen file entry},
+    "shared": [paths], "ranks": {rank: [paths]}, "shared_bytes", "rank_bytes": {rank: bytes} (distinct
+    blobs), "allow_patterns", "rank_patterns", "trees", "noise"}.
+    """
+    world_size = int(world_size)
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    if int(table_size) < 5 or int(dense_size) < 1:
+        raise ValueError("table_size must be >= 5 bytes and dense_size >= 1 byte")
+    hub = os.path.abspath(os.fspath(hub))
+    hub_obj = _Hub(hub, int(seed), bool(hf_native))
+    repo_dir = _new_repo(hub, repo_id)
+    commit = _commit(hub_obj.seed, repo_id + "@main")
+    snap = os.path.join(repo_dir, "snapshots", commit)
+    os.makedirs(snap)
+    files, weight_map, total = {}, {}, [0]
+
+    def put(rel, data, lfs=False, form=FORM_REAL):
+        info = hub_obj.put_bytes(repo_dir, data, lfs=lfs, form=form)
+        hub_obj.link(snap, rel, repo_dir, info["etag"])
+        files[rel] = _file_entry(info)
+
+    def put_shard(rel, tensors, form=FORM_REAL):
+        for name, raw in tensors.items():
+            weight_map[name] = rel
+            total[0] += len(raw)
+        put(rel, write_safetensors(None, tensors), lfs=True, form=form)
+
+    put("config.json", _json_bytes({"architectures": ["DeepseekV4ForCausalLM"], "engram_ranks": world_size}))
+    put("engram/shared/vocab.json", _json_bytes({"ngram": 3, "buckets": 4096}))
+    put_shard("model-00001-of-00001.safetensors",
+              {"model.embed_tokens.weight": _small_bytes(hub_obj.seed, "dense", int(dense_size))})
+    keys = int(table_size) * 2 // 5
+    ranks = {}
+    for rank in range(world_size):
+        folder = engram_rank_dir(rank, world_size)
+        put(folder + "/meta.json", _json_bytes({"rank": rank, "world_size": world_size}))
+        for table in range(ENGRAM_TABLES_PER_RANK):
+            label = "engram.%d.table.%d" % (rank, table)
+            form = FORM_REL_STORE if (rank, table) == (world_size - 1, 0) else FORM_REAL
+            put_shard("%s/table-%05d.safetensors" % (folder, table),
+                      {label + ".keys": _small_bytes(hub_obj.seed, label + "k", keys),
+                       label + ".values": _small_bytes(hub_obj.seed, label + "v", int(table_size) - keys)}, form)
+        ranks[rank] = sorted(p for p in files if p.startswith(folder + "/"))
+    put("model.safetensors.index.json",
+        _json_bytes({"metadata": {"total_size": total[0]}, "weight_map": dict(sorted(weight_map.items()))}))
+    trees = _write_trees(hub_obj, repo_dir, commit, files)
+    _write_text(os.path.join(repo_dir, "refs", "main"), commit)
+    hub_obj.finish_store()
+    shared = sorted(p for p in files if not p.startswith("engram/rank-"))
+    return {
+        "repo_id": repo_id, "folder": repo_folder(repo_id), "commit": commit, "world_size": world_size,
+        "files": files, "shared": shared, "ranks": ranks,
+        "shared_bytes": _unique_bytes(files, shared),
+        "rank_bytes": dict((rank, _unique_bytes(files, paths)) for rank, paths in ranks.items()),
+        "allow_patterns": list(ENGRAM_SHARED_PATTERNS), "rank_patterns": list(ENGRAM_RANK_TEMPLATES),
+        "trees": trees, "noise": sorted(hub_obj.noise),
+    }
+
+
+def build_engram_hub(root, world_size, **kwargs):
+    """Create ``root/hub`` (must not exist) holding only the engram repo (add_engram_repo's keyword
+    arguments); returns {"hub", "store", "repos": {repo_id: add_engram_repo's description}, "duration_s"}."""
+    t0 = time.monotonic()
+    hub = os.path.join(os.path.abspath(os.fspath(root)), "hub")
+    if os.path.lexists(hub):
+        raise FileExistsError("%s already exists; hubgen only creates a fresh hub" % hub)
+    os.makedirs(os.path.join(hub, ".locks"))
+    desc = add_engram_repo(hub, world_size, **kwargs)
+    return {"hub": hub, "store": os.path.join(hub, "blobs"), "repos": {desc["repo_id"]: desc},
+            "duration_s": round(time.monotonic() - t0, 3)}
+
+
 def build_nas_hub(root, shard_size=64 * 1024, n_shards=6, seed=0, hf_native=False):
     """Create ``root/hub`` (must not exist) with both repos and every trap; return its description.
 
@@ -643,10 +755,15 @@ def main(argv=None):
     p.add_argument("--hf-native", action="store_true",
                    help="Xet-named store entries and pointer blob_ids, as huggingface_hub 2.4 writes them")
     p.add_argument("--json", action="store_true", help="print the JSON description")
+    p.add_argument("--engram", type=int, metavar="WORLD_SIZE",
+                   help="also write the engram repo (%s) with per-rank tables for WORLD_SIZE ranks" % ENGRAM_REPO)
     a = p.parse_args(argv)
     try:
         desc = build_nas_hub(a.root, shard_size=a.shard_size, n_shards=a.shards, seed=a.seed,
                              hf_native=a.hf_native)
+        if a.engram is not None:
+            engram = add_engram_repo(desc["hub"], a.engram, hf_native=a.hf_native)
+            desc["repos"][engram["repo_id"]] = engram
     except (ValueError, OSError) as e:
         p.exit(2, "hubgen: error: %s\n" % e)
     if a.json:
@@ -654,7 +771,7 @@ def main(argv=None):
         sys.stdout.write("\n")
     else:
         for repo_id, r in sorted(desc["repos"].items()):
-            print("%s  commit %s  files %d (page15 %d)" % (repo_id, r["commit"], len(r["files"]), len(r["page15"])))
+            print("%s  commit %s  files %d (page15 %d)" % (repo_id, r["commit"], len(r["files"]), len(r.get("page15", []))))
         print("hub %s  (%d x %d-byte shards, %.2fs)" % (desc["hub"], desc["n_shards"], desc["shard_size"],
                                                          desc["duration_s"]))
     return 0

@@ -73,6 +73,12 @@ options:
   play_started:
     description:
       - When that play started, ISO 8601 UTC. Required unless O(run_end=true).
+      - For the stage play, when this host's own stage work started (its wave, in a lane staged in waves).
+    type: str
+  play_finished:
+    description:
+      - When that play ended on this host, ISO 8601 UTC; omitted, now. The stage play passes when the host's own
+        stage work ended (its wave), so the reports show when each host read the NAS.
     type: str
   run_end:
     description:
@@ -323,6 +329,7 @@ ARGUMENT_SPEC = dict(
     check_run=dict(type="bool", default=False),
     play=dict(type="str", choices=list(PLAYS)),
     play_started=dict(type="str"),
+    play_finished=dict(type="str"),
     run_end=dict(type="bool", default=False),
     reached_end=dict(type="bool", default=True),
     play_failed=dict(type="bool", default=False),
@@ -345,7 +352,8 @@ def main():
     params = module.params
     run = {"id": params["run_id"], "started": params["run_started"], "tags": params["tags"],
            "skip_tags": params["skip_tags"], "check": params["check_run"]}
-    play = {"name": params["play"], "started": params["play_started"], "failed": params["play_failed"],
+    play = {"name": params["play"], "started": params["play_started"], "finished": params["play_finished"],
+            "failed": params["play_failed"],
             "failed_task": params["failed_task"], "failed_result": params["failed_result"]}
     data = {"identity": dict((key, params[key]) for key in IDENTITY), "passes": params["passes"],
             "weights": params["weights"], "engine": params["engine"]}
@@ -354,7 +362,8 @@ def main():
             result = end_reports(params["dir"], params["host"], run, params["reached_end"], params["play"],
                                  data["identity"], write=not module.check_mode)
         else:
-            result = update_reports(params["dir"], params["host"], run, play, data, write=not module.check_mode)
+            result = update_reports(params["dir"], params["host"], run, play, data, finished=params["play_finished"],
+                                    write=not module.check_mode)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     for warning in result.pop("warnings"):

@@ -52,7 +52,8 @@ def check_inputs(host, run, play=None):
     if not _RUN_ID.match(run["id"] or "") or len(run["id"]) > 64:
         raise StageError("host_report: run_id %r is not a run id (letters, digits, '.', '_', '-'; at most "
                          "64): it is made once per run in playbooks/select-lane.yml" % (run["id"],))
-    stamps = [("run_started", run["started"])] + ([("play_started", play["started"])] if play else [])
+    stamps = [("run_started", run["started"])] + ([("play_started", play["started"])] if play else []) + (
+        [("play_finished", play["finished"])] if play and play.get("finished") else [])
     for what, value in stamps:
         if not _ISO.match(value or ""):
             raise StageError("host_report: %s %r is not ISO 8601 UTC (like 2026-11-30T20:45:12Z)" % (what, value))

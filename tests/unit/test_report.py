@@ -309,3 +309,14 @@ def test_the_end_keeps_a_failed_play_failed_and_ends_a_check_run_as_check(tmp_pa
     checking = run("20261201T090000Z-0ff4", "2026-12-01T09:00:00Z", check=True)
     update_reports(str(tmp_path), "dgx1", checking, play("stage"), data(STAGED))
     assert end_reports(str(tmp_path), "dgx1", checking, True, "stage", dict(IDENTITY))["latest"]["status"] == "check"
+
+
+def test_a_play_end_the_caller_gives_must_be_iso_8601_utc(tmp_path):
+    # The stage play passes the host's own stage window (its wave): a bad stamp is refused, not written.
+    bad = dict(play("stage"), finished="20:45:20")
+    with pytest.raises(StageError, match="play_finished"):
+        update_reports(str(tmp_path), "dgx1", run(), bad, data(STAGED), finished="20:45:20")
+    good = dict(play("stage"), finished="2026-11-30T20:45:20Z")
+    view = update_reports(str(tmp_path), "dgx1", run(), good, data(STAGED), finished="2026-11-30T20:45:20Z",
+                          write=False)["report"]
+    assert (view["stage_started"], view["stage_finished"]) == ("2026-11-30T20:45:14Z", "2026-11-30T20:45:20Z")

@@ -67,6 +67,9 @@ def task_reads(tasks, role):
                 read |= value_names(value, bare=True)
             elif key == "register":
                 set_here.add(value)
+            elif key == "loop_control" and isinstance(value, dict) and "loop_var" in value:
+                set_here.add(value["loop_var"])
+                read |= value_names(value)
             elif key == "vars":
                 set_here.update(value)
                 read |= value_names(value)

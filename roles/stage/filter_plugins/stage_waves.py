@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+"""Stage role filters: in which wave each host of the lane reads the NAS, and from which peer it may take
+blobs another host already proved.
+
+dgx_stage_wave(rank, world_size, readers, fanout)     -> the wave (0, 1, ...) of the host of that rank
+dgx_stage_wave_count(world_size, readers, fanout)     -> how many waves the lane's stage pass has
+dgx_stage_peer(rank, lane_hosts, live_hosts, readers, fanout) -> the host of an earlier wave this host copies
+                                                         proven blobs from, or '' (none alive: the NAS)
+dgx_stage_peer_dirs(plans, hub_local_root)            -> per stage_repos entry, its candidate folder
+                                                         <hub_local_root>/.locks/dgx-stage-peer/<repo folder>
+
+Waves go in rank order and hold at most `readers` hosts (stage_nas_readers; empty or 0: the whole lane), so
+no more than that many hosts read the NAS at once. With fan-out, rank 0 reads the NAS alone first: the files
+every rank shares are read from the NAS once per lane, and each later host reads only its rank's own part
+there, taking the shared blobs from a host of an earlier wave (adopted only after a hash match).
+"""
+
+import os
+
+from ansible.errors import AnsibleFilterError
+
+PEER_DIR = os.path.join(".locks", "dgx-stage-peer")
+
+
+def _whole(value, what, least):
+    if isinstance(value, bool):
+        value = None
+    try:
+        number = int(str(value).strip())
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < least:
+        raise AnsibleFilterError("%s must be a whole number of at least %d, got %r" % (what, least, value))
+    return number
+
+
+def readers_of(readers, world_size):
+    """stage_nas_readers as a number of hosts: empty, None or 0 mean the whole lane; more than the lane is
+    the whole lane."""
+    world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
+    if readers is None or (isinstance(readers, str) and readers.strip() in ("", "0")) or readers == 0:
+        return world_size
+    return min(_whole(readers, "stage_nas_readers (hosts of the lane reading the NAS at once; 0: all)", 0),
+               world_size) or world_size
+
+
+def stage_wave(rank, world_size, readers, fanout):
+    rank = _whole(rank, "the rank (lane_rank)", 0)
+    world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
+    if rank >= world_size:
+        raise AnsibleFilterError("rank %d is not in a lane of %d hosts" % (rank, world_size))
+    readers = readers_of(readers, world_size)
+    if not fanout:
+        return rank // readers
+    return 0 if rank == 0 else 1 + (rank - 1) // readers
+
+
+def stage_wave_count(world_size, readers, fanout):
+    world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
+    return stage_wave(world_size - 1, world_size, readers, fanout) + 1
+
+
+def stage_peer(rank, lane_hosts, live_hosts, readers, fanout):
+    """A host of an earlier wave still in the play (failed and unreachable hosts have left it); the hosts of
+    one wave are spread over the earlier ones. '' without fan-out, in the first wave, or when none is alive."""
+    if not fanout:
+        return ""
+    lane_hosts = list(lane_hosts)
+    world_size = len(lane_hosts)
+    wave = stage_wave(rank, world_size, readers, fanout)
+    live = set(live_hosts)
+    earlier = [host for index, host in enumerate(lane_hosts)
+               if stage_wave(index, world_size, readers, fanout) < wave and host in live]
+    if not earlier:
+        return ""
+    first_of_wave = min(index for index in range(world_size)
+                        if stage_wave(index, world_size, readers, fanout) == wave)
+    return earlier[(int(rank) - first_of_wave) % len(earlier)]
+
+
+def stage_peer_dirs(plans, hub_local_root):
+    """The candidate folder of each repo, from its plan (hf_hub_mirror's `snapshot`:
+    <hub>/<repo folder>/snapshots/<commit>), in stage_repos order."""
+    dirs = []
+    for plan in plans:
+        snapshot = (plan or {}).get("snapshot") if isinstance(plan, dict) else None
+        if not snapshot:
+            raise AnsibleFilterError("dgx_stage_peer_dirs: a repo's plan has no snapshot path: %r" % (plan,))
+        folder = os.path.basename(os.path.dirname(os.path.dirname(snapshot.rstrip("/"))))
+        dirs.append(os.path.join(hub_local_root, PEER_DIR, folder))
+    return dirs
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"dgx_stage_wave": stage_wave, "dgx_stage_wave_count": stage_wave_count,
+                "dgx_stage_peer": stage_peer, "dgx_stage_peer_dirs": stage_peer_dirs}

@@ -51,7 +51,7 @@ if [[ $$rc -eq 5 ]]; then echo "no tests collected in $(1)"; rc=0; fi; \
 exit $$rc
 endef
 
-.PHONY: help setup system-packages demo test lint unit integration molecule bench image clean
+.PHONY: help setup system-packages demo demo-4x test lint unit integration molecule bench image clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
@@ -79,6 +79,11 @@ system-packages: ## the system packages only the tests need (Podman, mmdebstrap,
 demo: setup ## build a synthetic NAS hub and stage it on localhost (an ordinary user will do: no root)
 	$(VENV)/bin/python scripts/demo.py
 
+# The SGLang lane of four nodes as four local-connection hosts (inventory/demo-4x, under .cache/demo-4x): rank
+# templates, two NAS readers at once, fan-out host to host (rsync). No root, like `make demo`.
+demo-4x: setup ## four local hosts stage the engram layout: rank templates, 2 NAS readers, fan-out (no root; rsync)
+	$(VENV)/bin/python scripts/demo.py --4x
+
 test: setup system-packages lint unit integration molecule ## everything CI runs: lint, unit, integration, Molecule
 
 lint: setup ## yamllint + ansible-lint (production profile, offline)
@@ -96,7 +101,7 @@ integration: setup system-packages ## integration tests (tests/integration; a Do
 	@$(DOCKER_RUN) bash -c '$(call pytest,--durations=15 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
-molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine (a Docker daemon for the run)
+molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine, sglang_4x (a Docker daemon for the run)
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
 	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \

@@ -11,6 +11,14 @@ inventory sets become_root: false). The NAS is kept read-only without root too: 
 read-only in a private mount namespace (any write is an error, nothing stays mounted afterwards); as
 any other user its tree is made read-only by permissions (`make clean` gives the write bits back).
 Ansible's temp files go under .cache/demo as well, so the demo writes nothing outside its dirs.
+
+`make demo-4x` (`demo.py --4x`): the SGLang lane of four nodes played by four local-connection hosts
+(inventory/demo-4x), everything under .cache/demo-4x. Its NAS hub holds hubgen's engram layout for four ranks;
+each host stages the shared files and its own rank's tables, two hosts read the NAS at once
+(stage_nas_readers: 2) and, with stage_peer_fanout, rank 0 reads the shared files from the NAS and the others
+take them from a peer (rsync, adopted after a hash match). It prints the recap, each host's stage window and
+bytes from the NAS and from peers against one copy of the shared files plus each rank's part, and the run's
+Markdown report. Root is not needed either; rsync is (fan-out copies host to host with it).
 """
 import json
 import os
@@ -33,6 +41,16 @@ RUNS_DIR = os.path.join(DEMO_ROOT, "runs")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
 STALE_RECEIPTS = receipt_roots()   # the engine's receipt roots, as the receipts play clears them
+
+# `make demo-4x`: the four-host lane (inventory/demo-4x) and its engram NAS hub.
+DEMO_4X_ROOT = os.path.join(REPO, ".cache", "demo-4x")
+NAS_4X_PARENT = os.path.join(DEMO_4X_ROOT, "nas")
+RUNS_4X_DIR = os.path.join(DEMO_4X_ROOT, "runs")
+REPORTS_4X_DIR = os.path.join(DEMO_4X_ROOT, "reports")
+LAYOUT_4X = os.path.join(DEMO_4X_ROOT, "engram-layout.json")   # hubgen's description, outside the read-only NAS
+WORLD_SIZE_4X = 4
+TABLE_SIZE_4X = 4 * 1024 * 1024    # each rank: two tables of this size
+DENSE_SIZE_4X = 16 * 1024 * 1024   # the dense shard every rank shares
 
 
 def plant_stale_receipts(parent):
@@ -58,27 +76,28 @@ def ensure_nas_hub():
     print("demo: planted stale engine receipts under %s" % RECEIPT_PARENT)
 
 
-def frontend_command(subcommand, extra_args):
+def frontend_command(subcommand, extra_args, inventory="demo", nas_parent=NAS_PARENT):
     """`dgx-stage SUBCOMMAND -i inventory/demo ...` as this work tree's package (python -m dgx_stage from the
     repo: the copy being demonstrated, whichever venv runs it), under the NAS read-only wrapper."""
-    cmd = [sys.executable, "-m", "dgx_stage", subcommand, "-i", os.path.join(REPO, "inventory", "demo")] + extra_args
+    cmd = [sys.executable, "-m", "dgx_stage", subcommand, "-i", os.path.join(REPO, "inventory", inventory)] + extra_args
     if os.geteuid() == 0 and shutil.which("unshare"):
         bind = ('mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"')
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, NAS_PARENT] + cmd
-    subprocess.check_call(["chmod", "-R", "a-w", NAS_PARENT])
-    if os.access(NAS_PARENT, os.W_OK):   # root without unshare: permissions do not stop root
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, nas_parent] + cmd
+    subprocess.check_call(["chmod", "-R", "a-w", nas_parent])
+    if os.access(nas_parent, os.W_OK):   # root without unshare: permissions do not stop root
         print("demo: warning: the NAS copy stays writable for root without unshare(1)", file=sys.stderr)
     return cmd
 
 
-def playbook_env():
+def playbook_env(demo_root=DEMO_ROOT, runs_dir=None):
     """The repo's ansible.cfg; Ansible's home (which ansible-core creates at start) and temp dirs under
     .cache/demo unless the caller chose others (the demo needs only the collections bundled in the venv)."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), PYTHONDONTWRITEBYTECODE="1",
-               DGX_STAGE_RUNS_DIR=RUNS_DIR)
-    env.setdefault("ANSIBLE_HOME", os.path.join(DEMO_ROOT, "ansible-home"))
-    env.setdefault("ANSIBLE_LOCAL_TEMP", os.path.join(ANSIBLE_TMP, "local"))
-    env.setdefault("ANSIBLE_REMOTE_TMP", os.path.join(ANSIBLE_TMP, "remote"))
+               DGX_STAGE_RUNS_DIR=runs_dir or RUNS_DIR)
+    ansible_tmp = os.path.join(demo_root, "ansible-tmp")
+    env.setdefault("ANSIBLE_HOME", os.path.join(demo_root, "ansible-home"))
+    env.setdefault("ANSIBLE_LOCAL_TEMP", os.path.join(ansible_tmp, "local"))
+    env.setdefault("ANSIBLE_REMOTE_TMP", os.path.join(ansible_tmp, "remote"))
     return env
 
 
@@ -107,10 +126,11 @@ def summary(check=False):
     return "\n".join(lines)
 
 
-def latest_run():
+def latest_run(runs_dir=None):
     """The run.json of the front end's latest run in the demo's runs dir."""
-    names = sorted(os.listdir(RUNS_DIR))
-    with open(os.path.join(RUNS_DIR, names[-1], "run.json")) as handle:
+    runs_dir = runs_dir or RUNS_DIR
+    names = sorted(os.listdir(runs_dir))
+    with open(os.path.join(runs_dir, names[-1], "run.json")) as handle:
         return json.load(handle)
 
 
@@ -122,7 +142,86 @@ def recap(run):
     return text[start:].rstrip() if start >= 0 else ""
 
 
+def ensure_engram_hub():
+    """The 4x demo's NAS: hubgen's engram layout for four ranks, and its description beside (not in) the NAS."""
+    if os.path.isdir(os.path.join(NAS_4X_PARENT, "hub")) and os.path.isfile(LAYOUT_4X):
+        return
+    if os.path.lexists(NAS_4X_PARENT):   # half-built: start again (give the write bits back first)
+        subprocess.check_call(["chmod", "-R", "u+w", NAS_4X_PARENT])
+        shutil.rmtree(NAS_4X_PARENT)
+    os.makedirs(NAS_4X_PARENT)
+    desc = hubgen.build_engram_hub(NAS_4X_PARENT, WORLD_SIZE_4X, table_size=TABLE_SIZE_4X, dense_size=DENSE_SIZE_4X)
+    [repo] = desc["repos"].values()
+    layout = {"repo_id": repo["repo_id"], "shared_bytes": repo["shared_bytes"],
+              "rank_bytes": dict((str(rank), size) for rank, size in repo["rank_bytes"].items())}
+    with open(LAYOUT_4X + ".tmp", "w") as handle:
+        json.dump(layout, handle, indent=1, sort_keys=True)
+    os.replace(LAYOUT_4X + ".tmp", LAYOUT_4X)
+    print("demo-4x: built a synthetic NAS hub with the engram layout for %d ranks at %s in %.1f s"
+          % (WORLD_SIZE_4X, desc["hub"], desc["duration_s"]))
+
+
+def _mib(size):
+    return "%.1f MiB" % (size / 1048576.0)
+
+
+def summary_4x(run_id):
+    """Each host's stage window and bytes from the NAS / from peers, against the layout's figures."""
+    with open(LAYOUT_4X) as handle:
+        layout = json.load(handle)
+    reports = []
+    for name in sorted(os.listdir(REPORTS_4X_DIR)):
+        path = os.path.join(REPORTS_4X_DIR, name)
+        if name.endswith(".json") and not name.endswith("-%s.json" % run_id):   # <host>.json, the latest view
+            with open(path) as handle:
+                report = json.load(handle)
+            if report.get("run_id") == run_id:
+                reports.append(report)
+    reports.sort(key=lambda r: r.get("rank") or 0)
+    lines = ["dgx-stage demo-4x (lane %s, run %s)" % (reports[0].get("lane") if reports else "?", run_id),
+             "  %-8s %4s  %-20s  %-20s  %12s  %12s  %s" % ("host", "rank", "stage_started", "stage_finished",
+                                                           "from NAS", "from peers", "verify")]
+    for report in reports:
+        verify = report.get("passes", {}).get("verify") or []
+        proven = "ok" if verify and all(p.get("status") == "ok" for p in verify) else "-"
+        lines.append("  %-8s %4s  %-20s  %-20s  %12s  %12s  %s" % (
+            report["host"], report.get("rank"), report.get("stage_started") or "-", report.get("stage_finished") or "-",
+            _mib(report.get("bytes_from_nas") or 0), _mib(report.get("bytes_from_peers") or 0), proven))
+    once = layout["shared_bytes"] + sum(layout["rank_bytes"].values())
+    lines.append("  the lane read %s from the NAS; one copy of the shared files (%s) plus each rank's part (%s) is %s"
+                 % (_mib(sum(r.get("bytes_from_nas") or 0 for r in reports)), _mib(layout["shared_bytes"]),
+                    " + ".join(_mib(layout["rank_bytes"][k]) for k in sorted(layout["rank_bytes"], key=int)), _mib(once)))
+    lines.append("  host reports: %s/<host>.json" % os.path.relpath(REPORTS_4X_DIR, REPO))
+    return "\n".join(lines)
+
+
+def main_4x(extra):
+    """`make demo-4x`: the four-host lane with rank templates, the NAS reader limit and fan-out."""
+    ensure_engram_hub()
+    if not shutil.which("rsync"):
+        print("demo-4x: rsync is needed (stage_peer_fanout copies blobs host to host with it): install the rsync "
+              "package, or run with -e stage_peer_fanout=false")
+        if not any("stage_peer_fanout" in arg for arg in extra):
+            return 69
+    env = playbook_env(DEMO_4X_ROOT, RUNS_4X_DIR)
+    sys.stdout.flush()
+    code = subprocess.call(frontend_command("stage", extra, inventory="demo-4x", nas_parent=NAS_4X_PARENT), cwd=REPO,
+                           env=env)
+    if code != 0:
+        print("demo-4x: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
+        return code
+    staged = latest_run(RUNS_4X_DIR)
+    print(recap(staged))
+    if "--check" not in extra:
+        print(summary_4x(staged["run_id"]))
+    sys.stdout.flush()
+    return subprocess.call([sys.executable, "-m", "dgx_stage", "report", staged["run_id"], "--markdown"], cwd=REPO,
+                           env=env)
+
+
 def main():
+    if sys.argv[1:2] == ["--4x"]:
+        return main_4x(sys.argv[2:])
     ensure_nas_hub()
     extra = sys.argv[1:]
     sys.stdout.flush()   # our lines before the front end's, also through a pipe

@@ -52,6 +52,12 @@ description:
     Ctrl-C or SIGTERM) and C(error) - and keeps the latest figures of each pass under C(passes), so a verify
     pass never hides the last stage's. A SIGKILLed run leaves C(status=running), its C(pid) gone and
     C(updated_at) stops moving.
+  - With O(peer_dir), a blob the run would copy from the NAS is first looked for in that directory, where another
+    host of the lane put it (the stage role's host-to-host fan-out). A regular file named by the blob, opened
+    without following links, is adopted (moved under C(blobs/), mode 0644, fsynced) only when its bytes hash to
+    the blob's name at the NAS size and the file given the name is the inode that was hashed; anything else
+    (other bytes, another size, a symlink, a FIFO, a directory) is rejected in RV(peer_rejected) and the blob is
+    copied from the NAS as usual. RV(bytes_from_nas) and RV(bytes_from_peers) say where the bytes came from.
   - A run that fails once content is being proven or copied (a NAS blob failing its name, a local disk
     failing or filling mid-copy, a NAS file changing during its copy, files left unstaged or dangling)
     returns its whole result with RV(msg) - what was staged, RV(nas_corrupt), RV(report) with
@@ -154,6 +160,31 @@ options:
     description: Seconds O(lease_file) may go unrenewed before the run stops itself.
     type: int
     default: 120
+  peer_dir:
+    description:
+      - A scratch directory inside O(dest), by convention C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding
+        candidate blobs named by their blob names (etags), copied there from another host of the lane. Missing -
+        no candidates.
+      - For every blob the run copies, a regular file C(<peer_dir>/<blob>) is adopted after its bytes hash to the
+        blob's name (sha256 or git blob sha1, at the NAS size); one that does not is removed, listed in
+        RV(peer_rejected) and the blob is fetched from the NAS. A candidate of the right size counts as already on
+        the disk in the space check (RV(space.peers)).
+      - After a run past the input checks that is not in check mode - ok, failed or interrupted - O(peer_dir) is
+        removed with what is left directly in it (files, links, never a link's target); a directory inside it is
+        not entered but named in a warning. A run refused before it takes the repo lock (bad input,
+        O(require_match), space, files not staged) leaves it as it is; check mode never touches it.
+      - Refused before anything is written (in check mode too) when it is not inside O(dest), is O(dest), is or is
+        inside a repo folder, the lock root or a repo's lock directory, or is reached through a symlink.
+    type: path
+  require_match:
+    description:
+      - Patterns (the host's rank patterns, as the stage role expands C(rank_patterns)) each of which must match at
+        least one file of the NAS snapshot (fnmatch on the snapshot-relative path like O(allow_patterns), a pattern
+        ending in C(/) matching everything below it).
+      - A pattern matching nothing fails the run before anything is written (in check mode too), naming the
+        pattern, the repo and the commit.
+    type: list
+    elements: str
   time_limit:
     description:
       - With O(lease_file) - seconds after which the run stops itself the same way (temp files removed, no ref
@@ -194,6 +225,15 @@ EXAMPLES = r"""
     verify: sample
     reserve: 2%
     prune: true
+
+- name: Stage rank 1 of 4, adopting the blobs a peer host already sent (each hashed against its name first)
+  hf_hub_mirror:
+    src: /mnt/nas/hf/hub
+    dest: /raid/hf-local/hub
+    repo_id: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw
+    allow_patterns: ["*.json", "*.safetensors", "engram/rank-1-of-4/*"]
+    require_match: ["engram/rank-1-of-4/*"]
+    peer_dir: /raid/hf-local/hub/.locks/dgx-stage-peer/models--coolbho3k--DeepSeek-V4.1-Flash-EXL3-3bpw
 
 - name: Prove every local blob against its name (no NAS read); fail, copying nothing, if files are not staged
   hf_hub_mirror:
@@ -310,6 +350,47 @@ bytes_copied:
   description: Bytes written (copies and repairs); in check mode, bytes that would be written.
   returned: success; on failure when the run has a result
   type: int
+bytes_from_nas:
+  description:
+    - Bytes of RV(bytes_copied) copied from the NAS; in check mode, what would be (the candidates of the right size
+      in O(peer_dir) not counted).
+  returned: success; on failure when the run has a result
+  type: int
+bytes_from_peers:
+  description:
+    - Bytes of RV(bytes_copied) adopted from O(peer_dir) candidates that hashed to their names; in check mode, the
+      bytes of the candidates there at the right size (not hashed yet). 0 without O(peer_dir).
+  returned: success; on failure when the run has a result
+  type: int
+peer_rejected:
+  description: One record per O(peer_dir) candidate that was not adopted (the blob was fetched from the NAS); empty in
+    check mode.
+  returned: success; on failure when the run has a result
+  type: list
+  elements: dict
+  contains:
+    blob:
+      description: The blob name the candidate had.
+      type: str
+    paths:
+      description: The snapshot paths served by that blob.
+      type: list
+      elements: str
+    why:
+      description: Why it was rejected (its hash, its size, not a regular file, changed or replaced).
+      type: str
+wanted_blobs:
+  description:
+    - Sorted names of the blobs under C(blobs/) this run copies (in check mode, would copy) - copies and repairs -
+      what a peer may send to O(peer_dir).
+  returned: success; on failure when the run has a result
+  type: list
+  elements: str
+source_snapshot:
+  description: The NAS snapshot directory read.
+  returned: success; on failure when the run has a result
+  type: str
+  sample: /mnt/nas/hf/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
 bytes_staged:
   description: Bytes of the selected files (what the local snapshot holds when complete).
   returned: success; on failure when the run has a result
@@ -423,7 +504,10 @@ space:
       description: Bytes O(reserve) keeps free.
       type: int
     need:
-      description: Bytes the plan writes.
+      description: Bytes the plan writes, less RV(space.peers).
+      type: int
+    peers:
+      description: Bytes of the O(peer_dir) candidates already on the disk at their blob's size.
       type: int
     reclaimable:
       description: Bytes the plan frees (prune, debris).
@@ -471,6 +555,15 @@ report:
       type: int
     bytes_staged:
       description: RV(bytes_staged).
+      type: int
+    bytes_from_nas:
+      description: RV(bytes_from_nas).
+      type: int
+    bytes_from_peers:
+      description: RV(bytes_from_peers).
+      type: int
+    peer_rejected:
+      description: How many O(peer_dir) candidates were rejected (RV(peer_rejected)).
       type: int
     bytes_read:
       description: RV(bytes_read).
@@ -557,6 +650,8 @@ ARGUMENT_SPEC = dict(
     lease_file=dict(type="path"),
     lease_timeout=dict(type="int", default=120),
     time_limit=dict(type="int", default=0),
+    peer_dir=dict(type="path"),
+    require_match=dict(type="list", elements="str"),
 )
 
 
@@ -576,7 +671,8 @@ def main():
             revision=params["revision"], allow_patterns=params["allow_patterns"],
             ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
             prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
-            copy_missing=params["copy_missing"], phase=params["phase"])
+            copy_missing=params["copy_missing"], phase=params["phase"], peer_dir=params["peer_dir"],
+            require_match=params["require_match"])
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result

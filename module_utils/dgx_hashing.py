@@ -98,23 +98,29 @@ def feed_file(path, consumer, buf=None, on_read=None):
     the running engine's cache (and on a VM, recycling pages is much cheaper than growing the cache).
     on_read(count) is called after each chunk (the run's byte tally and progress file).
     """
-    buf = buf or ChunkBuffer()
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    total = 0
     try:
-        advise(fd, "POSIX_FADV_SEQUENTIAL")
-        while True:
-            buf.check()
-            got = os.readv(fd, [buf.data])
-            if not got:
-                break
-            consumer.update(buf.view[:got])
-            advise(fd, "POSIX_FADV_DONTNEED", total, got)
-            total += got
-            if on_read is not None:
-                on_read(got)
+        return feed_fd(fd, consumer, buf, on_read)
     finally:
         os.close(fd)
+
+
+def feed_fd(fd, consumer, buf=None, on_read=None):
+    """feed_file on a file already open (read from its current offset to its end; the caller closes it):
+    for a file opened without following links, whose bytes must be the ones later renamed."""
+    buf = buf or ChunkBuffer()
+    total = 0
+    advise(fd, "POSIX_FADV_SEQUENTIAL")
+    while True:
+        buf.check()
+        got = os.readv(fd, [buf.data])
+        if not got:
+            break
+        consumer.update(buf.view[:got])
+        advise(fd, "POSIX_FADV_DONTNEED", total, got)
+        total += got
+        if on_read is not None:
+            on_read(got)
     return total
 
 

@@ -25,9 +25,10 @@ from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_i
 from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
-from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, LocalTree, LocalWriteError, PassMeter,
-                                               RepoLock, SourceProblem, copy_verified, default_workers,
-                                               find_temp_debris, run_workers, symlink_atomic)
+from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, CandidateRejected, LocalTree,
+                                               LocalWriteError, PassMeter, RepoLock, SourceProblem, adopt_candidate,
+                                               clear_peer_dir, copy_verified, default_workers, find_temp_debris,
+                                               linked_dir_problem, run_workers, symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")
 PHASES = ("stage", "verify")
@@ -45,7 +46,7 @@ class MirrorRequest(object):
 
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
-                 copy_missing=True, phase="stage"):
+                 copy_missing=True, phase="stage", peer_dir=None, require_match=None):
         if verify not in VERIFY_MODES:
             raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
         if phase not in PHASES:
@@ -67,6 +68,8 @@ class MirrorRequest(object):
         self.folder = repo_folder_name(repo_id, repo_type)
         self.copy_missing = bool(copy_missing)
         self.phase = phase
+        self.peer_dir = os.path.abspath(peer_dir) if peer_dir else None
+        self.require_match = list(require_match) if require_match else []
 
 
 class MirrorFailed(StageError):
@@ -120,11 +123,17 @@ class Plan(object):
         self.stale = []            # unwanted local paths kept because prune is off
         self.debris = []           # temp files of killed runs
         self.freed_bytes = 0
+        self.peer_bytes = 0        # bytes of the writes whose peer_dir candidate is there at the blob's size
         self.warnings = []
 
     @property
     def write_bytes(self):
         return sum(w.size for w in self.writes)
+
+    @property
+    def wanted_blobs(self):
+        """Blob names (under blobs/) the plan copies: what a peer may send to peer_dir."""
+        return sorted(set(w.etag for w in self.writes if w.etag))
 
     @property
     def changes(self):
@@ -344,10 +353,12 @@ def plan_mirror(req, check_mode=False, meter=None):
                              % (req.repo_id, req.src, req.src))
         raise StageError("unknown repo %s: %s not found; the NAS hub holds: %s"
                          % (req.repo_id, plan.src_repo, ", ".join(known)))
+    refuse_bad_peer_dir(req)
     plan.commit = meter.commit = resolve_commit(plan.src_repo, req.revision)
     plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src, strict=False)
     if not plan.entries:
         raise StageError("snapshot %s of %s is empty on the NAS" % (plan.commit, req.repo_id))
+    refuse_unmatched_required(plan, req)
     plan.selected = [e for e in plan.entries if path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
     plan.excluded = [e for e in plan.entries if not path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
     if not plan.selected:
@@ -370,7 +381,69 @@ def plan_mirror(req, check_mode=False, meter=None):
     prove_present(plan, req, meter)
     if not req.copy_missing:
         refuse_not_staged(plan, req)      # a file removed while the others were proven
+    plan.peer_bytes = sum(w.size for w in plan.writes if candidate_present(req, w))
     return plan
+
+
+def source_snapshot(plan):
+    """The NAS snapshot directory the plan reads (None before the commit is known)."""
+    return os.path.join(plan.src_repo, "snapshots", plan.commit) if plan.commit else None
+
+
+def refuse_unmatched_required(plan, req):
+    """StageError when a require_match pattern (the host's rank patterns) matches no file of the snapshot:
+    a lane larger than the checkpoint was cut for, or a typo, would otherwise stage the shared files only."""
+    for pattern in unmatched_patterns([e.path for e in plan.entries], req.require_match):
+        raise StageError("rank pattern %r matches no file of %s@%s: check rank_patterns and the lane's size "
+                         "(require_match holds this host's rank patterns; fnmatch on snapshot-relative paths, "
+                         "'dir/' for a whole dir); nothing was written" % (pattern, req.repo_id, plan.commit))
+
+
+def peer_dir_rel(req):
+    """peer_dir relative to dest ('/'-separated), or None without one."""
+    if not req.peer_dir:
+        return None
+    return os.path.relpath(req.peer_dir, req.dest).replace(os.sep, "/")
+
+
+def peer_dir_problem(req):
+    """Why peer_dir cannot be the run's scratch directory, or None. The run removes it and what is
+    left in it, so it must be a directory of its own inside dest: not dest, not in a repo folder or a
+    repo's lock directory, reached through no symlink."""
+    if not req.peer_dir:
+        return None
+    convention = os.path.join(req.dest, ".locks", "dgx-stage-peer", req.folder)
+    fix = ("the run removes peer_dir and what is left in it, so it must be a scratch directory of its own inside "
+           "dest, by convention %s; nothing was written" % convention)
+    if not is_within(req.peer_dir, req.dest) or req.peer_dir == req.dest:
+        return "peer_dir %s is not inside dest %s: %s" % (req.peer_dir, req.dest, fix)
+    parts = peer_dir_rel(req).split("/")
+    if "--" in parts[0] or parts == [".locks"] or (parts[0] == ".locks" and "--" in parts[1]):
+        return "peer_dir %s is %s: %s" % (
+            req.peer_dir, "a repo's lock directory (or inside one)" if parts[0] == ".locks" and len(parts) > 1
+            else "the lock root" if parts == [".locks"] else "inside the repo folder %s" % parts[0], fix)
+    if os.path.isdir(req.dest):
+        problem = linked_dir_problem(req.dest, peer_dir_rel(req))
+        if problem:
+            return "peer_dir %s: %s" % (req.peer_dir, problem)
+    return None
+
+
+def refuse_bad_peer_dir(req):
+    problem = peer_dir_problem(req)
+    if problem:
+        raise StageError(problem)
+
+
+def candidate_present(req, work):
+    """Whether peer_dir holds a regular file named like this Work's blob at its size (not yet hashed)."""
+    if not req.peer_dir or not work.etag:
+        return False
+    try:
+        st = os.lstat(os.path.join(req.peer_dir, work.etag))
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == work.size
 
 
 def refuse_not_staged(plan, req):
@@ -526,8 +599,9 @@ def space_figures(plan, req):
     """The free-space figures of a plan (the module's `space`): free, reserve, need, reclaimable."""
     free, total = disk_space(existing_ancestor(req.dest))
     # need: file bytes; block rounding and metadata are what stage_reserve is for
-    return {"free": free, "reserve": parse_reserve(req.reserve, total), "need": plan.write_bytes,
-            "reclaimable": plan.freed_bytes}
+    # Candidates in peer_dir are already on this disk: adopting one moves it, rejecting one frees its place.
+    return {"free": free, "reserve": parse_reserve(req.reserve, total), "need": plan.write_bytes - plan.peer_bytes,
+            "reclaimable": plan.freed_bytes, "peers": plan.peer_bytes}
 
 
 def check_space(plan, req):
@@ -560,6 +634,8 @@ class Outcome(object):
         self.source_errors = []    # messages of other source problems (changed during the copy, unreadable)
         self.unavailable = set()   # snapshot paths with no good local content after this run
         self.applied = False       # apply_plan ran (else the run was refused before writing anything)
+        self.from_peers = []       # Work items adopted (or copied) from a peer_dir candidate
+        self.peer_rejected = []    # {blob, paths, why} of candidates that were not their blob
 
     @property
     def failed(self):
@@ -600,10 +676,22 @@ def _disk_error(error, what, req, plan, meter, written=None):
            else "Check the disk (dmesg, smartctl) before re-running"))
 
 
-def _place(directory, work, meter, buf, outcome):
-    """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised."""
+def _place(directory, work, meter, buf, outcome, peer=None):
+    """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised.
+    A blob whose candidate in `peer` (peer_dir, open) hashes to its name is adopted instead, reading
+    nothing from the NAS; a candidate that does not is recorded in outcome.peer_rejected and the NAS
+    copy is made as usual."""
     name = os.path.basename(work.final)
     meter.working_on(work.paths[0])
+    if peer is not None and work.etag:
+        try:
+            if adopt_candidate(peer, directory, name, work.size, buf, meter.reader("copying", "local")):
+                outcome.from_peers.append(work)
+                outcome.written.append(work)
+                meter.item_done("copying")
+                return
+        except CandidateRejected as exc:
+            outcome.peer_rejected.append({"blob": work.etag, "paths": list(work.paths), "why": str(exc)})
     try:
         copy_verified(work.source, directory, name, work.size, blob_name=work.etag,
                       progress=meter.reader("copying", "nas"), buf=buf)
@@ -636,18 +724,30 @@ def _nas_corrupt_record(directory, work, problem, outcome, buf, meter):
     return nas_corrupt_record(work, problem.got, local, "its bytes hash to %s" % problem.got)
 
 
+def _open_peer_dir(tree, req, plan):
+    """peer_dir opened without following links, or None (none given, not there, no blob to copy)."""
+    if not req.peer_dir or not plan.wanted_blobs:
+        return None
+    try:
+        return tree.open_dir(peer_dir_rel(req))
+    except FileNotFoundError:
+        return None
+
+
 def _write_blobs(tree, plan, req, meter, outcome):
     """Copies and repairs, `req.workers` in flight, biggest first; blobs before real snapshot files."""
     dirs = {}
+    peer = None
     try:
         for work in plan.writes:
             parent = os.path.dirname(work.final)
             if parent not in dirs:
                 dirs[parent] = tree.open_dir(_rel(tree, parent), create=True)
+        peer = _open_peer_dir(tree, req, plan)
 
         def place(work, buf):
             try:
-                _place(dirs[os.path.dirname(work.final)], work, meter, buf, outcome)
+                _place(dirs[os.path.dirname(work.final)], work, meter, buf, outcome, peer)
             except LocalWriteError as exc:
                 if exc.errno in DISK_ERRNOS:
                     raise _disk_error(exc.errno, exc.path, req, plan, meter, exc.written)
@@ -664,6 +764,8 @@ def _write_blobs(tree, plan, req, meter, outcome):
     finally:
         for directory in dirs.values():
             directory.close()
+        if peer is not None:
+            peer.close()
 
 
 def _write_links(tree, plan):
@@ -796,7 +898,9 @@ def run_mirror(req, check_mode=False, progress=True):
     Raises StageError for bad input (nothing written), MirrorFailed (with the result) when some
     selected file could not be staged or a NAS blob fails its name, or when copy_missing is off and
     selected files have no local copy (nothing written). Under the repo lock the pass keeps the
-    progress file (unless progress=False), which says how it ended: ok, failed or interrupted.
+    progress file (unless progress=False), which says how it ended: ok, failed or interrupted, and
+    at its end (ok, failed or interrupted) removes peer_dir with what is left in it; a run refused
+    before it takes the lock (bad input, require_match, space, files not staged) leaves peer_dir alone.
     """
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
@@ -809,15 +913,34 @@ def run_mirror(req, check_mode=False, progress=True):
             if progress:
                 meter.attach(lock_dir)
             try:
-                result = _run_locked(tree, req, meter, started)
+                try:
+                    result = _run_locked(tree, req, meter, started)
+                finally:
+                    peer_problems = _clear_peer_dir(tree, req)
             except KeyboardInterrupt as exc:
                 meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
+                raise
+            except MirrorFailed as exc:
+                exc.result["warnings"].extend(peer_problems)
+                meter.close("failed", str(exc))
                 raise
             except BaseException as exc:
                 meter.close("failed", str(exc) or type(exc).__name__)
                 raise
+            result["warnings"].extend(peer_problems)
             meter.close("ok")
     return result
+
+
+def _clear_peer_dir(tree, req):
+    """Remove peer_dir (scratch) and what is left in it; the problems, as warnings. Never raises: it runs
+    on the way out of a failed or interrupted run too."""
+    if not req.peer_dir:
+        return []
+    try:
+        return clear_peer_dir(tree, peer_dir_rel(req))
+    except Exception as exc:  # pylint: disable=broad-except  # a clean-up problem must not hide the run's
+        return ["peer_dir %s was not removed: %s" % (req.peer_dir, exc)]
 
 
 def _run_locked(tree, req, meter, started):
@@ -895,14 +1018,15 @@ def _apply_locked(tree, plan, req, space, started, meter):
 
 REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "bytes_read", "duration_s",
                "verify", "phase", "changed", "repaired_paths", "repairs", "pruned", "excluded_paths", "nas_corrupt",
-               "unstaged_paths")
+               "unstaged_paths", "bytes_from_nas", "bytes_from_peers")
 
 
 def with_report(result, req, check_mode=False, failed=False):
     """Add `report`: this repo's row of the host report, shaped here so the role only passes it on."""
     row = dict((key, result[key]) for key in REPORT_KEYS)
     row.update(repo_id=req.repo_id, repo_type=req.repo_type, revision=req.revision, check_mode=check_mode,
-               status="failed" if failed else ("check" if check_mode else "ok"))
+               status="failed" if failed else ("check" if check_mode else "ok"),
+               peer_rejected=len(result["peer_rejected"]))
     result["report"] = row
     result["summary"] = summary_line(result, req, check_mode, failed)
     return result
@@ -919,6 +1043,13 @@ def summary_line(result, req, check_mode, failed):
     if copied or req.phase == "stage":
         parts.append("%s%s %s, %s" % (would, "copy" if check_mode else "copied", _count(copied, "file"),
                                       human_bytes(result["bytes_copied"] - repaired_bytes)))
+    peers = []
+    if result["bytes_from_peers"]:
+        peers.append("%s from peers" % human_bytes(result["bytes_from_peers"]))
+    if result["peer_rejected"]:
+        peers.append("%s rejected" % _count(len(result["peer_rejected"]), "peer blob"))
+    if peers:
+        parts[-1:] = [", ".join(parts[-1:] + peers)]
     if repaired or req.phase == "verify":
         parts.append("%s%s %s, %s" % (would, "repair" if check_mode else "repaired", _count(repaired, "file"),
                                       human_bytes(repaired_bytes)))
@@ -996,6 +1127,9 @@ def _result(plan, req, outcome, space, dangling, started, meter):
     nas_corrupt = plan.nas_corrupt if outcome is None else outcome.nas_corrupt
     repairs = [repair_record(w) for w in done if w.is_repair]
     check_mode = outcome is None
+    # In check mode the candidates of the right size stand for what would come from peers (not hashed).
+    from_peers = plan.peer_bytes if check_mode else sum(w.size for w in outcome.from_peers)
+    bytes_copied = sum(w.size for w in done)
     return {
         "changed": bool(done or links or refs_written or pruned or debris or listing
                         or any(r["local"] == "removed" for r in nas_corrupt)),
@@ -1011,7 +1145,12 @@ def _result(plan, req, outcome, space, dangling, started, meter):
         "repairs": repairs,
         "links_written": len(links),
         "refs_written": refs_written,
-        "bytes_copied": sum(w.size for w in done),
+        "bytes_copied": bytes_copied,
+        "bytes_from_nas": bytes_copied - from_peers,
+        "bytes_from_peers": from_peers,
+        "peer_rejected": [] if check_mode else list(outcome.peer_rejected),
+        "wanted_blobs": plan.wanted_blobs,
+        "source_snapshot": source_snapshot(plan),
         "bytes_staged": sum(e.size for e in plan.selected),
         "bytes_read": meter.bytes_read(),
         "excluded_paths": [e.path for e in plan.excluded],

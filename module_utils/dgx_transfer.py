@@ -24,7 +24,7 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, temp_name_for, unlink_quietly,
                                              walk_tree)
-from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
+from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise, feed_fd
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -177,8 +177,11 @@ def _identity(st):
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None):
+def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
     """Copy `source` to `directory/name` through a fsynced temp file and one rename; returns bytes copied.
+
+    With source_fd (an open file of the caller's, read from its start and left open), that file is
+    read and `source` only names it in messages.
 
     The source is read once, in large chunks: each chunk is hashed (when blob_name is given: sha256 or
     git blob sha1, as the hub named the blob) and written from the same buffer. The temp file gets
@@ -190,11 +193,15 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     buf = buf or ChunkBuffer()
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)
-    try:
-        # O_NONBLOCK: a FIFO planted on the NAS must fail the open, not hang the run holding the lock.
-        src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as exc:
-        raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
+    if source_fd is not None:
+        src_fd = os.dup(source_fd)
+        os.lseek(src_fd, 0, os.SEEK_SET)
+    else:
+        try:
+            # O_NONBLOCK: a FIFO planted on the NAS must fail the open, not hang the run holding the lock.
+            src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
     temp = temp_name_for(name)
     created = False
     try:
@@ -282,6 +289,177 @@ def _refuse_changed_source(src_fd, before, source, copied, size):
         raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
                             "is something writing the NAS copy? Re-run when it is stable; nothing was "
                             "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
+
+
+class CandidateRejected(StageError):
+    """A peer candidate that is not the blob its name says (or not a plain file): never adopted."""
+
+
+# A candidate is opened without following a link, and a FIFO must fail or return at once, never block.
+_CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
+    """Move the candidate `peer/name` (a copy another host sent) to `directory/name` when its bytes hash
+    to `name` at `size`; True when adopted, False when there is no candidate.
+
+    Only a regular file is a candidate, opened without following a link. Its bytes are hashed from that
+    open file; it is made 0644 and fsynced like a copy, renamed to a temp name next to the blob, and given
+    the blob's name only when the file there is still the inode that was hashed, unchanged. A candidate
+    on another filesystem (EXDEV) or with other hard links is copied through copy_verified instead, so the
+    blob never shares an inode with a file outside the repo. Anything else raises CandidateRejected (the
+    candidate removed, a directory left for the peer_dir clean-up to report); nothing then has the name.
+    `progress(count)` is called for the bytes read from the candidate.
+    """
+    try:
+        fd = os.open(name, _CANDIDATE_FLAGS, dir_fd=peer.fd)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            unlink_quietly(name, dir_fd=peer.fd)    # the link itself, never its target
+            raise CandidateRejected("it is a symlink, not a file: not followed")
+        raise CandidateRejected("it cannot be opened: %s" % exc)
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            if not stat.S_ISDIR(before.st_mode):
+                unlink_quietly(name, dir_fd=peer.fd)
+            raise CandidateRejected("it is %s, not a regular file: not read" % _kind_of(before.st_mode))
+        if before.st_size != size:
+            _drop_candidate(peer, name, before)
+            raise CandidateRejected("its size is %d bytes, the blob's is %d" % (before.st_size, size))
+        if before.st_dev != os.fstat(directory.fd).st_dev or before.st_nlink != 1:
+            return _copy_candidate(peer, directory, name, size, fd, before, buf, progress)
+        _make_like_a_copy(fd, before)
+        return _hash_and_rename(peer, directory, name, size, fd, buf, progress)
+    finally:
+        os.close(fd)
+
+
+def _kind_of(mode):
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return words
+    return "of file type %o" % stat.S_IFMT(mode)
+
+
+def _make_like_a_copy(fd, st):
+    """Mode 0644 and (when allowed) the run's owner, as copy_verified's files have."""
+    os.fchmod(fd, 0o644)
+    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.fchown(fd, os.geteuid(), os.getegid())
+        except OSError:
+            pass
+
+
+def _drop_candidate(peer, name, st):
+    """Remove peer/name when it is still the file `st` describes (a later one there is the clean-up's)."""
+    try:
+        now = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
+    except OSError:
+        return
+    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+        unlink_quietly(name, dir_fd=peer.fd)
+
+
+def _hash_and_rename(peer, directory, name, size, fd, buf, progress):
+    before = os.fstat(fd)       # after the chmod: any later change moves its ctime
+    hasher = NameHasher(name, size)
+    count = feed_fd(fd, hasher, buf, progress)
+    after = os.fstat(fd)
+    if count != size or not hasher.matches():
+        _drop_candidate(peer, name, after)
+        raise CandidateRejected("its bytes hash to %s, not to its name (%d of %d bytes read)"
+                                % (hasher.hexdigest(), count, size))
+    if _identity(after) != _identity(before):
+        _drop_candidate(peer, name, after)
+        raise CandidateRejected("it changed while it was hashed: is something still writing peer_dir?")
+    final = directory.join(name)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, 0, exc.errno)
+    temp = temp_name_for(name)
+    try:
+        os.rename(name, temp, src_dir_fd=peer.fd, dst_dir_fd=directory.fd)
+    except FileNotFoundError:
+        raise CandidateRejected("it was removed while it was hashed")
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:        # a bind mount of the same filesystem: copy it, still hashed
+            return _copy_candidate(peer, directory, name, size, fd, after, buf, progress)
+        raise LocalWriteError("moving %s to %s failed: %s" % (peer.join(name), final, exc), final, 0, exc.errno)
+    try:
+        moved = os.stat(temp, dir_fd=directory.fd, follow_symlinks=False)
+        if (moved.st_dev, moved.st_ino, moved.st_size, moved.st_mtime_ns) != (
+                after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns):
+            unlink_quietly(temp, dir_fd=directory.fd)
+            raise CandidateRejected("it was replaced by another file before it was moved")
+        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
+    except BaseException:
+        unlink_quietly(temp, dir_fd=directory.fd)
+        raise
+    return True
+
+
+def _copy_candidate(peer, directory, name, size, fd, st, buf, progress):
+    """The candidate copied (and hashed as it is read) instead of moved; then removed."""
+    try:
+        copy_verified(peer.join(name), directory, name, size, blob_name=name, progress=progress, buf=buf,
+                      source_fd=fd)
+    except SourceProblem as problem:
+        _drop_candidate(peer, name, st)
+        if problem.got is not None:
+            raise CandidateRejected("its bytes hash to %s, not to its name" % problem.got)
+        raise CandidateRejected("it changed while it was copied: is something still writing peer_dir?")
+    _drop_candidate(peer, name, st)
+    return True
+
+
+def clear_peer_dir(tree, rel):
+    """Remove the scratch directory root/rel and what is directly in it (files, temp files, links -
+    never a link's target); a directory inside it is not entered but named. Returns the problems
+    (texts), [] when it is gone or was never there."""
+    try:
+        peer = tree.open_dir(rel)
+    except FileNotFoundError:
+        return []
+    except (StageError, OSError) as exc:
+        return ["peer_dir %s was not removed: %s" % (os.path.join(tree.root, rel), exc)]
+    problems, kept = [], []
+    with peer:
+        try:
+            with os.scandir(peer.fd) as entries:
+                children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        except OSError as exc:
+            return ["peer_dir %s was not removed: listing it failed: %s" % (peer.path, exc)]
+        for child, is_dir in sorted(children):
+            if is_dir:
+                kept.append(child)
+                continue
+            try:
+                os.unlink(child, dir_fd=peer.fd)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                problems.append("%s could not be removed: %s" % (peer.join(child), exc))
+    if kept:
+        problems.append("peer_dir %s holds director%s (%s) that dgx-stage does not enter: remove %s by hand"
+                        % (peer.path, "y" if len(kept) == 1 else "ies", ", ".join(kept),
+                           "it" if len(kept) == 1 else "them"))
+    if problems:
+        return problems
+    parent_rel, leaf = os.path.split(rel.rstrip("/"))
+    try:
+        with tree.open_dir(parent_rel) as parent:
+            os.rmdir(leaf, dir_fd=parent.fd)
+    except FileNotFoundError:
+        pass
+    except (StageError, OSError) as exc:
+        problems.append("peer_dir %s was emptied but not removed: %s" % (os.path.join(tree.root, rel), exc))
+    return problems
 
 
 # Blobs in flight by default: enough to overlap NAS reads, hashing and local writes on every core.

@@ -283,3 +283,41 @@ def test_sigterm_mid_copy_stops_the_workers_removes_their_temp_files_and_reports
     assert not [n for n in os.listdir(blob_dir) if n.startswith(TEMP_PREFIX)]
     assert not os.path.exists(os.path.join(local_repo(nas, local_hub), "refs", "main"))
     assert run_module(args)["changed"] is True and run_module(args)["changed"] is False
+
+
+# ------------------------------------------------------------------------------------------------
+# peer_dir: blobs another host of the lane sent are adopted only when they hash to their names
+# ------------------------------------------------------------------------------------------------
+
+def test_module_adopts_a_good_peer_blob_and_refetches_a_corrupt_one_from_the_nas(nas_hub, local_hub, run_module):
+    repo = nas_hub["repos"][MAIN]
+    blobs = unique_blobs(staged_files(nas_hub))
+    good, corrupt = [repo["files"][shard]["etag"] for shard in repo["shards"][:2]]
+    peer_dir = os.path.join(str(local_hub), ".locks", "dgx-stage-peer", repo["folder"])
+    os.makedirs(peer_dir)
+    for etag in (good, corrupt):
+        with open(os.path.realpath(os.path.join(nas_hub.repo_dir(), "blobs", etag)), "rb") as src:
+            data = bytearray(src.read())
+        if etag == corrupt:
+            data[len(data) // 2] ^= 0xFF          # corrupted in transit: same size, one byte flipped
+        with open(os.path.join(peer_dir, etag), "wb") as dst:
+            dst.write(data)
+    good_inode = os.stat(os.path.join(peer_dir, good)).st_ino
+    args = main_args(nas_hub, local_hub, peer_dir=peer_dir)
+    check = run_module(args, check=True)
+    assert check["wanted_blobs"] == sorted(blobs) and sorted(os.listdir(peer_dir)) == sorted([good, corrupt])
+    result = run_module(args)
+    assert result["changed"] is True and not result.get("failed")
+    assert result["bytes_from_peers"] == blobs[good]
+    assert result["bytes_from_nas"] == sum(blobs.values()) - blobs[good]
+    assert result["bytes_copied"] == sum(blobs.values())
+    assert [(r["blob"], r["paths"]) for r in result["peer_rejected"]] == [(corrupt, [repo["shards"][1]])]
+    assert result["report"]["bytes_from_peers"] == blobs[good] and result["report"]["peer_rejected"] == 1
+    assert result["source_snapshot"] == nas_hub.snapshot_dir()
+    blob_dir = os.path.join(local_repo(nas_hub, local_hub), "blobs")
+    assert os.stat(os.path.join(blob_dir, good)).st_ino == good_inode      # moved, not copied
+    for etag in blobs:
+        assert blob_matches_name(os.path.join(blob_dir, etag), etag), etag
+    assert not os.path.lexists(peer_dir)
+    again = run_module(args)
+    assert again["changed"] is False and (again["bytes_from_nas"], again["bytes_from_peers"]) == (0, 0)

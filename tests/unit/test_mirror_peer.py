@@ -3,6 +3,7 @@ candidate blobs another host of the lane sent are adopted only after they hash t
 else is rejected and fetched from the NAS; peer_dir is scratch the run removes; require_match refuses a
 rank pattern that matches nothing. Fixtures and helpers are test_mirror's (one synthetic NAS hub each).
 """
+import errno
 import os
 import re
 import shutil
@@ -12,12 +13,14 @@ import pytest
 
 import hubgen
 from ansible.module_utils import dgx_mirror as mirror
+from ansible.module_utils import dgx_transfer
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from ansible.module_utils.dgx_mirror import run_mirror
 from test_mirror import (  # noqa: F401  (fixtures are found by name)
     MAIN, PAGE15, _record_opens, _small_nas, _small_template, assert_all_local, corrupt_nas_blob, expect_failure,
     fresh_nas, interrupt_copy_number, local, local_blob, local_repo, mirror_request, nas, nas_blob_real, prestage,
-    selected, stage, unique_blobs)
+    progress_of, selected, stage, unique_blobs)
 from treestate import snapshot_diff, tree_snapshot
 
 
@@ -314,3 +317,97 @@ def test_require_match_patterns_that_match_stage_as_usual(nas, local):
     assert result["changed"] is True and result["warnings"] == []
     assert_all_local(nas, local)
     assert re.match(r"^[0-9a-f]{40}$", result["commit"])
+
+
+# ------------------------------------------------------------------------------------------------
+# what gets the name is the inode that was hashed; other ways in are copies, still hashed
+# ------------------------------------------------------------------------------------------------
+
+def _on_rename_of(monkeypatch, etag, action):
+    """Run action() just before the candidate `etag` is renamed (the window after its hash)."""
+    real_rename = os.rename
+
+    def rename(src, dst, **kwargs):
+        if src == etag:
+            action()
+        return real_rename(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def test_candidate_replaced_after_its_hash_is_not_given_the_name(nas, local, monkeypatch):
+    etag, size = shard_blob(nas, 0)
+    candidate = put_candidate(nas, local, etag)
+
+    def swap():          # another writer puts other bytes of the same size under the candidate's name
+        os.unlink(candidate)
+        with open(candidate, "wb") as handle:
+            handle.write(b"\0" * size)
+
+    _on_rename_of(monkeypatch, etag, swap)
+    result = peer_stage(nas, local)
+    monkeypatch.undo()
+    assert [r["blob"] for r in result["peer_rejected"]] == [etag]
+    assert "replaced" in result["peer_rejected"][0]["why"] and result["bytes_from_peers"] == 0
+    assert_all_local(nas, local)
+    assert not [p for p in tree_snapshot(local) if TEMP_PREFIX in p]
+
+
+def test_candidate_on_another_mount_is_copied_and_hashed_not_moved(nas, local, monkeypatch):
+    etag, size = shard_blob(nas, 0)
+    inode = os.stat(put_candidate(nas, local, etag)).st_ino
+
+    def cross_device():
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    _on_rename_of(monkeypatch, etag, cross_device)
+    result = peer_stage(nas, local)
+    monkeypatch.undo()
+    assert result["bytes_from_peers"] == size and result["peer_rejected"] == []
+    assert os.stat(local_blob(nas, local, etag)).st_ino != inode
+    assert_all_local(nas, local)
+
+
+def test_hardlinked_candidate_is_copied_so_the_blob_shares_no_inode(nas, local):
+    etag, size = shard_blob(nas, 0)
+    candidate = put_candidate(nas, local, etag)
+    other_name = os.path.join(str(local), "other-link")
+    os.link(candidate, other_name)
+    result = peer_stage(nas, local)
+    assert result["bytes_from_peers"] == size
+    blob = os.stat(local_blob(nas, local, etag))
+    assert blob.st_ino != os.stat(other_name).st_ino and blob.st_nlink == 1
+    assert_all_local(nas, local)
+
+
+def test_candidate_changed_while_hashed_is_rejected(nas, local, monkeypatch):
+    etag, _size = shard_blob(nas, 0)
+    candidate = put_candidate(nas, local, etag)
+    real_feed = dgx_transfer.feed_fd
+
+    def feed_then_touch(fd, *args, **kwargs):
+        count = real_feed(fd, *args, **kwargs)
+        os.utime(candidate, ns=(0, 0))        # a writer still at work: its mtime and ctime move
+        return count
+
+    monkeypatch.setattr(dgx_transfer, "feed_fd", feed_then_touch)
+    result = peer_stage(nas, local)
+    monkeypatch.undo()
+    assert [r["blob"] for r in result["peer_rejected"]] == [etag]
+    assert "changed while it was hashed" in result["peer_rejected"][0]["why"]
+    assert_all_local(nas, local)
+
+
+def test_progress_file_counts_candidate_reads_and_ends_consistent(nas, local):
+    good, good_size = shard_blob(nas, 0)
+    bad, bad_size = shard_blob(nas, 1)
+    put_candidate(nas, local, good)
+    hubgen.flip_byte(put_candidate(nas, local, bad), 0)
+    result = peer_stage(nas, local)
+    doc = progress_of(nas, local)
+    assert (doc["status"], doc["finished"]) == ("ok", True)
+    assert doc["files_done"] == doc["files_total"] == len(unique_blobs(selected(nas)))
+    assert doc["bytes_done"] == doc["bytes_total"]
+    # both candidates were read (hashed) from the local disk; the rejected one then came from the NAS
+    assert doc["bytes_read"] == result["bytes_read"] == {"local": good_size + bad_size,
+                                                         "nas": total_bytes(nas) - good_size}

@@ -3,7 +3,14 @@
 A host report (module_utils/dgx_report.py) holds this run's passes (per repo mirror results), the engine's
 rows (manifest counts, ready state, smoke, decode with its floor). Receipts removed are not in the report:
 the front end takes them from the engine_receipts results of the run (recorded in run.json).
+
+Below the table, a "Stage pass" block (stage_lines) gives each host's own stage window and the bytes it read
+from the NAS and took from peers (the lane stages in waves of stage_nas_readers hosts; with fan-out, later
+hosts take proven blobs from earlier ones). It is shown for a lane (more than one host) or when any host took
+or rejected peer blobs, so a single host's output stays as it was. Each row carries its host's part of it
+under the key "stage_pass" (not a column), so every renderer can print it from the rows alone.
 """
+import datetime
 
 COLUMNS = (
     ("host", "HOST"),
@@ -168,14 +175,143 @@ def host_row(report, receipts_removed=None):
     }
 
 
+def _utc(value):
+    """A report's ISO 8601 UTC timestamp (2026-12-01T10:17:43Z, fractions allowed) as a datetime, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.strptime(value.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+
+
+def _clock(moment, run_date):
+    """HH:MM:SS, with the date in front when it is not the run's."""
+    if moment is None:
+        return "?"
+    text = moment.strftime("%H:%M:%S")
+    return text if moment.date() == run_date else "%s %s" % (moment.strftime("%Y-%m-%d"), text)
+
+
+def stage_window(started, finished, run_started=None):
+    """'10:17:43-10:17:52' (UTC): when a host's own stage work ran; a date only on an end whose day is not
+    the run's (then ' - ' between the ends, as the dates have hyphens); '-' when it did not stage."""
+    start, end = _utc(started), _utc(finished)
+    if start is None and end is None:
+        return NONE
+    run = _utc(run_started)
+    run_date = run.date() if run else (start or end).date()
+    ends = (_clock(start, run_date), _clock(end, run_date))
+    return (" - " if " " in ends[0] + ends[1] else "-").join(ends)
+
+
+def _count(value):
+    """peer_rejected of a stage row: a count, or the list of rejected blobs the module returns."""
+    return len(value) if isinstance(value, list) else int(_number(value) or 0)
+
+
+def stage_figures(report):
+    """One host's stage pass: window (started, finished), bytes from the NAS and from peers (None when the
+    run did not stage, or only planned: a --check run reads nothing), peer blobs rejected."""
+    rows = _rows(report, "stage")
+    check = report.get("check_mode") is True or report.get("status") == "check"
+    staged = bool(rows) or _utc(report.get("stage_started")) is not None
+    peers = _number(report.get("bytes_from_peers"))
+    nas = _number(report.get("bytes_from_nas"))
+    if peers is None and rows:   # a report older than these keys: its stage rows, as dgx_report sums them
+        peers = _sum(rows, "bytes_from_peers")
+    if nas is None and rows:
+        nas = sum(_number(r.get("bytes_from_nas")) if _number(r.get("bytes_from_nas")) is not None
+                  else (_number(r.get("bytes_copied")) or 0) - (_number(r.get("bytes_from_peers")) or 0)
+                  for r in rows)
+    return {
+        "started": report.get("stage_started"), "finished": report.get("stage_finished"),
+        "bytes_from_nas": None if check or not staged else (nas or 0),
+        "bytes_from_peers": None if check or not staged else (peers or 0),
+        "peer_rejected": sum(_count(r.get("peer_rejected")) for r in rows),
+        "staged": staged,
+    }
+
+
+def stage_cells(report):
+    """The host's "stage_pass" of its row: the block's cells and the figures that decide whether it shows."""
+    f = stage_figures(report)
+    return {"window": stage_window(f["started"], f["finished"], report.get("started")),
+            "from_nas": human_bytes(f["bytes_from_nas"]), "from_peers": human_bytes(f["bytes_from_peers"]),
+            "rejected": str(f["peer_rejected"]), "staged": f["staged"],
+            "bytes_from_nas": f["bytes_from_nas"], "bytes_from_peers": f["bytes_from_peers"],
+            "peer_rejected": f["peer_rejected"]}
+
+
 def table_rows(reports, receipts=None):
-    """Rows in host order (rank order when the reports have ranks) from {host: report}."""
+    """Rows in host order (rank order when the reports have ranks) from {host: report}; each row also
+    carries its host's stage pass under "stage_pass" (see stage_lines)."""
     receipts = receipts or {}
     reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
                    for h, r in reports.items())
     order = sorted(reports, key=lambda h: (reports[h].get("rank") if isinstance(reports[h].get("rank"), int)
                                            else 1 << 30, h))
-    return [host_row(dict(reports[h], host=reports[h].get("host") or h), receipts.get(h)) for h in order]
+    rows = []
+    for h in order:
+        report = dict(reports[h], host=reports[h].get("host") or h)
+        rows.append(dict(host_row(report, receipts.get(h)), stage_pass=stage_cells(report)))
+    return rows
+
+
+STAGE_TITLE = "Stage pass (UTC)"
+NO_STAGE = {"window": NONE, "from_nas": NONE, "from_peers": NONE, "rejected": "0", "staged": False,
+            "bytes_from_nas": None, "bytes_from_peers": None, "peer_rejected": 0}
+
+
+def _stage_of(row):
+    """A row's stage pass (a row made by host_row alone has none: it did not stage, as far as it says)."""
+    return row.get("stage_pass") if isinstance(row.get("stage_pass"), dict) else NO_STAGE
+
+
+def stage_pass_shown(rows):
+    """The block shows for a lane whose hosts staged (more than one host), or when any host took or
+    rejected peer blobs: a single host staging from the NAS alone (the demo) prints what it always did."""
+    passes = [_stage_of(row) for row in rows]
+    if any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes):
+        return True
+    return len(rows) > 1 and any(p["staged"] for p in passes)
+
+
+def _stage_columns(rows):
+    """(key, title) of the block: the rejected column only when a host rejected a peer blob."""
+    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
+    if any(_stage_of(row)["peer_rejected"] for row in rows):
+        columns.append(("rejected", "PEER REJECTED"))
+    return columns
+
+
+def _stage_table(rows):
+    """[header, line per host] as cell lists (HOST first)."""
+    columns = _stage_columns(rows)
+    return ([["HOST"] + [title for _key, title in columns]] +
+            [[row["host"]] + [_stage_of(row)[key] for key, _title in columns] for row in rows])
+
+
+def _lane_total(rows):
+    """'lane: 96.0 MiB from the NAS, 144.0 MiB from peers' for more than one host, else None."""
+    passes = [_stage_of(row) for row in rows]
+    if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes):
+        return None
+    return "lane: %s from the NAS, %s from peers" % (human_bytes(sum(p["bytes_from_nas"] or 0 for p in passes)),
+                                                     human_bytes(sum(p["bytes_from_peers"] or 0 for p in passes)))
+
+
+def stage_lines(rows):
+    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown
+    (stage_pass_shown)."""
+    if not rows or not stage_pass_shown(rows):
+        return []
+    cells = _stage_table(rows)
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    lines = [STAGE_TITLE] + ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
+                             for line in cells]
+    total = _lane_total(rows)
+    return lines + ([total] if total else [])
 
 
 def render_plain(rows):
@@ -184,7 +320,8 @@ def render_plain(rows):
     lines = ["  ".join(title.ljust(widths[key]) for key, title in COLUMNS).rstrip()]
     for row in rows:
         lines.append("  ".join(row[key].ljust(widths[key]) for key, _title in COLUMNS).rstrip())
-    return "\n".join(lines)
+    stage = stage_lines(rows)
+    return "\n".join(lines + ([""] + stage if stage else []))
 
 
 def markdown_escape(text):
@@ -202,6 +339,15 @@ def render_markdown(rows, title=None, failures=()):
     lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
     for row in rows:
         lines.append("| " + " | ".join(markdown_escape(row[key]) for key, _title in COLUMNS) + " |")
+    if rows and stage_pass_shown(rows):
+        cells = _stage_table(rows)
+        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""]
+        lines += ["| " + " | ".join(markdown_escape(cell) for cell in line) + " |" for line in cells[:1]]
+        lines.append("|" + "|".join("---" for _ in cells[0]) + "|")
+        lines += ["| " + " | ".join(markdown_escape(cell) for cell in line) + " |" for line in cells[1:]]
+        total = _lane_total(rows)
+        if total:
+            lines += ["", markdown_escape(total)]
     if failures:
         lines.append("")
         for failure in failures:
@@ -242,6 +388,10 @@ def print_table(console, rows, title=None):
         if title:
             console.print(title, markup=False, highlight=False)
         console.print(render_vertical(rows), markup=False, highlight=False)
+    stage = stage_lines(rows)
+    if stage:
+        # soft_wrap: the lines as stage_lines made them (the terminal wraps a long one, rich would reflow it)
+        console.print("\n".join([""] + stage), markup=False, highlight=False, soft_wrap=True)
 
 
 def rich_table(rows, title=None):

@@ -92,7 +92,7 @@ def test_rows_are_in_rank_order_and_plain_text_is_aligned_without_escapes():
     assert [r["host"] for r in rows] == ["rank1", "localhost"]
     text = table.render_plain(rows)
     lines = text.splitlines()
-    assert len(lines) == 3 and "\x1b" not in text
+    assert lines[3:5] == ["", "Stage pass (UTC)"] and "\x1b" not in text   # two hosts: the block below
     assert lines[0].startswith("HOST       RUN ") and lines[2].startswith("localhost  20261201T101737Z-ed44  ok ")
     # Every column starts at the same offset on every line.
     start = lines[0].index("COPIED")
@@ -182,3 +182,121 @@ def test_a_narrow_terminal_gets_one_block_per_host_instead_of_a_squeezed_table()
             assert row["status"] in text and row["run_id"] in text
     assert table.render_vertical(rows[:1]).splitlines()[:3] == [
         rows[0]["host"], "RUN:                   " + rows[0]["run_id"], "STATUS:                ok"]
+
+
+# --- the stage pass block: each host's own window and where its bytes came from -------------------------------
+
+def lane_reports(world_size=4, readers=2):
+    """A lane of hosts staging in waves of `readers` (rank order) with fan-out: rank 0 reads everything from the
+    NAS, the later ranks take the shared part from peers and read only their own part from the NAS; rank 3
+    rejected one peer blob (refetched from the NAS)."""
+    reports = {}
+    for rank in range(world_size):
+        report = fixture("report-stage-ok.json")
+        wave = rank // readers
+        nas, peers = (48 * 2 ** 20, 0) if rank == 0 else (8 * 2 ** 20, 40 * 2 ** 20)
+        report.update(host="dgx%d" % (rank + 1), rank=rank, world_size=world_size, bytes_from_nas=nas,
+                      bytes_from_peers=peers, stage_started="2026-12-01T10:%02d:05Z" % (18 + 2 * wave),
+                      stage_finished="2026-12-01T10:%02d:59Z" % (19 + 2 * wave))
+        report["passes"]["stage"][0].update(bytes_from_nas=nas, bytes_from_peers=peers,
+                                            peer_rejected=1 if rank == 3 else 0)
+        reports[report["host"]] = report
+    return reports
+
+
+def test_a_lane_shows_each_hosts_stage_window_and_bytes_from_the_nas_and_from_peers():
+    rows = table.table_rows(lane_reports())
+    text = table.render_plain(rows)
+    block = text.split("\n\n", 1)[1].splitlines()
+    assert block == [
+        "Stage pass (UTC)",
+        "HOST  STAGE WINDOW       FROM NAS  FROM PEERS  PEER REJECTED",
+        "dgx1  10:18:05-10:19:59  48.0 MiB  0 B         0",
+        "dgx2  10:18:05-10:19:59  8.0 MiB   40.0 MiB    0",
+        "dgx3  10:20:05-10:21:59  8.0 MiB   40.0 MiB    0",
+        "dgx4  10:20:05-10:21:59  8.0 MiB   40.0 MiB    1",
+        "lane: 72.0 MiB from the NAS, 120.0 MiB from peers"]
+    # The main table above is the same as without the block.
+    assert text.split("\n\n", 1)[0] == "\n".join(table.render_plain(rows).splitlines()[:5])
+
+
+def test_the_rejected_column_only_when_a_peer_blob_was_rejected_and_the_date_only_when_not_the_runs():
+    reports = lane_reports(world_size=2)
+    reports["dgx2"]["passes"]["stage"][0]["peer_rejected"] = 0
+    # dgx2's stage ran past midnight of the run's day (the run started 2026-12-01).
+    reports["dgx2"].update(stage_started="2026-12-01T23:59:30Z", stage_finished="2026-12-02T00:01:02Z")
+    lines = table.stage_lines(table.table_rows(reports))
+    assert lines[1] == "HOST  STAGE WINDOW                    FROM NAS  FROM PEERS"
+    assert lines[2] == "dgx1  10:18:05-10:19:59               48.0 MiB  0 B"
+    assert lines[3] == "dgx2  23:59:30 - 2026-12-02 00:01:02  8.0 MiB   40.0 MiB"
+    assert table.stage_window("2026-12-02T00:00:01Z", None, "2026-12-01T23:59:00Z") == "2026-12-02 00:00:01 - ?"
+    assert table.stage_window(None, None, "2026-12-01T23:59:00Z") == "-"
+
+
+def test_a_single_host_staging_from_the_nas_prints_the_table_alone_as_before():
+    rows = table.table_rows({"localhost": fixture("report-stage-ok.json")}, {"localhost": []})
+    assert table.stage_lines(rows) == []
+    # Byte for byte what the runbooks quote (docs/runbooks/*.md): the header and the host's line, nothing more.
+    assert table.render_plain(rows).splitlines() == [
+        "HOST       RUN                    STATUS  FILES local/excl  COPIED    REPAIRED  NAS CORRUPT  MiB/s  VERIFY  "
+        "MANIFEST local/nas  RECEIPTS removed  ENGINE  SMOKE  DECODE tok/s vs floor",
+        "localhost  20261201T101737Z-ed44  ok      17/5              48.0 MiB  0         0            160.6  sample  "
+        "17/1                0                 -       -      -"]
+    assert table.render_markdown(rows, title="t").splitlines()[-1] == (
+        "| localhost | 20261201T101737Z-ed44 | ok | 17/5 | 48.0 MiB | 0 | 0 | 160.6 | sample | 17/1 | 0 | - | - | - |")
+    # Peer bytes (or a rejection) on one host are worth showing even alone.
+    report = fixture("report-stage-ok.json")
+    report["passes"]["stage"][1]["peer_rejected"] = 2
+    lines = table.stage_lines(table.table_rows({"localhost": report}))
+    assert lines[2] == "localhost  10:17:43-10:17:52  48.0 MiB  0 B         2"
+
+
+def test_hosts_that_did_not_stage_show_dashes_and_a_lane_that_did_not_stage_shows_no_block():
+    reports = lane_reports(world_size=2)
+    reports["dgx2"] = fixture("report-preflight-failed.json")
+    lines = table.stage_lines(table.table_rows(reports))
+    assert lines[3] == "rank1  -                  -         -"
+    # A serve run of two hosts: no stage pass in it, no block.
+    for report in reports.values():
+        report.update(stage_started=None, stage_finished=None)
+        report["passes"] = {}
+    assert table.stage_lines(table.table_rows(reports)) == []
+
+
+def test_a_check_run_read_nothing_and_an_older_report_is_read_from_its_stage_rows():
+    reports = lane_reports(world_size=2)
+    for report in reports.values():
+        report.update(check_mode=True, status="check")
+    lines = table.stage_lines(table.table_rows(reports))
+    assert lines[2] == "dgx1  10:18:05-10:19:59  -         -" and len(lines) == 4   # no lane total either
+    # Without the top-level keys (a report from before them): the stage rows, bytes_copied from the NAS.
+    reports = lane_reports(world_size=2)
+    for report in reports.values():
+        del report["bytes_from_nas"], report["bytes_from_peers"]
+    del reports["dgx1"]["passes"]["stage"][0]["bytes_from_nas"]
+    figures = table.stage_figures(reports["dgx1"])
+    assert figures["bytes_from_nas"] == 50360327 and figures["bytes_from_peers"] == 0
+    assert table.stage_figures(reports["dgx2"])["bytes_from_peers"] == 40 * 2 ** 20
+
+
+def test_markdown_has_the_stage_pass_as_a_second_table():
+    md = table.render_markdown(table.table_rows(lane_reports()), title="run x",
+                               failures=[{"host": "dgx4", "play": "verify", "task": "t", "msg": "m"}])
+    lines = md.splitlines()
+    at = lines.index("**Stage pass (UTC)**")
+    assert lines[at - 1] == "" and lines[at + 1] == ""
+    assert lines[at + 2] == "| HOST | STAGE WINDOW | FROM NAS | FROM PEERS | PEER REJECTED |"
+    assert lines[at + 3] == "|---|---|---|---|---|"
+    assert lines[at + 7] == "| dgx4 | 10:20:05-10:21:59 | 8.0 MiB | 40.0 MiB | 1 |"
+    assert lines[at + 9] == "lane: 72.0 MiB from the NAS, 120.0 MiB from peers"
+    assert lines[-1] == "- host dgx4 failed in play verify, task t: m"
+
+
+def test_the_terminal_table_is_followed_by_the_stage_pass_block():
+    from rich.console import Console
+    rows = table.table_rows(lane_reports())
+    for width in (40, 250):
+        out = io.StringIO()
+        table.print_table(Console(file=out, width=width, force_terminal=False), rows, title="t")
+        text = out.getvalue()
+        assert "\n".join(table.stage_lines(rows)) in text, width

@@ -1,0 +1,106 @@
+"""Lane-wide preflight (issue 14, item 2) on a lane of three local-connection hosts, each with its own
+hub_local_root, and one small shared NAS hub: every host's checks run before any host copies, and when one
+host of the lane fails its preflight (here: no room for stage_reserve) or cannot be reached, the play fails
+on every host, nothing is written on any host, and each other host's report names the host(s) at fault and
+says that nothing was written. A host --limit leaves out is not waited for."""
+import json
+
+import pytest
+
+from conftest import failures, run_playbook
+from hubgen import DRAFTER_REPO
+from treestate import snapshot_diff, tree_snapshot
+
+HOSTS = ["node0", "node1", "node2"]
+TAGS = "preflight,stage,verify,manifest"
+# More than any disk holds: the preflight space check of that host fails.
+IMPOSSIBLE_RESERVE = str(2 ** 60)
+LANE_CHECK = "Every host of the lane passed preflight"
+
+
+@pytest.fixture
+def small_nas(make_nas_hub):
+    """A tiny NAS hub: the drafter repo is all the lane stages (a few KiB)."""
+    return make_nas_hub(shard_size=4096, n_shards=2)["hub"]
+
+
+def write_lane(tmp_path, nas, **host_vars):
+    """The three hosts in lane group dgx_lane, in rank order, local connection unless host_vars[host] says
+    otherwise; each host's hub (<tmp>/<host>/hub) exists and holds an operator's file, so a tree snapshot of
+    <tmp>/<host> (hub and mount manifest) shows any write."""
+    members = {}
+    for name in HOSTS:
+        (tmp_path / name / "hub").mkdir(parents=True)
+        (tmp_path / name / "hub" / "README.operator").write_text("kept\n")
+        members[name] = dict({"ansible_connection": "local",
+                              "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                              "hub_local_root": str(tmp_path / name / "hub")}, **host_vars.get(name, {}))
+    group_vars = {"lane": "dgx_lane", "hub_nas_root": nas, "engine_enabled": False, "stage_verify": "full",
+                  "stage_report_dir": str(tmp_path / "reports"), "stage_repos": [{"repo_id": DRAFTER_REPO}]}
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps({"all": {"children": {"dgx_lane": {"hosts": members}}, "vars": group_vars}}))
+    return str(path)
+
+
+def host_trees(tmp_path):
+    return dict((name, tree_snapshot(str(tmp_path / name))) for name in HOSTS)
+
+
+def report(tmp_path, host):
+    with open(str(tmp_path / "reports" / (host + ".json"))) as handle:
+        return json.load(handle)
+
+
+def plays_reached(data):
+    """Names of the plays in which some task ran on some host."""
+    return [p["play"]["name"].split(" - ")[0] for p in data["plays"] if any(t["hosts"] for t in p["tasks"])]
+
+
+def assert_lane_stopped_in_preflight(tmp_path, data, before, healthy, at_fault, at_fault_why):
+    """Nothing written on any host, no play after preflight ran, and each healthy host's preflight failed
+    at the lane check, its report naming the host(s) at fault and that nothing was written."""
+    for name in HOSTS:
+        assert snapshot_diff(before[name], tree_snapshot(str(tmp_path / name))) == [], name
+    assert plays_reached(data) == ["Select the hosts of the lane", "Lane facts", "Preflight"], plays_reached(data)
+    for name in healthy:
+        view = report(tmp_path, name)
+        assert (view["status"], view["failed_play"]) == ("failed", "preflight"), view
+        assert view["failed_task"].startswith(LANE_CHECK), view
+        assert view["failed_msg"].startswith("Preflight did not pass on %s of lane dgx_lane" % at_fault), view
+        assert at_fault_why in view["failed_msg"] and "Nothing was written on any host" in view["failed_msg"], view
+
+
+@pytest.mark.parametrize("check", [[], ["--check"]], ids=["run", "check"])
+def test_one_host_without_room_fails_the_whole_lane_and_nothing_is_written(tmp_path, small_nas, check):
+    inventory = write_lane(tmp_path, small_nas, node1={"stage_reserve": IMPOSSIBLE_RESERVE})
+    before = host_trees(tmp_path)
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS, *check)
+    assert code != 0
+    assert_lane_stopped_in_preflight(tmp_path, data, before, ["node0", "node2"], "node1",
+                                     "of lane dgx_lane: node1 failed its checks (its host report says why). ")
+    # The host at fault says why: its own space check (the mirror's, per repo, in preflight).
+    view = report(tmp_path, "node1")
+    assert (view["failed_play"], view["failed_task"]) == (
+        "preflight", "Mirror | Each repo from the NAS hub to the local hub, pass preflight"), view
+    assert "not enough space on %s" % (tmp_path / "node1" / "hub") in view["failed_msg"], view
+    assert "stage_reserve" in view["failed_msg"], view
+
+
+def test_an_unreachable_host_fails_the_lane_and_limit_leaves_it_out(tmp_path, small_nas):
+    # A closed port: the connection is refused at once.
+    lost = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
+            "ansible_python_interpreter": "/usr/bin/python3"}
+    inventory = write_lane(tmp_path, small_nas, node1=lost)
+    before = host_trees(tmp_path)
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
+    assert code != 0 and data["stats"]["node1"]["unreachable"] > 0, data["stats"]
+    assert_lane_stopped_in_preflight(tmp_path, data, before, ["node0", "node2"], "node1",
+                                     "of lane dgx_lane: node1 unreachable or failed before preflight. ")
+
+    # Without it, the rest of the lane stages: the check waits only for the hosts this run targets.
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS, "--limit", "node0,node2")
+    assert code == 0, failures(data)
+    for name in ("node0", "node2"):
+        assert report(tmp_path, name)["status"] == "ok", report(tmp_path, name)
+        assert (tmp_path / name / "engine-mounts.json").is_file(), name
+    assert snapshot_diff(before["node1"], tree_snapshot(str(tmp_path / "node1"))) == []

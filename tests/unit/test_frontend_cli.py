@@ -323,6 +323,68 @@ def test_report_reads_a_report_dir_without_any_recorded_run(recorded, tmp_path, 
     assert code == 64 and "no recorded run; known runs: none" in err
 
 
+def write_lane_reports(report_dir, run_id="20261201T110000Z-4x00"):
+    """A 4x lane's history reports: two waves of two hosts (stage_nas_readers 2), fan-out: rank 0 read the
+    NAS alone for the shared files, the others took them from peers; rank 3 rejected one peer blob."""
+    paths = {}
+    for rank in range(4):
+        with open(os.path.join(FIXTURES, "report-stage-ok.json")) as handle:
+            report = json.load(handle)
+        nas, peers = (48 << 20, 0) if rank == 0 else (8 << 20, 40 << 20)
+        host = "dgx%d" % (rank + 1)
+        report.update(host=host, rank=rank, world_size=4, run_id=run_id, started="2026-12-01T11:00:00Z",
+                      bytes_from_nas=nas, bytes_from_peers=peers,
+                      stage_started="2026-12-01T11:%02d:10Z" % (1 + 3 * (rank // 2)),
+                      stage_finished="2026-12-01T11:%02d:40Z" % (3 + 3 * (rank // 2)))
+        report["passes"]["stage"][0].update(bytes_from_nas=nas, bytes_from_peers=peers,
+                                            peer_rejected=int(rank == 3))
+        paths[host] = os.path.join(report_dir, "%s-%s.json" % (host, run_id))
+        with open(paths[host], "w") as handle:
+            json.dump(report, handle)
+    return paths
+
+
+LANE_BLOCK = ["Stage pass (UTC)",
+              "HOST  STAGE WINDOW       FROM NAS  FROM PEERS  PEER REJECTED",
+              "dgx1  11:01:10-11:03:40  48.0 MiB  0 B         0",
+              "dgx2  11:01:10-11:03:40  8.0 MiB   40.0 MiB    0",
+              "dgx3  11:04:10-11:06:40  8.0 MiB   40.0 MiB    0",
+              "dgx4  11:04:10-11:06:40  8.0 MiB   40.0 MiB    1",
+              "lane: 72.0 MiB from the NAS, 120.0 MiB from peers"]
+
+
+def test_report_of_a_lane_shows_each_hosts_stage_window_and_bytes_by_source(recorded, capsys):
+    runs_dir, report_dir = recorded
+    paths = write_lane_reports(report_dir)
+    record_run(runs_dir, "20261201T105959Z-stage-4x00", "stage", "20261201T110000Z-4x00", paths,
+               "2026-12-01T10:59:59Z")
+    code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[6:] == [""] + LANE_BLOCK
+    assert [line.split()[0] for line in lines[2:6]] == ["dgx1", "dgx2", "dgx3", "dgx4"]
+    code, out, _err = main(["report", "--markdown", "--runs-dir", runs_dir], capsys)
+    assert "| dgx3 | 11:04:10-11:06:40 | 8.0 MiB | 40.0 MiB | 0 |" in out.splitlines()
+    # --limit to one host: no lane any more, and that host took no peer blob: its table alone.
+    code, out, _err = main(["report", "--limit", "dgx1", "--runs-dir", runs_dir], capsys)
+    assert code == 0 and len(out.splitlines()) == 3 and "Stage pass" not in out
+    code, out, _err = main(["report", "--limit", "dgx4", "--runs-dir", runs_dir], capsys)
+    assert out.splitlines()[-2:] == [LANE_BLOCK[1], LANE_BLOCK[5]]
+
+
+def test_the_table_at_the_end_of_a_stage_run_has_the_stage_pass_block(tmp_path):
+    state = RunState()
+    for host, path in sorted(write_lane_reports(str(tmp_path)).items()):
+        with open(path) as handle:
+            state.reports[host] = json.load(handle)
+        state.history_paths[host] = path
+    state.stats = {"failures": {}, "dark": {}}
+    code, out, _record = finished(tmp_path, state, 0)
+    lines = out.splitlines()
+    at = lines.index(LANE_BLOCK[0])
+    assert code == 0 and lines[at:at + len(LANE_BLOCK)] == LANE_BLOCK and lines[at - 1] == ""
+    assert lines[at - 2].startswith("dgx4  20261201T110000Z-4x00  ok")
+
+
 def test_run_records_are_written_atomically_and_read_oldest_first(tmp_path):
     runs_dir = str(tmp_path)
     record_run(runs_dir, "b", "stage", "r2", {}, "2026-12-01T10:00:02Z")

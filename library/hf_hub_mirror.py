@@ -363,8 +363,9 @@ bytes_from_peers:
   returned: success; on failure when the run has a result
   type: int
 peer_rejected:
-  description: One record per O(peer_dir) candidate that was not adopted (the blob was fetched from the NAS); empty in
-    check mode.
+  description:
+    - One record per O(peer_dir) candidate that was not adopted (the blob was fetched from the NAS); each is also a
+      module warning. Empty in check mode.
   returned: success; on failure when the run has a result
   type: list
   elements: dict

@@ -1109,6 +1109,12 @@ def repair_warning(record, req, check_mode):
         else "replaced by a NAS copy verified against its name" if record["blob"] else "replaced by the NAS copy")
 
 
+def peer_warning(record, req):
+    """The module warning of one rejected peer_dir candidate (a copy damaged in transit, or not a file)."""
+    return "peer_dir candidate blobs/%s of %s (%s) was not adopted: %s; it was fetched from the NAS instead" % (
+        record["blob"], req.repo_id, name_some(record["paths"]), record["why"])
+
+
 def _done(plan, outcome):
     """(written Work items, links, refs, prune, debris, tree listing written): what the plan would do
     (outcome None), did, or nothing (a refused run)."""
@@ -1166,6 +1172,7 @@ def _result(plan, req, outcome, space, dangling, started, meter):
         "progress_file": os.path.join(req.dest, lock_dir_rel(req.folder), PROGRESS_NAME),
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),
-        "warnings": plan.warnings + [repair_warning(r, req, check_mode) for r in repairs],
+        "warnings": plan.warnings + [repair_warning(r, req, check_mode) for r in repairs]
+        + [peer_warning(r, req) for r in ([] if check_mode else outcome.peer_rejected)],
         "diff_text": describe_plan(plan, check_mode) if outcome is None or outcome.applied else "",
     }

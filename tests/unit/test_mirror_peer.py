@@ -109,6 +109,7 @@ def test_candidate_with_one_flipped_byte_is_rejected_and_refetched_from_the_nas(
     assert (result["bytes_from_nas"], result["bytes_from_peers"]) == (total_bytes(nas), 0)
     assert result["report"]["peer_rejected"] == 1
     assert "1 peer blob rejected" in result["summary"]
+    assert [w for w in result["warnings"] if etag in w and "fetched from the NAS" in w]
     assert_all_local(nas, local)
     assert not os.path.lexists(peer_dir_of(local))
 

@@ -18,6 +18,12 @@ description:
     reused / repaired, GiB copied, time, MiB/s, the verify mode and the status (ok / failed / check /
     preflight only / interrupted / unreachable, with the failed task) - then the wall time, in C(--check)
     what the run would copy, and a C(next step) line for each failed host.
+  - Below the table, for a lane of more than one host that staged (or when a host took or rejected blobs
+    from a peer), a C(Stage pass (UTC)) block - one line per host with its own stage window (the
+    C(stage_window) fact the stage role sets when the host's wave starts and ends), the bytes its stage pass
+    read from the NAS and took from peers (the hf_hub_mirror rows' C(bytes_from_nas) and C(bytes_from_peers)),
+    the peer blobs it rejected when any host rejected one - and the lane's total. A single host staging from
+    the NAS alone gets no block.
   - In a real run the figures are what the stage and verify passes did; the preflight pass's plan is
     never counted as copied (a repo only the preflight went over shows C(preflight only)). In C(--check)
     the plan is what the table shows.
@@ -41,6 +47,7 @@ requirements:
 """
 
 import atexit
+import datetime
 import os
 import re
 import shlex
@@ -390,6 +397,80 @@ def status_summary_lines(state):
     return lines + [total] + steps
 
 
+def _utc(value):
+    """An ISO 8601 UTC timestamp (2026-12-01T10:17:43Z) as a datetime, else None."""
+    try:
+        return datetime.datetime.strptime(str(value).split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+
+
+def stage_window(window, run_started=None):
+    """'10:17:43-10:17:52' (UTC) of a stage_window fact ({started, finished}); a date only on an end whose day
+    is not the run's (then ' - ' between the ends); '-' when the host did not stage, '?' for an end not reached."""
+    window = window if isinstance(window, dict) else {}
+    start, end = _utc(window.get("started")), _utc(window.get("finished"))
+    if start is None and end is None:
+        return "-"
+    run = _utc(run_started)
+    day = run.date() if run else (start or end).date()
+    ends = ["?" if t is None else t.strftime("%H:%M:%S") if t.date() == day else t.strftime("%Y-%m-%d %H:%M:%S")
+            for t in (start, end)]
+    return (" - " if " " in ends[0] + ends[1] else "-").join(ends)
+
+
+def _peer_rejected(value):
+    """A row's peer_rejected: the count of the report row, or the module's list of rejected blobs."""
+    if isinstance(value, list):
+        return len(value)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def stage_figures(info):
+    """(bytes from the NAS, bytes from peers, peer blobs rejected, staged) of a host's stage pass: its repos'
+    stage rows as dgx_report sums them into the host report (a row without bytes_from_nas read its copies from
+    the NAS); staged: it has a stage row or a stage window."""
+    rows = [passes["stage"] for passes in (info.get("repos") or {}).values()
+            if _reported(passes.get("stage")) and not passes["stage"].get("check_mode")]
+    nas = peers = rejected = 0
+    for row in rows:
+        from_peers = int(row.get("bytes_from_peers") or 0)
+        peers += from_peers
+        nas += int(row["bytes_from_nas"]) if row.get("bytes_from_nas") is not None \
+            else int(row.get("bytes_copied") or 0) - from_peers
+        rejected += _peer_rejected(row.get("peer_rejected"))
+    return nas, peers, rejected, bool(rows) or bool(info.get("stage_window"))
+
+
+def stage_pass_lines(hosts, names, check_mode=False, run_started=None):
+    """The "Stage pass (UTC)" block under the table for the hosts `names` (in rank order): host, its stage
+    window, bytes from the NAS and from peers (- in --check: nothing was read), peer blobs rejected (a column
+    only when a host rejected one), then the lane's total. [] unless more than one host staged or a host took
+    or rejected peer blobs: a single host staging from the NAS alone prints what it always did."""
+    figures = dict((name, stage_figures(hosts[name])) for name in names)
+    peered = any(peers or rejected for _nas, peers, rejected, _staged in figures.values())
+    if not (peered or (len(names) > 1 and any(staged for *_rest, staged in figures.values()))):
+        return []
+    with_rejected = any(rejected for _nas, _peers, rejected, _staged in figures.values())
+    cells = [["HOST", "STAGE WINDOW", "FROM NAS", "FROM PEERS"] + (["PEER REJECTED"] if with_rejected else [])]
+    for name in names:
+        nas, peers, rejected, staged = figures[name]
+        shown = staged and not check_mode
+        cells.append([name, stage_window(hosts[name].get("stage_window"), run_started),
+                      human_bytes(nas) if shown else "-", human_bytes(peers) if shown else "-"]
+                     + ([str(rejected)] if with_rejected else []))
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    lines = ["Stage pass (UTC)"] + ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
+                                    for line in cells]
+    if len(names) > 1 and not check_mode:
+        lines.append("lane: %s from the NAS, %s from peers" % (
+            human_bytes(sum(f[0] for f in figures.values())), human_bytes(sum(f[1] for f in figures.values()))))
+    return lines
+
+
 def summary_lines(state):
     """The whole summary from the collected state (plain data; see CallbackModule.state). state["stopped"]
     (INTERRUPTED, STOPPED) says the run ended before its recap: the hosts not failed are then interrupted.
@@ -425,6 +506,7 @@ def summary_lines(state):
         ",".join(lanes) or "?", plural(len(lane_hosts), "host"), run,
         ", CHECK MODE (nothing was written)" if check_mode else "", ", " + stopped if stopped else "")
     lines = [head] + render_table(rows, check_mode)
+    lines += stage_pass_lines(hosts, sorted(lane_hosts, key=order), check_mode, state.get("run_started"))
     bad = [h for h in lane_hosts if statuses[h] in ("failed", "unreachable")]
     total = "wall time %s; %d/%d hosts %s" % (human_seconds(state.get("wall_s")),
                                                len(lane_hosts) - len(bad) - len(unfinished), len(lane_hosts),
@@ -532,6 +614,7 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_start(self, playbook):
         self._started = time.monotonic()
+        self.state["run_started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())   # the stage windows' day
         args = context.CLIARGS
         self.state["check_mode"] = bool(args.get("check"))
         inventories = [i for i in (args.get("inventory") or ()) if i]
@@ -618,6 +701,8 @@ class CallbackModule(CallbackBase):
             host["engine_runs"] = _truthy(facts["lane_engine_runs"])
         if facts.get("lane_run_id"):
             self.state["run_id"] = str(facts["lane_run_id"])
+        if isinstance(facts.get("stage_window"), dict):   # the stage role's: when this host's wave ran
+            host["stage_window"] = dict(facts["stage_window"])
         action = str(getattr(result.task, "action", "") or "")
         row = data.get("report")
         if action.endswith(MIRROR_ACTIONS) and "results" not in data:

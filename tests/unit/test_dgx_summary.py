@@ -2,6 +2,7 @@
 import importlib.util
 import os
 import re
+import time
 
 import pytest
 
@@ -28,7 +29,7 @@ def table(lines):
     header = re.split(r"\s{2,}", lines[start])
     cells = {}
     for line in lines[start + 1:]:
-        if line.startswith("wall time"):
+        if line.startswith(("wall time", "Stage pass")):   # the table ends where the stage pass block starts
             break
         parts = dict(zip(header, re.split(r"\s{2,}", line, maxsplit=len(header) - 1)))
         cells[(parts["HOST"], parts["REPO"])] = parts
@@ -494,3 +495,86 @@ def test_the_status_playbook_is_recognised_by_name_when_no_host_could_be_read():
                      "0/1 hosts read; NOT READ: n1"]
     callback.v2_playbook_on_start(_Obj(_file_name="stage-deepseek.yml"))
     assert callback.state["status"] is False
+
+
+# ---- the stage pass block: each host's own stage window and where its bytes came from ---------------------
+
+def _lane_run(check=False, world_size=4, readers=2, rejected_on=3):
+    """A plain ansible-playbook run of a lane seen by the callback: select-lane's facts, then the stage pass in
+    waves of `readers` hosts in rank order (each host's stage_window facts around its stage_progress rows), with
+    fan-out (rank 0 reads the NAS alone, the others take 40 MiB from peers and read their own 8 MiB);
+    `rejected_on` rejected one peer blob. Returns the printed lines."""
+    display = _Display()
+    callback = summary.CallbackModule(display=display)
+    callback._watching = True             # no SIGINT handler and exit hook in the test process
+    callback.state.update(inventory="inventory/demo-4x", playbook="stage-deepseek.yml", check_mode=check,
+                          run_started="2026-12-01T10:59:58Z")
+    callback._started = time.monotonic()
+    names = ["dgx%d" % (rank + 1) for rank in range(world_size)]
+    for rank, host in enumerate(names):
+        callback.v2_runner_on_ok(_result(host, {"ansible_facts": {"lane_name": "sglang_4x", "lane_rank": rank}},
+                                         action="ansible.builtin.set_fact"))
+    callback._play_tags = ("stage",)
+    for rank, host in enumerate(names):
+        wave = rank // readers
+        window = {"started": "2026-12-01T11:%02d:10Z" % (1 + 3 * wave)}
+        callback.v2_runner_on_ok(_result(host, {"ansible_facts": {"stage_window": dict(window)}},
+                                         action="ansible.builtin.set_fact"))
+        nas, peers = (48 * MIB, 0) if rank == 0 else (8 * MIB, 40 * MIB)
+        report = dict(row(repo="org/engram", copied=5, nbytes=nas + peers, duration=3.0, status="check" if check
+                          else "ok", check=check), bytes_from_nas=nas, bytes_from_peers=peers,
+                      peer_rejected=int(rank == rejected_on))
+        callback.v2_runner_on_ok(_result(host, {"report": report}, action="stage_progress"))
+        window["finished"] = "2026-12-01T11:%02d:40Z" % (3 + 3 * wave)
+        callback.v2_runner_on_ok(_result(host, {"ansible_facts": {"stage_window": window}},
+                                         action="ansible.builtin.set_fact"))
+    callback._quiet = lambda: False
+    callback.v2_playbook_on_stats(_Obj(failures={}, dark={}))
+    return "\n".join(display.lines).splitlines()
+
+
+def test_a_lane_run_prints_each_hosts_stage_window_and_bytes_from_the_nas_and_from_peers():
+    lines = _lane_run()
+    at = lines.index("Stage pass (UTC)")
+    assert at == 6 and [line.split()[0] for line in lines[2:6]] == ["dgx1", "dgx2", "dgx3", "dgx4"]   # the table
+    assert lines[at:at + 7] == [
+        "Stage pass (UTC)",
+        "HOST  STAGE WINDOW       FROM NAS  FROM PEERS  PEER REJECTED",
+        "dgx1  11:01:10-11:03:40  48.0 MiB  0 B         0",
+        "dgx2  11:01:10-11:03:40  8.0 MiB   40.0 MiB    0",
+        "dgx3  11:04:10-11:06:40  8.0 MiB   40.0 MiB    0",
+        "dgx4  11:04:10-11:06:40  8.0 MiB   40.0 MiB    1",
+        "lane: 72.0 MiB from the NAS, 120.0 MiB from peers"]
+    assert lines[at + 7].startswith("wall time ") and "4/4 hosts ok" in lines[at + 7]
+
+
+def test_no_rejected_column_without_a_rejection_and_a_check_run_read_nothing():
+    lines = _lane_run(world_size=2, rejected_on=None)
+    at = lines.index("Stage pass (UTC)")
+    assert lines[at + 1] == "HOST  STAGE WINDOW       FROM NAS  FROM PEERS"
+    lines = _lane_run(check=True, world_size=2, rejected_on=None)
+    at = lines.index("Stage pass (UTC)")
+    assert lines[at + 2:at + 4] == ["dgx1  11:01:10-11:03:40  -         -", "dgx2  11:01:10-11:03:40  -         -"]
+    assert lines[at + 4].startswith("wall time ")     # no lane total: nothing was read
+
+
+def test_a_single_host_staging_from_the_nas_prints_no_stage_pass_block():
+    lines = _lane_run(world_size=1)
+    assert not any(line.startswith("Stage pass") for line in lines)
+    assert lines[3].startswith("wall time ") and len(lines) == 4          # head, table header, row, total
+    # Alone but with peer bytes (or a rejected peer blob): the block shows.
+    hosts = {"n1": {"rank": 1, "repos": {"a": {"stage": dict(row(repo="a", nbytes=MIB), bytes_from_peers=MIB)}},
+                    "stage_window": {"started": "2026-12-01T23:59:59Z", "finished": "2026-12-02T00:00:09Z"}}}
+    assert summary.stage_pass_lines(hosts, ["n1"], run_started="2026-12-01T23:00:00Z") == [
+        "Stage pass (UTC)", "HOST  STAGE WINDOW                    FROM NAS  FROM PEERS",
+        "n1    23:59:59 - 2026-12-02 00:00:09  0 B       1.0 MiB"]
+
+
+def test_a_row_without_bytes_from_nas_read_its_copies_from_the_nas_and_a_window_may_lack_its_end():
+    info = {"repos": {"a": {"stage": row(repo="a", nbytes=3 * MIB)},
+                      "b": {"stage": dict(row(repo="b", nbytes=5 * MIB), bytes_from_peers=2 * MIB,
+                                          peer_rejected=[{"blob": "x"}])},
+                      "c": {"preflight": plan_row(repo="c")}}}
+    assert summary.stage_figures(info) == (6 * MIB, 2 * MIB, 1, True)
+    assert summary.stage_window({"started": "2026-12-01T11:01:10Z"}, "2026-12-01T11:00:00Z") == "11:01:10-?"
+    assert summary.stage_window({}, "2026-12-01T11:00:00Z") == "-"

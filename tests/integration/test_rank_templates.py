@@ -82,11 +82,13 @@ def engram_nas(nas_hub):
     return nas_hub["hub"], repo
 
 
-def write_lane(tmp_path, nas, rank_patterns):
+def write_lane(tmp_path, nas, rank_patterns, host_vars=None):
     """Two local-connection hosts in one lane group, each with its own hub_local_root (<tmp>/<host>/hub),
-    so each host's manifest is <tmp>/<host>/engine-mounts.json."""
-    members = dict((name, {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                           "hub_local_root": str(tmp_path / name / "hub")}) for name in HOSTS)
+    so each host's manifest is <tmp>/<host>/engine-mounts.json; host_vars[host] adds to or overrides them."""
+    members = dict((name, dict({"ansible_connection": "local",
+                                "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                                "hub_local_root": str(tmp_path / name / "hub")}, **(host_vars or {}).get(name, {})))
+                   for name in HOSTS)
     group_vars = {"lane": "sglang_2x", "hub_nas_root": nas, "engine_enabled": False, "stage_verify": "full",
                   "stage_report_dir": str(tmp_path / "reports"),
                   "stage_repos": [{"repo_id": ENGRAM_REPO, "allow_patterns": SHARED_PATTERNS,
@@ -109,9 +111,16 @@ def host_results(data, name_part, host):
             if name_part in task["task"]["name"] and host in task["hosts"]]
 
 
-def test_each_rank_stages_the_shared_files_and_its_own_tables_and_binds_the_rest_from_the_nas(tmp_path, engram_nas):
+def test_each_rank_stages_the_shared_files_and_its_own_tables_and_binds_the_rest_from_the_nas(
+        tmp_path, engram_nas, monkeypatch):
     nas, repo = engram_nas
-    inventory = write_lane(tmp_path, nas, RANK_TEMPLATES)
+    # rank1's hub_local_root is written with ~ (HOME is tmp_path for this run): the verify pass still finds
+    # the other rank's shards on the NAS, in the NAS snapshot the mirror read (a path rebuilt from
+    # hub_local_root led elsewhere). Its manifest path is given whole: Ansible's template action expands ~
+    # from the user's passwd entry, not from HOME.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    inventory = write_lane(tmp_path, nas, RANK_TEMPLATES, host_vars={"rank1": {
+        "hub_local_root": "~/rank1/hub", "engine_manifest_path": str(tmp_path / "rank1" / "engine-mounts.json")}})
     code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
     assert code == 0, failures(data)
 

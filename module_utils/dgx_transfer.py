@@ -418,33 +418,27 @@ def _copy_candidate(peer, directory, name, size, fd, st, buf, progress):
     return True
 
 
+# rsync --delay-updates (ansible.posix.synchronize's default) stages a transfer in this folder of the
+# destination; an interrupted copy leaves it behind, holding files only.
+RSYNC_DELAY_DIR = ".~tmp~"
+
+
 def clear_peer_dir(tree, rel):
     """Remove the scratch directory root/rel and what is directly in it (files, temp files, links -
-    never a link's target); a directory inside it is not entered but named. Returns the problems
-    (texts), [] when it is gone or was never there."""
+    never a link's target) and rsync's delay-updates folder with the files directly in it; any other
+    directory inside it is not entered but named. Returns the problems (texts), [] when it is gone or
+    was never there."""
     try:
         peer = tree.open_dir(rel)
     except FileNotFoundError:
         return []
     except (StageError, OSError) as exc:
         return ["peer_dir %s was not removed: %s" % (os.path.join(tree.root, rel), exc)]
-    problems, kept = [], []
     with peer:
-        try:
-            with os.scandir(peer.fd) as entries:
-                children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-        except OSError as exc:
-            return ["peer_dir %s was not removed: listing it failed: %s" % (peer.path, exc)]
-        for child, is_dir in sorted(children):
-            if is_dir:
-                kept.append(child)
-                continue
-            try:
-                os.unlink(child, dir_fd=peer.fd)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                problems.append("%s could not be removed: %s" % (peer.join(child), exc))
+        kept, problems = _remove_flat(peer)
+        if RSYNC_DELAY_DIR in kept:
+            kept.remove(RSYNC_DELAY_DIR)
+            problems += _remove_delay_dir(peer)
     if kept:
         problems.append("peer_dir %s holds director%s (%s) that dgx-stage does not enter: remove %s by hand"
                         % (peer.path, "y" if len(kept) == 1 else "ies", ", ".join(kept),
@@ -459,6 +453,47 @@ def clear_peer_dir(tree, rel):
         pass
     except (StageError, OSError) as exc:
         problems.append("peer_dir %s was emptied but not removed: %s" % (os.path.join(tree.root, rel), exc))
+    return problems
+
+
+def _remove_flat(directory):
+    """Unlink every entry of an open directory that is not a directory: (directories kept, problems)."""
+    try:
+        with os.scandir(directory.fd) as entries:
+            children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+    except OSError as exc:
+        return [], ["%s was not removed: listing it failed: %s" % (directory.path, exc)]
+    kept, problems = [], []
+    for child, is_dir in sorted(children):
+        if is_dir:
+            kept.append(child)
+            continue
+        try:
+            os.unlink(child, dir_fd=directory.fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            problems.append("%s could not be removed: %s" % (directory.join(child), exc))
+    return kept, problems
+
+
+def _remove_delay_dir(peer):
+    """rsync's delay-updates folder in peer_dir: its files removed, then itself; never entered deeper."""
+    path = peer.join(RSYNC_DELAY_DIR)
+    try:
+        fd = os.open(RSYNC_DELAY_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=peer.fd)
+    except OSError as exc:
+        return ["%s was not removed: %s" % (path, exc)]
+    with LocalDir(fd, path) as delay:
+        kept, problems = _remove_flat(delay)
+    if kept:
+        problems.append("%s holds directories (%s) that dgx-stage does not enter: remove them by hand"
+                        % (path, ", ".join(kept)))
+    if not problems:
+        try:
+            os.rmdir(RSYNC_DELAY_DIR, dir_fd=peer.fd)
+        except OSError as exc:
+            problems.append("%s was not removed: %s" % (path, exc))
     return problems
 
 

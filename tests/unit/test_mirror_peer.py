@@ -225,6 +225,17 @@ def test_peer_dir_and_its_leftovers_are_removed_after_a_run(nas, local):
     assert result["warnings"] == []
 
 
+def test_an_interrupted_rsync_delay_updates_folder_is_removed_with_peer_dir(nas, local):
+    etag, _size = shard_blob(nas, 0)
+    put_candidate(nas, local, etag)
+    delay = os.path.join(peer_dir_of(local), ".~tmp~")     # rsync --delay-updates, killed before its renames
+    os.mkdir(delay)
+    shutil.copyfile(nas_blob_real(nas, shard_blob(nas, 1)[0]), os.path.join(delay, shard_blob(nas, 1)[0]))
+    result = peer_stage(nas, local)
+    assert result["bytes_from_peers"] == shard_blob(nas, 0)[1] and result["warnings"] == []
+    assert not os.path.lexists(peer_dir_of(local))
+
+
 def test_peer_dir_is_removed_after_a_failed_run(fresh_nas, local):
     nas = fresh_nas
     corrupt_nas_blob(nas, shard_blob(nas, 2)[0])

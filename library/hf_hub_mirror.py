@@ -170,8 +170,8 @@ options:
         RV(peer_rejected) and the blob is fetched from the NAS. A candidate of the right size counts as already on
         the disk in the space check (RV(space.peers)).
       - After a run past the input checks that is not in check mode - ok, failed or interrupted - O(peer_dir) is
-        removed with what is left directly in it (files, links, never a link's target); a directory inside it is
-        not entered but named in a warning. A run refused before it takes the repo lock (bad input,
+        removed with what is left directly in it (files, links, never a link's target; rsync's delay-updates
+        folder C(.~tmp~) with the files in it); any other directory inside it is not entered but named in a warning. A run refused before it takes the repo lock (bad input,
         O(require_match), space, files not staged) leaves it as it is; check mode never touches it.
       - Refused before anything is written (in check mode too) when it is not inside O(dest), is O(dest), is or is
         inside a repo folder, the lock root or a repo's lock directory, or is reached through a symlink.

@@ -188,9 +188,10 @@ def summary_4x(run_id):
             report["host"], report.get("rank"), report.get("stage_started") or "-", report.get("stage_finished") or "-",
             _mib(report.get("bytes_from_nas") or 0), _mib(report.get("bytes_from_peers") or 0), proven))
     once = layout["shared_bytes"] + sum(layout["rank_bytes"].values())
+    parts = " + ".join(_mib(layout["rank_bytes"][k]) for k in sorted(layout["rank_bytes"], key=int))
     lines.append("  the lane read %s from the NAS; one copy of the shared files (%s) plus each rank's part (%s) is %s"
-                 % (_mib(sum(r.get("bytes_from_nas") or 0 for r in reports)), _mib(layout["shared_bytes"]),
-                    " + ".join(_mib(layout["rank_bytes"][k]) for k in sorted(layout["rank_bytes"], key=int)), _mib(once)))
+                 % (_mib(sum(r.get("bytes_from_nas") or 0 for r in reports)), _mib(layout["shared_bytes"]), parts,
+                    _mib(once)))
     lines.append("  host reports: %s/<host>.json" % os.path.relpath(REPORTS_4X_DIR, REPO))
     return "\n".join(lines)
 

@@ -771,7 +771,8 @@ def main(argv=None):
         sys.stdout.write("\n")
     else:
         for repo_id, r in sorted(desc["repos"].items()):
-            print("%s  commit %s  files %d (page15 %d)" % (repo_id, r["commit"], len(r["files"]), len(r.get("page15", []))))
+            print("%s  commit %s  files %d (page15 %d)"
+                  % (repo_id, r["commit"], len(r["files"]), len(r.get("page15", []))))
         print("hub %s  (%d x %d-byte shards, %.2fs)" % (desc["hub"], desc["n_shards"], desc["shard_size"],
                                                          desc["duration_s"]))
     return 0

@@ -28,9 +28,10 @@ def rank_dir(rank):
     return "engram/rank-%d-of-%d" % (rank, WORLD_SIZE)
 
 
-def _add_engram_repo(nas):
+def _add_engram_repo(nas, ranks=range(WORLD_SIZE)):
     """Write ENGRAM_REPO into the NAS hub: shared files (config, dense shard, index, engram/shared/) and per
-    rank two engram table shards and a meta file; the index maps every tensor, the tables' included.
+    rank (of `ranks`) two engram table shards and a meta file; the index maps every tensor, the tables'
+    included.
     Returns {"folder", "commit", "files": {snapshot path: sha256 and etag}}."""
     hub = hubgen._Hub(nas["hub"], 7, False)
     repo_dir = hubgen._new_repo(nas["hub"], ENGRAM_REPO)
@@ -56,7 +57,7 @@ def _add_engram_repo(nas):
     put("engram/shared/vocab.json", hubgen._json_bytes({"ngram": 3, "buckets": 4096}))
     put_shard("model-00001-of-00001.safetensors",
               {"model.embed_tokens.weight": hubgen._small_bytes(7, "dense", 4096)})
-    for rank in range(WORLD_SIZE):
+    for rank in ranks:
         put(rank_dir(rank) + "/meta.json", hubgen._json_bytes({"rank": rank, "world_size": WORLD_SIZE}))
         for table in range(2):
             label = "engram.%d.table.%d" % (rank, table)
@@ -209,3 +210,30 @@ def test_a_bad_rank_pattern_fails_every_host_before_anything_is_written(tmp_path
         messages = [r.get("msg", "") for r in preflight.get("results", []) if r.get("failed")]
         assert messages and ENGRAM_REPO in messages[0] and named in messages[0], (host, failures(data), preflight)
         assert not (tmp_path / host / "hub").exists(), host
+
+
+def test_a_rank_template_matching_no_file_for_one_rank_fails_the_lane_in_preflight(tmp_path, nas_hub):
+    """A NAS cut for fewer ranks than the lane has (only rank 0's tables here): rank 1's expanded template
+    matches nothing (hf_hub_mirror require_match), so rank 1 fails its preflight naming the pattern, rank 0
+    fails the lane-wide check naming rank 1, and neither host writes a byte - where rank 1 used to stage the
+    shared files alone and the engine found its tables missing."""
+    nas_hub.thaw()
+    try:
+        _add_engram_repo(nas_hub, ranks=[0])
+    finally:
+        nas_hub.freeze()
+    inventory = write_lane(tmp_path, nas_hub["hub"], RANK_TEMPLATES)
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
+    assert code != 0
+
+    [preflight] = host_results(data, "Each repo from the NAS hub to the local hub, pass preflight", "rank1")
+    messages = [r.get("msg", "") for r in preflight.get("results", []) if r.get("failed")]
+    assert messages and "'engram/rank-1-of-2/*' matches no file" in messages[0], (failures(data), preflight)
+    assert ENGRAM_REPO in messages[0], messages
+    with open(str(tmp_path / "reports" / "rank0.json")) as handle:
+        rank0 = json.load(handle)
+    assert rank0["status"] == "failed" and rank0["failed_task"].startswith("Every host of the lane passed"), rank0
+    assert "rank1 failed its checks" in rank0["failed_msg"], rank0
+    assert "Nothing was written on any host" in rank0["failed_msg"], rank0
+    for host in HOSTS:
+        assert not (tmp_path / host).exists(), host   # no hub, no manifest

@@ -16,9 +16,9 @@ Ansible's temp files go under .cache/demo as well, so the demo writes nothing ou
 (inventory/demo-4x), everything under .cache/demo-4x. Its NAS hub holds hubgen's engram layout for four ranks;
 each host stages the shared files and its own rank's tables, two hosts read the NAS at once
 (stage_nas_readers: 2) and, with stage_peer_fanout, rank 0 reads the shared files from the NAS and the others
-take them from a peer (rsync, adopted after a hash match). It prints the recap, each host's stage window and
-bytes from the NAS and from peers against one copy of the shared files plus each rank's part, and the run's
-Markdown report. Root is not needed either; rsync is (fan-out copies host to host with it).
+take them from a peer (rsync, adopted after a hash match). It prints the recap (with each host's stage window and
+bytes from the NAS and from peers), the lane's NAS bytes against one copy of the shared files plus each rank's
+part, and the run's Markdown report. Root is not needed either; rsync is (fan-out copies host to host with it).
 """
 import json
 import os
@@ -166,34 +166,27 @@ def _mib(size):
 
 
 def summary_4x(run_id):
-    """Each host's stage window and bytes from the NAS / from peers, against the layout's figures."""
+    """What the front end's tables do not say: every host's verify pass, and the lane's NAS bytes against one copy
+    of the shared files plus each rank's part (the generated layout's figures)."""
     with open(LAYOUT_4X) as handle:
         layout = json.load(handle)
     reports = []
     for name in sorted(os.listdir(REPORTS_4X_DIR)):
-        path = os.path.join(REPORTS_4X_DIR, name)
         if name.endswith(".json") and not name.endswith("-%s.json" % run_id):   # <host>.json, the latest view
-            with open(path) as handle:
+            with open(os.path.join(REPORTS_4X_DIR, name)) as handle:
                 report = json.load(handle)
             if report.get("run_id") == run_id:
                 reports.append(report)
-    reports.sort(key=lambda r: r.get("rank") or 0)
-    lines = ["dgx-stage demo-4x (lane %s, run %s)" % (reports[0].get("lane") if reports else "?", run_id),
-             "  %-8s %4s  %-20s  %-20s  %12s  %12s  %s" % ("host", "rank", "stage_started", "stage_finished",
-                                                           "from NAS", "from peers", "verify")]
-    for report in reports:
-        verify = report.get("passes", {}).get("verify") or []
-        proven = "ok" if verify and all(p.get("status") == "ok" for p in verify) else "-"
-        lines.append("  %-8s %4s  %-20s  %-20s  %12s  %12s  %s" % (
-            report["host"], report.get("rank"), report.get("stage_started") or "-", report.get("stage_finished") or "-",
-            _mib(report.get("bytes_from_nas") or 0), _mib(report.get("bytes_from_peers") or 0), proven))
+    proven = [r["host"] for r in reports
+              if r.get("passes", {}).get("verify") and all(p.get("status") == "ok" for p in r["passes"]["verify"])]
     once = layout["shared_bytes"] + sum(layout["rank_bytes"].values())
     parts = " + ".join(_mib(layout["rank_bytes"][k]) for k in sorted(layout["rank_bytes"], key=int))
-    lines.append("  the lane read %s from the NAS; one copy of the shared files (%s) plus each rank's part (%s) is %s"
-                 % (_mib(sum(r.get("bytes_from_nas") or 0 for r in reports)), _mib(layout["shared_bytes"]), parts,
-                    _mib(once)))
-    lines.append("  host reports: %s/<host>.json" % os.path.relpath(REPORTS_4X_DIR, REPO))
-    return "\n".join(lines)
+    return "\n".join([
+        "dgx-stage demo-4x (lane %s, run %s)" % (reports[0].get("lane") if reports else "?", run_id),
+        "  verify pass ok on %d of %d hosts: %s" % (len(proven), len(reports), ", ".join(proven) or "none"),
+        "  the lane read %s from the NAS; one copy of the shared files (%s) plus each rank's part (%s) is %s"
+        % (_mib(sum(r.get("bytes_from_nas") or 0 for r in reports)), _mib(layout["shared_bytes"]), parts, _mib(once)),
+        "  host reports: %s/<host>.json" % os.path.relpath(REPORTS_4X_DIR, REPO)])
 
 
 def main_4x(extra):

@@ -6,6 +6,7 @@ text, sha256 of content) and fails the test at teardown if a single byte or inod
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import time
 import pytest
 
 from nashub import build_nas
-from treestate import snapshot_diff, tree_snapshot
+from treestate import set_writable, snapshot_diff, tree_snapshot
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The ansible binaries of the interpreter running pytest (the project venv in CI); no machine paths.
@@ -47,6 +48,72 @@ def make_nas_hub(tmp_path):
 def nas_hub(make_nas_hub):
     """A small synthetic NAS hub (6 x 64 KiB shards, every trap of the log), read-only."""
     return make_nas_hub()
+
+
+@pytest.fixture(scope="session")
+def _staged_hub_templates():
+    """key -> the session's staged template of staged_hub (built on first use)."""
+    templates = {}
+    yield templates
+    for template in templates.values():
+        template["nas"].thaw()
+        set_writable(template["saved"], True)
+
+
+@pytest.fixture
+def staged_hub(_staged_hub_templates, tmp_path_factory):
+    """staged_hub(key, write_inventory, tags=..., plant=None, ok=True) -> {"dir", "nas", "inventory", "code",
+    "data", "times"}: the state a stage-deepseek.yml run (--tags preflight,stage,verify by default) left, for
+    tests that start from "staged yesterday" (or from one failed run) and then check it or what a later run does.
+
+    The first call of a key in the session builds the default NAS hub (as nas_hub: 6 x 64 KiB shards, seed 0)
+    under a fresh dir, lets plant(nas) plant a trap in it if given (plant thaws and freezes the NAS itself),
+    writes the inventory with write_inventory(dir, nas) -> path (everything the run writes must be under dir:
+    local hubs, reports, temp dirs), runs it once (it must succeed; with ok=False it must fail) and keeps a copy
+    of dir. Every later call restores dir from that copy at the same path (the reports, progress files and
+    inventory name it): each test gets the run's files untouched by the tests before it, without running it
+    again. The run's own output is under "code" and "data" (run_playbook's), "times" the UTC seconds (ISO 8601)
+    just before and after it. The NAS copy is read-only and checked at teardown as nas_hub's is (a test may
+    plant a trap with thaw/freeze)."""
+    used = []
+
+    def get(key, write_inventory, tags="preflight,stage,verify", plant=None, ok=True):
+        template = _staged_hub_templates.get(key)
+        if template is None:
+            base = tmp_path_factory.mktemp("staged-" + key)
+            work = base / "work"
+            work.mkdir()
+            nas = build_nas(work / "nas")
+            if plant is not None:
+                plant(nas)
+            inventory = write_inventory(work, nas)
+            before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            code, data = run_playbook(work, inventory, "--tags", tags)
+            after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            assert (code == 0) == ok, (code, failures(data))
+            nas.assert_unchanged()
+            saved = base / "saved"
+            shutil.copytree(str(work), str(saved), symlinks=True)
+            template = _staged_hub_templates[key] = {
+                "dir": work, "saved": saved, "nas": nas, "inventory": inventory, "code": code, "data": data,
+                "times": (before, after)}
+        else:
+            work = template["dir"]
+            if os.path.lexists(str(work)):
+                set_writable(work, True)
+                shutil.rmtree(str(work))
+            shutil.copytree(str(template["saved"]), str(work), symlinks=True)
+            template["nas"].freeze()    # the restored copy is the one compared at teardown
+        used.append(template)
+        return dict((name, template[name]) for name in ("dir", "nas", "inventory", "code", "data", "times"))
+
+    yield get
+    try:
+        for template in used:
+            template["nas"].assert_unchanged()
+    finally:
+        for template in used:
+            template["nas"].thaw()
 
 
 @pytest.fixture

@@ -40,6 +40,24 @@ def run(tmp_path, inventory, *args, tags=STAGE_TAGS):
     return code, data, (before, time.strftime(ISO, time.gmtime()))
 
 
+def staged_dgx1(work, nas):
+    """staged_hub's one-host lane dgx1 with both repos (write_lane's defaults)."""
+    return write_lane(work, nas["hub"], ["dgx1"])
+
+
+def staged_dgx1_drafter(work, nas):
+    """staged_hub's one-host lane dgx1 with the drafter only, writing its metrics textfile in <dir>/metrics (the
+    node_metrics tests read it; the other users rewrite the inventory without it)."""
+    (work / "metrics").mkdir()
+    return write_lane(work, nas["hub"], ["dgx1"], stage_metrics_dir=str(work / "metrics"),
+                      stage_repos=[{"repo_id": DRAFTER_REPO}])
+
+
+def staged_rank0_rank1(work, nas):
+    """staged_hub's two-host lane rank0, rank1 with both repos."""
+    return write_lane(work, nas["hub"], ["rank0", "rank1"])
+
+
 def reports(tmp_path):
     """{file name: parsed report} of the report directory."""
     directory = tmp_path / "reports"
@@ -82,10 +100,12 @@ def flip_nas_byte(nas_hub, path):
 
 # --- identity, history and the stage pass ---------------------------------------------------------------
 
-def test_two_runs_of_a_two_host_lane_leave_two_history_files_per_host_and_a_correct_latest_view(tmp_path, nas_hub):
+def test_two_runs_of_a_two_host_lane_leave_two_history_files_per_host_and_a_correct_latest_view(staged_hub):
     hosts = ["rank0", "rank1"]
-    inventory = write_lane(tmp_path, nas_hub["hub"], hosts)
-    code, data, (before, after) = run(tmp_path, inventory)
+    # The first run: staged_hub's (once a session; its files restored for this test, its output and times kept).
+    lane = staged_hub("rank0-rank1", staged_rank0_rank1)
+    tmp_path, nas_hub, inventory = lane["dir"], lane["nas"], lane["inventory"]
+    code, data, (before, after) = lane["code"], lane["data"], lane["times"]
     assert code == 0, failures(data)
     first = reports(tmp_path)
     run_ids = set(first[h + ".json"]["run_id"] for h in hosts)
@@ -130,9 +150,9 @@ def test_two_runs_of_a_two_host_lane_leave_two_history_files_per_host_and_a_corr
         assert second["%s-%s.json" % (host, run_id)] == first["%s-%s.json" % (host, run_id)]   # history kept
 
 
-def test_a_verify_run_keeps_the_previous_stage_pass_with_its_timestamps(tmp_path, nas_hub):
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"])
-    assert run(tmp_path, inventory)[0] == 0
+def test_a_verify_run_keeps_the_previous_stage_pass_with_its_timestamps(staged_hub):
+    lane = staged_hub("dgx1", staged_dgx1)            # a good stage run of the lane
+    tmp_path, inventory = lane["dir"], lane["inventory"]
     staged = reports(tmp_path)["dgx1.json"]
     code, data, _times = run(tmp_path, inventory, tags="verify")
     assert code == 0, failures(data)
@@ -153,9 +173,9 @@ def test_a_verify_run_keeps_the_previous_stage_pass_with_its_timestamps(tmp_path
     assert history["stage_started"] is None and history["bytes_from_nas"] == 0
 
 
-def test_a_check_run_marks_check_and_keeps_the_last_real_results(tmp_path, nas_hub):
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"])
-    assert run(tmp_path, inventory)[0] == 0
+def test_a_check_run_marks_check_and_keeps_the_last_real_results(staged_hub):
+    lane = staged_hub("dgx1", staged_dgx1)            # a good stage run of the lane
+    tmp_path, inventory, nas_hub = lane["dir"], lane["inventory"], lane["nas"]
     real = reports(tmp_path)["dgx1.json"]
     # The drafter goes missing locally: the check run plans to copy it again, and copies nothing.
     drafter_dir = tmp_path / "dgx1" / "hub" / nas_hub["repos"][DRAFTER_REPO]["folder"]
@@ -179,10 +199,10 @@ def test_a_check_run_marks_check_and_keeps_the_last_real_results(tmp_path, nas_h
 
 # --- failures ------------------------------------------------------------------------------------------------
 
-def test_a_host_that_fails_in_stage_reports_failed_with_the_task_at_once(tmp_path, nas_hub):
+def test_a_host_that_fails_in_stage_reports_failed_with_the_task_at_once(staged_hub):
     # Yesterday: only the drafter, a good run.
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_repos=[{"repo_id": DRAFTER_REPO}])
-    assert run(tmp_path, inventory)[0] == 0
+    lane = staged_hub("dgx1-drafter", staged_dgx1_drafter)
+    tmp_path, nas_hub = lane["dir"], lane["nas"]
     good = reports(tmp_path)["dgx1.json"]
     # Today: the main repo too, with a NAS shard that no longer hashes to its name.
     shard = nas_hub["repos"][MAIN_REPO]["shards"][1]
@@ -205,10 +225,11 @@ def test_a_host_that_fails_in_stage_reports_failed_with_the_task_at_once(tmp_pat
     assert reports(tmp_path)["dgx1-%s.json" % good["run_id"]]["status"] == "ok"
 
 
-def test_a_host_that_fails_in_verify_reports_failed_with_the_task(tmp_path, nas_hub):
+def test_a_host_that_fails_in_verify_reports_failed_with_the_task(staged_hub):
     """A weight blob replaced by its same-size sibling (stage_verify none): safetensors_check fails verify."""
+    lane = staged_hub("dgx1", staged_dgx1)            # a good stage run of the lane
+    tmp_path, nas_hub = lane["dir"], lane["nas"]
     inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_verify="none")
-    assert run(tmp_path, inventory)[0] == 0
     staged = reports(tmp_path)["dgx1.json"]
     repo = nas_hub["repos"][MAIN_REPO]
     path_a, path_b = repo["same_size_pairs"][0]
@@ -240,10 +261,10 @@ def test_in_a_two_host_lane_only_the_host_that_fails_reports_failed(tmp_path, na
     assert failed["run_id"] == ok["run_id"] and failed["started"] == ok["started"]
 
 
-def test_a_host_left_out_by_limit_keeps_its_report(tmp_path, nas_hub):
+def test_a_host_left_out_by_limit_keeps_its_report(staged_hub):
     """--limit rank1: rank0 is not in the run; its reports are not touched (never marked lost)."""
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"])
-    assert run(tmp_path, inventory)[0] == 0
+    lane = staged_hub("rank0-rank1", staged_rank0_rank1)   # a good stage run of the lane
+    tmp_path, inventory = lane["dir"], lane["inventory"]
     before = reports(tmp_path)["rank0.json"]
     code, data, _times = run(tmp_path, inventory, "--limit", "rank1")
     assert code == 0, failures(data)
@@ -253,10 +274,10 @@ def test_a_host_left_out_by_limit_keeps_its_report(tmp_path, nas_hub):
     assert found["rank1.json"]["world_size"] == 2
 
 
-def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(tmp_path, nas_hub):
+def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(staged_hub):
     """rank1 staged fine yesterday; today it is unreachable: both its files say failed for today's run."""
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"])
-    assert run(tmp_path, inventory)[0] == 0
+    lane = staged_hub("rank0-rank1", staged_rank0_rank1)   # a good stage run of the lane
+    tmp_path, inventory = lane["dir"], lane["inventory"]
     yesterday = reports(tmp_path)["rank1.json"]
     lane = json.loads(open(inventory).read())
     lane["all"]["children"]["exl3_2x"]["hosts"]["rank1"].update(
@@ -274,11 +295,12 @@ def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(tmp_path, nas_hub)
     assert lost["passes"]["stage"] == yesterday["passes"]["stage"]       # the last real results stay
 
 
-def test_a_killed_run_says_running_not_ok(tmp_path, nas_hub):
+def test_a_killed_run_says_running_not_ok(staged_hub):
     """Killed (SIGKILL) in the stage play after a good run: the reports say running for the new run, with
     no finish time, so nobody takes it for a good one."""
+    lane = staged_hub("dgx1-drafter", staged_dgx1_drafter)  # the good run: the drafter only
+    tmp_path, nas_hub = lane["dir"], lane["nas"]
     inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_repos=[{"repo_id": DRAFTER_REPO}])
-    assert run(tmp_path, inventory)[0] == 0
     good = reports(tmp_path)["dgx1.json"]
     # The module's reads of the NAS stall, so the stage play is in progress when the run is killed.
     site = tmp_path / "stalled-site"

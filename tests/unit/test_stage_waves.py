@@ -3,6 +3,7 @@ NAS together (stage_nas_readers, in rank order), rank 0 alone first with fan-out
 proven blobs from, and where a repo's candidates go."""
 import importlib.util
 import os
+import re
 
 import pytest
 from ansible.errors import AnsibleFilterError
@@ -28,7 +29,7 @@ def lane_waves(world_size, readers, fanout):
 
 def test_the_filters_are_registered_under_their_names():
     assert set(waves.FilterModule().filters()) == {
-        "dgx_stage_wave", "dgx_stage_wave_count", "dgx_stage_peer", "dgx_stage_peer_dirs"}
+        "dgx_stage_wave", "dgx_stage_wave_count", "dgx_stage_peer", "dgx_stage_repo_folder"}
 
 
 @pytest.mark.parametrize("readers", [0, "0", "", None, 4, 9])
@@ -53,8 +54,8 @@ def test_with_fanout_rank_0_reads_alone_first_then_the_others_in_waves_of_reader
 
 
 @pytest.mark.parametrize("readers", [-1, "two", True, 1.5, [2]])
-def test_a_bad_reader_count_is_refused_naming_the_variable(readers):
-    with pytest.raises(AnsibleFilterError, match="stage_nas_readers"):
+def test_a_bad_reader_count_is_refused_naming_the_variable_and_the_value(readers):
+    with pytest.raises(AnsibleFilterError, match=r"stage_nas_readers .*got %s" % re.escape(repr(readers))):
         waves.stage_wave(0, 4, readers, False)
 
 
@@ -83,13 +84,15 @@ def test_a_failed_or_unreachable_peer_is_not_chosen_and_none_left_means_the_nas(
     assert waves.stage_peer(1, HOSTS, ["dgx2", "dgx3", "dgx4"], 2, True) == ""
 
 
-def test_peer_dirs_are_the_repo_folders_under_the_hubs_locks():
-    plans = [{"snapshot": "/nvme/hub/models--org--a/snapshots/" + "a" * 40},
-             {"snapshot": "/nvme/hub/datasets--org--b/snapshots/" + "b" * 40 + "/"}]
-    assert waves.stage_peer_dirs(plans, "/nvme/hub") == [
-        "/nvme/hub/.locks/dgx-stage-peer/models--org--a", "/nvme/hub/.locks/dgx-stage-peer/datasets--org--b"]
+@pytest.mark.parametrize("repo", [{"repo_id": "org/a"}, {"repo_id": "org/b", "repo_type": "dataset"},
+                                  {"repo_id": "solo", "repo_type": "space"}])
+def test_the_repo_folder_is_named_as_the_modules_name_it(repo):
+    from ansible.module_utils.dgx_hubcache import repo_folder_name
+    assert waves.stage_repo_folder(repo) == repo_folder_name(repo["repo_id"], repo.get("repo_type", "model"))
 
 
-def test_a_plan_without_a_snapshot_is_refused():
-    with pytest.raises(AnsibleFilterError, match="no snapshot"):
-        waves.stage_peer_dirs([{"failed": True}], "/nvme/hub")
+@pytest.mark.parametrize("repo", [{"repo_id": "../x"}, {"repo_id": "a/b/c"}, {"repo_id": ""}, {},
+                                  {"repo_id": "org/a", "repo_type": "bucket"}, "org/a"])
+def test_a_repo_folder_that_could_leave_the_hub_is_refused(repo):
+    with pytest.raises(AnsibleFilterError, match="repo_id 'org/name'"):
+        waves.stage_repo_folder(repo)

@@ -6,8 +6,9 @@ dgx_stage_wave(rank, world_size, readers, fanout)     -> the wave (0, 1, ...) of
 dgx_stage_wave_count(world_size, readers, fanout)     -> how many waves the lane's stage pass has
 dgx_stage_peer(rank, lane_hosts, live_hosts, readers, fanout) -> the host of an earlier wave this host copies
                                                          proven blobs from, or '' (none alive: the NAS)
-dgx_stage_peer_dirs(plans, hub_local_root)            -> per stage_repos entry, its candidate folder
-                                                         <hub_local_root>/.locks/dgx-stage-peer/<repo folder>
+dgx_stage_repo_folder(repo)                           -> a stage_repos entry's folder in a hub (models--org--name),
+                                                         named as module_utils/dgx_hubcache.repo_folder_name names
+                                                         it (a unit test keeps the two in step)
 
 Waves go in rank order and hold at most `readers` hosts (stage_nas_readers; empty or 0: the whole lane), so
 no more than that many hosts read the NAS at once. With fan-out, rank 0 reads the NAS alone first: the files
@@ -15,18 +16,11 @@ every rank shares are read from the NAS once per lane, and each later host reads
 there, taking the shared blobs from a host of an earlier wave (adopted only after a hash match).
 """
 
-import os
-
 from ansible.errors import AnsibleFilterError
 
-PEER_DIR = os.path.join(".locks", "dgx-stage-peer")
-
-
 def _whole(value, what, least):
-    if isinstance(value, bool):
-        value = None
     try:
-        number = int(str(value).strip())
+        number = None if isinstance(value, bool) else int(str(value).strip())
     except (TypeError, ValueError):
         number = None
     if number is None or number < least:
@@ -78,20 +72,21 @@ def stage_peer(rank, lane_hosts, live_hosts, readers, fanout):
     return earlier[(int(rank) - first_of_wave) % len(earlier)]
 
 
-def stage_peer_dirs(plans, hub_local_root):
-    """The candidate folder of each repo, from its plan (hf_hub_mirror's `snapshot`:
-    <hub>/<repo folder>/snapshots/<commit>), in stage_repos order."""
-    dirs = []
-    for plan in plans:
-        snapshot = (plan or {}).get("snapshot") if isinstance(plan, dict) else None
-        if not snapshot:
-            raise AnsibleFilterError("dgx_stage_peer_dirs: a repo's plan has no snapshot path: %r" % (plan,))
-        folder = os.path.basename(os.path.dirname(os.path.dirname(snapshot.rstrip("/"))))
-        dirs.append(os.path.join(hub_local_root, PEER_DIR, folder))
-    return dirs
+REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
+
+
+def stage_repo_folder(repo):
+    """The repo's folder: <type>s--org--name; a repo_id that could leave the hub root is refused."""
+    repo = repo if isinstance(repo, dict) else {}
+    repo_id, repo_type = repo.get("repo_id") or "", repo.get("repo_type") or "model"
+    parts = str(repo_id).split("/")
+    if repo_type not in REPO_TYPE_PREFIX or not repo_id or len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
+        raise AnsibleFilterError("stage_repos entry %r: expected repo_id 'org/name' and repo_type one of %s"
+                                 % (repo, ", ".join(sorted(REPO_TYPE_PREFIX))))
+    return "--".join([REPO_TYPE_PREFIX[repo_type]] + parts)
 
 
 class FilterModule(object):
     def filters(self):
         return {"dgx_stage_wave": stage_wave, "dgx_stage_wave_count": stage_wave_count,
-                "dgx_stage_peer": stage_peer, "dgx_stage_peer_dirs": stage_peer_dirs}
+                "dgx_stage_peer": stage_peer, "dgx_stage_repo_folder": stage_repo_folder}

@@ -104,3 +104,23 @@ def test_an_unreachable_host_fails_the_lane_and_limit_leaves_it_out(tmp_path, sm
         assert report(tmp_path, name)["status"] == "ok", report(tmp_path, name)
         assert (tmp_path / name / "engine-mounts.json").is_file(), name
     assert snapshot_diff(before["node1"], tree_snapshot(str(tmp_path / "node1"))) == []
+
+
+def test_fanout_inputs_are_checked_in_preflight_on_every_host(tmp_path, small_nas):
+    """With stage_peer_fanout, a receiving host's candidate folder reached through a symlink (rsync would write
+    through it, outside the hub) and a stage_nas_readers that gives no wave both fail preflight: the lane stops
+    before any host copies, and nothing is written outside the hubs either."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    fanout = {"stage_peer_fanout": True}
+    inventory = write_lane(tmp_path, small_nas, node0=fanout, node1=dict(fanout, stage_nas_readers=-1),
+                           node2=fanout)
+    (tmp_path / "node2" / "hub" / ".locks").mkdir()
+    (tmp_path / "node2" / "hub" / ".locks" / "dgx-stage-peer").symlink_to(outside)
+    before = host_trees(tmp_path)
+    code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
+    assert code != 0
+    assert_lane_stopped_in_preflight(tmp_path, data, before, ["node0"], "node1, node2", "failed their checks")
+    assert list(outside.iterdir()) == []
+    assert "stage_nas_readers" in report(tmp_path, "node1")["failed_msg"], report(tmp_path, "node1")
+    assert "symlink" in report(tmp_path, "node2")["failed_msg"], report(tmp_path, "node2")

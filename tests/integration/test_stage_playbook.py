@@ -32,16 +32,27 @@ def write_inventory(tmp_path, nas, local, **extra):
     return str(path)
 
 
-def play(tmp_path, inventory, *args, **kwargs):
-    """Run the playbook; returns (exit code, {task name: [host results]}, stats of localhost)."""
-    code, data = run_playbook(tmp_path, inventory, "--tags", kwargs.get("tags", STAGE_TAGS), *args)
+def staged_localhost(work, nas):
+    """staged_hub's lane of write_inventory: localhost, its local hub <dir>/local (as the local_hub fixture)."""
+    (work / "local").mkdir()
+    return write_inventory(work, nas["hub"], str(work / "local"))
+
+
+def localhost_tasks(data):
+    """{task name: [localhost results]} of a run_playbook() output."""
     tasks = {}
     for each in data["plays"]:
         for task in each["tasks"]:
             # The json callback names role tasks "role : name", templated per include.
             name = task["task"]["name"].split(" : ", 1)[-1]
             tasks.setdefault(name, []).append(task["hosts"].get("localhost", {}))
-    return code, tasks, data["stats"].get("localhost", {})
+    return tasks
+
+
+def play(tmp_path, inventory, *args, **kwargs):
+    """Run the playbook; returns (exit code, {task name: [host results]}, stats of localhost)."""
+    code, data = run_playbook(tmp_path, inventory, "--tags", kwargs.get("tags", STAGE_TAGS), *args)
+    return code, localhost_tasks(data), data["stats"].get("localhost", {})
 
 
 def mirror_results(tasks, stage_pass):
@@ -49,9 +60,11 @@ def mirror_results(tasks, stage_pass):
     return [r for run in tasks[name] for r in run["results"]]
 
 
-def test_stage_verify_then_idempotent_and_loadable_offline(tmp_path, nas_hub, local_hub):
-    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
-    code, tasks, stats = play(tmp_path, inventory)
+def test_stage_verify_then_idempotent_and_loadable_offline(staged_hub):
+    # The first run: staged_hub's (once a session; its output and files restored for this test).
+    lane = staged_hub("localhost", staged_localhost)
+    tmp_path, nas_hub, inventory, local_hub = lane["dir"], lane["nas"], lane["inventory"], lane["dir"] / "local"
+    code, tasks = lane["code"], localhost_tasks(lane["data"])
     assert code == 0, tasks
     staged = {r["item"]["repo_id"]: r for r in mirror_results(tasks, "stage")}
     main = staged[MAIN_REPO]
@@ -151,9 +164,9 @@ def test_bad_input_fails_in_preflight_with_nothing_written(tmp_path, nas_hub, lo
     assert snapshot_diff(before, tree_snapshot(local_hub)) == []
 
 
-def test_verify_repairs_swapped_same_size_shards(tmp_path, nas_hub, local_hub):
-    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
-    assert play(tmp_path, inventory)[0] == 0
+def test_verify_repairs_swapped_same_size_shards(staged_hub):
+    lane = staged_hub("localhost", staged_localhost)  # staged by a good run
+    tmp_path, nas_hub, inventory, local_hub = lane["dir"], lane["nas"], lane["inventory"], lane["dir"] / "local"
     repo = nas_hub["repos"][MAIN_REPO]
     path_a, path_b = repo["same_size_pairs"][0]
     blobs = local_hub / repo["folder"] / "blobs"
@@ -170,12 +183,13 @@ def test_verify_repairs_swapped_same_size_shards(tmp_path, nas_hub, local_hub):
     assert blob_a.read_bytes() == data_a and blob_b.read_bytes() == data_b
 
 
-def test_wrong_shard_is_caught_by_verify_before_serve_even_without_content_checks(tmp_path, nas_hub, local_hub):
+def test_wrong_shard_is_caught_by_verify_before_serve_even_without_content_checks(staged_hub):
     """Crash layer 1 of the log: a weight blob bound to the wrong same-size shard. With content
     checks off (stage_verify none) the header check is the last line: it fails the verify play,
     naming the duplicate key, and no later play (receipts, manifest, engine) runs."""
+    lane = staged_hub("localhost", staged_localhost)  # staged by a good run
+    tmp_path, nas_hub, local_hub = lane["dir"], lane["nas"], lane["dir"] / "local"
     inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_verify="none")
-    assert play(tmp_path, inventory)[0] == 0
     repo = nas_hub["repos"][MAIN_REPO]
     path_a, path_b = repo["same_size_pairs"][0]
     blobs = local_hub / repo["folder"] / "blobs"
@@ -253,10 +267,10 @@ def test_corrupt_nas_blob_fails_the_stage_play_and_is_named_in_the_host_report(t
     assert "verify" not in report["passes"]     # the host failed in stage: later plays did not run for it
 
 
-def test_symlinked_local_blobs_dir_is_refused_in_preflight_and_its_target_untouched(tmp_path, nas_hub, local_hub):
+def test_symlinked_local_blobs_dir_is_refused_in_preflight_and_its_target_untouched(staged_hub):
+    lane = staged_hub("localhost", staged_localhost)  # staged by a good run
+    tmp_path, nas_hub, local_hub = lane["dir"], lane["nas"], lane["dir"] / "local"
     inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), stage_prune=True)
-    code, tasks, _stats = play(tmp_path, inventory)
-    assert code == 0, tasks
     blobs = os.path.join(str(local_hub), nas_hub["repos"][MAIN_REPO]["folder"], "blobs")
     shared = tmp_path / "shared-blobs"
     os.rename(blobs, str(shared))

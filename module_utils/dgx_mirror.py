@@ -28,7 +28,8 @@ from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, lis
 from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, CandidateRejected, LocalTree,
                                                LocalWriteError, PassMeter, RepoLock, SourceProblem, adopt_candidate,
                                                clear_peer_dir, copy_verified, default_workers, find_temp_debris,
-                                               linked_dir_problem, run_workers, symlink_atomic)
+                                               linked_dir_problem, mount_point_problem, run_workers,
+                                               symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")
 PHASES = ("stage", "verify")
@@ -68,6 +69,7 @@ class MirrorRequest(object):
         self.folder = repo_folder_name(repo_id, repo_type)
         self.copy_missing = bool(copy_missing)
         self.phase = phase
+        self.peer_dir_given = peer_dir    # as given: a relative path or '..' in it is refused
         self.peer_dir = os.path.abspath(peer_dir) if peer_dir else None
         self.require_match = list(require_match) if require_match else []
 
@@ -123,7 +125,8 @@ class Plan(object):
         self.stale = []            # unwanted local paths kept because prune is off
         self.debris = []           # temp files of killed runs
         self.freed_bytes = 0
-        self.peer_bytes = 0        # bytes of the writes whose peer_dir candidate is there at the blob's size
+        self.peer_bytes = 0        # bytes of the writes whose peer_dir candidate counts as on disk (candidate_size)
+        self.peer_peak = 0         # the largest counted candidates, one per worker: copies alongside their candidates
         self.warnings = []
 
     @property
@@ -358,9 +361,9 @@ def plan_mirror(req, check_mode=False, meter=None):
     plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src, strict=False)
     if not plan.entries:
         raise StageError("snapshot %s of %s is empty on the NAS" % (plan.commit, req.repo_id))
-    refuse_unmatched_required(plan, req)
     plan.selected = [e for e in plan.entries if path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
     plan.excluded = [e for e in plan.entries if not path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
+    refuse_unmatched_required(plan, req)
     if not plan.selected:
         raise StageError("allow_patterns %s / ignore_patterns %s select none of the %d files of %s@%s: "
                          "check the patterns (fnmatch on snapshot-relative paths, 'dir/' for a whole dir)"
@@ -381,7 +384,7 @@ def plan_mirror(req, check_mode=False, meter=None):
     prove_present(plan, req, meter)
     if not req.copy_missing:
         refuse_not_staged(plan, req)      # a file removed while the others were proven
-    plan.peer_bytes = sum(w.size for w in plan.writes if candidate_present(req, w))
+    _count_candidates(plan, req)
     return plan
 
 
@@ -391,12 +394,18 @@ def source_snapshot(plan):
 
 
 def refuse_unmatched_required(plan, req):
-    """StageError when a require_match pattern (the host's rank patterns) matches no file of the snapshot:
-    a lane larger than the checkpoint was cut for, or a typo, would otherwise stage the shared files only."""
-    for pattern in unmatched_patterns([e.path for e in plan.entries], req.require_match):
-        raise StageError("rank pattern %r matches no file of %s@%s: check rank_patterns and the lane's size "
+    """StageError when a require_match pattern (the host's rank patterns) matches no file this run selects
+    (after allow_patterns and ignore_patterns): a lane larger than the checkpoint was cut for, a typo, or
+    patterns that exclude the rank's files would otherwise stage the shared files only."""
+    for pattern in unmatched_patterns([e.path for e in plan.selected], req.require_match):
+        excluded_only = not unmatched_patterns([e.path for e in plan.excluded], [pattern])
+        raise StageError("rank pattern %r matches no file of %s@%s %s: check rank_patterns and the lane's size "
                          "(require_match holds this host's rank patterns; fnmatch on snapshot-relative paths, "
-                         "'dir/' for a whole dir); nothing was written" % (pattern, req.repo_id, plan.commit))
+                         "'dir/' for a whole dir); nothing was written"
+                         % (pattern, req.repo_id, plan.commit,
+                            "that this run selects (it matches only files that allow_patterns %s / ignore_patterns "
+                            "%s exclude)" % (req.allow_patterns, req.ignore_patterns) if excluded_only
+                            else "that this run selects"))
 
 
 def peer_dir_rel(req):
@@ -412,21 +421,34 @@ def peer_dir_problem(req):
     repo's lock directory, reached through no symlink."""
     if not req.peer_dir:
         return None
-    convention = os.path.join(req.dest, ".locks", "dgx-stage-peer", req.folder)
+    convention = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
     fix = ("the run removes peer_dir and what is left in it, so it must be a scratch directory of its own inside "
            "dest, by convention %s; nothing was written" % convention)
-    if not is_within(req.peer_dir, req.dest) or req.peer_dir == req.dest:
+    given = getattr(req, "peer_dir_given", None) or req.peer_dir
+    if not os.path.isabs(given) or ".." in given.replace(os.sep, "/").split("/"):
+        return "peer_dir %s is not an absolute path without '..' components: %s" % (given, fix)
+    if req.peer_dir == req.dest:
+        return "peer_dir %s is dest: %s" % (req.peer_dir, fix)
+    if not is_within(req.peer_dir, req.dest):
         return "peer_dir %s is not inside dest %s: %s" % (req.peer_dir, req.dest, fix)
     parts = peer_dir_rel(req).split("/")
     if "--" in parts[0] or parts == [".locks"] or (parts[0] == ".locks" and "--" in parts[1]):
         return "peer_dir %s is %s: %s" % (
             req.peer_dir, "a repo's lock directory (or inside one)" if parts[0] == ".locks" and len(parts) > 1
             else "the lock root" if parts == [".locks"] else "inside the repo folder %s" % parts[0], fix)
+    if parts[-1] != req.folder or len(parts) < 2 or parts[-2] != PEER_PARENT:
+        # the clean-up deletes what peer_dir holds: it must be this repo's, never another repo's candidates
+        return ("peer_dir %s is not this repo's candidate folder: its name must be %s and its parent's %s: %s"
+                % (req.peer_dir, req.folder, PEER_PARENT, fix))
     if os.path.isdir(req.dest):
-        problem = linked_dir_problem(req.dest, peer_dir_rel(req))
+        problem = linked_dir_problem(req.dest, peer_dir_rel(req)) or mount_point_problem(req.dest, peer_dir_rel(req))
         if problem:
             return "peer_dir %s: %s" % (req.peer_dir, problem)
     return None
+
+
+# peer_dir's parent folder (by convention <dest>/.locks/dgx-stage-peer/<repo folder>)
+PEER_PARENT = "dgx-stage-peer"
 
 
 def refuse_bad_peer_dir(req):
@@ -435,15 +457,30 @@ def refuse_bad_peer_dir(req):
         raise StageError(problem)
 
 
-def candidate_present(req, work):
-    """Whether peer_dir holds a regular file named like this Work's blob at its size (not yet hashed)."""
+def candidate_present(req, work, blobs_dev=None):
+    """Whether peer_dir holds a regular file named like this Work's blob at its size (not yet hashed) that
+    occupies its bytes on the disk of blobs/ (device blobs_dev; st_blocks cover its size, so a sparse
+    file does not count): the space its removal gives back."""
     if not req.peer_dir or not work.etag:
         return False
     try:
         st = os.lstat(os.path.join(req.peer_dir, work.etag))
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_size == work.size
+    return (stat.S_ISREG(st.st_mode) and st.st_size == work.size and st.st_blocks * 512 >= st.st_size
+            and (blobs_dev is None or st.st_dev == blobs_dev))
+
+
+def _count_candidates(plan, req):
+    """plan.peer_bytes and plan.peer_peak. Each candidate is copied (a new file) and then removed: while
+    `workers` copies are in flight their candidates are still there, so the need is the bytes to write,
+    minus the candidates' bytes, plus the largest candidates one per worker (the peak)."""
+    if not req.peer_dir:
+        return
+    blobs_dev = os.lstat(existing_ancestor(os.path.join(plan.dest_repo, "blobs"))).st_dev
+    sizes = sorted((w.size for w in plan.writes if candidate_present(req, w, blobs_dev)), reverse=True)
+    plan.peer_bytes = sum(sizes)
+    plan.peer_peak = sum(sizes[:req.workers])
 
 
 def refuse_not_staged(plan, req):
@@ -599,9 +636,10 @@ def space_figures(plan, req):
     """The free-space figures of a plan (the module's `space`): free, reserve, need, reclaimable."""
     free, total = disk_space(existing_ancestor(req.dest))
     # need: file bytes; block rounding and metadata are what stage_reserve is for
-    # Candidates in peer_dir are already on this disk: adopting one moves it, rejecting one frees its place.
-    return {"free": free, "reserve": parse_reserve(req.reserve, total), "need": plan.write_bytes - plan.peer_bytes,
-            "reclaimable": plan.freed_bytes, "peers": plan.peer_bytes}
+    # Candidates in peer_dir are already on this disk and removed once copied (or rejected): see _count_candidates.
+    return {"free": free, "reserve": parse_reserve(req.reserve, total),
+            "need": plan.write_bytes - plan.peer_bytes + plan.peer_peak,
+            "reclaimable": plan.freed_bytes, "peers": plan.peer_bytes, "peers_peak": plan.peer_peak}
 
 
 def check_space(plan, req):
@@ -660,10 +698,12 @@ def _remove_empty_dirs(top):
             os.rmdir(path)
 
 
-def _disk_error(error, what, req, plan, meter, written=None):
-    """A local write error turned into what the operator needs: file, disk, bytes needed and free."""
+def _disk_error(error, what, req, plan, outcome, written=None):
+    """A local write error turned into what the operator needs: file, disk, bytes needed and free.
+    Still needed: the bytes to write less those already under their names (bytes read from a rejected
+    candidate, or copied to a temp file that was removed, wrote nothing that stays)."""
     free, _total = disk_space(existing_ancestor(req.dest))
-    still_needed = max(plan.write_bytes - meter.bytes_done("copying"), 0)
+    still_needed = max(plan.write_bytes - sum(w.size for w in list(outcome.written)), 0)
     cause = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the disk quota is exhausted",
              errno.EIO: "the local disk reported an I/O error", errno.EROFS: "the local disk is read-only"}.get(
                  error, "the local write failed")
@@ -678,9 +718,9 @@ def _disk_error(error, what, req, plan, meter, written=None):
 
 def _place(directory, work, meter, buf, outcome, peer=None):
     """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised.
-    A blob whose candidate in `peer` (peer_dir, open) hashes to its name is adopted instead, reading
-    nothing from the NAS; a candidate that does not is recorded in outcome.peer_rejected and the NAS
-    copy is made as usual."""
+    A blob whose candidate in `peer` (peer_dir, open) hashes to its name while copied is copied from it
+    instead (a new file, the candidate then removed), reading nothing from the NAS; a candidate that does
+    not is removed, recorded in outcome.peer_rejected and the NAS copy is made as usual."""
     name = os.path.basename(work.final)
     meter.working_on(work.paths[0])
     if peer is not None and work.etag:
@@ -750,7 +790,7 @@ def _write_blobs(tree, plan, req, meter, outcome):
                 _place(dirs[os.path.dirname(work.final)], work, meter, buf, outcome, peer)
             except LocalWriteError as exc:
                 if exc.errno in DISK_ERRNOS:
-                    raise _disk_error(exc.errno, exc.path, req, plan, meter, exc.written)
+                    raise _disk_error(exc.errno, exc.path, req, plan, outcome, exc.written)
                 raise
 
         if plan.writes:
@@ -760,7 +800,7 @@ def _write_blobs(tree, plan, req, meter, outcome):
             try:
                 fsync_dir(dir_fd=directory.fd)
             except OSError as exc:
-                raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, meter)
+                raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, outcome)
     finally:
         for directory in dirs.values():
             directory.close()
@@ -818,7 +858,7 @@ def apply_plan(plan, req, outcome, meter=None):
     except OSError as exc:
         if exc.errno in DISK_ERRNOS:
             raise _disk_error(exc.errno, "the snapshot links, refs and tree listing of %s" % plan.snapshot,
-                              req, plan, meter)
+                              req, plan, outcome)
         raise
 
 
@@ -899,8 +939,9 @@ def run_mirror(req, check_mode=False, progress=True):
     selected file could not be staged or a NAS blob fails its name, or when copy_missing is off and
     selected files have no local copy (nothing written). Under the repo lock the pass keeps the
     progress file (unless progress=False), which says how it ended: ok, failed or interrupted, and
-    at its end (ok, failed or interrupted) removes peer_dir with what is left in it; a run refused
-    before it takes the lock (bad input, require_match, space, files not staged) leaves peer_dir alone.
+    once it started writing, at its end (ok, failed or interrupted) removes peer_dir with what is left in
+    it; a run refused before writing (bad input, require_match, space, files not staged; before or after
+    taking the lock) leaves peer_dir alone.
     """
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
@@ -912,11 +953,12 @@ def run_mirror(req, check_mode=False, progress=True):
         with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
             if progress:
                 meter.attach(lock_dir)
+            writing = []        # set once the run starts writing: only then is peer_dir removed
             try:
                 try:
-                    result = _run_locked(tree, req, meter, started)
+                    result = _run_locked(tree, req, meter, started, writing)
                 finally:
-                    peer_problems = _clear_peer_dir(tree, req)
+                    peer_problems = _clear_peer_dir(tree, req) if writing else []
             except KeyboardInterrupt as exc:
                 meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
                 raise
@@ -943,12 +985,16 @@ def _clear_peer_dir(tree, req):
         return ["peer_dir %s was not removed: %s" % (req.peer_dir, exc)]
 
 
-def _run_locked(tree, req, meter, started):
+def _run_locked(tree, req, meter, started, writing):
+    """The locked run; `writing` gets an item when it starts writing. A refusal before that (bad input,
+    require_match, space, files not staged) leaves peer_dir as it is: its message says nothing was
+    written, and the next run uses or removes the candidates."""
     try:
         plan = plan_mirror(req, meter=meter)
     except NotStaged as exc:
         raise _refused(exc, req, meter, started)
     space = check_space(plan, req)
+    writing.append(True)
     outcome = _apply_locked(tree, plan, req, space, started, meter)
     dangling = count_dangling(plan, req.dest)
     result = _result(plan, req, outcome, space, dangling, started, meter)
@@ -1097,7 +1143,7 @@ def repair_record(work):
             "local_hash": work.local_hash, "size": work.size}
 
 
-def repair_warning(record, req, check_mode):
+def repair_warning(record, req, check_mode, from_peer=False):
     """The module warning of one repair: snapshot path, blob name, what the local bytes hashed to."""
     what = "blobs/%s" % record["blob"] if record["blob"] else "a real snapshot file, compared by sha256"
     hashed = "; the local bytes hashed to %s%s" % ("" if record["blob"] else "sha256 ", record["local_hash"]) \
@@ -1106,6 +1152,7 @@ def repair_warning(record, req, check_mode):
         "would repair" if check_mode else "repaired", record["path"], what, req.repo_id,
         REPAIR_WORDS.get(record["reason"], record["reason"]), req.phase, req.verify, hashed,
         "a real run replaces it with a verified NAS copy" if check_mode
+        else "replaced by a peer copy verified against its name" if from_peer
         else "replaced by a NAS copy verified against its name" if record["blob"] else "replaced by the NAS copy")
 
 
@@ -1135,6 +1182,7 @@ def _result(plan, req, outcome, space, dangling, started, meter):
     check_mode = outcome is None
     # In check mode the candidates of the right size stand for what would come from peers (not hashed).
     from_peers = plan.peer_bytes if check_mode else sum(w.size for w in outcome.from_peers)
+    peer_blobs = set() if check_mode else set(w.etag for w in outcome.from_peers)
     bytes_copied = sum(w.size for w in done)
     return {
         "changed": bool(done or links or refs_written or pruned or debris or listing
@@ -1172,7 +1220,7 @@ def _result(plan, req, outcome, space, dangling, started, meter):
         "progress_file": os.path.join(req.dest, lock_dir_rel(req.folder), PROGRESS_NAME),
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),
-        "warnings": plan.warnings + [repair_warning(r, req, check_mode) for r in repairs]
+        "warnings": plan.warnings + [repair_warning(r, req, check_mode, r["blob"] in peer_blobs) for r in repairs]
         + [peer_warning(r, req) for r in ([] if check_mode else outcome.peer_rejected)],
         "diff_text": describe_plan(plan, check_mode) if outcome is None or outcome.applied else "",
     }

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import stat
 import threading
@@ -24,7 +25,7 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, temp_name_for, unlink_quietly,
                                              walk_tree)
-from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise, feed_fd
+from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -33,9 +34,10 @@ DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
 class SourceProblem(StageError):
     """The NAS side of one copy is wrong (hash, size, changed underneath); other copies can go on."""
 
-    def __init__(self, message, source, blob_name=None, got=None):
+    def __init__(self, message, source, blob_name=None, got=None, error=None):
         StageError.__init__(self, message)
         self.source, self.blob_name, self.got = source, blob_name, got
+        self.error = error      # the OSError of a failed read, when that was the problem
 
 
 class LocalWriteError(StageError):
@@ -95,6 +97,55 @@ def linked_dir_problem(root, rel):
         if not stat.S_ISDIR(st.st_mode):
             return "%s is not a directory: move it out of the local hub; nothing was written or removed" % path
     return None
+
+
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _unescape_mount_path(text):
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def mount_points():
+    """The mount points of this process's mount namespace (field 5 of /proc/self/mountinfo): it names
+    a bind mount of the same filesystem too, whose st_dev does not differ. Empty when not readable."""
+    try:
+        with open(MOUNTINFO) as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return set()
+    return set(_unescape_mount_path(line.split(" ")[4]) for line in lines if len(line.split(" ")) > 4)
+
+
+def mount_point_problem(root, rel):
+    """Why a directory on the way from `root` (excluded) down to `root/rel` is a mount point, or None:
+    its st_dev differs from its parent's (another filesystem, or a bind mount of one), or it is a
+    mount point in /proc/self/mountinfo (a bind mount of the same filesystem). Missing ones are fine."""
+    points = None
+    parent = os.lstat(root)
+    real = os.path.realpath(root)
+    path = root
+    for part in _split(rel):
+        path, real = os.path.join(path, part), os.path.join(real, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if points is None:
+            points = mount_points()
+        if st.st_dev != parent.st_dev or real in points:
+            return ("%s is a mount point: dgx-stage removes what a peer_dir holds, and never on another mount "
+                    "(it could be a bind mount of a directory outside the local hub). Unmount it, or use a "
+                    "plain directory; nothing was written or removed" % path)
+        parent = st
+    return None
+
+
+def on_another_mount(parent_fd, child_fd, path):
+    """Whether the open directory child_fd (at `path`) is on another device than parent_fd, or is a
+    mount point of /proc/self/mountinfo (never emptied by a clean-up)."""
+    return os.fstat(child_fd).st_dev != os.fstat(parent_fd).st_dev or os.path.realpath(path) in mount_points()
 
 
 class LocalTree(object):
@@ -253,7 +304,7 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
             got = os.readv(src_fd, [buf.data])
         except OSError as exc:
             raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
-                                % (source, copied, size, exc), source)
+                                % (source, copied, size, exc), source, error=exc)
         if not got:
             break
         chunk = buf.view[:got]
@@ -292,7 +343,7 @@ def _refuse_changed_source(src_fd, before, source, copied, size):
 
 
 class CandidateRejected(StageError):
-    """A peer candidate that is not the blob its name says (or not a plain file): never adopted."""
+    """A peer candidate that is not the blob its name says (or not a plain file): never given the name."""
 
 
 # A candidate is opened without following a link, and a FIFO must fail or return at once, never block.
@@ -300,41 +351,67 @@ _CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
-    """Move the candidate `peer/name` (a copy another host sent) to `directory/name` when its bytes hash
-    to `name` at `size`; True when adopted, False when there is no candidate.
+    """Copy the candidate `peer/name` (a copy another host sent) to `directory/name` through
+    copy_verified: a new file, hashed while it is written, given the name only when its bytes hash to
+    `name` at `size`. True when the blob got its name from the candidate, False when there is none.
 
-    Only a regular file is a candidate, opened without following a link. Its bytes are hashed from that
-    open file; it is made 0644 and fsynced like a copy, renamed to a temp name next to the blob, and given
-    the blob's name only when the file there is still the inode that was hashed, unchanged. A candidate
-    on another filesystem (EXDEV) or with other hard links is copied through copy_verified instead, so the
-    blob never shares an inode with a file outside the repo. Anything else raises CandidateRejected (the
-    candidate removed, a directory left for the peer_dir clean-up to report); nothing then has the name.
-    `progress(count)` is called for the bytes read from the candidate.
+    The candidate is never moved or linked: whatever a handle opened on it, or a hard link made to
+    it, does later cannot reach the blob. It is lstat-ed first and opened only when it is a regular
+    file (never a link, FIFO or device), and the open file must be the one lstat-ed. Anything else
+    raises CandidateRejected. The candidate is removed right after its copy or its rejection (a
+    directory is left for the peer_dir clean-up to report). `progress(count)` gets the bytes read.
     """
     try:
-        fd = os.open(name, _CANDIDATE_FLAGS, dir_fd=peer.fd)
+        st = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            unlink_quietly(name, dir_fd=peer.fd)    # the link itself, never its target
-            raise CandidateRejected("it is a symlink, not a file: not followed")
-        raise CandidateRejected("it cannot be opened: %s" % exc)
+        raise CandidateRejected("it cannot be examined: %s" % _os_error_text(exc))
     try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            if not stat.S_ISDIR(before.st_mode):
-                unlink_quietly(name, dir_fd=peer.fd)
-            raise CandidateRejected("it is %s, not a regular file: not read" % _kind_of(before.st_mode))
-        if before.st_size != size:
-            _drop_candidate(peer, name, before)
-            raise CandidateRejected("its size is %d bytes, the blob's is %d" % (before.st_size, size))
-        if before.st_dev != os.fstat(directory.fd).st_dev or before.st_nlink != 1:
-            return _copy_candidate(peer, directory, name, size, fd, before, buf, progress)
-        _make_like_a_copy(fd, before)
-        return _hash_and_rename(peer, directory, name, size, fd, buf, progress)
+        fd = _open_candidate(peer, name, size, st)
+        try:
+            _copy_candidate(peer, directory, name, size, fd, buf, progress)
+        finally:
+            os.close(fd)
     finally:
+        _drop_candidate(peer, name, st)
+    return True
+
+
+def _os_error_text(exc):
+    return "%s (errno %s)" % (exc.strerror or exc, exc.errno) if exc.errno else str(exc)
+
+
+def _open_candidate(peer, name, size, st):
+    """The fd of the regular file `st` (lstat of peer/name) describes, or CandidateRejected."""
+    if stat.S_ISLNK(st.st_mode):
+        raise CandidateRejected("it is a symlink, not a file: not followed")
+    if not stat.S_ISREG(st.st_mode):
+        raise CandidateRejected("it is %s, not a regular file: not opened" % _kind_of(st.st_mode))
+    if st.st_size != size:
+        raise CandidateRejected("its size is %d bytes, the blob's is %d" % (st.st_size, size))
+    try:
+        fd = os.open(name, _CANDIDATE_FLAGS, dir_fd=peer.fd)
+    except OSError as exc:
+        raise CandidateRejected("it cannot be opened: %s" % _os_error_text(exc))
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(opened.st_mode):
         os.close(fd)
+        raise CandidateRejected("it was replaced between its check and its opening: is something still "
+                                "writing peer_dir?")
+    return fd
+
+
+def _copy_candidate(peer, directory, name, size, fd, buf, progress):
+    try:
+        copy_verified(peer.join(name), directory, name, size, blob_name=name, progress=progress, buf=buf,
+                      source_fd=fd)
+    except SourceProblem as problem:
+        if problem.got is not None:
+            raise CandidateRejected("its bytes hash to %s, not to its name" % problem.got)
+        if problem.error is not None:
+            raise CandidateRejected("reading it failed: %s" % _os_error_text(problem.error))
+        raise CandidateRejected("it changed while it was copied: is something still writing peer_dir?")
 
 
 def _kind_of(mode):
@@ -345,77 +422,15 @@ def _kind_of(mode):
     return "of file type %o" % stat.S_IFMT(mode)
 
 
-def _make_like_a_copy(fd, st):
-    """Mode 0644 and (when allowed) the run's owner, as copy_verified's files have."""
-    os.fchmod(fd, 0o644)
-    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-        try:
-            os.fchown(fd, os.geteuid(), os.getegid())
-        except OSError:
-            pass
-
-
 def _drop_candidate(peer, name, st):
-    """Remove peer/name when it is still the file `st` describes (a later one there is the clean-up's)."""
+    """Remove peer/name when it is still the entry `st` describes and not a directory (a later file
+    there is the clean-up's; a directory is named by the clean-up, never entered)."""
     try:
         now = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except OSError:
         return
-    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) and not stat.S_ISDIR(now.st_mode):
         unlink_quietly(name, dir_fd=peer.fd)
-
-
-def _hash_and_rename(peer, directory, name, size, fd, buf, progress):
-    before = os.fstat(fd)       # after the chmod: any later change moves its ctime
-    hasher = NameHasher(name, size)
-    count = feed_fd(fd, hasher, buf, progress)
-    after = os.fstat(fd)
-    if count != size or not hasher.matches():
-        _drop_candidate(peer, name, after)
-        raise CandidateRejected("its bytes hash to %s, not to its name (%d of %d bytes read)"
-                                % (hasher.hexdigest(), count, size))
-    if _identity(after) != _identity(before):
-        _drop_candidate(peer, name, after)
-        raise CandidateRejected("it changed while it was hashed: is something still writing peer_dir?")
-    final = directory.join(name)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, 0, exc.errno)
-    temp = temp_name_for(name)
-    try:
-        os.rename(name, temp, src_dir_fd=peer.fd, dst_dir_fd=directory.fd)
-    except FileNotFoundError:
-        raise CandidateRejected("it was removed while it was hashed")
-    except OSError as exc:
-        if exc.errno == errno.EXDEV:        # a bind mount of the same filesystem: copy it, still hashed
-            return _copy_candidate(peer, directory, name, size, fd, after, buf, progress)
-        raise LocalWriteError("moving %s to %s failed: %s" % (peer.join(name), final, exc), final, 0, exc.errno)
-    try:
-        moved = os.stat(temp, dir_fd=directory.fd, follow_symlinks=False)
-        if (moved.st_dev, moved.st_ino, moved.st_size, moved.st_mtime_ns) != (
-                after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns):
-            unlink_quietly(temp, dir_fd=directory.fd)
-            raise CandidateRejected("it was replaced by another file before it was moved")
-        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
-    except BaseException:
-        unlink_quietly(temp, dir_fd=directory.fd)
-        raise
-    return True
-
-
-def _copy_candidate(peer, directory, name, size, fd, st, buf, progress):
-    """The candidate copied (and hashed as it is read) instead of moved; then removed."""
-    try:
-        copy_verified(peer.join(name), directory, name, size, blob_name=name, progress=progress, buf=buf,
-                      source_fd=fd)
-    except SourceProblem as problem:
-        _drop_candidate(peer, name, st)
-        if problem.got is not None:
-            raise CandidateRejected("its bytes hash to %s, not to its name" % problem.got)
-        raise CandidateRejected("it changed while it was copied: is something still writing peer_dir?")
-    _drop_candidate(peer, name, st)
-    return True
 
 
 # rsync --delay-updates (ansible.posix.synchronize's default) stages a transfer in this folder of the
@@ -435,6 +450,14 @@ def clear_peer_dir(tree, rel):
     except (StageError, OSError) as exc:
         return ["peer_dir %s was not removed: %s" % (os.path.join(tree.root, rel), exc)]
     with peer:
+        try:
+            with tree.open_dir(os.path.dirname(rel.rstrip("/"))) as parent:
+                mounted = on_another_mount(parent.fd, peer.fd, peer.path)
+        except (StageError, OSError) as exc:
+            return ["peer_dir %s was not removed: %s" % (peer.path, exc)]
+        if mounted:
+            return ["peer_dir %s is a mount point (or on another device than its parent): dgx-stage never "
+                    "empties a directory on another mount; nothing in it was removed" % peer.path]
         kept, problems = _remove_flat(peer)
         if RSYNC_DELAY_DIR in kept:
             kept.remove(RSYNC_DELAY_DIR)
@@ -485,6 +508,9 @@ def _remove_delay_dir(peer):
     except OSError as exc:
         return ["%s was not removed: %s" % (path, exc)]
     with LocalDir(fd, path) as delay:
+        if on_another_mount(peer.fd, delay.fd, path):
+            return ["%s is a mount point (or on another device than peer_dir): dgx-stage never empties a "
+                    "directory on another mount; nothing in it was removed" % path]
         kept, problems = _remove_flat(delay)
     if kept:
         problems.append("%s holds directories (%s) that dgx-stage does not enter: remove them by hand"

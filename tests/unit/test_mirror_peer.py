@@ -55,7 +55,7 @@ def peer_stage(nas, local, check_mode=False, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------
-# adoption: a candidate that hashes to its name is moved into blobs/, no NAS read of it
+# adoption: a candidate that hashes to its name is copied into blobs/ (a new file), no NAS read of it
 # ------------------------------------------------------------------------------------------------
 
 def test_good_candidate_is_adopted_and_its_nas_blob_never_opened(nas, local, monkeypatch):
@@ -76,7 +76,7 @@ def test_good_candidate_is_adopted_and_its_nas_blob_never_opened(nas, local, mon
     assert result["peer_rejected"] == []
     blob = local_blob(nas, local, etag)
     st = os.lstat(blob)
-    assert st.st_ino == inode and stat.S_IMODE(st.st_mode) == 0o644 and st.st_nlink == 1
+    assert st.st_ino != inode and stat.S_IMODE(st.st_mode) == 0o644 and st.st_nlink == 1     # a copy
     assert_all_local(nas, local)
     assert result["report"]["bytes_from_peers"] == size and result["report"]["peer_rejected"] == 0
     assert result["report"]["bytes_from_nas"] == total_bytes(nas) - size
@@ -168,7 +168,7 @@ def test_peer_dir_outside_dest_is_refused_before_anything_is_written(nas, local,
     outside.mkdir()
     shutil.copyfile(nas_blob_real(nas, etag), str(outside / etag))
     before_local, before_outside = tree_snapshot(local), tree_snapshot(outside)
-    request = mirror_request(nas, local, ignore_patterns=PAGE15, peer_dir=str(local) + "/../peer-outside")
+    request = mirror_request(nas, local, ignore_patterns=PAGE15, peer_dir=str(outside))
     with pytest.raises(StageError) as err:
         run_mirror(request, check_mode=check_mode)
     message = str(err.value)
@@ -290,18 +290,55 @@ def test_wanted_blobs_name_only_what_is_missing_and_a_rerun_is_idle(prestage, na
 # space: candidates already on the disk do not count twice
 # ------------------------------------------------------------------------------------------------
 
-def test_space_need_is_reduced_by_candidates_of_the_right_size(nas, local, monkeypatch):
-    etag, size = shard_blob(nas, 0)
-    put_candidate(nas, local, etag)
-    need = total_bytes(nas)
-    free = need - size + 1               # holds the copies only once the candidate is counted as on disk
+@pytest.mark.parametrize("workers", [1, 2])
+def test_space_need_counts_candidates_freed_after_their_copy_plus_the_peak(nas, local, monkeypatch, workers):
+    """A candidate is copied, then removed: the need is the bytes to write minus the candidates' bytes
+    plus the largest candidates still there while their copies are in flight (one per worker)."""
+    first, first_size = shard_blob(nas, 0)
+    second, second_size = shard_blob(nas, 1)
+    put_candidate(nas, local, first)
+    put_candidate(nas, local, second)
+    total = total_bytes(nas)
+    need = total - first_size - second_size + sorted([first_size, second_size])[-1] + \
+        (min(first_size, second_size) if workers == 2 else 0)
+    free = need                           # holds the copies only when the freed candidates are counted
     monkeypatch.setattr(mirror, "disk_space", lambda path: (free, 10 * 1024 ** 3))
-    with pytest.raises(StageError, match=r"need %d bytes" % need):
-        stage(nas, local, ignore_patterns=PAGE15, reserve="0")              # without peer_dir: refused
-    result = peer_stage(nas, local, reserve="0")
-    assert result["space"]["need"] == need - size and result["space"]["peers"] == size
-    assert result["bytes_from_peers"] == size
+    if need < total:
+        with pytest.raises(StageError, match=r"need %d bytes" % total):
+            stage(nas, local, ignore_patterns=PAGE15, reserve="0")          # without peer_dir: refused
+    result = peer_stage(nas, local, reserve="0", workers=workers)
+    assert result["space"]["need"] == need and result["space"]["peers"] == first_size + second_size
+    assert result["space"]["peers_peak"] == need - total + first_size + second_size
+    assert result["bytes_from_peers"] == first_size + second_size
     assert_all_local(nas, local)
+
+
+@pytest.mark.parametrize("kind", ["sparse", "other device", "wrong size"])
+def test_candidates_that_free_no_space_on_the_blobs_disk_are_not_counted(nas, local, monkeypatch, kind):
+    etag, size = shard_blob(nas, 0)
+    candidate = put_candidate(nas, local, etag)
+    if kind == "sparse":                          # apparent size only: removing it frees nothing
+        os.unlink(candidate)
+        with open(candidate, "wb") as handle:
+            handle.truncate(size)
+    elif kind == "wrong size":
+        os.truncate(candidate, size - 1)
+    else:
+        real_lstat = os.lstat
+
+        def lstat(path, *args, **kwargs):
+            st = real_lstat(path, *args, **kwargs)
+            if path == candidate:
+                fields = list(st[:10])
+                fields[2] += 1                    # st_dev: a filesystem mounted inside peer_dir
+                return os.stat_result(fields, {"st_blocks": st.st_blocks, "st_blksize": st.st_blksize})
+            return st
+
+        monkeypatch.setattr(mirror.os, "lstat", lstat)
+    result = peer_stage(nas, local, check_mode=True)
+    monkeypatch.undo()
+    assert result["space"]["peers"] == 0 and result["space"]["need"] == total_bytes(nas)
+    assert result["bytes_from_peers"] == 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -324,7 +361,7 @@ def test_require_match_pattern_matching_nothing_is_refused_before_anything_is_wr
 
 def test_require_match_patterns_that_match_stage_as_usual(nas, local):
     shard = nas.repo()["shards"][0]
-    directory = nas.repo()["page15"][0].split("/")[0] + "/"       # the 'dir/' form matches below it
+    directory = "extras/"                                         # the 'dir/' form matches below it
     result = stage(nas, local, ignore_patterns=PAGE15, require_match=[shard, "*.safetensors", directory])
     assert result["changed"] is True and result["warnings"] == []
     assert_all_local(nas, local)
@@ -332,51 +369,67 @@ def test_require_match_patterns_that_match_stage_as_usual(nas, local):
 
 
 # ------------------------------------------------------------------------------------------------
-# what gets the name is the inode that was hashed; other ways in are copies, still hashed
+# a candidate is only ever copied (hashed while written, a new inode): nothing done to it later, through
+# a handle, a hard link or a rename, reaches the blob
 # ------------------------------------------------------------------------------------------------
 
-def _on_rename_of(monkeypatch, etag, action):
-    """Run action() just before the candidate `etag` is renamed (the window after its hash)."""
-    real_rename = os.rename
-
-    def rename(src, dst, **kwargs):
-        if src == etag:
-            action()
-        return real_rename(src, dst, **kwargs)
-
-    monkeypatch.setattr(os, "rename", rename)
+def _hash_of(path):
+    with open(path, "rb") as handle:
+        return hubgen.sha256_hex(handle.read())
 
 
-def test_candidate_replaced_after_its_hash_is_not_given_the_name(nas, local, monkeypatch):
+def test_writes_through_a_handle_opened_before_the_run_never_reach_the_blob(nas, local):
     etag, size = shard_blob(nas, 0)
     candidate = put_candidate(nas, local, etag)
-
-    def swap():          # another writer puts other bytes of the same size under the candidate's name
-        os.unlink(candidate)
-        with open(candidate, "wb") as handle:
-            handle.write(b"\0" * size)
-
-    _on_rename_of(monkeypatch, etag, swap)
-    result = peer_stage(nas, local)
-    monkeypatch.undo()
-    assert [r["blob"] for r in result["peer_rejected"]] == [etag]
-    assert "replaced" in result["peer_rejected"][0]["why"] and result["bytes_from_peers"] == 0
+    with open(candidate, "r+b") as handle:          # a writer that opened the candidate before the run
+        result = peer_stage(nas, local)
+        handle.seek(100)
+        handle.write(b"EVIL")
+        handle.flush()
+    assert result["bytes_from_peers"] == size
+    assert _hash_of(local_blob(nas, local, etag)) == etag
     assert_all_local(nas, local)
-    assert not [p for p in tree_snapshot(local) if TEMP_PREFIX in p]
 
 
-def test_candidate_on_another_mount_is_copied_and_hashed_not_moved(nas, local, monkeypatch):
+def test_candidate_changed_and_linked_just_before_the_blob_is_named_cannot_reach_it(nas, local, tmp_path,
+                                                                                    monkeypatch):
+    """The window between the last check and the rename: other bytes written into the candidate (its
+    mtime put back) and a hard link made to it from outside dest."""
     etag, size = shard_blob(nas, 0)
-    inode = os.stat(put_candidate(nas, local, etag)).st_ino
+    candidate = put_candidate(nas, local, etag)
+    handle = open(candidate, "r+b")
+    outside = str(tmp_path / "outside-link")
+    real_replace, real_rename = os.replace, os.rename
 
-    def cross_device():
-        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+    def meddle(dst):
+        if dst == etag and not os.path.exists(outside):
+            st = os.fstat(handle.fileno())
+            os.link(candidate, outside)
+            handle.seek(100)
+            handle.write(b"EVIL")
+            handle.flush()
+            os.utime(outside, ns=(st.st_atime_ns, st.st_mtime_ns))
 
-    _on_rename_of(monkeypatch, etag, cross_device)
-    result = peer_stage(nas, local)
-    monkeypatch.undo()
-    assert result["bytes_from_peers"] == size and result["peer_rejected"] == []
-    assert os.stat(local_blob(nas, local, etag)).st_ino != inode
+    def replace(src, dst, **kwargs):
+        meddle(dst)
+        return real_replace(src, dst, **kwargs)
+
+    def rename(src, dst, **kwargs):
+        meddle(src)
+        return real_rename(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "rename", rename)
+    try:
+        result = peer_stage(nas, local, workers=1)
+    finally:
+        monkeypatch.undo()
+        handle.close()
+    assert os.path.exists(outside)                      # the meddling happened
+    blob = local_blob(nas, local, etag)
+    assert _hash_of(blob) == etag
+    assert os.stat(blob).st_nlink == 1 and os.stat(blob).st_ino != os.stat(outside).st_ino
+    assert result["bytes_from_peers"] == size
     assert_all_local(nas, local)
 
 
@@ -392,21 +445,74 @@ def test_hardlinked_candidate_is_copied_so_the_blob_shares_no_inode(nas, local):
     assert_all_local(nas, local)
 
 
-def test_candidate_changed_while_hashed_is_rejected(nas, local, monkeypatch):
+def test_candidate_changed_while_copied_is_rejected(nas, local, monkeypatch):
     etag, _size = shard_blob(nas, 0)
     candidate = put_candidate(nas, local, etag)
-    real_feed = dgx_transfer.feed_fd
+    real_chunks = dgx_transfer._copy_chunks
 
-    def feed_then_touch(fd, *args, **kwargs):
-        count = real_feed(fd, *args, **kwargs)
-        os.utime(candidate, ns=(0, 0))        # a writer still at work: its mtime and ctime move
+    def copy_then_touch(src_fd, source, *args):
+        count = real_chunks(src_fd, source, *args)
+        if source == candidate:
+            os.utime(candidate, ns=(0, 0))        # a writer still at work: its mtime and ctime move
         return count
 
-    monkeypatch.setattr(dgx_transfer, "feed_fd", feed_then_touch)
+    monkeypatch.setattr(dgx_transfer, "_copy_chunks", copy_then_touch)
     result = peer_stage(nas, local)
     monkeypatch.undo()
     assert [r["blob"] for r in result["peer_rejected"]] == [etag]
-    assert "changed while it was hashed" in result["peer_rejected"][0]["why"]
+    assert "changed while it was copied" in result["peer_rejected"][0]["why"]
+    assert_all_local(nas, local)
+
+
+def test_candidate_replaced_between_its_lstat_and_its_open_is_not_read(nas, local, monkeypatch):
+    etag, size = shard_blob(nas, 0)
+    candidate = put_candidate(nas, local, etag)
+    real_open = os.open
+
+    def swap_then_open(path, flags, *args, **kwargs):
+        if path == etag and "dir_fd" in kwargs:
+            shutil.copyfile(nas_blob_real(nas, etag), candidate + ".new")   # another writer's file (same
+            os.rename(candidate + ".new", candidate)                          # bytes) takes the name
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    result = peer_stage(nas, local)
+    monkeypatch.undo()
+    assert [r["blob"] for r in result["peer_rejected"]] == [etag]
+    assert "replaced between its check and its opening" in result["peer_rejected"][0]["why"]
+    assert result["bytes_from_peers"] == 0 and result["bytes_from_nas"] == total_bytes(nas)
+    assert_all_local(nas, local)
+    assert not os.path.lexists(peer_dir_of(local))
+
+
+@pytest.mark.parametrize("trouble", ["read", "chmod"])
+def test_unreadable_candidate_is_rejected_and_fetched_the_run_goes_on(nas, local, monkeypatch, trouble):
+    """A candidate the run cannot read (EIO) is rejected with the errno text; candidates are never
+    chmod-ed (one owned by another user cannot be), so a failing chmod changes nothing."""
+    etag, size = shard_blob(nas, 0)
+    inode = os.stat(put_candidate(nas, local, etag)).st_ino
+    real_readv, real_fchmod = os.readv, os.fchmod
+
+    def readv(fd, buffers):
+        if trouble == "read" and os.fstat(fd).st_ino == inode:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_readv(fd, buffers)
+
+    def fchmod(fd, mode):          # the candidate belongs to another user
+        if os.fstat(fd).st_ino == inode:
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        return real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "readv", readv)
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    result = peer_stage(nas, local)
+    monkeypatch.undo()
+    if trouble == "read":
+        assert [r["blob"] for r in result["peer_rejected"]] == [etag]
+        assert os.strerror(errno.EIO) in result["peer_rejected"][0]["why"]
+        assert result["bytes_from_nas"] == total_bytes(nas)
+    else:
+        assert result["peer_rejected"] == [] and result["bytes_from_peers"] == size
     assert_all_local(nas, local)
 
 
@@ -423,3 +529,186 @@ def test_progress_file_counts_candidate_reads_and_ends_consistent(nas, local):
     # both candidates were read (hashed) from the local disk; the rejected one then came from the NAS
     assert doc["bytes_read"] == result["bytes_read"] == {"local": good_size + bad_size,
                                                          "nas": total_bytes(nas) - good_size}
+
+
+# ------------------------------------------------------------------------------------------------
+# review of issue 14: mount points, whose candidates, refusals after the lock, messages
+# ------------------------------------------------------------------------------------------------
+
+def _fake_device(monkeypatch, path):
+    """lstat of `path` says another st_dev (a filesystem mounted there)."""
+    real_lstat = os.lstat
+
+    def lstat(name, *args, **kwargs):
+        st = real_lstat(name, *args, **kwargs)
+        if name == path:
+            fields = list(st[:10])
+            fields[2] += 1
+            return os.stat_result(fields, {"st_blocks": st.st_blocks, "st_blksize": st.st_blksize})
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
+@pytest.mark.parametrize("how", ["other device at peer_dir", "same-fs bind mount on the way"])
+def test_peer_dir_that_is_or_lies_below_a_mount_point_is_refused_before_anything_is_written(
+        nas, local, monkeypatch, how, check_mode):
+    """A directory bind-mounted at peer_dir (or at dgx-stage-peer) from outside the hub: the clean-up
+    would empty it. st_dev catches another filesystem, /proc/self/mountinfo a bind of the same one."""
+    etag, _size = shard_blob(nas, 0)
+    put_candidate(nas, local, etag)
+    before = tree_snapshot(local)
+    if how == "other device at peer_dir":
+        mounted = peer_dir_of(local)
+        _fake_device(monkeypatch, mounted)
+    else:
+        mounted = os.path.dirname(peer_dir_of(local))
+        monkeypatch.setattr(dgx_transfer, "mount_points", lambda: {os.path.realpath(mounted)})
+    with pytest.raises(StageError) as err:
+        peer_stage(nas, local, check_mode=check_mode)
+    monkeypatch.undo()
+    assert "%s is a mount point" % mounted in str(err.value) and "nothing was written" in str(err.value)
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+
+
+def test_mount_points_reads_mountinfo_with_its_escapes(tmp_path, monkeypatch):
+    info = tmp_path / "mountinfo"
+    info.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+                    "40 22 8:1 /x /raid/hub/.locks/dgx-stage-peer/my\\040dir rw - ext4 /dev/sda1 rw\n")
+    monkeypatch.setattr(dgx_transfer, "MOUNTINFO", str(info))
+    assert dgx_transfer.mount_points() == {"/", "/raid/hub/.locks/dgx-stage-peer/my dir"}
+
+
+@pytest.mark.parametrize("where", ["peer_dir", ".~tmp~"])
+def test_clean_up_never_empties_a_directory_on_another_mount(nas, local, monkeypatch, where):
+    """A mount made after the run's checks: the clean-up leaves it and what it holds, and says so."""
+    etag, _size = shard_blob(nas, 0)
+    put_candidate(nas, local, etag)
+    delay = os.path.join(peer_dir_of(local), ".~tmp~")
+    os.mkdir(delay)
+    with open(os.path.join(delay, "outside-file"), "wb") as handle:
+        handle.write(b"not ours")
+    mounted = peer_dir_of(local) if where == "peer_dir" else delay
+    monkeypatch.setattr(dgx_transfer, "mount_points", lambda: {os.path.realpath(mounted)})
+    tree = dgx_transfer.LocalTree(str(local))
+    problems = dgx_transfer.clear_peer_dir(tree, os.path.relpath(peer_dir_of(local), str(local)))
+    assert any("%s is a mount point" % mounted in p for p in problems)
+    assert os.path.exists(os.path.join(delay, "outside-file"))
+    if where == "peer_dir":
+        assert os.path.exists(os.path.join(peer_dir_of(local), etag))
+
+
+def test_peer_dir_equal_to_dest_says_it_is_dest(nas, local):
+    with pytest.raises(StageError) as err:
+        run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, peer_dir=str(local)))
+    assert "peer_dir %s is dest:" % local in str(err.value)
+
+
+@pytest.mark.parametrize("peer", [".locks/dgx-stage-peer/models--other--repo", ".locks/scratch/FOLDER",
+                                  ".locks/dgx-stage-peer/FOLDER/sub", "scratch"])
+def test_peer_dir_not_this_repos_candidate_folder_is_refused_and_kept(nas, local, peer):
+    """Another repo's candidates (or anything else) must never be deleted by this repo's clean-up."""
+    path = os.path.join(str(local), *peer.replace("FOLDER", hubgen.repo_folder(MAIN)).split("/"))
+    os.makedirs(path)
+    with open(os.path.join(path, "someone-elses"), "wb") as handle:
+        handle.write(b"kept")
+    before = tree_snapshot(local)
+    with pytest.raises(StageError) as err:
+        run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, peer_dir=path))
+    assert "is not this repo's candidate folder: its name must be %s and its parent's dgx-stage-peer" \
+        % hubgen.repo_folder(MAIN) in str(err.value)
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+
+
+@pytest.mark.parametrize("given", ["relative", "dotdot"])
+def test_peer_dir_relative_or_with_dotdot_is_refused(nas, local, monkeypatch, given):
+    folder = hubgen.repo_folder(MAIN)
+    if given == "relative":
+        monkeypatch.chdir(str(local))
+        peer = os.path.join(".locks", "dgx-stage-peer", folder)
+    else:                 # resolves inside dest, but says otherwise
+        peer = os.path.join(str(local), ".locks", "x", "..", "dgx-stage-peer", folder)
+    with pytest.raises(StageError) as err:
+        run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, peer_dir=peer))
+    assert "peer_dir %s is not an absolute path without '..' components" % peer in str(err.value)
+    assert os.listdir(str(local)) == []
+
+
+@pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
+def test_require_match_pattern_matching_only_excluded_files_is_refused(nas, local, check_mode):
+    before = tree_snapshot(local)
+    request = mirror_request(nas, local, ignore_patterns=PAGE15, require_match=["*.safetensors", "page15/a/*"])
+    with pytest.raises(StageError) as err:
+        run_mirror(request, check_mode=check_mode)
+    message = str(err.value)
+    assert "rank pattern 'page15/a/*' matches no file of %s@%s that this run selects" % (
+        MAIN, nas.repo()["commit"]) in message
+    assert "it matches only files that allow_patterns None / ignore_patterns ['page15/'] exclude" in message
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+
+
+def test_repair_served_by_a_peer_candidate_says_so(prestage, nas, local):
+    prestage(nas, local)
+    etag, size = shard_blob(nas, 2)
+    hubgen.flip_byte(local_blob(nas, local, etag), size // 2)
+    put_candidate(nas, local, etag)
+    result = peer_stage(nas, local, verify="full")
+    assert result["bytes_from_peers"] == size and result["repaired_paths"] == [nas.repo()["shards"][2]]
+    repaired = [w for w in result["warnings"] if w.startswith("repaired ")]
+    assert len(repaired) == 1 and "replaced by a peer copy verified against its name" in repaired[0]
+    assert "NAS copy" not in repaired[0]
+    assert_all_local(nas, local)
+
+
+def test_space_refusal_under_the_lock_leaves_peer_dir_and_writes_nothing_of_the_repo(nas, local, monkeypatch):
+    """The disk filled up between the check before the lock and the one under it: refused, 'nothing was
+    written' - so the candidates stay for the next run."""
+    etag, _size = shard_blob(nas, 0)
+    candidate = put_candidate(nas, local, etag)
+    monkeypatch.setattr(mirror, "_refuse_before_locking", lambda *args: None)
+    monkeypatch.setattr(mirror, "disk_space", lambda path: (1024, 10 * 1024 ** 3))
+    with pytest.raises(StageError) as err:
+        peer_stage(nas, local, reserve="0")
+    monkeypatch.undo()
+    assert "not enough space" in str(err.value) and "nothing was written" in str(err.value)
+    assert os.path.isfile(candidate)
+    assert not os.path.exists(local_repo(nas, local))
+
+
+def test_disk_full_after_a_rejected_candidate_counts_only_bytes_written_under_a_name(nas, local, monkeypatch):
+    """Bytes read from a rejected candidate wrote nothing that stays: the run still needs all of it."""
+    writes = sorted((-size, etag) for etag, size in unique_blobs(selected(nas)).items())
+    first = writes[0][1]                                  # copied first with one worker
+    hubgen.flip_byte(put_candidate(nas, local, first), 0)
+    real_copy = mirror.copy_verified
+
+    def nas_copy_fills_the_disk(source, directory, name, size, **kwargs):
+        if name == first:
+            raise mirror.LocalWriteError("No space left", directory.join(name), 0, errno.ENOSPC)
+        return real_copy(source, directory, name, size, **kwargs)
+
+    monkeypatch.setattr(mirror, "copy_verified", nas_copy_fills_the_disk)
+    failure = expect_failure(nas, local, ignore_patterns=PAGE15, peer_dir=peer_dir_of(local), workers=1)
+    monkeypatch.undo()
+    assert "the local disk is full" in str(failure)
+    assert "still needs %s (%d bytes)" % (mirror.human_bytes(total_bytes(nas)), total_bytes(nas)) in str(failure)
+
+
+def test_fifo_and_device_named_like_blobs_are_never_opened(nas, local, monkeypatch):
+    fifo_etag, _size = shard_blob(nas, 0)
+    os.makedirs(peer_dir_of(local))
+    os.mkfifo(os.path.join(peer_dir_of(local), fifo_etag))
+    real_open = os.open
+    opened = []
+
+    def recording_open(path, *args, **kwargs):
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    result = peer_stage(nas, local)
+    monkeypatch.undo()
+    assert fifo_etag not in opened
+    assert "a FIFO, not a regular file: not opened" in result["peer_rejected"][0]["why"]
+    assert_all_local(nas, local)

@@ -19,9 +19,13 @@ import sys
 import pytest
 
 import hubgen
-from conftest import failures, run_playbook
+from conftest import REPO_ROOT, failures, run_playbook
 from nashub import NasHub
-from treestate import sha256_file
+from treestate import sha256_file, tree_snapshot
+
+# The stage-window check the Molecule scenario sglang_4x uses too (molecule/shared/dgxcheck.py).
+sys.path.insert(0, os.path.join(REPO_ROOT, "molecule", "shared"))
+from dgxcheck import most_at_once  # noqa: E402
 
 WORLD_SIZE = 4
 HOSTS = ["rank0", "rank1", "rank2", "rank3"]
@@ -73,10 +77,8 @@ def reports(tmp_path):
 
 
 def snapshot_files(snapshot):
-    found = []
-    for dirpath, _dirs, names in os.walk(snapshot):
-        found.extend(os.path.relpath(os.path.join(dirpath, n), snapshot) for n in names)
-    return sorted(found)
+    """Snapshot-relative paths of every file (link or real) under a snapshot directory."""
+    return sorted(rel for rel, state in tree_snapshot(snapshot, content=False).items() if not stat.S_ISDIR(state[0]))
 
 
 def assert_each_host_holds_its_files_proven(tmp_path, repo, report):
@@ -95,17 +97,6 @@ def assert_each_host_holds_its_files_proven(tmp_path, repo, report):
         assert verify["status"] == "ok" and verify["verify"] == "full", (host, verify)
         assert verify["files"]["dangling"] == 0 and verify["blobs"]["repaired"] == 0, (host, verify)
         assert not os.path.lexists(str(local / ".locks" / "dgx-stage-peer" / repo["folder"])), host
-
-
-def most_at_once(windows):
-    """The largest number of [started, finished] windows open at one instant. The report's times are whole
-    seconds, so a window ending in the second the next one starts does not count as overlapping it."""
-    events = sorted([(finished, 0) for _s, finished in windows] + [(started, 1) for started, _f in windows])
-    open_now = most = 0
-    for _when, starts in events:
-        open_now += 1 if starts else -1
-        most = max(most, open_now)
-    return most
 
 
 def test_most_at_once_counts_overlapping_windows_only():

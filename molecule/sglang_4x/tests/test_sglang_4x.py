@@ -74,24 +74,12 @@ def test_the_report_shows_the_rank_and_a_verify_pass_ok(node):
     assert rep["bytes_from_nas"] > 0 and rep["bytes_from_peers"] == 0, rep
 
 
-def most_at_once(windows):
-    """The largest number of [started, finished] windows open at one instant (ISO UTC strings compare in time
-    order). A window ending in the second another starts does not overlap it: the report rounds to the second,
-    and a host of the next wave starts after the last of the previous one ended."""
-    events = sorted([(finished, 0) for _s, finished in windows] + [(started, 1) for started, _f in windows])
-    open_now = most = 0
-    for _when, starts in events:
-        open_now += 1 if starts else -1
-        most = max(most, open_now)
-    return most
-
-
 def test_no_more_than_two_nodes_read_the_nas_at_once():
     reports = [dgxcheck.report(name) for name in HOSTS]
     windows = [(r["stage_started"], r["stage_finished"]) for r in reports]
     assert all(s and f and s <= f for s, f in windows), windows
     readers = dgxcheck.inventory_vars("dgx1")["stage_nas_readers"]
-    assert most_at_once(windows) <= readers == 2, windows
+    assert dgxcheck.most_at_once(windows) <= readers == 2, windows
 
 
 def test_nas_unchanged_byte_for_byte():

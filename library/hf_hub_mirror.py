@@ -53,11 +53,16 @@ description:
     pass never hides the last stage's. A SIGKILLed run leaves C(status=running), its C(pid) gone and
     C(updated_at) stops moving.
   - With O(peer_dir), a blob the run would copy from the NAS is first looked for in that directory, where another
-    host of the lane put it (the stage role's host-to-host fan-out). A regular file named by the blob, opened
-    without following links, is adopted (moved under C(blobs/), mode 0644, fsynced) only when its bytes hash to
-    the blob's name at the NAS size and the file given the name is the inode that was hashed; anything else
-    (other bytes, another size, a symlink, a FIFO, a directory) is rejected in RV(peer_rejected) and the blob is
-    copied from the NAS as usual. RV(bytes_from_nas) and RV(bytes_from_peers) say where the bytes came from.
+    host of the lane put it (the stage role's host-to-host fan-out). A regular file named by the blob (lstat-ed
+    first; opened only when it is one, without following links and without blocking, and only when the open
+    file is the one lstat-ed - a FIFO or device node is never opened) is copied into C(blobs/) like a NAS copy -
+    a new file, hashed while it is written, given the blob's name only when the bytes written hash to it at
+    the NAS size. The candidate itself is never moved or linked (nothing a handle on it or a hard link to it
+    does later reaches the blob) and is removed right after its copy or its rejection. That costs one local
+    write per blob taken from a peer. Anything else (other bytes, another size, a symlink, a FIFO, a
+    directory, a file that cannot be opened or read, one changing while copied) is rejected in
+    RV(peer_rejected), with the reason, and the blob is copied from the NAS as usual. RV(bytes_from_nas) and
+    RV(bytes_from_peers) say where the bytes came from.
   - A run that fails once content is being proven or copied (a NAS blob failing its name, a local disk
     failing or filling mid-copy, a NAS file changing during its copy, files left unstaged or dangling)
     returns its whole result with RV(msg) - what was staged, RV(nas_corrupt), RV(report) with
@@ -165,24 +170,37 @@ options:
       - A scratch directory inside O(dest), by convention C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding
         candidate blobs named by their blob names (etags), copied there from another host of the lane. Missing -
         no candidates.
-      - For every blob the run copies, a regular file C(<peer_dir>/<blob>) is adopted after its bytes hash to the
-        blob's name (sha256 or git blob sha1, at the NAS size); one that does not is removed, listed in
-        RV(peer_rejected) and the blob is fetched from the NAS. A candidate of the right size counts as already on
-        the disk in the space check (RV(space.peers)).
-      - After a run past the input checks that is not in check mode - ok, failed or interrupted - O(peer_dir) is
+      - For every blob the run copies, a regular file C(<peer_dir>/<blob>) is copied into C(blobs/) and given the
+        blob's name when the bytes written hash to it (sha256 or git blob sha1, at the NAS size); one that does not
+        is listed in RV(peer_rejected) and the blob is fetched from the NAS. Either way the candidate is removed
+        right after. Each candidate taken costs one local write (its copy).
+      - In the space check a candidate counts only when it is a regular file of the blob's size on the
+        filesystem of C(blobs/) whose allocated blocks cover its size (a sparse file frees nothing) -
+        RV(space.peers). Its space comes back only once its copy is made, so the need is the bytes to write,
+        less RV(space.peers), plus RV(space.peers_peak) (the largest counted candidates, one per worker, that
+        are still there while their copies are in flight).
+      - Once a run (not in check mode) has started writing - ok, failed or interrupted - O(peer_dir) is
         removed with what is left directly in it (files, links, never a link's target; rsync's delay-updates
-        folder C(.~tmp~) with the files in it); any other directory inside it is not entered but named in a warning. A run refused before it takes the repo lock (bad input,
-        O(require_match), space, files not staged) leaves it as it is; check mode never touches it.
-      - Refused before anything is written (in check mode too) when it is not inside O(dest), is O(dest), is or is
-        inside a repo folder, the lock root or a repo's lock directory, or is reached through a symlink.
+        folder C(.~tmp~) with the files in it); any other directory inside it is not entered but named in a
+        warning, and a directory on another mount (O(peer_dir) or C(.~tmp~)) is never emptied. A run refused
+        before it writes (bad input, O(require_match), space, files not staged - before or under the repo lock)
+        leaves it as it is for the next run; check mode never touches it.
+      - Refused before anything is written (in check mode too) when it is not an absolute path without C(..)
+        components, is O(dest), is not inside O(dest), is or is inside a repo folder, the lock root or a repo's
+        lock directory, is not this repo's candidate folder (its name must be the repo folder,
+        C(models--org--name), and its parent's C(dgx-stage-peer), so another repo's candidates are never removed),
+        is reached through a symlink, or is - or has on its way below O(dest) - a mount point. Mount points are
+        found by C(st_dev) differing from the parent's (another filesystem, or a bind mount of one) and by the
+        mount points of C(/proc/self/mountinfo) (a bind mount of the same filesystem).
     type: path
   require_match:
     description:
       - Patterns (the host's rank patterns, as the stage role expands C(rank_patterns)) each of which must match at
-        least one file of the NAS snapshot (fnmatch on the snapshot-relative path like O(allow_patterns), a pattern
-        ending in C(/) matching everything below it).
-      - A pattern matching nothing fails the run before anything is written (in check mode too), naming the
-        pattern, the repo and the commit.
+        least one file this run selects - the NAS snapshot's files after O(allow_patterns) and O(ignore_patterns)
+        (fnmatch on the snapshot-relative path like O(allow_patterns), a pattern ending in C(/) matching
+        everything below it).
+      - A pattern matching no selected file fails the run before anything is written (in check mode too), naming
+        the pattern, the repo and the commit, and saying so when it matches only files the patterns exclude.
     type: list
     elements: str
   time_limit:
@@ -213,6 +231,9 @@ attributes:
     platforms: posix
 notes:
   - Runs on the node with the system Python; stdlib only.
+  - A blob taken from a good O(peer_dir) candidate is never read on the NAS, so a NAS copy of it that is
+    corrupt goes unreported by that run (RV(nas_corrupt) only names NAS blobs the run read); a run without
+    candidates, or the verify pass with O(verify=full) against the NAS, finds it.
 """
 
 EXAMPLES = r"""
@@ -358,8 +379,8 @@ bytes_from_nas:
   type: int
 bytes_from_peers:
   description:
-    - Bytes of RV(bytes_copied) adopted from O(peer_dir) candidates that hashed to their names; in check mode, the
-      bytes of the candidates there at the right size (not hashed yet). 0 without O(peer_dir).
+    - Bytes of RV(bytes_copied) copied from O(peer_dir) candidates that hashed to their names; in check mode, the
+      bytes of the candidates counted in RV(space.peers) (not hashed yet). 0 without O(peer_dir).
   returned: success; on failure when the run has a result
   type: int
 peer_rejected:
@@ -378,7 +399,9 @@ peer_rejected:
       type: list
       elements: str
     why:
-      description: Why it was rejected (its hash, its size, not a regular file, changed or replaced).
+      description: >-
+        Why it was rejected (its hash, its size, not a regular file, it could not be opened or read - with the
+        error text -, changed or replaced).
       type: str
 wanted_blobs:
   description:
@@ -505,10 +528,17 @@ space:
       description: Bytes O(reserve) keeps free.
       type: int
     need:
-      description: Bytes the plan writes, less RV(space.peers).
+      description: Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).
       type: int
     peers:
-      description: Bytes of the O(peer_dir) candidates already on the disk at their blob's size.
+      description:
+        - Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
+          size on the filesystem of C(blobs/), their allocated blocks covering that size. 0 without O(peer_dir).
+      type: int
+    peers_peak:
+      description:
+        - The largest of those candidates, one per worker (O(workers)) - still on the disk while their copies are
+          written. 0 without O(peer_dir).
       type: int
     reclaimable:
       description: Bytes the plan frees (prune, debris).

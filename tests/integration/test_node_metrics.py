@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import failures
 from hubgen import DRAFTER_REPO, MAIN_REPO
-from test_reports import flip_nas_byte, reports, run, write_lane
+from test_reports import flip_nas_byte, reports, run, staged_dgx1_drafter, write_lane
 
 PROM = "dgx_stage.prom"
 
@@ -41,20 +41,16 @@ def local_commit(tmp_path, repo_id):
     return (tmp_path / "dgx1" / "hub" / folder / "refs" / "main").read_text().strip()
 
 
-def staged_drafter(tmp_path, nas_hub):
-    """A good run of the drafter only on dgx1 with stage_metrics_dir <tmp>/metrics: (metrics dir, inventory, data)."""
-    metrics = tmp_path / "metrics"
-    metrics.mkdir()
-    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], stage_metrics_dir=str(metrics),
-                           stage_repos=[{"repo_id": DRAFTER_REPO}])
-    code, data, _times = run(tmp_path, inventory)
-    assert code == 0, failures(data)
-    return metrics, inventory, data
+def staged_drafter(staged_hub):
+    """A good run of the drafter only on dgx1 with stage_metrics_dir <dir>/metrics (staged once, restored: see
+    conftest.staged_hub): (its dir, its NAS hub, metrics dir, inventory, the run's json output)."""
+    lane = staged_hub("dgx1-drafter", staged_dgx1_drafter)
+    return lane["dir"], lane["nas"], lane["dir"] / "metrics", lane["inventory"], lane["data"]
 
 
-def test_a_run_writes_the_textfile_a_rerun_changes_nothing_a_failure_keeps_the_last_success(tmp_path, nas_hub):
+def test_a_run_writes_the_textfile_a_rerun_changes_nothing_a_failure_keeps_the_last_success(staged_hub):
     # Yesterday: the drafter only, a good run.
-    metrics, inventory, data = staged_drafter(tmp_path, nas_hub)
+    tmp_path, nas_hub, metrics, inventory, data = staged_drafter(staged_hub)
     latest = reports(tmp_path)["dgx1.json"]
     path = str(metrics / PROM)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644 and os.listdir(str(metrics)) == [PROM]
@@ -138,11 +134,11 @@ def test_every_host_of_a_lane_writes_its_own_textfile_from_its_own_report(tmp_pa
 
 
 
-def test_a_metrics_dir_gone_by_the_end_of_the_run_fails_it_naming_the_dir_and_creates_nothing(tmp_path, nas_hub):
+def test_a_metrics_dir_gone_by_the_end_of_the_run_fails_it_naming_the_dir_and_creates_nothing(staged_hub):
     """The directory went away after the last preflight check (here: a --tags verify run, which has no preflight
     play): the textfile cannot be written at the end and the host fails there, naming the directory and the
     fix; nothing is created in its place. (Its host report, recorded just before, still says ok.)"""
-    metrics, inventory, _data = staged_drafter(tmp_path, nas_hub)
+    tmp_path, _nas, metrics, inventory, _data = staged_drafter(staged_hub)
     os.remove(str(metrics / PROM))
     metrics.rmdir()
     code, data, _times = run(tmp_path, inventory, tags="verify")

@@ -9,7 +9,7 @@ import time
 
 from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures
 from hubgen import DRAFTER_REPO, MAIN_REPO
-from test_reports import run, write_lane
+from test_reports import run, staged_dgx1, write_lane
 from treestate import snapshot_diff, tree_snapshot
 
 MAIN_FOLDER = "models--" + MAIN_REPO.replace("/", "--")
@@ -47,11 +47,11 @@ def assert_nothing_changed(data, before, after):
     assert sorted(before) == sorted(after)
 
 
-def test_status_after_a_full_verify_shows_commit_verify_time_and_mode_receipts_and_engine(tmp_path, nas_hub):
+def test_status_after_a_full_verify_shows_commit_verify_time_and_mode_receipts_and_engine(staged_hub):
+    lane = staged_hub("dgx1", staged_dgx1)            # a good stage run of the lane (its receipts play not run)
+    tmp_path, nas_hub = lane["dir"], lane["nas"]
     (tmp_path / "cache" / "ds41-combined-ready").mkdir(parents=True)
     inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], receipt_parent=str(tmp_path / "cache"))
-    code, data, _times = run(tmp_path, inventory)
-    assert code == 0, failures(data)
     before_verify = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     code, data, _times = run(tmp_path, inventory, "-e", "stage_verify=full", tags="verify")
     assert code == 0, failures(data)

@@ -286,7 +286,7 @@ def test_sigterm_mid_copy_stops_the_workers_removes_their_temp_files_and_reports
 
 
 # ------------------------------------------------------------------------------------------------
-# peer_dir: blobs another host of the lane sent are adopted only when they hash to their names
+# peer_dir: blobs another host of the lane sent are copied only when they hash to their names
 # ------------------------------------------------------------------------------------------------
 
 def test_module_adopts_a_good_peer_blob_and_refetches_a_corrupt_one_from_the_nas(nas_hub, local_hub, run_module):
@@ -315,7 +315,8 @@ def test_module_adopts_a_good_peer_blob_and_refetches_a_corrupt_one_from_the_nas
     assert result["report"]["bytes_from_peers"] == blobs[good] and result["report"]["peer_rejected"] == 1
     assert result["source_snapshot"] == nas_hub.snapshot_dir()
     blob_dir = os.path.join(local_repo(nas_hub, local_hub), "blobs")
-    assert os.stat(os.path.join(blob_dir, good)).st_ino == good_inode      # moved, not copied
+    blob = os.stat(os.path.join(blob_dir, good))
+    assert blob.st_ino != good_inode and blob.st_nlink == 1               # copied (a new file), never moved
     for etag in blobs:
         assert blob_matches_name(os.path.join(blob_dir, etag), etag), etag
     assert not os.path.lexists(peer_dir)

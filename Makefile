@@ -54,7 +54,7 @@ endef
 .PHONY: help setup system-packages demo demo-4x test lint unit integration molecule bench image clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
+	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
 		awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 setup: $(REQ_STAMP) $(PKG_STAMP) ## venv, Python deps, collections bundled with them, .venv/bin/dgx-stage (quick when done)

@@ -290,6 +290,21 @@ def test_wanted_blobs_name_only_what_is_missing_and_a_rerun_is_idle(prestage, na
 # space: candidates already on the disk do not count twice
 # ------------------------------------------------------------------------------------------------
 
+def _fake_device(monkeypatch, path):
+    """lstat of `path` says another st_dev (a filesystem mounted there)."""
+    real_lstat = os.lstat
+
+    def lstat(name, *args, **kwargs):
+        st = real_lstat(name, *args, **kwargs)
+        if name == path:
+            fields = list(st[:10])
+            fields[2] += 1
+            return os.stat_result(fields, {"st_blocks": st.st_blocks, "st_blksize": st.st_blksize})
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_space_need_counts_candidates_freed_after_their_copy_plus_the_peak(nas, local, monkeypatch, workers):
     """A candidate is copied, then removed: the need is the bytes to write minus the candidates' bytes
@@ -324,17 +339,7 @@ def test_candidates_that_free_no_space_on_the_blobs_disk_are_not_counted(nas, lo
     elif kind == "wrong size":
         os.truncate(candidate, size - 1)
     else:
-        real_lstat = os.lstat
-
-        def lstat(path, *args, **kwargs):
-            st = real_lstat(path, *args, **kwargs)
-            if path == candidate:
-                fields = list(st[:10])
-                fields[2] += 1                    # st_dev: a filesystem mounted inside peer_dir
-                return os.stat_result(fields, {"st_blocks": st.st_blocks, "st_blksize": st.st_blksize})
-            return st
-
-        monkeypatch.setattr(mirror.os, "lstat", lstat)
+        _fake_device(monkeypatch, candidate)      # a filesystem mounted inside peer_dir
     result = peer_stage(nas, local, check_mode=True)
     monkeypatch.undo()
     assert result["space"]["peers"] == 0 and result["space"]["need"] == total_bytes(nas)
@@ -534,21 +539,6 @@ def test_progress_file_counts_candidate_reads_and_ends_consistent(nas, local):
 # ------------------------------------------------------------------------------------------------
 # review of issue 14: mount points, whose candidates, refusals after the lock, messages
 # ------------------------------------------------------------------------------------------------
-
-def _fake_device(monkeypatch, path):
-    """lstat of `path` says another st_dev (a filesystem mounted there)."""
-    real_lstat = os.lstat
-
-    def lstat(name, *args, **kwargs):
-        st = real_lstat(name, *args, **kwargs)
-        if name == path:
-            fields = list(st[:10])
-            fields[2] += 1
-            return os.stat_result(fields, {"st_blocks": st.st_blocks, "st_blksize": st.st_blksize})
-        return st
-
-    monkeypatch.setattr(os, "lstat", lstat)
-
 
 @pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
 @pytest.mark.parametrize("how", ["other device at peer_dir", "same-fs bind mount on the way"])

@@ -15,6 +15,7 @@ import time
 
 from conftest import REPO_ROOT, ansible_env
 from hubgen import DRAFTER_REPO, MAIN_REPO
+from test_reports import staged_rank0_rank1
 from test_verify_and_progress import lane, paced_python
 
 sys.path.insert(0, REPO_ROOT)
@@ -185,11 +186,10 @@ def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_n
         assert json.load(handle)["status"] != "ok"
 
 
-def test_status_renders_each_hosts_lines_once(tmp_path, nas_hub):
-    inventory, roots = lane(tmp_path, nas_hub, hosts=("rank0", "rank1"))
-    for root in roots.values():
-        root.mkdir(parents=True)
-    assert dgx_stage(tmp_path, "stage", "-i", inventory)[0] == 0
+def test_status_renders_each_hosts_lines_once(staged_hub):
+    # A two-host lane staged by a good run (conftest.staged_hub: once a session, restored for this test).
+    lane = staged_hub("rank0-rank1", staged_rank0_rank1)
+    tmp_path, inventory = lane["dir"], lane["inventory"]
     code, out = dgx_stage(tmp_path, "status", "-i", inventory)
     assert code == 0, out
     record = run_records(tmp_path)[-1]

@@ -199,10 +199,12 @@ def test_a_candidate_corrupted_in_transit_is_rejected_and_fetched_from_the_nas(t
 
 
 def test_without_fanout_no_more_than_stage_nas_readers_hosts_stage_at_once(tmp_path, engram_nas):
-    """The stage pass alone (the verify pass is the other tests'): its windows and bytes are in the reports."""
+    """The stage pass alone (the verify pass is the other tests'): its windows and bytes are in the reports.
+    Fan-out is switched off the way an operator does it for one run, `-e stage_peer_fanout=false` over an
+    inventory that says true: the text "false" must read as false (it once turned fan-out on)."""
     nas, repo = engram_nas
-    inventory = write_lane(tmp_path, nas, repo, fanout=False)
-    code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage")
+    inventory = write_lane(tmp_path, nas, repo, fanout=True)
+    code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage", "-e", "stage_peer_fanout=false")
     assert code == 0, failures(data)
     report = reports(tmp_path)
     for rank, host in enumerate(HOSTS):

@@ -16,8 +16,8 @@ import ansible_runner
 from ansible.module_utils.dgx_fsutil import is_temp_name, walk_tree
 from conftest import REPO_ROOT, ansible_env, failures, module_command, parse_module_output, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
-from test_stage_playbook import _corrupt_nas_shard, mirror_results, play
-from test_verify_and_progress import lane, paced_python, to_copy
+from test_stage_playbook import localhost_tasks, mirror_results, play
+from test_verify_and_progress import failed_on_a_corrupt_nas_shard, lane, paced_python, to_copy
 
 MIB = 1024 * 1024
 STAGE = "preflight,stage"
@@ -72,11 +72,14 @@ def test_polls_report_growing_progress_of_a_slow_copy(tmp_path, make_nas_hub):
     assert job_files(roots["localhost"]) == []
 
 
-def test_a_corrupt_nas_blob_fails_the_host_with_the_mirrors_message(tmp_path, nas_hub):
+def test_a_corrupt_nas_blob_fails_the_host_with_the_mirrors_message(staged_hub):
+    # The run (--tags preflight,stage, a fresh node, the NAS's second main shard rotted): once a session.
+    failed = failed_on_a_corrupt_nas_shard(staged_hub)
+    tmp_path, nas_hub, roots = failed["dir"], failed["nas"], {"localhost": failed["dir"] / "localhost" / "hub"}
     shard = nas_hub["repos"][MAIN_REPO]["shards"][1]
-    info = _corrupt_nas_shard(nas_hub, shard)
-    inventory, roots = lane(tmp_path, nas_hub)
-    code, tasks, stats = play(tmp_path, inventory, tags=STAGE)
+    info = nas_hub["repos"][MAIN_REPO]["files"][shard]
+    code, tasks = failed["code"], localhost_tasks(failed["data"])
+    stats = failed["data"]["stats"].get("localhost", {})
     assert code != 0 and stats["failures"] == 1
     results = dict((r["item"]["repo_id"], r) for r in mirror_results(tasks, "stage"))
     failed = results[MAIN_REPO]

@@ -61,6 +61,22 @@ def paced_python(tmp_path, delay=CHUNK_DELAY_S):
     return str(wrapper)
 
 
+def localhost_lane(work, nas):
+    """staged_hub's lane of lane(): localhost, its local hub <dir>/localhost/hub."""
+    return lane(work, nas)[0]
+
+
+def corrupt_main_shard(nas):
+    """staged_hub's trap: bit rot in the main repo's second shard on the NAS (re-frozen)."""
+    _corrupt_nas_shard(nas, nas["repos"][MAIN_REPO]["shards"][1])
+
+
+def failed_on_a_corrupt_nas_shard(staged_hub):
+    """One --tags preflight,stage run of lane() on a fresh node whose NAS has corrupt_main_shard's bit rot: it
+    fails. Run once a session for the tests that check what that failure left (conftest.staged_hub)."""
+    return staged_hub("localhost-corrupt-nas", localhost_lane, tags=STAGE, plant=corrupt_main_shard, ok=False)
+
+
 def run_failures(out):
     """The failed tasks' messages of a json-callback run (the whole output when it is not JSON)."""
     try:
@@ -282,12 +298,11 @@ def test_progress_file_after_a_sigkill_shows_a_dead_unfinished_run(tmp_path, mak
     assert again["pid"] != dead["pid"]
 
 
-def test_progress_file_after_a_failing_run_says_aborted(tmp_path, nas_hub):
+def test_progress_file_after_a_failing_run_says_aborted(staged_hub):
+    failed = failed_on_a_corrupt_nas_shard(staged_hub)
+    nas_hub, local_hub, code = failed["nas"], failed["dir"] / "localhost" / "hub", failed["code"]
     shard = nas_hub["repos"][MAIN_REPO]["shards"][1]
-    info = _corrupt_nas_shard(nas_hub, shard)
-    inventory, roots = lane(tmp_path, nas_hub)
-    local_hub = roots["localhost"]
-    code, _tasks, _stats = play(tmp_path, inventory, tags=STAGE)
+    info = nas_hub["repos"][MAIN_REPO]["files"][shard]
     assert code != 0
     doc = read_progress(progress_path(local_hub, nas_hub))
     assert (doc["pass"], doc["status"], doc["finished"], doc["aborted"]) == ("stage", "failed", False, True)

@@ -217,3 +217,30 @@ def test_without_fanout_no_more_than_stage_nas_readers_hosts_stage_at_once(tmp_p
     for rank, host in enumerate(HOSTS):
         assert (report[host]["bytes_from_nas"], report[host]["bytes_from_peers"]) == (
             repo["shared_bytes"] + repo["rank_bytes"][rank], 0), host
+
+
+def test_a_host_failing_in_its_wave_ends_its_window_when_it_failed(tmp_path):
+    """rank1's own engram table is corrupt on the NAS (preflight reads no content, so the stage pass fails it):
+    its report's window ends when its wave did, before the next wave began - not when its report was written
+    after the later waves - so the reports still show the reader limit."""
+    root = str(tmp_path / "nas")
+    nas = NasHub(hubgen.build_engram_hub(root, WORLD_SIZE, dense_size=64 * 1024, table_size=8 * 1024))
+    nas["root"] = root
+    [repo] = nas["repos"].values()
+    table = sorted(p for p in repo["ranks"][1] if p.endswith(".safetensors"))[0]
+    snapshot = os.path.join(nas["hub"], repo["folder"], "snapshots", repo["commit"])
+    hubgen.flip_byte(os.path.realpath(os.path.join(snapshot, table)), 100)
+    nas.freeze()
+    try:
+        inventory = write_lane(tmp_path, nas["hub"], repo, fanout=False)
+        code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage")
+        assert code != 0
+        report = reports(tmp_path)
+        assert (report["rank1"]["status"], report["rank1"]["failed_play"]) == ("failed", "stage"), report["rank1"]
+        assert [report[h]["status"] for h in ("rank0", "rank2", "rank3")] == ["ok"] * 3, failures(data)
+        windows = dict((h, (report[h]["stage_started"], report[h]["stage_finished"])) for h in HOSTS)
+        assert windows["rank1"][1] <= windows["rank2"][0], windows
+        assert most_at_once(list(windows.values())) <= READERS, windows
+        nas.assert_unchanged()
+    finally:
+        nas.thaw()

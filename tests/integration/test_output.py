@@ -13,7 +13,7 @@ import time
 
 from conftest import BIN_DIR, REPO_ROOT, ansible_env
 from hubgen import DRAFTER_REPO, MAIN_REPO
-from test_stage_playbook import _corrupt_nas_shard, write_inventory
+from test_stage_playbook import _corrupt_nas_shard, staged_localhost, write_inventory
 from test_verify_and_progress import paced_python, progress_path, read_progress
 
 MAX_LINES = 100
@@ -213,12 +213,11 @@ def test_verify_on_an_empty_root_counts_nothing_and_asks_for_the_stage_play(tmp_
     assert after[1].endswith("--limit localhost  (or only those plays: --tags stage,verify)"), after[1]
 
 
-def test_full_verify_after_a_flip_shows_the_repair(tmp_path, nas_hub, local_hub):
+def test_full_verify_after_a_flip_shows_the_repair(staged_hub):
     """Staged, then a byte flipped mid-shard on the node: --tags preflight,verify -e stage_verify=full
     repairs it, and the table and the totals say so (the preflight plan is not the figures)."""
-    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
-    code, lines = run_text(tmp_path, inventory, "--tags", "preflight,stage")
-    assert code == 0, "\n".join(lines)
+    lane = staged_hub("localhost", staged_localhost)  # staged by a good run
+    tmp_path, nas_hub, inventory, local_hub = lane["dir"], lane["nas"], lane["inventory"], lane["dir"] / "local"
     repo = nas_hub["repos"][MAIN_REPO]
     shard = repo["shards"][1]
     blob = local_hub / repo["folder"] / "blobs" / repo["files"][shard]["etag"]

@@ -50,13 +50,14 @@ def engram_nas(tmp_path):
         nas.thaw()
 
 
-def write_lane(tmp_path, nas, repo, fanout, extra_vars=None):
+def write_lane(tmp_path, nas, repo, fanout, extra_vars=None, host_vars=None):
     """Four local-connection hosts in the lane group sglang_4x, each with its own hub_local_root
     (<tmp>/<host>/hub), one shared report dir. ansible_host localhost: ansible.posix.synchronize copies to a
     local path only when the receiving host's ansible_host is a localhost name (else it tries ssh to rank1)."""
-    members = dict((name, {"ansible_connection": "local", "ansible_host": "localhost",
-                           "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                           "hub_local_root": str(tmp_path / name / "hub")}) for name in HOSTS)
+    members = dict((name, dict({"ansible_connection": "local", "ansible_host": "localhost",
+                                "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                                "hub_local_root": str(tmp_path / name / "hub")}, **(host_vars or {}).get(name, {})))
+                   for name in HOSTS)
     group_vars = {"lane": "sglang_4x", "hub_nas_root": nas, "engine_enabled": False, "stage_verify": "full",
                   "stage_report_dir": str(tmp_path / "reports"), "stage_nas_readers": READERS,
                   "stage_peer_fanout": fanout,
@@ -244,3 +245,31 @@ def test_a_host_failing_in_its_wave_ends_its_window_when_it_failed(tmp_path):
         nas.assert_unchanged()
     finally:
         nas.thaw()
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh to rank0 for its own tasks runs them here; the host-to-host copy it is asked to send cannot connect.
+cmd=$(eval "printf '%s' \\"\\${$#}\\"")
+case "$cmd" in *synchronize*) echo "ssh: connect to host rank0 port 22: No route to host" >&2; exit 255;; esac
+exec /bin/sh -c "$cmd"
+"""
+
+
+def test_a_peer_that_cannot_be_reached_for_the_copy_costs_nas_reads_only(tmp_path, engram_nas):
+    """rank0 answers for its own tasks but not for the copy it is to send: the receiving hosts read their blobs
+    from the NAS, say so, and end ok (an unreachable delegate once made the receiving host unreachable)."""
+    nas, repo = engram_nas
+    fake_ssh = tmp_path / "fake-ssh"
+    fake_ssh.write_text(FAKE_SSH)
+    fake_ssh.chmod(0o755)
+    rank0 = {"ansible_connection": "ssh", "ansible_ssh_executable": str(fake_ssh), "ansible_pipelining": False,
+             "ansible_ssh_transfer_method": "piped", "ansible_python_interpreter": sys.executable}
+    inventory = write_lane(tmp_path, nas, repo, fanout=True, host_vars={"rank0": rank0})
+    code, data = run_playbook(tmp_path, inventory, "--tags", "preflight,stage")
+    assert code == 0, failures(data)
+    report = reports(tmp_path)
+    for rank, host in enumerate(HOSTS):
+        assert (report[host]["status"], report[host]["bytes_from_peers"]) == ("ok", 0), (host, report[host])
+        assert report[host]["bytes_from_nas"] == repo["shared_bytes"] + repo["rank_bytes"][rank], host
+    said = json.dumps(data)
+    assert "the copy from rank0 failed" in said and "its blobs come from the NAS" in said

@@ -134,7 +134,8 @@ def test_stage_shows_progress_per_poll_and_a_table_with_the_reports_figures(tmp_
     assert markdown_row(dgx_stage(tmp_path, "report", "--markdown")[1], "dgx1") == row
 
 
-def test_a_failing_host_exits_2_naming_host_play_and_task_and_the_other_is_ok(tmp_path, nas_hub):
+def test_a_host_failing_preflight_exits_2_naming_it_and_the_lane_stops_with_it(tmp_path, nas_hub):
+    # Preflight is lane-wide: rank1's bad NAS root fails rank1 and, at the lane check, rank0 (nothing written).
     inventory, roots = lane(tmp_path, nas_hub, hosts=("rank0", "rank1"))
     with open(inventory) as handle:
         data = json.load(handle)
@@ -148,13 +149,15 @@ def test_a_failing_host_exits_2_naming_host_play_and_task_and_the_other_is_ok(tm
     failed = [line for line in out.splitlines() if line.startswith("host rank1 failed in play ")]
     assert len(failed) == 1, out
     assert "task " in failed[0] and "no-such-nas" in failed[0], failed
-    assert not [line for line in out.splitlines() if line.startswith("host rank0 ")], out
+    lane_stop = [line for line in out.splitlines() if line.startswith("host rank0 failed in play preflight")]
+    assert len(lane_stop) == 1 and "Preflight did not pass on rank1" in lane_stop[0], out
     record = run_records(tmp_path)[-1]
-    assert record["exit_code"] == 2 and [f["host"] for f in record["failures"]] == ["rank1"]
-    assert plain_row(out, "rank0")[2] == "ok" and plain_row(out, "rank1")[2] == "failed"
-    # The stored run says the same, with the failure under the table.
+    assert record["exit_code"] == 2 and sorted(f["host"] for f in record["failures"]) == ["rank0", "rank1"]
+    assert plain_row(out, "rank0")[2] == "failed" and plain_row(out, "rank1")[2] == "failed"
+    # The stored run says the same, with the failures under the table.
     code, md = dgx_stage(tmp_path, "report", "--markdown")
     assert code == 0 and markdown_row(md, "rank1")[2] == "failed" and "- host rank1 failed in play" in md, md
+    assert "- host rank0 failed in play preflight" in md, md
 
 
 def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_nas_hub):

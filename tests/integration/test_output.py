@@ -51,8 +51,10 @@ def summary_table(lines):
     header = re.split(r"\s{2,}", lines[start + 1])
     assert header[:3] == ["HOST", "RANK", "REPO"], lines[start + 1]
     rows, end = [], start + 2
-    while not lines[end].startswith("wall time"):
+    while not lines[end].startswith(("wall time", "Stage pass")):
         rows.append(dict(zip(header, re.split(r"\s{2,}", lines[end], maxsplit=len(header) - 1))))
+        end += 1
+    while not lines[end].startswith("wall time"):   # a lane's Stage pass block (its windows and bytes)
         end += 1
     return lines[start], rows, lines[end], lines[end + 1:]
 

@@ -65,6 +65,21 @@ def probe(host, root, stat_paths=(), read_paths=()):
     return json.loads(cmd.stdout)
 
 
+def probe_node(host, extra_stat_paths=lambda hvars: []):
+    """(name, inventory vars, probe answer with "manifest") of one node: a first probe reads its mount manifest, the
+    second stats the local sources it binds (plus extra_stat_paths(hvars)) and reads its refs."""
+    name = host.backend.name
+    hvars = inventory_vars(name)
+    manifest_path = hvars["engine_manifest_path"]
+    first = probe(host, hvars["hub_local_root"], read_paths=[manifest_path])
+    manifest = json.loads(first["read"][manifest_path] or "null")
+    sources = [m["source"] for m in (manifest or {}).get("mounts", []) if m["origin"] == "local"]
+    answer = probe(host, hvars["hub_local_root"], stat_paths=sources + list(extra_stat_paths(hvars)),
+                   read_paths=ref_paths(hvars["hub_local_root"], hvars["stage_repos"]))
+    answer["manifest"] = manifest
+    return name, hvars, answer
+
+
 def report(host_name):
     with open(os.path.join(inventory_vars(host_name)["stage_report_dir"], host_name + ".json")) as handle:
         return json.load(handle)

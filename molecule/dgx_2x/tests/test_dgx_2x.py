@@ -1,7 +1,6 @@
 """dgx_2x: after stage-deepseek.yml (engine off) on both nodes, prove on each node what the
 night-shift log needed by hand: every staged byte right and local, page15 left on the NAS but still
 reachable through a read-only bind, yesterday's receipts gone, and the NAS not touched at all."""
-import json
 
 import pytest
 
@@ -11,17 +10,7 @@ import dgxcheck
 @pytest.fixture(scope="module")
 def node(host):
     """(name, inventory vars, probe answer) for one node; one probe per node."""
-    name = host.backend.name
-    hvars = dgxcheck.inventory_vars(name)
-    manifest_path = hvars["engine_manifest_path"]
-    first = dgxcheck.probe(host, hvars["hub_local_root"], read_paths=[manifest_path])
-    manifest = json.loads(first["read"][manifest_path] or "null")
-    sources = [m["source"] for m in (manifest or {}).get("mounts", []) if m["origin"] == "local"]
-    answer = dgxcheck.probe(host, hvars["hub_local_root"],
-                            stat_paths=sources + dgxcheck.receipt_stat_paths(hvars["receipt_parent"]),
-                            read_paths=dgxcheck.ref_paths(hvars["hub_local_root"], hvars["stage_repos"]))
-    answer["manifest"] = manifest
-    return name, hvars, answer
+    return dgxcheck.probe_node(host, lambda hvars: dgxcheck.receipt_stat_paths(hvars["receipt_parent"]))
 
 
 def test_nas_is_read_only_in_the_node(node):

@@ -3,7 +3,6 @@ exactly the shared files of the engram repo plus its own rank's tables (rank tem
 hash and the verify pass ok; its mount manifest binds the other ranks' tables from the NAS, read-only, every NAS
 file reachable once; no more than stage_nas_readers (2) nodes staged at once, by the host reports' stage windows;
 the NAS is unchanged."""
-import json
 
 import pytest
 
@@ -21,15 +20,7 @@ def rank_repo(repo, rank, world_size):
 @pytest.fixture(scope="module")
 def node(host):
     """(name, rank, inventory vars, probe answer with the manifest); one probe per node."""
-    name = host.backend.name
-    hvars = dgxcheck.inventory_vars(name)
-    manifest_path = hvars["engine_manifest_path"]
-    first = dgxcheck.probe(host, hvars["hub_local_root"], read_paths=[manifest_path])
-    manifest = json.loads(first["read"][manifest_path] or "null")
-    sources = [m["source"] for m in (manifest or {}).get("mounts", []) if m["origin"] == "local"]
-    answer = dgxcheck.probe(host, hvars["hub_local_root"], stat_paths=sources,
-                            read_paths=dgxcheck.ref_paths(hvars["hub_local_root"], hvars["stage_repos"]))
-    answer["manifest"] = manifest
+    name, hvars, answer = dgxcheck.probe_node(host)
     return name, HOSTS.index(name), hvars, answer
 
 

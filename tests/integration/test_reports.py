@@ -246,8 +246,9 @@ def test_a_host_that_fails_in_verify_reports_failed_with_the_task(staged_hub):
     assert latest["plays"]["stage"] == staged["plays"]["stage"]          # not run: the last stage pass, kept
 
 
-def test_in_a_two_host_lane_only_the_host_that_fails_reports_failed(tmp_path, nas_hub):
-    """rank1's local hub root is a file: its preflight fails, rank0 stages and verifies."""
+def test_in_a_two_host_lane_a_host_failing_preflight_and_the_lane_it_stops_both_report_it(tmp_path, nas_hub):
+    """rank1's local hub root is a file: its preflight fails; preflight is lane-wide, so rank0 fails at the
+    lane check naming rank1, and neither stages."""
     inventory = write_lane(tmp_path, nas_hub["hub"], ["rank0", "rank1"])
     (tmp_path / "rank1").mkdir()
     (tmp_path / "rank1" / "hub").write_text("not a directory")
@@ -255,8 +256,11 @@ def test_in_a_two_host_lane_only_the_host_that_fails_reports_failed(tmp_path, na
     assert code != 0
     found = reports(tmp_path)
     ok, failed = found["rank0.json"], found["rank1.json"]
-    assert ok["status"] == "ok" and list(ok["plays"]) == ["preflight", "stage", "verify"]
+    assert ok["status"] == "failed" and ok["failed_play"] == "preflight" and list(ok["plays"]) == ["preflight"]
+    assert "Preflight did not pass on rank1" in ok["failed_msg"] and ok["stage_started"] is None, ok
+    assert not (tmp_path / "rank0" / "hub").exists() or os.listdir(str(tmp_path / "rank0" / "hub")) == []
     assert failed["status"] == "failed" and failed["failed_play"] == "preflight" and failed["failed_task"]
+    assert "Every host of the lane passed preflight" not in failed["failed_task"]    # its own check failed
     assert list(failed["plays"]) == ["preflight"] and failed["stage_started"] is None
     assert failed["run_id"] == ok["run_id"] and failed["started"] == ok["started"]
 
@@ -275,7 +279,8 @@ def test_a_host_left_out_by_limit_keeps_its_report(staged_hub):
 
 
 def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(staged_hub):
-    """rank1 staged fine yesterday; today it is unreachable: both its files say failed for today's run."""
+    """rank1 staged fine yesterday; today it is unreachable: both its files say failed for today's run (and
+    rank0, whose lane lost a host, fails at the lane-wide preflight naming it)."""
     lane = staged_hub("rank0-rank1", staged_rank0_rank1)   # a good stage run of the lane
     tmp_path, inventory = lane["dir"], lane["inventory"]
     yesterday = reports(tmp_path)["rank1.json"]
@@ -288,7 +293,8 @@ def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(staged_hub):
     assert code != 0
     found = reports(tmp_path)
     ok, lost = found["rank0.json"], found["rank1.json"]
-    assert ok["status"] == "ok" and lost["run_id"] == ok["run_id"] != yesterday["run_id"]
+    assert lost["run_id"] == ok["run_id"] != yesterday["run_id"]
+    assert ok["status"] == "failed" and ok["failed_play"] == "preflight" and "rank1" in ok["failed_msg"], ok
     assert lost["status"] == "failed" and lost["failed_task"] == "(host unreachable)", lost
     assert "unreachable" in lost["failed_msg"] and lost["finished"]
     assert found["rank1-%s.json" % ok["run_id"]]["status"] == "failed"

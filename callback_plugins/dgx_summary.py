@@ -468,6 +468,9 @@ def stage_pass_lines(hosts, names, check_mode=False, run_started=None):
     if len(names) > 1 and not check_mode:
         lines.append("lane: %s from the NAS, %s from peers" % (
             human_bytes(sum(f[0] for f in figures.values())), human_bytes(sum(f[1] for f in figures.values()))))
+    # A host-to-host copy that failed is no error, only NAS reads: the stdout callback hides the ok result
+    # that says so (display_ok_hosts = false), so it is said here.
+    lines += ["%s: %s" % (name, note) for name in names for note in hosts[name].get("peer_copy_failed", [])]
     return lines
 
 
@@ -543,6 +546,11 @@ def _play_order(tag):
 
 def _truthy(value):
     return str(value).strip().lower() in ("true", "1", "yes")
+
+
+# The stage role's task (roles/stage/tasks/peer.yml) that says a host-to-host copy failed and its blobs come
+# from the NAS.
+PEER_COPY_FAILED = "Peer | A copy that failed is fetched from the NAS instead"
 
 
 def _task_name(task):
@@ -703,6 +711,8 @@ class CallbackModule(CallbackBase):
             self.state["run_id"] = str(facts["lane_run_id"])
         if isinstance(facts.get("stage_window"), dict):   # the stage role's: when this host's wave ran
             host["stage_window"] = dict(facts["stage_window"])
+        if PEER_COPY_FAILED in _task_name(result.task) and data.get("msg"):
+            host.setdefault("peer_copy_failed", []).append(one_line(" ".join(str(data["msg"]).split())))
         action = str(getattr(result.task, "action", "") or "")
         row = data.get("report")
         if action.endswith(MIRROR_ACTIONS) and "results" not in data:

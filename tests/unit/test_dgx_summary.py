@@ -578,3 +578,26 @@ def test_a_row_without_bytes_from_nas_read_its_copies_from_the_nas_and_a_window_
     assert summary.stage_figures(info) == (6 * MIB, 2 * MIB, 1, True)
     assert summary.stage_window({"started": "2026-12-01T11:01:10Z"}, "2026-12-01T11:00:00Z") == "11:01:10-?"
     assert summary.stage_window({}, "2026-12-01T11:00:00Z") == "-"
+
+
+def test_a_failed_host_to_host_copy_is_said_under_the_stage_pass_block():
+    # The stage role's ok debug result says it; with display_ok_hosts = false nothing else would.
+    hosts = {"n1": {"rank": 0, "repos": {"a": {"stage": dict(row(repo="a", nbytes=MIB), bytes_from_nas=MIB)}},
+                    "stage_window": {"started": "2026-12-01T11:00:00Z", "finished": "2026-12-01T11:00:09Z"}},
+             "n2": {"rank": 1, "repos": {"a": {"stage": dict(row(repo="a", nbytes=MIB), bytes_from_nas=MIB)}},
+                    "stage_window": {"started": "2026-12-01T11:00:09Z", "finished": "2026-12-01T11:00:19Z"},
+                    "peer_copy_failed": ["org/a: the copy from n1 failed (unreachable: no route); its blobs come "
+                                         "from the NAS"]}}
+    lines = summary.stage_pass_lines(hosts, ["n1", "n2"], run_started="2026-12-01T11:00:00Z")
+    assert lines[-1] == "n2: org/a: the copy from n1 failed (unreachable: no route); its blobs come from the NAS"
+    assert lines[-2].startswith("lane: ")
+
+
+def test_the_callback_collects_the_failed_copy_message_of_the_stage_roles_task():
+    callback = summary.CallbackModule(display=_Display())
+    task = _Obj(action="ansible.builtin.debug", get_name=lambda: "stage : " + summary.PEER_COPY_FAILED)
+    result = _Obj(host=_Obj(get_name=lambda: "n2"), task=task,
+                  result={"msg": "org/a: the copy from n1 failed\n(rc 255: x); its blobs come from the NAS"})
+    callback.v2_runner_item_on_ok(result)
+    assert callback.state["hosts"]["n2"]["peer_copy_failed"] == [
+        "org/a: the copy from n1 failed (rc 255: x); its blobs come from the NAS"]

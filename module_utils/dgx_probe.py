@@ -414,6 +414,9 @@ def container_facts(inspect_text, name):
     status = state.get("Status") or ("running" if running else "stopped")
     if state.get("Paused"):
         status = "paused"
+    elif status == "stopped" and not running:
+        # Podman's word for a container whose process ended and whose clean-up has not run yet: it exited.
+        status = "exited"
     exit_code = None if status in NOT_EXITED else state.get("ExitCode")
     return {"name": name, "exists": True, "id": info.get("Id"), "running": running, "status": status,
             "exit_code": exit_code, "started_at": state.get("StartedAt"), "finished_at": finished,

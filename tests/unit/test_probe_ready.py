@@ -216,6 +216,13 @@ def test_container_facts_of_a_running_and_an_exited_container():
     assert container_facts("[]", "x")["exists"] is False
 
 
+def test_a_podman_container_stopped_before_its_clean_up_is_an_exited_one_with_its_exit_code():
+    # Podman says "stopped" for a moment between the process's end and its clean-up ("exited"): the same rank
+    # must not be described two ways depending on when the probe looked.
+    facts = container_facts(inspect_json(False, 3, status="stopped", finished="2026-11-30T20:46:00Z"), "x")
+    assert (facts["status"], facts["exit_code"]) == ("exited", 3)
+
+
 class FakeRunner(object):
     """Stands in for the AnsibleModule: a runtime CLI with one container in a given state, and others by id."""
 
@@ -391,7 +398,7 @@ def test_a_paused_rank_is_named_paused_without_an_exit_code():
 
 @pytest.mark.parametrize("state, text", [
     ({"Status": "exited", "ExitCode": 3}, "is not running (exited), exit code 3, ended 2026-11-30T20:46:00Z"),
-    ({"Status": "stopped", "ExitCode": 0}, "is not running (stopped), exit code 0, ended 2026-11-30T20:46:00Z"),
+    ({"Status": "stopped", "ExitCode": 0}, "is not running (exited), exit code 0, ended 2026-11-30T20:46:00Z"),
     ({"Status": "created"}, "was created but never started"),
     ({"Status": "configured"}, "was created but never started"),
     ({"Status": "initialized"}, "was created but never started"),

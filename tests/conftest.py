@@ -11,3 +11,11 @@ for _path in (os.path.join(REPO_ROOT, "tools"), os.path.join(REPO_ROOT, "tests")
 from project import use_module_utils  # noqa: E402
 
 use_module_utils()
+
+# The Ctrl-C tests (test_transfer, test_mirror) need Python's own SIGINT handler. A test run started in the
+# background of a shell without job control (nohup ... &, some CI runners) inherits SIGINT ignored, and
+# Python then installs none: _thread.interrupt_main does nothing and a waiting test hangs.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)

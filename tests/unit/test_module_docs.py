@@ -18,28 +18,22 @@ clause optional: the key may be there.
 import contextlib
 import glob
 import importlib.util
-import io
 import json
 import os
 import re
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
-from unittest import mock
 
 import pytest
 import yaml
 
 import hubgen
-from ansible.module_utils.common import warnings as ansible_warnings
 from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
-from ansible.module_utils.testing import patch_module_args
+from modrun import LIBRARY, REPO_ROOT, load, run_main
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LIBRARY = os.path.join(REPO_ROOT, "library")
 MODULES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(LIBRARY, "*.py")))
 
 # Keys Ansible itself adds or every module may return (Ansible's common return values).
@@ -66,48 +60,9 @@ SPEC_FIELDS = {"type": "type", "required": "required", "default": "default", "ch
 DOC_ONLY_FIELDS = {"description", "version_added"}
 
 
-# ------------------------------------------------------------------------------------------------
-# loading and running a module
-# ------------------------------------------------------------------------------------------------
-
-def load(name):
-    spec = importlib.util.spec_from_file_location("dgx_docs_" + name, os.path.join(LIBRARY, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def docs(name):
     module = load(name)
     return module, yaml.safe_load(module.DOCUMENTATION), yaml.safe_load(module.RETURN)
-
-
-def run_main(name, args):
-    """main() in-process with these module args: its JSON result. Also proves main() passes
-    ARGUMENT_SPEC itself to AnsibleModule (so the options check below covers what runs)."""
-    module = load(name)
-    seen = {}
-    real = module.AnsibleModule
-
-    class Recording(real):
-        def __init__(self, *a, **kw):
-            seen.update(kw)
-            real.__init__(self, *a, **kw)
-
-    module.AnsibleModule = Recording
-    out = io.StringIO()
-    sigterm = signal.getsignal(signal.SIGTERM)   # hf_hub_mirror turns SIGTERM into an interrupt
-    # Module warnings are process-global: keep each run's to itself (and out of later tests' results).
-    try:
-        with patch_module_args(args), contextlib.redirect_stdout(out), \
-                mock.patch.dict(ansible_warnings._global_warnings, clear=True), \
-                mock.patch.dict(ansible_warnings._global_deprecations, clear=True):
-            with pytest.raises(SystemExit):
-                module.main()
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-    assert seen["argument_spec"] is module.ARGUMENT_SPEC, "%s main() must use ARGUMENT_SPEC" % name
-    return json.loads(out.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------

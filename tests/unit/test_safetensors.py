@@ -5,7 +5,6 @@ same verdict from dgx_safetensors and from the `safetensors` package (a test dep
 module itself stays stdlib).
 """
 import builtins
-import importlib.util
 import json
 import os
 import re
@@ -19,10 +18,8 @@ from safetensors import deserialize
 from ansible.module_utils import dgx_safetensors
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_safetensors import check_snapshot, read_header, read_shard
-from ansible.module_utils.testing import patch_module_args
+import modrun
 from hubgen import write_safetensors
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WIDTH = {"F16": 2, "BF16": 2, "F32": 4, "I16": 2, "U8": 1}
 
@@ -402,9 +399,9 @@ def test_nas_path_must_be_a_snapshot_dir_and_is_only_read_for_an_absent_shard(tm
     assert (result["shards"], result["nas_shards"], result["absent"]) == (2, [], [])
 
 
-def test_module_reports_the_shards_read_from_the_nas(tmp_path, capsys):
+def test_module_reports_the_shards_read_from_the_nas(tmp_path):
     local, nas = sparse_copy(tmp_path)
-    result = run_main(capsys, {"path": str(local), "absent_ok": [SHARD2], "nas_path": str(nas), "repo_id": "org/name"})
+    result = run_main({"path": str(local), "absent_ok": [SHARD2], "nas_path": str(nas), "repo_id": "org/name"})
     assert not result.get("failed"), result
     assert result["nas_shards"] == [SHARD2]
     assert result["report"] == {"repo_id": "org/name", "shards": 2, "tensors": 6, "nas_shards": 1}
@@ -692,22 +689,11 @@ def test_a_broken_shard_is_named_before_a_flood_of_key_problems(tmp_path):
 
 # --- the module itself, through main() -----------------------------------------------------------
 
-def load_module():
-    spec = importlib.util.spec_from_file_location(
-        "safetensors_check", os.path.join(REPO_ROOT, "library", "safetensors_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def run_main(args, check_mode=False):
+    return modrun.run_main("safetensors_check", args, check_mode=check_mode)
 
 
-def run_main(capsys, args):
-    with patch_module_args(args):
-        with pytest.raises(SystemExit):
-            load_module().main()
-    return json.loads(capsys.readouterr().out)
-
-
-def test_module_names_every_broken_shard_and_checks_the_rest(tmp_path, capsys):
+def test_module_names_every_broken_shard_and_checks_the_rest(tmp_path):
     """One shard nested 100,000 deep, one with a gap, one good: both broken ones named, the good
     one still checked (its missing key reported), and nothing crashes."""
     snap = tmp_path / "snap"
@@ -718,7 +704,7 @@ def test_module_names_every_broken_shard_and_checks_the_rest(tmp_path, capsys):
     weight_map = {"a": "s1.safetensors", "b": "s2.safetensors", "c": "s2.safetensors",
                   "d": "s3.safetensors", "e": "s3.safetensors"}
     (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    result = run_main(capsys, {"path": str(snap)})
+    result = run_main({"path": str(snap)})
     assert result["failed"] is True
     msg = result["msg"]
     assert "s1.safetensors: malformed safetensors header: JSON nested more than 127 levels" in msg
@@ -730,25 +716,25 @@ def test_module_names_every_broken_shard_and_checks_the_rest(tmp_path, capsys):
     assert problems[1].startswith(str(snap / "s2.safetensors") + ": data bytes [2, 3)")
 
 
-def test_module_passes_a_good_snapshot(tmp_path, capsys):
+def test_module_passes_a_good_snapshot(tmp_path):
     snap = make_snapshot(tmp_path)
-    result = run_main(capsys, {"path": str(snap)})
+    result = run_main({"path": str(snap)})
     assert not result.get("failed") and result["changed"] is False
     assert (result["shards"], result["tensors"]) == (2, 6)
 
 
-def test_module_docs_match_its_argument_spec_and_results(tmp_path, capsys):
-    module = load_module()
+def test_module_docs_match_its_argument_spec_and_results(tmp_path):
+    module = modrun.load("safetensors_check")
     doc = yaml.safe_load(module.DOCUMENTATION)
     assert set(doc["options"]) == set(module.ARGUMENT_SPEC)
     for name, spec in module.ARGUMENT_SPEC.items():
         assert doc["options"][name]["type"] == spec["type"], name
         assert bool(doc["options"][name].get("required")) == bool(spec.get("required")), name
     documented = set(yaml.safe_load(module.RETURN))
-    ok = run_main(capsys, {"path": str(make_snapshot(tmp_path))})
+    ok = run_main({"path": str(make_snapshot(tmp_path))})
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "model.safetensors").write_bytes(st("{}", 1))
-    bad = run_main(capsys, {"path": str(tmp_path / "bad")})
+    bad = run_main({"path": str(tmp_path / "bad")})
     standard = {"changed", "failed", "invocation"}
     assert set(ok) - standard <= documented
     assert set(bad) - standard <= documented

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from modrun import run_main
 from treestate import manifest_text
 from ansible.plugins.filter.core import to_nice_json
 
@@ -343,6 +344,15 @@ def test_render_matches_the_roles_to_nice_json_template(hubs):
     assert text == to_nice_json(manifest, indent=2)
     assert json.loads(text) == manifest
     assert text.index('"counts"') < text.index('"mounts"') < text.index('"repos"')
+
+
+def test_the_module_returns_the_manifest_as_computed(hubs):
+    # The role renders the module's result: it must be build_manifest's manifest, mounts sorted, counts as is.
+    local, nas = hubs
+    result = run_main("engine_manifest", {"hub_local_root": local, "hub_nas_root": nas, "repos": [{"repo_id": REPO}]})
+    assert result["changed"] is False
+    assert result["manifest"] == build(local, nas)
+    assert result["counts"] == result["manifest"]["counts"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ import sys
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
+from modrun import run_main
 from privilege import nobody_owned_dir, run_as_nobody
+from treestate import snapshot_diff, tree_snapshot
 from ansible.module_utils import dgx_receipts
 from ansible.module_utils.dgx_receipts import (RECEIPT_ROOTS, clear_receipts, container_of, find_holders,
                                               format_holder, host_path, mount_source, parse_mountinfo,
@@ -494,3 +496,31 @@ def test_own_process_holding_a_file_does_not_block(tmp_path):
     paths = make_roots(tmp_path)
     with open(os.path.join(paths[0], "worker.json")):
         assert clear_receipts(str(tmp_path), NAMES)["removed"] == paths
+
+
+# --- the module itself, through main() -----------------------------------------------------------
+
+def test_module_check_mode_then_removal_then_an_idle_rerun(tmp_path):
+    parent = tmp_path / "cache"
+    for name in NAMES:
+        (parent / name / "run").mkdir(parents=True)
+        (parent / name / "run" / "worker.json").write_text("{}")
+        os.chmod(str(parent / name / "run" / "worker.json"), 0o444)
+    expected = [str(parent / n) for n in NAMES]
+    before = tree_snapshot(parent)
+
+    checked = run_main("engine_receipts", {"parent": str(parent)}, check_mode=True)
+    assert checked["changed"] is True and checked["removed"] == expected
+    assert snapshot_diff(before, tree_snapshot(parent)) == []
+
+    first = run_main("engine_receipts", {"parent": str(parent), "state": "absent"})
+    assert first["changed"] is True and first["removed"] == expected
+    assert os.listdir(str(parent)) == []
+
+    second = run_main("engine_receipts", {"parent": str(parent)})
+    assert second["changed"] is False and second["removed"] == []
+
+
+def test_module_refuses_the_root_as_parent():
+    result = run_main("engine_receipts", {"parent": "/"})
+    assert result["failed"] and "'/'" in result["msg"]

@@ -738,3 +738,10 @@ def test_module_docs_match_its_argument_spec_and_results(tmp_path):
     standard = {"changed", "failed", "invocation"}
     assert set(ok) - standard <= documented
     assert set(bad) - standard <= documented
+
+
+def test_module_in_check_mode_passes_a_snapshot_without_safetensors_files(tmp_path):
+    # A tokenizer-only repo under --check: the module runs (it only reads) and has nothing to check.
+    (tmp_path / "tokenizer.json").write_text("{}")
+    result = run_main({"path": str(tmp_path)}, check_mode=True)
+    assert result["shards"] == 0 and "nothing to check" in result["msg"]

@@ -8,7 +8,10 @@ for _path in (os.path.join(REPO_ROOT, "tools"), os.path.join(REPO_ROOT, "tests")
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import pytest  # noqa: E402
 from project import use_module_utils  # noqa: E402
+
+import processes  # noqa: E402
 
 use_module_utils()
 
@@ -19,3 +22,25 @@ import signal  # noqa: E402
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture
+def kill_at_teardown():
+    """kill_at_teardown(proc_or_pid, ...) -> processes.Tree recorded now, killed (SIGKILL) at teardown, after the
+    test's assertions. For a test that kills or interrupts what it started on purpose (the behaviour under
+    test): call it just before that kill, while the parents still link every worker, so the workers that
+    setsid'd away and outlive the kill are ended too. Teardown fails naming any that will not end."""
+    trees = []
+
+    def record(*roots):
+        trees.append(processes.Tree(*roots))
+        return trees[-1]
+
+    yield record
+    errors = []
+    for tree in trees:
+        try:
+            tree.kill()
+        except RuntimeError as err:
+            errors.append(str(err))
+    assert not errors, errors

@@ -12,6 +12,7 @@ import threading
 import time
 
 import ansible_runner
+import processes
 
 from ansible.module_utils.dgx_fsutil import is_temp_name, walk_tree
 from conftest import REPO_ROOT, ansible_env, failures, module_command, parse_module_output, run_playbook
@@ -167,7 +168,8 @@ def test_a_job_whose_lease_is_not_renewed_stops_itself_cleanly(tmp_path, make_na
 
 
 def test_a_job_killed_with_its_async_wrapper_ends_the_wait_with_words_not_at_the_time_limit(tmp_path,
-                                                                                             make_nas_hub):
+                                                                                             make_nas_hub,
+                                                                                             kill_at_teardown):
     """kill -9 of the whole background job (the async wrapper's watcher and runner, and the module) leaves its
     job file saying running forever: the poll sees the job's process (named in its lease) gone and fails the
     host within seconds, saying what happened, instead of polling until stage_async_timeout (a day)."""
@@ -189,6 +191,7 @@ def test_a_job_killed_with_its_async_wrapper_ends_the_wait_with_words_not_at_the
         ps = subprocess.check_output(["ps", "-eww", "-o", "pid=,args="]).decode("utf-8", "replace")
         tree = [int(line.split()[0]) for line in ps.splitlines() if "async_wrapper" in line and jid in line]
         tree.append(int((jobs / leases[0]).read_text().strip()))       # the module's own pid, from its lease
+        kill_at_teardown(*tree)     # the wrapper daemonized: not below the playbook; whatever the job started
         for pid in tree:
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()

@@ -33,6 +33,7 @@ import uuid
 
 import pytest
 
+import processes
 from conftest import failures, run_playbook
 from hubgen import build_nas_hub
 from test_engine_one_rank import DOUBLE_RECEIPTS, IMAGE, MAIN_REPO, build_engine_double, free_port
@@ -345,8 +346,7 @@ def test_nothing_is_stopped_when_one_rank_cannot_clear_its_receipts(lane):
     try:
         rc, data = lane.run("--tags", "engine")
     finally:
-        holder.kill()
-        holder.wait()
+        processes.kill_tree(holder)
         del lane.host_vars["dgx2"]["engine_env"]
     assert rc != 0
     assert failed_hosts(data) == ["dgx1", "dgx2"], failures(data)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import processes
 from conftest import REPO_ROOT, ansible_env
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import staged_rank0_rank1
@@ -160,7 +161,7 @@ def test_a_host_failing_preflight_exits_2_naming_it_and_the_lane_stops_with_it(t
     assert "- host rank0 failed in play preflight" in md, md
 
 
-def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_nas_hub):
+def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_nas_hub, kill_at_teardown):
     nas, inventory, roots = paced_lane(tmp_path, make_nas_hub)
     out_path = tmp_path / "frontend.out"
     with open(str(out_path), "wb") as out:
@@ -174,12 +175,12 @@ def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_n
                 break
             time.sleep(0.2)
         assert proc.poll() is None, out_path.read_text()
+        kill_at_teardown(proc)     # ansible-playbook and its workers run in sessions of their own
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            processes.kill_tree(proc)
     out = out_path.read_text(errors="replace")
     assert code == 99, out
     assert "SIGINT forwarded to ansible-playbook" in out and "interrupted: exit 99" in out, out

@@ -14,6 +14,7 @@ import subprocess
 import termios
 import time
 
+import processes
 import pytest
 from conftest import BIN_DIR, REPO_ROOT
 from hubgen import MAIN_REPO
@@ -49,8 +50,7 @@ def run_in_pty(argv, env, timeout=300):
         code = proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            processes.kill_tree(proc)
         os.close(master)
     return code, screen.decode("utf-8", "replace")
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 import hubgen
+import processes
 from conftest import parse_module_output
 from treestate import blob_matches_name
 
@@ -43,41 +44,6 @@ def local_repo(nas, local):
 # ------------------------------------------------------------------------------------------------
 # lesson 8: atomic writes survive SIGKILL
 # ------------------------------------------------------------------------------------------------
-
-def _descendants(root_pid):
-    """Pids of root_pid and every process below it (the module runs in its own session under ansible)."""
-    parents = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name) as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(name))
-    found, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(parents.get(pid, []))
-    return found
-
-
-def _kill_tree(root_pid):
-    """SIGKILL every process group of our ansible run (its worker calls setsid), no other process."""
-    groups = set()
-    for pid in _descendants(root_pid):
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            pass
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
 
 def _copy_in_flight(blob_dir, minimum, full_size):
     """Name of a file still being written in blob_dir (under a temp name or, if torn, any name), or None.
@@ -115,7 +81,7 @@ def test_sigkill_mid_copy_leaves_no_torn_blob_and_rerun_recovers(make_nas_hub, l
                 break
             time.sleep(0.002)
     finally:
-        _kill_tree(proc.pid)
+        processes.kill_tree(proc)     # the module runs in its worker's own session: the whole tree, not a group
         proc.communicate(timeout=60)
     assert seen, "never saw a copy in flight in %s (run ended with rc %s)" % (blob_dir, proc.returncode)
     assert proc.returncode == -signal.SIGKILL
@@ -176,7 +142,8 @@ def _module_pids():
 
 @pytest.mark.slow
 def test_sigterm_mid_copy_stops_the_workers_removes_their_temp_files_and_reports(make_nas_hub, local_hub,
-                                                                                  spawn_module, run_module):
+                                                                                  spawn_module, run_module,
+                                                                                  kill_at_teardown):
     shard_size = 128 * 1024 * 1024
     nas = make_nas_hub(shard_size=shard_size, n_shards=3)
     blob_dir = os.path.join(local_repo(nas, local_hub), "blobs")
@@ -186,14 +153,15 @@ def test_sigterm_mid_copy_stops_the_workers_removes_their_temp_files_and_reports
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not _copy_in_flight(blob_dir, 1024 * 1024, shard_size):
             time.sleep(0.002)
-        pids = _module_pids()
+        tree = kill_at_teardown(proc)
+        pids = [pid for pid in _module_pids() if pid in tree]    # this run's module, not another run's
         assert pids, "no module process found"
         for pid in pids:
             os.kill(pid, signal.SIGTERM)
         out, _err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            _kill_tree(proc.pid)
+            processes.kill_tree(proc)
     result = parse_module_output(out.decode("utf-8", "replace"))
     assert result.get("failed") and "interrupted" in result["msg"], result
     assert not [n for n in os.listdir(blob_dir) if n.startswith(TEMP_PREFIX)]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import processes
 from conftest import BIN_DIR, REPO_ROOT, ansible_env
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_stage_playbook import _corrupt_nas_shard, staged_localhost, write_inventory
@@ -313,7 +314,7 @@ def test_a_model_and_a_dataset_with_one_id_get_a_row_each(tmp_path, nas_hub, loc
     assert copied[0] > 0 and copied[0] == copied[1] and "copied %d files" % sum(copied) in total
 
 
-def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_nas_hub):
+def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_nas_hub, kill_at_teardown):
     """Ansible sends no stats on Ctrl-C: the table comes all the same, once, saying INTERRUPTED, which
     host did not finish (the repo being copied) and how to finish."""
     nas = make_nas_hub(shard_size=16 * MIB, n_shards=4)
@@ -337,12 +338,12 @@ def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_na
                 break
             time.sleep(0.05)
         assert proc.poll() is None, out_path.read_text()
+        kill_at_teardown(proc)     # the workers have their own sessions: a Ctrl-C of the group misses them
         os.killpg(proc.pid, signal.SIGINT)        # Ctrl-C: the whole foreground process group
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            processes.kill_tree(proc)
     lines = out_path.read_text().splitlines()
     assert code != 0, "\n".join(lines)
     title, rows, total, after = summary_table(lines)     # exactly one table

@@ -18,6 +18,7 @@ import sys
 import time
 
 from ansible.module_utils.dgx_hashing import sample_ranges
+import processes
 from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import write_lane
@@ -106,8 +107,7 @@ class Playbook(object):
             self.proc.wait(timeout=timeout)
         finally:
             if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+                processes.kill_tree(self.proc)
         with open(self.out_path, "rb") as out, open(self.err_path, "rb") as err:
             return self.proc.returncode, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
 
@@ -273,7 +273,7 @@ def test_progress_file_during_and_after_a_copy(tmp_path, make_nas_hub):
     assert utc_seconds(done["updated_at"]) >= utc_seconds(mid[-1]["updated_at"])
 
 
-def test_progress_file_after_a_sigkill_shows_a_dead_unfinished_run(tmp_path, make_nas_hub):
+def test_progress_file_after_a_sigkill_shows_a_dead_unfinished_run(tmp_path, make_nas_hub, kill_at_teardown):
     nas = make_nas_hub(shard_size=WATCHED_SHARD, n_shards=4)
     inventory, roots = lane(tmp_path, nas, interpreter=paced_python(tmp_path), stage_workers=2)
     path = progress_path(roots["localhost"], nas)
@@ -281,6 +281,7 @@ def test_progress_file_after_a_sigkill_shows_a_dead_unfinished_run(tmp_path, mak
     try:
         seen = watch(run, path, until=lambda doc: doc["step"] == "copying" and doc["bytes_done"] > 0)
         assert seen and seen[-1][1], "never saw the copy running"
+        kill_at_teardown(run.proc, seen[-1][0]["pid"])   # the module's async wrapper is not below the playbook
         os.kill(seen[-1][0]["pid"], signal.SIGKILL)
     finally:
         code, _out, _err = run.finish(timeout=120)

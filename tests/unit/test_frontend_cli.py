@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+import processes
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
 from dgx_stage import cli, run, runs  # noqa: E402
 from dgx_stage.events import RunState  # noqa: E402
@@ -250,8 +252,7 @@ def test_the_first_interrupt_sends_sigint_to_ansible_playbooks_group_and_the_sec
         assert playbook_run.interrupts == 2 and "cancelling" in playbook_run.events.get()["_note"]
     finally:
         if child.poll() is None:
-            child.kill()
-            child.wait()
+            processes.kill_tree(child)
 
 
 # --- report ----------------------------------------------------------------------------------------------------
@@ -398,7 +399,7 @@ def test_run_records_are_written_atomically_and_read_oldest_first(tmp_path):
     assert runs.new_ident("stage").split("-")[1] == "stage"
 
 
-def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path):
+def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path, kill_at_teardown):
     # A SIGKILLed front end runs no handler: ansible-playbook (its own session) went on staging unwatched.
     # The guard ansible-runner starts instead asks the kernel for a SIGINT when its parent dies.
     fake = tmp_path / "fake-playbook"
@@ -424,6 +425,7 @@ def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path):
         assert os.path.exists(str(said) + ".started")
         assert (tmp_path / "bin" / "ansible-playbook").exists()
     finally:
+        kill_at_teardown(front_end)     # the stand-in playbook has its own session and must end by the guard
         front_end.kill()
         front_end.wait()
     deadline = time.time() + 10

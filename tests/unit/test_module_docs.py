@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 import hubgen
+import processes
 from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
 from modrun import LIBRARY, REPO_ROOT, load, run_main
 
@@ -418,8 +419,7 @@ def receipt_roots(tmp_path):
         (parent / name).mkdir(parents=True)
     holder = subprocess.Popen(["sleep", "60"], cwd=str(parent / RECEIPT_ROOTS[0]))
     yield str(parent)
-    holder.kill()
-    holder.wait()
+    processes.kill_tree(holder)
 
 
 def test_engine_receipts_results(receipt_roots):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import processes
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_progress as progress
 from ansible.module_utils.dgx_progress import (ended_job_file, human_bytes, human_eta, job_figures, pass_figures,
@@ -393,8 +394,7 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
         progress.renew_lease(lease, os.getpid())          # a live process that is not the job (a reused pid)
         assert run_main("stage_progress", args)["finished"] is True
     finally:
-        job.kill()
-        job.wait()
+        processes.kill_tree(job)
     progress.renew_lease(lease, dead_pid())
     progress.renew_lease(lease)                           # a poll's renewal keeps the pid
     gone = run_main("stage_progress", args)

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
+import processes
 from modrun import run_main
 from privilege import nobody_owned_dir, run_as_nobody
 from treestate import snapshot_diff, tree_snapshot
@@ -140,8 +141,7 @@ def holder_procs():
     procs = []
     yield procs
     for proc in procs:
-        proc.kill()
-        proc.wait()
+        processes.kill_tree(proc)
 
 
 HOLD_OPEN = "import sys,time; f=open(sys.argv[1]); print('ready', flush=True); time.sleep(60)"

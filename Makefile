@@ -51,7 +51,8 @@ if [[ $$rc -eq 5 ]]; then echo "no tests collected in $(1)"; rc=0; fi; \
 exit $$rc
 endef
 
-.PHONY: help setup system-packages demo demo-4x test lint unit integration molecule bench image clean
+.PHONY: help setup system-packages demo demo-4x test lint unit integration molecule bench image clean \
+	leftovers-snapshot leftovers-check
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
@@ -84,7 +85,20 @@ demo: setup ## build a synthetic NAS hub and stage it on localhost (an ordinary 
 demo-4x: setup ## four local hosts stage the engram layout: rank templates, 2 NAS readers, fan-out (no root; rsync)
 	$(VENV)/bin/python scripts/demo.py --4x
 
-test: setup system-packages lint unit integration molecule ## everything CI runs: lint, unit, integration, Molecule
+# Nothing the tests start may outlive them. Every step of `make test` gets a run id in its environment, which each
+# process the tests start inherits whatever session it moves to: at the end, tools/leftovers.py names every process
+# still carrying it (a dockerd too), and every mount and container not in the snapshot taken before the first
+# step, and fails the run.
+LEFTOVERS := $(CACHE)/leftovers.json
+
+test: export DGX_STAGE_TEST_RUN := $(shell od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+test: leftovers-snapshot setup system-packages lint unit integration molecule leftovers-check ## everything CI runs: lint, unit, integration, Molecule; then fails if anything they started is left
+
+leftovers-snapshot:
+	@$(PYTHON) tools/leftovers.py snapshot $(LEFTOVERS)
+
+leftovers-check:
+	@$(PYTHON) tools/leftovers.py check $(LEFTOVERS)
 
 lint: setup ## yamllint + ansible-lint (production profile, offline)
 	$(VENV)/bin/yamllint -s .

@@ -26,14 +26,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 @pytest.fixture
 def kill_at_teardown():
-    """kill_at_teardown(proc_or_pid, ...) -> processes.Tree recorded now, killed (SIGKILL) at teardown, after the
-    test's assertions. For a test that kills or interrupts what it started on purpose (the behaviour under
-    test): call it just before that kill, while the parents still link every worker, so the workers that
-    setsid'd away and outlive the kill are ended too. Teardown fails naming any that will not end."""
+    """kill_at_teardown(proc_or_pid, ..., environ=None) -> processes.Tree recorded now, killed (SIGKILL) at
+    teardown, after the test's assertions. For a test that kills or interrupts what it started on purpose (the
+    behaviour under test): call it just before that kill, while the parents still link every worker, so the
+    workers that setsid'd away and outlive the kill are ended too; `environ` (an entry of the run's environment
+    unique to the test, e.g. its ANSIBLE_LOCAL_TEMP) also reaches the background jobs, which daemonize. Teardown
+    fails naming any that will not end."""
     trees = []
 
-    def record(*roots):
-        trees.append(processes.Tree(*roots))
+    def record(*roots, environ=None):
+        trees.append(processes.Tree(*roots, environ=environ))
         return trees[-1]
 
     yield record

@@ -7,6 +7,10 @@ ppid field of /proc/<pid>/stat: /proc/<pid>/task/*/children exists only on kerne
 kill time walks again from every process it recorded, so a worker that setsid'd away and outlived its
 parent is still found, with whatever it started since.
 
+A background job that daemonizes (Ansible's async wrapper forks twice) is below init from its start: no walk
+from the playbook reaches it. It inherits the playbook's environment, though: a Tree given `environ` also takes
+in every process whose environment holds those entries (a path under the test's own tmp dir names its processes).
+
     processes.kill_tree(proc)           SIGKILL proc and all below it, wait until they are gone
     tree = processes.Tree(proc)         record the tree now (before a test kills part of it on purpose)
     tree.kill()                         later: the rest of it, and what the recorded processes started since
@@ -49,14 +53,36 @@ def describe(pid):
     return "%d (state %s): %s" % (pid, stat[1] if stat else "gone", cmdline[:300])
 
 
-def _children():
-    """ppid -> [(pid, start time)] of every process now."""
-    found = {}
+def _scan(environ=()):
+    """(ppid -> [(pid, start time)] of every process now, [(pid, start time)] of those whose environment holds
+    every entry of `environ` (b"NAME=value"); none when environ is empty)."""
+    children, carrying = {}, []
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = _stat(int(name))
-            if stat is not None:
-                found.setdefault(stat[0], []).append((int(name), stat[2]))
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        stat = _stat(pid)
+        if stat is None:
+            continue
+        children.setdefault(stat[0], []).append((pid, stat[2]))
+        if environ:
+            try:
+                with open("/proc/%d/environ" % pid, "rb") as handle:
+                    entries = set(handle.read().split(b"\0"))
+            except OSError:
+                continue
+            if all(entry in entries for entry in environ):
+                carrying.append((pid, stat[2]))
+    return children, carrying
+
+
+def _ancestors():
+    """This process and every one above it: never part of a tree it kills."""
+    found, pid = set(), os.getpid()
+    while pid > 0 and pid not in found:
+        found.add(pid)
+        stat = _stat(pid)
+        pid = stat[0] if stat else 0
     return found
 
 
@@ -68,10 +94,13 @@ def _signal(pid, sig):
 
 
 class Tree(object):
-    """The processes below one or more roots (pids or Popen objects, the roots included), recorded now."""
+    """The processes below one or more roots (pids or Popen objects, the roots included), recorded now; with
+    `environ` ({name: value}), also every process whose environment holds all of it, and the ones below it."""
 
-    def __init__(self, *roots):
+    def __init__(self, *roots, environ=None):
         self.procs = {}     # pid -> start time
+        self.environ = sorted(("%s=%s" % item).encode() for item in (environ or {}).items())
+        self.spared = _ancestors()
         self.popens = [root for root in roots if isinstance(root, subprocess.Popen)]
         for root in roots:
             if isinstance(root, subprocess.Popen):
@@ -91,10 +120,12 @@ class Tree(object):
         return sorted(pid for pid, start in self.procs.items() if running(pid, start))
 
     def refresh(self):
-        """Record the children of every recorded process still running, again until no new one turns up."""
+        """Record the children of every recorded process still running (and the processes carrying `environ`),
+        again until no new one turns up."""
         while True:
-            children = _children()
-            new = {}
+            children, carrying = _scan(self.environ)
+            new = dict((pid, start) for pid, start in carrying
+                       if pid not in self.spared and self.procs.get(pid) != start)
             for pid in self.alive():
                 for child, start in children.get(pid, ()):
                     if self.procs.get(child) != start:
@@ -150,7 +181,8 @@ class Tree(object):
         return targets
 
 
-def kill_tree(*roots, sig=signal.SIGKILL, timeout=30.0):
+def kill_tree(*roots, sig=signal.SIGKILL, timeout=30.0, environ=None):
     """Send sig to every process below the roots (pids or Popen objects), roots included, in whatever session
-    or process group, and wait until they are gone (Popen roots reaped). The pids signalled."""
-    return Tree(*roots).kill(sig, timeout)
+    or process group (and to those carrying `environ`, as Tree), and wait until they are gone (Popen roots
+    reaped). The pids signalled."""
+    return Tree(*roots, environ=environ).kill(sig, timeout)

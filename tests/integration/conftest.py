@@ -139,6 +139,12 @@ def ansible_env(tmp_path):
     return env
 
 
+def own_environ(tmp_path):
+    """The entry of ansible_env(tmp_path) that every process of such a run inherits and no other test's carries,
+    for processes.Tree's environ: the background stage jobs daemonize, out of reach of the playbook's tree."""
+    return {"ANSIBLE_LOCAL_TEMP": ansible_env(tmp_path)["ANSIBLE_LOCAL_TEMP"]}
+
+
 def run_playbook(workdir, inventory, *args):
     """Run stage-deepseek.yml with the json callback: (exit code, parsed output with elapsed_s)."""
     env = ansible_env(workdir)

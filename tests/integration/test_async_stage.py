@@ -15,7 +15,8 @@ import ansible_runner
 import processes
 
 from ansible.module_utils.dgx_fsutil import is_temp_name, walk_tree
-from conftest import REPO_ROOT, ansible_env, failures, module_command, parse_module_output, run_playbook
+from conftest import (REPO_ROOT, ansible_env, failures, module_command, own_environ, parse_module_output,
+                      run_playbook)
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_stage_playbook import localhost_tasks, mirror_results, play
 from test_verify_and_progress import failed_on_a_corrupt_nas_shard, lane, paced_python, to_copy
@@ -191,7 +192,7 @@ def test_a_job_killed_with_its_async_wrapper_ends_the_wait_with_words_not_at_the
         ps = subprocess.check_output(["ps", "-eww", "-o", "pid=,args="]).decode("utf-8", "replace")
         tree = [int(line.split()[0]) for line in ps.splitlines() if "async_wrapper" in line and jid in line]
         tree.append(int((jobs / leases[0]).read_text().strip()))       # the module's own pid, from its lease
-        kill_at_teardown(*tree)     # the wrapper daemonized: not below the playbook; whatever the job started
+        kill_at_teardown(*tree, environ=own_environ(tmp_path))     # the job, and the run if it outlives the wait
         for pid in tree:
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()

@@ -14,7 +14,7 @@ import sys
 import time
 
 import processes
-from conftest import REPO_ROOT, ansible_env
+from conftest import REPO_ROOT, ansible_env, own_environ
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import staged_rank0_rank1
 from test_verify_and_progress import lane, paced_python
@@ -175,7 +175,8 @@ def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_n
                 break
             time.sleep(0.2)
         assert proc.poll() is None, out_path.read_text()
-        kill_at_teardown(proc)     # ansible-playbook and its workers run in sessions of their own
+        # ansible-playbook and its workers run in sessions of their own, the stage job daemonized.
+        kill_at_teardown(proc, environ=own_environ(tmp_path))
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     finally:

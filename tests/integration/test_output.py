@@ -12,7 +12,7 @@ import sys
 import time
 
 import processes
-from conftest import BIN_DIR, REPO_ROOT, ansible_env
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, own_environ
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_stage_playbook import _corrupt_nas_shard, staged_localhost, write_inventory
 from test_verify_and_progress import paced_python, progress_path, read_progress
@@ -338,7 +338,8 @@ def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_na
                 break
             time.sleep(0.05)
         assert proc.poll() is None, out_path.read_text()
-        kill_at_teardown(proc)     # the workers have their own sessions: a Ctrl-C of the group misses them
+        # The workers have their own sessions and the stage job is daemonized: a Ctrl-C of the group misses them.
+        kill_at_teardown(proc, environ=own_environ(tmp_path))
         os.killpg(proc.pid, signal.SIGINT)        # Ctrl-C: the whole foreground process group
         code = proc.wait(timeout=120)
     finally:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, run_playbook
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, own_environ, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 
 STAGE_TAGS = "preflight,stage,verify"
@@ -339,8 +339,8 @@ def test_a_killed_run_says_running_not_ok(staged_hub, kill_at_teardown):
         time.sleep(3)    # into the stage play
     finally:
         # The crash kills ansible-playbook's process group only, as a kill of the controller does; its worker
-        # has its own session and lives on, stalled: recorded here, it is ended after the assertions.
-        kill_at_teardown(proc)
+        # (its own session) and the stage job (daemonized) live on: recorded here, they end after the assertions.
+        kill_at_teardown(proc, environ=own_environ(tmp_path))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     latest = reports(tmp_path)["dgx1.json"]

@@ -19,7 +19,7 @@ import time
 
 from ansible.module_utils.dgx_hashing import sample_ranges
 import processes
-from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, run_playbook
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, own_environ, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import write_lane
 from test_stage_playbook import _corrupt_nas_shard, mirror_results, play
@@ -281,7 +281,7 @@ def test_progress_file_after_a_sigkill_shows_a_dead_unfinished_run(tmp_path, mak
     try:
         seen = watch(run, path, until=lambda doc: doc["step"] == "copying" and doc["bytes_done"] > 0)
         assert seen and seen[-1][1], "never saw the copy running"
-        kill_at_teardown(run.proc, seen[-1][0]["pid"])   # the module's async wrapper is not below the playbook
+        kill_at_teardown(run.proc, environ=own_environ(tmp_path))   # the module's async wrapper daemonized
         os.kill(seen[-1][0]["pid"], signal.SIGKILL)
     finally:
         code, _out, _err = run.finish(timeout=120)

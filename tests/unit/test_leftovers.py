@@ -35,7 +35,8 @@ PODMAN_PS = (
     "\tUp 3 seconds ago\n"
     "5faabc8d3cfad812dab767b691d9d1f90ca29a79d8d9e8d931860c5cc73b8b25\tdgx-stage-test-lane-podman-bb73fac2-dgx2"
     "\tUp 1 second ago\n")
-DOCKER_PS = "9b1f0c3e2d4a5b6c7d8e9f00112233445566778899aabbccddeeff0011223344\tds41-engine\tExited (137) 2 minutes ago\n"
+DOCKER_PS = ("9b1f0c3e2d4a5b6c7d8e9f00112233445566778899aabbccddeeff0011223344\tds41-engine"
+             "\tExited (137) 2 minutes ago\n")
 
 
 def test_mountinfo_fields_and_escapes():

@@ -122,3 +122,38 @@ def test_a_reaped_popen_is_an_empty_tree():
     done = subprocess.Popen(["true"])
     done.wait()
     assert processes.Tree(done).alive() == [] and processes.kill_tree(done) == []
+
+
+# Starts a daemon as Ansible's async wrapper does (fork, setsid, fork; the middle one exits at once), prints its
+# pid, and exits: the daemon is init's child from its start, and only its environment names it.
+DAEMONIZE = r"""
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+        time.sleep(120)
+    os._exit(0)
+os.wait()
+"""
+
+
+def test_a_daemon_is_found_by_its_environment_and_the_caller_is_spared(tmp_path):
+    mark = {"DGX_STAGE_TEST_TREE": str(tmp_path)}
+    starter = subprocess.Popen([sys.executable, "-c", DAEMONIZE], env=dict(os.environ, **mark), stdout=subprocess.PIPE)
+    daemon = 0
+    try:
+        daemon = int(starter.stdout.readline())
+        starter.wait(timeout=30)
+        assert processes.running(daemon) and daemon not in processes.Tree(starter.pid)
+        # The caller carries the same entry (a test's own environment may): it kills the daemon, not itself.
+        code = ("import sys; sys.path.insert(0, %r); import processes\n"
+                "print(processes.kill_tree(environ={'DGX_STAGE_TEST_TREE': %r}))\n"
+                % (os.path.dirname(processes.__file__), str(tmp_path)))
+        out = subprocess.check_output([sys.executable, "-c", code], env=dict(os.environ, **mark), timeout=60)
+        assert out.decode().strip() == "[%d]" % daemon
+        assert not processes.running(daemon)
+    finally:
+        starter.stdout.close()
+        if daemon and processes.running(daemon):
+            os.kill(daemon, signal.SIGKILL)

@@ -108,7 +108,7 @@ class Tree(object):
                     continue
                 root = root.pid
             stat = _stat(root)
-            if stat is not None:
+            if stat is not None and root not in self.spared:
                 self.procs[root] = stat[2]
         self.refresh()
 
@@ -128,7 +128,7 @@ class Tree(object):
                        if pid not in self.spared and self.procs.get(pid) != start)
             for pid in self.alive():
                 for child, start in children.get(pid, ()):
-                    if self.procs.get(child) != start:
+                    if child not in self.spared and self.procs.get(child) != start:
                         new[child] = start
             if not new:
                 return

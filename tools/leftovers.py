@@ -213,8 +213,8 @@ def describe(procs, mounts, containers, marker):
     lines = ["leftovers: %d thing(s) the test run %s started are still there:" % (total, marker)]
     for proc in procs:
         age = "" if proc["age_s"] is None else ", %d s old" % proc["age_s"]
-        lines.append("  process %d (parent %d, session %d, group %d, state %s%s): %s"
-                     % (proc["pid"], proc["ppid"], proc["sid"], proc["pgid"], proc["state"], age, proc["cmdline"][:400]))
+        lines.append("  process %d (parent %d, session %d, group %d, state %s%s): %s" % (
+            proc["pid"], proc["ppid"], proc["sid"], proc["pgid"], proc["state"], age, proc["cmdline"][:400]))
         if proc["comm"] == "dockerd":
             lines.append("    a Docker daemon the tests started and did not stop (scripts/docker-daemon.sh stop "
                          "stops the one it started)")

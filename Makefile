@@ -51,7 +51,7 @@ if [[ $$rc -eq 5 ]]; then echo "no tests collected in $(1)"; rc=0; fi; \
 exit $$rc
 endef
 
-.PHONY: help setup system-packages demo demo-4x test lint unit integration molecule bench image clean \
+.PHONY: help setup system-packages demo demo-4x test check lint unit integration molecule bench image clean \
 	leftovers-snapshot leftovers-check
 
 help: ## list the targets
@@ -104,15 +104,24 @@ lint: setup ## yamllint + ansible-lint (production profile, offline)
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint
 
+# Test processes side by side: unit tests spread one by one over two workers; integration files (each an
+# xdist group: tests/integration/conftest.py) over INTEGRATION_WORKERS, more than the two cores since much of
+# a playbook run waits (polls, engine start-up, paced copies).
+UNIT_WORKERS ?= 2
+INTEGRATION_WORKERS ?= 3
+
 unit: setup ## unit tests (tests/unit)
-	@$(call pytest,tests/unit)
+	@$(call pytest,-n $(UNIT_WORKERS) tests/unit)
+
+check: setup ## the fast loop, before every commit: lint and unit tests (about a minute)
+	@$(MAKE) --no-print-directory lint unit
 
 # A Docker engine for the docker-runtime tests: scripts/docker-daemon.sh starts dockerd when none answers
 # (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.
 DOCKER_RUN := scripts/docker-daemon.sh run --
 
 integration: setup system-packages ## integration tests (tests/integration; a Docker daemon for the run; the 15 slowest listed)
-	@$(DOCKER_RUN) bash -c '$(call pytest,--durations=15 tests/integration)'
+	@$(DOCKER_RUN) bash -c '$(call pytest,-n $(INTEGRATION_WORKERS) --dist loadgroup --durations=15 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
 molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine, sglang_4x (a Docker daemon for the run)

@@ -25,6 +25,27 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running crash test (still part of `make test`)")
 
 
+# Files whose tests run engine containers under the same inventory host names share a group, so they never
+# run at once: the lane plan takes any running engine labelled as this host's rank (whatever the runtime) for
+# a stray, so two such files side by side would fail each other.
+SHARED_ENGINE_HOSTS = {
+    "test_engine_lane.py": "engine-dgx1-dgx4",
+    "test_engine_ready.py": "engine-dgx1-dgx4",
+    "test_engine_one_rank.py": "engine-localhost",
+    "test_engine_mount_names.py": "engine-localhost",
+    "test_receipts_in_use.py": "engine-localhost",
+}
+
+
+@pytest.hookimpl(tryfirst=True)    # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Each test file is one xdist group (make integration runs --dist loadgroup): a file's tests run in
+    order on one worker and share its module fixtures, while other files run beside it."""
+    for item in items:
+        name = os.path.basename(str(item.fspath))
+        item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_HOSTS.get(name, name)))
+
+
 @pytest.fixture
 def make_nas_hub(tmp_path):
     """Factory: make_nas_hub(shard_size=..., n_shards=..., seed=...) -> nashub.NasHub, read-only, checked at

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import threading
+import traceback
 import time
 
 import pytest
@@ -467,7 +468,25 @@ def test_meter_counts_every_byte_from_many_workers(tmp_path):
 
 def test_signals_held_delays_a_signal_until_the_block_ends_and_threads_started_inside_never_take_it():
     """run_workers starts its threads inside signals_held: a Ctrl-C or SIGTERM then cannot land between a
-    thread's start and its listing (which left a worker unwaited-for and its temp file behind)."""
+    thread's start and its listing (which left a worker unwaited-for and its temp file behind).
+
+    Runs in a forked child, which has this thread only: a test runner's own threads (pytest-xdist's) do not
+    block the signal, and the kernel would hand it to one of them during the block."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _signals_held_in_this_process()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the forked check failed (its traceback is above)"
+
+
+def _signals_held_in_this_process():
     seen = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: seen.append(signum))
     try:

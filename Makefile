@@ -120,8 +120,10 @@ check: setup ## the fast loop, before every commit: lint and unit tests (about a
 # (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.
 DOCKER_RUN := scripts/docker-daemon.sh run --
 
-integration: setup system-packages ## integration tests (tests/integration; a Docker daemon for the run; the 15 slowest listed)
-	@$(DOCKER_RUN) bash -c '$(call pytest,-n $(INTEGRATION_WORKERS) --dist loadgroup --durations=15 tests/integration)'
+# The engine double image is built (or found up to date by the hash of its inputs) once, before the workers start.
+integration: setup system-packages image ## integration tests (tests/integration; a Docker daemon for the run; the 15 slowest listed)
+	@$(DOCKER_RUN) bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
+	$(call pytest,-n $(INTEGRATION_WORKERS) --dist loadgroup --durations=15 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
 molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine, sglang_4x (a Docker daemon for the run)

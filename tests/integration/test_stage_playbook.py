@@ -148,13 +148,14 @@ def test_preflight_refuses_space_for_all_repos_together(tmp_path, nas_hub, small
     assert not (local_hub / "models--coolbho3k--DeepSeek-V4.1-Flash-EXL3-3bpw").exists()
 
 
+# One refusal of hf_hub_mirror's own stops the play with nothing written; each of its refusals (missing NAS
+# root, unknown repo or revision, patterns selecting nothing...) is tests/unit/test_mirror.py's
+# test_refusals_name_the_problem_and_write_nothing, in check mode as preflight runs it. The lane's is the
+# lane-selection play's.
 @pytest.mark.parametrize("bad", [
     {"hub_nas_root": "/nonexistent/nas/hub"},
-    {"stage_repos": [{"repo_id": "nobody/missing"}]},
-    {"stage_repos": [{"repo_id": MAIN_REPO, "revision": "no-such-branch"}]},
-    {"stage_repos": [{"repo_id": MAIN_REPO, "allow_patterns": ["*.gguf"]}]},
     {"lane": "no_such_lane"},
-])
+], ids=["mirror-refusal", "unknown-lane"])
 def test_bad_input_fails_in_preflight_with_nothing_written(tmp_path, nas_hub, local_hub, bad):
     inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub), **bad)
     before = tree_snapshot(local_hub)

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
 
-from conftest import failures, run_playbook
+from conftest import run_playbook
 from treestate import snapshot_diff, tree_snapshot
 from hubgen import DRAFTER_REPO, MAIN_REPO
 
@@ -205,30 +205,6 @@ def test_wrong_shard_is_caught_by_verify_before_serve_even_without_content_check
     assert failed and "Duplicate mapped checkpoint key" in failed[0]["msg"], checks
     later = ("Receipt |", "Manifest |", "Main |", "Status |", "Container |", "Smoke |")
     assert not any(name.startswith(later) for name in tasks), sorted(tasks)
-
-
-def test_rank_patterns_give_each_rank_of_the_lane_its_own_shards(tmp_path, nas_hub):
-    """The 4x lane's sparse copies: allow_patterns are common to all ranks, rank_patterns[rank]
-    adds the files of that rank only. Two local-connection hosts stand for two ranks."""
-    repo = nas_hub["repos"][MAIN_REPO]
-    shards = sorted(repo["shards"])
-    hosts = {}
-    for rank, name in enumerate(["rank0", "rank1"]):
-        hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                       "hub_local_root": str(tmp_path / name / "hub")}
-    inventory = {"all": {"children": {"sglang_4x": {"hosts": hosts}}, "vars": {
-        "lane": "sglang_4x", "hub_nas_root": nas_hub["hub"], "stage_report_dir": str(tmp_path / "reports"),
-        "stage_repos": [{"repo_id": MAIN_REPO, "allow_patterns": ["*.json"],
-                         "rank_patterns": {0: [shards[0], shards[1]], 1: [shards[2]]}}]}}}
-    path = tmp_path / "inventory.json"
-    path.write_text(json.dumps(inventory))
-    code, data = run_playbook(tmp_path, str(path), "--tags", STAGE_TAGS)
-    assert code == 0, failures(data)
-    for name, wanted in (("rank0", shards[:2]), ("rank1", shards[2:3])):
-        snapshot = tmp_path / name / "hub" / repo["folder"] / "snapshots" / repo["commit"]
-        staged = sorted(p.name for p in snapshot.iterdir() if p.name.endswith(".safetensors"))
-        assert staged == wanted, (name, staged)
-        assert (snapshot / "config.json").is_file()
 
 
 def _corrupt_nas_shard(nas_hub, shard):

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 
-from conftest import BIN_DIR, REPO_ROOT, ansible_env
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
+from test_reports import write_lane
 from test_stage_playbook import _corrupt_nas_shard, staged_localhost, write_inventory
-from test_verify_and_progress import paced_python, progress_path, read_progress
+from test_verify_and_progress import paced_python, progress_path, read_progress, to_copy
 
 MAX_LINES = 100
 STAGE_TAGS = "preflight,stage,verify"
@@ -127,46 +128,108 @@ def test_a_failing_host_is_named_with_its_task_and_the_next_step(tmp_path, nas_h
     assert "ansible-playbook -i %s " % inventory in step and "--limit localhost" in step and "--tags stage" in step
 
 
-def test_check_mode_on_a_fresh_node_says_what_it_would_copy_and_prints_the_plan_once(tmp_path, nas_hub, local_hub):
-    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub))
-    code, plan = run_text(tmp_path, inventory, "--tags", STAGE_TAGS, "--check", "--diff")
-    assert code == 0, "\n".join(plan)
-    title, rows, total, _after = summary_table(plan)
-    assert title.endswith("CHECK MODE (nothing was written)")
-    assert {r["STATUS"] for r in rows} == {"check"} and {r["MiB/s"] for r in rows} == {"-"}
-    would = re.search(r"would copy (\d+) files, ([\d.]+) GiB \([\d.]+ [KMG]iB\)$", total)
-    assert would, total
-    for etag in [f["etag"] for f in nas_hub["repos"][MAIN_REPO]["files"].values() if f.get("etag")]:
-        assert sum(etag in line for line in plan) <= 1, etag    # the per-file plan once, not per pass
-
-    code, real = run_text(tmp_path, inventory, "--tags", STAGE_TAGS)
-    assert code == 0, "\n".join(real)
-    _title, _rows, total, _after = summary_table(real)
-    assert "copied %s files, " % would.group(1) in total
+STAGE_PASS = "Mirror | Each repo from the NAS hub to the local hub, pass stage"
+MANIFEST_TAGS = ("--tags", "preflight,stage,verify,manifest")
 
 
-def test_a_three_host_local_lane_gives_one_table_with_a_row_per_host(tmp_path, nas_hub):
-    hosts = ["node%d" % i for i in range(3)]
-    inventory = {"all": {"children": {"exl3_2x": {"hosts": dict(
-        (name, {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                "hub_local_root": str(tmp_path / name / "hub")}) for name in hosts)}},
-        "vars": {"lane": "exl3_2x", "hub_nas_root": nas_hub["hub"], "stage_repos": [{"repo_id": DRAFTER_REPO}],
-                 "stage_report_dir": str(tmp_path / "reports"), "engine_enabled": False}}}
-    path = tmp_path / "inventory.json"
-    path.write_text(json.dumps(inventory))
-    code, lines = run_text(tmp_path, path, "--tags", STAGE_TAGS)
-    assert code == 0, "\n".join(lines)
-    title, rows, total, after = summary_table(lines)
-    assert title.startswith("DGX-STAGE LANE SUMMARY: lane exl3_2x, 3 hosts")
-    assert [(r["HOST"], r["RANK"], r["REPO"], r["STATUS"]) for r in rows] == [
-        (name, str(rank), DRAFTER_REPO, "ok") for rank, name in enumerate(hosts)]
-    copied = [int(r["COPIED"]) for r in rows]
-    assert copied[0] > 0 and len(set(copied)) == 1
-    assert "3/3 hosts ok; copied %d files" % sum(copied) in total and after == [""]
-    # Every result line that is printed names its host: nothing to untangle between the hosts.
+def computed_manifests(data):
+    """{host: the manifest the manifest play computed} of a json-callback run."""
+    return dict((host, result["manifest"]) for each in data["plays"] for task in each["tasks"]
+                if task["task"]["name"].split(" : ", 1)[-1].startswith("Manifest | Compute the mounts")
+                for host, result in task["hosts"].items())
+
+
+def printed_result_lines_name_their_host(lines):
+    """Every result line printed names its host: nothing to untangle between the hosts of a lane."""
     for line in lines:
         if line.startswith(("changed:", "ok:", "failed:", "fatal:")):
             assert re.match(r"\w+: \[node\d\]", line), line
+
+
+def test_check_mode_on_a_fresh_lane_plans_once_per_host_writes_nothing_and_predicts_the_real_run(tmp_path, nas_hub):
+    """Two hosts whose hub roots do not exist yet. --check --diff plans every copy and the manifest, the plan
+    printed once per host (by the stage pass: preflight plans but reports no change), and creates nothing; the
+    table says what would be copied. The real run copies that and writes the manifests --check predicted (files
+    still to copy count as local, planned); --check on the staged lane then predicts no change."""
+    hosts = ["node0", "node1"]
+    inventory = write_lane(tmp_path, nas_hub["hub"], hosts)
+    main_files, _main_bytes = to_copy(nas_hub)
+
+    # The plan, as the plays return it (json callback).
+    code, data = run_playbook(tmp_path, inventory, "--check", "--diff", *MANIFEST_TAGS)
+    assert code == 0, failures(data)
+    diffs, staged = {}, {}
+    for each in data["plays"]:
+        for task in each["tasks"]:
+            name = task["task"]["name"].split(" : ", 1)[-1]
+            for host, result in task["hosts"].items():
+                for row in result.get("results", []):
+                    if name.startswith("Mirror | Each repo") and name.endswith("pass preflight"):
+                        assert row["changed"] is False and row["blobs"]["copied"] > 0     # planned, not done
+                    if name == STAGE_PASS:
+                        staged.setdefault(host, {})[row["item"]["repo_id"]] = row
+                    if row.get("diff"):
+                        diffs.setdefault(host, []).append((name, row["item"]["repo_id"], row["diff"]))
+    assert sorted(diffs) == sorted(staged) == hosts
+    for host in hosts:
+        assert not data["stats"][host].get("failures"), data["stats"]
+        assert staged[host][MAIN_REPO]["changed"] and staged[host][MAIN_REPO]["blobs"]["copied"] > 0
+        assert [(n, r) for n, r, _d in diffs[host]] == [(STAGE_PASS, MAIN_REPO), (STAGE_PASS, DRAFTER_REPO)]
+        headline = diffs[host][0][2]["prepared"].splitlines()[0]
+        assert re.match(r"^would copy %d files, \d+\.\d (KiB|MiB|GiB);" % main_files, headline), headline
+    predicted = computed_manifests(data)
+    for host in hosts:
+        local_targets = sorted(m["target"] for m in predicted[host]["mounts"] if m["origin"] == "local")
+        assert local_targets and sorted(predicted[host].pop("planned")) == local_targets, host
+        assert not (tmp_path / host).exists(), host         # no hub root, no manifest: --check wrote nothing
+
+    # The plan as an operator reads it: the table, and each copy line once per host (without the manifest play,
+    # whose own diff names the blobs again as the sources of its mounts).
+    code, plan = run_text(tmp_path, inventory, "--check", "--diff", "--tags", STAGE_TAGS)
+    assert code == 0, "\n".join(plan)
+    title, rows, total, _after = summary_table(plan)
+    assert title.startswith("DGX-STAGE LANE SUMMARY: lane exl3_2x, 2 hosts")
+    assert title.endswith("CHECK MODE (nothing was written)")
+    assert [(r["HOST"], r["RANK"], r["REPO"]) for r in rows] == [
+        (host, str(rank), repo) for rank, host in enumerate(hosts) for repo in (MAIN_REPO, DRAFTER_REPO)]
+    assert {r["STATUS"] for r in rows} == {"check"} and {r["MiB/s"] for r in rows} == {"-"}
+    would = re.search(r"would copy (\d+) files, ([\d.]+) GiB \([\d.]+ [KMG]iB\)$", total)
+    assert would, total
+    text = "\n".join(plan)
+    for host in hosts:
+        blob_dir = os.path.join(str(tmp_path / host / "hub"), nas_hub["repos"][MAIN_REPO]["folder"], "blobs")
+        copies = re.findall(r"^\+ copy %s/(\w+) " % re.escape(blob_dir), text, re.M)
+        assert copies and sorted(copies) == sorted(set(copies)), copies            # one line per blob, once
+    for etag in [f["etag"] for f in nas_hub["repos"][MAIN_REPO]["files"].values() if f.get("etag")]:
+        shown = [line for line in plan if etag in line]                          # the per-file plan once per host
+        assert len(shown) <= len(hosts), shown
+        for host in hosts:
+            assert sum(str(tmp_path / host / "hub") in line for line in shown) <= 1, shown
+    assert len(re.findall(r"^would copy \d+ files", text, re.M)) == 2 * len(hosts)    # a headline per repo
+    printed_result_lines_name_their_host(plan)
+    assert not any((tmp_path / host).exists() for host in hosts)
+
+    # The real run: what the plan said, one table with a row per host, and the predicted manifests.
+    code, lines = run_text(tmp_path, inventory, *MANIFEST_TAGS)
+    assert code == 0, "\n".join(lines)
+    title, rows, total, after = summary_table(lines)
+    assert title.startswith("DGX-STAGE LANE SUMMARY: lane exl3_2x, 2 hosts, run ")
+    assert [(r["HOST"], r["RANK"], r["REPO"], r["STATUS"]) for r in rows] == [
+        (host, str(rank), repo, "ok") for rank, host in enumerate(hosts) for repo in (MAIN_REPO, DRAFTER_REPO)]
+    for repo in (MAIN_REPO, DRAFTER_REPO):
+        copied = [int(r["COPIED"]) for r in rows if r["REPO"] == repo]
+        assert copied[0] > 0 and len(set(copied)) == 1, rows
+    assert "2/2 hosts ok; copied %s files, " % would.group(1) in total and after == [""], (total, after)
+    printed_result_lines_name_their_host(lines)
+    for host in hosts:
+        with open(str(tmp_path / host / "engine-mounts.json")) as handle:
+            assert json.load(handle) == predicted[host], host
+
+    # Staged: --check predicts no change (no planned mount in what the file would hold).
+    code, data = run_playbook(tmp_path, inventory, "--check", *MANIFEST_TAGS)
+    assert code == 0, failures(data)
+    assert all(manifest.pop("planned") == [] for manifest in computed_manifests(data).values())
+    assert all(data["stats"][host]["changed"] == 0 for host in hosts), data["stats"]
 
 
 WARNING_MODULE = '''from ansible.module_utils.basic import AnsibleModule

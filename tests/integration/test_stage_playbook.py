@@ -89,17 +89,6 @@ def test_stage_verify_then_idempotent_and_loadable_offline(staged_hub):
     assert scan_cache_dir(str(local_hub)).warnings == []
 
 
-def test_check_mode_on_a_fresh_node_changes_nothing(tmp_path, nas_hub, local_hub):
-    """The local root does not exist yet: --check still plans every copy and creates nothing."""
-    inventory = write_inventory(tmp_path, nas_hub["hub"], str(local_hub / "not-yet" / "hub"))
-    before = tree_snapshot(local_hub)
-    code, tasks, stats = play(tmp_path, inventory, "--check")
-    assert code == 0, tasks
-    would = {r["item"]["repo_id"]: r for r in mirror_results(tasks, "stage")}
-    assert would[MAIN_REPO]["changed"] and would[MAIN_REPO]["blobs"]["copied"] > 0
-    assert snapshot_diff(before, tree_snapshot(local_hub)) == []
-
-
 # One refusal of hf_hub_mirror's own stops the play with nothing written; each of its refusals (missing NAS
 # root, unknown repo or revision, patterns selecting nothing...) is tests/unit/test_mirror.py's
 # test_refusals_name_the_problem_and_write_nothing, in check mode as preflight runs it. The lane's is the

@@ -1,9 +1,9 @@
-"""Issue 10 through ansible-playbook: the verify pass says what it proved (and copies nothing new), each
-pass says what it read, the progress file can be watched (during a copy, after it, after a failure and
-after a SIGKILL, a verify pass keeping the stage figures), and `--check --diff` prints the plan once
-per host.
+"""The verify pass and the progress file through ansible-playbook: the verify pass says what it proved (and
+copies nothing new), each pass says what it read, and the progress file can be watched (during a copy, after
+it, after a failure and after a SIGKILL, a verify pass keeping the stage figures). `--check --diff` on a fresh
+lane is tests/integration/test_output.py's.
 
-Runs on localhost (one or two local-connection hosts) with a throwaway inventory in the style of
+Runs on localhost (one local-connection host) with a throwaway inventory in the style of
 test_stage_playbook.py. The tests that watch a copy give the module a NAS that reads at a known pace:
 its Python starts with a sitecustomize that sleeps before each chunk read (os.readv), so a few hundred
 MiB take seconds, whatever the page cache holds.
@@ -338,42 +338,3 @@ def test_verify_after_stage_keeps_the_stage_figures_and_hashes_in_the_open(tmp_p
     assert (idle["pass"], idle["finished"], idle["files_total"], idle["bytes_total"]) == ("stage", True, 0, 0)
     assert idle["passes"]["verify"] == later["passes"]["verify"]
 
-
-# ------------------------------------------------------------------------------------------------
-# check mode reads like a plan, printed once per host
-# ------------------------------------------------------------------------------------------------
-
-def test_check_diff_prints_the_plan_once_per_host_and_preflight_reports_no_change(tmp_path, nas_hub):
-    inventory, hosts = lane(tmp_path, nas_hub, ("node0", "node1"))
-    code, data = run_playbook(tmp_path, inventory, "--check", "--diff", "--tags", "preflight,stage,verify")
-    assert code == 0, failures(data)
-    diffs = {}
-    for each in data["plays"]:
-        for task in each["tasks"]:
-            name = task["task"]["name"].split(" : ", 1)[-1]
-            for host, result in task["hosts"].items():
-                for row in result.get("results", []):
-                    if name.startswith("Mirror | Each repo") and name.endswith("pass preflight"):
-                        assert row["changed"] is False and row["blobs"]["copied"] > 0     # planned, not done
-                    if row.get("diff"):
-                        diffs.setdefault(host, []).append((name, row["item"]["repo_id"], row["diff"]))
-    assert sorted(diffs) == sorted(hosts)
-    for host, shown in diffs.items():
-        assert [(n, r) for n, r, _d in shown] == [
-            ("Mirror | Each repo from the NAS hub to the local hub, pass stage", MAIN_REPO),
-            ("Mirror | Each repo from the NAS hub to the local hub, pass stage", DRAFTER_REPO)]
-        files, _nbytes = to_copy(nas_hub)
-        headline = shown[0][2]["prepared"].splitlines()[0]
-        assert re.match(r"^would copy %d files, \d+\.\d (KiB|MiB|GiB);" % files, headline), headline
-    assert not data["stats"]["node0"].get("failures")
-
-    # The default callback, as an operator sees it: each copy line once per host.
-    code, text, err = Playbook(tmp_path, inventory, "--check", "--diff", "--tags", "preflight,stage,verify",
-                               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default").finish()
-    assert code == 0, (text[-3000:], err[-2000:])
-    for host, local in hosts.items():
-        blob_dir = os.path.join(str(local), nas_hub["repos"][MAIN_REPO]["folder"], "blobs")
-        copies = re.findall(r"^\+ copy %s/(\w+) " % re.escape(blob_dir), text, re.M)
-        assert copies and sorted(copies) == sorted(set(copies)), copies            # one line per blob, once
-    assert len(re.findall(r"^would copy \d+ files", text, re.M)) == 2 * len(hosts)    # a headline per repo
-    assert not os.path.exists(str(tmp_path / "node0"))                         # --check wrote nothing

@@ -30,8 +30,7 @@ from treestate import snapshot_diff, tree_snapshot  # noqa: E402
 MIB = 1024 * 1024
 
 #: name -> hubgen parameters. The scenarios' local disk (a tmpfs capped at 44 MiB in molecule/base.yml)
-#: holds all of "small" (6 MiB); of "large" (48 MiB of shards) it holds three shards plus room to
-#: repair two of them (the copies go to temp files first), but not all six.
+#: holds all of "small" (6 MiB); of "large" (48 MiB of shards) it holds three shards, but not all six.
 HUBS = {
     "small": {"shard_size": 1 * MIB, "n_shards": 6, "seed": 0},
     "large": {"shard_size": 8 * MIB, "n_shards": 6, "seed": 1},

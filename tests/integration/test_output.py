@@ -16,6 +16,7 @@ from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import write_lane
 from test_stage_playbook import _corrupt_nas_shard, staged_localhost, write_inventory
 from test_verify_and_progress import paced_python, progress_path, read_progress, to_copy
+from treestate import sha256_file
 
 MAX_LINES = 100
 STAGE_TAGS = "preflight,stage,verify"
@@ -278,25 +279,56 @@ def test_verify_on_an_empty_root_counts_nothing_and_asks_for_the_stage_play(tmp_
     assert after[1].endswith("--limit localhost  (or only those plays: --tags stage,verify)"), after[1]
 
 
-def test_full_verify_after_a_flip_shows_the_repair(staged_hub):
-    """Staged, then a byte flipped mid-shard on the node: --tags preflight,verify -e stage_verify=full
-    repairs it, and the table and the totals say so (the preflight plan is not the figures)."""
+def test_swapped_and_flipped_shards_are_repaired_by_verify_and_the_table_and_report_say_so(staged_hub):
+    """Staged, then on the node two same-size shards swapped (what a size-based dedup did: the stage pass,
+    which reads no content, takes them as they are) and a byte flipped mid-shard in a third. With -e
+    stage_verify=full the verify play repairs the three, warns once for each, and the table, the totals and
+    the host report say so. Which verify mode catches which corruption is tests/unit/test_mirror.py's."""
     lane = staged_hub("localhost", staged_localhost)  # staged by a good run
     tmp_path, nas_hub, inventory, local_hub = lane["dir"], lane["nas"], lane["inventory"], lane["dir"] / "local"
     repo = nas_hub["repos"][MAIN_REPO]
-    shard = repo["shards"][1]
-    blob = local_hub / repo["folder"] / "blobs" / repo["files"][shard]["etag"]
-    data = bytearray(blob.read_bytes())
+    path_a, path_b = repo["same_size_pairs"][0]
+    flip = next(p for p in repo["shards"] if p not in (path_a, path_b))
+    blobs = local_hub / repo["folder"] / "blobs"
+    blob_a, blob_b, blob_flip = (blobs / repo["files"][p]["etag"] for p in (path_a, path_b, flip))
+    data_a, data_b = blob_a.read_bytes(), blob_b.read_bytes()
+    blob_a.write_bytes(data_b)
+    blob_b.write_bytes(data_a)
+    data = bytearray(blob_flip.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    blob.write_bytes(bytes(data))
+    blob_flip.write_bytes(bytes(data))
+    flipped = sha256_file(str(blob_flip))
 
-    code, lines = run_text(tmp_path, inventory, "--tags", "preflight,verify", "-e", "stage_verify=full")
+    code, lines = run_text(tmp_path, inventory, "--tags", STAGE_TAGS, "-e", "stage_verify=full")
     assert code == 0, "\n".join(lines)
     _title, rows, total, _after = summary_table(lines)
-    main = next(r for r in rows if r["REPO"] == MAIN_REPO)
-    assert (main["COPIED"], main["REPAIRED"], main["VERIFY"], main["STATUS"]) == ("0", "1", "full", "ok"), main
+    row = dict((r["REPO"], r) for r in rows)
+    main = row[MAIN_REPO]
+    assert (main["COPIED"], main["REPAIRED"], main["VERIFY"], main["STATUS"]) == ("0", "3", "full", "ok"), main
     assert int(main["REUSED"]) > 0
-    assert re.search(r"; 1/1 hosts ok; copied 0 files, 0 B; repaired 1 \(64\.0 KiB\)", total), total
+    assert (row[DRAFTER_REPO]["COPIED"], row[DRAFTER_REPO]["REPAIRED"]) == ("0", "0"), rows
+    sizes = [repo["files"][p]["size"] for p in (path_a, path_b, flip)]
+    assert sizes == [64 * 1024] * 3
+    assert re.search(r"; 1/1 hosts ok; copied 0 files, 0 B; repaired 3 \(192\.0 KiB\)", total), total
+    # Each repair is said once, in a warning naming the path; the flip's names the blob and what it hashed to.
+    said = re.sub(r"\s+", " ", "\n".join(lines))
+    for path in (path_a, path_b, flip):
+        assert said.count("repaired %s " % path) == 1, said
+    assert re.search(r"repaired %s \(blobs/%s\) of %s: [^;]*; the local bytes hashed to %s;"
+                     % (re.escape(flip), repo["files"][flip]["etag"], re.escape(MAIN_REPO), flipped), said), said
+
+    report = json.loads((tmp_path / "reports" / "localhost.json").read_text())
+    assert [r["blobs"]["copied"] for r in report["passes"]["stage"]] == [0, 0]    # size looks fine to stage
+    verified = dict((r["repo_id"], r) for r in report["passes"]["verify"])[MAIN_REPO]
+    assert verified["blobs"]["repaired"] == 3 and verified["verify"] == "full", verified
+    assert sorted(verified["repaired_paths"]) == sorted([path_a, path_b, flip])
+    assert [r for r in verified["repairs"] if r["path"] == flip] == [{
+        "path": flip, "paths": [flip], "blob": repo["files"][flip]["etag"], "reason": "content",
+        "local_hash": flipped, "size": 64 * 1024}]
+    _files, nbytes = to_copy(nas_hub)
+    assert verified["bytes_read"] == {"local": nbytes, "nas": sum(sizes)}   # every local byte hashed; repairs copied
+    assert blob_a.read_bytes() == data_a and blob_b.read_bytes() == data_b
+    assert sha256_file(str(blob_flip)) == repo["files"][flip]["etag"]
 
 
 def test_a_repo_whose_stage_call_failed_without_a_result_is_failed_and_counts_nothing(tmp_path, nas_hub,

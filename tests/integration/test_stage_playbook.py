@@ -106,25 +106,6 @@ def test_bad_input_fails_in_preflight_with_nothing_written(tmp_path, nas_hub, lo
     assert snapshot_diff(before, tree_snapshot(local_hub)) == []
 
 
-def test_verify_repairs_swapped_same_size_shards(staged_hub):
-    lane = staged_hub("localhost", staged_localhost)  # staged by a good run
-    tmp_path, nas_hub, inventory, local_hub = lane["dir"], lane["nas"], lane["inventory"], lane["dir"] / "local"
-    repo = nas_hub["repos"][MAIN_REPO]
-    path_a, path_b = repo["same_size_pairs"][0]
-    blobs = local_hub / repo["folder"] / "blobs"
-    blob_a, blob_b = blobs / repo["files"][path_a]["etag"], blobs / repo["files"][path_b]["etag"]
-    data_a, data_b = blob_a.read_bytes(), blob_b.read_bytes()
-    blob_a.write_bytes(data_b)
-    blob_b.write_bytes(data_a)
-    code, tasks, stats = play(tmp_path, inventory)
-    assert code == 0, tasks
-    assert [r["blobs"]["copied"] for r in mirror_results(tasks, "stage")] == [0, 0]   # size looks fine to stage
-    verified = {r["item"]["repo_id"]: r for r in mirror_results(tasks, "verify")}
-    assert verified[MAIN_REPO]["blobs"]["repaired"] == 2
-    assert sorted(verified[MAIN_REPO]["repaired_paths"]) == sorted([path_a, path_b])
-    assert blob_a.read_bytes() == data_a and blob_b.read_bytes() == data_b
-
-
 def test_wrong_shard_is_caught_by_verify_before_serve_even_without_content_checks(staged_hub):
     """Crash layer 1 of the log: a weight blob bound to the wrong same-size shard. With content
     checks off (stage_verify none) the header check is the last line: it fails the verify play,

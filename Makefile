@@ -126,7 +126,7 @@ integration: setup system-packages image ## integration tests (tests/integration
 	$(call pytest,-n $(INTEGRATION_WORKERS) --dist loadgroup --durations=15 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
-molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine, sglang_4x (a Docker daemon for the run)
+molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine (a Docker daemon for the run)
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
 	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \

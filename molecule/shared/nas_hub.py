@@ -6,7 +6,6 @@ absolute store links tie a hub to the path it was generated at). ``ROOT`` holds 
 
     ROOT/small/hub   fits every host's local disk (dgx_2x)
     ROOT/large/hub   the full checkpoint does not fit the local disk; half of its shards do (faults)
-    ROOT/engram/hub  hubgen's engram layout for a lane of four ranks: shared files and per-rank tables (sglang_4x)
     ROOT/hubs.json   how they were built and their fingerprints at build time
 
 Commands:
@@ -31,15 +30,10 @@ from treestate import snapshot_diff, tree_snapshot  # noqa: E402
 MIB = 1024 * 1024
 
 #: name -> hubgen parameters. The scenarios' local disk (a tmpfs capped at 44 MiB in molecule/base.yml)
-#: holds all of "small" (6 MiB); of "large" (48 MiB of shards) it holds three shards plus room to
-#: repair two of them (the copies go to temp files first), but not all six.
+#: holds all of "small" (6 MiB); of "large" (48 MiB of shards) it holds three shards, but not all six.
 HUBS = {
     "small": {"shard_size": 1 * MIB, "n_shards": 6, "seed": 0},
     "large": {"shard_size": 8 * MIB, "n_shards": 6, "seed": 1},
-}
-#: name -> hubgen.build_engram_hub parameters (the sglang_4x scenario: a few MiB in all).
-ENGRAM_HUBS = {
-    "engram": {"world_size": 4, "table_size": 256 * 1024, "dense_size": 1 * MIB},
 }
 STAMP = "hubs.json"
 
@@ -74,9 +68,7 @@ def build(root):
     os.makedirs(root, exist_ok=True)
     stamp_path = os.path.join(root, STAMP)
     stamp = _load(stamp_path) if os.path.isfile(stamp_path) else {}
-    builders = [(name, params, hubgen.build_nas_hub) for name, params in sorted(HUBS.items())]
-    builders += [(name, params, hubgen.build_engram_hub) for name, params in sorted(ENGRAM_HUBS.items())]
-    for name, params, builder in builders:
+    for name, params in sorted(HUBS.items()):
         parent = os.path.join(root, name)
         have = stamp.get(name)
         if have and have.get("params") == params and os.path.isdir(os.path.join(parent, "hub")):
@@ -87,13 +79,9 @@ def build(root):
             print("nas_hub: %s/hub changed since it was built, rebuilding: %s" % (parent, "; ".join(diff[:3])))
         if os.path.lexists(parent):
             shutil.rmtree(parent)
-        desc = builder(parent, **params)
+        desc = hubgen.build_nas_hub(parent, **params)
         stamp[name] = {"params": params, "fingerprint": fingerprint(parent)}
         _dump(stamp, stamp_path)
-        if builder is hubgen.build_engram_hub:
-            print("nas_hub: built %s (engram layout, %d ranks) in %.1f s"
-                  % (desc["hub"], params["world_size"], desc["duration_s"]))
-            continue
         print("nas_hub: built %s (%d x %d MiB shards) in %.1f s"
               % (desc["hub"], params["n_shards"], params["shard_size"] // MIB, desc["duration_s"]))
     return 0

@@ -12,7 +12,6 @@ import threading
 import time
 
 import ansible_runner
-import processes
 
 from ansible.module_utils.dgx_fsutil import is_temp_name, walk_tree
 from conftest import (REPO_ROOT, ansible_env, failures, module_command, own_environ, parse_module_output,

@@ -19,13 +19,10 @@ import sys
 import pytest
 
 import hubgen
-from conftest import REPO_ROOT, failures, run_playbook
+from conftest import failures, run_playbook
+from lanecheck import most_at_once
 from nashub import NasHub
 from treestate import sha256_file, tree_snapshot
-
-# The stage-window check the Molecule scenario sglang_4x uses too (molecule/shared/dgxcheck.py).
-sys.path.insert(0, os.path.join(REPO_ROOT, "molecule", "shared"))
-from dgxcheck import most_at_once  # noqa: E402
 
 WORLD_SIZE = 4
 HOSTS = ["rank0", "rank1", "rank2", "rank3"]
@@ -98,12 +95,6 @@ def assert_each_host_holds_its_files_proven(tmp_path, repo, report):
         assert verify["status"] == "ok" and verify["verify"] == "full", (host, verify)
         assert verify["files"]["dangling"] == 0 and verify["blobs"]["repaired"] == 0, (host, verify)
         assert not os.path.lexists(str(local / ".locks" / "dgx-stage-peer" / repo["folder"])), host
-
-
-def test_most_at_once_counts_overlapping_windows_only():
-    t = "2026-12-01T10:00:%02dZ"
-    assert most_at_once([(t % 0, t % 5), (t % 0, t % 5), (t % 5, t % 9), (t % 6, t % 9)]) == 2
-    assert most_at_once([(t % 0, t % 5), (t % 1, t % 6), (t % 2, t % 3)]) == 3
 
 
 def test_fanout_reads_the_shared_files_from_the_nas_once_per_lane_and_proves_every_blob(tmp_path, engram_nas):

@@ -5,7 +5,8 @@ holds yesterday's receipt roots the way the night-shift log found them: owned by
 read-only files, one root a symlink whose target must survive. Checks: receipts gone (and only they),
 manifest counts as the staged tree implies, every NAS file reachable exactly once, NAS binds read-only,
 local binds resolving to the right bytes, re-run changed=0, --check changes nothing, and the engine plays
-skip cleanly when engine_enabled is false.
+skip cleanly when engine_enabled is false. --check on a fresh lane predicting the manifest the real run writes
+is tests/integration/test_output.py's.
 """
 import json
 import os
@@ -168,35 +169,6 @@ def test_receipts_and_manifest_plays_run_idempotent_and_check_safe(tmp_path, lan
     assert sorted(os.listdir(lane["cache"])) == listing
     assert os.path.islink(os.path.join(lane["cache"], RECEIPT_NAMES[1]))
     assert not os.path.exists(lane["manifest"])
-
-
-def test_check_mode_on_a_fresh_node_predicts_the_manifest_the_real_run_writes(tmp_path, lane):
-    """--check plans the stage pass and the manifest together: files still to copy count as local
-    (planned), so the prediction is what the real run binds, not 'everything from the NAS'."""
-    tags = ("--tags", "preflight,stage,verify,manifest")
-
-    def computed(data):
-        [(_name, result)] = task_results(data, "Manifest | Compute the mounts")
-        return result["manifest"]
-
-    rc, data = run_playbook(tmp_path, lane["inventory"], "--check", *tags)
-    assert rc == 0, failures(data)
-    assert not os.path.exists(lane["local"]) and not os.path.exists(lane["manifest"])
-    predicted = computed(data)
-    local_targets = sorted(m["target"] for m in predicted["mounts"] if m["origin"] == "local")
-    assert local_targets and sorted(predicted.pop("planned")) == local_targets
-
-    rc, data = run_playbook(tmp_path, lane["inventory"], *tags)
-    assert rc == 0, failures(data)
-    with open(lane["manifest"]) as handle:
-        written = json.load(handle)
-    assert predicted == written
-
-    # Staged: --check predicts no change (no planned key in what the file would hold).
-    rc, data = run_playbook(tmp_path, lane["inventory"], "--check", *tags)
-    assert rc == 0, failures(data)
-    assert computed(data).pop("planned") == []
-    assert data["stats"]["localhost"]["changed"] == 0, data["stats"]
 
 
 def test_bind_from_nas_serves_the_nas_weights_and_leaves_the_local_hub_alone(tmp_path, lane, tree_state):

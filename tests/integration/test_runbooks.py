@@ -9,14 +9,14 @@ corrupt local blob after a disk swap...), set up here before its commands run.
 
 Checked per command: its exit status (0, or the code a trailing `# exits N` comment gives), and every
 output line the runbook shows under it: a line matches when its words appear in order on one line of the
-real output, `...` standing for anything (paths, rates), and a run id or timestamp for any other. The
-commands must leave the NAS copy unchanged (only a test's set-up writes to it). The copy runs its own
-dgx_stage package (PYTHONPATH), so the front end finds the copy's playbooks and records its runs there.
+real output, `...` standing for anything (paths, rates), and a run id or timestamp for any other
+(tests/runbook.py reads and runs the blocks). The commands must leave the NAS copy unchanged (only a
+test's set-up writes to it). The copy runs its own dgx_stage package (PYTHONPATH), so the front end finds
+the copy's playbooks and records its runs there.
 """
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -24,6 +24,7 @@ import sys
 import pytest
 
 import hubgen
+from runbook import excerpt_pattern, run_steps, runbook_steps
 from test_demo_unprivileged import copy_worktree
 from treestate import set_writable, snapshot_diff, tree_snapshot
 
@@ -31,65 +32,12 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 import demo  # noqa: E402  (scripts/demo.py: how `make demo` plants the stale receipts)
 RUNBOOK_DIR = os.path.join(REPO_ROOT, "docs", "runbooks")
-CONSOLE_BLOCK = re.compile(r"^```console[ \t]*\n(.*?)^```", re.M | re.S)
-EXPECTED_EXIT = re.compile(r"#\s*exits\s+(\d+)\s*$")
 LANE_LINE = re.compile(r"^export INVENTORY=\S+ HOST=\S+$")
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# A lane run id (20261201T101711Z-addc), a front-end run ident (20261201T101710Z-verify-8aa6), a timestamp.
-VOLATILE = re.compile(r"(\d{8}T\d{6}Z-(?:[a-z-]+-)?[0-9a-f]{4}|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
 DEMO_LANE = "export INVENTORY=inventory/demo HOST=localhost"
 DEMO = os.path.join(".cache", "demo")
 NAS_HUB = os.path.join(DEMO, "nas", "hub")
 LOCAL_HUB = os.path.join(DEMO, "local", "hub")
 RUNBOOK_TIMEOUT = 300
-
-
-# ------------------------------------------------------------------------------------------------
-# reading a runbook
-# ------------------------------------------------------------------------------------------------
-
-def _word_pattern(word):
-    return "".join(VOLATILE.pattern if i % 2 else re.escape(part)
-                   for i, part in enumerate(VOLATILE.split(word)))
-
-
-def excerpt_pattern(line):
-    """An output line of a runbook as a regex: its words in order, any spacing, `...` for anything, and
-    any run id or timestamp where the excerpt shows one (they change with every run)."""
-    pieces = [r"\s+".join(_word_pattern(word) for word in piece.split()) for piece in line.split("...")]
-    return re.compile(".*?".join(pieces))
-
-
-def runbook_steps(text):
-    """[{command, rc, expect: [output lines]}] of every ```console block, in order."""
-    steps = []
-    for block in CONSOLE_BLOCK.findall(text):
-        for line in block.splitlines():
-            if line.startswith("$ "):
-                command = line[2:].strip()
-                found = EXPECTED_EXIT.search(command)
-                steps.append({"command": command, "rc": int(found.group(1)) if found else 0, "expect": []})
-            elif line.strip() and line.strip() != "...":
-                assert steps, "output before the first command of a console block: %r" % line
-                steps[-1]["expect"].append(line.strip())
-    return steps
-
-
-def test_runbook_steps_parse_commands_exit_codes_and_excerpts():
-    text = ("intro\n```console\n$ export INVENTORY=inventory/dgx HOST=dgx2\n$ dgx-stage verify   # exits 2\n"
-            "localhost   failed   verify ...\n...\n```\n```sh\n$ not run\n```\n"
-            "```console\n$ dgx-stage report\nrun ... ok\n```\n")
-    assert runbook_steps(text) == [
-        {"command": "export INVENTORY=inventory/dgx HOST=dgx2", "rc": 0, "expect": []},
-        {"command": "dgx-stage verify   # exits 2", "rc": 2, "expect": ["localhost   failed   verify ..."]},
-        {"command": "dgx-stage report", "rc": 0, "expect": ["run ... ok"]}]
-    assert excerpt_pattern("localhost   failed   verify ...").search("localhost failed  verify: Verify | x")
-    assert excerpt_pattern("run ... ok").search("run 20261201T100715Z-16cd ok")
-    assert not excerpt_pattern("run ... ok").search("ok run")
-    row = excerpt_pattern("localhost  20261201T101711Z-addc  ok  17/5  full")
-    assert row.search("localhost  20261202T000000Z-9f9f  ok      17/5              full")
-    assert not row.search("localhost  20261202T000000Z-9f9f  failed  17/5  full")
-    assert excerpt_pattern("staged 2026-12-01T10:14:22Z;").search("staged 2027-01-02T03:04:05Z;")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,52 +207,15 @@ SETUPS = {
 }
 
 
-def test_every_runbook_is_tested_and_listed_in_the_index():
+def test_every_runbook_has_its_set_up():
+    """So each is run below (tests/unit/test_runbooks.py checks each is listed in the index and README)."""
     names = sorted(n for n in os.listdir(RUNBOOK_DIR) if n.endswith(".md") and n != "README.md")
     assert names == sorted(SETUPS)
-    with open(os.path.join(RUNBOOK_DIR, "README.md")) as handle:
-        index = handle.read()
-    with open(os.path.join(REPO_ROOT, "README.md")) as handle:
-        readme = handle.read()
-    for name in names:
-        assert "(%s)" % name in index and "(docs/runbooks/%s)" % name in readme, name
 
 
 # ------------------------------------------------------------------------------------------------
 # running one
 # ------------------------------------------------------------------------------------------------
-
-def run_steps(work, steps, out_dir):
-    """Run the commands in one bash session (an `export` carries over), each one's output and exit status
-    in files; returns [(output, rc, seconds)]."""
-    os.makedirs(out_dir)
-    script = ["cd %s || exit 90" % shlex.quote(work)]
-    for i, step in enumerate(steps):
-        out = shlex.quote(os.path.join(out_dir, "%d" % i))
-        # The newline before } keeps a trailing `# exits N` comment from hiding the brace.
-        script.append('s=$(date +%%s.%%N); { %s\n} >%s.out 2>&1 </dev/null; echo "$? $s $(date +%%s.%%N)" >%s.rc'
-                      % (step["command"], out, out))
-    subprocess.run(["bash", "-c", "\n".join(script)], env=command_env(work), timeout=RUNBOOK_TIMEOUT,
-                   stdin=subprocess.DEVNULL)
-    results = []
-    for i in range(len(steps)):
-        path = os.path.join(out_dir, "%d" % i)
-        with open(path + ".out", "rb") as handle:
-            output = ANSI.sub("", handle.read().decode("utf-8", "replace"))
-        with open(path + ".rc") as handle:
-            rc, start, end = handle.read().split()
-        results.append((output, int(rc), float(end) - float(start)))
-    return results
-
-
-def test_run_steps_keeps_exports_and_reports_each_exit_status(tmp_path):
-    steps = runbook_steps("```console\n$ export LANE=demo\n$ echo \"lane $LANE in $PWD\"\n"
-                          "$ false   # exits 1\n$ echo after\n```\n")
-    results = run_steps(str(tmp_path), steps, str(tmp_path / "out"))
-    assert [(out.strip(), rc) for out, rc, _s in results] == [
-        ("", 0), ("lane demo in %s" % tmp_path, 0), ("", 1), ("after", 0)]
-    assert [s["rc"] for s in steps] == [0, 0, 1, 0]
-
 
 @pytest.mark.parametrize("name", sorted(SETUPS))
 def test_runbook(staged_demo, tmp_path, name):
@@ -319,7 +230,7 @@ def test_runbook(staged_demo, tmp_path, name):
     SETUPS[name](work)
     nas = os.path.join(work, DEMO, "nas")
     nas_before = tree_snapshot(nas)
-    results = run_steps(work, steps, str(tmp_path / "out"))
+    results = run_steps(work, steps, str(tmp_path / "out"), command_env(work), RUNBOOK_TIMEOUT)
     problems = []
     for step, (output, rc, seconds) in zip(steps, results):
         wrong = ["exited %d, the runbook says %d" % (rc, step["rc"])] if rc != step["rc"] else []

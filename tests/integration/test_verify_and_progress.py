@@ -1,9 +1,10 @@
-"""Issue 10 through ansible-playbook: the verify pass says what it proved (and copies nothing new), each
-pass says what it read, the progress file can be watched (during a copy, after it, after a failure and
-after a SIGKILL, a verify pass keeping the stage figures), and `--check --diff` prints the plan once
-per host.
+"""The verify pass and the progress file through ansible-playbook: the verify pass copies nothing new, each
+pass says what it read, and the progress file can be watched (during a copy, after it, after a failure and
+after a SIGKILL, a verify pass keeping the stage figures). What each verify mode catches and repairs is
+tests/unit/test_mirror.py's; a repair through the plays is tests/integration/test_output.py's, and so is
+`--check --diff` on a fresh lane.
 
-Runs on localhost (one or two local-connection hosts) with a throwaway inventory in the style of
+Runs on localhost (one local-connection host) with a throwaway inventory in the style of
 test_stage_playbook.py. The tests that watch a copy give the module a NAS that reads at a known pace:
 its Python starts with a sitecustomize that sleeps before each chunk read (os.readv), so a few hundred
 MiB take seconds, whatever the page cache holds.
@@ -17,13 +18,12 @@ import subprocess
 import sys
 import time
 
-from ansible.module_utils.dgx_hashing import sample_ranges
 import processes
 from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, own_environ, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import write_lane
 from test_stage_playbook import _corrupt_nas_shard, mirror_results, play
-from treestate import sha256_file, snapshot_diff, tree_snapshot
+from treestate import snapshot_diff, tree_snapshot
 
 STAGE = "preflight,stage"
 MIB = 1024 * 1024
@@ -161,12 +161,6 @@ def watch(run, path, until=None, timeout=300):
     return seen
 
 
-def task_warnings(tasks, stage_pass):
-    """The module warnings of a pass's mirror task (the json callback keeps them per host, not per item)."""
-    name = "Mirror | Each repo from the NAS hub to the local hub, pass %s" % stage_pass
-    return [str(w) for run in tasks[name] for w in run.get("warnings", [])]
-
-
 def mirror_row(tasks, stage_pass, repo_id=MAIN_REPO):
     return [r for r in mirror_results(tasks, stage_pass) if r["item"]["repo_id"] == repo_id][0]
 
@@ -174,47 +168,6 @@ def mirror_row(tasks, stage_pass, repo_id=MAIN_REPO):
 # ------------------------------------------------------------------------------------------------
 # verify says what it proved
 # ------------------------------------------------------------------------------------------------
-
-def test_a_mid_shard_flip_is_missed_by_sample_and_named_by_full_verify(tmp_path, make_nas_hub):
-    """verify=sample reads ~1 MiB a side per blob: a byte flipped between two samples is its documented
-    limit. stage_verify=full finds it, repairs it and warns with the path, the blob and the local hash."""
-    nas = make_nas_hub(shard_size=3 * MIB, n_shards=3)
-    inventory, roots = lane(tmp_path, nas)
-    code, tasks, _stats = play(tmp_path, inventory, tags=STAGE)
-    assert code == 0, tasks
-    staged = mirror_row(tasks, "stage")
-    assert staged["bytes_read"] == {"local": 0, "nas": staged["bytes_copied"]} == staged["report"]["bytes_read"]
-    repo = nas["repos"][MAIN_REPO]
-    shard = repo["shards"][1]
-    etag, size = repo["files"][shard]["etag"], repo["files"][shard]["size"]
-    blob = os.path.join(str(roots["localhost"]), repo["folder"], "blobs", etag)
-    ranges = sample_ranges(size)
-    with open(blob, "r+b") as handle:
-        handle.seek((ranges[1][0] + ranges[1][1] + ranges[2][0]) // 2)      # between two sampled blocks
-        byte = handle.read(1)
-        handle.seek(-1, os.SEEK_CUR)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-    flipped = sha256_file(blob)
-
-    code, tasks, _stats = play(tmp_path, inventory, tags="verify")
-    assert code == 0, tasks
-    sampled = mirror_row(tasks, "verify")
-    assert sampled["changed"] is False and sampled["blobs"]["repaired"] == 0 and sampled["repairs"] == []
-    assert sha256_file(blob) == flipped and not task_warnings(tasks, "verify")
-    assert sampled["bytes_read"]["local"] == sampled["bytes_read"]["nas"] < staged["bytes_copied"] / 2
-
-    code, tasks, _stats = play(tmp_path, inventory, "-e", "stage_verify=full", tags="verify")
-    assert code == 0, tasks
-    full = mirror_row(tasks, "verify")
-    assert full["changed"] is True and full["repairs"] == [{"path": shard, "paths": [shard], "blob": etag,
-                                                            "reason": "content", "local_hash": flipped, "size": size}]
-    assert full["report"]["repairs"] == full["repairs"] and full["blobs"]["repaired"] == 1
-    warnings = task_warnings(tasks, "verify")
-    assert len(warnings) == 1 and shard in warnings[0] and etag in warnings[0] and flipped in warnings[0], warnings
-    _files, nbytes = to_copy(nas)
-    assert full["bytes_read"] == {"local": nbytes, "nas": size}     # every local byte hashed; the repair copied
-    assert sha256_file(blob) == etag
-
 
 def test_verify_on_an_empty_local_root_fails_naming_what_is_not_staged_and_writes_nothing(tmp_path, nas_hub):
     inventory, roots = lane(tmp_path, nas_hub)
@@ -339,42 +292,3 @@ def test_verify_after_stage_keeps_the_stage_figures_and_hashes_in_the_open(tmp_p
     assert (idle["pass"], idle["finished"], idle["files_total"], idle["bytes_total"]) == ("stage", True, 0, 0)
     assert idle["passes"]["verify"] == later["passes"]["verify"]
 
-
-# ------------------------------------------------------------------------------------------------
-# check mode reads like a plan, printed once per host
-# ------------------------------------------------------------------------------------------------
-
-def test_check_diff_prints_the_plan_once_per_host_and_preflight_reports_no_change(tmp_path, nas_hub):
-    inventory, hosts = lane(tmp_path, nas_hub, ("node0", "node1"))
-    code, data = run_playbook(tmp_path, inventory, "--check", "--diff", "--tags", "preflight,stage,verify")
-    assert code == 0, failures(data)
-    diffs = {}
-    for each in data["plays"]:
-        for task in each["tasks"]:
-            name = task["task"]["name"].split(" : ", 1)[-1]
-            for host, result in task["hosts"].items():
-                for row in result.get("results", []):
-                    if name.startswith("Mirror | Each repo") and name.endswith("pass preflight"):
-                        assert row["changed"] is False and row["blobs"]["copied"] > 0     # planned, not done
-                    if row.get("diff"):
-                        diffs.setdefault(host, []).append((name, row["item"]["repo_id"], row["diff"]))
-    assert sorted(diffs) == sorted(hosts)
-    for host, shown in diffs.items():
-        assert [(n, r) for n, r, _d in shown] == [
-            ("Mirror | Each repo from the NAS hub to the local hub, pass stage", MAIN_REPO),
-            ("Mirror | Each repo from the NAS hub to the local hub, pass stage", DRAFTER_REPO)]
-        files, _nbytes = to_copy(nas_hub)
-        headline = shown[0][2]["prepared"].splitlines()[0]
-        assert re.match(r"^would copy %d files, \d+\.\d (KiB|MiB|GiB);" % files, headline), headline
-    assert not data["stats"]["node0"].get("failures")
-
-    # The default callback, as an operator sees it: each copy line once per host.
-    code, text, err = Playbook(tmp_path, inventory, "--check", "--diff", "--tags", "preflight,stage,verify",
-                               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default").finish()
-    assert code == 0, (text[-3000:], err[-2000:])
-    for host, local in hosts.items():
-        blob_dir = os.path.join(str(local), nas_hub["repos"][MAIN_REPO]["folder"], "blobs")
-        copies = re.findall(r"^\+ copy %s/(\w+) " % re.escape(blob_dir), text, re.M)
-        assert copies and sorted(copies) == sorted(set(copies)), copies            # one line per blob, once
-    assert len(re.findall(r"^would copy \d+ files", text, re.M)) == 2 * len(hosts)    # a headline per repo
-    assert not os.path.exists(str(tmp_path / "node0"))                         # --check wrote nothing

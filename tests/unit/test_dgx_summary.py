@@ -1,5 +1,6 @@
 """The lane summary's data shaping (callback_plugins/dgx_summary.py): plain rows in, lines out."""
 import importlib.util
+import json
 import os
 import re
 import time
@@ -601,3 +602,111 @@ def test_the_callback_collects_the_failed_copy_message_of_the_stage_roles_task()
     callback.v2_runner_item_on_ok(result)
     assert callback.state["hosts"]["n2"]["peer_copy_failed"] == [
         "org/a: the copy from n1 failed (rc 255: x); its blobs come from the NAS"]
+
+
+# ---- recorded runs: the table of what the callback received from a real run ---------------------------------
+# tests/unit/fixtures/summary/<run>.json: the callback events of a real `ansible-playbook stage-deepseek.yml` run
+# on the synthetic NAS hub (tests/nashub.py, one local host), in order, each result trimmed to the keys the
+# callback reads and its paths made neutral (/data/lane: the run's directory); "cli" is the run's command line as
+# Ansible's context holds it.
+
+SUMMARY_FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "summary")
+MAIN_REPO = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"
+DRAFTER_REPO = "coolbho3k/DSpark-drafter"
+
+
+def _recorded_task(info):
+    return _Obj(action=info["action"], ignore_errors=info["ignore_errors"], get_name=lambda: info["name"])
+
+
+def replay(name, monkeypatch):
+    """The lines the callback prints for a recorded run: (exit code of the run, lines)."""
+    with open(os.path.join(SUMMARY_FIXTURES, name + ".json")) as handle:
+        run = json.load(handle)
+    monkeypatch.setattr(summary.context, "CLIARGS", dict((key, tuple(value) if isinstance(value, list) else value)
+                                                          for key, value in run["cli"].items()))
+    monkeypatch.setattr(summary.CallbackModule, "_quiet", lambda self: False)
+    display = _Display()
+    callback = summary.CallbackModule(display=display)
+    callback._watching = True             # no SIGINT handler and exit hook in the test process
+    callback.v2_playbook_on_start(_Obj(_file_name=run["playbook"]))
+    for event in run["events"]:
+        kind = event[0]
+        if kind == "play":
+            callback.v2_playbook_on_play_start(_Obj(tags=event[1]["tags"], get_name=lambda n=event[1]["name"]: n))
+        elif kind == "task":
+            callback.v2_playbook_on_task_start(_recorded_task(event[1]), False)
+        elif kind == "start":
+            callback.v2_runner_on_start(_Obj(get_name=lambda h=event[1]: h), _recorded_task(event[2]))
+        elif kind == "stats":
+            callback.v2_playbook_on_stats(_Obj(**event[1]))
+        else:
+            host, task, data, extra = event[1], _recorded_task(event[2]), event[3], event[4]
+            result = _Obj(result=data, host=_Obj(get_name=lambda h=host: h), task=task)
+            handler = getattr(callback, "v2_runner_" + kind.replace("item_", "item_on_") if kind.startswith("item_")
+                              else "v2_runner_on_" + kind)
+            handler(result, **extra)
+    return run["rc"], "\n".join(display.lines).splitlines()
+
+
+def summary_parts(lines):
+    """(title line, [{column: cell}] in order, total line, the lines after it) of one printed summary."""
+    [start] = [i for i, line in enumerate(lines) if line.startswith("DGX-STAGE LANE SUMMARY")]
+    header = re.split(r"\s{2,}", lines[start + 1])
+    rows, end = [], start + 2
+    while not lines[end].startswith("wall time"):
+        rows.append(dict(zip(header, re.split(r"\s{2,}", lines[end], maxsplit=len(header) - 1))))
+        end += 1
+    return lines[start], rows, lines[end], lines[end + 1:]
+
+
+def test_a_verify_pass_on_an_empty_root_counts_nothing_and_asks_for_the_stage_play(monkeypatch):
+    """--tags preflight,verify on a node with nothing staged: the verify pass refuses, writing nothing. The table
+    says that (not the preflight's plan as copied), and the next step follows the message: the stage play, then
+    verify - not verify alone, which fails again."""
+    code, lines = replay("verify-empty-root", monkeypatch)
+    assert code != 0
+    _title, rows, total, after = summary_parts(lines)
+    assert [(r["REPO"], r["COPIED"], r["REUSED"], r["GiB"], r["VERIFY"]) for r in rows] == [
+        (MAIN_REPO, "0", "0", "0.00", "sample"), (DRAFTER_REPO, "0", "0", "0.00", "sample")]
+    assert all(r["STATUS"].startswith("failed: verify: ") for r in rows), rows
+    assert "; 0/1 hosts ok; copied 0 files, 0 B; repaired 0; FAILED: localhost" in total, total
+    assert "not staged on this node" in after[0]
+    assert after[1].endswith("--limit localhost  (or only those plays: --tags stage,verify)"), after[1]
+
+
+def test_a_repo_whose_stage_call_failed_without_a_result_is_failed_and_counts_nothing(monkeypatch):
+    """Another run held the drafter's lock past stage_lock_timeout: the module refused with no result. The
+    drafter's row fails (it was not copied; the preflight plan is not shown as copied) and the totals count only
+    what the main repo copied."""
+    code, lines = replay("lock-held", monkeypatch)
+    assert code != 0
+    _title, rows, total, after = summary_parts(lines)
+    row = dict((r["REPO"], r) for r in rows)
+    assert row[MAIN_REPO]["STATUS"] == "ok" and int(row[MAIN_REPO]["COPIED"]) > 0
+    drafter = row[DRAFTER_REPO]
+    assert (drafter["COPIED"], drafter["GiB"]) == ("-", "-"), rows
+    assert drafter["STATUS"].startswith("failed: stage: "), rows
+    assert "; copied %s files, " % row[MAIN_REPO]["COPIED"] in total, total
+    assert "holds" in after[0] and "lock_timeout" in after[0]
+
+
+def test_a_repo_refused_by_preflight_leaves_the_other_plan_uncounted(monkeypatch):
+    """Preflight refused the main repo (a revision the NAS does not have): nothing was written, so the drafter's
+    plan is no copy - its row says only the preflight ran over it."""
+    code, lines = replay("preflight-refused", monkeypatch)
+    assert code != 0
+    _title, rows, total, _after = summary_parts(lines)
+    row = dict((r["REPO"], r) for r in rows)
+    assert row[MAIN_REPO]["STATUS"].startswith("failed: preflight: "), rows
+    assert (row[DRAFTER_REPO]["COPIED"], row[DRAFTER_REPO]["STATUS"]) == ("-", "preflight only"), rows
+    assert "copied" not in total and "; 0/1 hosts ok; FAILED: localhost" in total, total
+
+
+def test_a_model_and_a_dataset_with_one_id_get_a_row_each(monkeypatch):
+    code, lines = replay("model-and-dataset", monkeypatch)
+    assert code == 0
+    _title, rows, total, _after = summary_parts(lines)
+    assert [r["REPO"] for r in rows] == [DRAFTER_REPO, DRAFTER_REPO + " (dataset)"], rows
+    copied = [int(r["COPIED"]) for r in rows]
+    assert copied[0] > 0 and copied[0] == copied[1] and "copied %d files" % sum(copied) in total

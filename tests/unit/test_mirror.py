@@ -1559,8 +1559,10 @@ def test_a_flip_between_samples_is_missed_by_sample_and_repaired_by_full_with_a_
     flipped = sha256_file(blob)
     sampled = run_mirror(verify_request(nas, local))
     assert sampled["repairs"] == [] and sampled["blobs"]["repaired"] == 0 and sampled["changed"] is False
+    assert sampled["warnings"] == []
     assert sha256_file(blob) == flipped                              # still wrong: samples cannot see it
     full = run_mirror(verify_request(nas, local, verify="full"))
+    assert full["changed"] is True
     assert full["repairs"] == [{"path": shard, "paths": [shard], "blob": etag, "reason": "content",
                                 "local_hash": flipped, "size": size}]
     assert full["report"]["repairs"] == full["repairs"] and full["repaired_paths"] == [shard]

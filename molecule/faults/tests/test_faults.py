@@ -1,6 +1,5 @@
-"""faults: after converge (full checkpoint refused, the fitting one staged) and side_effect (two
-same-size shards swapped on one node, then the verify play), prove the repair and the staged state
-on every node, and that the scenario's premise holds: the disk really is too small."""
+"""faults: after converge (full checkpoint refused, the fitting one staged), prove the staged state on
+every node, and that the scenario's premise holds: the disk really is too small."""
 import pytest
 
 import dgxcheck
@@ -42,17 +41,13 @@ def test_snapshots_hold_exactly_what_fits(node):
     dgxcheck.ok(dgxcheck.check_snapshots(answer, hvars))
 
 
-def test_verify_repaired_exactly_the_swapped_shards(node):
-    name, hvars, _answer = node
+def test_the_verify_play_proved_what_fits(node):
+    """The verify pass found nothing to repair or missing, and the weights check read the staged shards' own
+    headers (the index, which names all six, stays on the NAS)."""
+    name, _hvars, _answer = node
     rep = dgxcheck.report(name)
     verify = {p["repo_id"]: p for p in rep["passes"]["verify"]}
-    main = verify["coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw"]
-    if name == hvars["faults_swap_host"]:
-        assert sorted(main["repaired_paths"]) == sorted(hvars["faults_swap_shards"]), main
-        assert main["blobs"]["repaired"] == 2, main["blobs"]
-    else:
-        assert main["repaired_paths"] == [] and main["blobs"]["repaired"] == 0, main
-    assert all(p["files"]["dangling"] == 0 for p in verify.values())
+    assert all(p["files"]["dangling"] == 0 and p["blobs"]["repaired"] == 0 for p in verify.values()), verify
     assert [w["shards"] for w in rep["weights"]] == [3, 2], rep["weights"]
 
 

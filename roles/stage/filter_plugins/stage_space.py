@@ -1,0 +1,52 @@
+# -*- coding: utf-8 -*-
+"""Stage role filter: the space all repos of a host need together on its one local disk (preflight).
+
+dgx_stage_space_total(results) -> {"need", "reclaimable", "free", "reserve", "available", "fits",
+                                   "need_text", "available_text"} of the preflight pass's hf_hub_mirror
+                                   results (the registered loop's `results`, one per repo)
+
+hf_hub_mirror measures each repo alone: its own need and what pruning it would free, against the disk's free
+space less the reserve. The repos share one disk, so a host whose repos each fit alone may still not hold them
+all: needs and reclaimable bytes add up over the repos; free space and reserve are the disk's (the first
+repo's measure). available = free + reclaimable - reserve; the repos fit when need <= available.
+"""
+
+from ansible.errors import AnsibleFilterError
+
+GIB = 1024 ** 3
+MIB = 1024 ** 2
+
+
+def size_text(size):
+    """Binary units for the preflight message: GiB from 1 GiB up, else MiB."""
+    return "%.2f GiB" % (size / float(GIB)) if size >= GIB else "%.1f MiB" % (size / float(MIB))
+
+
+def _whole(space, key):
+    try:
+        return int(space[key])
+    except (KeyError, TypeError, ValueError):
+        raise AnsibleFilterError("dgx_stage_space_total: a repo's space figures lack a whole %r: %r" % (key, space))
+
+
+def stage_space_total(results):
+    if not isinstance(results, (list, tuple)) or not results:
+        raise AnsibleFilterError("dgx_stage_space_total: needs the hf_hub_mirror results of at least one repo, "
+                                 "got %r" % (results,))
+    spaces = []
+    for result in results:
+        space = result.get("space") if isinstance(result, dict) else None
+        if not isinstance(space, dict):
+            raise AnsibleFilterError("dgx_stage_space_total: a result without its space figures: %r" % (result,))
+        spaces.append(space)
+    need = sum(_whole(space, "need") for space in spaces)
+    reclaimable = sum(_whole(space, "reclaimable") for space in spaces)
+    free, reserve = _whole(spaces[0], "free"), _whole(spaces[0], "reserve")
+    available = free + reclaimable - reserve
+    return {"need": need, "reclaimable": reclaimable, "free": free, "reserve": reserve, "available": available,
+            "fits": need <= available, "need_text": size_text(need), "available_text": size_text(available)}
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"dgx_stage_space_total": stage_space_total}

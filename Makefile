@@ -123,7 +123,7 @@ DOCKER_RUN := scripts/docker-daemon.sh run --
 # The engine double image is built (or found up to date by the hash of its inputs) once, before the workers start.
 integration: setup system-packages image ## integration tests (tests/integration; a Docker daemon for the run; the 15 slowest listed)
 	@$(DOCKER_RUN) bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
-	$(call pytest,-n $(INTEGRATION_WORKERS) --dist loadgroup --durations=15 tests/integration)'
+	$(call pytest,-n $(INTEGRATION_WORKERS) --durations=15 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
 molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine (a Docker daemon for the run)

@@ -37,13 +37,18 @@ SHARED_ENGINE_HOSTS = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)    # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Each test file is one xdist group (make integration runs --dist loadgroup): a file's tests run in
-    order on one worker and share its module fixtures, while other files run beside it."""
-    for item in items:
-        name = os.path.basename(str(item.fspath))
-        item.add_marker(pytest.mark.xdist_group(SHARED_ENGINE_HOSTS.get(name, name)))
+def pytest_xdist_make_scheduler(config, log):
+    """make integration's workers take whole groups: a file's tests run in order on one worker and share its
+    module fixtures, while other files run beside it (xdist's own loadgroup marks do not reach the scheduler
+    under this pytest)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return SHARED_ENGINE_HOSTS.get(name, name)
+
+    return FileGroupScheduling(config, log)
 
 
 @pytest.fixture

@@ -63,10 +63,21 @@ def _mount_key(mount):
     return (mount["id"], mount["point"], mount["device"], mount["fstype"], mount["source"])
 
 
+# The container runtimes mount their own state on first use and keep it mounted for good (Podman's storage and
+# network namespaces, dockerd's root and netns); a container's own mounts live there too, and a container left
+# behind is named by the container check.
+RUNTIME_STATE = ("/var/lib/containers/storage", "/run/containers/storage", "/run/netns", "/var/lib/docker",
+                 "/run/docker")
+
+
+def _runtime_state(point):
+    return any(point == root or point.startswith(root + "/") for root in RUNTIME_STATE)
+
+
 def new_mounts(before, after):
-    """The mounts of `after` that `before` does not have, in mount order."""
+    """The mounts of `after` that `before` does not have, in mount order, but the runtimes' own state."""
     known = set(_mount_key(m) for m in before)
-    return [m for m in after if _mount_key(m) not in known]
+    return [m for m in after if _mount_key(m) not in known and not _runtime_state(m["point"])]
 
 
 def read_mounts():

@@ -162,3 +162,18 @@ def test_the_command_refuses_without_a_run_id_or_a_snapshot_of_this_run(tmp_path
     proc = subprocess.run([sys.executable, TOOL, "check", snapshot], env=env, stderr=subprocess.PIPE)
     assert proc.returncode == 2 and b"from another run" in proc.stderr
     assert subprocess.run([sys.executable, TOOL, "look"], env=env, stderr=subprocess.PIPE).returncode == 2
+
+
+def test_the_runtimes_own_state_mounts_are_not_leftovers_but_a_tmpfs_beside_them_is():
+    """Podman and dockerd mount their storage and network namespaces on first use and keep them: a fresh
+    machine's first test run creates them, and they are no test's leftover."""
+    before = leftovers.parse_mountinfo(MOUNTINFO)
+    after = leftovers.parse_mountinfo(MOUNTINFO + """\
+70 27 254:0 /var/lib/containers/storage/overlay /var/lib/containers/storage/overlay rw - ext4 /dev/vda rw
+71 27 0:4 net:[4026532] /run/netns/netns-8fe9986f rw - nsfs nsfs rw
+72 27 0:4 net:[4026533] /run/docker/netns/default rw - nsfs nsfs rw
+73 27 254:0 /var/lib/docker /var/lib/docker rw - ext4 /dev/vda rw
+74 27 0:60 / /var/lib/dockerish rw - tmpfs tmpfs rw
+75 27 0:61 / /run/netnsx rw - tmpfs tmpfs rw
+""")
+    assert [m["point"] for m in leftovers.new_mounts(before, after)] == ["/var/lib/dockerish", "/run/netnsx"]

@@ -104,11 +104,10 @@ lint: setup ## yamllint + ansible-lint (production profile, offline)
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint
 
-# Test processes side by side: unit tests spread one by one over two workers; integration files (each an
-# xdist group: tests/integration/conftest.py) over INTEGRATION_WORKERS, more than the two cores since much of
-# a playbook run waits (polls, engine start-up, paced copies).
+# Test processes side by side, one per core: unit tests spread one by one, integration files whole (each file,
+# or group of files, on one worker: tests/integration/conftest.py).
 UNIT_WORKERS ?= 2
-INTEGRATION_WORKERS ?= 3
+INTEGRATION_WORKERS ?= 2
 
 unit: setup ## unit tests (tests/unit)
 	@$(call pytest,-n $(UNIT_WORKERS) tests/unit)

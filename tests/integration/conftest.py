@@ -37,6 +37,7 @@ SHARED_ENGINE_HOSTS = {
 }
 
 
+@pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist: a run without it has none
 def pytest_xdist_make_scheduler(config, log):
     """make integration's workers take whole groups: a file's tests run in order on one worker and share its
     module fixtures, while other files run beside it (xdist's own loadgroup marks do not reach the scheduler

@@ -27,10 +27,9 @@ def pytest_configure(config):
 
 # Files whose tests run engine containers under the same inventory host names share a group, so they never
 # run at once: the lane plan takes any running engine labelled as this host's rank (whatever the runtime) for
-# a stray, so two such files side by side would fail each other.
+# a stray, so two such files side by side would fail each other. test_engine_ready.py names its hosts
+# ready1..ready4 so that it runs beside test_engine_lane.py (dgx1..dgx4).
 SHARED_ENGINE_HOSTS = {
-    "test_engine_lane.py": "engine-dgx1-dgx4",
-    "test_engine_ready.py": "engine-dgx1-dgx4",
     "test_engine_one_rank.py": "engine-localhost",
     "test_engine_mount_names.py": "engine-localhost",
     "test_receipts_in_use.py": "engine-localhost",

@@ -1,8 +1,8 @@
 """Ready means every rank is up, and probes that cannot be fooled - on real Podman with engine_double (a
 TEST DOUBLE of the inference engine, tests/engine_double), ranks as local-connection hosts of this machine.
 
-dgx1..dgx4 each run their own container on their own port, with their own receipt directory and
-manifest; they share one staged local hub (staged once). exl3_2x is dgx1, dgx2; sglang_4x is dgx1..dgx4.
+ready1..ready4 each run their own container on their own port, with their own receipt directory and
+manifest; they share one staged local hub (staged once). exl3_2x is ready1, ready2; sglang_4x is ready1..ready4.
 Every failure below must fail every host of the lane (each shows it in its recap) and name what broke:
 
 - three bad streams from rank 0 (cut after 50 of 400 tokens, a 3-token answer, a stall then a burst) fail
@@ -28,7 +28,7 @@ from test_engine_one_rank import IMAGE, MAIN_REPO, build_engine_double, free_por
 
 pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
 
-HOSTS = ["dgx1", "dgx2", "dgx3", "dgx4"]
+HOSTS = ["ready1", "ready2", "ready3", "ready4"]
 LANES = {"exl3_2x": HOSTS[:2], "sglang_4x": HOSTS}
 TOKENS_PER_S = 1000          # the double's pace: 400 tokens in 0.4 s
 FLOOR = 200                  # engine_decode_floor here: a healthy stream makes it, decode and end to end
@@ -88,7 +88,7 @@ class Lane(object):
         self.write_inventory()
         return run_playbook(self.work, self.inventory, *args)
 
-    def url(self, host="dgx1"):
+    def url(self, host="ready1"):
         return "http://127.0.0.1:%d" % self.ports[host]
 
     def stranger(self, port):
@@ -172,7 +172,7 @@ def lane(tmp_path_factory):
     nas = build_nas_hub(os.path.join(work, "nas"), shard_size=16 * 1024, n_shards=2)
     the_lane = Lane(work, nas)
     try:
-        rc, data = the_lane.run("--tags", "stage", "--limit", "dgx1")
+        rc, data = the_lane.run("--tags", "stage", "--limit", "ready1")
         assert rc == 0, failures(data)
         rc, data = the_lane.run("--tags", "manifest", "-e", "lane=sglang_4x")
         assert rc == 0, failures(data)
@@ -194,11 +194,11 @@ def healthy(lane):
 def test_broken_streams_fail_the_smoke_play_on_every_host(lane):
     rc, data = lane.run("--tags", "engine,smoke")
     assert rc == 0, failures(data)          # a healthy stream makes the floor, decode and end to end
-    with open(os.path.join(lane.work, "reports", "dgx2.json")) as handle:
+    with open(os.path.join(lane.work, "reports", "ready2.json")) as handle:
         decode = json.load(handle)["engine"]["decode"]
     assert decode["complete"] and decode["passed"] and decode["e2e_tok_s"] >= FLOOR, decode
 
-    where = "Decode probe on dgx1 (rank 0) at %s failed: " % lane.url()
+    where = "Decode probe on ready1 (rank 0) at %s failed: " % lane.url()
     cases = [
         ({"cut_after": 50}, "the stream stopped after 50 of 400 tokens without a finish reason: the connection "
                             "broke (closed before the end of the chunked body)"),
@@ -214,7 +214,7 @@ def test_broken_streams_fail_the_smoke_play_on_every_host(lane):
             assert rc != 0
             got = assert_every_host_fails(data, LANES["exl3_2x"], "The decode probe streamed", where, problem)
             if "stall_s" in switches:   # a burst: the decode rate alone would pass
-                assert "tok/s decode, but the first token came only after 3" in got["dgx2"], got
+                assert "tok/s decode, but the first token came only after 3" in got["ready2"], got
             switch(lane.url(), stall_s=None, cut_after=None, short_after=None)
     finally:
         switch(lane.url(), stall_s=None, cut_after=None, short_after=None)
@@ -229,27 +229,27 @@ def test_an_api_served_by_a_stranger_fails_every_host_naming_the_holder(lane):
     assert rc != 0
     assert_every_host_fails(
         data, LANES["exl3_2x"], "Every rank is up and this run's container serves the API",
-        "The API at http://127.0.0.1:%d is not served by this run's engine: port %d on dgx1 is held by pid "
+        "The API at http://127.0.0.1:%d is not served by this run's engine: port %d on ready1 is held by pid "
         % (port, port),
         "(python3 /opt/engine_double/engine_double.py --port %d) in container " % port, "(%s)" % stranger,
-        "not by container %s (rank 0)" % lane.names["dgx1"])
+        "not by container %s (rank 0)" % lane.names["ready1"])
 
     # An old engine holds rank 0's port; rank 0's container, started again, dies with 'Address already in use'.
-    assert podman("stop", "--time", "5", lane.names["dgx1"]).returncode == 0
-    old = lane.stranger(lane.ports["dgx1"])
-    assert podman("start", lane.names["dgx1"]).returncode == 0
+    assert podman("stop", "--time", "5", lane.names["ready1"]).returncode == 0
+    old = lane.stranger(lane.ports["ready1"])
+    assert podman("start", lane.names["ready1"]).returncode == 0
     deadline = time.monotonic() + 30
-    while podman("inspect", "--format", "{{.State.Running}}", lane.names["dgx1"]).stdout.strip() == b"true":
+    while podman("inspect", "--format", "{{.State.Running}}", lane.names["ready1"]).stdout.strip() == b"true":
         assert time.monotonic() < deadline
         time.sleep(0.2)
     rc, data = lane.run("--tags", "smoke")
     assert rc != 0
     assert_every_host_fails(
         data, LANES["exl3_2x"], "Every rank is up and this run's container serves the API",
-        "Rank 0 of the lane is down - rank 0 (host dgx1): container %s is not running (exited), exit code 1"
-        % lane.names["dgx1"],
+        "Rank 0 of the lane is down - rank 0 (host ready1): container %s is not running (exited), exit code 1"
+        % lane.names["ready1"],
         "Address already in use",
-        "The API at %s is answered by someone else: port %d on dgx1 is held by pid " % (lane.url(), lane.ports["dgx1"]),
+        "The API at %s is answered by someone else: port %d on ready1 is held by pid " % (lane.url(), lane.ports["ready1"]),
         "(%s)" % old)
     for name in (stranger, old):
         podman("rm", "--force", name)
@@ -259,10 +259,10 @@ def test_a_rank_that_exits_while_rank_0_answers_fails_every_host_with_its_exit_c
     # Rank 1 crashes (exit 3) a second after it starts serving; rank 0 loads for 3 s, then answers.
     for host in HOSTS:
         lane.host_env[host] = {}
-    lane.host_env["dgx1"] = {"DOUBLE_STARTUP_DELAY_S": 3}
-    lane.host_env["dgx2"] = {"DOUBLE_EXIT_AFTER_S": 1, "DOUBLE_EXIT_CODE": 3}
-    needles = ("Rank 1 of the lane is down - rank 1 (host dgx2): container %s is not running (exited), exit code 3"
-               % lane.names["dgx2"], "Its log ends:",
+    lane.host_env["ready1"] = {"DOUBLE_STARTUP_DELAY_S": 3}
+    lane.host_env["ready2"] = {"DOUBLE_EXIT_AFTER_S": 1, "DOUBLE_EXIT_CODE": 3}
+    needles = ("Rank 1 of the lane is down - rank 1 (host ready2): container %s is not running (exited), exit code 3"
+               % lane.names["ready2"], "Its log ends:",
                "RuntimeError: simulated crash after 1 s (DOUBLE_EXIT_AFTER_S), exit code 3")
     rc, data = lane.run("--tags", "engine")
     assert rc != 0
@@ -286,18 +286,18 @@ def test_rank_0_crashing_fails_ranks_1_to_3_well_inside_engine_ready_timeout(lan
         podman("rm", "--force", "--ignore", name)
     for host in HOSTS:
         lane.host_env[host] = {"DOUBLE_STARTUP_DELAY_S": 600}
-    lane.host_env["dgx1"] = {"DOUBLE_STARTUP_DELAY_S": 600, "DOUBLE_EXIT_AFTER_S": 2, "DOUBLE_EXIT_CODE": 7}
+    lane.host_env["ready1"] = {"DOUBLE_STARTUP_DELAY_S": 600, "DOUBLE_EXIT_AFTER_S": 2, "DOUBLE_EXIT_CODE": 7}
     rc, data = lane.run("--tags", "engine", "-e", "lane=sglang_4x", "-e", "engine_ready_timeout=300",
                         "-e", "engine_ready_poll=5")
     assert rc != 0
     assert_every_host_fails(
         data, LANES["sglang_4x"], "Every rank is up and this run's container serves the API",
-        "Rank 0 of the lane is down - rank 0 (host dgx1): container %s is not running (exited), exit code 7"
-        % lane.names["dgx1"],
+        "Rank 0 of the lane is down - rank 0 (host ready1): container %s is not running (exited), exit code 7"
+        % lane.names["ready1"],
         "RuntimeError: simulated crash after 2 s (DOUBLE_EXIT_AFTER_S), exit code 7")
-    # The whole run (lane selection, plan, four starts in rank order, the wait) ends well inside the 300 s;
-    # the wait itself within a few 5 s rounds of rank 0's crash.
+    # The whole run (lane selection, plan, four starts in rank order, the wait) ends well inside the 300 s,
+    # within half of it on a loaded 2-core machine; the wait itself within a few 5 s rounds of rank 0's crash.
     waited = wait_seconds(data)
     print("rank 0 crash, 4 ranks: the wait failed every host after %.1f s, the run after %.1f s "
           "(engine_ready_timeout=300, engine_ready_poll=5)" % (waited, data["elapsed_s"]))
-    assert data["elapsed_s"] < 60 and waited < 20, (waited, data["elapsed_s"])
+    assert data["elapsed_s"] < 150 and waited < 20, (waited, data["elapsed_s"])

@@ -18,11 +18,11 @@ sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves
   back, with a stranger on dgx1's port: the stranger, sglang_4x's rank on dgx2 and its engines left on
   dgx3/dgx4 (no longer in the lane) are reported, and stopped only with engine_stop_strays.
 
-Each runtime gets its own lane. On Docker the tests that exercise the runtime run (start in rank order, the
-check-mode plan, the one-rank change restarting the lane and the re-run, a paused or self-restarting rank,
-a rank restarted alone judged with
-the whole lane, the missing image, an earlier engine under another name, the strays and earlier worlds); the
-rest decide in the plan's filters or the receipt module alone and run on Podman only.
+Each runtime gets its own lane. On Docker the tests whose outcome depends on what the runtime reports run:
+the start in rank order with its labels, the one-rank change restarting the lane and the re-run changing
+nothing (Docker's own container found and judged unchanged), a paused or self-restarting rank (Docker calls
+both running) and the missing image. The rest decide in the plan's filters, over the same container listing,
+or in the receipt module, and run on Podman only.
 """
 import json
 import os
@@ -215,6 +215,7 @@ def test_first_start_labels_every_rank_and_starts_them_in_rank_order(lane):
 
 
 def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(lane):
+    lane.only_on_podman()
     ids, receipts = lane.ids(), lane.receipts_state()
     lane.host_vars["dgx2"] = {"engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0,
                                                  DOUBLE_TEST_KNOB="2")}
@@ -317,6 +318,7 @@ def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane
 def test_a_rank_restarted_alone_is_judged_with_the_whole_lane(lane):
     """engine_restart_only with --limit: the ranks left out are still asked (delegated) every round, so a
     dead rank 0 with a stranger answering on its port fails the run, named as rank 0 on dgx1."""
+    lane.only_on_podman()
     ids = lane.ids()
     stranger = lane.stranger_on_port("dgx1", "only-stranger")
     try:
@@ -360,6 +362,7 @@ def test_nothing_is_stopped_when_one_rank_cannot_clear_its_receipts(lane):
 def test_an_earlier_engine_of_a_rank_under_another_name_is_a_stray(lane):
     """dgx2's engine_name changes on a running lane: its old container (labels: rank 1 of this lane) would
     keep the GPUs; it is reported, and stopped only with engine_stop_strays."""
+    lane.only_on_podman()
     old, new = lane.names["dgx2"], "dgx-stage-test-renamed-%s" % uuid.uuid4().hex[:8]
     lane.strays.append(new)
     lane.host_vars["dgx2"]["engine_name"] = new
@@ -420,6 +423,7 @@ def test_a_missing_image_with_engine_pull_never_fails_fast_and_stops_nothing(lan
 
 
 def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_stopped_only_when_asked(lane):
+    lane.only_on_podman()
     # Switching the hosts to sglang_4x: exl3_2x's engines hold the names on dgx1/dgx2, strays of another lane.
     rc, data = lane.run("--tags", "manifest,engine", "-e", "lane=sglang_4x", "-e", "engine_stop_strays=true")
     assert rc == 0, failures(data)

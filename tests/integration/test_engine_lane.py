@@ -214,11 +214,16 @@ def test_first_start_labels_every_rank_and_starts_them_in_rank_order(lane):
     assert sorted(reasons) == ["dgx1", "dgx2"] and "container missing" in reasons["dgx1"], reasons
 
 
+def change_one_ranks_env(lane):
+    """dgx2's engine_env gains DOUBLE_TEST_KNOB=2 (kept for the tests after)."""
+    lane.host_vars["dgx2"] = {"engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0,
+                                                 DOUBLE_TEST_KNOB="2")}
+
+
 def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(lane):
     lane.only_on_podman()
     ids, receipts = lane.ids(), lane.receipts_state()
-    lane.host_vars["dgx2"] = {"engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0,
-                                                 DOUBLE_TEST_KNOB="2")}
+    change_one_ranks_env(lane)
     rc, data = lane.run("--check", "--diff", "--tags", "manifest,engine")
     assert rc == 0, failures(data)
     plan = msgs(data, "Restart plan")
@@ -233,7 +238,8 @@ def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(
 
 def test_a_one_rank_change_restarts_the_whole_lane_in_rank_order(lane):
     ids = lane.ids()
-    rc, data = lane.run("--tags", "manifest,engine")       # dgx2's env changed (previous test)
+    change_one_ranks_env(lane)      # as the check-mode test left it on Podman
+    rc, data = lane.run("--tags", "manifest,engine")
     assert rc == 0, failures(data)
     containers = lane.containers()
     for host in LANES["exl3_2x"]:

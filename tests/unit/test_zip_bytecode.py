@@ -1,5 +1,6 @@
 """tests/zip_bytecode/sitecustomize.py: a module compiled from a zip once per run, its code still true."""
 import importlib.util
+import marshal
 import os
 import subprocess
 import sys
@@ -47,6 +48,18 @@ def test_a_changed_source_or_a_damaged_cache_file_is_compiled_anew(shim, tmp_pat
     namespace = {}
     exec(again, namespace)
     assert namespace["VALUE"] == 2
+
+
+def test_a_cache_file_others_can_write_is_never_loaded(shim, tmp_path):
+    shim.cached_compile("/x.zip/mod.py", b"VALUE = 1\n", cache_dir=str(tmp_path))
+    [name] = os.listdir(str(tmp_path))
+    planted = os.path.join(str(tmp_path), name)
+    with open(planted, "wb") as handle:
+        handle.write(marshal.dumps(compile("VALUE = 666\n", "planted", "exec")))
+    os.chmod(planted, 0o666)
+    namespace = {}
+    exec(shim.cached_compile("/x.zip/mod.py", b"VALUE = 1\n", cache_dir=str(tmp_path)), namespace)
+    assert namespace["VALUE"] == 1
 
 
 def test_a_process_importing_from_a_zip_fills_the_cache_only_when_asked(tmp_path):

@@ -28,11 +28,18 @@ def with_filename(code, filename):
     return code.replace(co_filename=filename, co_consts=consts)
 
 
+def trusted(handle):
+    """Code is only loaded from a file this user or root wrote and no one else can change."""
+    st = os.fstat(handle.fileno())
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+
+
 def cached_compile(pathname, source, cache_dir=None):
     path = os.path.join(cache_dir or CACHE_DIR, cache_key(pathname, source))
     try:
         with open(path, "rb") as handle:
-            return with_filename(marshal.loads(handle.read()), pathname)
+            if trusted(handle):
+                return with_filename(marshal.loads(handle.read()), pathname)
     except (OSError, ValueError, EOFError, TypeError):
         pass
     code = _compile_source(pathname, source)

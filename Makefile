@@ -112,8 +112,15 @@ INTEGRATION_WORKERS ?= 2
 unit: setup ## unit tests (tests/unit)
 	@$(call pytest,-n $(UNIT_WORKERS) tests/unit)
 
-check: setup ## the fast loop, before every commit: lint and unit tests (about a minute)
-	@$(MAKE) --no-print-directory lint unit
+# Lint and the unit tests side by side (ansible-lint keeps about one core busy): lint's output is shown after the
+# tests', and either failing fails the target.
+check: setup ## the fast loop, before every commit: lint and unit tests side by side (about a minute)
+	@lint_log=$$(mktemp); trap 'rm -f "$$lint_log"' EXIT; \
+	$(MAKE) --no-print-directory lint > "$$lint_log" 2>&1 & lint_pid=$$!; \
+	unit_rc=0; $(MAKE) --no-print-directory unit UNIT_WORKERS=1 || unit_rc=$$?; \
+	lint_rc=0; wait $$lint_pid || lint_rc=$$?; cat "$$lint_log"; \
+	if [[ $$lint_rc -ne 0 ]]; then echo "make check: lint failed (above)"; fi; \
+	exit $$(( unit_rc || lint_rc ))
 
 # A Docker engine for the docker-runtime tests: scripts/docker-daemon.sh starts dockerd when none answers
 # (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.
@@ -128,13 +135,11 @@ integration: setup system-packages image ## integration tests (tests/integration
 	$(call pytest,-n $(INTEGRATION_WORKERS) --durations=25 tests/integration)'
 
 # The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
-molecule: setup system-packages image ## Molecule scenarios (Podman): dgx_2x, faults, engine (a Docker daemon for the run)
+molecule: setup system-packages image ## Molecule scenarios (Podman, nodes as containers): dgx_2x, faults
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
 	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \
-	$(DOCKER_RUN) bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
-	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$1" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)' \
-	molecule "$$roots"
+	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)
 
 bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
 	@scripts/setup-system.sh bench   # rsync, the warm re-run's baseline (the bench runs without it if missing)

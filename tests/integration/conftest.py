@@ -31,7 +31,6 @@ def pytest_configure(config):
 # ready1..ready4 so that it runs beside test_engine_lane.py (dgx1..dgx4).
 SHARED_ENGINE_HOSTS = {
     "test_engine_one_rank.py": "engine-localhost",
-    "test_engine_mount_names.py": "engine-localhost",
     "test_receipts_in_use.py": "engine-localhost",
 }
 

@@ -52,7 +52,7 @@ def inspect(runtime, name):
     info = json.loads(proc.stdout.decode())[0]
     return {"id": info["Id"], "started": info["State"]["StartedAt"], "running": info["State"]["Running"],
             "created": info["Created"], "labels": info["Config"]["Labels"] or {},
-            "env": dict(e.split("=", 1) for e in info["Config"]["Env"])}
+            "env": dict(e.split("=", 1) for e in info["Config"]["Env"]), "network": info["HostConfig"]["NetworkMode"]}
 
 
 def msgs(data, name_part):
@@ -94,8 +94,8 @@ class Lane(object):
         hosts = {}
         for host in HOSTS:
             hosts[host] = dict({
+                # No ansible_host: MASTER_ADDR is then rank 0's inventory name (the API is asked on the loopback).
                 "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                "ansible_host": "127.0.0.1",
                 "engine_name": self.names[host], "engine_port": self.ports[host],
                 "receipt_parent": self.cache(host),
                 "engine_manifest_path": os.path.join(self.work, host, "engine-manifest.json"),
@@ -117,7 +117,7 @@ class Lane(object):
             "engine_env": dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_STARTUP_DELAY_S=0),
             "engine_gpu_devices": [],
             "engine_gpu_requests": [],
-            "engine_master_port": 29533,
+            # engine_master_port left at its default: MASTER_PORT is only passed on, nothing listens on it here.
             # Rank 0's API, on the loopback address (every rank has its own port here).
             "engine_api_url": "http://127.0.0.1:{{ hostvars[groups[lane][0]]['engine_port'] }}",
             "engine_ready_timeout": 60,
@@ -207,7 +207,15 @@ def test_first_start_labels_every_rank_and_starts_them_in_rank_order(lane):
         assert labels["dgx-stage.port"] == str(lane.ports[host]) and labels["dgx-stage.image"] == IMAGE
         for aspect in ("image-id", "command-sha256", "env-sha256", "mounts-sha256", "files-sha256"):
             assert labels["dgx-stage." + aspect], aspect
-        assert containers[host]["env"]["RANK"] == str(rank) and containers[host]["env"]["WORLD_SIZE"] == "2"
+        with open(os.path.join(lane.work, host, "engine-manifest.json")) as handle:
+            model_path = json.load(handle)["repos"][0]["target"]
+        # Each rank its own container on the host network, its rank in a world of two around rank 0's host.
+        env = dict((k, containers[host]["env"].get(k)) for k in (
+            "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "HF_HUB_OFFLINE", "MODEL_PATH"))
+        assert env == {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "dgx1", "MASTER_PORT": "29500",
+                       "HF_HUB_OFFLINE": "1", "MODEL_PATH": model_path}, (host, env)
+        assert containers[host]["running"] and containers[host]["network"] == "host", (host, containers[host])
+    assert containers["dgx1"]["id"] != containers["dgx2"]["id"]
     assert containers["dgx1"]["labels"]["dgx-stage.run-id"] == containers["dgx2"]["labels"]["dgx-stage.run-id"]
     assert_rank_order(containers, LANES["exl3_2x"])
     reasons = msgs(data, "Restart plan")
@@ -241,6 +249,9 @@ def test_a_one_rank_change_restarts_the_whole_lane_in_rank_order(lane):
     change_one_ranks_env(lane)      # as the check-mode test left it on Podman
     rc, data = lane.run("--tags", "manifest,engine")
     assert rc == 0, failures(data)
+    plan = msgs(data, "Restart plan")
+    assert plan["dgx2"].startswith("rank 1 (dgx2) restarts: env changed (DOUBLE_TEST_KNOB)"), plan
+    assert plan["dgx1"].startswith("rank 0 (dgx1) restarts: the lane restarts as one (dgx2: env changed"), plan
     containers = lane.containers()
     for host in LANES["exl3_2x"]:
         assert containers[host]["id"] != ids[host], host

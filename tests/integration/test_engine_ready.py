@@ -24,7 +24,8 @@ import pytest
 
 from conftest import failures, run_playbook
 from hubgen import build_nas_hub
-from test_engine_one_rank import IMAGE, MAIN_REPO, build_engine_double, free_port, podman, podman_unusable
+from test_engine_one_rank import (IMAGE, MAIN_REPO, build_engine_double, free_port, podman, podman_unusable,
+                                  wait_seconds)
 
 pytestmark = pytest.mark.skipif(podman_unusable() is not None, reason=str(podman_unusable()))
 
@@ -137,22 +138,6 @@ def messages(data, name_part):
     return out
 
 
-def wait_seconds(data, play="Engine"):
-    """Seconds from the wait's first task (its clock starting) to its verdict, in the play named like play."""
-    from datetime import datetime
-
-    def at(stamp):
-        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
-
-    for each in data["plays"]:
-        if each["play"]["name"].startswith(play):
-            tasks = each["tasks"]
-            first = [t for t in tasks if "Wait | Start the clock" in t["task"]["name"]][0]
-            last = [t for t in tasks if "Every rank is up and this run's" in t["task"]["name"]][-1]
-            return (at(last["task"]["duration"]["end"]) - at(first["task"]["duration"]["start"])).total_seconds()
-    raise AssertionError("no play named like %r" % play)
-
-
 def assert_every_host_fails(data, hosts, task_part, *needles):
     """Every host of the lane failed at task_part with a message holding every needle; returns the messages."""
     assert failed_hosts(data) == sorted(hosts), "\n".join(failures(data))
@@ -194,9 +179,16 @@ def healthy(lane):
 def test_broken_streams_fail_the_smoke_play_on_every_host(lane):
     rc, data = lane.run("--tags", "engine,smoke")
     assert rc == 0, failures(data)          # a healthy stream makes the floor, decode and end to end
-    with open(os.path.join(lane.work, "reports", "ready2.json")) as handle:
-        decode = json.load(handle)["engine"]["decode"]
-    assert decode["complete"] and decode["passed"] and decode["e2e_tok_s"] >= FLOOR, decode
+    # Every rank's report holds its own place in the lane and the probes of rank 0's API.
+    for rank, host in enumerate(LANES["exl3_2x"]):
+        with open(os.path.join(lane.work, "reports", "%s.json" % host)) as handle:
+            engine = json.load(handle)["engine"]
+        assert (engine["runtime"], engine["rank"], engine["world_size"], engine["master_addr"], engine["name"]) == \
+            ("podman", rank, 2, "127.0.0.1", lane.names[host]), engine     # MASTER_ADDR: ready1's ansible_host
+        assert engine["smoke"]["passed"] is True and "11303" in engine["smoke"]["answer"], engine["smoke"]
+        decode = engine["decode"]
+        assert decode["tokens"] == 400 and decode["floor"] == FLOOR, decode
+        assert decode["complete"] and decode["passed"] and decode["e2e_tok_s"] >= FLOOR, decode
 
     where = "Decode probe on ready1 (rank 0) at %s failed: " % lane.url()
     cases = [

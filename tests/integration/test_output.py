@@ -361,7 +361,14 @@ def test_a_host_that_fails_before_any_report_is_sent_to_no_wrong_file(tmp_path, 
 
 def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_nas_hub, kill_at_teardown):
     """Ansible sends no stats on Ctrl-C: the table comes all the same, once, saying INTERRUPTED, which
-    host did not finish (the repo being copied) and how to finish."""
+    host did not finish (the repo being copied) and how to finish (the table's cells and lines from the same
+    events: test_dgx_summary). Once its first play has ended, the run's host reports say running with no
+    finish time: what a run killed mid-copy (SIGKILL: nothing more is written) leaves, and still so after
+    the Ctrl-C - an interrupted or killed run never reads ok."""
+    def run_reports():
+        """{file name: parsed host report} of the run's stage_report_dir."""
+        return dict((p.name, json.loads(p.read_text())) for p in sorted((tmp_path / "reports").iterdir()))
+
     nas = make_nas_hub(shard_size=16 * MIB, n_shards=4)
     local = tmp_path / "local"
     local.mkdir()
@@ -385,6 +392,8 @@ def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_na
         assert proc.poll() is None, out_path.read_text()
         # The workers have their own sessions and the stage job is daemonized: a Ctrl-C of the group misses them.
         kill_at_teardown(proc, environ=own_environ(tmp_path))
+        # Mid-copy, what a SIGKILL here would leave: this run's reports, both files, say running, unfinished.
+        mid_run = run_reports()
         os.killpg(proc.pid, signal.SIGINT)        # Ctrl-C: the whole foreground process group
         code = proc.wait(timeout=120)
     finally:
@@ -396,9 +405,14 @@ def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_na
     assert title.endswith(", INTERRUPTED"), title
     row = dict((r["REPO"], r) for r in rows)
     assert row[MAIN_REPO]["STATUS"].startswith("interrupted: stage: "), rows
-    assert row[MAIN_REPO]["COPIED"] == "-"
-    assert total.endswith("; 0/1 hosts ok; INTERRUPTED: localhost"), total
+    assert total.endswith(" INTERRUPTED: localhost"), total
     assert after[0] == ("next step: the run was interrupted before localhost finished; what is staged is kept "
                         "and reused, so re-run: ansible-playbook -i %s stage-deepseek.yml --limit localhost "
                         "--tags %s" % (inventory, STAGE_TAGS)), after
     assert len(lines) < MAX_LINES, "\n".join(lines)
+    run_id = re.search(r", run (\S+), INTERRUPTED$", title).group(1)
+    for when, found in (("mid-copy", mid_run), ("after the Ctrl-C", run_reports())):
+        assert sorted(found) == ["localhost-%s.json" % run_id, "localhost.json"], (when, sorted(found))
+        for name, report in found.items():
+            assert report["run_id"] == run_id and "preflight" in report["plays"], (when, name, report)
+            assert report["status"] == "running" and report["finished"] is None, (when, name, report)

@@ -44,6 +44,14 @@ RUNBOOK_TIMEOUT = 300
 # the staged demo, once; restored before every runbook
 # ------------------------------------------------------------------------------------------------
 
+def zip_bytecode_path():
+    """make integration's compiled-module cache (tests/zip_bytecode) when the run has one: the operator's
+    commands below run the same modules as every other test."""
+    if not os.environ.get("ZIP_BYTECODE_CACHE"):
+        return []
+    return [os.path.join(REPO_ROOT, "tests", "zip_bytecode")]
+
+
 def command_env(work):
     """What an operator's shell has at the repo root: the venv first on PATH, nothing of the test's
     Ansible settings; Ansible's home and temp dirs in the copy's .cache (as the demo keeps them)."""
@@ -53,7 +61,7 @@ def command_env(work):
     env.update({
         "PATH": os.path.join(work, ".venv", "bin") + os.pathsep + os.environ.get("PATH", os.defpath),
         # The copy's dgx_stage package (the venv's editable install maps it to the developer's tree).
-        "PYTHONPATH": work,
+        "PYTHONPATH": os.pathsep.join([work] + zip_bytecode_path()),
         "PYTHONDONTWRITEBYTECODE": "1",
         "ANSIBLE_HOME": os.path.join(cache, "ansible-home"),
         "ANSIBLE_LOCAL_TEMP": os.path.join(cache, "ansible-tmp", "local"),

@@ -444,6 +444,47 @@ def test_the_row_of_a_background_job_comes_from_its_result_task():
     assert repos["model:org/y@main"]["verify"]["no_report"] is True
 
 
+def test_a_run_stopped_by_ctrl_c_mid_copy_prints_its_table_once_at_exit(monkeypatch):
+    """What the callback sees of a plain ansible-playbook run interrupted while the stage pass copies (the
+    events of test_output's Ctrl-C run, which sends the real signal): the lane facts, the preflight plan of
+    both repos, the stage play's progress poll in flight, then no stats. The table comes at exit, once (a
+    late recap prints nothing more): INTERRUPTED, the plan counted as nothing done, both repos of the pass in
+    flight interrupted there, and the re-run of the unfinished host with the run's own tags."""
+    main, drafter = "coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw", "coolbho3k/DSpark-drafter"
+    monkeypatch.setattr(summary.CallbackModule, "_quiet", lambda self: False)
+    monkeypatch.setattr(summary.context, "CLIARGS", {"inventory": ("inventory/dgx",), "check": False,
+                                                    "tags": ("verify", "preflight", "stage")})
+    display = _Display()
+    callback = summary.CallbackModule(display=display)
+    callback._watching = True             # no SIGINT handler and exit hook in the test process
+    callback.v2_playbook_on_start(_Obj(_file_name="stage-deepseek.yml"))
+    callback.v2_runner_on_ok(_result("localhost", {"ansible_facts": {
+        "lane_name": "exl3_2x", "lane_rank": 0, "lane_run_id": "20261201T233929Z-93b8"}}, action="ansible.builtin.set_fact"))
+    callback.v2_playbook_on_play_start(_Obj(tags=["preflight"], get_name=lambda: "Preflight - every host, lane-wide"))
+    for repo in (main, drafter):
+        callback.v2_runner_item_on_ok(_result("localhost", {"report": dict(plan_row(repo=repo), phase="preflight")}))
+    callback.v2_playbook_on_play_start(_Obj(tags=["stage"], get_name=lambda: "Stage - copy the selected files"))
+    poll = _Obj(action="stage_progress", get_name=lambda: "stage : Mirror | Progress, pass stage, repo " + main)
+    callback.v2_playbook_on_task_start(poll, False)
+    callback.v2_runner_on_start(_Obj(get_name=lambda: "localhost"), poll)
+    callback._interrupted = True          # what its SIGINT handler notes before Ansible stops the run
+    callback._at_exit()
+    callback.v2_playbook_on_stats(_Obj(failures={}, dark={}))
+    lines = "\n".join(display.lines).splitlines()
+    assert sum(line.startswith("DGX-STAGE LANE SUMMARY") for line in lines) == 1, lines
+    assert lines[0] == "DGX-STAGE LANE SUMMARY: lane exl3_2x, 1 host, run 20261201T233929Z-93b8, INTERRUPTED"
+    cells = table(lines)
+    for repo in (main, drafter):
+        assert cells[("localhost", repo)]["STATUS"] == "interrupted: stage: stage : Mirror | Progress, pass stage, " \
+                                                      "repo " + main, cells
+        assert [cells[("localhost", repo)][c] for c in ("COPIED", "REUSED", "REPAIRED", "GiB")] == ["-"] * 4
+    total = next(line for line in lines if line.startswith("wall time"))
+    assert total.endswith("; 0/1 hosts ok; INTERRUPTED: localhost"), total
+    assert [line for line in lines if line.startswith("next step")] == [
+        "next step: the run was interrupted before localhost finished; what is staged is kept and reused, so "
+        "re-run: ansible-playbook -i inventory/dgx stage-deepseek.yml --limit localhost --tags preflight,stage,verify"]
+
+
 # ---- the status playbook: each host's status lines in place of the table --------------------------------
 
 def _status_callback():

@@ -2,7 +2,7 @@
 trimmed): community.docker 4.8.5's docker_host_info container list (verbose_output) and docker_container_info,
 `docker inspect --type container` of a running and an exited container, and /proc/<pid>/cgroup of a
 container process under cgroup v1 (cgroupfs driver). The playbook-level checks run in
-tests/integration/test_engine_one_rank.py, test_engine_mount_names.py and test_engine_lane.py (docker params).
+tests/integration/test_engine_one_rank.py and test_engine_lane.py (docker params).
 
 Captured with two containers of the engine double image:
   dgx-stage-capture-1  running, labels dgx-stage.lane=exl3_2x and dgx-stage.rank=0, env RANK=0 and FOO=a=b,

@@ -3,8 +3,8 @@
 Docker `mounts` list and the Podman `--mount` specs.
 
 The Podman specs are read back with Python's csv module, which parses quoted fields the way Go's
-encoding/csv (Podman >= 4.1) does; tests/integration/test_engine_mount_names.py binds real files with
-these names on real Podman.
+encoding/csv (Podman >= 4.1) does; tests/integration/test_engine_one_rank.py binds real files with
+these names on real Podman and Docker.
 """
 import csv
 import importlib.util

@@ -127,10 +127,10 @@ check: setup ## the fast loop, before every commit: lint and unit tests side by 
 DOCKER_RUN := scripts/docker-daemon.sh run --
 
 # The engine double image is built (or found up to date by the hash of its inputs) once, before the workers start.
-# Module sources from Ansible's zips compile once per run (tests/zip_bytecode/sitecustomize.py).
+# Each module payload is built, and each module source compiled, once per run (tests/module_build_cache/sitecustomize.py).
 integration: setup system-packages image ## integration tests (tests/integration; a Docker daemon for the run; the 25 slowest listed)
-	@mkdir -p $(CACHE)/zip-bytecode
-	@$(DOCKER_RUN) env PYTHONPATH=$(CURDIR)/tests/zip_bytecode ZIP_BYTECODE_CACHE=$(CACHE)/zip-bytecode \
+	@mkdir -p $(CACHE)/module-build
+	@$(DOCKER_RUN) env PYTHONPATH=$(CURDIR)/tests/module_build_cache MODULE_BUILD_CACHE=$(CACHE)/module-build \
 	bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
 	$(call pytest,-n $(INTEGRATION_WORKERS) --durations=25 tests/integration)'
 

@@ -44,12 +44,12 @@ RUNBOOK_TIMEOUT = 300
 # the staged demo, once; restored before every runbook
 # ------------------------------------------------------------------------------------------------
 
-def zip_bytecode_path():
-    """make integration's compiled-module cache (tests/zip_bytecode) when the run has one: the operator's
+def module_build_cache_path():
+    """make integration's compiled-module cache (tests/module_build_cache) when the run has one: the operator's
     commands below run the same modules as every other test."""
-    if not os.environ.get("ZIP_BYTECODE_CACHE"):
+    if not os.environ.get("MODULE_BUILD_CACHE"):
         return []
-    return [os.path.join(REPO_ROOT, "tests", "zip_bytecode")]
+    return [os.path.join(REPO_ROOT, "tests", "module_build_cache")]
 
 
 def command_env(work):
@@ -61,7 +61,7 @@ def command_env(work):
     env.update({
         "PATH": os.path.join(work, ".venv", "bin") + os.pathsep + os.environ.get("PATH", os.defpath),
         # The copy's dgx_stage package (the venv's editable install maps it to the developer's tree).
-        "PYTHONPATH": os.pathsep.join([work] + zip_bytecode_path()),
+        "PYTHONPATH": os.pathsep.join([work] + module_build_cache_path()),
         "PYTHONDONTWRITEBYTECODE": "1",
         "ANSIBLE_HOME": os.path.join(cache, "ansible-home"),
         "ANSIBLE_LOCAL_TEMP": os.path.join(cache, "ansible-tmp", "local"),

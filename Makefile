@@ -130,6 +130,7 @@ DOCKER_RUN := scripts/docker-daemon.sh run --
 # Each module payload is built, and each module source compiled, once per run (tests/module_build_cache/sitecustomize.py).
 integration: setup system-packages image ## integration tests (tests/integration; a Docker daemon for the run; the 25 slowest listed)
 	@mkdir -p $(CACHE)/module-build
+	@$(VENV)/bin/python -m py_compile tests/module_build_cache/sitecustomize.py   # read by every process of the run
 	@$(DOCKER_RUN) env PYTHONPATH=$(CURDIR)/tests/module_build_cache MODULE_BUILD_CACHE=$(CACHE)/module-build \
 	bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
 	$(call pytest,-n $(INTEGRATION_WORKERS) --durations=25 tests/integration)'

@@ -15,14 +15,10 @@ Without the variable nothing changes. Two steps of every playbook run repeat the
 
 Cache files are loaded only when this user or root wrote them and no one else can change them.
 """
-import hashlib
-import importlib.abc
-import importlib.util
+# Every Python process of the run imports this file: what only some of them need is imported where it is used.
 import marshal
 import os
-import pickle
 import sys
-import types
 import zipimport
 
 CACHE_DIR = os.environ.get("MODULE_BUILD_CACHE")
@@ -30,12 +26,13 @@ _compile_source = getattr(zipimport, "_compile_source", None)
 
 
 def cache_key(pathname, source):
+    import hashlib
     inner = pathname.rsplit(".zip", 1)[-1]
     return hashlib.sha256(b"\0".join([sys.version.encode(), inner.encode(), source])).hexdigest()
 
 
 def with_filename(code, filename):
-    consts = tuple(with_filename(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    consts = tuple(with_filename(c, filename) if isinstance(c, type(code)) else c for c in code.co_consts)
     return code.replace(co_filename=filename, co_consts=consts)
 
 
@@ -78,6 +75,7 @@ def cached_compile(pathname, source, cache_dir=None):
 
 
 def sha256_of(path):
+    import hashlib
     try:
         with open(path, "rb") as handle:
             return hashlib.sha256(handle.read()).hexdigest()
@@ -102,6 +100,9 @@ class RecordingZip(object):
 
 def cached_recursive_finder(module_common, original, cache_dir=None):
     """module_common.recursive_finder, keeping what it wrote for the next run (see the module docstring)."""
+    import hashlib
+    import pickle
+
     def recursive_finder(name, module_fqn, module_data, zf, date_time, extension_manager):
         if extension_manager.debugger_enabled:          # it also fills a source map: nothing to replay
             return original(name, module_fqn, module_data, zf, date_time, extension_manager)
@@ -138,7 +139,7 @@ def cached_recursive_finder(module_common, original, cache_dir=None):
     return recursive_finder
 
 
-class PatchOnImport(importlib.abc.MetaPathFinder):
+class PatchOnImport(object):
     """Wraps recursive_finder when ansible.executor.module_common is imported (only the controller does)."""
 
     NAME = "ansible.executor.module_common"
@@ -146,6 +147,7 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != self.NAME:
             return None
+        import importlib.util
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:

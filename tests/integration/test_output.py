@@ -339,14 +339,17 @@ def test_swapped_and_flipped_shards_are_repaired_by_verify_and_the_table_and_rep
 
 
 def test_a_host_that_fails_before_any_report_is_sent_to_no_wrong_file(tmp_path, nas_hub, local_hub):
-    """The node's Python is missing: the run fails at the lane facts, before any host report. The next step
-    names no reports/<host>.json by guess: the host's stage_report_dir, and only when a report is there."""
+    """The node's Python is missing: the run fails at its first module, in preflight, naming the interpreter,
+    and no host report is written (the node is the controller here, whose report tasks need that Python too).
+    The next step names no reports/<host>.json by guess: the host's stage_report_dir, and only when a report
+    is there."""
     inventory = host_inventory(tmp_path, nas_hub["hub"], str(local_hub),
                                ansible_python_interpreter=str(tmp_path / "no-python"))
     code, lines = run_text(tmp_path, inventory)
     assert code != 0
     _title, _rows, _total, after = summary_table(lines)
-    assert after[0].startswith("localhost failed in play Lane facts, task 'Gathering Facts'"), after
+    assert after[0].startswith("localhost failed in play preflight, task "), after
+    assert "The module interpreter '%s' was not found" % (tmp_path / "no-python") in after[0], after
     assert after[1].startswith("next step: read the error above (this run wrote no host report for localhost); ")
     assert "localhost.json" not in after[1], after[1]
 

@@ -408,7 +408,8 @@ def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_na
     assert title.endswith(", INTERRUPTED"), title
     row = dict((r["REPO"], r) for r in rows)
     assert row[MAIN_REPO]["STATUS"].startswith("interrupted: stage: "), rows
-    assert total.endswith(" INTERRUPTED: localhost"), total
+    assert row[MAIN_REPO]["COPIED"] == "-"
+    assert total.endswith("; 0/1 hosts ok; INTERRUPTED: localhost"), total
     assert after[0] == ("next step: the run was interrupted before localhost finished; what is staged is kept "
                         "and reused, so re-run: ansible-playbook -i %s stage-deepseek.yml --limit localhost "
                         "--tags %s" % (inventory, STAGE_TAGS)), after

@@ -2,6 +2,7 @@
 through ansible-playbook with a throwaway inventory that sets the design card's variables."""
 import json
 import os
+import pwd
 
 import pytest
 from huggingface_hub import hf_hub_download, scan_cache_dir, snapshot_download
@@ -76,6 +77,12 @@ def test_stage_verify_then_idempotent_and_loadable_offline(staged_hub):
     # Second run: nothing to do anywhere.
     code, tasks, stats = play(tmp_path, inventory)
     assert code == 0 and stats["changed"] == 0, stats
+    # become_root unset: the lane becomes root only when the remote user (asked with one shell command) is not.
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    [remote] = tasks["The remote user, for the become switch (when the inventory does not set become_root)"]
+    assert remote["stdout"].strip() == user and not remote.get("changed"), remote
+    [facts] = tasks["Compute the lane facts once for every later play"]
+    assert facts["ansible_facts"]["lane_become"] is (user != "root"), facts
 
     # The local copy is a hub cache huggingface_hub loads with no network.
     os.environ["HF_HUB_OFFLINE"] = "1"

@@ -127,11 +127,12 @@ check: setup ## the fast loop, before every commit: lint and unit tests side by 
 DOCKER_RUN := scripts/docker-daemon.sh run --
 
 # The engine double image is built (or found up to date by the hash of its inputs) once, before the workers start.
-# Each module payload is built, and each module source compiled, once per run (tests/module_build_cache/sitecustomize.py).
+# Each module payload is built, and each module source compiled, once per run (tests/module_build_cache/sitecustomize.py),
+# in a cache directory of the installed Python deps (a new requirements.txt starts a new one).
 integration: setup system-packages image ## integration tests (tests/integration; a Docker daemon for the run; the 25 slowest listed)
-	@mkdir -p $(CACHE)/module-build
+	@mkdir -p -m 0755 $(CACHE)/module-build/$(REQ_HASH)
 	@$(VENV)/bin/python -m py_compile tests/module_build_cache/sitecustomize.py   # read by every process of the run
-	@$(DOCKER_RUN) env PYTHONPATH=$(CURDIR)/tests/module_build_cache MODULE_BUILD_CACHE=$(CACHE)/module-build \
+	@$(DOCKER_RUN) env PYTHONPATH=$(CURDIR)/tests/module_build_cache MODULE_BUILD_CACHE=$(CACHE)/module-build/$(REQ_HASH) \
 	bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
 	$(call pytest,-n $(INTEGRATION_WORKERS) --durations=25 tests/integration)'
 

@@ -9,11 +9,13 @@ Without the variable nothing changes. Two steps of every playbook run repeat the
   code gets the file name of the zip that imports it, so tracebacks stay true.
 - On the controller, each run finds a module's module_utils by parsing every one of them
   (`recursive_finder`: Ansible keeps the result for one run only, about a sixth of a run's CPU). The files
-  it put in the zip are kept, keyed by the module's source and the module_utils search path, with the
-  hash of every file they were read from: when any of those changed, the payload is built anew. A replay
-  writes the same entries, so the payload is byte for byte what Ansible builds.
+  it put in the zip are kept, keyed by the module's source and the module_utils search path with every file
+  below it, and with the hash of every file they were read from: when any of those changed, or a file was
+  added where the search could find it, the payload is built anew. A replay writes the same entries, so the
+  payload is byte for byte what Ansible builds.
 
-Cache files are loaded only when this user or root wrote them and no one else can change them.
+Cache files are loaded only when this user or root wrote them, in a directory no one else can write, never
+through a symlink; temp files are always new files.
 """
 # Every Python process of the run imports this file: what only some of them need is imported where it is used.
 import marshal
@@ -42,23 +44,46 @@ def trusted(handle):
     return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
 
 
-def read_trusted(path):
-    """The bytes of a cache file that trusted() accepts, or None."""
+def trusted_dir(path):
+    """A cache directory no one but this user or root can add files to (no symlink to one elsewhere)."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read() if trusted(handle) else None
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return os.path.isdir(path) and not os.path.islink(path) and st.st_uid in (0, os.geteuid()) \
+        and not st.st_mode & 0o022
+
+
+def read_trusted(path):
+    """The bytes of a cache file that trusted() accepts, in a trusted_dir(), never through a symlink; or None."""
+    if not trusted_dir(os.path.dirname(path)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read() if trusted(handle) else None
 
 
 def write_atomically(path, data):
+    """path written whole or not at all; its temp file is made new (never a link or file already there)."""
+    if not trusted_dir(os.path.dirname(path)):
+        return
+    temp = "%s.%d.tmp" % (path, os.getpid())
     try:
-        temp = "%s.%d.tmp" % (path, os.getpid())
-        with open(temp, "wb") as handle:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return          # a read-only or foreign cache directory: build every time, as without the cache
+    try:
+        with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(temp, path)
     except OSError:
-        pass            # a read-only or foreign cache directory: build every time, as without the cache
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
 
 
 def cached_compile(pathname, source, cache_dir=None):
@@ -66,12 +91,29 @@ def cached_compile(pathname, source, cache_dir=None):
     data = read_trusted(path)
     if data is not None:
         try:
-            return with_filename(marshal.loads(data), pathname)
+            code = marshal.loads(data)
+            if isinstance(code, type(with_filename.__code__)):
+                return with_filename(code, pathname)
         except (ValueError, EOFError, TypeError):
             pass
     code = _compile_source(pathname, source)
     write_atomically(path, marshal.dumps(code))
     return code
+
+
+def listing(paths):
+    """(path, size, mtime) of everything below paths: a module_util added, removed or replaced changes it."""
+    out = []
+    for top in paths:
+        for root, dirs, files in os.walk(top):
+            dirs.sort()
+            for name in sorted(files):
+                try:
+                    st = os.lstat(os.path.join(root, name))
+                except OSError:
+                    continue
+                out.append((os.path.join(root, name), st.st_size, st.st_mtime_ns))
+    return out
 
 
 def sha256_of(path):
@@ -107,19 +149,29 @@ def cached_recursive_finder(module_common, original, cache_dir=None):
         if extension_manager.debugger_enabled:          # it also fills a source map: nothing to replay
             return original(name, module_fqn, module_data, zf, date_time, extension_manager)
         search = [p for p in module_common.module_utils_loader._get_paths(subdirs=False) if os.path.isdir(p)]
-        key = hashlib.sha256(repr((sys.version, module_common.__version__, name, module_fqn, search,
+        # The key holds what the search could find: every file below the search path (Ansible's own
+        # module_utils aside: its version is in the key), so a module_util added in front of another, or one an
+        # optional import now finds, builds anew. The installed collections are fixed for one cache directory
+        # (make integration names it by the hash of requirements.txt).
+        own = os.path.realpath(module_common._MODULE_UTILS_PATH)
+        found = listing(p for p in search if os.path.realpath(p) != own)
+        key = hashlib.sha256(repr((sys.version, module_common.__version__, name, module_fqn, search, found,
                                    list(extension_manager.module_names))).encode() + b"\0" + bytes(module_data))
         path = os.path.join(cache_dir or CACHE_DIR, "finder-" + key.hexdigest())
+        replay = None
         data = read_trusted(path)
         if data is not None:
             try:
                 metadata, entries = pickle.loads(data)
+                if all(isinstance(f, str) and isinstance(src, (bytes, str)) and (not o or sha256_of(o) == d)
+                       for f, src, o, d in entries):
+                    replay = [(f, src) for f, src, _o, _d in entries]
             except Exception:
-                metadata, entries = None, None
-            if entries is not None and all(sha256_of(origin) == digest for _, _, origin, digest in entries if origin):
-                for filename, source, _origin, _digest in entries:
-                    zf.writestr(module_common._make_zinfo(filename, date_time, zf=zf), source)
-                return metadata
+                replay = None   # a damaged entry: built anew
+        if replay is not None:
+            for filename, source in replay:
+                zf.writestr(module_common._make_zinfo(filename, date_time, zf=zf), source)
+            return metadata
         recording = RecordingZip(zf)
         metadata = original(name, module_fqn, module_data, recording, date_time, extension_manager)
         entries = []

@@ -4,6 +4,7 @@ import datetime
 import importlib.util
 import io
 import marshal
+import pickle
 import os
 import subprocess
 import sys
@@ -169,3 +170,48 @@ def test_a_finder_cache_file_others_can_write_is_never_loaded(finder):
     os.chmod(str(finder.cache / name), 0o666)
     _data, _meta, ran = finder()
     assert ran
+
+
+def test_a_module_util_added_where_the_search_finds_it_builds_anew(finder):
+    """The helper imports a sibling only if it is there: the sibling appearing must change the payload."""
+    sibling = finder.helper.with_name(finder.helper.stem + "_extra.py")
+    finder.helper.write_text("try:\n    from ansible.module_utils.%s import X\nexcept ImportError:\n    X = None\n"
+                             "ANSWER = 11303\n" % sibling.stem)
+    without, _meta, _ran = finder()
+    assert "ansible/module_utils/%s" % sibling.name not in zip_entries(without)
+    sibling.write_text("X = 'present'\n")
+    added, _meta, ran = finder()
+    assert ran and zip_entries(added)["ansible/module_utils/%s" % sibling.name] == b"X = 'present'\n"
+    assert added == finder(through=finder.uncached)[0]
+
+
+def test_a_symlinked_or_misshapen_cache_entry_is_built_anew_and_no_link_is_written_through(shim, finder, tmp_path):
+    finder()
+    [name] = os.listdir(str(finder.cache))
+    entry = finder.cache / name
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(entry.read_bytes())       # a good entry, but reached through a link
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    _data, _meta, ran = finder()
+    assert ran
+    entry.unlink()
+    entry.write_bytes(pickle.dumps((None, [(1, 2)])))      # a well-formed pickle of the wrong shape
+    data, _meta, ran = finder()
+    assert ran and data == finder(through=finder.uncached)[0]
+    # A link planted at the temp file's name is never written through.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    planted = str(tmp_path / "cache" / "code") + ".%d.tmp" % os.getpid()
+    os.symlink(str(victim), planted)
+    shim.write_atomically(str(tmp_path / "cache" / "code"), b"payload")
+    assert victim.read_bytes() == b"keep" and not os.path.exists(str(tmp_path / "cache" / "code"))
+
+
+def test_a_cache_entry_of_the_wrong_type_is_compiled_over(shim, tmp_path):
+    shim.cached_compile("/x.zip/mod.py", b"VALUE = 1\n", cache_dir=str(tmp_path))
+    [name] = os.listdir(str(tmp_path))
+    (tmp_path / name).write_bytes(marshal.dumps(1))
+    namespace = {}
+    exec(shim.cached_compile("/x.zip/mod.py", b"VALUE = 1\n", cache_dir=str(tmp_path)), namespace)
+    assert namespace["VALUE"] == 1

@@ -92,7 +92,7 @@ demo-4x: setup ## four local hosts stage the engram layout: rank templates, 2 NA
 LEFTOVERS := $(CACHE)/leftovers.json
 
 test: export DGX_STAGE_TEST_RUN := $(shell od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
-test: leftovers-snapshot setup system-packages lint unit integration molecule leftovers-check ## everything CI runs: lint, unit, integration, Molecule; then fails if anything they started is left
+test: leftovers-snapshot setup system-packages check integration molecule leftovers-check ## everything CI runs: lint beside unit, integration, Molecule; then fails if anything they started is left
 
 leftovers-snapshot:
 	@$(PYTHON) tools/leftovers.py snapshot $(LEFTOVERS)
@@ -115,12 +115,7 @@ unit: setup ## unit tests (tests/unit)
 # Lint and the unit tests side by side (ansible-lint keeps about one core busy): lint's output is shown after the
 # tests', and either failing fails the target.
 check: setup ## the fast loop, before every commit: lint and unit tests side by side (about a minute)
-	@lint_log=$$(mktemp); trap 'rm -f "$$lint_log"' EXIT; \
-	$(MAKE) --no-print-directory lint > "$$lint_log" 2>&1 & lint_pid=$$!; \
-	unit_rc=0; $(MAKE) --no-print-directory unit UNIT_WORKERS=1 || unit_rc=$$?; \
-	lint_rc=0; wait $$lint_pid || lint_rc=$$?; cat "$$lint_log"; \
-	if [[ $$lint_rc -ne 0 ]]; then echo "make check: lint failed (above)"; fi; \
-	exit $$(( unit_rc || lint_rc ))
+	@scripts/side-by-side.sh lint unit UNIT_WORKERS=1
 
 # A Docker engine for the docker-runtime tests: scripts/docker-daemon.sh starts dockerd when none answers
 # (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.

@@ -298,12 +298,9 @@ def test_a_paused_or_self_restarting_rank_restarts_the_lane(lane):
         rc, data = lane.run("--tags", "engine")
         assert rc == 0, failures(data)
         assert "restart policy always" in msgs(data, "Restart plan")["dgx1"], msgs(data, "Restart plan")
-        restarted = lane.ids()
-        assert restarted["dgx1"] != new["dgx1"]
-        # Unchanged, a re-run leaves the lane alone (on Podman: the one-rank change test above).
-        rc, data = lane.run("--tags", "engine")
-        assert rc == 0 and all(data["stats"][h]["changed"] == 0 for h in LANES["exl3_2x"]), failures(data)
-        assert lane.ids() == restarted
+        assert lane.ids()["dgx1"] != new["dgx1"]
+    rc, data = lane.run("--tags", "engine")
+    assert rc == 0 and all(data["stats"][h]["changed"] == 0 for h in LANES["exl3_2x"]), failures(data)
 
 
 def test_a_repaired_blob_restarts_the_lane(lane):

@@ -357,8 +357,6 @@ def test_podman_got_csv_quoted_mount_specs_not_volume_strings(lane):
 
 
 def test_rerun_changes_nothing_and_keeps_the_container(lane):
-    # Docker's unchanged re-run (its container planned as is, changed=0): test_engine_lane's paused-rank test.
-    on_podman_only(lane)
     before = runtimes.container_ids(lane["runtime"], lane["name"])
     assert before
     # The whole playbook again (stage included: the odd names are staged once), and the bench (tag bench, not

@@ -115,7 +115,7 @@ unit: setup ## unit tests (tests/unit)
 # Lint and the unit tests side by side (ansible-lint keeps about one core busy): lint's output is shown after the
 # tests', and either failing fails the target.
 check: setup ## the fast loop, before every commit: lint and unit tests side by side (about a minute)
-	@scripts/side-by-side.sh lint unit UNIT_WORKERS=1
+	@+MAKE='$(MAKE)' scripts/side-by-side.sh lint unit UNIT_WORKERS=1
 
 # A Docker engine for the docker-runtime tests: scripts/docker-daemon.sh starts dockerd when none answers
 # (log and pid file in .cache/docker/) and stops only the daemon it started, when the command ends.

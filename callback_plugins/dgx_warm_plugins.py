@@ -4,6 +4,8 @@ Every task on every host runs in a worker forked from the main process, and a wo
 a test first loads every filter and test plugin file on the search path (about 20 ms of CPU each time) unless the
 main process already holds them. Loaded here, before each task is queued, every worker inherits them. A role
 loaded later (include_role) adds its plugin directory, which empties the loader's cache: the next task refills it.
+As with the plugins Ansible itself loads in the main process, a plugin file is read once per run (one edited
+during a run is not read again), and a file that cannot be loaded is warned about at the first task.
 """
 from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import filter_loader, test_loader
@@ -15,7 +17,8 @@ DOCUMENTATION = """
     description:
       - Before each task is queued, loads every filter and test plugin on the search path (a no-op when they are
         loaded already), so the workers forked for the task do not load them again each.
-      - Changes nothing a run does or prints.
+      - A plugin file is read once per run, and one that cannot be loaded is warned about at the first task
+        rather than at the first task that uses a filter. Nothing else a run does or prints changes.
     requirements:
       - enabled in ansible.cfg (callbacks_enabled)
 """

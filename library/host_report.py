@@ -317,58 +317,18 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_report import end_reports, IDENTITY, PLAYS, update_reports
-
-ARGUMENT_SPEC = dict(
-    dir=dict(type="path", required=True),
-    host=dict(type="str", required=True),
-    run_id=dict(type="str", required=True),
-    run_started=dict(type="str", required=True),
-    tags=dict(type="list", elements="str", default=[]),
-    skip_tags=dict(type="list", elements="str", default=[]),
-    check_run=dict(type="bool", default=False),
-    play=dict(type="str", choices=list(PLAYS)),
-    play_started=dict(type="str"),
-    play_finished=dict(type="str"),
-    run_end=dict(type="bool", default=False),
-    reached_end=dict(type="bool", default=True),
-    play_failed=dict(type="bool", default=False),
-    failed_task=dict(type="str", default=""),
-    failed_result=dict(type="dict", default={}),
-    passes=dict(type="dict", default={}),
-    weights=dict(type="list", elements="dict", default=[]),
-    engine=dict(type="dict", default={}),
-    lane=dict(type="str"),
-    rank=dict(type="int"),
-    world_size=dict(type="int"),
-    hub_nas_root=dict(type="str"),
-    hub_local_root=dict(type="str"),
-)
+from ansible.module_utils.dgx_report import ARGUMENT_SPEC, REQUIRED_IF, write_host_report
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
-                           required_if=[("run_end", False, ("play", "play_started"))])
-    params = module.params
-    run = {"id": params["run_id"], "started": params["run_started"], "tags": params["tags"],
-           "skip_tags": params["skip_tags"], "check": params["check_run"]}
-    play = {"name": params["play"], "started": params["play_started"], "finished": params["play_finished"],
-            "failed": params["play_failed"],
-            "failed_task": params["failed_task"], "failed_result": params["failed_result"]}
-    data = {"identity": dict((key, params[key]) for key in IDENTITY), "passes": params["passes"],
-            "weights": params["weights"], "engine": params["engine"]}
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True, required_if=REQUIRED_IF)
     try:
-        if params["run_end"]:
-            result = end_reports(params["dir"], params["host"], run, params["reached_end"], params["play"],
-                                 data["identity"], write=not module.check_mode)
-        else:
-            result = update_reports(params["dir"], params["host"], run, play, data, finished=params["play_finished"],
-                                    write=not module.check_mode)
+        result = write_host_report(module.params, module.check_mode)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     for warning in result.pop("warnings"):
         module.warn(warning)
-    module.exit_json(changed=not module.check_mode, status=result["report"]["status"], **result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

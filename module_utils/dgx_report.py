@@ -17,7 +17,9 @@ run the real results come from. A failed play sets status `failed`, `failed_play
 `failed_msg` in both files at once, so a host that fails never keeps an earlier success as its latest.
 
 Timestamps are ISO 8601 UTC (2026-11-30T20:45:12Z). Everything here is plain data in, plain data out;
-update_reports() reads the existing files and writes both atomically.
+update_reports() reads the existing files and writes both atomically. host_report's options are defined
+here (ARGUMENT_SPEC) and run by write_host_report(): library/host_report.py documents them, and the report
+role's action plugin runs them on the controller, in the process that runs the task.
 """
 import json
 import os
@@ -33,6 +35,34 @@ PASSES = ("preflight", "stage", "verify")
 ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # The host's identity in the lane, recorded as given (select-lane.yml's facts and the hub roots).
 IDENTITY = ("lane", "rank", "world_size", "hub_nas_root", "hub_local_root")
+
+# host_report's options, documented in library/host_report.py.
+ARGUMENT_SPEC = dict(
+    dir=dict(type="path", required=True),
+    host=dict(type="str", required=True),
+    run_id=dict(type="str", required=True),
+    run_started=dict(type="str", required=True),
+    tags=dict(type="list", elements="str", default=[]),
+    skip_tags=dict(type="list", elements="str", default=[]),
+    check_run=dict(type="bool", default=False),
+    play=dict(type="str", choices=list(PLAYS)),
+    play_started=dict(type="str"),
+    play_finished=dict(type="str"),
+    run_end=dict(type="bool", default=False),
+    reached_end=dict(type="bool", default=True),
+    play_failed=dict(type="bool", default=False),
+    failed_task=dict(type="str", default=""),
+    failed_result=dict(type="dict", default={}),
+    passes=dict(type="dict", default={}),
+    weights=dict(type="list", elements="dict", default=[]),
+    engine=dict(type="dict", default={}),
+    lane=dict(type="str"),
+    rank=dict(type="int"),
+    world_size=dict(type="int"),
+    hub_nas_root=dict(type="str"),
+    hub_local_root=dict(type="str"),
+)
+REQUIRED_IF = [("run_end", False, ("play", "play_started"))]
 
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -303,3 +333,24 @@ def update_reports(directory, host, run, play, data, finished=None, write=True):
     check_inputs(host, run, play)
     finished = finished or utc_now()
     return _record(directory, host, run, lambda previous: run_view(previous, host, run, play, data, finished), write)
+
+
+def write_host_report(params, check_mode):
+    """host_report's result for its validated options (ARGUMENT_SPEC): the end of the run recorded
+    (run_end) or the play merged into the host's two files, nothing written in check mode. Returns
+    {"changed", "status", "report", "latest", "history_path", "latest_path", "warnings"}; raises StageError."""
+    run = {"id": params["run_id"], "started": params["run_started"], "tags": params["tags"],
+           "skip_tags": params["skip_tags"], "check": params["check_run"]}
+    identity = dict((key, params[key]) for key in IDENTITY)
+    if params["run_end"]:
+        result = end_reports(params["dir"], params["host"], run, params["reached_end"], params["play"],
+                             identity, write=not check_mode)
+    else:
+        play = {"name": params["play"], "started": params["play_started"], "finished": params["play_finished"],
+                "failed": params["play_failed"],
+                "failed_task": params["failed_task"], "failed_result": params["failed_result"]}
+        data = {"identity": identity, "passes": params["passes"], "weights": params["weights"],
+                "engine": params["engine"]}
+        result = update_reports(params["dir"], params["host"], run, play, data, finished=params["play_finished"],
+                                write=not check_mode)
+    return dict(result, changed=not check_mode, status=result["report"]["status"])

@@ -18,11 +18,9 @@ sglang_4x is dgx1..dgx4. The tests run in file order on one lane and each leaves
   back, with a stranger on dgx1's port: the stranger, sglang_4x's rank on dgx2 and its engines left on
   dgx3/dgx4 (no longer in the lane) are reported, and stopped only with engine_stop_strays.
 
-Each runtime gets its own lane. On Docker the tests whose outcome depends on what the runtime reports run:
-the start in rank order with its labels, a paused or self-restarting rank (Docker calls both running: the
-whole lane restarts, then a re-run changes nothing, Docker's own containers found and judged unchanged) and
-the missing image. The rest decide in the plan's filters, over the same container listing, or in the
-receipt module, and run on Podman only.
+The lane runs on Podman: what is decided here is decided in the plan's filters, over the container listing
+either runtime gives, or in the receipt module. What Docker reports its own way (a paused or self-restarting
+container called running, a missing image) is checked on Docker's one-rank lane in test_engine_one_rank.py.
 """
 import json
 import os
@@ -147,11 +145,6 @@ class Lane(object):
         assert run.returncode == 0, run.stderr
         return name
 
-    def only_on_podman(self):
-        """The checks that decide in the plan's filters alone (nothing runtime-specific) run once, on Podman."""
-        if self.runtime != "podman":
-            pytest.skip("runtime-independent: checked on podman only")
-
     def ids(self, hosts=None):
         return dict((h, (c or {}).get("id")) for h, c in self.containers(hosts).items())
 
@@ -166,9 +159,9 @@ class Lane(object):
         return out
 
 
-@pytest.fixture(scope="module", params=runtimes.params())
+@pytest.fixture(scope="module", params=runtimes.params(("podman",)))
 def lane(request, tmp_path_factory):
-    """A staged local hub shared by four hosts; exl3_2x started once (per runtime)."""
+    """A staged local hub shared by four hosts; exl3_2x started once."""
     runtime = request.param
     build_engine_double()
     work = str(tmp_path_factory.mktemp("lane-" + runtime))
@@ -229,7 +222,6 @@ def change_one_ranks_env(lane):
 
 
 def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(lane):
-    lane.only_on_podman()
     ids, receipts = lane.ids(), lane.receipts_state()
     change_one_ranks_env(lane)
     rc, data = lane.run("--check", "--diff", "--tags", "manifest,engine")
@@ -245,7 +237,6 @@ def test_check_mode_shows_which_ranks_would_restart_and_why_and_changes_nothing(
 
 
 def test_a_one_rank_change_restarts_the_whole_lane_in_rank_order(lane):
-    lane.only_on_podman()       # Docker's whole-lane restart and no-op re-run: the paused-rank test below
     ids = lane.ids()
     change_one_ranks_env(lane)      # as the check-mode test left it
     rc, data = lane.run("--tags", "manifest,engine")
@@ -282,10 +273,9 @@ def flip_a_byte_in_a_staged_blob(lane):
     return blob
 
 
-def test_a_paused_or_self_restarting_rank_restarts_the_lane(lane):
-    """Docker says Running for a paused container and for one its restart policy keeps restarting: neither is a
-    rank that runs. A paused rank restarts the lane like a stopped one; a restart policy set behind the lane's
-    back (a rank that would restart on its own, without its receipts cleared) restarts it too."""
+def test_a_paused_rank_restarts_the_lane(lane):
+    """A paused rank runs nothing: it restarts the lane like a stopped one, and a re-run then leaves the lane alone.
+    (Docker's own paused and self-restarting states: test_engine_one_rank.py.)"""
     ids = lane.ids()
     assert lane.cli("pause", lane.names["dgx2"]).returncode == 0
     rc, data = lane.run("--tags", "engine")
@@ -293,18 +283,11 @@ def test_a_paused_or_self_restarting_rank_restarts_the_lane(lane):
     assert "container paused" in msgs(data, "Restart plan")["dgx2"], msgs(data, "Restart plan")
     new = lane.ids()
     assert all(new[h] != ids[h] for h in ids) and all(c["running"] for c in lane.containers().values())
-    if lane.runtime == "docker":   # podman 4.3 cannot change a container's restart policy
-        assert lane.cli("update", "--restart", "always", lane.names["dgx1"]).returncode == 0
-        rc, data = lane.run("--tags", "engine")
-        assert rc == 0, failures(data)
-        assert "restart policy always" in msgs(data, "Restart plan")["dgx1"], msgs(data, "Restart plan")
-        assert lane.ids()["dgx1"] != new["dgx1"]
     rc, data = lane.run("--tags", "engine")
     assert rc == 0 and all(data["stats"][h]["changed"] == 0 for h in LANES["exl3_2x"]), failures(data)
 
 
 def test_a_repaired_blob_restarts_the_lane(lane):
-    lane.only_on_podman()
     ids = lane.ids()
     blob = flip_a_byte_in_a_staged_blob(lane)
     inode = os.stat(blob).st_ino
@@ -320,7 +303,6 @@ def test_a_repaired_blob_restarts_the_lane(lane):
 
 
 def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane):
-    lane.only_on_podman()
     ids = lane.ids()
     rc, data = lane.run("--tags", "engine", "--limit", "dgx2")
     assert rc != 0
@@ -336,7 +318,6 @@ def test_limit_to_one_rank_is_refused_unless_that_rank_is_restarted_by_name(lane
 def test_a_rank_restarted_alone_is_judged_with_the_whole_lane(lane):
     """engine_restart_only with --limit: the ranks left out are still asked (delegated) every round, so a
     dead rank 0 with a stranger answering on its port fails the run, named as rank 0 on dgx1."""
-    lane.only_on_podman()
     ids = lane.ids()
     stranger = lane.stranger_on_port("dgx1", "only-stranger")
     try:
@@ -357,7 +338,6 @@ def test_a_rank_restarted_alone_is_judged_with_the_whole_lane(lane):
 def test_nothing_is_stopped_when_one_rank_cannot_clear_its_receipts(lane):
     """A lane restart with dgx2's receipt held by a stranger process: refused before any rank is stopped
     (no rank starts alone into a world of two), naming the holder; the lane keeps running as it was."""
-    lane.only_on_podman()
     ids = lane.ids()
     held = os.path.join(lane.cache("dgx2"), RECEIPT_NAMES[0], "worker.json")
     lane.host_vars["dgx2"]["engine_env"] = dict(DOUBLE_RECEIPTS, DOUBLE_TOKENS_PER_S=400, DOUBLE_TEST_KNOB="held")
@@ -380,7 +360,6 @@ def test_nothing_is_stopped_when_one_rank_cannot_clear_its_receipts(lane):
 def test_an_earlier_engine_of_a_rank_under_another_name_is_a_stray(lane):
     """dgx2's engine_name changes on a running lane: its old container (labels: rank 1 of this lane) would
     keep the GPUs; it is reported, and stopped only with engine_stop_strays."""
-    lane.only_on_podman()
     old, new = lane.names["dgx2"], "dgx-stage-test-renamed-%s" % uuid.uuid4().hex[:8]
     lane.strays.append(new)
     lane.host_vars["dgx2"]["engine_name"] = new
@@ -404,7 +383,6 @@ def test_an_earlier_engine_of_a_rank_under_another_name_is_a_stray(lane):
 
 
 def test_engine_enabled_false_on_one_host_is_refused_on_every_host(lane):
-    lane.only_on_podman()
     ids = lane.ids()
     lane.host_vars["dgx2"]["engine_enabled"] = False
     try:
@@ -441,7 +419,6 @@ def test_a_missing_image_with_engine_pull_never_fails_fast_and_stops_nothing(lan
 
 
 def test_strays_and_engines_left_on_hosts_that_left_the_lane_are_reported_and_stopped_only_when_asked(lane):
-    lane.only_on_podman()
     # Switching the hosts to sglang_4x: exl3_2x's engines hold the names on dgx1/dgx2, strays of another lane.
     rc, data = lane.run("--tags", "manifest,engine", "-e", "lane=sglang_4x", "-e", "engine_stop_strays=true")
     assert rc == 0, failures(data)

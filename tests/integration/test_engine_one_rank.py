@@ -12,7 +12,8 @@ snapshot reads back its bytes there (local binds the staged bytes, page15 and th
 their NAS binds), a write to a NAS or local bind fails, odd names stay whole, the rank environment is set.
 How each runtime was asked is checked once each: Docker's API mount objects, Podman's CSV-quoted --mount
 specs. Then: smoke and decode probe results are in the host report, a re-run of the whole playbook changes
-nothing (the container is not recreated), a bind path no runtime binds exactly stops the play before the
+nothing (the container is not recreated), Docker's paused and self-restarting containers are restarted and a
+missing image is refused on Docker (Docker reports these its own way), a bind path no runtime binds exactly stops the play before the
 container is touched, and yesterday's stale receipts make the engine fail when nobody clears them, but not
 when the plays do (crash layer 2 of the night-shift log).
 """
@@ -406,6 +407,39 @@ def test_docker_without_python_requests_on_the_node_fails_naming_the_package(lan
     refused = [f for f in failures(data) if "has no 'requests' package" in f]
     assert refused and "apt-get install python3-requests" in refused[0] and python in refused[0], failures(data)
     assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
+
+
+def test_docker_restarts_a_paused_or_self_restarting_engine_and_refuses_a_missing_image(lane):
+    """Docker says Running for a paused container and for one its restart policy keeps restarting: neither is an
+    engine that runs (Podman's states, on a whole lane: test_engine_lane.py). Each is restarted, and a re-run then
+    changes nothing. An image Docker does not hold, with engine_pull=never, is refused before the container is
+    touched and never pulled."""
+    if lane["runtime"] != "docker":
+        pytest.skip("docker only: Docker's own container states and image lookup")
+    name, before = lane["name"], runtimes.container_ids("docker", lane["name"])
+    for change, reason in ((("pause", name), "container paused"),
+                           (("update", "--restart", "always", name), "restart policy always")):
+        assert runtimes.cli("docker", *change).returncode == 0
+        rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine")
+        assert rc == 0, failures(data)
+        assert reason in task_result(data, "Restart plan")["msg"], task_result(data, "Restart plan")
+        after = runtimes.container_ids("docker", name)
+        assert after and after != before and json.loads(runtimes.cli(
+            "docker", "inspect", "--format", "{{json .State}}", name).stdout.decode())["Status"] == "running"
+        before = after
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine")
+    assert rc == 0 and data["stats"]["localhost"]["changed"] == 0, changed_tasks(data)
+    assert runtimes.container_ids("docker", name) == before
+
+    image = "registry.invalid/dgx-stage/missing-%s:1" % uuid.uuid4().hex[:8]
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine", "-e", "engine_image=%s" % image)
+    assert rc != 0
+    assert any("image %s is not on localhost and engine_pull=never" % image in f for f in failures(data)), \
+        failures(data)
+    assert not any("Container |" in t["task"]["name"] and not r.get("skipped")
+                   for play in data["plays"] for t in play["tasks"] for r in t["hosts"].values())
+    assert runtimes.container_ids("docker", name) == before
+    assert runtimes.cli("docker", "image", "inspect", image).returncode != 0
 
 
 def test_decode_below_the_floor_fails_clearly_and_is_still_reported(lane):

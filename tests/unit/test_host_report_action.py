@@ -3,6 +3,9 @@ the module's: the same files and result for the same options, nothing written in
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -10,8 +13,8 @@ from ansible.errors import AnsibleActionFail
 
 from modrun import REPO_ROOT, run_main
 
-_SPEC = importlib.util.spec_from_file_location(
-    "dgx_host_report_action", os.path.join(REPO_ROOT, "roles", "report", "action_plugins", "host_report.py"))
+PLUGIN = os.path.join(REPO_ROOT, "roles", "report", "action_plugins", "host_report.py")
+_SPEC = importlib.util.spec_from_file_location("dgx_host_report_action", PLUGIN)
 plugin = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(plugin)
 
@@ -64,3 +67,45 @@ def test_bad_input_is_refused_naming_it(tmp_path, bad, named):
     with pytest.raises(AnsibleActionFail, match=named.replace(".", r"\.")):
         run_action(dict(ARGS, dir=str(tmp_path / "reports"), **bad))
     assert not os.path.exists(str(tmp_path / "reports"))
+
+
+def test_a_failed_tasks_result_is_not_echoed(tmp_path):
+    """The failed task's whole result may hold what it kept out of the output (no_log): the report keeps its
+    message, and the action's result does not carry the rest."""
+    failed = dict(ARGS, dir=str(tmp_path / "reports"), play_failed=True, failed_task="Stage | Copy",
+                  failed_result={"msg": "copy failed", "cmd": ["curl", "-H", "Authorization: secret-xyz"]})
+    result = run_action(failed)
+    assert result["status"] == "failed" and result["report"]["failed_msg"] == "copy failed"
+    assert "failed_result" not in result["invocation"]["module_args"]
+    assert "secret-xyz" not in json.dumps(result) and "secret-xyz" not in open(result["latest_path"]).read()
+
+
+# The plugin loaded in a fresh Python, as Ansible's main process loads it, with no ansible.cfg.
+IMPORT_CHECK = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("action", sys.argv[1])
+action = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(action)
+try:
+    print(action.report_functions()[0]["host"]["type"])
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def import_check(plugin, cwd):
+    env = dict(os.environ, ANSIBLE_MODULE_UTILS=str(cwd / "elsewhere"))
+    env.pop("ANSIBLE_CONFIG", None)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK, plugin], cwd=str(cwd), env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    return proc.stdout.decode().strip().splitlines()[-1]
+
+
+def test_without_a_module_utils_path_the_projects_own_is_used_and_else_the_fix_is_named(tmp_path):
+    assert import_check(PLUGIN, tmp_path) == "str"
+    alone = tmp_path / "roles" / "report" / "action_plugins"
+    alone.mkdir(parents=True)
+    shutil.copy(PLUGIN, str(alone))
+    got = import_check(str(alone / "host_report.py"), tmp_path)
+    assert got.startswith("AnsibleActionFail") and "ANSIBLE_MODULE_UTILS" in got and "dgx_errors" in got, got

@@ -14,8 +14,8 @@ edge whitespace is written as a CSV-quoted field ("source=/a,b", an inner " doub
 spaces and non-ASCII need nothing. Every path goes through mount_path_problem first and a path no
 runtime binds exactly as written raises AnsibleFilterError naming it.
 
-mount_path_problem here is a copy of module_utils/dgx_mountspec.py (controller-side plugins cannot
-import the project's module_utils); tests/unit/test_mountspec.py keeps the two in step.
+mount_path_problem here is a copy of module_utils/dgx_mountspec.py; tests/unit/test_mountspec.py keeps the two
+in step.
 """
 
 import hashlib

@@ -9,24 +9,33 @@ function as the module's main() (module_utils/dgx_report.py), so both give the s
 """
 from __future__ import annotations
 
+import os
+
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 import ansible.module_utils
 
+# The project's module_utils, beside its roles: where Ansible also finds them for the modules when ansible.cfg
+# names no module_utils path (it looks beside the playbook).
+PROJECT_MODULE_UTILS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "module_utils")
 
-def _use_module_utils():
-    """Make the project's module_utils (ansible.cfg's module_utils path) importable here, as Ansible makes
-    them importable by the modules it sends."""
-    for path in C.config.get_config_value("DEFAULT_MODULE_UTILS_PATH") or []:
+
+def report_functions():
+    """(ARGUMENT_SPEC, REQUIRED_IF, write_host_report, StageError) of module_utils/dgx_report.py, importable here
+    from Ansible's module_utils path (ansible.cfg's module_utils, ANSIBLE_MODULE_UTILS) or the project's own."""
+    for path in list(C.config.get_config_value("DEFAULT_MODULE_UTILS_PATH") or []) + [
+            os.path.normpath(PROJECT_MODULE_UTILS)]:
         if path not in ansible.module_utils.__path__:
             ansible.module_utils.__path__.append(path)
-
-
-_use_module_utils()
-
-from ansible.module_utils.dgx_errors import StageError  # noqa: E402  (after the path above)
-from ansible.module_utils.dgx_report import ARGUMENT_SPEC, REQUIRED_IF, write_host_report  # noqa: E402
+    try:
+        from ansible.module_utils.dgx_errors import StageError
+        from ansible.module_utils.dgx_report import ARGUMENT_SPEC, REQUIRED_IF, write_host_report
+    except ImportError as exc:
+        raise AnsibleActionFail("host_report cannot import the project's module_utils (%s): run from the repo root "
+                                "(ansible.cfg sets module_utils = ./module_utils) or set ANSIBLE_MODULE_UTILS to "
+                                "the repo's module_utils/ directory" % exc)
+    return ARGUMENT_SPEC, REQUIRED_IF, write_host_report, StageError
 
 
 class ActionModule(ActionBase):
@@ -37,12 +46,16 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         del tmp
-        _, options = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF)
+        argument_spec, required_if, write_host_report, stage_error = report_functions()
+        _, options = self.validate_argument_spec(argument_spec=argument_spec, required_if=required_if)
         try:
             written = write_host_report(options, bool(self._task.check_mode))
-        except StageError as exc:
+        except stage_error as exc:
             raise AnsibleActionFail(str(exc))
         result.update(written)
-        # As a module's result has it: the lane summary reads which host a report is of from here.
-        result["invocation"] = {"module_args": options}
+        # As a module's result has it (the lane summary reads which host a report is of from here), without the
+        # failed task's whole result: it may hold what that task kept out of the output (no_log); the report
+        # itself keeps only its message.
+        result["invocation"] = {"module_args": dict((key, value) for key, value in options.items()
+                                                    if key != "failed_result")}
         return result

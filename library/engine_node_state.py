@@ -8,9 +8,12 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: engine_node_state
-short_description: Fingerprint the files the engine binds and find who holds its port, on the node
+short_description: Read the engine's mount manifest, fingerprint the files it binds and find who holds its port, on the node
 version_added: "1.0.0"
 description:
+  - With O(manifest), reads the mount manifest there and returns it as RV(manifest) (or why it cannot be read,
+    in RV(manifest_error)); O(manifest_content) gives the manifest instead (a C(--check) run's, computed and not
+    written). The sources of its local binds join O(files).
   - Stats every path in O(files) (following links, as a bind mount does) and returns RV(fingerprint), a
     sha256 over each path with the identity of what it resolves to - device, inode, size and mtime in
     nanoseconds. A bind pins an inode, so a verify repair or a re-stage (a new blob file under the same
@@ -20,6 +23,7 @@ description:
   - With O(port), lists the processes listening on that TCP port (IPv4 or IPv6) in the node's network
     namespace, with the container each runs in (read from its cgroup), so a container or process outside
     the lane that holds the engine's port is found before the engine is started into it.
+  - With O(directories), says which of those paths do not exist (RV(directories_missing)).
   - With O(python_modules), says which of those Python modules the node's Python (the one running this
     module, and every other module of the play) cannot import - C(requests), which community.docker needs.
   - Reads only; changes nothing.
@@ -29,6 +33,17 @@ options:
     description:
       - Host paths whose identity goes into RV(fingerprint) - the sources of the manifest's local binds.
         Order and duplicates do not matter. A missing path counts as such (and is listed in RV(missing)).
+    type: list
+    elements: path
+    default: []
+  manifest:
+    description: Path of the mount manifest on the node (C(engine_manifest_path)), read and returned as RV(manifest).
+    type: path
+  manifest_content:
+    description: The mount manifest itself, used instead of reading O(manifest).
+    type: dict
+  directories:
+    description: Paths to look for (following links), such as the receipt directory; RV(directories_missing) lists those not there.
     type: list
     elements: path
     default: []
@@ -62,9 +77,10 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Fingerprint the staged files the engine binds, and who listens on its port
+- name: Read the mount manifest, fingerprint the staged files it binds, find who listens on the port
   engine_node_state:
-    files: "{{ manifest.mounts | selectattr('origin', 'equalto', 'local') | map(attribute='source') | list }}"
+    manifest: /etc/dgx-stage/engine-manifest.json
+    directories: [/cache]
     port: 8000
   register: node_state
   become: true
@@ -76,7 +92,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 fingerprint:
-  description: sha256 hex over every path of O(files) (sorted) with the identity of what it resolves to.
+  description: >-
+    sha256 hex over every path of O(files) and the manifest's local sources (sorted) with the identity of what
+    it resolves to.
   returned: success
   type: str
   sample: 3b5d5c3712955042212316173ccf37be800c8c4a3c1b5c6e2e1d40fb7ab2d6a1
@@ -85,6 +103,34 @@ files:
   returned: success
   type: int
   sample: 141
+manifest:
+  description: The mount manifest read from O(manifest) (or O(manifest_content)); null when it cannot be read.
+  returned: success when O(manifest) is set or O(manifest_content) is set
+  type: dict
+  contains:
+    repos:
+      description: The repos the manifest binds, each with its C(target) snapshot directory in the container.
+      type: list
+      elements: dict
+    mounts:
+      description: The binds, each C(source), C(target), C(read_only) and C(origin) (C(local) or C(nas)).
+      type: list
+      elements: dict
+    counts:
+      description: How many binds come from the local disk and from the NAS (C(local), C(nas), C(total)).
+      type: dict
+  sample: {repos: [{repo_id: org/model, target: /hub/models--org--model/snapshots/0a1b2c}], mounts: [], counts: {}}
+manifest_error:
+  description: Why O(manifest) cannot be read (no file there, not JSON, not a manifest); empty when it was read.
+  returned: success when O(manifest) is set or O(manifest_content) is set
+  type: str
+  sample: "cannot read it: No such file or directory"
+directories_missing:
+  description: The paths of O(directories) where nothing is.
+  returned: success
+  type: list
+  elements: str
+  sample: [/cache]
 missing:
   description: Paths of O(files) where nothing is (they count in RV(fingerprint) as missing).
   returned: success
@@ -124,27 +170,42 @@ python:
       elements: str
   sample: {executable: /usr/bin/python3, version: 3.12.3, missing: [requests]}
 msg:
-  description: Why the node could not be read (a port out of range).
+  description: Why the node could not be read (a port out of range, both O(manifest) and O(manifest_content)).
   returned: failure
   type: str
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dgx_nodestate import files_fingerprint, port_holders, python_modules
+from ansible.module_utils.dgx_nodestate import (files_fingerprint, local_sources, port_holders, python_modules,
+                                                read_manifest)
 
 
 ARGUMENT_SPEC = dict(
     files=dict(type="list", elements="path", default=[]),
+    manifest=dict(type="path"),
+    manifest_content=dict(type="dict"),
+    directories=dict(type="list", elements="path", default=[]),
     port=dict(type="int"),
     python_modules=dict(type="list", elements="str", default=[]),
 )
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           mutually_exclusive=[("manifest", "manifest_content")])
     params = module.params
-    fingerprint, pairs, missing = files_fingerprint(params["files"])
-    result = dict(changed=False, fingerprint=fingerprint, files=len(pairs), missing=missing)
+    result = dict(changed=False)
+    files = list(params["files"])
+    if params["manifest"] is not None or params["manifest_content"] is not None:
+        manifest, error = ((params["manifest_content"], None) if params["manifest_content"] is not None
+                           else read_manifest(params["manifest"]))
+        result.update(manifest=manifest, manifest_error=error or "")
+        files.extend(local_sources(manifest or {}))
+    fingerprint, pairs, missing = files_fingerprint(files)
+    result.update(fingerprint=fingerprint, files=len(pairs), missing=missing,
+                  directories_missing=[path for path in params["directories"] if not os.path.exists(path)])
     if params["port"] is not None:
         if not 0 < params["port"] < 65536:
             module.fail_json(msg="port must be 1-65535, got %d" % params["port"])

@@ -1,6 +1,8 @@
 # -*- coding: utf-8 -*-
 """What the engine container would meet on this node, read without changing anything.
 
+read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read)
+local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns of what
                                      the path resolves to). A bind pins an inode: a verify repair or a
@@ -19,12 +21,35 @@ Stdlib only; runs on the nodes' system Python.
 
 import errno
 import hashlib
+import json
 import os
 import sys
 
 from ansible.module_utils.dgx_receipts import container_of
 
 TCP_LISTEN = "0A"
+
+
+def read_manifest(path):
+    """(the mount manifest JSON at path, None), or (None, why it cannot be read): no file there, not JSON, or
+    not a manifest's object."""
+    try:
+        with open(path, "rb") as handle:
+            manifest = json.loads(handle.read().decode("utf-8"))
+    except OSError as exc:
+        return None, "cannot read it: %s" % (exc.strerror or exc)
+    except ValueError as exc:
+        return None, "not JSON: %s" % exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("mounts"), list):
+        return None, "not a mount manifest (no list of mounts)"
+    return manifest, None
+
+
+def local_sources(manifest):
+    """The host paths the manifest binds from the local disk (origin local): the files a restage or a repair
+    gives a new inode."""
+    return [mount["source"] for mount in manifest.get("mounts") or []
+            if isinstance(mount, dict) and mount.get("origin") == "local" and "source" in mount]
 
 
 def file_identity(path):

@@ -1,8 +1,9 @@
-"""The lane-wide decisions in Python: module_utils/dgx_nodestate.py (the bound files' fingerprint, the
-holders of a port, on a fake /proc) and the engine role's lane filters (roles/engine/filter_plugins/
-engine_lane.py: container lists, labels, restart reasons, strays, earlier worlds, the lane's plan).
-tests/integration/test_engine_lane.py runs them on real Podman and Docker."""
+"""The lane-wide decisions in Python: module_utils/dgx_nodestate.py (the mount manifest read on the node, the
+bound files' fingerprint, the holders of a port, on a fake /proc) and the engine role's lane filters
+(roles/engine/filter_plugins/engine_lane.py: container lists, labels, restart reasons, strays, earlier worlds,
+the lane's plan). tests/integration/test_engine_lane.py runs them on real Podman and Docker."""
 import importlib.util
+import json
 import os
 import socket
 
@@ -10,8 +11,8 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes,
-                                                 parse_proc_net_tcp, port_holders)
+from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes, local_sources,
+                                                 parse_proc_net_tcp, port_holders, read_manifest)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN = os.path.join(REPO_ROOT, "roles", "engine", "filter_plugins", "engine_lane.py")
@@ -70,6 +71,32 @@ def test_file_identity_follows_links_and_names_errors(tmp_path):
     assert file_identity(str(tmp_path / "nope")) == "missing"
     assert file_identity(str(target) + "/below") == "missing"         # ENOTDIR
     assert file_identity("x" * 5000).startswith("error:ENAMETOOLONG")
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "cannot read it: No such file or directory"),
+    (b"{not json", "not JSON: "),
+    (b"[1, 2]", "not a mount manifest (no list of mounts)"),
+    (b'{"repos": []}', "not a mount manifest (no list of mounts)"),
+])
+def test_a_manifest_that_cannot_be_read_says_why(tmp_path, content, why):
+    path = tmp_path / "engine-manifest.json"
+    if content is not None:
+        path.write_bytes(content)
+    manifest, error = read_manifest(str(path))
+    assert manifest is None and error.startswith(why), error
+
+
+def test_the_manifest_read_and_its_local_sources(tmp_path):
+    mounts = [{"source": "/nvme/hub/blobs/a", "target": "/hub/a", "read_only": True, "origin": "local"},
+              {"source": "/nas/hub/page15", "target": "/hub/page15", "read_only": True, "origin": "nas"},
+              {"source": "/nvme/hub/blobs/b", "target": "/hub/b", "read_only": True, "origin": "local"}]
+    path = tmp_path / "engine-manifest.json"
+    path.write_text(json.dumps({"repos": [], "mounts": mounts, "counts": {}}))
+    manifest, error = read_manifest(str(path))
+    assert error is None and manifest["mounts"] == mounts
+    assert local_sources(manifest) == ["/nvme/hub/blobs/a", "/nvme/hub/blobs/b"]
+    assert local_sources({}) == [] and local_sources({"mounts": ["junk", {"origin": "local"}]}) == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -521,9 +521,31 @@ def test_engine_node_state_results(staged):
     args = {"python_modules": ["json", "dgx_no_such_module"]}
     result = check_result("engine_node_state", args, run_main("engine_node_state", args))
     assert result["python"]["missing"] == ["dgx_no_such_module"] and result["python"]["executable"] == sys.executable
+    # The manifest read on the node: its local binds' sources fingerprinted with the files given, the receipt
+    # directory looked for; a manifest that is not there says why.
+    manifest_path = os.path.join(str(staged["local"]), "engine-manifest.json")
+    manifest = {"repos": [{"repo_id": MAIN}], "mounts": [{"source": files[0], "target": "/hub/a", "origin": "local"},
+                                                         {"source": "/nas/b", "target": "/hub/b", "origin": "nas"}],
+                "counts": {"local": 1, "nas": 1, "total": 2}}
+    with open(manifest_path, "w") as handle:
+        json.dump(manifest, handle)
+    args = {"manifest": manifest_path, "directories": [str(staged["local"]), manifest_path + ".d"]}
+    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
+    assert result["manifest"] == manifest and result["manifest_error"] == "" and result["files"] == 1
+    assert result["fingerprint"] == check_result(
+        "engine_node_state", {"files": files[:1]}, run_main("engine_node_state", {"files": files[:1]}))["fingerprint"]
+    assert result["directories_missing"] == [manifest_path + ".d"]
+    given = {"manifest_content": manifest}
+    assert check_result("engine_node_state", given, run_main("engine_node_state", given))["files"] == 1
+    args = {"manifest": manifest_path + ".gone"}
+    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
+    assert result["manifest"] is None and "No such file" in result["manifest_error"] and result["files"] == 0
     bad = {"port": 70000}
     result = check_result("engine_node_state", bad, run_main("engine_node_state", bad), expect_failure=True)
     assert "1-65535" in result["msg"]
+    both = {"manifest": manifest_path, "manifest_content": manifest}
+    result = check_result("engine_node_state", both, run_main("engine_node_state", both), expect_failure=True)
+    assert "mutually exclusive" in result["msg"]
 
 
 # ------------------------------------------------------------------------------------------------

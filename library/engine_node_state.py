@@ -43,9 +43,11 @@ options:
     description: The mount manifest itself, used instead of reading O(manifest).
     type: dict
   directories:
-    description: Paths to look for (following links), such as the receipt directory; RV(directories_missing) lists those not there.
+    description:
+      - Paths to look for, as written (a link counts as there), such as the receipt directory;
+        RV(directories_missing) lists those not there. One that cannot be looked at fails the module.
     type: list
-    elements: path
+    elements: str
     default: []
   port:
     description: TCP port whose listeners to list in RV(port_holders). Unset, no listener is looked for.
@@ -121,7 +123,9 @@ manifest:
       type: dict
   sample: {repos: [{repo_id: org/model, target: /hub/models--org--model/snapshots/0a1b2c}], mounts: [], counts: {}}
 manifest_error:
-  description: Why O(manifest) cannot be read (no file there, not JSON, not a manifest); empty when it was read.
+  description: >-
+    Why the manifest cannot be used (no file at O(manifest), not JSON, not a manifest - a list of repos, and of
+    mounts with a text source and target); empty when it was read.
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: str
   sample: "cannot read it: No such file or directory"
@@ -170,23 +174,23 @@ python:
       elements: str
   sample: {executable: /usr/bin/python3, version: 3.12.3, missing: [requests]}
 msg:
-  description: Why the node could not be read (a port out of range, both O(manifest) and O(manifest_content)).
+  description: >-
+    Why the node could not be read (a port out of range, both O(manifest) and O(manifest_content), a path of
+    O(directories) that cannot be looked at).
   returned: failure
   type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dgx_nodestate import (files_fingerprint, local_sources, port_holders, python_modules,
-                                                read_manifest)
+from ansible.module_utils.dgx_nodestate import (checked_manifest, files_fingerprint, local_sources, missing_paths,
+                                                port_holders, python_modules, read_manifest)
 
 
 ARGUMENT_SPEC = dict(
     files=dict(type="list", elements="path", default=[]),
     manifest=dict(type="path"),
     manifest_content=dict(type="dict"),
-    directories=dict(type="list", elements="path", default=[]),
+    directories=dict(type="list", elements="str", default=[]),
     port=dict(type="int"),
     python_modules=dict(type="list", elements="str", default=[]),
 )
@@ -199,13 +203,17 @@ def main():
     result = dict(changed=False)
     files = list(params["files"])
     if params["manifest"] is not None or params["manifest_content"] is not None:
-        manifest, error = ((params["manifest_content"], None) if params["manifest_content"] is not None
+        manifest, error = (checked_manifest(params["manifest_content"]) if params["manifest_content"] is not None
                            else read_manifest(params["manifest"]))
         result.update(manifest=manifest, manifest_error=error or "")
         files.extend(local_sources(manifest or {}))
+    try:
+        missing_dirs = missing_paths(params["directories"])
+    except OSError as exc:
+        module.fail_json(msg="cannot look for %s: %s (check its parent's permissions, or become_root)"
+                         % (exc.filename, exc.strerror))
     fingerprint, pairs, missing = files_fingerprint(files)
-    result.update(fingerprint=fingerprint, files=len(pairs), missing=missing,
-                  directories_missing=[path for path in params["directories"] if not os.path.exists(path)])
+    result.update(fingerprint=fingerprint, files=len(pairs), missing=missing, directories_missing=missing_dirs)
     if params["port"] is not None:
         if not 0 < params["port"] < 65536:
             module.fail_json(msg="port must be 1-65535, got %d" % params["port"])

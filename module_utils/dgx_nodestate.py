@@ -1,8 +1,10 @@
 # -*- coding: utf-8 -*-
 """What the engine container would meet on this node, read without changing anything.
 
-read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read)
+read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read or used)
+checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mount manifest)
 local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
+missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns of what
                                      the path resolves to). A bind pins an inode: a verify repair or a
@@ -32,7 +34,7 @@ TCP_LISTEN = "0A"
 
 def read_manifest(path):
     """(the mount manifest JSON at path, None), or (None, why it cannot be read): no file there, not JSON, or
-    not a manifest's object."""
+    not a manifest (a list of repos, and of mounts each with a text source and target)."""
     try:
         with open(path, "rb") as handle:
             manifest = json.loads(handle.read().decode("utf-8"))
@@ -40,16 +42,43 @@ def read_manifest(path):
         return None, "cannot read it: %s" % (exc.strerror or exc)
     except ValueError as exc:
         return None, "not JSON: %s" % exc
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("mounts"), list):
-        return None, "not a mount manifest (no list of mounts)"
-    return manifest, None
+    return checked_manifest(manifest)
+
+
+def checked_manifest(manifest):
+    """(manifest, None) when it is a mount manifest (DESIGN: {"repos": [...], "mounts": [{source, target,
+    read_only, origin}], "counts": {...}}), else (None, what makes it none)."""
+    problem = None
+    if not isinstance(manifest, dict):
+        problem = "not a JSON object"
+    elif not all(isinstance(manifest.get(key), list) for key in ("repos", "mounts")):
+        problem = "no list of repos and of mounts"
+    else:
+        for index, mount in enumerate(manifest["mounts"]):
+            if not isinstance(mount, dict) or not all(isinstance(mount.get(key), str) for key in ("source", "target")):
+                problem = "mount %d has no text source and target" % index
+                break
+    return (None, "not a mount manifest: %s" % problem) if problem else (manifest, None)
 
 
 def local_sources(manifest):
     """The host paths the manifest binds from the local disk (origin local): the files a restage or a repair
     gives a new inode."""
-    return [mount["source"] for mount in manifest.get("mounts") or []
-            if isinstance(mount, dict) and mount.get("origin") == "local" and "source" in mount]
+    return [mount["source"] for mount in manifest.get("mounts") or [] if mount.get("origin") == "local"]
+
+
+def missing_paths(paths):
+    """The paths of paths where nothing is (a link counts, as it is, dangling or not); a path that cannot be
+    looked at (a parent that cannot be searched) raises OSError rather than passing for missing."""
+    missing = []
+    for path in paths:
+        try:
+            os.lstat(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                raise
+            missing.append(path)
+    return missing
 
 
 def file_identity(path):

@@ -386,6 +386,18 @@ def test_a_bind_path_no_runtime_binds_exactly_stops_the_play_before_the_containe
     assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
 
 
+def test_a_missing_manifest_stops_the_play_naming_it_before_the_container_is_touched(lane):
+    on_podman_only(lane)   # read on the node before any runtime task
+    before = runtimes.container_ids(lane["runtime"], lane["name"])
+    gone = lane["settings"]["engine_manifest_path"] + ".gone"
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine",
+                            "-e", json.dumps({"engine_manifest_path": gone}))
+    assert rc != 0
+    assert any("No mount manifest at %s (cannot read it: No such file or directory): run the manifest play first" % gone
+               in f for f in failures(data)), failures(data)
+    assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
+
+
 def test_a_trailing_slash_on_receipt_parent_is_the_same_bind(lane):
     before = runtimes.container_ids(lane["runtime"], lane["name"])
     rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine",

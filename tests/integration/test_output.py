@@ -338,28 +338,23 @@ def test_swapped_and_flipped_shards_are_repaired_by_verify_and_the_table_and_rep
     assert sha256_file(str(blob_flip)) == repo["files"][flip]["etag"]
 
 
-def test_a_host_that_fails_before_any_report_is_sent_to_no_wrong_file(tmp_path, nas_hub, local_hub):
-    """The node's Python is missing: the run fails at its first module, in preflight, naming the interpreter,
-    and no host report is written (the node is the controller here, whose report tasks need that Python too).
-    The next step names no reports/<host>.json by guess: the host's stage_report_dir, and only when a report
-    is there."""
-    inventory = host_inventory(tmp_path, nas_hub["hub"], str(local_hub),
-                               ansible_python_interpreter=str(tmp_path / "no-python"))
+def test_a_node_without_its_python_fails_in_preflight_and_its_host_report_says_so(tmp_path, nas_hub, local_hub):
+    """The node's Python is missing: the run fails at its first module, in preflight, naming the interpreter. The
+    host report is written on the controller all the same (it needs no Python of the node), says where the run
+    failed, and the next step names it. (A run that wrote no report for a host names none by guess:
+    tests/unit/test_dgx_summary.py.)"""
+    python = str(tmp_path / "no-python")
+    inventory = host_inventory(tmp_path, nas_hub["hub"], str(local_hub), ansible_python_interpreter=python)
     code, lines = run_text(tmp_path, inventory)
     assert code != 0
     _title, _rows, _total, after = summary_table(lines)
     assert after[0].startswith("localhost failed in play preflight, task "), after
-    assert "The module interpreter '%s' was not found" % (tmp_path / "no-python") in after[0], after
-    assert after[1].startswith("next step: read the error above (this run wrote no host report for localhost); ")
-    assert "localhost.json" not in after[1], after[1]
-
-    earlier = tmp_path / "reports" / "localhost.json"       # left by an earlier run in stage_report_dir
-    earlier.parent.mkdir()
-    earlier.write_text("{}")
-    code, lines = run_text(tmp_path, inventory)
-    _title, _rows, _total, after = summary_table(lines)
-    assert after[1].startswith("next step: read the error above and the host report %s (from an earlier run: "
-                               "this run wrote none); " % earlier), after[1]
+    assert "The module interpreter '%s' was not found" % python in after[0], after
+    report_file = tmp_path / "reports" / "localhost.json"
+    assert after[1].startswith("next step: read the error above and the host report %s; " % report_file), after[1]
+    report = json.loads(report_file.read_text())
+    assert report["status"] == "failed" and report["failed_play"] == "preflight", report
+    assert python in report["failed_msg"], report["failed_msg"]
 
 
 def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_nas_hub, kill_at_teardown):

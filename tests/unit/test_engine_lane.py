@@ -12,7 +12,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes, local_sources,
-                                                 parse_proc_net_tcp, port_holders, read_manifest)
+                                                 missing_paths, parse_proc_net_tcp, port_holders, read_manifest)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLUGIN = os.path.join(REPO_ROOT, "roles", "engine", "filter_plugins", "engine_lane.py")
@@ -76,8 +76,13 @@ def test_file_identity_follows_links_and_names_errors(tmp_path):
 @pytest.mark.parametrize("content, why", [
     (None, "cannot read it: No such file or directory"),
     (b"{not json", "not JSON: "),
-    (b"[1, 2]", "not a mount manifest (no list of mounts)"),
-    (b'{"repos": []}', "not a mount manifest (no list of mounts)"),
+    (b"[1, 2]", "not a mount manifest: not a JSON object"),
+    (b'{"repos": []}', "not a mount manifest: no list of repos and of mounts"),
+    (b'{"mounts": []}', "not a mount manifest: no list of repos and of mounts"),
+    (b'{"repos": [], "mounts": [{"source": 7, "target": "/hub/a", "origin": "local"}]}',
+     "not a mount manifest: mount 0 has no text source and target"),
+    (b'{"repos": [], "mounts": [{"source": "/a", "target": "/hub/a"}, "junk"]}',
+     "not a mount manifest: mount 1 has no text source and target"),
 ])
 def test_a_manifest_that_cannot_be_read_says_why(tmp_path, content, why):
     path = tmp_path / "engine-manifest.json"
@@ -96,7 +101,17 @@ def test_the_manifest_read_and_its_local_sources(tmp_path):
     manifest, error = read_manifest(str(path))
     assert error is None and manifest["mounts"] == mounts
     assert local_sources(manifest) == ["/nvme/hub/blobs/a", "/nvme/hub/blobs/b"]
-    assert local_sources({}) == [] and local_sources({"mounts": ["junk", {"origin": "local"}]}) == []
+    assert local_sources({}) == []
+
+
+def test_missing_paths_count_a_link_as_there_and_refuse_what_cannot_be_looked_at(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dangling").symlink_to("nowhere")
+    (tmp_path / "file").write_text("x")
+    paths = [str(tmp_path / name) for name in ("dir", "dangling", "gone", "file/below", "~")]
+    assert missing_paths(paths) == [str(tmp_path / "gone"), str(tmp_path / "file/below"), str(tmp_path / "~")]
+    with pytest.raises(OSError):
+        missing_paths(["x" * 5000])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -543,6 +543,9 @@ def test_engine_node_state_results(staged):
     bad = {"port": 70000}
     result = check_result("engine_node_state", bad, run_main("engine_node_state", bad), expect_failure=True)
     assert "1-65535" in result["msg"]
+    unseen = {"directories": ["x" * 5000]}
+    result = check_result("engine_node_state", unseen, run_main("engine_node_state", unseen), expect_failure=True)
+    assert "cannot look for" in result["msg"]
     both = {"manifest": manifest_path, "manifest_content": manifest}
     result = check_result("engine_node_state", both, run_main("engine_node_state", both), expect_failure=True)
     assert "mutually exclusive" in result["msg"]

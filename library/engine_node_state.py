@@ -13,9 +13,9 @@ version_added: "1.0.0"
 description:
   - With O(manifest), reads the mount manifest there and returns it as RV(manifest) (or why it cannot be read,
     in RV(manifest_error)); O(manifest_content) gives the manifest instead (a C(--check) run's, computed and not
-    written). The sources of its local binds join O(files).
-  - Stats every path in O(files) (following links, as a bind mount does) and returns RV(fingerprint), a
-    sha256 over each path with the identity of what it resolves to - device, inode, size and mtime in
+    written).
+  - Stats the source of every local bind of that manifest (following links, as a bind mount does) and returns
+    RV(fingerprint), a sha256 over each path with the identity of what it resolves to - device, inode, size and mtime in
     nanoseconds. A bind pins an inode, so a verify repair or a re-stage (a new blob file under the same
     name) or a prune (the file gone) leaves a running container reading the old bytes while the mount
     manifest is unchanged; the fingerprint changes in each case. The engine role stores it on the
@@ -29,13 +29,6 @@ description:
   - Reads only; changes nothing.
 author: dgx-stage maintainers
 options:
-  files:
-    description:
-      - Host paths whose identity goes into RV(fingerprint) - the sources of the manifest's local binds.
-        Order and duplicates do not matter. A missing path counts as such (and is listed in RV(missing)).
-    type: list
-    elements: path
-    default: []
   manifest:
     description: Path of the mount manifest on the node (C(engine_manifest_path)), read and returned as RV(manifest).
     type: path
@@ -95,13 +88,13 @@ EXAMPLES = r"""
 RETURN = r"""
 fingerprint:
   description: >-
-    sha256 hex over every path of O(files) and the manifest's local sources (sorted) with the identity of what
-    it resolves to.
+    sha256 hex over the sources of the manifest's local binds (sorted, each once) with the identity of what each
+    resolves to (none without a manifest).
   returned: success
   type: str
   sample: 3b5d5c3712955042212316173ccf37be800c8c4a3c1b5c6e2e1d40fb7ab2d6a1
 files:
-  description: How many distinct paths were fingerprinted.
+  description: How many distinct paths were fingerprinted (a missing one counts, and is listed in RV(missing)).
   returned: success
   type: int
   sample: 141
@@ -136,7 +129,7 @@ directories_missing:
   elements: str
   sample: [/cache]
 missing:
-  description: Paths of O(files) where nothing is (they count in RV(fingerprint) as missing).
+  description: The fingerprinted paths where nothing is (they count in RV(fingerprint) as missing).
   returned: success
   type: list
   elements: str
@@ -187,7 +180,6 @@ from ansible.module_utils.dgx_nodestate import (checked_manifest, files_fingerpr
 
 
 ARGUMENT_SPEC = dict(
-    files=dict(type="list", elements="path", default=[]),
     manifest=dict(type="path"),
     manifest_content=dict(type="dict"),
     directories=dict(type="list", elements="str", default=[]),
@@ -201,12 +193,12 @@ def main():
                            mutually_exclusive=[("manifest", "manifest_content")])
     params = module.params
     result = dict(changed=False)
-    files = list(params["files"])
+    files = []
     if params["manifest"] is not None or params["manifest_content"] is not None:
         manifest, error = (checked_manifest(params["manifest_content"]) if params["manifest_content"] is not None
                            else read_manifest(params["manifest"]))
         result.update(manifest=manifest, manifest_error=error or "")
-        files.extend(local_sources(manifest or {}))
+        files = local_sources(manifest or {})
     try:
         missing_dirs = missing_paths(params["directories"])
     except OSError as exc:

@@ -506,40 +506,40 @@ def test_engine_probe_results_when_the_api_is_down():
 # ------------------------------------------------------------------------------------------------
 
 def test_engine_node_state_results(staged):
+    """The manifest read on the node: its local binds' sources fingerprinted (a pruned one listed as missing),
+    the receipt directory looked for; a manifest that is not there says why; the port's holders; the node's
+    Python."""
     blobs = os.path.join(staged["local"], hubgen.repo_folder(MAIN), "blobs")
     files = [os.path.join(blobs, name) for name in sorted(os.listdir(blobs))] + [os.path.join(blobs, "pruned")]
-    args = {"files": files}
+    manifest_path = os.path.join(str(staged["local"]), "engine-manifest.json")
+    manifest = {"repos": [{"repo_id": MAIN}],
+                "mounts": [{"source": path, "target": "/hub/%d" % index, "origin": "local"}
+                           for index, path in enumerate(files)]
+                + [{"source": "/nas/b", "target": "/hub/b", "origin": "nas"}],
+                "counts": {"local": len(files), "nas": 1, "total": len(files) + 1}}
+    with open(manifest_path, "w") as handle:
+        json.dump(manifest, handle)
+    args = {"manifest": manifest_path, "directories": [str(staged["local"]), manifest_path + ".d"]}
     result = check_result("engine_node_state", args, run_main("engine_node_state", args))
-    assert result["files"] == len(files) and result["missing"] == [files[-1]] and "port_holders" not in result
+    assert result["manifest"] == manifest and result["manifest_error"] == "" and "port_holders" not in result
+    assert result["files"] == len(files) and result["missing"] == [files[-1]]
+    assert result["directories_missing"] == [manifest_path + ".d"]
+    given = {"manifest_content": manifest}
+    assert check_result("engine_node_state", given, run_main("engine_node_state", given))["fingerprint"] == \
+        result["fingerprint"]
+    args = {"manifest": manifest_path + ".gone"}
+    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
+    assert result["manifest"] is None and "No such file" in result["manifest_error"] and result["files"] == 0
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
         port = sock.getsockname()[1]
-        args = {"files": [], "port": port}
+        args = {"port": port}
         result = check_result("engine_node_state", args, run_main("engine_node_state", args))
     assert [h["pid"] for h in result["port_holders"]] == [os.getpid()] and result["files"] == 0
     args = {"python_modules": ["json", "dgx_no_such_module"]}
     result = check_result("engine_node_state", args, run_main("engine_node_state", args))
     assert result["python"]["missing"] == ["dgx_no_such_module"] and result["python"]["executable"] == sys.executable
-    # The manifest read on the node: its local binds' sources fingerprinted with the files given, the receipt
-    # directory looked for; a manifest that is not there says why.
-    manifest_path = os.path.join(str(staged["local"]), "engine-manifest.json")
-    manifest = {"repos": [{"repo_id": MAIN}], "mounts": [{"source": files[0], "target": "/hub/a", "origin": "local"},
-                                                         {"source": "/nas/b", "target": "/hub/b", "origin": "nas"}],
-                "counts": {"local": 1, "nas": 1, "total": 2}}
-    with open(manifest_path, "w") as handle:
-        json.dump(manifest, handle)
-    args = {"manifest": manifest_path, "directories": [str(staged["local"]), manifest_path + ".d"]}
-    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
-    assert result["manifest"] == manifest and result["manifest_error"] == "" and result["files"] == 1
-    assert result["fingerprint"] == check_result(
-        "engine_node_state", {"files": files[:1]}, run_main("engine_node_state", {"files": files[:1]}))["fingerprint"]
-    assert result["directories_missing"] == [manifest_path + ".d"]
-    given = {"manifest_content": manifest}
-    assert check_result("engine_node_state", given, run_main("engine_node_state", given))["files"] == 1
-    args = {"manifest": manifest_path + ".gone"}
-    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
-    assert result["manifest"] is None and "No such file" in result["manifest_error"] and result["files"] == 0
     bad = {"port": 70000}
     result = check_result("engine_node_state", bad, run_main("engine_node_state", bad), expect_failure=True)
     assert "1-65535" in result["msg"]

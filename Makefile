@@ -24,6 +24,11 @@ REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH).stamp
 # sharing a venv must not run the other tree's playbooks): the package's code is read from the repo.
 PKG_HASH := $(shell (cat pyproject.toml dgx_stage/_build.py; echo "$(CURDIR)") 2>/dev/null | sha256sum | cut -c1-16)
 PKG_STAMP := $(VENV)/.dgx-stage-$(PKG_HASH).stamp
+# The collections requirements.yml pins, unpacked from this release of the `ansible` package's wheel (the whole
+# package is ~36,000 files to write and compile; scripts/install-collections.py checks each version).
+ANSIBLE_BUNDLE := 12.3.0
+COLL_HASH := $(shell (cat requirements.yml scripts/install-collections.py; echo "$(ANSIBLE_BUNDLE)") 2>/dev/null | sha256sum | cut -c1-16)
+COLL_STAMP := $(VENV)/.collections-$(COLL_HASH).stamp
 
 # Environment for every recipe (scripts and tools see the same set-up as CI).
 export PATH := $(VENV)/bin:$(PATH)
@@ -58,7 +63,7 @@ help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
 		awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-setup: $(REQ_STAMP) $(PKG_STAMP) ## venv, Python deps, collections bundled with them, .venv/bin/dgx-stage (quick when done)
+setup: $(REQ_STAMP) $(COLL_STAMP) $(PKG_STAMP) ## venv, Python deps, the collections requirements.yml pins, .venv/bin/dgx-stage (quick when done)
 
 $(VENV)/bin/python:
 	@PYTHON=$(PYTHON) scripts/setup-system.sh venv
@@ -68,6 +73,11 @@ $(REQ_STAMP): | $(VENV)/bin/python
 	$(VENV)/bin/pip install --quiet --requirement requirements.txt
 	rm -f $(VENV)/.requirements-*.stamp
 	echo "$(REQ_HASH)" > $@
+
+$(COLL_STAMP): $(REQ_STAMP)
+	$(VENV)/bin/python scripts/install-collections.py $(ANSIBLE_BUNDLE) requirements.yml $(CACHE)/wheels
+	rm -f $(VENV)/.collections-*.stamp
+	echo "$(COLL_HASH)" > $@
 
 $(PKG_STAMP): $(REQ_STAMP)
 	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation --no-index --editable .

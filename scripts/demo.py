@@ -91,7 +91,7 @@ def frontend_command(subcommand, extra_args, inventory="demo", nas_parent=NAS_PA
 
 def playbook_env(demo_root=DEMO_ROOT, runs_dir=None):
     """The repo's ansible.cfg; Ansible's home (which ansible-core creates at start) and temp dirs under
-    .cache/demo unless the caller chose others (the demo needs only the collections bundled in the venv)."""
+    .cache/demo unless the caller chose others (the demo needs only the collections installed in the venv)."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), PYTHONDONTWRITEBYTECODE="1",
                DGX_STAGE_RUNS_DIR=runs_dir or RUNS_DIR)
     ansible_tmp = os.path.join(demo_root, "ansible-tmp")

@@ -1,0 +1,94 @@
+"""Install the collections requirements.yml pins into this venv, out of the `ansible` package's wheel.
+
+No Galaxy is reachable here; the `ansible` package on the package index bundles the collections the roles use.
+Installing that package writes and byte-compiles some 36,000 files (over a minute); this downloads its wheel
+once and unpacks only the collections requirements.yml names, each after checking that its version is the one
+pinned there. Ansible, ansible-lint and Molecule find them in site-packages (sys.path), as they would the
+package's.
+
+    .venv/bin/python scripts/install-collections.py ANSIBLE_VERSION REQUIREMENTS_YML WHEEL_DIR
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+
+import yaml
+
+
+def pinned_collections(requirements):
+    """[(namespace, name, version)] of a Galaxy requirements file's collections."""
+    with open(requirements) as handle:
+        data = yaml.safe_load(handle) or {}
+    out = []
+    for entry in data.get("collections") or []:
+        namespace, name = entry["name"].split(".")
+        out.append((namespace, name, str(entry["version"])))
+    return out
+
+
+def bundle_wheel(version, wheel_dir):
+    """The path of the ansible==version wheel in wheel_dir, downloaded when missing."""
+    pattern = os.path.join(wheel_dir, "ansible-%s-py3-none-any.whl" % version)
+    found = glob.glob(pattern)
+    if not found:
+        subprocess.check_call([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
+                               ":all:", "--dest", wheel_dir, "ansible==%s" % version])
+        found = glob.glob(pattern)
+    if not found:
+        raise SystemExit("install-collections: pip downloaded no %s" % pattern)
+    return found[0]
+
+
+def install(wheel, collections, target):
+    """Unpack each collection of the wheel into target/<namespace>/<name>, replacing what was there; refuse
+    before writing anything when one is missing or not at its pinned version."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        for namespace, name, version in collections:
+            manifest = "ansible_collections/%s/%s/MANIFEST.json" % (namespace, name)
+            if manifest not in names:
+                raise SystemExit("install-collections: %s.%s is not in %s: pin a collection that release bundles "
+                                 "in requirements.yml, or another release in the Makefile" % (namespace, name, wheel))
+            bundled = json.loads(archive.read(manifest).decode("utf-8"))["collection_info"]["version"]
+            if bundled != version:
+                raise SystemExit("install-collections: requirements.yml pins %s.%s %s, but %s bundles %s: make "
+                                 "the two agree" % (namespace, name, version, os.path.basename(wheel), bundled))
+        os.makedirs(target, exist_ok=True)
+        for namespace, name, _version in collections:
+            prefix = "ansible_collections/%s/%s/" % (namespace, name)
+            # Unpacked beside its final place and renamed over it: a killed run leaves no half collection.
+            staging = tempfile.mkdtemp(prefix=".install-", dir=target)
+            try:
+                archive.extractall(staging, [n for n in names if n.startswith(prefix)])
+                final = os.path.join(target, namespace, name)
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                if os.path.lexists(final):
+                    shutil.rmtree(final)
+                os.rename(os.path.join(staging, prefix), final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv):
+    if len(argv) != 3:
+        sys.stderr.write(__doc__)
+        return 2
+    version, requirements, wheel_dir = argv
+    collections = pinned_collections(requirements)
+    # A venv set up before this script holds the whole package: its files go first (pip knows them).
+    subprocess.call([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "ansible"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wheel = bundle_wheel(version, wheel_dir)
+    install(wheel, collections, os.path.join(sysconfig.get_paths()["purelib"], "ansible_collections"))
+    print("install-collections: %s from ansible %s" % (", ".join("%s.%s %s" % c for c in collections), version))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,57 @@
+"""scripts/install-collections.py: only the pinned collections come out of the `ansible` wheel, each at its pinned
+version, or nothing is written."""
+import importlib.util
+import json
+import os
+import zipfile
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SPEC = importlib.util.spec_from_file_location("install_collections",
+                                              os.path.join(REPO_ROOT, "scripts", "install-collections.py"))
+install_collections = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(install_collections)
+
+
+def fake_wheel(path, versions):
+    """A wheel laid out like the `ansible` package's: ansible_collections/<ns>/<name>/{MANIFEST.json,plugins/...}."""
+    with zipfile.ZipFile(str(path), "w") as archive:
+        for fqcn, version in versions.items():
+            namespace, name = fqcn.split(".")
+            base = "ansible_collections/%s/%s/" % (namespace, name)
+            archive.writestr(base + "MANIFEST.json", json.dumps({"collection_info": {"version": version}}))
+            archive.writestr(base + "plugins/modules/thing.py", "# %s %s\n" % (fqcn, version))
+        archive.writestr("ansible_collections/ansible_release.py", "")
+    return str(path)
+
+
+def test_only_the_pinned_collections_are_unpacked_and_an_older_copy_is_replaced(tmp_path):
+    wheel = fake_wheel(tmp_path / "ansible.whl", {"community.docker": "4.8.5", "community.general": "11.4.2"})
+    target = tmp_path / "site" / "ansible_collections"
+    (target / "community" / "docker" / "stale").mkdir(parents=True)
+    install_collections.install(wheel, [("community", "docker", "4.8.5")], str(target))
+    assert sorted(os.listdir(str(target))) == ["community"]
+    assert sorted(os.listdir(str(target / "community"))) == ["docker"]
+    docker = target / "community" / "docker"
+    assert sorted(os.listdir(str(docker))) == ["MANIFEST.json", "plugins"]
+    assert (docker / "plugins" / "modules" / "thing.py").read_text() == "# community.docker 4.8.5\n"
+
+
+@pytest.mark.parametrize("pins, said", [
+    ([("community", "docker", "4.8.5"), ("containers", "podman", "1.18.0")], "containers.podman is not in"),
+    ([("community", "docker", "4.8.5"), ("ansible", "posix", "2.2.0")], "pins ansible.posix 2.2.0, but"),
+])
+def test_a_collection_missing_from_the_wheel_or_at_another_version_is_refused_before_anything_is_written(
+        tmp_path, pins, said):
+    wheel = fake_wheel(tmp_path / "ansible.whl", {"community.docker": "4.8.5", "ansible.posix": "2.1.0"})
+    target = tmp_path / "site" / "ansible_collections"
+    with pytest.raises(SystemExit) as refused:
+        install_collections.install(wheel, pins, str(target))
+    assert said in str(refused.value)
+    assert not target.exists()
+
+
+def test_the_pins_are_read_from_requirements_yml():
+    pins = install_collections.pinned_collections(os.path.join(REPO_ROOT, "requirements.yml"))
+    assert ("community", "docker", "4.8.5") in pins and all(len(p) == 3 for p in pins)

@@ -360,14 +360,19 @@ def test_podman_got_csv_quoted_mount_specs_not_volume_strings(lane):
 def test_rerun_changes_nothing_and_keeps_the_container(lane):
     before = runtimes.container_ids(lane["runtime"], lane["name"])
     assert before
-    # The whole playbook again (stage included: the odd names are staged once), and the bench (tag bench, not
-    # run by default) rides along: the shipped 5-item sample, floor 5.
-    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "all,bench", "-e", "engine_bench_floor=5")
+    # On Podman the whole playbook again (stage included: the odd names are staged once), and the bench (tag
+    # bench, not run by default) rides along: the shipped 5-item sample, floor 5. On Docker the plays that ask
+    # the runtime (the stage and verify passes and the bench's HTTP calls do not).
+    podman = lane["runtime"] == "podman"
+    tags = ("all,bench", "-e", "engine_bench_floor=5") if podman else ("preflight,receipts,manifest,engine,smoke",)
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", *tags)
     assert rc == 0, failures(data)
     assert data["stats"]["localhost"]["changed"] == 0, changed_tasks(data)
     assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
     # The live run's receipts were left alone.
     assert sorted(os.listdir(lane["cache"])) == RECEIPT_NAMES
+    if not podman:
+        return
     with open(lane["report"]) as handle:
         bench = json.load(handle)["engine"]["bench"]
     assert (bench["total_items"], bench["passed_items"], bench["floor"], bench["failed_items"]) == (5, 5, 5, [])

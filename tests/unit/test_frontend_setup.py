@@ -12,8 +12,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def tree(path):
     """The files `make setup` reads, in a work tree at `path`."""
-    os.makedirs(os.path.join(path, "dgx_stage"))
-    for name in ("Makefile", "requirements.txt", "pyproject.toml", os.path.join("dgx_stage", "_build.py")):
+    for directory in ("dgx_stage", "scripts"):
+        os.makedirs(os.path.join(path, directory))
+    for name in ("Makefile", "requirements.txt", "requirements.yml", "pyproject.toml",
+                 os.path.join("dgx_stage", "_build.py"), os.path.join("scripts", "install-collections.py")):
         shutil.copy(os.path.join(REPO, name), os.path.join(path, name))
     return path
 
@@ -27,10 +29,9 @@ def up_to_date(path, venv):
 def test_setup_reinstalls_the_front_end_for_another_work_tree_only(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").write_text("")
-    pip = venv / "bin" / "pip"      # a stand-in: the test checks what make decides, not pip
-    pip.write_text("#!/bin/sh\nexit 0\n")
-    pip.chmod(0o755)
+    for tool in ("python", "pip"):      # stand-ins: the test checks what make decides, not what they install
+        (venv / "bin" / tool).write_text("#!/bin/sh\nexit 0\n")
+        (venv / "bin" / tool).chmod(0o755)
     first, clone = tree(str(tmp_path / "main")), tree(str(tmp_path / "clone"))
     subprocess.run(["make", "-s", "setup", "VENV=" + str(venv)], cwd=first, check=True, stdout=subprocess.DEVNULL)
     assert up_to_date(first, str(venv))            # make setup twice: the second does nothing

@@ -100,6 +100,6 @@ def nobody_venv(venv, target):
                 handle.write(b"#!" + python.encode() + b"\n" + rest)
             os.chmod(dest, 0o755)
     for name in os.listdir(venv):
-        if name.startswith((".requirements-", ".dgx-stage-")) and name.endswith(".stamp"):
+        if name.startswith((".requirements-", ".collections-", ".dgx-stage-")) and name.endswith(".stamp"):
             shutil.copy2(os.path.join(venv, name), os.path.join(target, name))
     return target

@@ -1,13 +1,16 @@
-"""What a test run left behind: processes, mounts, containers, a Docker daemon.
+"""What a test run left behind: processes, mounts, containers, a Docker daemon, module payloads in the temp dir.
 
 `make test` exports DGX_STAGE_TEST_RUN (a random id) to every step, so each process the tests start carries it in
 its environment however it was started: in a new session, daemonized, reparented to init. Mounts and containers
-carry no such mark: they are compared with a snapshot taken before the first step.
+carry no such mark: they are compared with a snapshot taken before the first step, and so are the module payload
+directories in the system temp dir (an Ansible module's code, extracted for its run and removed at its end unless
+the process was killed: a test that kills one gives it a temp dir of its own).
 
     python3 tools/leftovers.py snapshot FILE   at the start: the mounts (/proc/self/mountinfo) and the Podman and
                                                Docker containers there now (`ps -a` of each engine that answers)
     python3 tools/leftovers.py check FILE      at the end: every process carrying the run's id (but this one and
-                                               its ancestors), every mount and container not in FILE
+                                               its ancestors), every mount, container and payload directory not
+                                               in FILE
 
 `check` prints each leftover (a process's pid, parent, session and command line; a mount's point and source; a
 container's engine, id and name) and exits 1; 0 with one line when there is none; 2 when it cannot check.
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 MARKER = "DGX_STAGE_TEST_RUN"
@@ -124,6 +128,18 @@ def list_containers(engine):
     return parse_ps(proc.stdout.decode("utf-8", "replace"))
 
 
+# -- module payloads ----------------------------------------------------------------------------------------------
+
+def payload_dirs(temp_dir=None):
+    """The names of the Ansible module payload directories (ansible_<module>_payload_<random>) in the temp dir."""
+    temp_dir = temp_dir or tempfile.gettempdir()
+    try:
+        names = os.listdir(temp_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if n.startswith("ansible_") and "_payload_" in n)
+
+
 # -- processes --------------------------------------------------------------------------------------------------
 
 def _stat(pid):
@@ -195,11 +211,12 @@ def _age(start_ticks):
 
 def take_snapshot(marker):
     return {"marker": marker, "taken": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "mounts": read_mounts(), "containers": dict((e, list_containers(e)) for e in ENGINES)}
+            "mounts": read_mounts(), "containers": dict((e, list_containers(e)) for e in ENGINES),
+            "payloads": payload_dirs()}
 
 
 def leftovers(snapshot, marker, grace=5.0):
-    """(processes, mounts, containers) the run left: each a list, empty when nothing is left."""
+    """(processes, mounts, containers, payload dirs) the run left: each a list, empty when nothing is left."""
     exclude = _ancestors(os.getpid())
     mounts = new_mounts(snapshot["mounts"], read_mounts())
     containers = []
@@ -210,17 +227,19 @@ def leftovers(snapshot, marker, grace=5.0):
         before = snapshot["containers"].get(engine)
         for container in new_containers(before or [], now):
             containers.append(dict(container, engine=engine, answered_before=before is not None))
+    known = set(snapshot.get("payloads") or [])
+    payloads = [os.path.join(tempfile.gettempdir(), n) for n in payload_dirs() if n not in known]
     deadline = time.monotonic() + grace
     while True:
         procs = marked_processes(marker, exclude)
         if not procs or time.monotonic() >= deadline:
-            return procs, mounts, containers
+            return procs, mounts, containers, payloads
         time.sleep(0.2)
 
 
-def describe(procs, mounts, containers, marker):
+def describe(procs, mounts, containers, payloads, marker):
     """The report lines: a heading and one line per leftover."""
-    total = len(procs) + len(mounts) + len(containers)
+    total = len(procs) + len(mounts) + len(containers) + len(payloads)
     lines = ["leftovers: %d thing(s) the test run %s started are still there:" % (total, marker)]
     for proc in procs:
         age = "" if proc["age_s"] is None else ", %d s old" % proc["age_s"]
@@ -237,6 +256,9 @@ def describe(procs, mounts, containers, marker):
             "%s did not answer at the start" % container["engine"]
         lines.append("  container %s %s (name %s, %s), %s" % (container["engine"], container["id"][:12],
                                                               container["name"] or "-", container["status"], why))
+    for path in payloads:
+        lines.append("  module payload %s, not there at the start (its module was killed: give the test's playbook "
+                     "runs a TMPDIR of their own)" % path)
     return lines
 
 
@@ -271,11 +293,11 @@ def main(argv):
         grace = float(os.environ.get("LEFTOVERS_GRACE", "5"))
     except ValueError:
         grace = 5.0
-    procs, mounts, containers = leftovers(snapshot, marker, grace)
-    if procs or mounts or containers:
-        print("\n".join(describe(procs, mounts, containers, marker)))
+    found = leftovers(snapshot, marker, grace)
+    if any(found):
+        print("\n".join(describe(*found, marker=marker)))
         return 1
-    print("leftovers: none (no process of test run %s, no new mount or container)" % marker)
+    print("leftovers: none (no process of test run %s, no new mount, container or module payload)" % marker)
     return 0
 
 

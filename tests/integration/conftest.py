@@ -150,8 +150,12 @@ def local_hub(tmp_path):
 
 
 def ansible_env(tmp_path):
+    # The modules' own temp files too (a module killed by a test leaves its extracted payload there, not in /tmp).
+    temp_dir = os.path.join(str(tmp_path), "tmp")
+    os.makedirs(temp_dir, exist_ok=True)
     env = dict(os.environ)
     env.update({
+        "TMPDIR": temp_dir,
         "ANSIBLE_CONFIG": os.path.join(REPO_ROOT, "ansible.cfg"),
         "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
         "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 
 import pytest
@@ -75,16 +76,19 @@ def test_the_report_names_each_leftover():
             "cmdline": "dockerd --iptables=false --bridge=none"}
     mount = leftovers.new_mounts([], leftovers.parse_mountinfo(MOUNTINFO_AFTER))[3]
     container = dict(leftovers.parse_ps(DOCKER_PS)[0], engine="docker", answered_before=False)
-    lines = leftovers.describe([proc], [mount], [container], "cafe")
+    payload = "/tmp/ansible_hf_hub_mirror_payload_k2j4"
+    lines = leftovers.describe([proc], [mount], [container], [payload], "cafe")
     assert lines == [
-        "leftovers: 3 thing(s) the test run cafe started are still there:",
+        "leftovers: 4 thing(s) the test run cafe started are still there:",
         "  process 4242 (parent 1, session 4242, group 4242, state S, 3712 s old): dockerd --iptables=false "
         "--bridge=none",
         "    a Docker daemon the tests started and did not stop (scripts/docker-daemon.sh stop stops the one it "
         "started)",
         "  mount /tmp/pytest-of-root/pytest-3/test_full0/disk (tmpfs from tmpfs), not there at the start",
         "  container docker 9b1f0c3e2d4a (name ds41-engine, Exited (137) 2 minutes ago), docker did not answer at "
-        "the start"]
+        "the start",
+        "  module payload /tmp/ansible_hf_hub_mirror_payload_k2j4, not there at the start (its module was killed: "
+        "give the test's playbook runs a TMPDIR of their own)"]
 
 
 def test_the_mark_is_the_exact_variable_and_value():
@@ -99,8 +103,10 @@ def test_the_mark_is_the_exact_variable_and_value():
 @pytest.fixture
 def run_env(monkeypatch, tmp_path):
     """A fresh run id in this process's os.environ (what main() reads), and the machine's mounts and container
-    engines held still: only the processes are real."""
+    engines held still, and a temp dir of the test's own: only the processes are real."""
     marker = uuid.uuid4().hex[:16]
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     monkeypatch.setenv(leftovers.MARKER, marker)
     monkeypatch.setenv("LEFTOVERS_GRACE", "0")
     mounts = leftovers.parse_mountinfo(MOUNTINFO)
@@ -127,7 +133,23 @@ def test_check_names_a_process_carrying_the_run_id_and_passes_once_it_is_gone(ru
         processes.kill_tree(sleeper)
     assert leftovers.main(["check", snapshot]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        "leftovers: none (no process of test run %s, no new mount or container)" % marker]
+        "leftovers: none (no process of test run %s, no new mount, container or module payload)" % marker]
+
+
+def test_a_module_payload_left_in_the_temp_dir_is_named_and_one_there_before_is_not(run_env, capsys):
+    marker, snapshot = run_env
+    temp = tempfile.gettempdir()
+    os.mkdir(os.path.join(temp, "ansible_engine_node_state_payload_old1"))
+    assert leftovers.main(["snapshot", snapshot]) == 0
+    left = os.path.join(temp, "ansible_hf_hub_mirror_payload_x7y8")
+    os.mkdir(left)
+    os.mkdir(os.path.join(temp, "ansible-local-1234"))     # not a module payload
+    assert leftovers.main(["check", snapshot]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "leftovers: 1 thing(s) the test run %s started are still there:" % marker
+    assert out[1].startswith("  module payload %s, not there at the start" % left) and len(out) == 2
+    os.rmdir(left)
+    assert leftovers.main(["check", snapshot]) == 0
 
 
 def test_another_runs_processes_and_the_checks_own_ancestors_do_not_count(run_env):

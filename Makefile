@@ -46,8 +46,10 @@ MOLECULE_ENV := HOME=$(CACHE)/home \
 	ANSIBLE_LIBRARY=$(CURDIR)/library \
 	ANSIBLE_MODULE_UTILS=$(CURDIR)/module_utils \
 	ANSIBLE_ROLES_PATH=$(CURDIR)/roles
-# `make molecule MOLECULE_ARGS="test -s faults"` runs one scenario.
-MOLECULE_ARGS ?= test --all
+# The scenarios `make molecule` runs, side by side (each has containers of its own: molecule/base.yml);
+# `make molecule MOLECULE_SCENARIOS=faults` runs one.
+MOLECULE_SCENARIOS ?= dgx_2x faults
+COMMA := ,
 
 # $(call pytest,DIR): run pytest on DIR; "no tests collected" (exit 5) is not a failure.
 define pytest
@@ -56,7 +58,7 @@ if [[ $$rc -eq 5 ]]; then echo "no tests collected in $(1)"; rc=0; fi; \
 exit $$rc
 endef
 
-.PHONY: help setup system-packages demo demo-4x test check lint unit integration molecule bench image clean \
+.PHONY: help setup system-packages demo demo-4x test check lint unit integration molecule molecule-scenario bench image clean \
 	leftovers-snapshot leftovers-check
 
 help: ## list the targets
@@ -142,12 +144,23 @@ integration: setup system-packages image ## integration tests (tests/integration
 	bash -c 'BASE_IMAGE=$(BASE_IMAGE) bash tests/engine_double/build.sh && \
 	$(call pytest,-n $(INTEGRATION_WORKERS) --durations=25 tests/integration)'
 
-# The scenarios get the engine's receipt root names (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
-molecule: setup system-packages image ## Molecule scenarios (Podman, nodes as containers): dgx_2x, faults
+# The NAS is built once, then the scenarios run side by side (Molecule's steps wait on Podman much of the time):
+# the first one's output live, the other's after it. They get the engine's receipt root names
+# (dgx_receipts.RECEIPT_ROOTS) as DGX_RECEIPT_ROOTS.
+molecule: setup system-packages image ## Molecule scenarios side by side (Podman, nodes as containers): dgx_2x, faults
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
+	@set -- $(MOLECULE_SCENARIOS); first=$$1; shift; \
+	if [ $$# -eq 0 ]; then $(MAKE) --no-print-directory molecule-scenario SCENARIO=$$first; \
+	else rest=$$(echo $$* | tr ' ' ,); \
+	MAKE='$(MAKE)' scripts/side-by-side.sh "molecule-scenario SCENARIO=$$rest" molecule-scenario SCENARIO=$$first; fi
+
+# SCENARIO=a,b: these scenarios one after another, on the NAS `make molecule` built.
+molecule-scenario:
 	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \
-	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml $(MOLECULE_ARGS)
+	for scenario in $(subst $(COMMA), ,$(SCENARIO)); do \
+	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml test -s $$scenario \
+	|| exit 1; done
 
 bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
 	@scripts/setup-system.sh bench   # rsync, the warm re-run's baseline (the bench runs without it if missing)

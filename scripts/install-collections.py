@@ -8,7 +8,6 @@ package's.
 
     .venv/bin/python scripts/install-collections.py ANSIBLE_VERSION REQUIREMENTS_YML WHEEL_DIR
 """
-import glob
 import json
 import os
 import shutil
@@ -27,22 +26,36 @@ def pinned_collections(requirements):
         data = yaml.safe_load(handle) or {}
     out = []
     for entry in data.get("collections") or []:
-        namespace, name = entry["name"].split(".")
-        out.append((namespace, name, str(entry["version"])))
+        parts = str(entry.get("name", "")).split(".")
+        version = entry.get("version")
+        # YAML reads an unquoted 1.10 as the number 1.1: only a quoted version says what was meant.
+        if len(parts) != 2 or not all(parts) or not isinstance(version, str):
+            raise SystemExit("install-collections: %s: each collection needs name: namespace.name and a quoted "
+                             "version, as in name: community.docker, version: \"4.8.5\" (found %r)"
+                             % (requirements, entry))
+        out.append((parts[0], parts[1], version))
     return out
 
 
 def bundle_wheel(version, wheel_dir):
-    """The path of the ansible==version wheel in wheel_dir, downloaded when missing."""
-    pattern = os.path.join(wheel_dir, "ansible-%s-py3-none-any.whl" % version)
-    found = glob.glob(pattern)
-    if not found:
+    """The path of the ansible==version wheel in wheel_dir, downloaded when missing or not a whole zip file."""
+    path = os.path.join(wheel_dir, "ansible-%s-py3-none-any.whl" % version)
+    if os.path.isfile(path) and zipfile.is_zipfile(path):
+        return path
+    os.makedirs(wheel_dir, exist_ok=True)
+    # Downloaded beside its final place and renamed over it: a killed download leaves no half wheel that
+    # every later set-up would trip on.
+    staging = tempfile.mkdtemp(prefix=".download-", dir=wheel_dir)
+    try:
         subprocess.check_call([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
-                               ":all:", "--dest", wheel_dir, "ansible==%s" % version])
-        found = glob.glob(pattern)
-    if not found:
-        raise SystemExit("install-collections: pip downloaded no %s" % pattern)
-    return found[0]
+                               ":all:", "--dest", staging, "ansible==%s" % version])
+        downloaded = os.path.join(staging, os.path.basename(path))
+        if not zipfile.is_zipfile(downloaded):
+            raise SystemExit("install-collections: pip downloaded no wheel %s" % os.path.basename(path))
+        os.replace(downloaded, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
 
 
 def install(wheel, collections, target):

@@ -55,3 +55,42 @@ def test_a_collection_missing_from_the_wheel_or_at_another_version_is_refused_be
 def test_the_pins_are_read_from_requirements_yml():
     pins = install_collections.pinned_collections(os.path.join(REPO_ROOT, "requirements.yml"))
     assert ("community", "docker", "4.8.5") in pins and all(len(p) == 3 for p in pins)
+
+
+@pytest.mark.parametrize("entry", ['{name: community.docker, version: 4.10}', '{name: docker, version: "4.8.5"}',
+                                   '{name: a.b.c, version: "1"}', '{version: "1"}'])
+def test_a_pin_without_a_namespaced_name_or_a_quoted_version_is_refused_naming_the_file(tmp_path, entry):
+    requirements = tmp_path / "requirements.yml"
+    requirements.write_text("collections:\n  - %s\n" % entry)
+    with pytest.raises(SystemExit) as refused:
+        install_collections.pinned_collections(str(requirements))
+    assert str(requirements) in str(refused.value) and "quoted version" in str(refused.value)
+
+
+def test_a_cached_wheel_that_is_not_a_whole_zip_is_downloaded_again_and_replaced_whole(tmp_path, monkeypatch):
+    wheel_dir = tmp_path / "wheels"
+    wheel_dir.mkdir()
+    cached = wheel_dir / "ansible-12.3.0-py3-none-any.whl"
+    cached.write_bytes(b"PK\x03\x04 cut short by a killed download")
+    downloads = []
+
+    def pip_download_stand_in(argv):
+        dest = argv[argv.index("--dest") + 1]
+        downloads.append(dest)
+        assert os.path.dirname(dest) == str(wheel_dir) and not os.listdir(dest)
+        fake_wheel(os.path.join(dest, cached.name), {"community.docker": "4.8.5"})
+
+    monkeypatch.setattr(install_collections.subprocess, "check_call", pip_download_stand_in)
+    assert install_collections.bundle_wheel("12.3.0", str(wheel_dir)) == str(cached)
+    assert len(downloads) == 1 and zipfile.is_zipfile(str(cached))
+    assert sorted(os.listdir(str(wheel_dir))) == [cached.name]
+    # A whole wheel is taken as it is.
+    assert install_collections.bundle_wheel("12.3.0", str(wheel_dir)) == str(cached) and len(downloads) == 1
+
+
+def test_a_download_that_brings_no_wheel_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(install_collections.subprocess, "check_call", lambda argv: None)
+    with pytest.raises(SystemExit) as refused:
+        install_collections.bundle_wheel("12.3.0", str(tmp_path))
+    assert "downloaded no wheel ansible-12.3.0-py3-none-any.whl" in str(refused.value)
+    assert os.listdir(str(tmp_path)) == []

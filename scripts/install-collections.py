@@ -58,34 +58,85 @@ def bundle_wheel(version, wheel_dir):
     return path
 
 
-def install(wheel, collections, target):
-    """Unpack each collection of the wheel into target/<namespace>/<name>, replacing what was there; refuse
-    before writing anything when one is missing or not at its pinned version."""
+STAGING_PREFIX = ".dgx-collections-"
+
+
+def check_wheel(archive, wheel, collections):
+    """The names of the wheel's files of the pinned collections, each read whole (a damaged wheel fails here);
+    SystemExit when one is missing or not at its pinned version."""
+    names = archive.namelist()
+    members = []
+    for namespace, name, version in collections:
+        prefix = "ansible_collections/%s/%s/" % (namespace, name)
+        manifest = prefix + "MANIFEST.json"
+        if manifest not in names:
+            raise SystemExit("install-collections: %s.%s is not in %s: pin a collection that release bundles "
+                             "in requirements.yml, or another release in the Makefile" % (namespace, name, wheel))
+        bundled = json.loads(archive.read(manifest).decode("utf-8"))["collection_info"]["version"]
+        if bundled != version:
+            raise SystemExit("install-collections: requirements.yml pins %s.%s %s, but %s bundles %s: make "
+                             "the two agree" % (namespace, name, version, os.path.basename(wheel), bundled))
+        members += [n for n in names if n.startswith(prefix)]
+    try:
+        for member in members:
+            archive.read(member)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise SystemExit("install-collections: %s is damaged (%s): delete it and run make setup again"
+                         % (wheel, exc))
+    return members
+
+
+def install(wheel, collections, target, before_writing=lambda: None):
+    """Make target/<namespace>/<name> hold exactly the pinned collections, unpacked from the wheel.
+
+    Everything is checked before anything is written (then before_writing() runs). Each collection is
+    unpacked into a staging folder beside target (outside it: Ansible would take a folder inside it
+    for a namespace), then swapped in by renames: a killed run leaves each collection whole or absent,
+    and the next run sweeps the staging folder and puts back what is absent. Collections that are not
+    pinned (an earlier pin) are removed, so nothing unpinned stays importable.
+    """
     with zipfile.ZipFile(wheel) as archive:
-        names = archive.namelist()
-        for namespace, name, version in collections:
-            manifest = "ansible_collections/%s/%s/MANIFEST.json" % (namespace, name)
-            if manifest not in names:
-                raise SystemExit("install-collections: %s.%s is not in %s: pin a collection that release bundles "
-                                 "in requirements.yml, or another release in the Makefile" % (namespace, name, wheel))
-            bundled = json.loads(archive.read(manifest).decode("utf-8"))["collection_info"]["version"]
-            if bundled != version:
-                raise SystemExit("install-collections: requirements.yml pins %s.%s %s, but %s bundles %s: make "
-                                 "the two agree" % (namespace, name, version, os.path.basename(wheel), bundled))
-        os.makedirs(target, exist_ok=True)
-        for namespace, name, _version in collections:
-            prefix = "ansible_collections/%s/%s/" % (namespace, name)
-            # Unpacked beside its final place and renamed over it: a killed run leaves no half collection.
-            staging = tempfile.mkdtemp(prefix=".install-", dir=target)
-            try:
-                archive.extractall(staging, [n for n in names if n.startswith(prefix)])
+        members = check_wheel(archive, wheel, collections)
+        before_writing()
+        site = os.path.dirname(os.path.abspath(target))
+        os.makedirs(site, exist_ok=True)
+        for leftover in os.listdir(site):
+            if leftover.startswith(STAGING_PREFIX):
+                shutil.rmtree(os.path.join(site, leftover), ignore_errors=True)
+        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=site)
+        try:
+            archive.extractall(staging, members)
+            aside = os.path.join(staging, "replaced")
+            os.makedirs(aside)
+            pinned = set((namespace, name) for namespace, name, _version in collections)
+            for namespace in _dirs(target):
+                for name in _dirs(os.path.join(target, namespace)):
+                    if (namespace, name) not in pinned:
+                        os.rename(os.path.join(target, namespace, name), os.path.join(aside, namespace + "." + name))
+                if not os.listdir(os.path.join(target, namespace)):
+                    os.rmdir(os.path.join(target, namespace))
+            for namespace, name in sorted(pinned):
                 final = os.path.join(target, namespace, name)
                 os.makedirs(os.path.dirname(final), exist_ok=True)
                 if os.path.lexists(final):
-                    shutil.rmtree(final)
-                os.rename(os.path.join(staging, prefix), final)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                    os.rename(final, os.path.join(aside, namespace + "." + name))
+                os.rename(os.path.join(staging, "ansible_collections", namespace, name), final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _dirs(path):
+    """The names of the real directories in path ([] when path is missing)."""
+    try:
+        return sorted(entry.name for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []
+
+
+def uninstall_bundle():
+    """A venv set up before this script holds the whole `ansible` package: its files go (pip knows them)."""
+    subprocess.call([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "ansible"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main(argv):
@@ -94,11 +145,9 @@ def main(argv):
         return 2
     version, requirements, wheel_dir = argv
     collections = pinned_collections(requirements)
-    # A venv set up before this script holds the whole package: its files go first (pip knows them).
-    subprocess.call([sys.executable, "-m", "pip", "uninstall", "--quiet", "--yes", "ansible"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wheel = bundle_wheel(version, wheel_dir)
-    install(wheel, collections, os.path.join(sysconfig.get_paths()["purelib"], "ansible_collections"))
+    install(wheel, collections, os.path.join(sysconfig.get_paths()["purelib"], "ansible_collections"),
+            before_writing=uninstall_bundle)
     print("install-collections: %s from ansible %s" % (", ".join("%s.%s %s" % c for c in collections), version))
     return 0
 

@@ -26,16 +26,66 @@ def fake_wheel(path, versions):
     return str(path)
 
 
-def test_only_the_pinned_collections_are_unpacked_and_an_older_copy_is_replaced(tmp_path):
+def test_only_the_pinned_collections_are_unpacked_an_older_copy_is_replaced_and_an_unpinned_one_removed(tmp_path):
     wheel = fake_wheel(tmp_path / "ansible.whl", {"community.docker": "4.8.5", "community.general": "11.4.2"})
     target = tmp_path / "site" / "ansible_collections"
     (target / "community" / "docker" / "stale").mkdir(parents=True)
+    (target / "community" / "general" / "plugins").mkdir(parents=True)   # pinned once, not any more
+    (target / "retired" / "old").mkdir(parents=True)
     install_collections.install(wheel, [("community", "docker", "4.8.5")], str(target))
     assert sorted(os.listdir(str(target))) == ["community"]
     assert sorted(os.listdir(str(target / "community"))) == ["docker"]
     docker = target / "community" / "docker"
     assert sorted(os.listdir(str(docker))) == ["MANIFEST.json", "plugins"]
     assert (docker / "plugins" / "modules" / "thing.py").read_text() == "# community.docker 4.8.5\n"
+    assert sorted(os.listdir(str(tmp_path / "site"))) == ["ansible_collections"]
+
+
+def test_a_run_killed_between_its_renames_leaves_no_half_collection_and_the_next_run_sweeps_up(tmp_path, monkeypatch):
+    wheel = fake_wheel(tmp_path / "ansible.whl", {"community.docker": "4.8.5", "ansible.posix": "2.1.0"})
+    target = tmp_path / "site" / "ansible_collections"
+    pins = [("ansible", "posix", "2.1.0"), ("community", "docker", "4.8.5")]
+    install_collections.install(wheel, pins, str(target))
+    renames = []
+    real_rename = os.rename
+
+    def killed_at_the_fourth_rename(src, dst):
+        renames.append(src)
+        if len(renames) == 4:
+            raise KeyboardInterrupt   # what a kill at that instant leaves, minus the staging clean-up
+        real_rename(src, dst)
+
+    monkeypatch.setattr(install_collections.os, "rename", killed_at_the_fourth_rename)
+    monkeypatch.setattr(install_collections.shutil, "rmtree", lambda *args, **kwargs: None)
+    with pytest.raises(KeyboardInterrupt):
+        install_collections.install(wheel, pins, str(target))
+    monkeypatch.undo()
+    # posix was swapped whole; docker was moved aside, not yet back: absent, never half there.
+    assert sorted(os.listdir(str(target / "ansible" / "posix"))) == ["MANIFEST.json", "plugins"]
+    assert not os.path.lexists(str(target / "community" / "docker"))
+    assert [n for n in os.listdir(str(tmp_path / "site")) if n.startswith(".dgx-collections-")]
+    assert not [n for n in os.listdir(str(target)) if n.startswith(".")]
+    install_collections.install(wheel, pins, str(target))
+    assert sorted(os.listdir(str(target / "community" / "docker"))) == ["MANIFEST.json", "plugins"]
+    assert sorted(os.listdir(str(tmp_path / "site"))) == ["ansible_collections"]
+
+
+def test_a_damaged_wheel_is_refused_before_anything_is_written_or_uninstalled(tmp_path):
+    wheel = fake_wheel(tmp_path / "ansible.whl", {"community.docker": "4.8.5", "ansible.posix": "2.1.0"})
+    data = bytearray((tmp_path / "ansible.whl").read_bytes())
+    spot = data.index(b"# ansible.posix 2.1.0")
+    data[spot] ^= 0xFF   # a flipped byte in the last collection's files: its CRC no longer matches
+    (tmp_path / "ansible.whl").write_bytes(bytes(data))
+    target = tmp_path / "site" / "ansible_collections"
+    (target / "community" / "docker").mkdir(parents=True)
+    (target / "community" / "docker" / "MANIFEST.json").write_text("{}")
+    written = []
+    with pytest.raises(SystemExit) as refused:
+        install_collections.install(wheel, [("community", "docker", "4.8.5"), ("ansible", "posix", "2.1.0")],
+                                    str(target), before_writing=lambda: written.append("uninstall"))
+    assert "ansible.whl is damaged" in str(refused.value) and "delete it and run make setup again" in str(refused.value)
+    assert written == []
+    assert sorted(os.listdir(str(target / "community" / "docker"))) == ["MANIFEST.json"]
 
 
 @pytest.mark.parametrize("pins, said", [

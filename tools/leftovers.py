@@ -16,8 +16,8 @@ the process was killed: a test that kills one gives it a temp dir of its own).
 container's engine, id and name) and exits 1; 0 with one line when there is none; 2 when it cannot check.
 A process still ending gets LEFTOVERS_GRACE seconds (5) to go before it counts.
 
-Mounts and containers are the machine's: a second test run on the same machine at the same time shows up in
-them too. Stdlib only, as everything that may run on a node.
+Mounts, containers and payload directories are the machine's (payloads: this user's): a second test run, or a
+`make demo`, on the same machine at the same time shows up in them too. Stdlib only, as everything that may run on a node.
 """
 import json
 import os
@@ -130,14 +130,24 @@ def list_containers(engine):
 
 # -- module payloads ----------------------------------------------------------------------------------------------
 
-def payload_dirs(temp_dir=None):
-    """The names of the Ansible module payload directories (ansible_<module>_payload_<random>) in the temp dir."""
+def payload_dirs(temp_dir=None, owner=None):
+    """The names of the Ansible module payload directories (ansible_<module>_payload_<random>) in the temp dir
+    that `owner` (default: this user) owns: another user's modules are not this run's."""
     temp_dir = temp_dir or tempfile.gettempdir()
+    owner = os.geteuid() if owner is None else owner
     try:
-        names = os.listdir(temp_dir)
+        entries = list(os.scandir(temp_dir))
     except OSError:
         return []
-    return sorted(n for n in names if n.startswith("ansible_") and "_payload_" in n)
+    found = []
+    for entry in entries:
+        if entry.name.startswith("ansible_") and "_payload_" in entry.name:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == owner:
+                    found.append(entry.name)
+            except OSError:
+                pass
+    return sorted(found)
 
 
 # -- processes --------------------------------------------------------------------------------------------------

@@ -136,7 +136,8 @@ def test_check_names_a_process_carrying_the_run_id_and_passes_once_it_is_gone(ru
         "leftovers: none (no process of test run %s, no new mount, container or module payload)" % marker]
 
 
-def test_a_module_payload_left_in_the_temp_dir_is_named_and_one_there_before_is_not(run_env, capsys):
+def test_a_module_payload_left_in_the_temp_dir_is_named_and_one_there_before_or_of_another_user_is_not(
+        run_env, capsys):
     marker, snapshot = run_env
     temp = tempfile.gettempdir()
     os.mkdir(os.path.join(temp, "ansible_engine_node_state_payload_old1"))
@@ -144,6 +145,9 @@ def test_a_module_payload_left_in_the_temp_dir_is_named_and_one_there_before_is_
     left = os.path.join(temp, "ansible_hf_hub_mirror_payload_x7y8")
     os.mkdir(left)
     os.mkdir(os.path.join(temp, "ansible-local-1234"))     # not a module payload
+    if os.geteuid() == 0:   # CI: another user's module is not this run's
+        os.mkdir(os.path.join(temp, "ansible_command_payload_q1w2"))
+        os.chown(os.path.join(temp, "ansible_command_payload_q1w2"), 65534, -1)
     assert leftovers.main(["check", snapshot]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "leftovers: 1 thing(s) the test run %s started are still there:" % marker

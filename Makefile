@@ -150,17 +150,21 @@ integration: setup system-packages image ## integration tests (tests/integration
 molecule: setup system-packages image ## Molecule scenarios side by side (Podman, nodes as containers): dgx_2x, faults
 	mkdir -p $(CACHE)/home $(CACHE)/ansible
 	$(VENV)/bin/python molecule/shared/nas_hub.py build $(CACHE)/molecule/nas
-	@set -- $(MOLECULE_SCENARIOS); first=$$1; shift; \
+	@set -- $(MOLECULE_SCENARIOS); [ $$# -gt 0 ] || { echo "make molecule: MOLECULE_SCENARIOS is empty: name one of molecule/*/ at least"; exit 2; }; \
+	first=$$1; shift; \
 	if [ $$# -eq 0 ]; then $(MAKE) --no-print-directory molecule-scenario SCENARIO=$$first; \
 	else rest=$$(echo $$* | tr ' ' ,); \
 	MAKE='$(MAKE)' scripts/side-by-side.sh "molecule-scenario SCENARIO=$$rest" molecule-scenario SCENARIO=$$first; fi
 
-# SCENARIO=a,b: these scenarios one after another, on the NAS `make molecule` built.
+# SCENARIO=a,b: these scenarios one after another, on the NAS `make molecule` built; each runs even when one
+# before it failed, and the failed ones are named at the end.
 molecule-scenario:
-	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); \
+	@[ -n "$(SCENARIO)" ] || { echo "make molecule-scenario: set SCENARIO=name[,name...] (molecule/*/), or run make molecule"; exit 2; }
+	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); failed=; \
 	for scenario in $(subst $(COMMA), ,$(SCENARIO)); do \
 	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml test -s $$scenario \
-	|| exit 1; done
+	|| failed="$$failed $$scenario"; done; \
+	[ -z "$$failed" ] || { echo "molecule: failed:$$failed"; exit 1; }
 
 bench: setup ## module vs cp/rsync/sha256sum, table + .cache/bench/latest.json (BENCH_ROUNDS, BENCH_WORKERS, BENCH_CASES)
 	@scripts/setup-system.sh bench   # rsync, the warm re-run's baseline (the bench runs without it if missing)

@@ -21,11 +21,17 @@ trap 'stop 130' INT
 trap 'stop 129' HUP
 trap 'stop 143' TERM
 trap 'rm -f "$log"' EXIT
+# Each side leads a process group of its own (a background job ignores Ctrl-C; stop() signals the groups), and
+# that leader gets a TERM when this script dies, of a KILL too (a cancelled CI job), and passes it to its whole
+# group: make alone would leave the shell of its recipe's running line, and what that runs, behind.
+side() {
+    exec setsid setpriv --pdeathsig TERM bash -c 'trap "trap - TERM; kill -TERM 0" TERM; "$@" & wait $!' side "$@"
+}
 # Both in the background under `wait`, which a trapped signal interrupts at once (a foreground child would
-# delay the trap until it ended), each in a process group of its own: a background job ignores Ctrl-C.
-setsid "$make" --no-print-directory $background > "$log" 2>&1 &
+# delay the trap until it ended).
+side "$make" --no-print-directory $background > "$log" 2>&1 &
 pids+=($!)
-setsid "$make" --no-print-directory "$@" &
+side "$make" --no-print-directory "$@" &
 pids+=($!)
 foreground_rc=0
 wait "${pids[1]}" || foreground_rc=$?

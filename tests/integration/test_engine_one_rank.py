@@ -11,8 +11,8 @@ once per runtime: every manifest bind sits at its exact target, read-only, and e
 snapshot reads back its bytes there (local binds the staged bytes, page15 and the odd directory through
 their NAS binds), a write to a NAS or local bind fails, odd names stay whole, the rank environment is set.
 How each runtime was asked is checked once each: Docker's API mount objects, Podman's CSV-quoted --mount
-specs. Then: smoke and decode probe results are in the host report, a re-run of the whole playbook changes
-nothing (the container is not recreated), Docker's paused and self-restarting containers are restarted and a
+specs. Then: smoke and decode probe results are in the host report, a re-run changes nothing (the container
+is not recreated; Podman re-runs the whole playbook, Docker the plays that ask the runtime), Docker's paused and self-restarting containers are restarted and a
 missing image is refused on Docker (Docker reports these its own way), a bind path no runtime binds exactly stops the play before the
 container is touched, and yesterday's stale receipts make the engine fail when nobody clears them, but not
 when the plays do (crash layer 2 of the night-shift log).

@@ -50,7 +50,8 @@ options:
     default: absent
   force:
     description:
-      - Remove the roots even if a live process holds one of them (O(live_container) included).
+      - Remove the roots even if a live process holds one of them (O(live_container) included), or one
+        holds a mount point (the mount and the folders holding it stay, in RV(mounts_kept)).
     type: bool
     default: false
   live_container:
@@ -109,6 +110,14 @@ kept:
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
+mounts_kept:
+  description:
+    - Mount points inside the roots, left in place with the folders holding them. Non-empty only with
+      O(force=true); without it, a root holding a mount point fails the task and nothing is removed.
+  returned: success
+  type: list
+  elements: str
+  sample: [/cache/ds41-combined-ready/models]
 holders:
   description:
     - What holds a root - non-empty on success only with O(force=true) (see the warning) or when
@@ -187,6 +196,9 @@ def main():
         module.fail_json(msg=str(exc))
     if result["holders"] and params["force"]:
         module.warn("force: removed receipt roots while in use: %s" % format_holders(result["holders"]))
+    if result["mounts_kept"]:
+        module.warn("force: left these mount points and the folders holding them: %s"
+                    % ", ".join(result["mounts_kept"]))
     changed = bool(result["removed"])
     diff = {"before": "".join("%s: present\n" % p for p in result["would_remove"]),
             "after": "".join("%s: absent\n" % p for p in result["would_remove"])}

@@ -1,8 +1,12 @@
 """Small filesystem helpers shared by the dgx-stage modules (stdlib only, Python 3.8+)."""
+import errno
 import hashlib
 import os
 import re
 import stat
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_mounts import mount_problem
 
 
 # Every temp file the project writes carries this prefix, so the next run can tell a killed
@@ -78,6 +82,23 @@ def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
             os.close(parent_fd)
 
 
+def open_own_file(name, dir_fd=None, mode=0o644):
+    """An O_RDWR fd of the regular file `name` that has no other name (st_nlink 1), created when missing,
+    never opened through a link. One that has another name (a hard link planted in its place) or is not
+    a regular file is first replaced by a new empty file, by rename: what is written through the fd
+    (truncated, a pid, a new mtime) reaches no other name."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    for _attempt in range(2):
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return fd
+        os.close(fd)
+        atomic_write_bytes(name, b"", mode=mode, dir_fd=dir_fd)
+    raise StageError("%s keeps getting another name (a hard link) or another kind of file put in its place: "
+                     "find what writes there; nothing was written to it" % name)
+
+
 def unlink_quietly(path, dir_fd=None):
     """Remove a file or symlink if it is there; never raises (cleanup on an error path)."""
     try:
@@ -92,15 +113,21 @@ def is_within(path, root):
     return path == root or path.startswith(root + os.sep) or root == os.sep
 
 
-def walk_tree(top):
+def walk_tree(top, skip_unlistable=False):
     """Every entry below top as (path, rel, is_dir): the one way the modules walk a tree.
 
     Parents come before their contents and names are sorted, so the order is the same on every run.
     `rel` is relative to top and '/'-separated. A link is never entered: a link to a directory is
-    listed with is_dir true (as os.walk sorts it), any other link with is_dir false. A missing top
-    yields nothing.
+    listed with is_dir true (as os.walk sorts it), any other link with is_dir false. A top that is
+    missing or not a directory yields nothing. A directory below top that cannot be listed raises
+    StageError naming it (a partial listing makes its files look absent, and absent files look
+    unwanted), unless skip_unlistable.
     """
-    for dirpath, dirnames, filenames in os.walk(top):
+    def refuse(exc):
+        if not skip_unlistable:
+            _walk_error(top, exc)
+
+    for dirpath, dirnames, filenames in os.walk(top, onerror=refuse):
         dirnames.sort()
         for names, is_dir in ((dirnames, True), (sorted(filenames), False)):
             for name in names:
@@ -108,46 +135,130 @@ def walk_tree(top):
                 yield path, os.path.relpath(path, top).replace(os.sep, "/"), is_dir
 
 
+def _walk_error(top, exc):
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and exc.filename == top:
+        return
+    raise StageError("cannot list %s: %s (%s): nothing is decided from a partial listing; make the folder "
+                     "readable by the user the play runs as (an NFS export with root_squash maps root to "
+                     "nobody) and run again"
+                     % (exc.filename, exc.strerror, errno.errorcode.get(exc.errno, exc.errno)))
+
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def remove_path(path, dir_fd=None):
+def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None):
     """Remove a file, a symlink (never its target) or a whole directory tree; False if nothing was there.
 
-    With dir_fd, path is a plain name inside that open directory. Nothing is followed: a tree is
+    With dir_fd, path is a plain name inside that open directory; without, the directory holding
+    path is opened once and nothing above it is looked at again. Nothing is followed: a tree is
     emptied through file descriptors, each directory opened without following a link relative to
-    its parent, so a link inside it (or one swapped in while it is removed) never leads the removal
-    outside. Directories the owner may not read or write are given u+rwx first, so an unprivileged
-    owner removes a tree with read-only parts as root would.
+    its parent and checked to be the directory that was listed (st_dev, st_ino), so a link or
+    another directory swapped in while it is removed never leads the removal outside. A directory
+    the owner may not read or write gets u+rwx on that same directory (never by name) first, so an
+    unprivileged owner removes a tree with read-only parts as root would.
+
+    A mount point is never entered (dgx_mounts.mount_problem): StageError naming it and what is
+    mounted there, or with around_mounts, it and the directories holding it stay and everything else
+    goes. Returns True when something was removed, False when nothing was there; with around_mounts,
+    the list of mount points left in place instead of True. Messages name shown_as (default: path).
     """
-    try:
-        st = os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    if stat.S_ISDIR(st.st_mode):
-        _remove_tree(path, dir_fd, st.st_mode)
+    if dir_fd is None:
+        directory, name = os.path.split(os.path.abspath(path))
+        parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     else:
-        os.unlink(path, dir_fd=dir_fd)
-    return True
-
-
-def _remove_tree(name, parent_fd, mode):
-    """Remove the directory `name` (of lstat mode `mode`) inside parent_fd and everything in it."""
-    if (mode & 0o700) != 0o700:
-        # lstat said directory just now (Linux has no chmod that refuses a link)
-        os.chmod(name, stat.S_IMODE(mode) | 0o700, dir_fd=parent_fd)
-    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        name, parent_fd = path, dir_fd
     try:
+        try:
+            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=parent_fd)
+            return [] if around_mounts else True
+        kept = []
+        _remove_tree(name, parent_fd, st, shown_as or path, kept if around_mounts else None)
+        return kept if around_mounts else True
+    finally:
+        if dir_fd is None:
+            os.close(parent_fd)
+
+
+def _same(st, listed):
+    return (st.st_dev, st.st_ino) == (listed.st_dev, listed.st_ino)
+
+
+def _open_listed_dir(name, parent_fd, listed, path):
+    """The directory `name` of parent_fd opened without following a link, checked to be the one listed
+    (lstat result `listed`), given u+rwx through a handle when its owner lacks any of them."""
+    replaced = StageError("%s was replaced while it was being removed (by a link or another folder): nothing "
+                          "below it was touched; run again once nothing else writes there" % path)
+    try:
+        if (listed.st_mode & 0o700) != 0o700:
+            handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+            try:
+                if not _same(os.fstat(handle), listed):
+                    raise replaced
+                # chmod through the handle's /proc link reaches that very directory (fchmod refuses O_PATH).
+                os.chmod("/proc/self/fd/%d" % handle, stat.S_IMODE(listed.st_mode) | 0o700)
+            finally:
+                os.close(handle)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise replaced
+        raise
+    if not _same(os.fstat(fd), listed):
+        os.close(fd)
+        raise replaced
+    return fd
+
+
+def _remove_tree(name, parent_fd, listed, path, kept):
+    """Remove the directory `name` (lstat result `listed`) of parent_fd and everything in it; mount
+    points met are refused, or with a `kept` list, recorded there and left with what holds them."""
+    fd = _open_listed_dir(name, parent_fd, listed, path)
+    try:
+        problem = mount_problem(parent_fd, fd, path)
+        if problem:
+            if kept is None:
+                raise StageError(problem)
+            kept.append(path)
+            return
+        before = len(kept or ())
         with os.scandir(fd) as entries:
-            children = [(entry.name, entry.stat(follow_symlinks=False).st_mode) for entry in entries]
-        for child, child_mode in children:
-            if stat.S_ISDIR(child_mode):
-                _remove_tree(child, fd, child_mode)
+            children = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
+        for child, child_st in children:
+            if stat.S_ISDIR(child_st.st_mode):
+                _remove_tree(child, fd, child_st, os.path.join(path, child), kept)
             else:
                 os.unlink(child, dir_fd=fd)
+        if kept is not None and len(kept) > before:
+            return
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent_fd)
+
+
+def remove_empty_dirs(dir_fd, path):
+    """Remove the empty directories below the open directory dir_fd (at `path`, for messages), deepest
+    first, a parent emptied by that too; through handles, never into a link or a mount point."""
+    with os.scandir(dir_fd) as entries:
+        children = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
+    for child, child_st in sorted(children):
+        if not stat.S_ISDIR(child_st.st_mode):
+            continue
+        child_path = os.path.join(path, child)
+        fd = _open_listed_dir(child, dir_fd, child_st, child_path)
+        try:
+            if mount_problem(dir_fd, fd, child_path):
+                continue
+            remove_empty_dirs(fd, child_path)
+            empty = not os.listdir(fd)
+        finally:
+            os.close(fd)
+        if empty:
+            os.rmdir(child, dir_fd=dir_fd)
 
 
 def printable_names(value):

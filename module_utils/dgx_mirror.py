@@ -19,7 +19,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name, is_within,
-                                             remove_path, walk_tree)
+                                             remove_empty_dirs, remove_path, walk_tree)
 from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_is_hash, sampled_bytes,
                                               samples_match)
 from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
@@ -688,14 +688,7 @@ def _remove_local(tree, path):
     """Remove a file, a link (never its target) or a directory tree below the local hub root, through
     its parent directory opened without following any link."""
     with tree.open_dir(os.path.dirname(_rel(tree, path))) as parent:
-        remove_path(os.path.basename(path), dir_fd=parent.fd)
-
-
-def _remove_empty_dirs(top):
-    """Remove the empty directories below top, deepest first (a parent emptied by that goes too)."""
-    for path, _rel, is_dir in reversed(list(walk_tree(top))):
-        if is_dir and not os.path.islink(path) and not os.listdir(path):
-            os.rmdir(path)
+        remove_path(os.path.basename(path), dir_fd=parent.fd, shown_as=path)
 
 
 def _disk_error(error, what, req, plan, outcome, written=None):
@@ -840,7 +833,8 @@ def apply_plan(plan, req, outcome, meter=None):
     for path in plan.debris + plan.prune:
         _remove_local(tree, path)
     if plan.prune and os.path.isdir(plan.snapshot):
-        _remove_empty_dirs(plan.snapshot)
+        with tree.open_dir(_rel(tree, plan.snapshot)) as snapshot:
+            remove_empty_dirs(snapshot.fd, snapshot.path)
     _write_blobs(tree, plan, req, meter, outcome)
     # No link to content this run could not stage (nor an alias link to such a file).
     blocked = set(os.path.join(plan.snapshot, *p.split("/")) for p in outcome.unavailable)

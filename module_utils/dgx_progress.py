@@ -24,6 +24,7 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_hubcache import repo_folder_name
 from ansible.module_utils.dgx_mirror import human_bytes
 from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalTree, linked_dir_problem
@@ -451,12 +452,13 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
 
 
 def renew_lease(path, pid=None):
-    """Touch the lease file (created when missing, never through a symlink): its mtime is the last renewal.
+    """Touch the lease file (created when missing, never through a symlink or a hard link: open_own_file): its
+    mtime is the last renewal.
     pid: the job's own process id, written as the file's content when the job starts (polls keep it)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_TRUNC if pid else 0)
-    fd = os.open(path, flags, 0o644)
+    fd = open_own_file(path)
     try:
         if pid:
+            os.ftruncate(fd, 0)
             os.write(fd, ("%d\n" % pid).encode("ascii"))
         os.utime(fd)
     finally:

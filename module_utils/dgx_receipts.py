@@ -9,6 +9,7 @@ import re
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_within, remove_path, walk_tree
+from ansible.module_utils.dgx_mounts import describe_mount, mounts_below, parse_mountinfo
 
 # The engine's per-run receipt roots: the one place in code their names are written. The tests, the
 # demo and the Molecule checks read them from here; the receipt role's defaults and argument spec and
@@ -63,7 +64,6 @@ def plan_removal(parent, names):
 # /proc/<pid>/cgroup paths name a container by its 64-hex id: libpod-<id>.scope, docker-<id>.scope,
 # /docker/<id>, cri-containerd-<id>... Shorter hex runs (other cgroup managers) are not container ids.
 _CONTAINER_ID = re.compile(r"(?:^|[/_:.-])([0-9a-f]{64})(?=\.scope|/|$)")
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _read_text(path):
@@ -88,42 +88,6 @@ def container_of(cgroup_text):
         if found:
             return found.group(1)
     return ""
-
-
-def parse_mountinfo(text):
-    """[{dev: (major, minor), root, mount_point, read_only}] from /proc/<pid>/mountinfo text.
-
-    root is the path inside the mounted filesystem that the mount shows: for a bind mount, the
-    bound directory as the filesystem knows it, whatever the mount point is called. read_only: the
-    mount (a ro bind) or its whole filesystem (the super options after " - ") is read-only.
-    """
-    mounts = []
-    for line in (text or "").splitlines():
-        fields = line.split(" ")
-        if len(fields) < 5:
-            continue
-        try:
-            major, minor = (int(part) for part in fields[2].split(":"))
-        except ValueError:
-            continue
-        mounts.append({"dev": (major, minor), "root": _unescape(fields[3]),
-                       "mount_point": _unescape(fields[4]), "read_only": _read_only(fields)})
-    return mounts
-
-
-def _read_only(fields):
-    """Whether a mountinfo line's mount options (field 6) or super options (the last field after the
-    "-" that ends the optional fields) say ro."""
-    options = [fields[5]] if len(fields) > 5 else []
-    if "-" in fields[6:]:
-        end = fields.index("-", 6)
-        options += fields[end + 3:end + 4]
-    return any("ro" in option.split(",") for option in options)
-
-
-def _unescape(field):
-    # The kernel writes space, tab, newline and backslash in mountinfo paths as \ooo.
-    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
 def mount_source(path, mounts):
@@ -158,9 +122,12 @@ def host_path(source, mounts):
 
 
 def tree_identities(root):
-    """{(st_dev, st_ino): path} for root and every entry below it (links themselves, never followed)."""
+    """{(st_dev, st_ino): path} for root and every entry below it (links themselves, never followed).
+
+    A folder the cleaning user cannot list is skipped: only its owner meets one (root lists every
+    folder), and the removal gives it u+rwx before it empties it."""
     identities = {}
-    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root)]:
+    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, skip_unlistable=True)]:
         try:
             st = os.lstat(path)
         except OSError:
@@ -386,7 +353,10 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
     A root that is a symlink is unlinked (its target is left alone). Refuses, removing nothing,
     while a live process holds a real root (find_holders), unless force. A root held only by
     live_container (this host's running engine) belongs to the live run: it is kept, not refused.
-    Returns {"would_remove", "removed", "kept", "holders"}; in check mode removed == would_remove.
+    A real root holding a mount point (a bind mount of another folder) is refused, removing nothing,
+    unless force, which removes the rest and leaves each mount point and the folders holding it.
+    Returns {"would_remove", "removed", "kept", "holders", "mounts_kept"}; in check mode removed ==
+    would_remove.
     """
     paths = plan_removal(parent, names)
     # Holders only matter for real roots: a symlink root's target is never touched.
@@ -398,30 +368,45 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
         raise StageError(refusal_message(strangers, paths))
     kept = [] if force else [p for p in paths if any(p in h["roots"] for h in holders)]
     plan = [p for p in paths if p not in kept]
-    result = {"would_remove": plan, "removed": [], "kept": kept, "holders": holders}
+    mounted = [(p, m) for p in plan if p in real_roots for m in mounts_below(p)]
+    if mounted and not force:
+        raise StageError(mount_refusal_message(mounted))
+    result = {"would_remove": plan, "removed": [], "kept": kept, "holders": holders,
+              "mounts_kept": sorted(set(m["mount_point"] for _p, m in mounted))}
     if check_mode:
         result["removed"] = list(plan)
         return result
     for path in plan:
         try:
-            remove_root(path)
-        except OSError as exc:
+            result["mounts_kept"] = sorted(set(result["mounts_kept"] + remove_root(path, around_mounts=force)))
+        except (OSError, StageError) as exc:
             raise StageError("engine_receipts: cannot remove %s: %s; removed so far: %s. %s"
                              % (path, exc, result["removed"] or "nothing", _removal_hint(exc)))
         result["removed"].append(path)
     return result
 
 
-def remove_root(path, attempts=3):
-    """remove_path(path); what vanishes meanwhile (another run removing the same root: ENOENT) is
-    removed, not a failure. The removal is retried so entries the other run has yet to remove go too."""
+def mount_refusal_message(mounted):
+    """Why receipt roots holding mount points are not removed: each mount and what it shows."""
+    return ("receipt roots hold mount points: %s. dgx-stage never removes anything on another mount (a bind "
+            "mount shows a folder from elsewhere, whose files would go); unmount them and run again. "
+            "receipt_force removes the rest of the roots and still leaves each mount and what holds it; "
+            "nothing was removed"
+            % "; ".join("%s in %s (%s)" % (m["mount_point"], root, describe_mount(m)) for root, m in mounted))
+
+
+def remove_root(path, attempts=3, around_mounts=False):
+    """remove_path(path): the mount points it left in place (around_mounts; else one is refused). What
+    vanishes meanwhile (another run removing the same root: ENOENT) is removed, not a failure. The
+    removal is retried so entries the other run has yet to remove go too."""
     for attempt in range(attempts):
         try:
-            remove_path(path)
-            return
+            kept = remove_path(path, around_mounts=True) if around_mounts else remove_path(path)
+            return kept if around_mounts else []
         except FileNotFoundError:
             if attempt == attempts - 1 and os.path.lexists(path):
                 raise
+    return []
 
 
 def _removal_hint(exc):

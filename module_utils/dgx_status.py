@@ -20,6 +20,7 @@ import os
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_mirror import human_bytes
 
@@ -138,28 +139,25 @@ def snapshot_content(repo_dir, snap_dir):
     or outside the repo folder (not counted)."""
     repo_real = os.path.realpath(repo_dir)
     files, dangling, seen, total = 0, 0, set(), 0
-    for dirpath, dirnames, filenames in os.walk(snap_dir):
-        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            st = _lstat(path)
-            if st is None:
+    for path, _rel, is_dir in walk_tree(snap_dir):
+        st = None if is_dir else _lstat(path)
+        if st is None:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            real = os.path.realpath(path)
+            st = _lstat(real)
+            if st is None or not stat.S_ISREG(st.st_mode) or not real.startswith(repo_real + os.sep):
+                dangling += 1
                 continue
-            if stat.S_ISLNK(st.st_mode):
-                real = os.path.realpath(path)
-                st = _lstat(real)
-                if st is None or not stat.S_ISREG(st.st_mode) or not real.startswith(repo_real + os.sep):
-                    dangling += 1
-                    continue
-                key = (st.st_dev, st.st_ino)
-            elif stat.S_ISREG(st.st_mode):
-                key = (st.st_dev, st.st_ino)
-            else:
-                continue
-            files += 1
-            if key not in seen:
-                seen.add(key)
-                total += st.st_size
+            key = (st.st_dev, st.st_ino)
+        elif stat.S_ISREG(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+        else:
+            continue
+        files += 1
+        if key not in seen:
+            seen.add(key)
+            total += st.st_size
     return files, total, dangling
 
 

@@ -16,16 +16,16 @@ import errno
 import fcntl
 import json
 import os
-import re
 import signal
 import stat
 import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, temp_name_for, unlink_quietly,
-                                             walk_tree)
+from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, open_own_file, temp_name_for,
+                                             unlink_quietly, walk_tree)
 from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
+from ansible.module_utils.dgx_mounts import mount_points, mount_problem
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -99,25 +99,6 @@ def linked_dir_problem(root, rel):
     return None
 
 
-MOUNTINFO = "/proc/self/mountinfo"
-
-
-def _unescape_mount_path(text):
-    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
-
-
-def mount_points():
-    """The mount points of this process's mount namespace (field 5 of /proc/self/mountinfo): it names
-    a bind mount of the same filesystem too, whose st_dev does not differ. Empty when not readable."""
-    try:
-        with open(MOUNTINFO) as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return set()
-    return set(_unescape_mount_path(line.split(" ")[4]) for line in lines if len(line.split(" ")) > 4)
-
-
 def mount_point_problem(root, rel):
     """Why a directory on the way from `root` (excluded) down to `root/rel` is a mount point, or None:
     its st_dev differs from its parent's (another filesystem, or a bind mount of one), or it is a
@@ -140,12 +121,6 @@ def mount_point_problem(root, rel):
                     "plain directory; nothing was written or removed" % path)
         parent = st
     return None
-
-
-def on_another_mount(parent_fd, child_fd, path):
-    """Whether the open directory child_fd (at `path`) is on another device than parent_fd, or is a
-    mount point of /proc/self/mountinfo (never emptied by a clean-up)."""
-    return os.fstat(child_fd).st_dev != os.fstat(parent_fd).st_dev or os.path.realpath(path) in mount_points()
 
 
 class LocalTree(object):
@@ -452,12 +427,11 @@ def clear_peer_dir(tree, rel):
     with peer:
         try:
             with tree.open_dir(os.path.dirname(rel.rstrip("/"))) as parent:
-                mounted = on_another_mount(parent.fd, peer.fd, peer.path)
+                mounted = mount_problem(parent.fd, peer.fd, "peer_dir " + peer.path)
         except (StageError, OSError) as exc:
             return ["peer_dir %s was not removed: %s" % (peer.path, exc)]
         if mounted:
-            return ["peer_dir %s is a mount point (or on another device than its parent): dgx-stage never "
-                    "empties a directory on another mount; nothing in it was removed" % peer.path]
+            return [mounted]
         kept, problems = _remove_flat(peer)
         if RSYNC_DELAY_DIR in kept:
             kept.remove(RSYNC_DELAY_DIR)
@@ -508,9 +482,9 @@ def _remove_delay_dir(peer):
     except OSError as exc:
         return ["%s was not removed: %s" % (path, exc)]
     with LocalDir(fd, path) as delay:
-        if on_another_mount(peer.fd, delay.fd, path):
-            return ["%s is a mount point (or on another device than peer_dir): dgx-stage never empties a "
-                    "directory on another mount; nothing in it was removed" % path]
+        mounted = mount_problem(peer.fd, delay.fd, path)
+        if mounted:
+            return [mounted]
         kept, problems = _remove_flat(delay)
     if kept:
         problems.append("%s holds directories (%s) that dgx-stage does not enter: remove them by hand"
@@ -660,12 +634,16 @@ class RepoLock(object):
         self.lock_dir_rel = lock_dir_rel
         self.timeout = timeout
         self.path = os.path.join(tree.root, lock_dir_rel, self.NAME)
-        self._fd = None
+        self._fd = self._replaced = None
 
     def __enter__(self):
         with self.tree.open_dir(self.lock_dir_rel, create=True) as lock_dir:
-            self._fd = os.open(self.NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                               dir_fd=lock_dir.fd)
+            self._fd = os.open(self.NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                               0o644, dir_fd=lock_dir.fd)
+            self._wait_for_lock(lock_dir)
+        return self
+
+    def _wait_for_lock(self, lock_dir):
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -683,13 +661,21 @@ class RepoLock(object):
                                      "itself, within its lease time (2 minutes by default): re-run after that"
                                      % (holder, self.path))
                 time.sleep(0.2)
+        st = os.fstat(self._fd)
+        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
+            # A hard link (or another kind of file) planted in its place: the pid goes to a new file renamed
+            # over it, locked too. The old one stays locked until the end, as another run may wait on it.
+            self._replaced = self._fd
+            self._fd = open_own_file(self.NAME, dir_fd=lock_dir.fd)
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, str(os.getpid()).encode("ascii"), 0)
-        return self
 
     def __exit__(self, *_exc_info):
-        os.close(self._fd)
-        self._fd = None
+        for fd in (self._fd, self._replaced):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._replaced = None
         return False
 
 

@@ -120,3 +120,62 @@ def test_plain_rmtree_fails_on_the_same_tree_without_privilege(shared_dir):
         return
     rc = run_as_nobody(lambda: shutil.rmtree(_read_only_tree(shared_dir)))
     assert rc != 0
+
+
+def test_walk_tree_yields_nothing_for_a_missing_top_and_refuses_a_folder_it_cannot_list(shared_dir):
+    assert list(dgx_fsutil.walk_tree(str(shared_dir / "missing"))) == []
+    (shared_dir / "top" / "closed").mkdir(parents=True)
+    (shared_dir / "top" / "closed" / "weights.bin").write_bytes(b"x")
+    os.chown(str(shared_dir / "top"), 65534, 65534)
+    os.chown(str(shared_dir / "top" / "closed"), 65534, 65534)
+    os.chmod(str(shared_dir / "top" / "closed"), 0)
+
+    def walk():
+        with pytest.raises(dgx_fsutil.StageError) as refused:
+            list(dgx_fsutil.walk_tree(str(shared_dir / "top")))
+        assert "cannot list %s: Permission denied (EACCES)" % (shared_dir / "top" / "closed") in str(refused.value)
+
+    assert run_as_nobody(walk) == 0
+    os.chmod(str(shared_dir / "top" / "closed"), 0o755)
+
+
+def test_a_folder_swapped_for_a_link_while_a_tree_is_removed_changes_nothing_the_link_points_to(
+        tmp_path, monkeypatch):
+    """Between listing a read-only folder and giving it u+rwx, another process puts a link to a file outside in
+    its place: the mode change reaches the folder that was listed or nothing, never the file."""
+    root = tmp_path / "receipts" / "ds41-combined-ready"
+    (root / "kv").mkdir(parents=True)
+    (root / "kv" / "r.json").write_text("{}")
+    os.chmod(str(root / "kv"), 0o555)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"not a receipt")
+    os.chmod(str(outside), 0o644)
+    real_scandir = os.scandir
+
+    class Listed(object):
+        def __init__(self, entries):
+            self.entries = entries
+
+        def __enter__(self):
+            return iter(self.entries)
+
+        def __exit__(self, *_exc_info):
+            return False
+
+    def scandir_then_swap(fd):
+        with real_scandir(fd) as listing:
+            entries = list(listing)
+        for entry in entries:
+            entry.stat(follow_symlinks=False)   # what the removal saw
+        if [e.name for e in entries] == ["kv"]:
+            shutil.move(str(root / "kv"), str(tmp_path / "kv-moved"))
+            os.symlink(str(outside), str(root / "kv"))
+        return Listed(entries)
+
+    monkeypatch.setattr(dgx_fsutil.os, "scandir", scandir_then_swap)
+    with pytest.raises(dgx_fsutil.StageError) as refused:
+        remove_path(str(root))
+    monkeypatch.undo()
+    assert "%s was replaced while it was being removed" % (root / "kv") in str(refused.value)
+    assert stat.S_IMODE(os.stat(str(outside)).st_mode) == 0o644 and outside.read_bytes() == b"not a receipt"
+    assert os.path.islink(str(root / "kv"))

@@ -27,6 +27,7 @@ from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from nashub import build_nas
+from privilege import NOBODY, nobody_owned_dir, run_as_nobody
 from treestate import workers_still_running, blob_matches_name, sha256_file, snapshot_diff, tree_snapshot
 
 MAIN = hubgen.MAIN_REPO
@@ -1716,3 +1717,59 @@ def test_check_mode_plan_reads_like_a_plan_and_real_runs_say_what_they_did(nas, 
 def test_refuses_unknown_phase(nas, local):
     with pytest.raises(StageError, match="phase must be one of stage, verify"):
         mirror_request(nas, local, phase="prove")
+
+
+def test_a_nas_folder_the_node_cannot_list_fails_the_repo_and_nothing_local_is_pruned(tmp_path):
+    """NFS root_squash on a folder that is not world-readable: the listing error is an error, never
+    "these files are not wanted" (a verify pass once pruned good local copies that way)."""
+    for shared in nobody_owned_dir(tmp_path, "dgx-unlistable-"):
+        nas = build_nas(shared / "nas")
+        nas.thaw()
+        local = shared / "local"
+        local.mkdir()
+        subprocess.check_call(["chown", "-R", "%d:%d" % (NOBODY, NOBODY), str(shared)])
+        message = shared / "message"
+
+        def verify_after_the_folder_turns_unlistable():
+            stage(nas, local, ignore_patterns=PAGE15)
+            before = tree_snapshot(local)
+            os.chmod(os.path.join(nas.snapshot_dir(), "extras"), 0)
+            try:
+                stage(nas, local, ignore_patterns=PAGE15, phase="verify", copy_missing=False, verify="full",
+                      prune=True)
+            except StageError as exc:
+                message.write_text(str(exc))
+            assert snapshot_diff(before, tree_snapshot(local)) == []
+
+        assert run_as_nobody(verify_after_the_folder_turns_unlistable) == 0
+        said = message.read_text()
+        assert "cannot list %s" % os.path.join(nas.snapshot_dir(), "extras") in said and "EACCES" in said
+        os.chmod(os.path.join(nas.snapshot_dir(), "extras"), 0o755)
+
+
+def test_a_snapshot_swapped_for_a_link_before_the_empty_folder_sweep_removes_nothing_outside(nas, local, tmp_path,
+                                                                                                monkeypatch):
+    """Prune removes the unwanted files, then the folders they leave empty. A snapshots/<commit> swapped for a
+    link in between (a whole verify pass can lie between the plan and that sweep) leads the sweep nowhere."""
+    stage(nas, local)                                    # page15 staged: prune has something to remove
+    snap = local_snapshot(nas, local)
+    outside = tmp_path / "outside"
+    (outside / "empty" / "folders").mkdir(parents=True)
+    plan = plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, prune=True))
+    removals = len(plan.debris + plan.prune)
+    assert removals > 0
+    real_remove_local = mirror._remove_local
+    removed = []
+
+    def remove_then_swap(tree, path):
+        real_remove_local(tree, path)
+        removed.append(path)
+        if len(removed) == removals:    # the last removal done, the sweep next
+            os.rename(snap, snap + ".moved")
+            os.symlink(str(outside), snap)
+
+    monkeypatch.setattr(mirror, "_remove_local", remove_then_swap)
+    with pytest.raises(StageError) as refused:
+        stage(nas, local, ignore_patterns=PAGE15, prune=True)
+    assert "%s is a symlink" % snap in str(refused.value)
+    assert os.path.isdir(str(outside / "empty" / "folders"))

@@ -13,7 +13,7 @@ import pytest
 
 import hubgen
 from ansible.module_utils import dgx_mirror as mirror
-from ansible.module_utils import dgx_transfer
+from ansible.module_utils import dgx_mounts, dgx_transfer
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from ansible.module_utils.dgx_mirror import run_mirror
@@ -21,6 +21,7 @@ from test_mirror import (  # noqa: F401  (fixtures are found by name)
     MAIN, PAGE15, _record_opens, _small_nas, _small_template, assert_all_local, corrupt_nas_blob, expect_failure,
     fresh_nas, interrupt_copy_number, local, local_blob, local_repo, mirror_request, nas, nas_blob_real, prestage,
     progress_of, selected, stage, unique_blobs)
+from mountns import bind_mount, in_private_mount_namespace
 from treestate import snapshot_diff, tree_snapshot
 
 
@@ -543,50 +544,65 @@ def test_progress_file_counts_candidate_reads_and_ends_consistent(nas, local):
 @pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
 @pytest.mark.parametrize("how", ["other device at peer_dir", "same-fs bind mount on the way"])
 def test_peer_dir_that_is_or_lies_below_a_mount_point_is_refused_before_anything_is_written(
-        nas, local, monkeypatch, how, check_mode):
+        nas, local, tmp_path, monkeypatch, how, check_mode):
     """A directory bind-mounted at peer_dir (or at dgx-stage-peer) from outside the hub: the clean-up
-    would empty it. st_dev catches another filesystem, /proc/self/mountinfo a bind of the same one."""
+    would empty it. st_dev catches another filesystem, the mount table a bind of the same one."""
     etag, _size = shard_blob(nas, 0)
     put_candidate(nas, local, etag)
-    before = tree_snapshot(local)
+
+    def refused(mounted):
+        before = tree_snapshot(local)
+        with pytest.raises(StageError) as err:
+            peer_stage(nas, local, check_mode=check_mode)
+        assert "%s is a mount point" % mounted in str(err.value) and "nothing was written" in str(err.value)
+        assert snapshot_diff(before, tree_snapshot(local)) == []
+
     if how == "other device at peer_dir":
-        mounted = peer_dir_of(local)
-        _fake_device(monkeypatch, mounted)
-    else:
-        mounted = os.path.dirname(peer_dir_of(local))
-        monkeypatch.setattr(dgx_transfer, "mount_points", lambda: {os.path.realpath(mounted)})
-    with pytest.raises(StageError) as err:
-        peer_stage(nas, local, check_mode=check_mode)
-    monkeypatch.undo()
-    assert "%s is a mount point" % mounted in str(err.value) and "nothing was written" in str(err.value)
-    assert snapshot_diff(before, tree_snapshot(local)) == []
+        _fake_device(monkeypatch, peer_dir_of(local))
+        refused(peer_dir_of(local))
+        return
+    mounted = os.path.dirname(peer_dir_of(local))
+    (tmp_path / "elsewhere").mkdir()
+
+    def bind_then_stage():
+        shutil.copytree(mounted, str(tmp_path / "elsewhere" / "copy"), symlinks=True)
+        bind_mount(tmp_path / "elsewhere" / "copy", mounted)
+        refused(mounted)
+
+    assert in_private_mount_namespace(bind_then_stage) == 0
 
 
 def test_mount_points_reads_mountinfo_with_its_escapes(tmp_path, monkeypatch):
     info = tmp_path / "mountinfo"
     info.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
                     "40 22 8:1 /x /raid/hub/.locks/dgx-stage-peer/my\\040dir rw - ext4 /dev/sda1 rw\n")
-    monkeypatch.setattr(dgx_transfer, "MOUNTINFO", str(info))
-    assert dgx_transfer.mount_points() == {"/", "/raid/hub/.locks/dgx-stage-peer/my dir"}
+    monkeypatch.setattr(dgx_mounts, "MOUNTINFO", str(info))
+    assert dgx_mounts.mount_points() == {"/", "/raid/hub/.locks/dgx-stage-peer/my dir"}
 
 
 @pytest.mark.parametrize("where", ["peer_dir", ".~tmp~"])
-def test_clean_up_never_empties_a_directory_on_another_mount(nas, local, monkeypatch, where):
-    """A mount made after the run's checks: the clean-up leaves it and what it holds, and says so."""
+def test_clean_up_never_empties_a_directory_on_another_mount(nas, local, tmp_path, where):
+    """A bind mount made after the run's checks: the clean-up leaves it and what it holds, and says so."""
     etag, _size = shard_blob(nas, 0)
     put_candidate(nas, local, etag)
     delay = os.path.join(peer_dir_of(local), ".~tmp~")
     os.mkdir(delay)
-    with open(os.path.join(delay, "outside-file"), "wb") as handle:
-        handle.write(b"not ours")
     mounted = peer_dir_of(local) if where == "peer_dir" else delay
-    monkeypatch.setattr(dgx_transfer, "mount_points", lambda: {os.path.realpath(mounted)})
-    tree = dgx_transfer.LocalTree(str(local))
-    problems = dgx_transfer.clear_peer_dir(tree, os.path.relpath(peer_dir_of(local), str(local)))
-    assert any("%s is a mount point" % mounted in p for p in problems)
-    assert os.path.exists(os.path.join(delay, "outside-file"))
-    if where == "peer_dir":
-        assert os.path.exists(os.path.join(peer_dir_of(local), etag))
+    outside = tmp_path / "outside"
+    shutil.copytree(mounted, str(outside), symlinks=True)
+    (outside / "outside-file").write_bytes(b"not ours")
+
+    def bind_then_clean_up():
+        bind_mount(outside, mounted)
+        tree = dgx_transfer.LocalTree(str(local))
+        problems = dgx_transfer.clear_peer_dir(tree, os.path.relpath(peer_dir_of(local), str(local)))
+        assert any("%s is a mount point (" % mounted in p for p in problems), problems
+        assert os.path.exists(os.path.join(mounted, "outside-file"))
+        if where == "peer_dir":
+            assert os.path.exists(os.path.join(mounted, etag))
+
+    assert in_private_mount_namespace(bind_then_clean_up) == 0
+    assert (outside / "outside-file").read_bytes() == b"not ours"
 
 
 def test_peer_dir_equal_to_dest_says_it_is_dest(nas, local):

@@ -548,3 +548,15 @@ def test_an_emptied_jobs_dir_is_removed_with_an_empty_locks_but_never_the_hub_ro
     assert progress.prune_jobs_dir(str(dest), str(dest)) == [] and dest.is_dir()
     with pytest.raises(StageError):
         prepare_jobs_dir(str(dest), str(dest), 60)
+
+
+def test_a_lease_planted_as_a_hard_link_is_replaced_and_its_other_name_never_written(tmp_path):
+    outside = tmp_path / "outside.conf"
+    outside.write_text("keep me")
+    os.utime(str(outside), (1000000000, 1000000000))
+    lease = tmp_path / "dgx-lease.run.stage.model.org--name"
+    os.link(str(outside), str(lease))
+    progress.renew_lease(str(lease), 4242)
+    progress.renew_lease(str(lease))
+    assert outside.read_text() == "keep me" and os.stat(str(outside)).st_mtime == 1000000000
+    assert lease.read_text() == "4242\n" and os.stat(str(lease)).st_nlink == 1

@@ -8,6 +8,7 @@ import pytest
 from ansible.module_utils.dgx_errors import StageError
 import processes
 from modrun import run_main
+from mountns import bind_mount, in_private_mount_namespace
 from privilege import nobody_owned_dir, run_as_nobody
 from treestate import snapshot_diff, tree_snapshot
 from ansible.module_utils import dgx_receipts
@@ -457,7 +458,8 @@ def test_parse_mountinfo_unescapes_paths_and_mount_source_takes_the_deepest_moun
             "41 27 259:2 / /raid\\040cache/sub rw - xfs /dev/nvme1n1 rw\n"
             "42 27 259:3 / /raid\\040cache/sub rw - xfs /dev/nvme2n1 rw\n")
     mounts = parse_mountinfo(text)
-    assert mounts[1] == {"dev": (259, 1), "root": "/srv/raid cache", "mount_point": "/raid cache", "read_only": False}
+    assert mounts[1] == {"id": 40, "dev": (259, 1), "root": "/srv/raid cache", "mount_point": "/raid cache",
+                         "read_only": False, "fstype": "xfs", "source": "/dev/nvme0n1"}
     assert mount_source("/raid cache/ds41-x", mounts) == ((259, 1), "/srv/raid cache/ds41-x")
     assert mount_source("/raid cache", mounts) == ((259, 1), "/srv/raid cache")
     assert mount_source("/raid cache/sub/x", mounts) == ((259, 3), "/x")  # the last of stacked mounts
@@ -524,3 +526,56 @@ def test_module_check_mode_then_removal_then_an_idle_rerun(tmp_path):
 def test_module_refuses_the_root_as_parent():
     result = run_main("engine_receipts", {"parent": "/"})
     assert result["failed"] and "'/'" in result["msg"]
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["refused", "force"])
+def test_a_bind_mount_inside_a_receipt_root_is_never_entered(tmp_path, force):
+    """A folder from elsewhere bind-mounted inside a receipt root (same filesystem, same st_dev): without
+    force the clean-up refuses before removing anything, naming the mount; with force it removes the rest
+    and leaves the mount and what it shows."""
+    parent = tmp_path / "cache"
+    make_roots(parent)
+    mount_point = parent / NAMES[1] / "models"
+    mount_point.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "weights.bin").write_bytes(b"not a receipt")
+
+    def clean_up_with_the_mount():
+        bind_mount(elsewhere, mount_point)
+        before = tree_snapshot(parent)
+        if not force:
+            with pytest.raises(StageError) as refused:
+                clear_receipts(str(parent), NAMES)
+            assert "%s in %s (" % (mount_point, parent / NAMES[1]) in str(refused.value)
+            assert "nothing was removed" in str(refused.value)
+            assert snapshot_diff(before, tree_snapshot(parent)) == []
+            return
+        result = clear_receipts(str(parent), NAMES, force=True)
+        assert result["mounts_kept"] == [str(mount_point)]
+        assert not os.path.exists(str(parent / NAMES[0])) and not os.path.exists(str(parent / NAMES[2]))
+        assert sorted(os.listdir(str(parent / NAMES[1]))) == ["models"]
+        assert (mount_point / "weights.bin").read_bytes() == b"not a receipt"
+
+    assert in_private_mount_namespace(clean_up_with_the_mount) == 0
+    assert (elsewhere / "weights.bin").read_bytes() == b"not a receipt"
+
+
+def test_a_mount_made_after_the_check_stops_the_removal_at_the_mount(tmp_path):
+    """The removal checks each folder it opens too: a mount made after clear_receipts' check is not entered."""
+    root = tmp_path / "cache" / NAMES[1]
+    (root / "models").mkdir(parents=True)
+    (root / "a.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "weights.bin").write_bytes(b"not a receipt")
+
+    def remove_with_the_mount():
+        bind_mount(elsewhere, root / "models")
+        with pytest.raises(StageError) as refused:
+            dgx_receipts.remove_root(str(root))
+        assert "%s is a mount point (" % (root / "models") in str(refused.value)
+        assert (root / "models" / "weights.bin").read_bytes() == b"not a receipt"
+
+    assert in_private_mount_namespace(remove_with_the_mount) == 0
+    assert (elsewhere / "weights.bin").read_bytes() == b"not a receipt"

@@ -1,5 +1,6 @@
 """Atomic, name-checked placement inside the local tree, debris and locking."""
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -504,3 +505,20 @@ def _signals_held_in_this_process():
         assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file_and_both_stay_locked(tmp_path):
+    (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
+    outside = tmp_path / "outside.conf"
+    outside.write_text("keep me")
+    planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
+    os.link(str(outside), str(planted))
+    with open(str(outside)) as old_inode:
+        with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
+            assert outside.read_text() == "keep me"
+            assert planted.read_text() == str(os.getpid()) and os.stat(str(planted)).st_nlink == 1
+            for held in (str(planted), old_inode.name):
+                with open(held) as other:       # another open file description: flock says who holds it
+                    with pytest.raises(BlockingIOError):
+                        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert outside.read_text() == "keep me"

@@ -1,0 +1,107 @@
+"""The mount table, read the one way the dgx-stage modules read it (stdlib only, Python 3.8+).
+
+A clean-up never crosses a mount point: a bind mount of a folder from elsewhere (same filesystem,
+same st_dev) would otherwise have that folder's contents removed. An open directory is a mount
+point when its st_dev or its mount id (/proc/self/fdinfo) differs from its parent's; the mount id
+belongs to the directory that was opened, so a path swapped afterwards cannot fool it.
+"""
+import os
+import re
+
+MOUNTINFO = "/proc/self/mountinfo"
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape(field):
+    # The kernel writes space, tab, newline and backslash in mountinfo paths as \ooo.
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
+
+
+def _read_only(fields):
+    """Whether a mountinfo line's mount options (field 6) or super options (the last field after the
+    "-" that ends the optional fields) say ro."""
+    options = [fields[5]] if len(fields) > 5 else []
+    if "-" in fields[6:]:
+        end = fields.index("-", 6)
+        options += fields[end + 3:end + 4]
+    return any("ro" in option.split(",") for option in options)
+
+
+def parse_mountinfo(text):
+    """[{id, dev: (major, minor), root, mount_point, read_only, fstype, source}] from /proc/<pid>/mountinfo.
+
+    root is the path inside the mounted filesystem that the mount shows: for a bind mount, the
+    bound directory as the filesystem knows it, whatever the mount point is called. read_only: the
+    mount (a ro bind) or its whole filesystem (the super options after " - ") is read-only.
+    """
+    mounts = []
+    for line in (text or "").splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5:
+            continue
+        try:
+            mount_id = int(fields[0])
+            major, minor = (int(part) for part in fields[2].split(":"))
+        except ValueError:
+            continue
+        tail = fields[fields.index("-", 6) + 1:] if "-" in fields[6:] else []
+        mounts.append({"id": mount_id, "dev": (major, minor), "root": _unescape(fields[3]),
+                       "mount_point": _unescape(fields[4]), "read_only": _read_only(fields),
+                       "fstype": tail[0] if tail else "", "source": _unescape(tail[1]) if len(tail) > 1 else ""})
+    return mounts
+
+
+def read_mounts():
+    """parse_mountinfo of this process's mount namespace; [] when /proc is not there."""
+    try:
+        with open(MOUNTINFO) as handle:
+            return parse_mountinfo(handle.read())
+    except OSError:
+        return []
+
+
+def mount_points():
+    """The mount points of this process's mount namespace: it names a bind mount of the same
+    filesystem too, whose st_dev does not differ."""
+    return set(mount["mount_point"] for mount in read_mounts())
+
+
+def mount_id(fd):
+    """The id of the mount an open file lies on (/proc/self/fdinfo), or None where the kernel or /proc
+    does not say."""
+    try:
+        with open("/proc/self/fdinfo/%d" % fd) as handle:
+            for line in handle:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def describe_mount(mount):
+    return "%s from %s" % (mount["fstype"] or "a filesystem", mount["source"] or mount["root"])
+
+
+def mount_problem(parent_fd, child_fd, path):
+    """Why the open directory child_fd (at `path`, for the message) is a mount point below the open
+    directory parent_fd, or None."""
+    child_id, parent_id = mount_id(child_fd), mount_id(parent_fd)
+    if os.fstat(child_fd).st_dev == os.fstat(parent_fd).st_dev:
+        if child_id is not None and parent_id is not None:
+            if child_id == parent_id:
+                return None
+        elif os.path.realpath(path) not in mount_points():
+            return None
+    mounted = [m for m in read_mounts() if m["id"] == child_id] or \
+        [m for m in read_mounts() if m["mount_point"] == os.path.realpath(path)]
+    return ("%s is a mount point (%s): dgx-stage never removes anything on another mount (a bind mount "
+            "shows a folder from elsewhere); unmount it, then run again; nothing below it was touched"
+            % (path, describe_mount(mounted[-1]) if mounted else "another filesystem"))
+
+
+def mounts_below(path):
+    """The mounts of this namespace whose mount point is path itself or below it (path made real)."""
+    real = os.path.realpath(path).rstrip(os.sep) or os.sep
+    return [m for m in read_mounts()
+            if m["mount_point"] == real or m["mount_point"].startswith(real + os.sep)]

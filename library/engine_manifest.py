@@ -14,8 +14,8 @@ description:
   - For each repo, resolves the commit (local C(refs/<revision>), else a 40-hex revision with a
     local snapshot, else the same on the NAS) and walks the NAS snapshot, the source of truth for
     every file.
-  - A file whose local copy resolves to a regular file inside O(hub_local_root) is bound from that
-    local blob (C(origin=local)).
+  - A file whose local copy resolves to a regular file inside O(hub_local_root), every folder on its local
+    path a real directory there, is bound from that local blob (C(origin=local)).
   - Everything else is bound read-only from the NAS (C(origin=nas)). A maximal directory with no
     local file in it (the optional page15 pack) becomes one directory mount; other files get one
     mount each, with the NAS file as source.
@@ -189,6 +189,12 @@ manifest:
         origin:
           description: V(local) or V(nas).
           type: str
+        fallback_reason:
+          description:
+            - On a V(nas) mount only, when a file it covers is staged but not bound from the local disk because a
+              folder on its local path is not a real directory inside O(hub_local_root) (a symlink); says which.
+          type: str
+          returned: when such a file is covered
     planned:
       description:
         - Check mode with O(plan) only, and not part of the manifest file - the targets of local binds whose

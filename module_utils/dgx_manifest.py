@@ -15,6 +15,7 @@ from ansible.module_utils.dgx_hashing import file_matches_own_name
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
+from ansible.module_utils.dgx_transfer import linked_dir_problem
 
 # Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
 BIND_FROM = ("local", "nas")
@@ -116,9 +117,18 @@ def _below(files, rel_dir):
     return [f for f in files if f.startswith(prefix)]
 
 
-def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot):
-    """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local realpath}."""
+def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot, fallbacks=None):
+    """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local realpath}; fallbacks: {rel: why
+    a staged file is not bound from the local disk}, said on the NAS mount that covers it (fallback_reason)."""
     mounts = []
+    fallbacks = fallbacks or {}
+
+    def nas_mount(source, target, covered):
+        mount = _mount(source, target, "nas")
+        reasons = [fallbacks[f] for f in covered if f in fallbacks]
+        if reasons:
+            mount["fallback_reason"] = reasons[0]
+        mounts.append(mount)
 
     def visit(rel_dir):
         below = _below(files, rel_dir)
@@ -126,7 +136,7 @@ def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot):
         if not any(f in local for f in below) and all(
                 stays_inside(os.path.join(nas_snapshot, f), nas_dir) for f in below):
             target = posixpath.join(target_snapshot, rel_dir) if rel_dir else target_snapshot
-            mounts.append(_mount(nas_dir, target, "nas"))
+            nas_mount(nas_dir, target, below)
             return
         depth = len(rel_dir.split("/")) if rel_dir else 0
         subdirs = set()
@@ -137,8 +147,7 @@ def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot):
             elif rel in local:
                 mounts.append(_mount(local[rel], posixpath.join(target_snapshot, rel), "local"))
             else:
-                mounts.append(_mount(os.path.join(nas_snapshot, rel),
-                                     posixpath.join(target_snapshot, rel), "nas"))
+                nas_mount(os.path.join(nas_snapshot, rel), posixpath.join(target_snapshot, rel), [rel])
         for sub in sorted(subdirs):
             visit(sub)
 
@@ -199,8 +208,14 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
     local_root_real = os.path.realpath(hub_local_root)
     excluded = set((staging or {}).get("excluded_paths") or [])
     pruned = set((staging or {}).get("pruned") or [])
-    local, planned = {}, set()
+    local, planned, fallbacks = {}, set(), {}
     for entry in entries if from_local else ():
+        # Every folder on the way must be a real one inside the local hub: a linked folder could show any
+        # same-size file from elsewhere as the staged copy.
+        fallbacks_here = _linked_folder(hub_local_root, folder, commit, entry)
+        if fallbacks_here:
+            fallbacks[entry.path] = fallbacks_here
+            continue
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
         if staging is not None:
             if entry.path in excluded:
@@ -213,8 +228,22 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
             local[entry.path] = source
     record = dict(repo, commit=commit, folder=folder, local_snapshot=local_snapshot,
                   nas_snapshot=nas_snapshot, target=target)
-    mounts = plan_snapshot_mounts(files, local, nas_snapshot, target)
+    mounts = plan_snapshot_mounts(files, local, nas_snapshot, target, fallbacks)
     return record, mounts, [os.path.join(nas_snapshot, f) for f in files], planned
+
+
+def _linked_folder(hub_local_root, folder, commit, entry):
+    """Why a folder on the local path of entry (its snapshot folders, and blobs/ for a blob) is not a real
+    directory inside the local hub, or None."""
+    rels = [posixpath.join(folder, "snapshots", commit, posixpath.dirname(entry.path))]
+    if entry.kind == "link":
+        rels.append(posixpath.join(folder, "blobs"))
+    for rel in rels:
+        problem = linked_dir_problem(hub_local_root, rel)
+        if problem:
+            return "not bound from the local disk: " + problem.split(": the local hub must be", 1)[0] + \
+                " (the local hub must be real directories); bound read-only from the NAS"
+    return None
 
 
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):

@@ -643,3 +643,23 @@ def test_switching_bind_from_restarts_the_lane_through_the_mounts_digest(hubs):
     assert reasons("local", "local") == [] and reasons("nas", "nas") == []
     assert reasons("local", "nas") == ["mounts changed"]
     assert reasons("nas", "local") == ["mounts changed"]
+
+
+def test_a_local_folder_that_is_a_link_binds_its_files_from_the_nas_and_says_why(hubs, tmp_path):
+    """snapshots/<c>/page15 (real files, staged) swapped for a link to same-size look-alikes elsewhere: they are
+    not the staged copies; the NAS is bound and the manifest says why."""
+    local, nas = hubs
+    linked = "page15"
+    snapshot = os.path.join(local, FOLDER, "snapshots", COMMIT)
+    for rel in PAGE15:
+        add_real(os.path.join(local, FOLDER), COMMIT, rel, "page15 " + rel)     # staged, same size
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(os.path.join(snapshot, linked), str(elsewhere))
+    os.symlink(str(elsewhere), os.path.join(snapshot, linked))
+    manifest = build(local, nas)
+    covered = [m for m in manifest["mounts"] if m["target"].startswith(target(linked))]
+    assert covered and all(m["origin"] == "nas" and m["source"].startswith(nas_path(nas, linked)) for m in covered)
+    assert all("%s is a symlink to %s" % (os.path.join(snapshot, linked), elsewhere) in m["fallback_reason"]
+               for m in covered)
+    assert not any(str(elsewhere) in m["source"] for m in manifest["mounts"])
+    assert coverage_problems(manifest, [nas_path(nas, rel) for rel in LINKED + PAGE15]) == []

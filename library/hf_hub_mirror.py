@@ -659,7 +659,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
-from ansible.module_utils.dgx_progress import LeaseWatch, lease_dir_problem
+from ansible.module_utils.dgx_progress import LeaseWatch
 from ansible.module_utils.dgx_transfer import raise_interrupt_on_sigterm
 
 
@@ -693,10 +693,11 @@ def main():
     lease = None
     try:
         if params["lease_file"] and not module.check_mode:
-            problem = lease_dir_problem(params["dest"], params["lease_file"])
-            if problem:
-                raise StageError("lease_file %s: %s" % (params["lease_file"], problem))
-            lease = LeaseWatch(params["lease_file"], params["lease_timeout"], time_limit=params["time_limit"]).start()
+            try:
+                lease = LeaseWatch(params["dest"], params["lease_file"], params["lease_timeout"],
+                                   time_limit=params["time_limit"]).start()
+            except StageError as exc:
+                raise StageError("lease_file %s: %s" % (params["lease_file"], exc))
         request = MirrorRequest(
             src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
             revision=params["revision"], allow_patterns=params["allow_patterns"],

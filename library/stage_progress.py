@@ -245,8 +245,7 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_progress import (end_lease, lease_dir_problem, poll, prepare_jobs_dir, prune_jobs_dir,
-                                               remove_job, renew_lease)
+from ansible.module_utils.dgx_progress import end_lease, poll, prepare_jobs_dir, prune_jobs_dir, remove_job, renew_lease
 
 
 ARGUMENT_SPEC = dict(
@@ -277,10 +276,10 @@ def main():
                          async_dir=os.path.abspath(params["async_dir"]), **done)
     try:
         if params["lease_file"] and params["mode"] == "poll" and not module.check_mode:
-            problem = lease_dir_problem(params["dest"], params["lease_file"])
-            if problem:
-                raise StageError("the lease %s is not renewed: %s" % (params["lease_file"], problem))
-            renew_lease(params["lease_file"])
+            try:
+                renew_lease(params["dest"], params["lease_file"])
+            except StageError as exc:
+                raise StageError("the lease %s is not renewed: %s" % (params["lease_file"], exc))
         seen = poll(params["async_dir"], params["jid"], params["dest"], params["repo_id"], params["repo_type"],
                     params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0,
                     async_timeout=params["async_timeout"], lease_file=params["lease_file"])
@@ -297,9 +296,13 @@ def main():
     for key in ("ansible_job_id", "started", "results_file"):   # the wrapper's keys, not the mirror's
         result.pop(key, None)
     if not module.check_mode:
-        remove_job(params["async_dir"], params["jid"])
-        if params["lease_file"]:
-            end_lease(params["lease_file"])
+        try:
+            remove_job(params["dest"], params["async_dir"], params["jid"])
+            if params["lease_file"]:
+                end_lease(params["dest"], params["lease_file"])
+        except (StageError, OSError) as exc:
+            result.setdefault("warnings", []).append(
+                "stage_progress: the job's files were left in %s: %s" % (params["async_dir"], exc))
         prune_jobs_dir(params["dest"], params["async_dir"])
     # The job's own result as it wrote it (its warnings, diff and changed untouched), as async_status does.
     print("\n%s" % json.dumps(result))

@@ -214,30 +214,81 @@ def _open_listed_dir(name, parent_fd, listed, path):
     return fd
 
 
-def _remove_tree(name, parent_fd, listed, path, kept):
+class _Level(object):
+    """One directory of a removal in progress: its name in its parent, lstat result, shown path, the
+    entries still to handle, and whether something in it stays (a mount point, or a file the sweep keeps)."""
+
+    def __init__(self, name, listed, path, fd):
+        self.name, self.listed, self.path, self.keeps = name, listed, path, False
+        with os.scandir(fd) as entries:
+            self.pending = sorted(((entry.name, entry.stat(follow_symlinks=False)) for entry in entries),
+                                  reverse=True)
+
+
+def _remove_tree(name, parent_fd, listed, path, kept, files=True):
     """Remove the directory `name` (lstat result `listed`) of parent_fd and everything in it; mount
-    points met are refused, or with a `kept` list, recorded there and left with what holds them."""
+    points met are refused, or with a `kept` list, recorded there and left with what holds them. With
+    files false, only empty directories go: a file keeps the directories holding it.
+
+    One directory is open at a time, whatever the depth: the walk goes down by opening a child
+    relative to its parent and back up by opening ".." checked to be the parent it came from, so a
+    deep tree neither exhausts the fd limit nor the recursion limit, and a folder moved elsewhere
+    mid-walk stops it (the way fts does it for rm -r)."""
     fd = _open_listed_dir(name, parent_fd, listed, path)
     try:
-        problem = mount_problem(parent_fd, fd, path)
-        if problem:
-            if kept is None:
-                raise StageError(problem)
-            kept.append(path)
+        if _refuse_mount(parent_fd, fd, path, kept):
             return
-        before = len(kept or ())
-        with os.scandir(fd) as entries:
-            children = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
-        for child, child_st in children:
-            if stat.S_ISDIR(child_st.st_mode):
-                _remove_tree(child, fd, child_st, os.path.join(path, child), kept)
+        levels = [_Level(name, listed, path, fd)]
+        while True:
+            level = levels[-1]
+            if level.pending:
+                child, child_st = level.pending.pop()
+                if not stat.S_ISDIR(child_st.st_mode):
+                    if files:
+                        os.unlink(child, dir_fd=fd)
+                    else:
+                        level.keeps = True
+                    continue
+                child_path = os.path.join(level.path, child)
+                child_fd = _open_listed_dir(child, fd, child_st, child_path)
+                if _refuse_mount(fd, child_fd, child_path, kept):
+                    os.close(child_fd)
+                    level.keeps = True
+                    continue
+                os.close(fd)
+                fd = child_fd
+                levels.append(_Level(child, child_st, child_path, fd))
+                continue
+            levels.pop()
+            if not levels:
+                break
+            parent = levels[-1]
+            up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            if not _same(os.fstat(up), parent.listed):
+                os.close(up)
+                raise StageError("%s was moved while it was being removed: nothing more was touched; run "
+                                 "again once nothing else writes there" % level.path)
+            os.close(fd)
+            fd = up
+            if level.keeps:
+                parent.keeps = True
             else:
-                os.unlink(child, dir_fd=fd)
-        if kept is not None and len(kept) > before:
-            return
+                os.rmdir(level.name, dir_fd=fd)
     finally:
         os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
+    if not level.keeps:
+        os.rmdir(name, dir_fd=parent_fd)
+    return level.keeps
+
+
+def _refuse_mount(parent_fd, fd, path, kept):
+    """True when fd is a mount point to leave (recorded in kept); StageError when kept is None."""
+    problem = mount_problem(parent_fd, fd, path)
+    if problem and kept is None:
+        raise StageError(problem)
+    if problem:
+        kept.append(path)
+    return bool(problem)
 
 
 def remove_empty_dirs(dir_fd, path):
@@ -246,19 +297,8 @@ def remove_empty_dirs(dir_fd, path):
     with os.scandir(dir_fd) as entries:
         children = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
     for child, child_st in sorted(children):
-        if not stat.S_ISDIR(child_st.st_mode):
-            continue
-        child_path = os.path.join(path, child)
-        fd = _open_listed_dir(child, dir_fd, child_st, child_path)
-        try:
-            if mount_problem(dir_fd, fd, child_path):
-                continue
-            remove_empty_dirs(fd, child_path)
-            empty = not os.listdir(fd)
-        finally:
-            os.close(fd)
-        if empty:
-            os.rmdir(child, dir_fd=dir_fd)
+        if stat.S_ISDIR(child_st.st_mode):
+            _remove_tree(child, dir_fd, child_st, os.path.join(path, child), [], files=False)
 
 
 def printable_names(value):

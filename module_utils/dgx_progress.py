@@ -100,37 +100,47 @@ def read_job(async_dir, jid):
     return {"state": state, "result": data if state == "ended" else None, "started": st.st_mtime, "path": path}
 
 
-def remove_job(async_dir, jid):
-    """Remove this job's file (and a temp its wrapper left); the names removed."""
+def remove_job(dest, async_dir, jid):
+    """Remove this job's file (and a temp its wrapper left) through the jobs dir's handle; the names removed."""
     removed = []
-    for name in (jid, jid + ".tmp"):
-        if not JOB_FILE.match(name):
-            continue
-        try:
-            os.unlink(os.path.join(async_dir, name))
-            removed.append(name)
-        except OSError:
-            pass
+    try:
+        jobs = open_jobs_dir(dest, async_dir)
+    except FileNotFoundError:
+        return removed
+    with jobs:
+        for name in (jid, jid + ".tmp"):
+            if JOB_FILE.match(name) and _unlink_if_there(name, jobs.fd):
+                removed.append(name)
     return removed
+
+
+def _unlink_if_there(name, dir_fd):
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def prune_jobs_dir(dest, async_dir):
     """Remove the jobs dir when it is empty, and `.locks` above it when that is empty too (a pass that wrote
-    nothing else leaves the local hub as it found it); the dirs removed. rmdir only: never anything that
-    holds a file, never the local hub root (Ansible's async_wrapper creates the jobs dir again for a job)."""
+    nothing else leaves the local hub as it found it); the dirs removed. rmdir only, each relative to its
+    parent opened without following a link: never anything that holds a file, never the local hub root, never
+    a jobs dir outside the local hub (the operator's). Ansible's async_wrapper creates it again for a job."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     locks = os.path.join(dest, ".locks")
+    if os.path.dirname(async_dir) != locks and async_dir != locks:
+        return []
     removed = []
-    if not async_dir.startswith(locks + os.sep) and async_dir != locks:
-        return removed          # a jobs dir outside the local hub is the operator's: never removed
-    for path in (async_dir, locks):
-        if path == dest or (path == locks and os.path.dirname(async_dir) != locks):
-            break
-        try:
-            os.rmdir(path)
-        except OSError:
-            break
-        removed.append(path)
+    try:
+        with LocalTree(dest).open_dir("") as hub, LocalTree(dest).open_dir(".locks") as held:
+            if async_dir != locks:
+                os.rmdir(os.path.basename(async_dir), dir_fd=held.fd)
+                removed.append(async_dir)
+            os.rmdir(".locks", dir_fd=hub.fd)
+            removed.append(locks)
+    except (OSError, StageError):
+        pass
     return removed
 
 
@@ -176,11 +186,22 @@ def jobs_dir_problem(dest, async_dir):
     return None
 
 
-def lease_dir_problem(dest, lease_file):
-    """Why the lease file's directory (the jobs dir) cannot be written now, or None: checked again by the job when
-    it starts and by each poll before they write the lease, as `.locks` or the jobs dir may have been replaced by
-    a symlink since the jobs dir was prepared (the lease would be written wherever it points)."""
-    return jobs_dir_problem(dest, os.path.dirname(os.path.abspath(lease_file)))
+def open_jobs_dir(dest, async_dir, create=False):
+    """The jobs dir as a LocalDir: inside the local hub opened component by component from it, outside from its
+    parent, never through a link; StageError for a link or a folder the jobs dir cannot be (jobs_dir_problem)."""
+    problem = jobs_dir_problem(dest, async_dir)
+    if problem:
+        raise StageError(problem)
+    root, rel = _jobs_dir_root(dest, async_dir)
+    return LocalTree(root).open_dir(rel, create=create)
+
+
+def _jobs_dir_root(dest, async_dir):
+    """(root, rel) of the jobs dir: the local hub and the path below it, or outside it its parent and its name."""
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
+        return dest, os.path.relpath(async_dir, dest)
+    return os.path.dirname(async_dir), os.path.basename(async_dir)
 
 
 def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
@@ -189,31 +210,16 @@ def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None)
     problem = jobs_dir_problem(dest, async_dir)
     if problem:
         raise StageError(problem)
-    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
-    inside = async_dir == dest or async_dir.startswith(dest.rstrip(os.sep) + os.sep)
-    root, rel = (dest, os.path.relpath(async_dir, dest)) if inside else \
-        (os.path.dirname(async_dir), os.path.basename(async_dir))
     created = not os.path.isdir(async_dir)
-    if not inside:
-        # Outside the local hub (stage_async_dir): created when missing, never cleared - its other files (Ansible's
-        # own async jobs among them) are not this run's to remove. The result step removes this run's files.
-        if not check_mode and created:
-            with LocalTree(root).open_dir(rel, create=True):
-                pass
-        return {"created": created, "removed": []}
+    inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
     if check_mode:
-        if created:
-            return {"created": True, "removed": []}
-        return {"created": False, "removed": [name for name, _st in _ended_jobs(async_dir, None, async_timeout, now)]}
-    tree = LocalTree(root)
-    removed = []
-    with tree.open_dir(rel, create=True) as jobs:
-        for name, st in _ended_jobs(jobs.path, jobs.fd, async_timeout, now):
-            try:
-                os.unlink(name, dir_fd=jobs.fd)
-                removed.append(name)
-            except FileNotFoundError:
-                pass
+        ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
+        return {"created": created, "removed": [name for name, _st in ended]}
+    with open_jobs_dir(dest, async_dir, create=True) as jobs:
+        # Outside the local hub (stage_async_dir) the jobs dir is never cleared: its other files (Ansible's own
+        # async jobs among them) are not this run's to remove. The result step removes this run's files.
+        removed = [name for name, _st in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
+                   if _unlink_if_there(name, jobs.fd)]
     return {"created": created, "removed": removed}
 
 
@@ -451,11 +457,12 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
 # ---- the lease: a background job whose controller is gone stops itself -------------------------------------
 
 
-def renew_lease(path, pid=None):
-    """Touch the lease file (created when missing, never through a symlink or a hard link: open_own_file): its
-    mtime is the last renewal.
+def renew_lease(dest, path, pid=None):
+    """Touch the lease file in the jobs dir (opened as open_jobs_dir does; the file created when missing, never
+    through a symlink or a hard link: open_own_file): its mtime is the last renewal.
     pid: the job's own process id, written as the file's content when the job starts (polls keep it)."""
-    fd = open_own_file(path)
+    with open_jobs_dir(dest, os.path.dirname(os.path.abspath(path))) as jobs:
+        fd = open_own_file(os.path.basename(path), dir_fd=jobs.fd)
     try:
         if pid:
             os.ftruncate(fd, 0)
@@ -534,11 +541,14 @@ def lease_age(path, now=None):
     return (time.time() if now is None else now) - st.st_mtime
 
 
-def end_lease(path):
+def end_lease(dest, path):
+    """Remove the lease file through the jobs dir's handle; True when it was there."""
     try:
-        os.unlink(path)
-    except OSError:
-        pass
+        jobs = open_jobs_dir(dest, os.path.dirname(os.path.abspath(path)))
+    except FileNotFoundError:
+        return False
+    with jobs:
+        return _unlink_if_there(os.path.basename(path), jobs.fd)
 
 
 class LeaseWatch(object):
@@ -547,8 +557,8 @@ class LeaseWatch(object):
     through its own interrupted path (workers stopped within a chunk, temp files removed, the repo lock
     released), instead of running on to the end holding the repo lock."""
 
-    def __init__(self, path, timeout, every=None, stop_process=None, clock=time.time, time_limit=None):
-        self.path, self.timeout = path, float(timeout)
+    def __init__(self, dest, path, timeout, every=None, stop_process=None, clock=time.time, time_limit=None):
+        self.dest, self.path, self.timeout = dest, path, float(timeout)
         self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0))
         self.fired = None
         # time_limit: seconds after which the run stops itself the same way, before Ansible's async wrapper
@@ -584,7 +594,7 @@ class LeaseWatch(object):
         return bool(why)
 
     def start(self):
-        renew_lease(self.path, os.getpid())   # the job's start is a renewal; its pid lets polls see it die
+        renew_lease(self.dest, self.path, os.getpid())   # the job's start is a renewal; its pid lets polls see it die
         self._thread = threading.Thread(target=self._watch, name="dgx-stage-lease")
         self._thread.daemon = True
         self._thread.start()

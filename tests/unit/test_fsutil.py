@@ -179,3 +179,77 @@ def test_a_folder_swapped_for_a_link_while_a_tree_is_removed_changes_nothing_the
     assert "%s was replaced while it was being removed" % (root / "kv") in str(refused.value)
     assert stat.S_IMODE(os.stat(str(outside)).st_mode) == 0o644 and outside.read_bytes() == b"not a receipt"
     assert os.path.islink(str(root / "kv"))
+
+
+def _deep_tree(top, depth):
+    """top/d/d/.../d (depth levels) with a file at the bottom, made through handles: its path is longer
+    than PATH_MAX, as a tree written by a runaway process can be."""
+    os.mkdir(top)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _level in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("receipt.json", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    os.close(fd)
+
+
+def test_a_tree_deeper_than_the_recursion_and_fd_limits_is_removed(tmp_path):
+    """300 levels against a recursion limit of 200 and 64 open files: a walk that recursed, or held a
+    handle per level, fails here."""
+    import resource
+    import sys
+
+    top = str(tmp_path / "ds41-combined-ready")
+    _deep_tree(top, 300)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    depth = sys.getrecursionlimit()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    sys.setrecursionlimit(200)
+    try:
+        assert remove_path(top) is True
+    finally:
+        sys.setrecursionlimit(depth)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert os.listdir(str(tmp_path)) == []
+
+
+def test_a_folder_moved_out_while_its_tree_is_removed_is_not_removed_where_it_went(tmp_path, monkeypatch):
+    """The walk climbs back through "..": a folder moved elsewhere mid-walk is detected there, and the
+    folder that now holds it (outside) loses nothing of its own."""
+    root = tmp_path / "receipts" / "ds41-combined-ready"
+    (root / "kv" / "rank-0").mkdir(parents=True)
+    (root / "kv" / "rank-0" / "r.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("not a receipt")
+    real_scandir = os.scandir
+
+    def scandir_then_move(fd):
+        listing = real_scandir(fd)
+        if os.path.exists(str(root / "kv" / "rank-0" / "r.json")) and \
+                os.path.samestat(os.fstat(fd), os.stat(str(root / "kv" / "rank-0"))):
+            shutil.move(str(root / "kv"), str(elsewhere / "kv"))
+        return listing
+
+    monkeypatch.setattr(dgx_fsutil.os, "scandir", scandir_then_move)
+    with pytest.raises(dgx_fsutil.StageError) as refused:
+        remove_path(str(root))
+    monkeypatch.undo()
+    assert "%s was moved while it was being removed" % (root / "kv") in str(refused.value)
+    assert sorted(os.listdir(str(elsewhere))) == ["keep.txt", "kv"]
+    assert os.path.isdir(str(root))
+
+
+def test_the_empty_folder_sweep_keeps_folders_holding_files_and_removes_deep_empty_ones(tmp_path):
+    (tmp_path / "snap" / "a" / "b" / "c").mkdir(parents=True)
+    (tmp_path / "snap" / "keep" / "empty").mkdir(parents=True)
+    (tmp_path / "snap" / "keep" / "config.json").write_text("{}")
+    fd = os.open(str(tmp_path / "snap"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        dgx_fsutil.remove_empty_dirs(fd, str(tmp_path / "snap"))
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(str(tmp_path / "snap"))) == ["keep"]
+    assert os.listdir(str(tmp_path / "snap" / "keep")) == ["config.json"]

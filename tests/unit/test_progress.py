@@ -388,15 +388,15 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
         deadline = time.time() + 10         # the interpreter's launcher may exec again before it runs
         while b"hf_hub_mirror" not in open("/proc/%d/cmdline" % job.pid, "rb").read() and time.time() < deadline:
             time.sleep(0.05)
-        progress.renew_lease(lease, job.pid)              # a live job: still running
+        progress.renew_lease(str(dest), lease, job.pid)              # a live job: still running
         alive = run_main("stage_progress", args)
         assert alive["finished"] is False, alive["line"]
-        progress.renew_lease(lease, os.getpid())          # a live process that is not the job (a reused pid)
+        progress.renew_lease(str(dest), lease, os.getpid())          # a live process that is not the job (a reused pid)
         assert run_main("stage_progress", args)["finished"] is True
     finally:
         processes.kill_tree(job)
-    progress.renew_lease(lease, dead_pid())
-    progress.renew_lease(lease)                           # a poll's renewal keeps the pid
+    progress.renew_lease(str(dest), lease, dead_pid())
+    progress.renew_lease(str(dest), lease)                           # a poll's renewal keeps the pid
     gone = run_main("stage_progress", args)
     assert gone["finished"] is True
     assert "failed: hf_hub_mirror org/model: the background stage job's process" in gone["line"]
@@ -414,7 +414,7 @@ def test_a_job_that_ended_on_a_full_disk_says_the_disk_is_full_and_the_fix(tmp_p
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j3.1", RUNNING, mtime=time.time() - 600)
     lease = str(jobs / "dgx-lease.z")
-    progress.renew_lease(lease, dead_pid())
+    progress.renew_lease(str(dest), lease, dead_pid())
     real = os.statvfs(str(jobs))
     full = os.statvfs_result((real.f_bsize, real.f_frsize, real.f_blocks, 0, 0, real.f_files, real.f_ffree,
                               real.f_favail, real.f_flag, real.f_namemax))
@@ -432,7 +432,7 @@ def test_a_job_whose_process_just_ended_is_read_with_its_result_not_declared_dea
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j2.2", {"changed": False, "summary": "nothing to copy"})
     lease = str(jobs / "dgx-lease.x")
-    progress.renew_lease(lease, dead_pid())
+    progress.renew_lease(str(dest), lease, dead_pid())
     got = poll(str(jobs), "j2.2", str(dest), REPO, lease_file=lease)
     assert got["finished"] is True and got["job"]["result"]["summary"] == "nothing to copy"
 
@@ -443,17 +443,17 @@ def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_pat
     path = str(tmp_path / "dgx-lease.run.stage.model.org--model")
     stopped = []
     now = [time.time()]
-    watch = progress.LeaseWatch(path, 30, stop_process=lambda: stopped.append(True), clock=lambda: now[0])
+    watch = progress.LeaseWatch(str(tmp_path / "hub"), path, 30, stop_process=lambda: stopped.append(True), clock=lambda: now[0])
     assert watch.expired() == "its lease file %s is gone" % path
-    progress.renew_lease(path)
+    progress.renew_lease(str(tmp_path / "hub"), path)
     assert watch.check() is False and stopped == []
     now[0] = time.time() + 31.5               # from the renewal's own time: 31 s whatever the clock did meanwhile
     assert watch.check() is True and watch.check() is True and stopped == [True]      # stopped once
     assert "not renewed for 31 s" in watch.fired and "controller" in watch.message()
-    progress.renew_lease(path)                  # a poll renews it (mtime is now)
+    progress.renew_lease(str(tmp_path / "hub"), path)                  # a poll renews it (mtime is now)
     now[0] = time.time()
     assert watch.expired() is None
-    progress.end_lease(path)
+    progress.end_lease(str(tmp_path / "hub"), path)
     assert progress.lease_age(path) is None
 
 
@@ -463,24 +463,24 @@ def test_a_renewed_lease_still_stops_the_job_at_its_time_limit_with_the_setting_
     path = str(tmp_path / "dgx-lease.t")
     stopped = []
     now = [time.time()]
-    watch = progress.LeaseWatch(path, 120, stop_process=lambda: stopped.append(True), clock=lambda: now[0],
+    watch = progress.LeaseWatch(str(tmp_path / "hub"), path, 120, stop_process=lambda: stopped.append(True), clock=lambda: now[0],
                                 time_limit=600)
-    progress.renew_lease(path)
+    progress.renew_lease(str(tmp_path / "hub"), path)
     now[0] += 599
-    progress.renew_lease(path)
+    progress.renew_lease(str(tmp_path / "hub"), path)
     os.utime(path, (now[0], now[0]))
     assert watch.check() is False and stopped == []
     now[0] += 1
     assert watch.check() is True and stopped == [True]
     assert "time limit of 600 s was reached" in watch.message() and "raise stage_async_timeout" in watch.message()
-    assert progress.LeaseWatch(path, 120).deadline is None          # no time limit by default
-    assert progress.LeaseWatch(path, 120, time_limit=4).every == 1.0   # looked at before the wrapper's kill
+    assert progress.LeaseWatch(str(tmp_path / "hub"), path, 120).deadline is None          # no time limit by default
+    assert progress.LeaseWatch(str(tmp_path / "hub"), path, 120, time_limit=4).every == 1.0   # looked at before the wrapper's kill
 
 
 def test_a_started_lease_watch_fires_from_its_thread(tmp_path):
     path = str(tmp_path / "dgx-lease.x")
     fired = []
-    watch = progress.LeaseWatch(path, 0.3, every=0.05, stop_process=lambda: fired.append(time.time())).start()
+    watch = progress.LeaseWatch(str(tmp_path / "hub"), path, 0.3, every=0.05, stop_process=lambda: fired.append(time.time())).start()
     try:
         assert os.path.exists(path)                 # the start is a renewal
         deadline = time.time() + 5
@@ -518,7 +518,7 @@ def test_a_lease_file_is_never_followed_through_a_link(tmp_path):
     target.write_text("keep")
     os.symlink(str(target), str(tmp_path / "dgx-lease.y"))
     with pytest.raises(OSError):
-        progress.renew_lease(str(tmp_path / "dgx-lease.y"))
+        progress.renew_lease(str(tmp_path / "hub"), str(tmp_path / "dgx-lease.y"))
     assert target.read_text() == "keep"
 
 
@@ -556,7 +556,43 @@ def test_a_lease_planted_as_a_hard_link_is_replaced_and_its_other_name_never_wri
     os.utime(str(outside), (1000000000, 1000000000))
     lease = tmp_path / "dgx-lease.run.stage.model.org--name"
     os.link(str(outside), str(lease))
-    progress.renew_lease(str(lease), 4242)
-    progress.renew_lease(str(lease))
+    progress.renew_lease(str(tmp_path / "hub"), str(lease), 4242)
+    progress.renew_lease(str(tmp_path / "hub"), str(lease))
     assert outside.read_text() == "keep me" and os.stat(str(outside)).st_mtime == 1000000000
     assert lease.read_text() == "4242\n" and os.stat(str(lease)).st_nlink == 1
+
+
+def test_the_result_step_removes_nothing_through_a_locks_folder_swapped_for_a_link(tmp_path):
+    # .locks replaced by a link to another folder between the job's start and its result step: the job file,
+    # the lease and the emptied jobs dir there are not this run's, and stay.
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    jobs.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    write_job(elsewhere / "dgx-stage-async", "j5.1", {"changed": False})
+    write_job(elsewhere / "dgx-stage-async", "dgx-lease.z", "")
+    (elsewhere / "empty" / "dgx-stage-async").mkdir(parents=True)
+    os.rename(str(dest / ".locks"), str(tmp_path / "old-locks"))
+    os.symlink(str(elsewhere), str(dest / ".locks"))
+    with pytest.raises(StageError):
+        progress.remove_job(str(dest), str(jobs), "j5.1")
+    with pytest.raises(StageError):
+        progress.end_lease(str(dest), str(jobs / "dgx-lease.z"))
+    assert sorted(os.listdir(str(elsewhere / "dgx-stage-async"))) == ["dgx-lease.z", "j5.1"]
+    os.unlink(str(dest / ".locks"))
+    os.symlink(str(elsewhere / "empty"), str(dest / ".locks"))
+    assert progress.prune_jobs_dir(str(dest), str(jobs)) == []
+    assert os.path.isdir(str(elsewhere / "empty" / "dgx-stage-async"))
+
+
+def test_the_result_step_removes_the_job_file_the_lease_and_the_emptied_folders(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "j6.1", {"changed": False})
+    write_job(jobs, "j6.1.tmp", "")
+    progress.renew_lease(str(dest), str(jobs / "dgx-lease.q"))
+    assert progress.remove_job(str(dest), str(jobs), "j6.1") == ["j6.1", "j6.1.tmp"]
+    assert progress.end_lease(str(dest), str(jobs / "dgx-lease.q")) is True
+    assert progress.end_lease(str(dest), str(jobs / "dgx-lease.q")) is False
+    assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
+    assert progress.remove_job(str(dest), str(jobs), "j6.1") == []

@@ -147,7 +147,7 @@ def _walk_error(top, exc):
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None):
+def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None, enter=None):
     """Remove a file, a symlink (never its target) or a whole directory tree; False if nothing was there.
 
     With dir_fd, path is a plain name inside that open directory; without, the directory holding
@@ -160,25 +160,30 @@ def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None):
 
     A mount point is never entered (dgx_mounts.mount_problem): StageError naming it and what is
     mounted there, or with around_mounts, it and the directories holding it stay and everything else
-    goes. Returns True when something was removed, False when nothing was there; with around_mounts,
-    the list of mount points left in place instead of True. Messages name shown_as (default: path).
+    goes. enter: when given, a folder below the top is entered only when enter(its path relative to
+    the top, '/'-separated) is true; one it refuses stays with the folders holding it.
+    Returns True when something was removed, False when nothing was there; with around_mounts or
+    enter, the folders left in place instead of True, as (path, why) pairs: why is the mount's
+    description for a mount point, None for a folder not entered. Messages name shown_as (default: path).
     """
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     else:
         name, parent_fd = path, dir_fd
+    leaving = around_mounts or enter is not None
     try:
         try:
             st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             return False
-        if not stat.S_ISDIR(st.st_mode):
+        left = []
+        if stat.S_ISDIR(st.st_mode):
+            _remove_tree(name, parent_fd, st, shown_as or path, left if around_mounts else None, enter=enter,
+                         not_entered=left)
+        else:
             os.unlink(name, dir_fd=parent_fd)
-            return [] if around_mounts else True
-        kept = []
-        _remove_tree(name, parent_fd, st, shown_as or path, kept if around_mounts else None)
-        return kept if around_mounts else True
+        return left if leaving else True
     finally:
         if dir_fd is None:
             os.close(parent_fd)
@@ -218,17 +223,18 @@ class _Level(object):
     """One directory of a removal in progress: its name in its parent, lstat result, shown path, the
     entries still to handle, and whether something in it stays (a mount point, or a file the sweep keeps)."""
 
-    def __init__(self, name, listed, path, fd):
-        self.name, self.listed, self.path, self.keeps = name, listed, path, False
+    def __init__(self, name, listed, path, rel, fd):
+        self.name, self.listed, self.path, self.rel, self.keeps = name, listed, path, rel, False
         with os.scandir(fd) as entries:
             self.pending = sorted(((entry.name, entry.stat(follow_symlinks=False)) for entry in entries),
                                   reverse=True)
 
 
-def _remove_tree(name, parent_fd, listed, path, kept, files=True):
+def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, not_entered=None):
     """Remove the directory `name` (lstat result `listed`) of parent_fd and everything in it; mount
-    points met are refused, or with a `kept` list, recorded there and left with what holds them. With
-    files false, only empty directories go: a file keeps the directories holding it.
+    points met are refused, or with a `kept` list, recorded there as (path, why) and left with what
+    holds them. With files false, only empty directories go: a file keeps the directories holding it.
+    A folder below the top that enter(rel) refuses stays, recorded in not_entered as (path, None).
 
     One directory is open at a time, whatever the depth: the walk goes down by opening a child
     relative to its parent and back up by opening ".." checked to be the parent it came from, so a
@@ -238,7 +244,7 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True):
     try:
         if _refuse_mount(parent_fd, fd, path, kept):
             return
-        levels = [_Level(name, listed, path, fd)]
+        levels = [_Level(name, listed, path, "", fd)]
         while True:
             level = levels[-1]
             if level.pending:
@@ -250,6 +256,11 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True):
                         level.keeps = True
                     continue
                 child_path = os.path.join(level.path, child)
+                child_rel = level.rel + "/" + child if level.rel else child
+                if enter is not None and not enter(child_rel):
+                    not_entered.append((child_path, None))
+                    level.keeps = True
+                    continue
                 child_fd = _open_listed_dir(child, fd, child_st, child_path)
                 if _refuse_mount(fd, child_fd, child_path, kept):
                     os.close(child_fd)
@@ -257,7 +268,7 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True):
                     continue
                 os.close(fd)
                 fd = child_fd
-                levels.append(_Level(child, child_st, child_path, fd))
+                levels.append(_Level(child, child_st, child_path, child_rel, fd))
                 continue
             levels.pop()
             if not levels:
@@ -287,7 +298,7 @@ def _refuse_mount(parent_fd, fd, path, kept):
     if problem and kept is None:
         raise StageError(problem)
     if problem:
-        kept.append(path)
+        kept.append((path, problem))
     return bool(problem)
 
 

@@ -401,8 +401,8 @@ def remove_root(path, attempts=3, around_mounts=False):
     removal is retried so entries the other run has yet to remove go too."""
     for attempt in range(attempts):
         try:
-            kept = remove_path(path, around_mounts=True) if around_mounts else remove_path(path)
-            return kept if around_mounts else []
+            left = remove_path(path, around_mounts=True) if around_mounts else remove_path(path)
+            return [kept for kept, _why in left or []] if around_mounts else []
         except FileNotFoundError:
             if attempt == attempts - 1 and os.path.lexists(path):
                 raise

@@ -22,10 +22,10 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, open_own_file, temp_name_for,
-                                             unlink_quietly, walk_tree)
+from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, open_own_file, remove_path,
+                                             temp_name_for, unlink_quietly, walk_tree)
 from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
-from ansible.module_utils.dgx_mounts import mount_points, mount_problem
+from ansible.module_utils.dgx_mounts import mount_points
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -415,85 +415,25 @@ RSYNC_DELAY_DIR = ".~tmp~"
 
 def clear_peer_dir(tree, rel):
     """Remove the scratch directory root/rel and what is directly in it (files, temp files, links -
-    never a link's target) and rsync's delay-updates folder with the files directly in it; any other
-    directory inside it is not entered but named. Returns the problems (texts), [] when it is gone or
-    was never there."""
-    try:
-        peer = tree.open_dir(rel)
-    except FileNotFoundError:
-        return []
-    except (StageError, OSError) as exc:
-        return ["peer_dir %s was not removed: %s" % (os.path.join(tree.root, rel), exc)]
-    with peer:
-        try:
-            with tree.open_dir(os.path.dirname(rel.rstrip("/"))) as parent:
-                mounted = mount_problem(parent.fd, peer.fd, "peer_dir " + peer.path)
-        except (StageError, OSError) as exc:
-            return ["peer_dir %s was not removed: %s" % (peer.path, exc)]
-        if mounted:
-            return [mounted]
-        kept, problems = _remove_flat(peer)
-        if RSYNC_DELAY_DIR in kept:
-            kept.remove(RSYNC_DELAY_DIR)
-            problems += _remove_delay_dir(peer)
-    if kept:
-        problems.append("peer_dir %s holds director%s (%s) that dgx-stage does not enter: remove %s by hand"
-                        % (peer.path, "y" if len(kept) == 1 else "ies", ", ".join(kept),
-                           "it" if len(kept) == 1 else "them"))
-    if problems:
-        return problems
+    never a link's target) and rsync's delay-updates folder with the files directly in it, through
+    fsutil.remove_path; any other directory inside it, and a mount point, is not entered but named
+    and stays with what holds it. Returns the problems (texts), [] when it is gone or was never there."""
+    path = os.path.join(tree.root, rel)
     parent_rel, leaf = os.path.split(rel.rstrip("/"))
     try:
         with tree.open_dir(parent_rel) as parent:
-            os.rmdir(leaf, dir_fd=parent.fd)
+            left = remove_path(leaf, dir_fd=parent.fd, around_mounts=True, shown_as=path,
+                               enter=lambda below: below == RSYNC_DELAY_DIR)
     except FileNotFoundError:
-        pass
+        return []
     except (StageError, OSError) as exc:
-        problems.append("peer_dir %s was emptied but not removed: %s" % (os.path.join(tree.root, rel), exc))
-    return problems
-
-
-def _remove_flat(directory):
-    """Unlink every entry of an open directory that is not a directory: (directories kept, problems)."""
-    try:
-        with os.scandir(directory.fd) as entries:
-            children = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
-    except OSError as exc:
-        return [], ["%s was not removed: listing it failed: %s" % (directory.path, exc)]
-    kept, problems = [], []
-    for child, is_dir in sorted(children):
-        if is_dir:
-            kept.append(child)
-            continue
-        try:
-            os.unlink(child, dir_fd=directory.fd)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            problems.append("%s could not be removed: %s" % (directory.join(child), exc))
-    return kept, problems
-
-
-def _remove_delay_dir(peer):
-    """rsync's delay-updates folder in peer_dir: its files removed, then itself; never entered deeper."""
-    path = peer.join(RSYNC_DELAY_DIR)
-    try:
-        fd = os.open(RSYNC_DELAY_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=peer.fd)
-    except OSError as exc:
-        return ["%s was not removed: %s" % (path, exc)]
-    with LocalDir(fd, path) as delay:
-        mounted = mount_problem(peer.fd, delay.fd, path)
-        if mounted:
-            return [mounted]
-        kept, problems = _remove_flat(delay)
-    if kept:
-        problems.append("%s holds directories (%s) that dgx-stage does not enter: remove them by hand"
-                        % (path, ", ".join(kept)))
-    if not problems:
-        try:
-            os.rmdir(RSYNC_DELAY_DIR, dir_fd=peer.fd)
-        except OSError as exc:
-            problems.append("%s was not removed: %s" % (path, exc))
+        return ["peer_dir %s was not removed: %s" % (path, exc)]
+    problems = [why for _folder, why in left or [] if why]
+    foreign = [os.path.relpath(folder, path) for folder, why in left or [] if not why]
+    if foreign:
+        problems.append("peer_dir %s holds director%s (%s) that dgx-stage does not enter: remove %s by hand"
+                        % (path, "y" if len(foreign) == 1 else "ies", ", ".join(foreign),
+                           "it" if len(foreign) == 1 else "them"))
     return problems
 
 

@@ -237,6 +237,19 @@ def test_an_interrupted_rsync_delay_updates_folder_is_removed_with_peer_dir(nas,
     assert not os.path.lexists(peer_dir_of(local))
 
 
+def test_a_folder_inside_the_delay_updates_folder_is_not_entered_and_is_named(nas, local):
+    etag, _size = shard_blob(nas, 0)
+    put_candidate(nas, local, etag)
+    nested = os.path.join(peer_dir_of(local), ".~tmp~", "operator-notes")
+    os.makedirs(nested)
+    with open(os.path.join(nested, "keep.txt"), "w") as handle:
+        handle.write("not a candidate")
+    result = peer_stage(nas, local)
+    assert os.listdir(peer_dir_of(local)) == [".~tmp~"] and os.listdir(nested) == ["keep.txt"]
+    assert any("does not enter" in w and ".~tmp~/operator-notes" in w for w in result["warnings"]), \
+        result["warnings"]
+
+
 def test_peer_dir_is_removed_after_a_failed_run(fresh_nas, local):
     nas = fresh_nas
     corrupt_nas_blob(nas, shard_blob(nas, 2)[0])

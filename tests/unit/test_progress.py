@@ -388,15 +388,15 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
         deadline = time.time() + 10         # the interpreter's launcher may exec again before it runs
         while b"hf_hub_mirror" not in open("/proc/%d/cmdline" % job.pid, "rb").read() and time.time() < deadline:
             time.sleep(0.05)
-        progress.renew_lease(str(dest), lease, job.pid)              # a live job: still running
+        progress.renew_lease(str(dest), lease, job.pid)     # a live job: still running
         alive = run_main("stage_progress", args)
         assert alive["finished"] is False, alive["line"]
-        progress.renew_lease(str(dest), lease, os.getpid())          # a live process that is not the job (a reused pid)
+        progress.renew_lease(str(dest), lease, os.getpid())     # a live process that is not the job (a reused pid)
         assert run_main("stage_progress", args)["finished"] is True
     finally:
         processes.kill_tree(job)
     progress.renew_lease(str(dest), lease, dead_pid())
-    progress.renew_lease(str(dest), lease)                           # a poll's renewal keeps the pid
+    progress.renew_lease(str(dest), lease)      # a poll's renewal keeps the pid
     gone = run_main("stage_progress", args)
     assert gone["finished"] is True
     assert "failed: hf_hub_mirror org/model: the background stage job's process" in gone["line"]

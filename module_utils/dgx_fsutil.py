@@ -6,7 +6,7 @@ import re
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_mounts import mount_problem
+from ansible.module_utils.dgx_mounts import describe_mount, mount_id, mount_problem, mounts_below
 
 
 # Every temp file the project writes carries this prefix, so the next run can tell a killed
@@ -82,21 +82,76 @@ def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
             os.close(parent_fd)
 
 
-def open_own_file(name, dir_fd=None, mode=0o644):
-    """An O_RDWR fd of the regular file `name` that has no other name (st_nlink 1), created when missing,
-    never opened through a link. One that has another name (a hard link planted in its place) or is not
-    a regular file is first replaced by a new empty file, by rename: what is written through the fd
-    (truncated, a pid, a new mtime) reaches no other name."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+def open_regular(name, dir_fd, flags, mode=0o644, create=False):
+    """An fd (flags, never following a link) of the regular file `name` of the open directory dir_fd, or
+    None when it is missing (and not create) or something else is there. It is looked at through an
+    O_PATH handle first, so a FIFO or a device planted there is never opened; with create, a missing
+    file is made (O_EXCL: a file appearing meanwhile is opened as found)."""
     for _attempt in range(2):
-        fd = os.open(name, flags, mode, dir_fd=dir_fd)
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-            return fd
-        os.close(fd)
-        atomic_write_bytes(name, b"", mode=mode, dir_fd=dir_fd)
+        try:
+            handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                return None
+            try:
+                return os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                               dir_fd=dir_fd)
+            except FileExistsError:
+                continue
+        try:
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                return None
+            # The handle's /proc link reopens that very file, whatever its name points to by now.
+            return os.open("/proc/self/fd/%d" % handle, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+        finally:
+            os.close(handle)
+    return None
+
+
+def not_own_file(fd, dir_fd):
+    """Why the open file fd is not a file of the directory dir_fd alone, or None: another name (a hard
+    link), another kind of file, or another mount (a file bind-mounted over the name)."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_nlink != 1:
+        return "it has %d names (a hard link)" % st.st_nlink
+    if st.st_dev != os.fstat(dir_fd).st_dev or mount_id(fd) != mount_id(dir_fd):
+        return "it is a mount point (a file bind-mounted there)"
+    return None
+
+
+def open_own_file(name, dir_fd, mode=0o644):
+    """An O_RDWR fd of the regular file `name` of the open directory dir_fd that is its alone
+    (not_own_file), created when missing, never opened through a link, a FIFO or a device. One that is
+    not (a hard link or a bind mount planted in its place, another kind of file) is first replaced by
+    a new empty file, by rename: what is written through the fd (truncated, a pid, a new mtime)
+    reaches no other file. A mount there cannot be renamed over: StageError."""
+    why = None
+    for _attempt in range(2):
+        fd = open_regular(name, dir_fd, os.O_RDWR, mode=mode, create=True)
+        if fd is not None:
+            why = not_own_file(fd, dir_fd)
+            if why is None:
+                return fd
+            os.close(fd)
+        try:
+            atomic_write_bytes(name, b"", mode=mode, dir_fd=dir_fd)
+        except OSError as exc:
+            raise StageError("%s cannot be written: %s, and it cannot be replaced (%s); nothing was written to "
+                             "it: unmount or remove it" % (name, why or "it is not a regular file", exc.strerror))
     raise StageError("%s keeps getting another name (a hard link) or another kind of file put in its place: "
                      "find what writes there; nothing was written to it" % name)
+
+
+def open_to_read(path, follow=True):
+    """A binary file object of the regular file at path (a link followed, unless not follow): opened
+    without blocking, so a FIFO or a device put there fails (OSError EINVAL) instead of hanging the run."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return os.fdopen(fd, "rb")
 
 
 def unlink_quietly(path, dir_fd=None):
@@ -113,35 +168,49 @@ def is_within(path, root):
     return path == root or path.startswith(root + os.sep) or root == os.sep
 
 
-def walk_tree(top, skip_unlistable=False):
+def walk_tree(top, unlisted=None):
     """Every entry below top as (path, rel, is_dir): the one way the modules walk a tree.
 
     Parents come before their contents and names are sorted, so the order is the same on every run.
     `rel` is relative to top and '/'-separated. A link is never entered: a link to a directory is
     listed with is_dir true (as os.walk sorts it), any other link with is_dir false. A top that is
-    missing or not a directory yields nothing. A directory below top that cannot be listed raises
-    StageError naming it (a partial listing makes its files look absent, and absent files look
-    unwanted), unless skip_unlistable.
+    missing or not a directory yields nothing. A directory below top that cannot be listed, or an
+    entry whose kind cannot be told, raises StageError naming it (a partial listing makes its files
+    look absent, and absent files look unwanted), unless unlisted is a list: the folders not listed
+    are added to it and skipped. Any depth: no recursion.
     """
-    def refuse(exc):
-        if not skip_unlistable:
-            _walk_error(top, exc)
+    pending = [(top, "")]
+    while pending:
+        dirpath, rel_dir = pending.pop()
+        try:
+            with os.scandir(dirpath) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            if dirpath == top and isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                return
+            if unlisted is None:
+                raise _walk_error(exc.filename or dirpath, exc)
+            unlisted.append(dirpath)
+            continue
+        dirs, files = [], []
+        for entry in entries:
+            try:
+                (dirs if entry.is_dir() else files).append(entry)
+            except OSError as exc:
+                if not entry.is_symlink() and unlisted is None:
+                    raise _walk_error(entry.path, exc)
+                files.append(entry)
+        for group, is_dir in ((dirs, True), (files, False)):
+            for entry in group:
+                yield entry.path, rel_dir + entry.name, is_dir
+        pending.extend((entry.path, rel_dir + entry.name + "/") for entry in reversed(dirs)
+                       if not entry.is_symlink())
 
-    for dirpath, dirnames, filenames in os.walk(top, onerror=refuse):
-        dirnames.sort()
-        for names, is_dir in ((dirnames, True), (sorted(filenames), False)):
-            for name in names:
-                path = os.path.join(dirpath, name)
-                yield path, os.path.relpath(path, top).replace(os.sep, "/"), is_dir
 
-
-def _walk_error(top, exc):
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError)) and exc.filename == top:
-        return
-    raise StageError("cannot list %s: %s (%s): nothing is decided from a partial listing; make the folder "
-                     "readable by the user the play runs as (an NFS export with root_squash maps root to "
-                     "nobody) and run again"
-                     % (exc.filename, exc.strerror, errno.errorcode.get(exc.errno, exc.errno)))
+def _walk_error(path, exc):
+    return StageError("cannot list %s: %s (%s): nothing is decided from a partial listing; make the folder "
+                      "readable by the user the play runs as (an NFS export with root_squash maps root to "
+                      "nobody) and run again" % (path, exc.strerror, errno.errorcode.get(exc.errno, exc.errno)))
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -182,7 +251,7 @@ def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None, enter=Non
             _remove_tree(name, parent_fd, st, shown_as or path, left if around_mounts else None, enter=enter,
                          not_entered=left)
         else:
-            os.unlink(name, dir_fd=parent_fd)
+            _unlink_entry(name, parent_fd, shown_as or path, left if around_mounts else None)
         return left if leaving else True
     finally:
         if dir_fd is None:
@@ -193,30 +262,54 @@ def _same(st, listed):
     return (st.st_dev, st.st_ino) == (listed.st_dev, listed.st_ino)
 
 
-def _open_listed_dir(name, parent_fd, listed, path):
+def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
     """The directory `name` of parent_fd opened without following a link, checked to be the one listed
-    (lstat result `listed`), given u+rwx through a handle when its owner lacks any of them."""
+    (lstat result `listed`) and not a mount point (_refuse_mount: None when one is left), given u+rwx
+    through its handle when its owner lacks any of them (may_chmod; else None when it cannot be read)."""
     replaced = StageError("%s was replaced while it was being removed (by a link or another folder): nothing "
                           "below it was touched; run again once nothing else writes there" % path)
     try:
-        if (listed.st_mode & 0o700) != 0o700:
-            handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-            try:
-                if not _same(os.fstat(handle), listed):
-                    raise replaced
-                # chmod through the handle's /proc link reaches that very directory (fchmod refuses O_PATH).
-                os.chmod("/proc/self/fd/%d" % handle, stat.S_IMODE(listed.st_mode) | 0o700)
-            finally:
-                os.close(handle)
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise replaced
         raise
-    if not _same(os.fstat(fd), listed):
-        os.close(fd)
-        raise replaced
-    return fd
+    try:
+        if not _same(os.fstat(handle), listed):
+            raise replaced
+        if _refuse_mount(parent_fd, handle, path, kept):
+            return None
+        # Through the handle's /proc link: the very directory checked above, whatever its name is by now
+        # (fchmod refuses O_PATH).
+        via_handle = "/proc/self/fd/%d" % handle
+        if (listed.st_mode & 0o700) != 0o700 and may_chmod:
+            os.chmod(via_handle, stat.S_IMODE(listed.st_mode) | 0o700)
+        try:
+            return os.open(via_handle, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except PermissionError:
+            if may_chmod:
+                raise
+            return None
+    finally:
+        os.close(handle)
+
+
+def _unlink_entry(name, dir_fd, path, kept):
+    """Unlink a non-directory; False when it is a file mount point left in place (recorded in kept; with
+    kept None, StageError): unlink says EBUSY there."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        mounted = [m for m in mounts_below(path) if m["mount_point"] == os.path.realpath(path)]
+        problem = ("%s is a mount point (%s): dgx-stage never removes anything on another mount; unmount it, "
+                   "then run again" % (path, describe_mount(mounted[-1]) if mounted else "a file bind mount"))
+        if kept is None:
+            raise StageError(problem)
+        kept.append((path, problem))
+        return False
+    return True
 
 
 class _Level(object):
@@ -240,30 +333,27 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
     relative to its parent and back up by opening ".." checked to be the parent it came from, so a
     deep tree neither exhausts the fd limit nor the recursion limit, and a folder moved elsewhere
     mid-walk stops it (the way fts does it for rm -r)."""
-    fd = _open_listed_dir(name, parent_fd, listed, path)
+    fd = _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=files)
+    if fd is None:
+        return True
     try:
-        if _refuse_mount(parent_fd, fd, path, kept):
-            return
         levels = [_Level(name, listed, path, "", fd)]
         while True:
             level = levels[-1]
             if level.pending:
                 child, child_st = level.pending.pop()
+                child_path = os.path.join(level.path, child)
                 if not stat.S_ISDIR(child_st.st_mode):
-                    if files:
-                        os.unlink(child, dir_fd=fd)
-                    else:
+                    if not files or not _unlink_entry(child, fd, child_path, kept):
                         level.keeps = True
                     continue
-                child_path = os.path.join(level.path, child)
                 child_rel = level.rel + "/" + child if level.rel else child
                 if enter is not None and not enter(child_rel):
                     not_entered.append((child_path, None))
                     level.keeps = True
                     continue
-                child_fd = _open_listed_dir(child, fd, child_st, child_path)
-                if _refuse_mount(fd, child_fd, child_path, kept):
-                    os.close(child_fd)
+                child_fd = _open_listed_dir(child, fd, child_st, child_path, kept, may_chmod=files)
+                if child_fd is None:
                     level.keeps = True
                     continue
                 os.close(fd)

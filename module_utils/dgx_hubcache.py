@@ -13,7 +13,7 @@ import re
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import is_within, walk_tree
+from ansible.module_utils.dgx_fsutil import is_within, open_to_read, walk_tree
 
 REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -58,7 +58,7 @@ def list_refs(repo_dir):
             # huggingface_hub writes refs as small regular files; a link or a FIFO is not one
             raise StageError("%s is not a regular file: a ref holds a commit hash as text; remove it or "
                              "restore it from the hub" % full)
-        with open(full, "rb") as handle:
+        with open_to_read(full, follow=False) as handle:
             refs[rel] = handle.read(REF_MAX_BYTES).decode("utf-8", "replace").strip()
     return refs
 
@@ -212,10 +212,10 @@ def read_tree_listing(repo_dir, commit):
     if not os.path.isfile(path):
         return None
     try:
-        with open(path) as handle:
-            data = json.load(handle)
+        with open_to_read(path) as handle:
+            data = json.loads(handle.read().decode("utf-8"))
         files = data["files"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StageError("%s is not a valid tree listing (%s): remove it or restore it from the hub" % (path, exc))
     if not isinstance(files, dict):
         raise StageError("%s: 'files' is not a mapping" % path)

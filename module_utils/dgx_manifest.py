@@ -15,7 +15,8 @@ from ansible.module_utils.dgx_hashing import file_matches_own_name
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
-from ansible.module_utils.dgx_transfer import linked_dir_problem
+from ansible.module_utils.dgx_mounts import mount_points
+from ansible.module_utils.dgx_transfer import linked_dir_problem, mount_point_problem
 
 # Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
 BIND_FROM = ("local", "nas")
@@ -209,6 +210,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
     excluded = set((staging or {}).get("excluded_paths") or [])
     pruned = set((staging or {}).get("pruned") or [])
     local, planned, fallbacks = {}, set(), {}
+    mounted_files = mount_points() if from_local else set()
     for entry in entries if from_local else ():
         # Every folder on the way must be a real one inside the local hub: a linked folder could show any
         # same-size file from elsewhere as the staged copy.
@@ -217,6 +219,9 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
             fallbacks[entry.path] = fallbacks_here
             continue
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
+        if source and os.path.realpath(source) in mounted_files:
+            fallbacks[entry.path] = _mounted_reason("%s is a mount point" % source)
+            continue
         if staging is not None:
             if entry.path in excluded:
                 if source in pruned or snapshot_path(local_snapshot, entry.path) in pruned:
@@ -243,7 +248,14 @@ def _linked_folder(hub_local_root, folder, commit, entry):
         if problem:
             return "not bound from the local disk: " + problem.split(": the local hub must be", 1)[0] + \
                 " (the local hub must be real directories); bound read-only from the NAS"
+        if mount_point_problem(hub_local_root, rel):
+            return _mounted_reason(mount_point_problem(hub_local_root, rel).split(":", 1)[0])
     return None
+
+
+def _mounted_reason(what):
+    return ("not bound from the local disk: %s (a bind mount shows files from elsewhere); bound read-only from "
+            "the NAS" % what)
 
 
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):

@@ -19,7 +19,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name, is_within,
-                                             remove_empty_dirs, remove_path, walk_tree)
+                                             open_to_read, remove_empty_dirs, remove_path, walk_tree)
 from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_is_hash, sampled_bytes,
                                               samples_match)
 from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
@@ -374,7 +374,7 @@ def plan_mirror(req, check_mode=False, meter=None):
     _refuse_bad_entries(plan)
     plan.dest_repo = os.path.join(req.dest, req.folder)
     plan.snapshot = os.path.join(plan.dest_repo, "snapshots", plan.commit)
-    refuse_linked_local_dirs(req, plan.commit)
+    refuse_unsafe_local_dirs(req, plan.commit)
     _refuse_in_the_way(plan)
     _plan_files(plan)
     _plan_metadata(plan)
@@ -530,16 +530,17 @@ def _refuse_in_the_way(plan):
                              "and re-run; nothing was written" % path)
 
 
-def refuse_linked_local_dirs(req, commit):
-    """Every directory the run may write or remove in must be a real directory inside dest (check
-    mode too): a symlinked repo folder, blobs/, snapshot or lock dir is refused, naming the link."""
+def refuse_unsafe_local_dirs(req, commit):
+    """Every directory the run may write or remove in must be a real directory inside dest, on dest's
+    own mount (check mode too): a symlinked or mounted repo folder, blobs/, snapshot or lock dir is
+    refused, naming it."""
     if not os.path.isdir(req.dest):
         return
     tree = LocalTree(req.dest)
     folder = req.folder
-    tree.refuse_links([folder + "/blobs", folder + "/trees", ".locks/" + folder])
+    tree.refuse_unsafe_dirs([folder + "/blobs", folder + "/trees", ".locks/" + folder])
     for rel in (folder + "/snapshots/" + commit, folder + "/refs"):
-        tree.refuse_links_below(rel)
+        tree.refuse_unsafe_dirs_below(rel)
 
 
 def alias_link_text(path, alias_of):
@@ -589,9 +590,11 @@ def _plan_metadata(plan):
             continue
         local_ref = os.path.join(plan.dest_repo, "refs", *name.split("/"))
         current = None
-        if os.path.isfile(local_ref):
-            with open(local_ref) as handle:
-                current = handle.read().strip()
+        try:
+            with open_to_read(local_ref, follow=False) as handle:
+                current = handle.read().decode("utf-8", "replace").strip()
+        except OSError:
+            pass            # missing, or not a regular file: the ref is written again (by rename)
         if current != commit:
             plan.refs[name] = commit
     listing = read_tree_listing(plan.src_repo, plan.commit)
@@ -599,9 +602,11 @@ def _plan_metadata(plan):
         wanted = tree_listing_for(listing, [e.path for e in plan.selected])
         local_tree = os.path.join(plan.dest_repo, "trees", plan.commit + ".json")
         current = None
-        if os.path.isfile(local_tree):
-            with open(local_tree, "rb") as handle:
+        try:
+            with open_to_read(local_tree, follow=False) as handle:
                 current = handle.read()
+        except OSError:
+            pass
         if current != wanted:
             plan.tree_listing = wanted
 

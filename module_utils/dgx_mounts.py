@@ -54,8 +54,9 @@ def parse_mountinfo(text):
 def read_mounts():
     """parse_mountinfo of this process's mount namespace; [] when /proc is not there."""
     try:
-        with open(MOUNTINFO) as handle:
-            return parse_mountinfo(handle.read())
+        with open(MOUNTINFO, "rb") as handle:
+            # Mount points keep undecodable bytes as surrogates, as os paths do.
+            return parse_mountinfo(os.fsdecode(handle.read()))
     except OSError:
         return []
 
@@ -95,7 +96,7 @@ def mount_problem(parent_fd, child_fd, path):
             return None
     mounted = [m for m in read_mounts() if m["id"] == child_id] or \
         [m for m in read_mounts() if m["mount_point"] == os.path.realpath(path)]
-    return ("%s is a mount point (%s): dgx-stage never removes anything on another mount (a bind mount "
+    return ("%s is a mount point (%s): dgx-stage never writes or removes anything on another mount (a bind mount "
             "shows a folder from elsewhere); unmount it, then run again; nothing below it was touched"
             % (path, describe_mount(mounted[-1]) if mounted else "another filesystem"))
 

@@ -15,6 +15,7 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 from __future__ import absolute_import, division, print_function
 
 import calendar
+import errno
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_hubcache import repo_folder_name
 from ansible.module_utils.dgx_mirror import human_bytes
-from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalTree, linked_dir_problem
+from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalDir, LocalTree, linked_dir_problem
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
 JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
@@ -187,13 +188,26 @@ def jobs_dir_problem(dest, async_dir):
 
 
 def open_jobs_dir(dest, async_dir, create=False):
-    """The jobs dir as a LocalDir: inside the local hub opened component by component from it, outside from its
-    parent, never through a link; StageError for a link or a folder the jobs dir cannot be (jobs_dir_problem)."""
+    """The jobs dir as a LocalDir: inside the local hub opened component by component from it (no link, no mount
+    point: LocalTree), outside it (the operator's folder, a mount point itself maybe) opened without following
+    a link; StageError for a link or a folder the jobs dir cannot be (jobs_dir_problem)."""
     problem = jobs_dir_problem(dest, async_dir)
     if problem:
         raise StageError(problem)
     root, rel = _jobs_dir_root(dest, async_dir)
-    return LocalTree(root).open_dir(rel, create=create)
+    if root == os.path.abspath(dest):
+        return LocalTree(root).open_dir(rel, create=create)
+    if create and not os.path.lexists(async_dir):
+        try:
+            os.mkdir(async_dir, 0o755)
+        except FileExistsError:
+            pass
+    try:
+        return LocalDir(os.open(async_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), async_dir)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise StageError(jobs_dir_problem(dest, async_dir) or "%s is not a directory" % async_dir)
+        raise
 
 
 def _jobs_dir_root(dest, async_dir):
@@ -462,7 +476,7 @@ def renew_lease(dest, path, pid=None):
     through a symlink or a hard link: open_own_file): its mtime is the last renewal.
     pid: the job's own process id, written as the file's content when the job starts (polls keep it)."""
     with open_jobs_dir(dest, os.path.dirname(os.path.abspath(path))) as jobs:
-        fd = open_own_file(os.path.basename(path), dir_fd=jobs.fd)
+        fd = open_own_file(_lease_name(path), jobs.fd)
     try:
         if pid:
             os.ftruncate(fd, 0)
@@ -548,7 +562,16 @@ def end_lease(dest, path):
     except FileNotFoundError:
         return False
     with jobs:
-        return _unlink_if_there(os.path.basename(path), jobs.fd)
+        return _unlink_if_there(_lease_name(path), jobs.fd)
+
+
+def _lease_name(path):
+    """The lease file's name: one of the lease names (LEASE_FILE), whatever lease_file the play passed."""
+    name = os.path.basename(path)
+    if not LEASE_FILE.match(name):
+        raise StageError("lease_file %s is not a lease file (its name must start with dgx-lease.): nothing was "
+                         "written or removed" % path)
+    return name
 
 
 class LeaseWatch(object):

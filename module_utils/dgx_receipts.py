@@ -121,13 +121,15 @@ def host_path(source, mounts):
     return None
 
 
-def tree_identities(root):
+def tree_identities(root, unlisted=None):
     """{(st_dev, st_ino): path} for root and every entry below it (links themselves, never followed).
 
-    A folder the cleaning user cannot list is skipped: only its owner meets one (root lists every
-    folder), and the removal gives it u+rwx before it empties it."""
+    A folder the cleaning user cannot list is recorded in `unlisted` (its real path): only its owner
+    meets one (root lists every folder), and the removal gives it u+rwx before it empties it; what is
+    held open in it is found by path (_Targets.unlisted_holds)."""
     identities = {}
-    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, skip_unlistable=True)]:
+    skipped = [] if unlisted is None else unlisted
+    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=skipped)]:
         try:
             st = os.lstat(path)
         except OSError:
@@ -191,15 +193,27 @@ class _Targets(object):
         self.roots = list(roots)
         self.parent = parent
         self.by_identity = {}
+        self.unlisted = []
         for root in self.roots:
-            for identity, path in tree_identities(root).items():
+            unlisted = []
+            for identity, path in tree_identities(root, unlisted).items():
                 self.by_identity.setdefault(identity, (root, path))
+            self.unlisted += [(root, os.path.realpath(folder)) for folder in unlisted]
         self.by_map_key = dict(((os.major(dev), os.minor(dev), ino), found)
                                for (dev, ino), found in self.by_identity.items())
         # Mount points are real paths: a receipt_parent reached through a symlink is resolved first.
         self.sources = [(root, mount_source(os.path.realpath(root), host_mounts)) for root in self.roots]
         self.parent_source = mount_source(os.path.realpath(parent), host_mounts) if parent else None
         self.host_mounts = host_mounts
+
+    def unlisted_holds(self, how, seen_as):
+        """(how, path, seen_as, roots) when a file a process uses lies, by its path, in a folder under a root
+        that could not be listed (its identity is unknown); None otherwise. A process of another mount
+        namespace whose own path happens to match counts too: a refusal, never a removal, is the error."""
+        for root, folder in self.unlisted:
+            if seen_as and is_within(seen_as, folder):
+                return how, seen_as, seen_as, [root]
+        return None
 
     def mounted(self, mount):
         """(how, host path, roots held) when a mount shows a root, something inside one or the parent
@@ -271,11 +285,15 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
             if identity in targets.by_identity:
                 root, path = targets.by_identity[identity]
                 found.append((how, path, seen_as, [root]))
+            elif targets.unlisted_holds(how, seen_as):
+                found.append(targets.unlisted_holds(how, seen_as))
         for major_minor, inode, seen_as in _parse_maps(_read_text(os.path.join(proc_root, pid, "maps"))):
             key = major_minor + (inode,)
             if key in targets.by_map_key:
                 root, path = targets.by_map_key[key]
                 found.append(("mapped", path, seen_as, [root]))
+            elif targets.unlisted_holds("mapped", seen_as):
+                found.append(targets.unlisted_holds("mapped", seen_as))
         mountinfo = _read_text(os.path.join(proc_root, pid, "mountinfo"))
         namespace = _namespace_key(proc_root, pid, mountinfo)
         container = None
@@ -380,7 +398,8 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
         try:
             result["mounts_kept"] = sorted(set(result["mounts_kept"] + remove_root(path, around_mounts=force)))
         except (OSError, StageError) as exc:
-            raise StageError("engine_receipts: cannot remove %s: %s; removed so far: %s. %s"
+            raise StageError("engine_receipts: cannot remove %s (part of it may be gone, the rest stays): %s; "
+                             "roots removed before it: %s. %s"
                              % (path, exc, result["removed"] or "nothing", _removal_hint(exc)))
         result["removed"].append(path)
     return result
@@ -411,6 +430,6 @@ def remove_root(path, attempts=3, around_mounts=False):
 
 def _removal_hint(exc):
     """become helps only when permission was refused."""
-    if exc.errno in (errno.EACCES, errno.EPERM):
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM):
         return "Run the play with become (root) or remove it by hand"
     return "Remove it by hand"

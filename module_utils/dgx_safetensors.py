@@ -35,6 +35,7 @@ import re
 import struct
 
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import open_to_read
 from ansible.module_utils.dgx_hubcache import scan_snapshot
 
 DEFAULT_INDEX = "model.safetensors.index.json"
@@ -191,7 +192,7 @@ def read_header(path, max_bytes=MAX_HEADER_BYTES):
     """Return (header object, header bytes read incl. the 8-byte length, file size)."""
     try:
         size = os.path.getsize(path)
-        with open(path, "rb") as handle:
+        with open_to_read(path) as handle:
             prefix = handle.read(8)
             if len(prefix) != 8:
                 raise _malformed(path, "file is %d bytes, shorter than the 8-byte header length"
@@ -369,7 +370,7 @@ def read_shard(path):
 def load_weight_map(index_path):
     """Return the index's weight_map {tensor: shard file name}."""
     try:
-        with open(index_path, "rb") as handle:
+        with open_to_read(index_path) as handle:
             index = _bounded_loads(handle.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise StageError("%s: cannot read the safetensors index: %s; re-stage it" % (index_path, exc))

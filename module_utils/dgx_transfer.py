@@ -22,10 +22,10 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, open_own_file, remove_path,
-                                             temp_name_for, unlink_quietly, walk_tree)
+from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, not_own_file, open_own_file,
+                                             open_regular, remove_path, temp_name_for, unlink_quietly, walk_tree)
 from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
-from ansible.module_utils.dgx_mounts import mount_points
+from ansible.module_utils.dgx_mounts import mount_points, mount_problem, mounts_below
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -104,7 +104,10 @@ def mount_point_problem(root, rel):
     its st_dev differs from its parent's (another filesystem, or a bind mount of one), or it is a
     mount point in /proc/self/mountinfo (a bind mount of the same filesystem). Missing ones are fine."""
     points = None
-    parent = os.lstat(root)
+    try:
+        parent = os.lstat(root)
+    except FileNotFoundError:
+        return None
     real = os.path.realpath(root)
     path = root
     for part in _split(rel):
@@ -116,11 +119,15 @@ def mount_point_problem(root, rel):
         if points is None:
             points = mount_points()
         if st.st_dev != parent.st_dev or real in points:
-            return ("%s is a mount point: dgx-stage removes what a peer_dir holds, and never on another mount "
-                    "(it could be a bind mount of a directory outside the local hub). Unmount it, or use a "
-                    "plain directory; nothing was written or removed" % path)
+            return _mounted_message(path)
         parent = st
     return None
+
+
+def _mounted_message(path):
+    return ("%s is a mount point: dgx-stage never writes or removes on another mount below the local hub root "
+            "(it could be a bind mount of a folder outside the hub). Unmount it, or use a plain directory; "
+            "nothing was written or removed" % path)
 
 
 class LocalTree(object):
@@ -129,18 +136,26 @@ class LocalTree(object):
     def __init__(self, root):
         self.root = os.path.abspath(root)
 
-    def refuse_links(self, rel_dirs):
-        """StageError for the first directory on the way to any of rel_dirs that is a symlink."""
+    def refuse_unsafe_dirs(self, rel_dirs):
+        """StageError for the first directory on the way to any of rel_dirs that is a symlink, not a
+        directory, or a mount point."""
         for rel in rel_dirs:
-            problem = linked_dir_problem(self.root, rel)
+            problem = linked_dir_problem(self.root, rel) or mount_point_problem(self.root, rel)
             if problem:
                 raise StageError(problem)
 
-    def refuse_links_below(self, rel):
-        """Like refuse_links for rel and every directory below it (snapshots nest)."""
-        self.refuse_links([rel])
-        self.refuse_links([rel + "/" + below for _path, below, is_dir in walk_tree(os.path.join(self.root, rel))
-                           if is_dir])
+    def refuse_unsafe_dirs_below(self, rel):
+        """Like refuse_unsafe_dirs for rel and every directory below it (snapshots nest)."""
+        self.refuse_unsafe_dirs([rel])
+        top = os.path.join(self.root, rel)
+        below = [rel + "/" + below for _path, below, is_dir in walk_tree(top) if is_dir]
+        for rel_dir in below:
+            problem = linked_dir_problem(self.root, rel_dir)
+            if problem:
+                raise StageError(problem)
+        mounted = mounts_below(top) if os.path.isdir(top) else []
+        if mounted:
+            raise StageError(_mounted_message(mounted[0]["mount_point"]))
 
     def open_dir(self, rel, create=False):
         """LocalDir for root/rel, opened component by component without following any symlink."""
@@ -174,6 +189,10 @@ class LocalTree(object):
                 raise StageError(linked_dir_problem(os.path.dirname(path), name)
                                  or "%s is not a directory: %s" % (path, exc))
             raise
+        problem = mount_problem(parent_fd, child, path)
+        if problem:
+            os.close(child)
+            raise StageError(problem)       # open_dir closes parent_fd
         os.close(parent_fd)
         return child
 
@@ -578,8 +597,10 @@ class RepoLock(object):
 
     def __enter__(self):
         with self.tree.open_dir(self.lock_dir_rel, create=True) as lock_dir:
-            self._fd = os.open(self.NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                               0o644, dir_fd=lock_dir.fd)
+            # A regular file is opened as found (another run may wait on it); anything else is replaced unopened.
+            self._fd = open_regular(self.NAME, lock_dir.fd, os.O_RDWR, create=True)
+            if self._fd is None:
+                self._fd = open_own_file(self.NAME, lock_dir.fd)
             self._wait_for_lock(lock_dir)
         return self
 
@@ -601,12 +622,12 @@ class RepoLock(object):
                                      "itself, within its lease time (2 minutes by default): re-run after that"
                                      % (holder, self.path))
                 time.sleep(0.2)
-        st = os.fstat(self._fd)
-        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1):
-            # A hard link (or another kind of file) planted in its place: the pid goes to a new file renamed
-            # over it, locked too. The old one stays locked until the end, as another run may wait on it.
+        if not_own_file(self._fd, lock_dir.fd):
+            # A hard link or a bind mount planted in its place: the pid goes to a new file renamed over it,
+            # locked too (a mount cannot be renamed over: StageError). The old one stays locked until the end,
+            # as another run may wait on it.
             self._replaced = self._fd
-            self._fd = open_own_file(self.NAME, dir_fd=lock_dir.fd)
+            self._fd = open_own_file(self.NAME, lock_dir.fd)
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, str(os.getpid()).encode("ascii"), 0)

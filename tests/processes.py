@@ -19,6 +19,7 @@ A process is named by its pid and its start time, so a pid reused by an unrelate
 Processes are reaped by their parents: a Popen given as a root is waited for here (its returncode then says
 how it died); the others are children of init or of a recorded process once it is gone.
 """
+import contextlib
 import os
 import signal
 import subprocess
@@ -186,3 +187,20 @@ def kill_tree(*roots, sig=signal.SIGKILL, timeout=30.0, environ=None):
     or process group (and to those carrying `environ`, as Tree), and wait until they are gone (Popen roots
     reaped). The pids signalled."""
     return Tree(*roots, environ=environ).kill(sig, timeout)
+
+
+@contextlib.contextmanager
+def fails_if_blocked(seconds, what):
+    """Raise AssertionError(what) inside the block when it runs longer than `seconds` (SIGALRM): a call that
+    would block for ever (a FIFO opened for reading) fails the test instead of hanging the suite."""
+    def blocked(_signum, _frame):
+        raise AssertionError(what)
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+

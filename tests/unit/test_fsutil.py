@@ -253,3 +253,59 @@ def test_the_empty_folder_sweep_keeps_folders_holding_files_and_removes_deep_emp
         os.close(fd)
     assert sorted(os.listdir(str(tmp_path / "snap"))) == ["keep"]
     assert os.listdir(str(tmp_path / "snap" / "keep")) == ["config.json"]
+
+
+def test_walk_tree_walks_deeper_than_the_recursion_limit(tmp_path):
+    import sys
+
+    top = str(tmp_path / "snapshot")
+    _deep_tree(top, 300)
+    depth = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)
+    try:
+        walked = list(dgx_fsutil.walk_tree(top))
+    finally:
+        sys.setrecursionlimit(depth)
+    assert len(walked) == 301 and walked[-1][1] == "d/" * 300 + "receipt.json" and walked[-1][2] is False
+
+
+def test_a_mount_inside_a_tree_keeps_its_mode_and_its_handle_is_closed(tmp_path):
+    """The refusal comes before any mode change (a read-only folder mounted there stays read-only), and no
+    handle of the mount is left open (it would keep the mount busy)."""
+    from mountns import bind_mount, in_private_mount_namespace
+
+    root = tmp_path / "receipts" / "ds41-display-kv"
+    (root / "inner").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not a receipt")
+    os.chmod(str(outside), 0o555)
+
+    def remove_around_the_mount():
+        bind_mount(outside, root / "inner")
+        open_before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(dgx_fsutil.StageError) as refused:
+            remove_path(str(root))
+        assert "%s is a mount point" % (root / "inner") in str(refused.value)
+        assert set(os.listdir("/proc/self/fd")) <= open_before | {"3"}
+        assert stat.S_IMODE(os.stat(str(root / "inner")).st_mode) == 0o555
+        assert remove_path(str(root), around_mounts=True) == [(str(root / "inner"), refused.value.args[0])]
+
+    assert in_private_mount_namespace(remove_around_the_mount) == 0
+    assert stat.S_IMODE(os.stat(str(outside)).st_mode) == 0o555
+    assert (outside / "keep.txt").read_text() == "not a receipt"
+    os.chmod(str(outside), 0o755)
+
+
+def test_the_mount_table_keeps_a_mount_point_whose_name_is_not_utf8(tmp_path):
+    from mountns import bind_mount, in_private_mount_namespace
+    from ansible.module_utils import dgx_mounts
+
+    odd = os.path.join(os.fsencode(str(tmp_path)), b"odd\xff-name")
+    os.mkdir(odd)
+
+    def read_with_the_odd_mount():
+        bind_mount(str(tmp_path), os.fsdecode(odd))
+        assert os.fsdecode(odd) in dgx_mounts.mount_points()
+
+    assert in_private_mount_namespace(read_with_the_odd_mount) == 0

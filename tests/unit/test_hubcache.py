@@ -1,9 +1,11 @@
 """Reading a hub cache: repo names, refs, link chains, pattern selection."""
 import json
+import os
 
 import pytest
 from huggingface_hub.utils import filter_repo_objects
 
+import processes
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_hubcache as hc
 
@@ -148,3 +150,26 @@ def test_read_tree_listing_rejects_garbage(tmp_path):
     with pytest.raises(StageError, match="not a valid tree listing"):
         hc.read_tree_listing(str(repo), COMMIT)
     assert hc.read_tree_listing(str(repo), "b" * 40) is None
+
+
+def test_a_ref_swapped_for_a_fifo_after_its_check_fails_instead_of_hanging(tmp_path, monkeypatch):
+    """list_refs looks at each ref before it reads it; a FIFO put there in between must not block the run
+    (the mirror reads refs while it holds the repo lock)."""
+    refs = tmp_path / "repo" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    real_lstat = os.lstat
+
+    def lstat_then_swap(path, *args, **kwargs):
+        st = real_lstat(path, *args, **kwargs)
+        if str(path) == str(refs / "main") and not os.path.exists(str(refs / "swapped")):
+            (refs / "swapped").write_text("")
+            os.unlink(str(refs / "main"))
+            os.mkfifo(str(refs / "main"))
+        return st
+
+    monkeypatch.setattr(hc.os, "lstat", lstat_then_swap)
+    with processes.fails_if_blocked(5, "list_refs blocked on a FIFO"):
+        with pytest.raises(OSError) as failed:
+            hc.list_refs(str(tmp_path / "repo"))
+    assert "not a regular file" in str(failed.value)

@@ -663,3 +663,31 @@ def test_a_local_folder_that_is_a_link_binds_its_files_from_the_nas_and_says_why
                for m in covered)
     assert not any(str(elsewhere) in m["source"] for m in manifest["mounts"])
     assert coverage_problems(manifest, [nas_path(nas, rel) for rel in LINKED + PAGE15]) == []
+
+
+@pytest.mark.parametrize("mounted", ["blobs folder", "one blob"])
+def test_a_bind_mount_in_the_local_repo_binds_its_files_from_the_nas_and_says_why(hubs, tmp_path, mounted):
+    """blobs/ (or one blob) of the local repo showing same-named, same-size files from elsewhere (a bind
+    mount: no link to see, one name each): they are not the staged copies; the NAS is bound, saying why."""
+    from mountns import bind_mount, in_private_mount_namespace
+
+    local, nas = hubs
+    blobs = os.path.join(local, FOLDER, "blobs")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in os.listdir(blobs):
+        (elsewhere / name).write_bytes(b"\0" * os.path.getsize(os.path.join(blobs, name)))
+    one = sorted(os.listdir(blobs))[0]
+    source, mount_point = (elsewhere, blobs) if mounted == "blobs folder" else \
+        (elsewhere / one, os.path.join(blobs, one))
+
+    def build_over_the_mount():
+        bind_mount(source, mount_point)
+        manifest = build(local, nas)
+        shown = [m for m in manifest["mounts"] if m["origin"] == "local" and
+                 os.path.realpath(m["source"]).startswith(str(mount_point))]
+        assert shown == [], shown
+        reasons = [m.get("fallback_reason", "") for m in manifest["mounts"]]
+        assert any("%s is a mount point" % mount_point in r for r in reasons), reasons
+
+    assert in_private_mount_namespace(build_over_the_mount) == 0

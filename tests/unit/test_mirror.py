@@ -27,6 +27,7 @@ from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from nashub import build_nas
+from mountns import bind_mount, in_private_mount_namespace
 from privilege import NOBODY, nobody_owned_dir, run_as_nobody
 from treestate import workers_still_running, blob_matches_name, sha256_file, snapshot_diff, tree_snapshot
 
@@ -1773,3 +1774,30 @@ def test_a_snapshot_swapped_for_a_link_before_the_empty_folder_sweep_removes_not
         stage(nas, local, ignore_patterns=PAGE15, prune=True)
     assert "%s is a symlink" % snap in str(refused.value)
     assert os.path.isdir(str(outside / "empty" / "folders"))
+
+
+@pytest.mark.parametrize("where", ["blobs", "snapshot folder", "blobs, mounted after the checks"])
+def test_a_bind_mount_inside_the_local_repo_is_refused_before_anything_is_written_or_pruned(nas, local, tmp_path,
+                                                                                            where, monkeypatch):
+    """A folder of the local repo that shows another folder (a bind mount, same filesystem): prune would
+    remove that folder's files and staging would write into it; the run refuses, naming the mount point,
+    also when the mount is made after the run's checks (every folder is checked again as it is opened)."""
+    stage(nas, local)                                    # page15 staged: prune has something to remove
+    snap = local_snapshot(nas, local)
+    mounted = os.path.join(snap, "page15") if where == "snapshot folder" else \
+        os.path.join(os.path.dirname(os.path.dirname(snap)), "blobs")
+    if where.endswith("after the checks"):
+        monkeypatch.setattr(mirror, "refuse_unsafe_local_dirs", lambda req, commit: None)
+    outside = tmp_path / "outside"
+    shutil.copytree(mounted, str(outside), symlinks=True)
+    (outside / "not-the-hubs.txt").write_bytes(b"someone else's")
+    before = tree_snapshot(str(outside))
+
+    def stage_through_the_mount():
+        bind_mount(outside, mounted)
+        with pytest.raises(StageError) as refused:
+            stage(nas, local, ignore_patterns=PAGE15, prune=True)
+        assert "%s is a mount point" % mounted in str(refused.value), str(refused.value)
+
+    assert in_private_mount_namespace(stage_through_the_mount) == 0
+    assert snapshot_diff(before, tree_snapshot(str(outside))) == []

@@ -517,9 +517,10 @@ def test_a_lease_file_is_never_followed_through_a_link(tmp_path):
     target = tmp_path / "target"
     target.write_text("keep")
     os.symlink(str(target), str(tmp_path / "dgx-lease.y"))
-    with pytest.raises(OSError):
-        progress.renew_lease(str(tmp_path / "hub"), str(tmp_path / "dgx-lease.y"))
+    progress.renew_lease(str(tmp_path / "hub"), str(tmp_path / "dgx-lease.y"), 4242)
     assert target.read_text() == "keep"
+    assert not os.path.islink(str(tmp_path / "dgx-lease.y"))      # replaced by a file of its own
+    assert (tmp_path / "dgx-lease.y").read_text() == "4242\n"
 
 
 def test_prepare_removes_only_leases_older_than_the_time_limit(tmp_path):
@@ -596,3 +597,15 @@ def test_the_result_step_removes_the_job_file_the_lease_and_the_emptied_folders(
     assert progress.end_lease(str(dest), str(jobs / "dgx-lease.q")) is False
     assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
     assert progress.remove_job(str(dest), str(jobs), "j6.1") == []
+
+
+def test_a_lease_file_not_named_as_a_lease_is_refused_and_nothing_is_written_or_removed(tmp_path):
+    dest = tmp_path / "hub"
+    jobs = dest / ".locks" / "dgx-stage-async"
+    write_job(jobs, "settings.conf", "keep")
+    for act in (lambda: progress.renew_lease(str(dest), str(jobs / "settings.conf"), 4242),
+                lambda: progress.end_lease(str(dest), str(jobs / "settings.conf"))):
+        with pytest.raises(StageError) as refused:
+            act()
+        assert "is not a lease file" in str(refused.value)
+    assert (jobs / "settings.conf").read_text() == "keep"

@@ -1,5 +1,6 @@
 """dgx_receipts: clearing the engine's strict-on-exists receipt roots, safely."""
 import os
+import stat
 import subprocess
 import sys
 
@@ -128,6 +129,29 @@ def test_read_only_contents_are_removed_by_their_owner(owned_parent):
 
     assert run_as_nobody(build_and_clear) == 0
     assert os.listdir(str(owned_parent)) == []
+
+
+def test_a_file_held_open_in_a_folder_its_owner_cannot_list_is_still_seen(owned_parent):
+    """The owner made a folder unlistable after a process opened a file in it: the file's identity is out of
+    sight, so the holder is found by the path the process has open, and the root is refused, not removed."""
+    def hold_then_clear():
+        root = owned_parent / NAMES[2]
+        (root / "locked").mkdir(parents=True)
+        (root / "locked" / "worker.json").write_text("{}")
+        # A shell, not this interpreter: nobody may not reach the test's Python.
+        holder = _start_holder(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 60', "sh",
+                                str(root / "locked" / "worker.json")])
+        try:
+            os.chmod(str(root / "locked"), 0)
+            with pytest.raises(StageError) as refused:
+                clear_receipts(str(owned_parent), NAMES)
+            assert "%s open" % (root / "locked" / "worker.json") in str(refused.value), str(refused.value)
+            assert os.path.isdir(str(root))
+        finally:
+            processes.kill_tree(holder)
+            os.chmod(str(root / "locked"), 0o755)
+
+    assert run_as_nobody(hold_then_clear) == 0
 
 
 def _start_holder(args, cwd=None):
@@ -430,7 +454,7 @@ def test_only_a_refused_permission_suggests_become(tmp_path, monkeypatch, error,
     monkeypatch.setattr(dgx_receipts, "remove_path", failing)
     with pytest.raises(StageError) as err:
         clear_receipts(str(tmp_path), NAMES)
-    assert str(err.value).endswith("removed so far: nothing. " + hint)
+    assert str(err.value).endswith("roots removed before it: nothing. " + hint)
 
 
 def test_own_pid_is_skipped(fake):
@@ -529,20 +553,27 @@ def test_module_refuses_the_root_as_parent():
 
 
 @pytest.mark.parametrize("force", [False, True], ids=["refused", "force"])
-def test_a_bind_mount_inside_a_receipt_root_is_never_entered(tmp_path, force):
-    """A folder from elsewhere bind-mounted inside a receipt root (same filesystem, same st_dev): without
-    force the clean-up refuses before removing anything, naming the mount; with force it removes the rest
-    and leaves the mount and what it shows."""
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_bind_mount_inside_a_receipt_root_is_never_entered(tmp_path, force, kind):
+    """A folder (or a file) from elsewhere bind-mounted inside a receipt root (same filesystem, same
+    st_dev): without force the clean-up refuses before removing anything, naming the mount; with force it
+    removes the rest and leaves the mount and what it shows, its mode too (a read-only folder there is
+    not given u+rwx)."""
     parent = tmp_path / "cache"
     make_roots(parent)
-    mount_point = parent / NAMES[1] / "models"
-    mount_point.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "weights.bin").write_bytes(b"not a receipt")
+    if kind == "folder":
+        mount_point, source = parent / NAMES[1] / "models", elsewhere
+        mount_point.mkdir()
+    else:
+        mount_point, source = parent / NAMES[1] / "models.bin", elsewhere / "weights.bin"
+        mount_point.write_bytes(b"")
+    os.chmod(str(elsewhere), 0o555)
 
     def clean_up_with_the_mount():
-        bind_mount(elsewhere, mount_point)
+        bind_mount(source, mount_point)
         before = tree_snapshot(parent)
         if not force:
             with pytest.raises(StageError) as refused:
@@ -554,11 +585,13 @@ def test_a_bind_mount_inside_a_receipt_root_is_never_entered(tmp_path, force):
         result = clear_receipts(str(parent), NAMES, force=True)
         assert result["mounts_kept"] == [str(mount_point)]
         assert not os.path.exists(str(parent / NAMES[0])) and not os.path.exists(str(parent / NAMES[2]))
-        assert sorted(os.listdir(str(parent / NAMES[1]))) == ["models"]
-        assert (mount_point / "weights.bin").read_bytes() == b"not a receipt"
+        assert sorted(os.listdir(str(parent / NAMES[1]))) == [mount_point.name]
+        assert open(str(source if kind == "file" else mount_point / "weights.bin"), "rb").read() == b"not a receipt"
 
     assert in_private_mount_namespace(clean_up_with_the_mount) == 0
     assert (elsewhere / "weights.bin").read_bytes() == b"not a receipt"
+    assert stat.S_IMODE(os.stat(str(elsewhere)).st_mode) == 0o555
+    os.chmod(str(elsewhere), 0o755)
 
 
 def test_a_mount_made_after_the_check_stops_the_removal_at_the_mount(tmp_path):

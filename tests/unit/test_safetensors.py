@@ -4,7 +4,6 @@ The format rules are checked against the real loader: a corpus of good and bad s
 same verdict from dgx_safetensors and from the `safetensors` package (a test dependency only; the
 module itself stays stdlib).
 """
-import builtins
 import json
 import os
 import re
@@ -15,6 +14,7 @@ import safetensors
 import yaml
 from safetensors import deserialize
 
+import processes
 from ansible.module_utils import dgx_safetensors
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_safetensors import check_snapshot, read_header, read_shard
@@ -100,7 +100,6 @@ def test_valid_linked_snapshot_counts(tmp_path):
 def test_reads_headers_only(tmp_path, monkeypatch):
     snap = make_snapshot(tmp_path, as_links=False)
     read = {}
-    real_open = builtins.open
 
     class Counting(object):
         def __init__(self, handle, name):
@@ -117,10 +116,12 @@ def test_reads_headers_only(tmp_path, monkeypatch):
         def __exit__(self, *exc):
             self.handle.close()
 
-    def counting_open(path, mode="r", *args, **kwargs):
-        return Counting(real_open(path, mode, *args, **kwargs), os.path.basename(str(path)))
+    real_open_to_read = dgx_safetensors.open_to_read
 
-    monkeypatch.setattr(dgx_safetensors, "open", counting_open, raising=False)
+    def counting_open(path, *args, **kwargs):
+        return Counting(real_open_to_read(path, *args, **kwargs), os.path.basename(str(path)))
+
+    monkeypatch.setattr(dgx_safetensors, "open_to_read", counting_open)
     result = check_snapshot(str(snap))
     assert read[SHARD1] == header_size(snap / SHARD1) < os.path.getsize(str(snap / SHARD1))
     assert read[SHARD1] + read[SHARD2] == result["checked_bytes"]
@@ -745,3 +746,14 @@ def test_module_in_check_mode_passes_a_snapshot_without_safetensors_files(tmp_pa
     (tmp_path / "tokenizer.json").write_text("{}")
     result = run_main({"path": str(tmp_path)}, check_mode=True)
     assert result["shards"] == 0 and "nothing to check" in result["msg"]
+
+
+@pytest.mark.parametrize("planted", ["model.safetensors.index.json", SHARD1])
+def test_a_fifo_in_place_of_the_index_or_a_shard_fails_naming_it_instead_of_hanging(tmp_path, planted):
+    snap = make_snapshot(tmp_path, as_links=False)
+    os.unlink(str(snap / planted))
+    os.mkfifo(str(snap / planted))
+    with processes.fails_if_blocked(5, "the check blocked on a FIFO"):
+        with pytest.raises(StageError) as failed:
+            check_snapshot(str(snap))
+    assert planted in str(failed.value) and "not a regular file" in str(failed.value), str(failed.value)

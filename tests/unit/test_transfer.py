@@ -177,7 +177,7 @@ def test_local_tree_never_writes_through_a_symlinked_directory(tmp_path, linked)
                                                                          re.escape(str(elsewhere)))):
             tree.open_dir(rel, create=True)
         with pytest.raises(StageError, match="is a symlink"):
-            tree.refuse_links([rel])
+            tree.refuse_unsafe_dirs([rel])
     assert os.listdir(str(elsewhere)) == []
 
 
@@ -186,10 +186,10 @@ def test_local_tree_creates_real_directories_and_finds_links_below(tmp_path):
     with tree.open_dir("a/b/c", create=True) as opened:
         assert opened.path == str(tmp_path / "a" / "b" / "c")
     assert (tmp_path / "a" / "b" / "c").is_dir()
-    tree.refuse_links_below("a")
+    tree.refuse_unsafe_dirs_below("a")
     os.symlink("/", str(tmp_path / "a" / "b" / "root-link"))
     with pytest.raises(StageError, match="root-link is a symlink to /"):
-        tree.refuse_links_below("a")
+        tree.refuse_unsafe_dirs_below("a")
 
 
 def test_repo_lock_excludes_a_second_holder(tmp_path):
@@ -522,3 +522,33 @@ def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file_and_both_
                     with pytest.raises(BlockingIOError):
                         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert outside.read_text() == "keep me"
+
+
+def test_a_lock_file_bind_mounted_over_a_file_outside_is_never_written(tmp_path):
+    """A bind mount has one link, so the hard-link check alone would truncate the file outside and write the
+    pid into it: the lock refuses (a mount cannot be renamed over) and the file outside keeps its bytes."""
+    from mountns import bind_mount, in_private_mount_namespace
+
+    (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
+    outside = tmp_path / "outside.conf"
+    outside.write_text("keep me")
+    planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
+    planted.write_text("")
+
+    def lock_through_the_mount():
+        bind_mount(outside, planted)
+        with pytest.raises(StageError) as refused:
+            with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
+                pass
+        assert "it is a mount point" in str(refused.value), str(refused.value)
+
+    assert in_private_mount_namespace(lock_through_the_mount) == 0
+    assert outside.read_text() == "keep me"
+
+
+def test_a_fifo_planted_as_the_lock_file_is_replaced_without_being_opened(tmp_path):
+    (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
+    planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
+    os.mkfifo(str(planted))
+    with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
+        assert planted.read_text() == str(os.getpid())

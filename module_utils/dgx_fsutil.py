@@ -6,7 +6,7 @@ import re
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_mounts import describe_mount, mount_id, mount_problem, mounts_below
+from ansible.module_utils.dgx_mounts import chmod_handle, describe_mount, mount_id, mount_problem, mounts_below, reopen
 
 
 # Every temp file the project writes carries this prefix, so the next run can tell a killed
@@ -101,8 +101,7 @@ def open_regular(name, dir_fd, flags, mode=0o644, create=False):
         try:
             if not stat.S_ISREG(os.fstat(handle).st_mode):
                 return None
-            # The handle's /proc link reopens that very file, whatever its name points to by now.
-            return os.open("/proc/self/fd/%d" % handle, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+            return reopen(handle, flags | os.O_NONBLOCK, name)
         finally:
             os.close(handle)
     return None
@@ -116,7 +115,9 @@ def not_own_file(fd, dir_fd):
         return "it is not a regular file"
     if st.st_nlink != 1:
         return "it has %d names (a hard link)" % st.st_nlink
-    if st.st_dev != os.fstat(dir_fd).st_dev or mount_id(fd) != mount_id(dir_fd):
+    own, folder = mount_id(fd), mount_id(dir_fd)
+    # By mount id: overlayfs gives a file the st_dev of its layer, not its folder's.
+    if own != folder or (own is None and st.st_dev != os.fstat(dir_fd).st_dev):
         return "it is a mount point (a file bind-mounted there)"
     return None
 
@@ -262,10 +263,9 @@ def _same(st, listed):
     return (st.st_dev, st.st_ino) == (listed.st_dev, listed.st_ino)
 
 
-def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
-    """The directory `name` of parent_fd opened without following a link, checked to be the one listed
-    (lstat result `listed`) and not a mount point (_refuse_mount: None when one is left), given u+rwx
-    through its handle when its owner lacks any of them (may_chmod; else None when it cannot be read)."""
+def _listed_handle(name, parent_fd, listed, path):
+    """An O_PATH handle of the directory `name` of parent_fd, never through a link, checked to be the one
+    listed (lstat result `listed`)."""
     replaced = StageError("%s was replaced while it was being removed (by a link or another folder): nothing "
                           "below it was touched; run again once nothing else writes there" % path)
     try:
@@ -274,18 +274,24 @@ def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise replaced
         raise
+    if not _same(os.fstat(handle), listed):
+        os.close(handle)
+        raise replaced
+    return handle
+
+
+def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
+    """The directory `name` of parent_fd opened through _listed_handle, not a mount point (_refuse_mount:
+    None when one is left), given u+rwx through its handle when its owner lacks any of them (may_chmod;
+    else None when it cannot be read)."""
+    handle = _listed_handle(name, parent_fd, listed, path)
     try:
-        if not _same(os.fstat(handle), listed):
-            raise replaced
         if _refuse_mount(parent_fd, handle, path, kept):
             return None
-        # Through the handle's /proc link: the very directory checked above, whatever its name is by now
-        # (fchmod refuses O_PATH).
-        via_handle = "/proc/self/fd/%d" % handle
         if (listed.st_mode & 0o700) != 0o700 and may_chmod:
-            os.chmod(via_handle, stat.S_IMODE(listed.st_mode) | 0o700)
+            chmod_handle(handle, stat.S_IMODE(listed.st_mode) | 0o700, path)
         try:
-            return os.open(via_handle, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            return reopen(handle, os.O_RDONLY | os.O_DIRECTORY, path)
         except PermissionError:
             if may_chmod:
                 raise
@@ -349,7 +355,12 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
                     continue
                 child_rel = level.rel + "/" + child if level.rel else child
                 if enter is not None and not enter(child_rel):
-                    not_entered.append((child_path, None))
+                    handle = _listed_handle(child, fd, child_st, child_path)
+                    try:
+                        if not _refuse_mount(fd, handle, child_path, kept):
+                            not_entered.append((child_path, None))
+                    finally:
+                        os.close(handle)
                     level.keeps = True
                     continue
                 child_fd = _open_listed_dir(child, fd, child_st, child_path, kept, may_chmod=files)

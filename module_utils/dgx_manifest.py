@@ -15,7 +15,7 @@ from ansible.module_utils.dgx_hashing import file_matches_own_name
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
-from ansible.module_utils.dgx_mounts import mount_points
+from ansible.module_utils.dgx_mounts import is_mounted_file
 from ansible.module_utils.dgx_transfer import linked_dir_problem, mount_point_problem
 
 # Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
@@ -210,7 +210,6 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
     excluded = set((staging or {}).get("excluded_paths") or [])
     pruned = set((staging or {}).get("pruned") or [])
     local, planned, fallbacks = {}, set(), {}
-    mounted_files = mount_points() if from_local else set()
     for entry in entries if from_local else ():
         # Every folder on the way must be a real one inside the local hub: a linked folder could show any
         # same-size file from elsewhere as the staged copy.
@@ -219,7 +218,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
             fallbacks[entry.path] = fallbacks_here
             continue
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
-        if source and os.path.realpath(source) in mounted_files:
+        if source and is_mounted_file(source):
             fallbacks[entry.path] = _mounted_reason("%s is a mount point" % source)
             continue
         if staging is not None:

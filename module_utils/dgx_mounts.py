@@ -1,12 +1,16 @@
 """The mount table, read the one way the dgx-stage modules read it (stdlib only, Python 3.8+).
 
-A clean-up never crosses a mount point: a bind mount of a folder from elsewhere (same filesystem,
-same st_dev) would otherwise have that folder's contents removed. An open directory is a mount
-point when its st_dev or its mount id (/proc/self/fdinfo) differs from its parent's; the mount id
-belongs to the directory that was opened, so a path swapped afterwards cannot fool it.
+Nothing is written or removed across a mount point below the local hub root: a bind mount of a
+folder from elsewhere (same filesystem, same st_dev) would otherwise have that folder's contents
+written or removed. An open directory is a mount point when its mount id (/proc/self/fdinfo), or
+its st_dev, differs from its parent's; the mount id belongs to the directory that was opened, so a
+path swapped afterwards cannot fool it, and a mount hidden under a later one is never met. Without
+/proc a same-filesystem bind mount cannot be told apart: StageError, never a guess.
 """
 import os
 import re
+
+from ansible.module_utils.dgx_errors import StageError
 
 MOUNTINFO = "/proc/self/mountinfo"
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -51,14 +55,20 @@ def parse_mountinfo(text):
     return mounts
 
 
+def _proc_missing(what, exc):
+    return StageError("cannot read %s (%s): dgx-stage tells mount points by /proc and writes or removes nothing "
+                      "without it; run where /proc is mounted" % (what, exc.strerror or exc))
+
+
 def read_mounts():
-    """parse_mountinfo of this process's mount namespace; [] when /proc is not there."""
+    """parse_mountinfo of this process's mount namespace; StageError when /proc cannot be read (without
+    it a bind mount of the same filesystem cannot be told apart)."""
     try:
         with open(MOUNTINFO, "rb") as handle:
             # Mount points keep undecodable bytes as surrogates, as os paths do.
             return parse_mountinfo(os.fsdecode(handle.read()))
-    except OSError:
-        return []
+    except OSError as exc:
+        raise _proc_missing(MOUNTINFO, exc)
 
 
 def mount_points():
@@ -68,16 +78,41 @@ def mount_points():
 
 
 def mount_id(fd):
-    """The id of the mount an open file lies on (/proc/self/fdinfo), or None where the kernel or /proc
-    does not say."""
+    """The id of the mount an open file lies on (/proc/self/fdinfo), or None where the kernel does not
+    say (before Linux 3.15); StageError when /proc cannot be read."""
+    path = "/proc/self/fdinfo/%d" % fd
     try:
-        with open("/proc/self/fdinfo/%d" % fd) as handle:
+        with open(path) as handle:
             for line in handle:
                 if line.startswith("mnt_id:"):
                     return int(line.split()[1])
-    except (OSError, ValueError):
+    except OSError as exc:
+        raise _proc_missing(path, exc)
+    except ValueError:
         pass
     return None
+
+
+def reopen(handle, flags, path):
+    """The file of an O_PATH handle opened with flags through its /proc link (the very file the handle
+    holds, whatever its name points to by now); errors name `path`, not the /proc link."""
+    return _through_handle(os.open, handle, path, flags | os.O_CLOEXEC)
+
+
+def chmod_handle(handle, mode, path):
+    """chmod the file of an O_PATH handle (fchmod refuses O_PATH) through its /proc link."""
+    return _through_handle(os.chmod, handle, path, mode)
+
+
+def _through_handle(call, handle, path, arg):
+    try:
+        return call("/proc/self/fd/%d" % handle, arg)
+    except FileNotFoundError as exc:
+        if not os.path.isdir("/proc/self/fd"):
+            raise _proc_missing("/proc/self/fd", exc)
+        raise OSError(exc.errno, exc.strerror, path)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path)
 
 
 def describe_mount(mount):
@@ -106,3 +141,21 @@ def mounts_below(path):
     real = os.path.realpath(path).rstrip(os.sep) or os.sep
     return [m for m in read_mounts()
             if m["mount_point"] == real or m["mount_point"].startswith(real + os.sep)]
+
+
+def is_mounted_file(path):
+    """Whether the file at path (a final link not followed) lies on another mount than the folder
+    holding it: a file bind-mounted there. By mount id, so a mount hidden under a later one never counts."""
+    folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        handle = os.open(os.path.basename(path), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        try:
+            own, parent = mount_id(handle), mount_id(folder)
+            if own is None or parent is None:
+                return os.fstat(handle).st_dev != os.fstat(folder).st_dev
+            return own != parent
+        finally:
+            os.close(handle)
+    finally:
+        os.close(folder)
+

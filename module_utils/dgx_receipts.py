@@ -124,15 +124,20 @@ def host_path(source, mounts):
 def tree_identities(root, unlisted=None):
     """{(st_dev, st_ino): path} for root and every entry below it (links themselves, never followed).
 
-    A folder the cleaning user cannot list is recorded in `unlisted` (its real path): only its owner
-    meets one (root lists every folder), and the removal gives it u+rwx before it empties it; what is
-    held open in it is found by path (_Targets.unlisted_holds)."""
+    A folder the cleaning user cannot list, or whose entries it cannot stat (a folder it may read but
+    not search, r--), is recorded in `unlisted`: only its owner meets one (root lists every folder),
+    and the removal gives it u+rwx before it empties it; what is held open in it is found by path
+    (_Targets.unlisted_holds)."""
     identities = {}
     skipped = [] if unlisted is None else unlisted
     for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=skipped)]:
         try:
             st = os.lstat(path)
+        except FileNotFoundError:
+            continue        # gone meanwhile: nothing holds what is not there
         except OSError:
+            if os.path.dirname(path) not in skipped:
+                skipped.append(os.path.dirname(path))
             continue
         identities.setdefault((st.st_dev, st.st_ino), path)
     return identities

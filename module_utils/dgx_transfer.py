@@ -25,7 +25,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, not_own_file, open_own_file,
                                              open_regular, remove_path, temp_name_for, unlink_quietly, walk_tree)
 from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
-from ansible.module_utils.dgx_mounts import mount_points, mount_problem, mounts_below
+from ansible.module_utils.dgx_mounts import mount_problem
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -100,28 +100,31 @@ def linked_dir_problem(root, rel):
 
 
 def mount_point_problem(root, rel):
-    """Why a directory on the way from `root` (excluded) down to `root/rel` is a mount point, or None:
-    its st_dev differs from its parent's (another filesystem, or a bind mount of one), or it is a
-    mount point in /proc/self/mountinfo (a bind mount of the same filesystem). Missing ones are fine."""
-    points = None
+    """Why a directory on the way from `root` (excluded; reached as the run reaches it, through a link
+    too) down to `root/rel` is a mount point, or None: each is opened without following a link and
+    checked against its parent by dgx_mounts.mount_problem (mount id, or st_dev), so only the mounts
+    the run would meet count, never one hidden under a later mount. Missing ones and links are fine
+    here (linked_dir_problem names links)."""
     try:
-        parent = os.lstat(root)
-    except FileNotFoundError:
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    real = os.path.realpath(root)
     path = root
-    for part in _split(rel):
-        path, real = os.path.join(path, part), os.path.join(real, part)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return None
-        if points is None:
-            points = mount_points()
-        if st.st_dev != parent.st_dev or real in points:
-            return _mounted_message(path)
-        parent = st
-    return None
+    try:
+        for part in _split(rel):
+            path = os.path.join(path, part)
+            try:
+                child = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return None
+            mounted = mount_problem(fd, child, path)
+            os.close(fd)
+            fd = child
+            if mounted:
+                return _mounted_message(path)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _mounted_message(path):
@@ -148,14 +151,7 @@ class LocalTree(object):
         """Like refuse_unsafe_dirs for rel and every directory below it (snapshots nest)."""
         self.refuse_unsafe_dirs([rel])
         top = os.path.join(self.root, rel)
-        below = [rel + "/" + below for _path, below, is_dir in walk_tree(top) if is_dir]
-        for rel_dir in below:
-            problem = linked_dir_problem(self.root, rel_dir)
-            if problem:
-                raise StageError(problem)
-        mounted = mounts_below(top) if os.path.isdir(top) else []
-        if mounted:
-            raise StageError(_mounted_message(mounted[0]["mount_point"]))
+        self.refuse_unsafe_dirs([rel + "/" + below for _path, below, is_dir in walk_tree(top) if is_dir])
 
     def open_dir(self, rel, create=False):
         """LocalDir for root/rel, opened component by component without following any symlink."""

@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import shutil
+import subprocess
 import stat
 
 import pytest
@@ -555,7 +556,7 @@ def test_progress_file_counts_candidate_reads_and_ends_consistent(nas, local):
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
-@pytest.mark.parametrize("how", ["other device at peer_dir", "same-fs bind mount on the way"])
+@pytest.mark.parametrize("how", ["other filesystem at peer_dir", "same-fs bind mount on the way"])
 def test_peer_dir_that_is_or_lies_below_a_mount_point_is_refused_before_anything_is_written(
         nas, local, tmp_path, monkeypatch, how, check_mode):
     """A directory bind-mounted at peer_dir (or at dgx-stage-peer) from outside the hub: the clean-up
@@ -570,16 +571,15 @@ def test_peer_dir_that_is_or_lies_below_a_mount_point_is_refused_before_anything
         assert "%s is a mount point" % mounted in str(err.value) and "nothing was written" in str(err.value)
         assert snapshot_diff(before, tree_snapshot(local)) == []
 
-    if how == "other device at peer_dir":
-        _fake_device(monkeypatch, peer_dir_of(local))
-        refused(peer_dir_of(local))
-        return
-    mounted = os.path.dirname(peer_dir_of(local))
+    mounted = peer_dir_of(local) if how.startswith("other filesystem") else os.path.dirname(peer_dir_of(local))
     (tmp_path / "elsewhere").mkdir()
 
     def bind_then_stage():
-        shutil.copytree(mounted, str(tmp_path / "elsewhere" / "copy"), symlinks=True)
-        bind_mount(tmp_path / "elsewhere" / "copy", mounted)
+        if how.startswith("other filesystem"):
+            subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mounted])
+        else:
+            shutil.copytree(mounted, str(tmp_path / "elsewhere" / "copy"), symlinks=True)
+            bind_mount(tmp_path / "elsewhere" / "copy", mounted)
         refused(mounted)
 
     assert in_private_mount_namespace(bind_then_stage) == 0

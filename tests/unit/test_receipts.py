@@ -131,9 +131,11 @@ def test_read_only_contents_are_removed_by_their_owner(owned_parent):
     assert os.listdir(str(owned_parent)) == []
 
 
-def test_a_file_held_open_in_a_folder_its_owner_cannot_list_is_still_seen(owned_parent):
-    """The owner made a folder unlistable after a process opened a file in it: the file's identity is out of
-    sight, so the holder is found by the path the process has open, and the root is refused, not removed."""
+@pytest.mark.parametrize("mode", [0o000, 0o400], ids=["unlistable", "listable, not searchable"])
+def test_a_file_held_open_in_a_folder_its_owner_cannot_list_is_still_seen(owned_parent, mode):
+    """The owner made a folder unlistable (or its entries impossible to stat) after a process opened a file in
+    it: the file's identity is out of sight, so the holder is found by the path the process has open, and the
+    root is refused, not removed."""
     def hold_then_clear():
         root = owned_parent / NAMES[2]
         (root / "locked").mkdir(parents=True)
@@ -142,7 +144,7 @@ def test_a_file_held_open_in_a_folder_its_owner_cannot_list_is_still_seen(owned_
         holder = _start_holder(["sh", "-c", 'exec 3<"$1"; echo ready; exec sleep 60', "sh",
                                 str(root / "locked" / "worker.json")])
         try:
-            os.chmod(str(root / "locked"), 0)
+            os.chmod(str(root / "locked"), mode)
             with pytest.raises(StageError) as refused:
                 clear_receipts(str(owned_parent), NAMES)
             assert "%s open" % (root / "locked" / "worker.json") in str(refused.value), str(refused.value)

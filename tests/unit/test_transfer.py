@@ -552,3 +552,83 @@ def test_a_fifo_planted_as_the_lock_file_is_replaced_without_being_opened(tmp_pa
     os.mkfifo(str(planted))
     with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
         assert planted.read_text() == str(os.getpid())
+
+
+def _mount_tmpfs(path):
+    import subprocess
+
+    subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(path)])
+
+
+def test_without_proc_nothing_is_written_below_the_hub_root(tmp_path):
+    """Without /proc a bind mount of the same filesystem cannot be told apart: the run refuses, naming /proc,
+    instead of taking every folder for a plain one."""
+    from mountns import in_private_mount_namespace
+
+    (tmp_path / "hub" / "models--org--name").mkdir(parents=True)
+
+    def open_without_proc():
+        _mount_tmpfs("/proc")
+        with pytest.raises(StageError) as refused:
+            tr.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True)
+        assert "/proc" in str(refused.value), str(refused.value)
+        assert not os.path.exists(str(tmp_path / "hub" / "models--org--name" / "blobs"))
+
+    assert in_private_mount_namespace(open_without_proc) == 0
+
+
+def test_mount_checks_accept_a_hub_root_reached_through_a_link_and_ignore_hidden_mounts(tmp_path):
+    """The hub root may be a link to another filesystem, or a mount point itself; a mount hidden under a later
+    mount is not met by the run and does not count."""
+    from mountns import in_private_mount_namespace
+
+    (tmp_path / "fast").mkdir()
+    (tmp_path / "hub").mkdir()
+
+    def check_the_setups():
+        _mount_tmpfs(tmp_path / "fast")
+        os.makedirs(str(tmp_path / "fast" / "hub" / "models--org--name"))
+        os.symlink(str(tmp_path / "fast" / "hub"), str(tmp_path / "hub-link"))
+        tree = tr.LocalTree(str(tmp_path / "hub-link"))
+        assert tr.mount_point_problem(tree.root, "models--org--name/blobs") is None
+        tree.refuse_unsafe_dirs(["models--org--name/blobs"])
+        with tree.open_dir("models--org--name/blobs", create=True):
+            pass
+        os.makedirs(str(tmp_path / "hub" / "models--org--name"))
+        _mount_tmpfs(tmp_path / "hub" / "models--org--name")      # then hidden by a volume over the hub
+        _mount_tmpfs(tmp_path / "hub")
+        os.makedirs(str(tmp_path / "hub" / "models--org--name"))
+        assert tr.mount_point_problem(str(tmp_path / "hub"), "models--org--name/blobs") is None
+        with tr.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True):
+            pass
+
+    assert in_private_mount_namespace(check_the_setups) == 0
+
+
+def test_a_lock_is_taken_on_an_overlay_whose_layers_lie_on_two_filesystems(tmp_path):
+    """overlayfs gives a file the st_dev of its layer, not its folder's: the lock file is still its own."""
+    import subprocess
+    from mountns import in_private_mount_namespace
+
+    with open("/proc/filesystems") as filesystems:
+        if "overlay" not in filesystems.read():
+            pytest.skip("this kernel has no overlayfs")
+    for name in ("lower", "upper", "merged"):
+        (tmp_path / name).mkdir()
+
+    def lock_on_the_overlay():
+        _mount_tmpfs(tmp_path / "lower")
+        _mount_tmpfs(tmp_path / "upper")
+        os.makedirs(str(tmp_path / "lower" / "hub" / ".locks" / "models--org--name"))
+        with open(str(tmp_path / "lower" / "hub" / ".locks" / "models--org--name" / tr.RepoLock.NAME), "w"):
+            pass
+        os.makedirs(str(tmp_path / "upper" / "data"))
+        os.makedirs(str(tmp_path / "upper" / "work"))
+        options = "lowerdir=%s,upperdir=%s,workdir=%s" % (tmp_path / "lower", tmp_path / "upper" / "data",
+                                                          tmp_path / "upper" / "work")
+        subprocess.check_call(["mount", "-t", "overlay", "overlay", "-o", options, str(tmp_path / "merged")])
+        hub = str(tmp_path / "merged" / "hub")
+        with tr.RepoLock(tr.LocalTree(hub), ".locks/models--org--name", 5) as lock:
+            assert open(lock.path).read() == str(os.getpid())
+
+    assert in_private_mount_namespace(lock_on_the_overlay) == 0

@@ -497,13 +497,13 @@ passed:
   type: bool
 tokens:
   description:
-    - Tokens generated - the server's C(usage.completion_tokens), else O(max_tokens) after finish reason
-      C(length), else token-bearing chunks.
+    - Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks that
+      arrived (a count that can only be low; a finish reason C(length) is never taken for O(max_tokens)).
   returned: success when O(mode=decode)
   type: int
   sample: 400
 token_source:
-  description: Where RV(tokens) came from - V(usage), V(finish_reason length) or V(chunks).
+  description: Where RV(tokens) came from - V(usage) or V(chunks).
   returned: success when O(mode=decode)
   type: str
 chunks:
@@ -524,7 +524,9 @@ decode_s:
   returned: success when O(mode=decode)
   type: float
 decode_tok_s:
-  description: (tokens - 1) / (t_last - t_first), or null when fewer than 2 tokens came.
+  description:
+    - (tokens - 1) / (t_last - t_first), or null when fewer than 2 tokens came.
+    - Not rounded, as compared with the floor; the host report's row shows it to two decimals.
   returned: success when O(mode=decode)
   type: float
   sample: 35.0

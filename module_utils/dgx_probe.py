@@ -171,28 +171,27 @@ def _rounded(value, digits):
     return None if value is None else round(value, digits)
 
 
-def stream_tokens(stream, max_tokens=None):
+def stream_tokens(stream):
     """(tokens, token_source) of a parse_sse() stream: the server's usage count when it sends one (with
-    speculative decoding a chunk may carry several tokens), else max_tokens when the stream ended with
-    finish_reason length (the engine says it reached max_tokens), else the token-bearing chunks (a lower
-    bound)."""
+    speculative decoding a chunk may carry several tokens), else the token-bearing chunks that arrived,
+    a count that can only be low (never max_tokens on the engine's word: finish_reason length after a
+    short answer proves nothing)."""
     completion_tokens = (stream.get("usage") or {}).get("completion_tokens")
     if completion_tokens:
         return int(completion_tokens), "usage"
-    chunks = stream["chunks"]
-    if stream.get("finish_reason") == "length" and max_tokens and chunks < int(max_tokens):
-        return int(max_tokens), "finish_reason length"
-    return chunks, "chunks"
+    return stream["chunks"], "chunks"
 
 
-def decode_result(stream, t_sent, t_end, max_tokens=None):
-    """The decode probe's numbers from parse_sse() output, the request's send/end times and its max_tokens.
+def decode_result(stream, t_sent, t_end):
+    """The decode probe's numbers from parse_sse() output and the request's send/end times.
 
     decode_tok_s (first to last token) is None when fewer than 2 tokens came; e2e_tok_s (request sent to
-    last token) is None when none came. Never raises: decode_verdict() judges what is missing.
+    last token) is None when none came. The rates are not rounded: the verdicts compare them with the
+    floor as measured (30.7751 does not reach 30.78); the report rounds them for display. Never raises:
+    decode_verdict() judges what is missing.
     """
     usage = stream.get("usage") or {}
-    tokens, token_source = stream_tokens(stream, max_tokens)
+    tokens, token_source = stream_tokens(stream)
     t_first, t_last = stream["t_first"], stream["t_last"]
     try:
         rate = decode_rate(tokens, t_first, t_last)
@@ -205,8 +204,8 @@ def decode_result(stream, t_sent, t_end, max_tokens=None):
         "prompt_tokens": usage.get("prompt_tokens"),
         "ttft_s": None if t_first is None else round(t_first - t_sent, 4),
         "decode_s": None if t_first is None else round(t_last - t_first, 4),
-        "decode_tok_s": _rounded(rate, 2),
-        "e2e_tok_s": _rounded(e2e_rate(tokens, t_sent, t_last), 2),
+        "decode_tok_s": rate,
+        "e2e_tok_s": e2e_rate(tokens, t_sent, t_last),
         "duration_s": round(t_end - t_sent, 4),
         "finish_reason": stream["finish_reason"],
         "done": bool(stream.get("done")),
@@ -217,6 +216,12 @@ def decode_result(stream, t_sent, t_end, max_tokens=None):
 def _num(value):
     """30.78 -> '30.78', 100000.0 -> '100000' (floors and rates as an operator wrote them)."""
     return ("%.2f" % float(value)).rstrip("0").rstrip(".")
+
+
+def _below(rate, floor):
+    """A rate under the floor as text: two decimals, or four when two would read as the floor itself."""
+    text = _num(rate)
+    return ("%.4f" % float(rate)).rstrip("0").rstrip(".") if text == _num(floor) else text
 
 
 # finish_reason values of a stream that ran to its end (OpenAI, vLLM, SGLang); abort, content_filter,
@@ -238,8 +243,11 @@ def stream_problems(result, max_tokens):
     if reason not in FINISHED:
         problems.append("the engine ended the answer with finish_reason %s after %s: only length or stop mean "
                         "the answer ran to its end" % (reason, count))
+    elif tokens < max_tokens and reason == "length" and result.get("token_source") == "chunks":
+        problems.append("the engine ended with finish_reason length after %d content chunk(s) for max_tokens=%d "
+                        "and sent no usage count (asked for with stream_options.include_usage): %d chunks prove "
+                        "only %d tokens, too few to measure decode speed" % (tokens, max_tokens, tokens, tokens))
     elif tokens < max_tokens and reason == "length":
-        # Counted by usage (stream_tokens() takes max_tokens otherwise): the engine contradicts itself.
         problems.append("the engine ended with finish_reason length but %s counts only %s: it hit another "
                         "length limit (the context window?) or miscounts" % (result.get("token_source"), count))
     elif tokens < max_tokens:
@@ -275,15 +283,15 @@ def decode_verdict(result, max_tokens, floor=None):
         decode, e2e = result["decode_tok_s"], result["e2e_tok_s"]
         if decode is not None and decode < float(floor):
             problems.append("%s tok/s decode is below engine_decode_floor=%s (%d tokens in %s s from the first "
-                            "token)" % (_num(decode), floor_text, tokens, _num(result["decode_s"])))
+                            "token)" % (_below(decode, floor), floor_text, tokens, _num(result["decode_s"])))
         if e2e is None or e2e < float(floor):
             stall = ""
             if decode is not None and decode >= float(floor):
                 stall = " (%s tok/s decode, but the first token came only after %s s)" % (
                     _num(decode), _num(result["ttft_s"]))
+            shown = "no" if e2e is None else _below(e2e, floor)
             problems.append("%s tok/s end to end (%d tokens / (last token - request sent)) is below "
-                            "engine_decode_floor=%s%s" % ("no" if e2e is None else _num(e2e), tokens, floor_text,
-                                                         stall))
+                            "engine_decode_floor=%s%s" % (shown, tokens, floor_text, stall))
     return complete, problems
 
 
@@ -362,6 +370,7 @@ def probe_report(mode, result, floor=None):
         return dict((key, result[key]) for key in SMOKE_REPORT_KEYS)
     if mode == "decode":
         row = dict((key, result[key]) for key in DECODE_REPORT_KEYS)
+        row.update((key, _rounded(row[key], 2)) for key in ("decode_tok_s", "e2e_tok_s"))
         if floor is not None:
             row.update(floor=_floor_value(mode, floor),
                        passed=bool(result["complete"] and floor_verdict(mode, result, floor)))
@@ -692,7 +701,7 @@ def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.
     except (HTTPError, URLError, socket.timeout, OSError) as exc:
         raise StageError("POST %s (stream) failed: %s" % (url, _describe(exc)))
     stream["cut"] = cut["reason"]
-    result = decode_result(stream, t_sent, clock(), int(max_tokens))
+    result = decode_result(stream, t_sent, clock())
     result.update({"max_tokens": int(max_tokens), "prompt_chars": len(prompt)})
     return result
 

@@ -23,12 +23,16 @@ container and that NAS binds are read-only:
 
 A complete stream ends with a chunk carrying finish_reason ("length" after max_tokens tokens), then
 the usage chunk when asked for, then "data: [DONE]". Switches to break it, all off by default, from the
-environment or /debug/switches (stall_s, stall_after, cut_after, short_after):
+environment or /debug/switches (stall_s, stall_after, cut_after, short_after, length_after, no_usage):
   DOUBLE_STALL_S=S, DOUBLE_STALL_AFTER=K  after K tokens (default 0: before the first) the stream stalls
                                           S seconds, then the rest comes in one burst, unpaced
   DOUBLE_CUT_AFTER=N                      after N tokens the connection is closed: no finish reason,
                                           no usage, no [DONE], no end of the chunked body
   DOUBLE_SHORT_AFTER=N                    a short answer: finish_reason "stop" after N tokens
+  DOUBLE_LENGTH_AFTER=N                   a short answer that claims the limit: finish_reason "length"
+                                          after N tokens
+  DOUBLE_NO_USAGE=1                       never a usage chunk, even when asked (many OpenAI-compatible
+                                          servers)
   DOUBLE_EXIT_AFTER_S=S, DOUBLE_EXIT_CODE=X   the process exits with code X (default 1) S seconds
                                           after it started serving, like an engine crashing
 
@@ -160,8 +164,14 @@ def try_write(path):
         return {"ok": False, "errno": exc.errno, "error": "%s: %s" % (type(exc).__name__, exc)}
 
 
+def _flag(value):
+    """A switch that is on or off: "0", "false", "no" and "off" are off, as JSON false is."""
+    return value.strip().lower() not in ("0", "false", "no", "off") if isinstance(value, str) else bool(value)
+
+
 SWITCHES = {"stall_s": ("DOUBLE_STALL_S", float), "stall_after": ("DOUBLE_STALL_AFTER", int),
-            "cut_after": ("DOUBLE_CUT_AFTER", int), "short_after": ("DOUBLE_SHORT_AFTER", int)}
+            "cut_after": ("DOUBLE_CUT_AFTER", int), "short_after": ("DOUBLE_SHORT_AFTER", int),
+            "length_after": ("DOUBLE_LENGTH_AFTER", int), "no_usage": ("DOUBLE_NO_USAGE", _flag)}
 
 
 def switches_from(environ):
@@ -271,6 +281,8 @@ class Handler(BaseHTTPRequestHandler):
         finish, sent = "length", n_tokens
         if switches.get("short_after") is not None and switches["short_after"] < n_tokens:
             finish, sent = "stop", switches["short_after"]
+        elif switches.get("length_after") is not None and switches["length_after"] < n_tokens:
+            sent = switches["length_after"]
         cut = switches.get("cut_after") is not None and switches["cut_after"] < sent
         if cut:
             sent = switches["cut_after"]
@@ -303,7 +315,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._chunk(chunk({}, finish))
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if (body.get("stream_options") or {}).get("include_usage") and not switches.get("no_usage"):
             self._chunk(json.dumps({"id": "chatcmpl-double", "object": "chat.completion.chunk", "choices": [],
                                     "usage": {"prompt_tokens": len(prompt.split()),
                                               "completion_tokens": sent,

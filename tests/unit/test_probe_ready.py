@@ -124,17 +124,38 @@ def test_a_stream_without_tokens_measures_nothing():
         "no tok/s end to end (0 tokens / (last token - request sent)) is below engine_decode_floor=30.78"]
 
 
-def test_a_length_finish_without_usage_counts_max_tokens_not_chunks():
-    # Speculative decoding: 100 chunks of 4 tokens, no usage. finish_reason length says max_tokens came.
-    script = events([ROLE], 0.3) + events([token_chunk("abcd")] * 100, 4 / 35.0) + events(
+@pytest.mark.parametrize("chunks, gap", [(50, 0.1), (2, 1.0), (100, 4 / 35.0)],
+                         ids=["50 chunks at 10 tok/s", "two chunks a second apart", "speculative, 4 tokens a chunk"])
+def test_a_length_finish_without_usage_counts_the_chunks_that_came_and_fails_a_short_answer(chunks, gap):
+    """Without usage, finish_reason length is the engine's word, not a count: only the chunks that arrived
+    count (a low bound), and an answer shorter than max_tokens fails, naming both counts."""
+    script = events([ROLE], 0.3) + events([token_chunk("abcd")] * chunks, gap) + events(
         [finish_chunk("length"), b"[DONE]"], 0.0)
     result, complete, problems = probe(script)
-    assert (result["tokens"], result["token_source"], result["chunks"]) == (400, "finish_reason length", 100)
-    assert result["decode_tok_s"] == pytest.approx(399 / (99 * 4 / 35.0), abs=0.01)
+    assert (result["tokens"], result["token_source"], result["chunks"]) == (chunks, "chunks", chunks)
+    assert not complete
+    assert problems[0] == ("the engine ended with finish_reason length after %d content chunk(s) for max_tokens=400 "
+                           "and sent no usage count (asked for with stream_options.include_usage): %d chunks prove "
+                           "only %d tokens, too few to measure decode speed" % (chunks, chunks, chunks))
+
+
+def test_a_whole_answer_without_usage_passes_on_its_chunks():
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk("length"), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert (result["tokens"], result["token_source"]) == (400, "chunks")
     assert complete and problems == []
-    # Without a length finish the chunks stay the count (a lower bound).
-    result = decode_result(parse_sse([(1.0, b'data: {"choices": [{"delta": {"content": "a"}}]}\n')]), 0.0, 1.0, 400)
-    assert (result["tokens"], result["token_source"]) == (1, "chunks")
+
+
+def test_a_rate_just_under_the_floor_fails_however_it_rounds():
+    """30.7751 tok/s would show as 30.78, and is still under engine_decode_floor=30.78."""
+    script = events([ROLE], 0.0) + events([token_chunk("t")] * 400, 1 / 30.7751) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script, floor=30.78)
+    assert complete and result["decode_tok_s"] == pytest.approx(30.7751, abs=1e-6)
+    assert problems[0].startswith("30.7751 tok/s decode is below engine_decode_floor=30.78 (400 tokens in ")
+    assert problems[1].startswith("30.7751 tok/s end to end (400 tokens / (last token - request sent)) is below")
+    assert dgx_probe.floor_verdict("decode", result, 30.78) is False
 
 
 @pytest.mark.parametrize("reason", ["abort", "content_filter", "error", "tool_calls"])
@@ -593,7 +614,11 @@ def switch(url, **switches):
      and p[0].startswith("the engine ended the answer after 3 of 40 tokens (finish_reason stop)")),
     ({"stall_s": 0.5}, lambda r, c, p: c and r["decode_tok_s"] > 1000 and r["e2e_tok_s"] < 100
      and len(p) == 1 and "tok/s end to end" in p[0] and "first token came only after" in p[0]),
-], ids=["complete", "cut", "short", "stall-then-burst"])
+    ({"no_usage": True}, lambda r, c, p: c and p == [] and (r["tokens"], r["token_source"]) == (40, "chunks")),
+    ({"no_usage": True, "length_after": 5}, lambda r, c, p: not c and r["tokens"] == 5
+     and p[0].startswith("the engine ended with finish_reason length after 5 content chunk(s) for max_tokens=40 "
+                         "and sent no usage count")),
+], ids=["complete", "cut", "short", "stall-then-burst", "no usage", "no usage, short with length"])
 def test_the_engine_doubles_broken_streams_fail_the_decode_verdict(engine, switches, check):
     assert switch(engine, **switches) == switches
     try:
@@ -601,15 +626,15 @@ def test_the_engine_doubles_broken_streams_fail_the_decode_verdict(engine, switc
         complete, problems = decode_verdict(result, 40, floor=100.0)
         assert check(result, complete, problems), (result, problems)
     finally:
-        switch(engine, stall_s=None, cut_after=None, short_after=None)
+        switch(engine, **dict((name, None) for name in switches))
 
 
 def test_the_engine_double_reads_its_switches_from_the_environment():
     from test_module_docs import load_engine_double
     double = load_engine_double()
     assert double.switches_from({"DOUBLE_STALL_S": "20", "DOUBLE_STALL_AFTER": "", "DOUBLE_CUT_AFTER": "50",
-                                 "DOUBLE_SHORT_AFTER": "3", "OTHER": "1"}) == {
-        "stall_s": 20.0, "cut_after": 50, "short_after": 3}
+                                 "DOUBLE_SHORT_AFTER": "3", "DOUBLE_NO_USAGE": "1", "OTHER": "1"}) == {
+        "stall_s": 20.0, "cut_after": 50, "short_after": 3, "no_usage": True}
     assert double.switches_from({}) == {}
 
 

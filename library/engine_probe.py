@@ -55,11 +55,15 @@ options:
     description: Model name for requests; default the first id listed by C(/v1/models).
     type: str
   timeout:
-    description: Seconds one HTTP request may take.
+    description:
+      - Seconds one HTTP request may take as a whole, from sending it to the last byte of the answer (a
+        stream still going then is cut there and fails the probe); not per read.
     type: float
     default: 300
   wait_for:
-    description: V(wait) only. Seconds to poll in this call.
+    description:
+      - V(wait) only. Seconds to poll in this call.
+      - Each call of the container runtime in it (inspect, logs) is stopped after half of it (1 to 10 s).
     type: float
     default: 10
   container:
@@ -628,7 +632,8 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, required_by=REQUIRED_BY,
                            supports_check_mode=True)
     try:
-        result = dgx_probe.run_probe(module.params, runner=module)
+        runner = dgx_probe.RuntimeCli(module, dgx_probe.runtime_call_timeout(module.params["wait_for"]))
+        result = dgx_probe.run_probe(module.params, runner=runner)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)

@@ -10,6 +10,8 @@ import functools
 import json
 import os
 import socket
+import subprocess
+import threading
 import time
 
 from http import client as http_client
@@ -602,11 +604,67 @@ def _describe(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
-def http_json(url, payload=None, timeout=300.0, opener=urlopen):
-    """GET (payload None) or POST JSON; return the decoded body or raise StageError."""
+def _too_long(timeout):
+    return "the whole request took longer than %s s (engine_request_timeout)" % _num(timeout)
+
+
+class _Deadline(object):
+    """A request's whole time: at its deadline the response's socket is shut down, which ends a read
+    blocked on a server that trickles a byte at a time (a socket timeout only bounds each read). Between
+    reads the clock is looked at too (responses without a socket, in tests)."""
+
+    def __init__(self, resp, timeout, clock, started):
+        self.timeout, self.clock, self.deadline = timeout, clock, started + timeout
+        self.fired = False
+        self._sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+        self._timer = None
+        if self._sock is not None:
+            self._timer = threading.Timer(max(0.0, self.deadline - clock()), self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self):
+        self.fired = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def check(self):
+        """socket.timeout once the deadline has passed."""
+        if self.fired or self.clock() >= self.deadline:
+            self.fired = True
+            raise socket.timeout(_too_long(self.timeout))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_exc_info):
+        if self._timer is not None:
+            self._timer.cancel()
+        return False
+
+
+def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monotonic):
+    """GET (payload None) or POST JSON; return the decoded body or raise StageError. timeout is the whole
+    request's, from sending it to the last byte of the answer."""
+    started = clock()
     try:
-        with opener(_request(url, payload), timeout=timeout) as resp:
-            raw = resp.read()
+        with opener(_request(url, payload), timeout=timeout) as resp, _Deadline(resp, timeout, clock, started) as limit:
+            parts = []
+            read = getattr(resp, "read1", resp.read)     # read1: at most one read of the socket per call
+            while True:
+                limit.check()
+                try:
+                    part = read(65536)
+                except (http_client.HTTPException, OSError):
+                    limit.check()
+                    raise
+                if not part:
+                    limit.check()
+                    break
+                parts.append(part)
+            raw = b"".join(parts)
     except (HTTPError, URLError, socket.timeout, OSError) as exc:
         raise StageError("%s %s failed: %s" % ("POST" if payload is not None else "GET", url, _describe(exc)))
     try:
@@ -664,20 +722,24 @@ def smoke(base, model, question=SMOKE_QUESTION, expected=SMOKE_EXPECTED, max_tok
     """One chat completion; passed when the answer contains expected."""
     t0 = clock()
     body = http_json(api_url(base, "/v1/chat/completions"), chat_payload(model, question, max_tokens),
-                     timeout=timeout, opener=opener)
+                     timeout=timeout, opener=opener, clock=clock)
     text = completion_text(body)
     return {"question": question, "expected": expected, "answer": text[:500],
             "passed": contains_expected(text, expected), "duration_s": round(clock() - t0, 4)}
 
 
-def _timed_lines(resp, clock, cut):
+def _timed_lines(resp, clock, cut, limit):
     """(arrival time, line) of a streamed response; a connection that breaks mid-stream (the engine
-    died, a proxy cut it, the read timed out) ends the lines and is noted in cut["reason"]."""
+    died, a proxy cut it, the read timed out) or a stream still going at the request's deadline (limit,
+    a _Deadline) ends the lines and is noted in cut["reason"]."""
     while True:
         try:
+            limit.check()
             line = resp.readline()
+            if limit.fired:
+                limit.check()
         except (http_client.HTTPException, OSError) as exc:
-            cut["reason"] = _describe(exc)
+            cut["reason"] = _too_long(limit.timeout) if limit.fired else _describe(exc)
             return
         if not line:
             # http.client swallows a chunked body that ends without its last chunk (peek() hides the
@@ -696,8 +758,9 @@ def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.
     cut = {"reason": None}
     t_sent = clock()
     try:
-        with opener(_request(url, chat_payload(model, prompt, max_tokens, stream=True)), timeout=timeout) as resp:
-            stream = parse_sse(_timed_lines(resp, clock, cut))
+        with opener(_request(url, chat_payload(model, prompt, max_tokens, stream=True)), timeout=timeout) as resp, \
+                _Deadline(resp, timeout, clock, t_sent) as limit:
+            stream = parse_sse(_timed_lines(resp, clock, cut, limit))
     except (HTTPError, URLError, socket.timeout, OSError) as exc:
         raise StageError("POST %s (stream) failed: %s" % (url, _describe(exc)))
     stream["cut"] = cut["reason"]
@@ -713,7 +776,7 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
     url = api_url(base, "/v1/chat/completions")
     for item in items:
         text = completion_text(http_json(url, chat_payload(model, item["prompt"], max_tokens),
-                                         timeout=timeout, opener=opener))
+                                         timeout=timeout, opener=opener, clock=clock))
         outcomes.append({"line": item["line"], "expected": item["expected"], "answer": text,
                          "passed": contains_expected(text, item["expected"])})
     summary = bench_summary(outcomes)
@@ -724,6 +787,34 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
 # ------------------------------------------------------------------------------------------------
 # the module's run: engine_probe's options in, its result out
 # ------------------------------------------------------------------------------------------------
+
+class RuntimeCli(object):
+    """The container runtime's CLI as a wait round calls it (inspect, logs, the holder's name): each call
+    ends within `timeout` seconds, killed otherwise, so a hung daemon cannot hold a round past its time.
+    finder: anything with get_bin_path() (the AnsibleModule)."""
+
+    def __init__(self, finder, timeout):
+        self.finder, self.timeout = finder, float(timeout)
+
+    def get_bin_path(self, name):
+        return self.finder.get_bin_path(name)
+
+    def run_command(self, argv):
+        try:
+            done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            return 124, "", "%s did not answer within %s s (it was stopped)" % (
+                " ".join(os.path.basename(part) if i == 0 else part for i, part in enumerate(argv[:3])),
+                _num(self.timeout))
+        except OSError as exc:
+            return 127, "", str(exc)
+        return (done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace"))
+
+
+def runtime_call_timeout(wait_for):
+    """Seconds one runtime call of a wait round may take: well inside the round (wait_for), 1 to 10 s."""
+    return max(1.0, min(10.0, float(wait_for) / 2.0))
+
 
 def container_state(runner, runtime, name):
     """This host's engine container (container_facts()), with the tail of its log when it is not running.

@@ -4,6 +4,7 @@ import http.client
 import json
 import os
 import socket
+import time
 
 import pytest
 
@@ -653,3 +654,74 @@ def test_only_this_waits_rows_of_the_previous_round_count():
     result = wait_probe(URL, 1, lane_hosts=HOSTS[:1], wait_id="w2", round_no=1, opener=refused, clock=clock,
                         sleep=clock.sleep)
     assert (result["row"]["wait_id"], result["row"]["round"]) == ("w2", 1)
+
+
+# --- whole-request deadlines ------------------------------------------------------------------------
+
+def test_a_stream_trickling_a_token_every_299_s_ends_at_the_request_deadline():
+    """engine_request_timeout is the whole request's: each read may wait only what is left of it."""
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 299.0) + events(
+        [finish_chunk("length"), usage(400), b"[DONE]"], 0.0)
+    clock = FakeClock()
+    result = decode_probe("http://dgx1:8000", "m", max_tokens=400, timeout=300.0, clock=clock,
+                          opener=lambda request, timeout: ScriptedResponse(script, clock))
+    # The scripted clock moves inside a read: the line that crossed the deadline still arrives, the next is not read.
+    assert result["tokens"] == 2 and not result["done"]
+    assert result["cut"] == "the whole request took longer than 300 s (engine_request_timeout)"
+
+
+def test_a_json_answer_trickled_over_a_real_socket_fails_at_the_deadline():
+    import socketserver
+    import threading
+
+    class Trickle(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.recv(65536)
+            self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n")
+            for _byte in range(40):
+                time.sleep(0.2)          # every read is well within a 1 s socket timeout
+                try:
+                    self.request.sendall(b" ")
+                except OSError:
+                    return
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(dgx_probe.StageError) as failed:
+            dgx_probe.http_json("http://127.0.0.1:%d/v1/models" % server.server_address[1], timeout=1.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - started < 3.0
+    assert "the whole request took longer than 1 s (engine_request_timeout)" in str(failed.value), str(failed.value)
+
+
+def test_a_stream_still_going_at_the_deadline_is_cut_there_over_a_real_socket(engine):
+    """The engine double streams 4000 tokens at 2000 tok/s (2 s), a token every 0.5 ms: no single read waits
+    long, and the whole request still ends at its 1 s deadline."""
+    started = time.monotonic()
+    result = decode_probe(engine, "engine-double", max_tokens=4000, timeout=1.0)
+    assert time.monotonic() - started < 1.8
+    assert 0 < result["tokens"] < 4000 and not result["done"]
+    assert result["cut"] == "the whole request took longer than 1 s (engine_request_timeout)"
+
+
+def test_a_runtime_call_that_hangs_is_stopped_within_the_round(tmp_path):
+    """A hung docker/podman daemon: inspect never answers. The wait round's call is stopped at its timeout and
+    the container is reported as not found, with why."""
+    hung = tmp_path / "docker"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+
+    class Finder(object):
+        def get_bin_path(self, name):
+            return str(hung)
+
+    started = time.monotonic()
+    facts = dgx_probe.container_state(dgx_probe.RuntimeCli(Finder(), 0.5), "docker", "dgx-stage-engine")
+    assert time.monotonic() - started < 5
+    assert facts["exists"] is False and "docker inspect --type did not answer within 0.5 s" in facts["error"]
+    assert dgx_probe.runtime_call_timeout(10) == 5.0 and dgx_probe.runtime_call_timeout(600) == 10.0

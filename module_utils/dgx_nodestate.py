@@ -6,8 +6,9 @@ checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mou
 local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
 missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
-                                     file the container binds (st_dev, st_ino, st_size, st_mtime_ns of what
-                                     the path resolves to). A bind pins an inode: a verify repair or a
+                                     file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
+                                     st_ctime_ns of what the path resolves to: a rewrite in place that puts
+                                     the old mtime back still moves the ctime). A bind pins an inode: a verify repair or a
                                      re-stage writes a new inode under the same name, a prune removes it, and
                                      the running container keeps reading the old bytes. The fingerprint
                                      changes in each case, so the role restarts the lane.
@@ -82,14 +83,15 @@ def missing_paths(paths):
 
 
 def file_identity(path):
-    """"dev:ino:size:mtime_ns" of what path resolves to; "missing" when nothing is there, "error:<errno>"."""
+    """"dev:ino:size:mtime_ns:ctime_ns" of what path resolves to; "missing" when nothing is there,
+    "error:<errno>"."""
     try:
         st = os.stat(path)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return "missing"
         return "error:%s" % (errno.errorcode.get(exc.errno, exc.errno))
-    return "%d:%d:%d:%d" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return "%d:%d:%d:%d:%d" % (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def files_fingerprint(paths):

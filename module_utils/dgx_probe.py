@@ -6,9 +6,11 @@ run_probe() is the whole of library/engine_probe.py's work: the module only pars
 """
 from __future__ import absolute_import, division, print_function
 
+import calendar
 import functools
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -434,6 +436,25 @@ def container_facts(inspect_text, name):
             "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
 
 
+_TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?")
+
+
+def _epoch(text):
+    """Seconds since the epoch of a runtime's timestamp (docker: ...Z, podman: ...+01:00 or ... +0000 UTC),
+    so ranks on hosts in other time zones compare as times; infinity when there is none (never stopped)."""
+    match = _TIMESTAMP.match(text or "")
+    if not match:
+        return float("inf")
+    year, month, day, hour, minute, second = (int(part) for part in match.group(1, 2, 3, 4, 5, 6))
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)) + float(match.group(7) or 0)
+    zone = match.group(8) or "Z"
+    if zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return seconds
+
+
 def owner_facts(port, listening, holders, container_id):
     """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
     or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
@@ -528,7 +549,7 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
             if row.get("container") and not row["container"].get("running")]
     if down:
         # The first to end is the cause; the others often die of it (a lost peer, a closed store).
-        rank, host, container = min(down, key=lambda d: (d[2].get("finished_at") or "", d[0]))
+        rank, host, container = min(down, key=lambda d: (_epoch(d[2].get("finished_at")), d[0]))
         msg = "Rank %d of the lane is down - %s. Its log ends:\n%s" % (
             rank, describe_down(rank, host, container), _log_tail(container.get("logs")))
         others = [describe_down(*d) for d in down if d[0] != rank]

@@ -5,6 +5,7 @@ the lane's plan). tests/integration/test_engine_lane.py runs them on real Podman
 import importlib.util
 import json
 import os
+import time
 import socket
 
 import pytest
@@ -53,7 +54,17 @@ def test_the_fingerprint_changes_with_a_new_inode_a_missing_file_or_new_bytes_an
 
     with open(str(blob), "r+b") as handle:                              # bytes rewritten in place
         handle.write(b"z" * 11)
-    assert files_fingerprint([str(blob), str(other)])[0] != repaired
+    rewritten = files_fingerprint([str(blob), str(other)])[0]
+    assert rewritten != repaired
+
+    # Rewritten in place again, same size, and the mtime put back: only the ctime tells.
+    before = os.stat(str(blob))
+    time.sleep(0.01)
+    with open(str(blob), "r+b") as handle:
+        handle.write(b"w" * 11)
+    os.utime(str(blob), ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(str(blob)).st_mtime_ns == before.st_mtime_ns
+    assert files_fingerprint([str(blob), str(other)])[0] != rewritten
 
     os.unlink(str(other))                                               # pruned
     pruned, pairs, missing = files_fingerprint([str(blob), str(other)])
@@ -67,7 +78,7 @@ def test_file_identity_follows_links_and_names_errors(tmp_path):
     link = tmp_path / "link"
     link.symlink_to("target")
     st = os.stat(str(target))
-    assert file_identity(str(link)) == "%d:%d:3:%d" % (st.st_dev, st.st_ino, st.st_mtime_ns)
+    assert file_identity(str(link)) == "%d:%d:3:%d:%d" % (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
     assert file_identity(str(tmp_path / "nope")) == "missing"
     assert file_identity(str(target) + "/below") == "missing"         # ENOTDIR
     assert file_identity("x" * 5000).startswith("error:ENAMETOOLONG")

@@ -725,3 +725,18 @@ def test_a_runtime_call_that_hangs_is_stopped_within_the_round(tmp_path):
     assert time.monotonic() - started < 5
     assert facts["exists"] is False and "docker inspect --type did not answer within 0.5 s" in facts["error"]
     assert dgx_probe.runtime_call_timeout(10) == 5.0 and dgx_probe.runtime_call_timeout(600) == 10.0
+
+
+def test_the_first_rank_to_go_down_is_told_by_time_across_time_zones():
+    """Rank 1 (podman, +01:00) ended at 08:00:05 UTC, rank 0 (docker, Z) at 08:00:09 UTC: as strings rank 1's
+    "09:00:05+01:00" sorts after rank 0's "08:00:09Z"; as times it is first. A paused rank never ended."""
+    def down(finished, status="exited"):
+        return dict(row(False), container={"name": "e", "exists": True, "running": False, "status": status,
+                                           "exit_code": 1, "finished_at": finished, "logs": "boom"})
+
+    lane_hosts = ["dgx1", "dgx2", "dgx3"]
+    rows = {"dgx1": down("2026-12-03T08:00:09.5Z"), "dgx2": down("2026-12-03T09:00:05.1+01:00"),
+            "dgx3": down(None, status="paused")}
+    verdict = dgx_probe.lane_verdict(lane_hosts, rows, "http://dgx1:8000")
+    assert verdict["msg"].startswith("Rank 1 of the lane is down"), verdict["msg"]
+    assert dgx_probe._epoch("2026-12-03 09:00:05.1 +0100 UTC") == dgx_probe._epoch("2026-12-03T08:00:05.1Z")

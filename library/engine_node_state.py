@@ -128,6 +128,15 @@ directories_missing:
   type: list
   elements: str
   sample: [/cache]
+bind_problems:
+  description:
+    - Why the lane cannot start from the manifest as it is, one text each; empty when it can.
+    - A local bind whose source is missing, not a regular file or cannot be read, or a repo whose local ref
+      names another commit than the manifest binds (a revision staged since it was written).
+  returned: success when O(manifest) is set or O(manifest_content) is set
+  type: list
+  elements: str
+  sample: ["/raid/hf-local/hub/models--org--model/blobs/9f2c is missing"]
 missing:
   description: The fingerprinted paths where nothing is (they count in RV(fingerprint) as missing).
   returned: success
@@ -175,8 +184,8 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dgx_nodestate import (checked_manifest, files_fingerprint, local_sources, missing_paths,
-                                                port_holders, python_modules, read_manifest)
+from ansible.module_utils.dgx_nodestate import (bind_problems, checked_manifest, files_fingerprint, local_sources,
+                                                missing_paths, port_holders, python_modules, read_manifest)
 
 
 ARGUMENT_SPEC = dict(
@@ -197,7 +206,7 @@ def main():
     if params["manifest"] is not None or params["manifest_content"] is not None:
         manifest, error = (checked_manifest(params["manifest_content"]) if params["manifest_content"] is not None
                            else read_manifest(params["manifest"]))
-        result.update(manifest=manifest, manifest_error=error or "")
+        result.update(manifest=manifest, manifest_error=error or "", bind_problems=bind_problems(manifest or {}))
         files = local_sources(manifest or {})
     try:
         missing_dirs = missing_paths(params["directories"])

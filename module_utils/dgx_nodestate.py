@@ -4,6 +4,8 @@
 read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read or used)
 checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mount manifest)
 local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
+bind_problems(manifest)           -> why the lane cannot start from the manifest: a local source missing,
+                                     not a regular file or unreadable, a ref moved past its commit
 missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
@@ -26,6 +28,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import sys
 
 from ansible.module_utils.dgx_receipts import container_of
@@ -66,6 +69,54 @@ def local_sources(manifest):
     """The host paths the manifest binds from the local disk (origin local): the files a restage or a repair
     gives a new inode."""
     return [mount["source"] for mount in manifest.get("mounts") or [] if mount.get("origin") == "local"]
+
+
+def bind_problems(manifest):
+    """Why the manifest cannot be started from as it is, one text each, [] when it can: a local bind whose
+    source is missing, not a regular file or cannot be read (the runtime would fail that rank's start,
+    after the earlier ranks were stopped), or a repo whose local ref moved past the commit the manifest
+    binds (a revision staged since the manifest was written)."""
+    problems = []
+    for path in sorted(set(local_sources(manifest))):
+        why = _unusable(path)
+        if why:
+            problems.append("%s %s" % (path, why))
+    for repo in manifest.get("repos") or []:
+        moved = _ref_moved(repo)
+        if moved:
+            problems.append(moved)
+    return problems
+
+
+def _unusable(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "is missing"
+        return "cannot be read (%s)" % errno.errorcode.get(exc.errno, exc.errno)
+    try:
+        mode = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
+def _ref_moved(repo):
+    """A text when the local hub's ref for the repo's revision names another commit than the manifest's."""
+    revision, commit, snapshot = repo.get("revision"), repo.get("commit"), repo.get("local_snapshot")
+    if not (revision and commit and snapshot) or revision == commit:
+        return None
+    ref = os.path.join(os.path.dirname(os.path.dirname(snapshot)), "refs", *revision.split("/"))
+    try:
+        with open(ref, "rb") as handle:
+            now = handle.read(256).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if now and now != commit:
+        return ("%s@%s: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the "
+                "manifest was written)" % (repo.get("repo_id"), revision, commit, ref, now))
+    return None
 
 
 def missing_paths(paths):

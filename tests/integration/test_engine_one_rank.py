@@ -391,6 +391,24 @@ def test_a_bind_path_no_runtime_binds_exactly_stops_the_play_before_the_containe
     assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
 
 
+def test_a_bound_file_gone_since_the_manifest_stops_the_play_before_any_rank_is_stopped(lane):
+    """--tags engine after a prune: the manifest binds a local file that is gone. The runtime would fail the
+    start after the rank was stopped; the play refuses first, naming the file, and the engine keeps running."""
+    on_podman_only(lane)   # read on the node before any runtime task
+    before = runtimes.container_ids(lane["runtime"], lane["name"])
+    with open(lane["settings"]["engine_manifest_path"]) as handle:
+        bound = sorted(m["source"] for m in json.load(handle)["mounts"] if m["origin"] == "local")[0]
+    os.rename(bound, bound + ".aside")
+    try:
+        rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine")
+    finally:
+        os.rename(bound + ".aside", bound)
+    assert rc != 0
+    assert any("the mount manifest is stale" in f and "%s is missing" % bound in f and "Nothing was stopped" in f
+               for f in failures(data)), failures(data)
+    assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
+
+
 def test_a_missing_manifest_stops_the_play_naming_it_before_the_container_is_touched(lane):
     on_podman_only(lane)   # read on the node before any runtime task
     before = runtimes.container_ids(lane["runtime"], lane["name"])

@@ -410,3 +410,25 @@ def test_the_container_task_never_pulls():
     for task in modules:
         args = task.get("community.docker.docker_container") or task.get("containers.podman.podman_container")
         assert args["pull"] == "never"
+
+
+def test_bind_problems_name_a_bound_file_missing_or_not_a_file_and_a_ref_moved_past_the_manifest(tmp_path):
+    from ansible.module_utils.dgx_nodestate import bind_problems
+
+    repo = tmp_path / "hub" / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "blobs" / "aa").write_bytes(b"x")
+    (repo / "blobs" / "bb").mkdir()
+    (repo / "refs" / "main").write_text("c" * 40)
+    manifest = {"repos": [{"repo_id": "org/m", "revision": "main", "commit": "c" * 40,
+                           "local_snapshot": str(repo / "snapshots" / ("c" * 40))}],
+                "mounts": [{"source": str(repo / "blobs" / name), "target": "/hub/x/" + name, "read_only": True,
+                            "origin": "local"} for name in ("aa", "bb", "gone")]
+                + [{"source": "/nas/hub/x", "target": "/hub/y", "read_only": True, "origin": "nas"}]}
+    assert bind_problems(manifest) == ["%s is not a regular file" % (repo / "blobs" / "bb"),
+                                       "%s is missing" % (repo / "blobs" / "gone")]
+    (repo / "refs" / "main").write_text("d" * 40)
+    assert bind_problems(manifest)[-1] == (
+        "org/m@main: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the manifest "
+        "was written)" % ("c" * 40, repo / "refs" / "main", "d" * 40))

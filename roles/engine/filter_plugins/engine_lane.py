@@ -18,6 +18,7 @@ dgx_left_strays(podman, docker)        -> the engines of an earlier world still 
 dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when it need not
 dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
 dgx_stray_lines(strays)                -> one readable line per stray
+dgx_bind_problem_lines(states, hosts)  -> 'host: problem' per stale bind of the hosts' manifests
 
 Labels never carry a secret: env and command are stored as digests.
 """
@@ -324,6 +325,12 @@ def dgx_left_strays(podman_results, docker_results):
     return {"strays": unique, "unchecked": sorted(set(unchecked))}
 
 
+def dgx_bind_problem_lines(states, hosts):
+    """'host: problem' for each bind problem of each host's engine_node_state result (states, in hosts' order)."""
+    return ["%s: %s" % (host, problem) for state, host in zip(states, hosts)
+            for problem in (state or {}).get("bind_problems") or []]
+
+
 def dgx_stray_lines(strays):
     """'host: why' per stray, with '(not a container: stop it yourself)' for what the role cannot stop."""
     return ["%s: %s%s" % (s["host"], s["why"], "" if s.get("stoppable") else " (not ours to stop: stop it yourself)")
@@ -364,6 +371,7 @@ class FilterModule(object):
 
     def filters(self):
         return {
+            "dgx_bind_problem_lines": dgx_bind_problem_lines,
             "dgx_container_list": dgx_container_list,
             "dgx_engine_labels": dgx_engine_labels,
             "dgx_lane_survey": dgx_lane_survey,

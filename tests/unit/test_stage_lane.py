@@ -54,8 +54,32 @@ def test_no_rank_patterns_gives_the_common_patterns_and_none_at_all_the_whole_re
     assert lane.stage_allow({"repo_id": REPO}, 2, 4) == []
 
 
-def test_a_template_without_allow_patterns_alone_selects_the_rank_files():
-    assert lane.stage_allow({"repo_id": REPO, "rank_patterns": TEMPLATES[:1]}, 1, 2) == ["engram/rank-1-of-2/*"]
+def test_rank_files_partition_the_repo_without_allow_patterns():
+    """Written the natural way (no allow_patterns): the whole repo, less the other ranks' files - never only
+    this rank's files (the shared config, index and dense shard would then come from the NAS)."""
+    repo = {"repo_id": REPO, "ignore_patterns": ["page15/"], "rank_patterns": TEMPLATES[:1]}
+    assert lane.stage_allow(repo, 1, 4) == []
+    assert lane.stage_ignore(repo, 1, 4) == ["page15/", "engram/rank-0-of-4/*", "engram/rank-2-of-4/*",
+                                             "engram/rank-3-of-4/*"]
+    assert lane.stage_rank_patterns(repo, 1, 4) == ["engram/rank-1-of-4/*"]
+    # With allow_patterns the other ranks' files are ignored too: the same partition.
+    assert lane.stage_ignore(dict(repo, allow_patterns=["engram/*"]), 0, 2) == ["page15/", "engram/rank-1-of-2/*"]
+    # The map form: every other key within the lane.
+    assert lane.stage_ignore({"repo_id": REPO, "rank_patterns": {0: ["a/*"], 1: ["b/*"], 7: ["z/*"]}}, 0, 2) == \
+        ["b/*"]
+    assert lane.stage_ignore({"repo_id": REPO}, 0, 2) == []
+
+
+def test_rank_files_chosen_by_the_filters_are_what_huggingface_hub_selects():
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = ["config.json", "model.safetensors.index.json", "model-00001.safetensors", "engram/shared/s.bin",
+             "page15/a.bin"] + ["engram/rank-%d-of-4/t.bin" % r for r in range(4)]
+    repo = {"repo_id": REPO, "ignore_patterns": ["page15/"], "rank_patterns": TEMPLATES[:1]}
+    for rank in range(4):
+        allow = lane.stage_allow(repo, rank, 4) or None
+        chosen = list(filter_repo_objects(files, allow_patterns=allow, ignore_patterns=lane.stage_ignore(repo, rank, 4)))
+        assert chosen == files[:4] + ["engram/rank-%d-of-4/t.bin" % rank]
 
 
 def test_duplicates_are_dropped_keeping_the_first_place():

@@ -2,8 +2,15 @@
 """Stage role filter: which files of a stage_repos entry this host of the lane stages.
 
 dgx_stage_allow(repo, rank, world_size) -> the entry's allow patterns on the host of that rank: its
-                                           allow_patterns followed by its rank_patterns for that rank
-                                           ([] means the whole repo, as hf_hub_mirror reads no patterns)
+                                           allow_patterns followed by its rank_patterns for that rank;
+                                           [] without allow_patterns (the whole repo, as hf_hub_mirror reads
+                                           no patterns): the ranks' files are then kept apart by
+dgx_stage_ignore(repo, rank, world_size) -> its ignore_patterns followed by every other rank's patterns
+
+Rank files partition the repo: the files any rank's patterns select (every template expanded for every rank
+of the lane, or every key of the map within it) are rank files; a host stages its own rank files plus every
+file allow_patterns/ignore_patterns select, exactly as without rank_patterns; other ranks' files are
+ignored there (the manifest binds them read-only from the NAS).
 dgx_stage_rank_patterns(repo, rank, world_size) -> the rank part alone (the expanded templates, or the map's
                                            entry for that rank; [] when there is none): each must match a
                                            file of the snapshot (hf_hub_mirror require_match), as a rank
@@ -130,7 +137,8 @@ def _unique(patterns):
 
 
 def _entry_parts(repo, rank, world_size, caller):
-    """(allow_patterns, the rank's own patterns) of one stage_repos entry, every part checked."""
+    """(allow_patterns, the rank's own patterns, the other ranks' patterns) of one stage_repos entry, every
+    part checked."""
     if not isinstance(repo, dict):
         raise AnsibleFilterError("%s: a stage_repos entry must be a dict, got %r" % (caller, repo))
     repo_name = _repo_name(repo)
@@ -142,25 +150,36 @@ def _entry_parts(repo, rank, world_size, caller):
     allow = [] if allow is None else _pattern_list(allow, repo_name, "allow_patterns")
     rank_patterns = repo.get("rank_patterns")
     if rank_patterns is None:
-        own = []
-    elif isinstance(rank_patterns, dict):
-        own = _map_patterns(rank_patterns, rank, world_size, repo_name)
+        return allow, [], []
+    if isinstance(rank_patterns, dict):
+        of_rank = lambda r: _map_patterns(rank_patterns, r, world_size, repo_name)    # noqa: E731
     elif isinstance(rank_patterns, (list, tuple)):
-        own = [expand_template(t, rank, world_size, repo_name)
-               for t in _pattern_list(rank_patterns, repo_name, "rank_patterns")]
+        templates = _pattern_list(rank_patterns, repo_name, "rank_patterns")
+        of_rank = lambda r: [expand_template(t, r, world_size, repo_name) for t in templates]    # noqa: E731
     else:
         raise AnsibleFilterError(
             "stage_repos entry %s: rank_patterns must be a list of templates with {rank} and {world_size} "
             "(engram/rank-{rank}-of-{world_size}/*) or a map rank -> patterns, got %s %r"
             % (repo_name, type(rank_patterns).__name__, rank_patterns))
-    return allow, own
+    own = of_rank(rank)
+    others = [p for r in range(world_size) if r != rank for p in of_rank(r) if p not in own]
+    return allow, own, others
 
 
 def stage_allow(repo, rank, world_size):
     """The allow patterns of one stage_repos entry on the host of `rank` in a lane of `world_size` hosts:
     allow_patterns, then the rank's own (expanded templates, or the map's entry), duplicates dropped."""
-    allow, own = _entry_parts(repo, rank, world_size, "dgx_stage_allow")
-    return _unique(allow + own)
+    allow, own, _others = _entry_parts(repo, rank, world_size, "dgx_stage_allow")
+    return _unique(allow + own) if allow else []
+
+
+def stage_ignore(repo, rank, world_size):
+    """The ignore patterns of one stage_repos entry on the host of `rank`: ignore_patterns, then every other
+    rank's patterns (their files are theirs: bound from the NAS here), duplicates dropped."""
+    _allow, _own, others = _entry_parts(repo, rank, world_size, "dgx_stage_ignore")
+    ignore = repo.get("ignore_patterns")
+    ignore = [] if ignore is None else _pattern_list(ignore, _repo_name(repo), "ignore_patterns")
+    return _unique(ignore + others)
 
 
 def stage_rank_patterns(repo, rank, world_size):
@@ -173,4 +192,5 @@ def stage_rank_patterns(repo, rank, world_size):
 
 class FilterModule(object):
     def filters(self):
-        return {"dgx_stage_allow": stage_allow, "dgx_stage_rank_patterns": stage_rank_patterns}
+        return {"dgx_stage_allow": stage_allow, "dgx_stage_ignore": stage_ignore,
+                "dgx_stage_rank_patterns": stage_rank_patterns}

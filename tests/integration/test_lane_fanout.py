@@ -17,6 +17,7 @@ import stat
 import sys
 
 import pytest
+from huggingface_hub import hf_hub_download, snapshot_download
 
 import hubgen
 from conftest import failures, run_playbook
@@ -58,8 +59,8 @@ def write_lane(tmp_path, nas, repo, fanout, extra_vars=None, host_vars=None):
     group_vars = {"lane": "sglang_4x", "hub_nas_root": nas, "engine_enabled": False, "stage_verify": "full",
                   "stage_report_dir": str(tmp_path / "reports"), "stage_nas_readers": READERS,
                   "stage_peer_fanout": fanout,
-                  "stage_repos": [{"repo_id": repo["repo_id"], "allow_patterns": repo["allow_patterns"],
-                                   "rank_patterns": repo["rank_patterns"]}]}
+                  # Written the natural way, without allow_patterns: rank files partition the repo.
+                  "stage_repos": [{"repo_id": repo["repo_id"], "rank_patterns": repo["rank_patterns"]}]}
     group_vars.update(extra_vars or {})
     path = tmp_path / "inventory.json"
     path.write_text(json.dumps({"all": {"children": {"sglang_4x": {"hosts": members}}, "vars": group_vars}}))
@@ -91,6 +92,12 @@ def assert_each_host_holds_its_files_proven(tmp_path, repo, report):
             sorted(set(repo["files"][p]["etag"] for p in wanted)), host
         for rel in wanted:
             assert sha256_file(str(snapshot / rel)) == repo["files"][rel]["sha256"], (host, rel)
+        # huggingface_hub, offline, finds the staged snapshot and every file of it in this host's hub.
+        assert snapshot_download(repo["repo_id"], cache_dir=str(local), local_files_only=True,
+                                 allow_patterns=wanted) == str(snapshot)
+        for rel in wanted:
+            assert hf_hub_download(repo["repo_id"], rel, cache_dir=str(local), local_files_only=True) == \
+                str(snapshot / rel), (host, rel)
         [verify] = report[host]["passes"]["verify"]
         assert verify["status"] == "ok" and verify["verify"] == "full", (host, verify)
         assert verify["files"]["dangling"] == 0 and verify["blobs"]["repaired"] == 0, (host, verify)

@@ -94,7 +94,7 @@ def write_lane(tmp_path, nas, rank_patterns, host_vars=None):
     group_vars = {"lane": "sglang_2x", "hub_nas_root": nas, "engine_enabled": False, "stage_verify": "full",
                   "stage_report_dir": str(tmp_path / "reports"),
                   "stage_repos": [{"repo_id": ENGRAM_REPO, "allow_patterns": SHARED_PATTERNS,
-                                   "rank_patterns": rank_patterns}]}
+                                   "rank_patterns": rank_patterns}]}     # the explicit form keeps working
     path = tmp_path / "inventory.json"
     path.write_text(json.dumps({"all": {"children": {"sglang_2x": {"hosts": members}}, "vars": group_vars}}))
     return str(path)

@@ -31,7 +31,7 @@ import uuid
 import pytest
 
 from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS
-from conftest import REPO_ROOT, failures, run_playbook
+from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, run_playbook
 from treestate import sha256_file
 from hubgen import build_nas_hub, git_blob_sha1, repo_folder, sha256_hex
 from nashub import NasHub
@@ -519,3 +519,34 @@ def test_stale_receipts_break_a_restart_unless_the_plays_clear_them(lane):
     with open(os.path.join(lane["cache"], RECEIPT_NAMES[0], "worker.json")) as handle:
         assert "from" not in json.load(handle)  # this run's receipt, not yesterday's
     assert double(lane, "/v1/models")["data"][0]["id"] == "engine-double"
+
+
+def test_a_secret_in_engine_env_appears_in_no_output_of_a_check_diff_or_a_real_run(lane):
+    """HF_TOKEN in engine_env, new to the lane (so the dry run differs and the lane restarts): neither
+    `--check --diff -vv` with the default callback, nor a real run (its JSON results), the host reports, the
+    run records or the container's labels show its value; the restart plan names the variable. Last in this
+    file: it leaves the lane running with the token."""
+    on_podman_only(lane)
+    secret = "hf_dgxSTAGEplantedSECRET%d" % os.getpid()
+    extra = json.dumps({"engine_env": {"HF_TOKEN": secret}, "engine_command": [
+        "python3", "/opt/engine_double/engine_double.py", "--api-key-" + secret]})
+    env = dict(ansible_env(lane["work"]), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               CONTAINERS_CONF=os.path.join(REPO_ROOT, "molecule", "containers.conf"))
+    check = subprocess.run([os.path.join(BIN_DIR, "ansible-playbook"), "-i", lane["inventory"],
+                            os.path.join(REPO_ROOT, "stage-deepseek.yml"), "--tags", "manifest,engine", "--check",
+                            "--diff", "-vv", "-e", extra],
+                           cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    shown = check.stdout.decode("utf-8", "replace")
+    assert "env changed (HF_TOKEN)" in shown, shown[-3000:]
+    assert secret not in shown
+
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine", "-e", json.dumps(
+        {"engine_env": {"HF_TOKEN": secret}}))
+    assert rc == 0, failures(data)
+    assert secret not in json.dumps(data)
+    for folder, _dirs, names in os.walk(lane["settings"]["stage_report_dir"]):
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as handle:
+                assert secret.encode() not in handle.read(), os.path.join(folder, name)
+    labels = inspect_of(lane)["Config"]["Labels"]
+    assert secret not in json.dumps(labels)

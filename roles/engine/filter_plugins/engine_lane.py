@@ -4,7 +4,8 @@
 dgx_container_list(result, runtime, details)
                                        -> the containers a runtime listed (podman_container_info, or
                                           docker_host_info with verbose_output), as
-                                          [{id, name, running, state, exit_code, labels, env, image}];
+                                          [{id, name, running, state, exit_code, labels, env (each
+                                          value's sha256, never the value), image}];
                                           details: inspect results (docker_container_info's `container`) that
                                           fill in what Docker's list lacks (the environment)
 dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
@@ -19,6 +20,7 @@ dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when 
 dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
 dgx_stray_lines(strays)                -> one readable line per stray
 dgx_bind_problem_lines(states, hosts)  -> 'host: problem' per stale bind of the hosts' manifests
+dgx_redact(text, values)               -> text without any of the values (a runtime's message, shown)
 
 Labels never carry a secret: env and command are stored as digests.
 """
@@ -71,10 +73,17 @@ def _digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-def _env_dict(entries):
+def _env_digests(entries):
+    """{name: sha256 of its value} of a container's environment (K=V entries): the facts the role keeps and
+    shows at -v never hold a value (an HF_TOKEN among them), and a changed variable is still named."""
     if entries is None:
         return None
-    return dict(entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
+    pairs = (entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
+    return dict((name, _value_digest(value)) for name, value in pairs)
+
+
+def _value_digest(value):
+    return hashlib.sha256(str(value).encode("utf-8")).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -91,7 +100,7 @@ def _inspected(info, image):
     return {"id": info.get("Id", ""), "name": info.get("Name", "").lstrip("/"),
             "running": bool(state.get("Running")) and status not in ("paused", "restarting"),
             "state": status, "exit_code": state.get("ExitCode"),
-            "labels": dict(config.get("Labels") or {}), "env": _env_dict(config.get("Env")), "image": image,
+            "labels": dict(config.get("Labels") or {}), "env": _env_digests(config.get("Env")), "image": image,
             "restart_policy": ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or ""}
 
 
@@ -183,7 +192,7 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
         if old == new or (key == IMAGE_ID and (not image_present or current.get(IMAGE) != labels.get(IMAGE))):
             continue
         if key == ENV and env is not None and own.get("env") is not None:
-            names = sorted(k for k, v in env.items() if own["env"].get(k) != str(v))
+            names = sorted(k for k, v in env.items() if own["env"].get(k) != _value_digest(v))
             reasons.append("env changed (%s)" % ", ".join(names) if names else "env changed (a variable removed)")
             continue
         reasons.append(say(old, new))
@@ -325,6 +334,16 @@ def dgx_left_strays(podman_results, docker_results):
     return {"strays": unique, "unchecked": sorted(set(unchecked))}
 
 
+def dgx_redact(text, values):
+    """text with every value of `values` (engine_env values, command arguments) of 4 characters or more
+    replaced by <hidden>, the longest first: a runtime's error message may quote what it was given."""
+    text = "" if text is None else str(text)
+    for value in sorted(set(str(v) for v in values or []), key=len, reverse=True):
+        if len(value) >= 4:
+            text = text.replace(value, "<hidden>")
+    return text
+
+
 def dgx_bind_problem_lines(states, hosts):
     """'host: problem' for each bind problem of each host's engine_node_state result (states, in hosts' order)."""
     return ["%s: %s" % (host, problem) for state, host in zip(states, hosts)
@@ -372,6 +391,7 @@ class FilterModule(object):
     def filters(self):
         return {
             "dgx_bind_problem_lines": dgx_bind_problem_lines,
+            "dgx_redact": dgx_redact,
             "dgx_container_list": dgx_container_list,
             "dgx_engine_labels": dgx_engine_labels,
             "dgx_lane_survey": dgx_lane_survey,

@@ -434,3 +434,10 @@ def test_bind_problems_name_a_bound_file_missing_or_not_a_file_and_a_ref_moved_p
     assert bind_problems(manifest)[-1] == (
         "org/m@main: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the manifest "
         "was written)" % ("c" * 40, repo / "refs" / "main", "d" * 40))
+
+
+def test_a_runtime_message_is_shown_without_the_secret_values_it_quotes():
+    message = "Error: cannot start: env HF_TOKEN=hf_abcdef123 invalid; command serve --api-key hf_abcdef123456"
+    assert lane.dgx_redact(message, ["hf_abcdef123", "hf_abcdef123456", "serve", "0", "--api-key"]) == (
+        "Error: cannot start: env HF_TOKEN=<hidden> invalid; command <hidden> <hidden> <hidden>")
+    assert lane.dgx_redact(None, ["x"]) == ""

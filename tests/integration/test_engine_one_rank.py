@@ -393,19 +393,23 @@ def test_a_bind_path_no_runtime_binds_exactly_stops_the_play_before_the_containe
 
 def test_a_bound_file_gone_since_the_manifest_stops_the_play_before_any_rank_is_stopped(lane):
     """--tags engine after a prune: the manifest binds a local file that is gone. The runtime would fail the
-    start after the rank was stopped; the play refuses first, naming the file, and the engine keeps running."""
+    start after the rank was stopped; the play refuses first, naming the file, and the engine keeps running.
+    (A copy of the manifest names the gone file: moving a staged blob away and back would change its ctime,
+    and with it the lane's bound files.)"""
     on_podman_only(lane)   # read on the node before any runtime task
     before = runtimes.container_ids(lane["runtime"], lane["name"])
     with open(lane["settings"]["engine_manifest_path"]) as handle:
-        bound = sorted(m["source"] for m in json.load(handle)["mounts"] if m["origin"] == "local")[0]
-    os.rename(bound, bound + ".aside")
-    try:
-        rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine")
-    finally:
-        os.rename(bound + ".aside", bound)
+        manifest = json.load(handle)
+    bound = [m for m in manifest["mounts"] if m["origin"] == "local"][0]
+    bound["source"] = os.path.join(os.path.dirname(bound["source"]), "0" * 64)      # pruned since
+    stale = os.path.join(lane["work"], "stale-manifest.json")
+    with open(stale, "w") as handle:
+        json.dump(manifest, handle)
+    rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine",
+                            "-e", json.dumps({"engine_manifest_path": stale}))
     assert rc != 0
-    assert any("the mount manifest is stale" in f and "%s is missing" % bound in f and "Nothing was stopped" in f
-               for f in failures(data)), failures(data)
+    assert any("the mount manifest is stale" in f and "%s is missing" % bound["source"] in f
+               and "Nothing was stopped" in f for f in failures(data)), failures(data)
     assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
 
 

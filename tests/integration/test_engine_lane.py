@@ -338,6 +338,26 @@ def test_a_rank_restarted_alone_is_judged_with_the_whole_lane(lane):
     assert lane.ids()["dgx1"] not in (None, ids["dgx1"])
 
 
+def test_a_rank_left_out_that_cannot_be_reached_is_named_not_turned_into_an_unreachable_host(lane):
+    """engine_restart_only=dgx2 with --limit while dgx1 (rank 0, outside the play) cannot be reached: the wait's
+    delegated look at it gives no row, so the verdict names rank 0 on dgx1, and dgx2 fails (its rescue and
+    report run) instead of being marked UNREACHABLE for a rank it does not run."""
+    lane.host_vars["dgx1"].update(ansible_connection="ssh", ansible_host="127.0.0.1", ansible_port=free_port(),
+                                  ansible_ssh_common_args="-o ConnectTimeout=3")
+    try:
+        rc, data = lane.run("--tags", "engine", "--limit", "dgx2", "-e", "engine_restart_only=dgx2")
+    finally:
+        for key in ("ansible_connection", "ansible_host", "ansible_port", "ansible_ssh_common_args"):
+            del lane.host_vars["dgx1"][key]
+    assert rc != 0
+    assert data["stats"]["dgx2"]["unreachable"] == 0 and data["stats"]["dgx2"]["failures"] >= 1, data["stats"]
+    assert any("Rank 0 (host dgx1) did not report its engine container" in f for f in failures(data)), [
+        (t["task"]["name"], h, r.get("msg"), r.get("unreachable")) for p in data["plays"] for t in p["tasks"]
+        for h, r in t["hosts"].items() if r.get("failed") or r.get("unreachable")]
+    rc, data = lane.run("--tags", "engine")
+    assert rc == 0, failures(data)
+
+
 def test_nothing_is_stopped_when_one_rank_cannot_clear_its_receipts(lane):
     """A lane restart with dgx2's receipt held by a stranger process: refused before any rank is stopped
     (no rank starts alone into a world of two), naming the holder; the lane keeps running as it was."""

@@ -15,8 +15,8 @@ from ansible.module_utils.dgx_hashing import file_matches_own_name
 from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resolve_snapshot_link, scan_snapshot
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
-from ansible.module_utils.dgx_mounts import is_mounted_file
-from ansible.module_utils.dgx_transfer import linked_dir_problem, mount_point_problem
+from ansible.module_utils.dgx_mounts import is_mounted_file, mount_point_problem
+from ansible.module_utils.dgx_transfer import linked_dir_problem
 
 # Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
 BIND_FROM = ("local", "nas")
@@ -247,8 +247,9 @@ def _linked_folder(hub_local_root, folder, commit, entry):
         if problem:
             return "not bound from the local disk: " + problem.split(": the local hub must be", 1)[0] + \
                 " (the local hub must be real directories); bound read-only from the NAS"
-        if mount_point_problem(hub_local_root, rel):
-            return _mounted_reason(mount_point_problem(hub_local_root, rel).split(":", 1)[0])
+        mounted = mount_point_problem(hub_local_root, rel)
+        if mounted:
+            return _mounted_reason(mounted.split(":", 1)[0])
     return None
 
 

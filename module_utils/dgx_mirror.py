@@ -25,10 +25,11 @@ from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_i
 from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
                                                repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
+from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, CandidateRejected, LocalTree,
                                                LocalWriteError, PassMeter, RepoLock, SourceProblem, adopt_candidate,
                                                clear_peer_dir, copy_verified, default_workers, find_temp_debris,
-                                               linked_dir_problem, mount_point_problem, run_workers,
+                                               linked_dir_problem, run_workers,
                                                symlink_atomic)
 
 VERIFY_MODES = ("sample", "full", "none")

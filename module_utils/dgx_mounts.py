@@ -136,6 +136,40 @@ def mount_problem(parent_fd, child_fd, path):
             % (path, describe_mount(mounted[-1]) if mounted else "another filesystem"))
 
 
+def mount_point_problem(root, rel):
+    """Why a directory on the way from `root` (excluded; reached as the run reaches it, through a link
+    too) down to `root/rel` is a mount point, or None: each is opened without following a link and
+    checked against its parent by mount_problem (mount id, or st_dev), so only the mounts
+    the run would meet count, never one hidden under a later mount. Missing ones and links are fine
+    here (linked_dir_problem names links)."""
+    try:
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    path = root
+    try:
+        for part in [p for p in rel.replace(os.sep, "/").split("/") if p not in ("", ".")]:
+            path = os.path.join(path, part)
+            try:
+                child = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return None
+            mounted = mount_problem(fd, child, path)
+            os.close(fd)
+            fd = child
+            if mounted:
+                return _mounted_message(path)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _mounted_message(path):
+    return ("%s is a mount point: dgx-stage never writes or removes on another mount below the local hub root "
+            "(it could be a bind mount of a folder outside the hub). Unmount it, or use a plain directory; "
+            "nothing was written or removed" % path)
+
+
 def mounts_below(path):
     """The mounts of this namespace whose mount point is path itself or below it (path made real)."""
     real = os.path.realpath(path).rstrip(os.sep) or os.sep

@@ -25,7 +25,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import (atomic_write_bytes, is_temp_name, not_own_file, open_own_file,
                                              open_regular, remove_path, temp_name_for, unlink_quietly, walk_tree)
 from ansible.module_utils.dgx_hashing import READ_CHUNK, Cancelled, ChunkBuffer, NameHasher, advise
-from ansible.module_utils.dgx_mounts import mount_problem
+from ansible.module_utils.dgx_mounts import mount_point_problem, mount_problem
 
 # Errors of the local disk a copy cannot get past, reported with the space figures.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
@@ -97,40 +97,6 @@ def linked_dir_problem(root, rel):
         if not stat.S_ISDIR(st.st_mode):
             return "%s is not a directory: move it out of the local hub; nothing was written or removed" % path
     return None
-
-
-def mount_point_problem(root, rel):
-    """Why a directory on the way from `root` (excluded; reached as the run reaches it, through a link
-    too) down to `root/rel` is a mount point, or None: each is opened without following a link and
-    checked against its parent by dgx_mounts.mount_problem (mount id, or st_dev), so only the mounts
-    the run would meet count, never one hidden under a later mount. Missing ones and links are fine
-    here (linked_dir_problem names links)."""
-    try:
-        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    path = root
-    try:
-        for part in _split(rel):
-            path = os.path.join(path, part)
-            try:
-                child = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError:
-                return None
-            mounted = mount_problem(fd, child, path)
-            os.close(fd)
-            fd = child
-            if mounted:
-                return _mounted_message(path)
-        return None
-    finally:
-        os.close(fd)
-
-
-def _mounted_message(path):
-    return ("%s is a mount point: dgx-stage never writes or removes on another mount below the local hub root "
-            "(it could be a bind mount of a folder outside the hub). Unmount it, or use a plain directory; "
-            "nothing was written or removed" % path)
 
 
 class LocalTree(object):

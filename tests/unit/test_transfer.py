@@ -16,6 +16,7 @@ from treestate import workers_still_running
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_transfer as tr
+from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_fsutil import NAME_MAX, is_temp_name, temp_name_for
 from ansible.module_utils.dgx_hashing import READ_CHUNK
 
@@ -590,7 +591,7 @@ def test_mount_checks_accept_a_hub_root_reached_through_a_link_and_ignore_hidden
         os.makedirs(str(tmp_path / "fast" / "hub" / "models--org--name"))
         os.symlink(str(tmp_path / "fast" / "hub"), str(tmp_path / "hub-link"))
         tree = tr.LocalTree(str(tmp_path / "hub-link"))
-        assert tr.mount_point_problem(tree.root, "models--org--name/blobs") is None
+        assert mount_point_problem(tree.root, "models--org--name/blobs") is None
         tree.refuse_unsafe_dirs(["models--org--name/blobs"])
         with tree.open_dir("models--org--name/blobs", create=True):
             pass
@@ -598,7 +599,7 @@ def test_mount_checks_accept_a_hub_root_reached_through_a_link_and_ignore_hidden
         _mount_tmpfs(tmp_path / "hub" / "models--org--name")      # then hidden by a volume over the hub
         _mount_tmpfs(tmp_path / "hub")
         os.makedirs(str(tmp_path / "hub" / "models--org--name"))
-        assert tr.mount_point_problem(str(tmp_path / "hub"), "models--org--name/blobs") is None
+        assert mount_point_problem(str(tmp_path / "hub"), "models--org--name/blobs") is None
         with tr.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True):
             pass
 

@@ -75,7 +75,11 @@ def bind_problems(manifest):
     """Why the manifest cannot be started from as it is, one text each, [] when it can: a local bind whose
     source is missing, not a regular file or cannot be read (the runtime would fail that rank's start,
     after the earlier ranks were stopped), or a repo whose local ref moved past the commit the manifest
-    binds (a revision staged since the manifest was written)."""
+    binds (a revision staged since the manifest was written). A manifest not shaped as engine_manifest
+    writes it is one problem naming what is wrong."""
+    shape = _shape_problem(manifest)
+    if shape:
+        return [shape]
     problems = []
     for path in sorted(set(local_sources(manifest))):
         why = _unusable(path)
@@ -86,6 +90,19 @@ def bind_problems(manifest):
         if moved:
             problems.append(moved)
     return problems
+
+
+def _shape_problem(manifest):
+    if not isinstance(manifest, dict):
+        return "the manifest is not a JSON object; write it again (the manifest play)"
+    for key in ("mounts", "repos"):
+        entries = manifest.get(key) or []
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            return "the manifest's %s is not a list of objects; write it again (the manifest play)" % key
+    if not all(isinstance(mount.get("source"), str) for mount in manifest.get("mounts") or []
+               if mount.get("origin") == "local"):
+        return "a local mount of the manifest has no source path; write it again (the manifest play)"
+    return None
 
 
 def _unusable(path):
@@ -107,7 +124,10 @@ def _ref_moved(repo):
     revision, commit, snapshot = repo.get("revision"), repo.get("commit"), repo.get("local_snapshot")
     if not (revision and commit and snapshot) or revision == commit:
         return None
-    ref = os.path.join(os.path.dirname(os.path.dirname(snapshot)), "refs", *revision.split("/"))
+    if not all(isinstance(value, str) for value in (revision, commit, snapshot)):
+        return "%s: the manifest's revision, commit or snapshot is not text" % (repo.get("repo_id"),)
+    # normpath: a snapshot written with a trailing slash names the same folder.
+    ref = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(snapshot))), "refs", *revision.split("/"))
     try:
         with open(ref, "rb") as handle:
             now = handle.read(256).decode("utf-8", "replace").strip()

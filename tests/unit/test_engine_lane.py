@@ -207,22 +207,28 @@ def labels_for(lane_name="exl3_2x", hosts=("dgx1", "dgx2"), rank=0, **over):
     return lane.dgx_engine_labels(spec)
 
 
-def container(cid, name, labels, running=True, env=None, exit_code=0):
+def container(cid, name, labels, running=True, env=None, exit_code=0, wanted=None):
+    """One podman container as the role's facts hold it; wanted: the environment the engine would get."""
     return lane.dgx_container_list({"containers": [podman_info(cid, name, labels, running, exit_code, env)]},
-                                   "podman")[0]
+                                   "podman", env=wanted)[0]
 
 
 def test_container_lists_of_both_runtimes_are_normalised():
-    podman = lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {"a": "b"}, False, 3, {"K": "v=w"})]},
-                                     "podman")
+    podman = lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {"a": "b"}, False, 3,
+                                                                 {"K": "v=w", "L": "same"})]},
+                                     "podman", env={"K": "hf_new", "L": "same"})
     assert podman == [{"id": ID1, "name": "e1", "running": False, "state": "exited", "exit_code": 3,
-                       "labels": {"a": "b"}, "env": {"K": hashlib.sha256(b"v=w").hexdigest()},
+                       "labels": {"a": "b"}, "env_changed": ["K"],
                        "image": "localhost/engine:1", "restart_policy": ""}]
-    assert "v=w" not in repr(podman)        # a value never reaches the facts
+    # Names only: neither a value nor anything derived from one (a digest of a short value is its value).
+    assert "v=w" not in repr(podman) and "hf_new" not in repr(podman)
+    assert hashlib.sha256(b"v=w").hexdigest() not in repr(podman)
+    assert lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {}, env={"K": "v"})]},
+                                   "podman")[0]["env_changed"] is None     # nothing to compare with
     docker = lane.dgx_container_list({"containers": [
         {"Id": ID2, "Names": ["/e2"], "State": "exited", "Status": "Exited (137) 5 minutes ago", "Labels": None,
          "Image": "engine:1"}]}, "docker")
-    assert docker[0]["name"] == "e2" and docker[0]["exit_code"] == 137 and docker[0]["env"] is None
+    assert docker[0]["name"] == "e2" and docker[0]["exit_code"] == 137 and docker[0]["env_changed"] is None
     assert docker[0]["restart_policy"] is None   # the list does not say; the engine's inspect data does
     assert lane.dgx_container_list({}, "podman") == []
     with pytest.raises(AnsibleFilterError):
@@ -242,8 +248,9 @@ def test_labels_are_strings_one_per_aspect_and_secrets_are_digests():
 
 def test_no_reasons_when_the_running_container_is_what_would_start():
     desired = labels_for()
-    own = container(ID1, "e1", dict(desired, **{"dgx-stage.run-id": "an-earlier-run"}), env={"RANK": "0"})
-    assert lane.dgx_restart_reasons(own, desired, env={"RANK": "0", "WORLD_SIZE": "2"}) == []
+    own = container(ID1, "e1", dict(desired, **{"dgx-stage.run-id": "an-earlier-run"}), env={"RANK": "0"},
+                    wanted={"RANK": "0", "WORLD_SIZE": "2"})
+    assert lane.dgx_restart_reasons(own, desired) == []
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -262,13 +269,14 @@ def test_each_aspect_gives_its_reason(change, reason):
 
 
 def test_env_reasons_name_the_variables_when_the_runtime_shows_them():
-    own = container(ID1, "e1", labels_for(), env={"RANK": "0", "WORLD_SIZE": "2", "PATH": "/bin"})
+    running = {"RANK": "0", "WORLD_SIZE": "2", "PATH": "/bin"}
     env = {"RANK": "0", "WORLD_SIZE": "2", "DOUBLE_KNOB": "1"}
-    assert lane.dgx_restart_reasons(own, labels_for(env=env), env=env) == ["env changed (DOUBLE_KNOB)"]
-    assert lane.dgx_restart_reasons(own, labels_for(env={"RANK": 0}), env={"RANK": "0"}) == [
-        "env changed (a variable removed)"]
-    docker_own = dict(own, env=None)
-    assert lane.dgx_restart_reasons(docker_own, labels_for(env=env), env=env) == ["env changed"]
+    own = container(ID1, "e1", labels_for(), env=running, wanted=env)
+    assert lane.dgx_restart_reasons(own, labels_for(env=env)) == ["env changed (DOUBLE_KNOB)"]
+    own = container(ID1, "e1", labels_for(), env=running, wanted={"RANK": "0"})
+    assert lane.dgx_restart_reasons(own, labels_for(env={"RANK": 0})) == ["env changed (a variable removed)"]
+    docker_own = dict(own, env_changed=None)
+    assert lane.dgx_restart_reasons(docker_own, labels_for(env=env)) == ["env changed"]
 
 
 def test_state_image_strays_and_the_dry_run_give_reasons():
@@ -434,10 +442,52 @@ def test_bind_problems_name_a_bound_file_missing_or_not_a_file_and_a_ref_moved_p
     assert bind_problems(manifest)[-1] == (
         "org/m@main: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the manifest "
         "was written)" % ("c" * 40, repo / "refs" / "main", "d" * 40))
+    # A snapshot written with a trailing slash is the same folder: the moved ref is still seen.
+    manifest["repos"][0]["local_snapshot"] += "/"
+    assert "names %s now" % ("d" * 40) in bind_problems(manifest)[-1]
+    # A manifest not shaped as engine_manifest writes it is one problem, not a crash.
+    for broken, says in (([], "not a JSON object"), ({"repos": ["org/m"]}, "repos is not a list of objects"),
+                         ({"mounts": {"a": 1}}, "mounts is not a list of objects"),
+                         ({"mounts": [{"origin": "local"}]}, "no source path"),
+                         ({"repos": [{"repo_id": "org/m", "revision": 1, "commit": "c", "local_snapshot": "/s"}]},
+                          "org/m: the manifest's revision, commit or snapshot is not text")):
+        assert len(bind_problems(broken)) == 1 and says in bind_problems(broken)[0], broken
 
 
 def test_a_runtime_message_is_shown_without_the_secret_values_it_quotes():
-    message = "Error: cannot start: env HF_TOKEN=hf_abcdef123 invalid; command serve --api-key hf_abcdef123456"
-    assert lane.dgx_redact(message, ["hf_abcdef123", "hf_abcdef123456", "serve", "0", "--api-key"]) == (
-        "Error: cannot start: env HF_TOKEN=<hidden> invalid; command <hidden> <hidden> <hidden>")
-    assert lane.dgx_redact(None, ["x"]) == ""
+    secrets = lane.dgx_secret_values({"HF_TOKEN": "hf_abcdef123456", "MODEL_PATH": "/models/m", "GPUS": "0,1"},
+                                     ["python3", "-m", "serve", "--api-key", "sk-4f9", "--tp", "8"])
+    message = ('Error: cannot start python3: env HF_TOKEN=hf_abcdef123456 invalid; {"Env": ["X=sk-4f9\\"]}; '
+               "--api-key 'sk-4f9' at %2Fmodels%2Fm, tp 8 on GPUs 0,1")
+    assert lane.dgx_redact(message, secrets) == (
+        'Error: cannot start python3: env HF_TOKEN=<hidden> invalid; {"Env": ["X=<hidden>\\"]}; '
+        "--api-key '<hidden>' at <hidden>, tp 8 on GPUs 0,1")
+    assert lane.dgx_redact(None, secrets) == ""
+
+
+def test_secret_values_are_engine_envs_values_and_the_commands_secret_flags_in_every_quoted_form():
+    values = lane.dgx_secret_values({"HF_TOKEN": 'hf_a"bc\\def', "DEBUG": "1"},
+                                    ["serve", "--api-key=k3y-one", "--max-total-tokens", "512",
+                                     "bash -c 'serve --hf-token tok-two'"])
+    assert {'hf_a"bc\\def', 'hf_a\\"bc\\\\def', "hf_a%22bc%5Cdef", "k3y-one", "tok-two"} <= set(values)
+    # Settings stay readable: a short value, the flags themselves, a tokens count.
+    assert not {"1", "serve", "--api-key", "512", "--max-total-tokens"} & set(values)
+    assert values == sorted(values, key=lambda v: (-len(v), v))      # the longest is replaced first
+    with pytest.raises(AnsibleFilterError, match="HF_TOKEN: a credential of 3 characters"):
+        lane.dgx_secret_values({"HF_TOKEN": "abc"})
+    with pytest.raises(AnsibleFilterError, match="engine_command"):
+        lane.dgx_secret_values({}, ["--api-key", "x"])
+
+
+def test_the_strays_that_could_not_be_stopped_are_said_one_line_each():
+    outcomes = lane.dgx_stop_outcomes([
+        {"results": [{"item": {"name": "old", "host": "dgx1"}, "changed": True},
+                     {"item": {"name": "odd", "host": "dgx1"}, "failed": True, "msg": "no such container"}]},
+        {"skipped": True},
+        {"results": [{"item": {"name": "rank3", "host": "dgx3"}, "unreachable": True, "msg": "ssh: timed out"}]},
+        {}])
+    assert outcomes == {"failed": ["could not stop odd on dgx1: no such container"],
+                        "unreached": ["rank3 on dgx3 was not stopped: dgx3 could not be reached (ssh: timed out); "
+                                      "stop it there when it is back"]}
+
+

@@ -103,6 +103,15 @@ options:
     type: str
     choices: [docker, podman]
     default: docker
+  redact:
+    description:
+      - V(wait) only. Strings no part of the result may show, longest first (the engine role's secret values).
+        Each is replaced by C(<hidden>) in the containers' logs and errors, the verdict and the port holders'
+        command lines. This run's own engine is named by its container, never by its command line.
+    type: list
+    elements: str
+    default: []
+    no_log: true
   question:
     description: V(smoke) only. The question.
     type: str
@@ -617,6 +626,7 @@ ARGUMENT_SPEC = dict(
     wait_id=dict(type="str"),
     round=dict(type="int", default=1),
     runtime=dict(type="str", choices=["docker", "podman"], default="docker"),
+    redact=dict(type="list", elements="str", default=[], no_log=True),
     question=dict(type="str", default=dgx_probe.SMOKE_QUESTION),
     expected=dict(type="str", default=dgx_probe.SMOKE_EXPECTED),
     prompt=dict(type="str"),

@@ -7,10 +7,12 @@ run_probe() is the whole of library/engine_probe.py's work: the module only pars
 from __future__ import absolute_import, division, print_function
 
 import calendar
+import contextlib
 import functools
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -19,7 +21,7 @@ import time
 from http import client as http_client
 
 from urllib.error import HTTPError, URLError
-from urllib.request import Request, urlopen
+from urllib.request import HTTPHandler, Request, build_opener, urlopen
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_nodestate import listening_inodes, port_holders
@@ -113,12 +115,31 @@ def contains_expected(text, expected):
     return str(expected) in (text or "")
 
 
+def _first_choice(event, data):
+    """The event's choice of index 0 ([] when it has none): the probe asks for one answer, and a server that
+    streams more choices must not count them as that answer's tokens."""
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
+        raise StageError("stream event has choices that are not a list of objects: %r" % data[:200])
+    return [choice for choice in choices if choice.get("index", 0) == 0][:1]
+
+
+def _delta_text(choice, data):
+    delta = choice.get("delta") or {}
+    parts = [delta.get(key) or "" for key in ("reasoning_content", "content")] if isinstance(delta, dict) else [0]
+    if not all(isinstance(part, str) for part in parts):
+        raise StageError("stream event has a delta whose content is not text: %r" % data[:200])
+    return "".join(parts)
+
+
 def parse_sse(timed_lines):
     """Digest a streamed completion: timed_lines yields (arrival time, raw line bytes/str).
 
     Returns {"chunks": token-bearing chunks, "t_first", "t_last": their arrival times,
     "usage": the usage object if the server sent one, "text", "finish_reason", "done"}.
-    A chunk bears tokens when its delta has non-empty content or reasoning_content.
+    A chunk bears tokens when the delta of choice 0 has non-empty content or reasoning_content before that
+    choice's finish reason. An event that is not a JSON object, or whose choices or delta are malformed,
+    raises StageError quoting it.
     """
     out = {"chunks": 0, "t_first": None, "t_last": None, "usage": None, "text": "",
            "finish_reason": None, "done": False}
@@ -136,20 +157,22 @@ def parse_sse(timed_lines):
             event = json.loads(data)
         except ValueError:
             raise StageError("stream event is not JSON: %r" % data[:200])
+        if not isinstance(event, dict):
+            raise StageError("stream event is not a JSON object: %r" % data[:200])
         if event.get("error"):
             raise StageError("the engine reported an error mid-stream: %s" % json.dumps(event["error"])[:300])
-        if event.get("usage"):
+        if isinstance(event.get("usage"), dict) and event["usage"]:
             out["usage"] = event["usage"]
-        for choice in event.get("choices") or []:
-            delta = choice.get("delta") or {}
-            text = "".join(delta.get(k) or "" for k in ("reasoning_content", "content"))
-            if text:
+        for choice in _first_choice(event, data):
+            text = _delta_text(choice, data)
+            # The answer ends at its finish reason: text after it is not the answer's.
+            if text and out["finish_reason"] is None:
                 out["chunks"] += 1
                 if out["t_first"] is None:
                     out["t_first"] = when
                 out["t_last"] = when
                 pieces.append(text)
-            if choice.get("finish_reason"):
+            if choice.get("finish_reason") and out["finish_reason"] is None:
                 out["finish_reason"] = choice["finish_reason"]
     out["text"] = "".join(pieces)
     return out
@@ -410,6 +433,14 @@ def missing_container(name, why):
             "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
 
 
+def unknown_container(name, why):
+    """A container's facts when the runtime did not answer in time: running is None - neither up nor down, so
+    the lane waits on (and at its deadline names why) instead of judging a slow daemon's rank dead."""
+    facts = missing_container(name, why)
+    facts.update(exists=None, running=None, status="unknown")
+    return facts
+
+
 def container_facts(inspect_text, name):
     """A container's state from `docker|podman inspect --type container NAME` output (a JSON list).
 
@@ -436,7 +467,7 @@ def container_facts(inspect_text, name):
             "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
 
 
-_TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d:?\d\d)?")
+_TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d(?::?\d\d)?)?")
 
 
 def _epoch(text):
@@ -451,7 +482,7 @@ def _epoch(text):
     if zone != "Z":
         sign = -1 if zone[0] == "-" else 1
         digits = zone[1:].replace(":", "")
-        seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+        seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:] or 0) * 60)
     return seconds
 
 
@@ -465,8 +496,11 @@ def owner_facts(port, listening, holders, container_id):
 
 
 def describe_holder(holder):
-    """'pid 4242 (python3 -m http.server 8000) in container 1a2b3c4d5e6f (old-engine)'."""
-    text = "pid %s (%s)" % (holder.get("pid"), holder.get("cmdline") or "?")
+    """'pid 4242 (python3 -m http.server 8000) in container 1a2b3c4d5e6f (old-engine)'; this run's own engine
+    is named by its container alone."""
+    text = "pid %s" % holder.get("pid")
+    if holder.get("cmdline"):
+        text += " (%s)" % holder["cmdline"]
     if holder.get("container_id"):
         text += " in container %s" % holder["container_id"][:12]
         if holder.get("container_name"):
@@ -546,7 +580,7 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
     owner = master_row.get("owner")
     stranger = owner is not None and owner.get("ours") is False
     down = [(rank, host, row["container"]) for rank, host, row in ranked
-            if row.get("container") and not row["container"].get("running")]
+            if row.get("container") and row["container"].get("running") is False]
     if down:
         # The first to end is the cause; the others often die of it (a lost peer, a closed store).
         rank, host, container = min(down, key=lambda d: (_epoch(d[2].get("finished_at")), d[0]))
@@ -570,14 +604,23 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
                % (owner.get("port"), master))
         return _verdict("unproven", "The API at %s answered, %s: cannot prove it is this run's engine."
                         % (url, why), master, 0)
-    if master_row.get("api"):
+    # A rank whose runtime did not answer in time is neither up nor down: the lane waits for it.
+    unknown = ["rank %d (host %s): %s" % (rank, host, row["container"].get("error"))
+               for rank, host, row in ranked if row.get("container") and row["container"].get("running") is None]
+    if master_row.get("api") and not unknown:
         models = ", ".join(m for m in master_row.get("models") or [] if m)
         ranks = " - all %d ranks running" % len(lane_hosts) if len(lane_hosts) > 1 else ""
         return _verdict("ready", "API ready: %s%s" % (models, ranks))
+    last = "API answered" if master_row.get("api") else "API not ready: %s" % master_row.get("status")
     if give_up:
+        if unknown:
+            return _verdict("timeout", "The lane's state is unknown at the deadline (%s); the container runtime "
+                                       "did not answer for %s" % (last, "; ".join(unknown)), master, 0)
         return _verdict("timeout", "The API at %s did not answer in time (every rank's container is running); "
                                    "last poll from %s: %s" % (url, master, master_row.get("status")), master, 0)
-    return _verdict("pending", "API not ready: %s" % master_row.get("status"))
+    if unknown:
+        return _verdict("pending", "%s; the runtime did not answer for %s" % (last, "; ".join(unknown)))
+    return _verdict("pending", last)
 
 
 def wait_report(result):
@@ -630,24 +673,44 @@ def _too_long(timeout):
 
 
 class _Deadline(object):
-    """A request's whole time: at its deadline the response's socket is shut down, which ends a read
-    blocked on a server that trickles a byte at a time (a socket timeout only bounds each read). Between
-    reads the clock is looked at too (responses without a socket, in tests)."""
+    """A request's whole time, from connecting to the last byte: at its deadline the connection's socket is
+    shut down, which ends a read blocked on a server that trickles a byte at a time - in the status line and
+    headers as in the body (a socket timeout only bounds each read). Between reads the clock is looked at
+    too (responses without a socket, in tests)."""
 
-    def __init__(self, resp, timeout, clock, started):
+    def __init__(self, timeout, clock, started):
         self.timeout, self.clock, self.deadline = timeout, clock, started + timeout
         self.fired = False
-        self._sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
-        self._timer = None
-        if self._sock is not None:
-            self._timer = threading.Timer(max(0.0, self.deadline - clock()), self._fire)
-            self._timer.daemon = True
-            self._timer.start()
+        self._socks = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, self.deadline - clock()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock):
+        """Shut sock down at the deadline (at once when it has passed)."""
+        with self._lock:
+            if sock is None or sock in self._socks:
+                return
+            self._socks.append(sock)
+            fired = self.fired
+        if fired:
+            self._shut(sock)
+
+    def watch_response(self, resp):
+        self.watch(getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None))
 
     def _fire(self):
-        self.fired = True
+        with self._lock:
+            self.fired = True
+            socks = list(self._socks)
+        for sock in socks:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock):
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
@@ -657,21 +720,64 @@ class _Deadline(object):
             self.fired = True
             raise socket.timeout(_too_long(self.timeout))
 
-    def __enter__(self):
-        return self
+    def cancel(self):
+        self._timer.cancel()
 
-    def __exit__(self, *_exc_info):
-        if self._timer is not None:
-            self._timer.cancel()
-        return False
+
+class _WatchedConnection(http_client.HTTPConnection):
+    """An HTTP connection whose socket a _Deadline watches from the moment it connects."""
+
+    def __init__(self, *args, **kwargs):
+        self._deadline = kwargs.pop("deadline")
+        http_client.HTTPConnection.__init__(self, *args, **kwargs)
+
+    def connect(self):
+        http_client.HTTPConnection.connect(self)
+        self._deadline.watch(self.sock)
+
+
+class _WatchedHandler(HTTPHandler):
+    def __init__(self, deadline):
+        HTTPHandler.__init__(self)
+        self._deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_WatchedConnection, deadline=self._deadline), req)
+
+
+@contextlib.contextmanager
+def _open_within(opener, request, timeout, clock):
+    """(response, its _Deadline) of request, the deadline counting from now. With urllib's own opener the
+    connection is watched from its connect, so a server slow to send its headers is cut too; an opener of
+    a test is watched from its response."""
+    limit = _Deadline(timeout, clock, clock())
+    try:
+        try:
+            if opener is urlopen:
+                resp = build_opener(_WatchedHandler(limit)).open(request, timeout=timeout)
+            else:
+                resp = opener(request, timeout=timeout)
+        except (http_client.HTTPException, OSError) as exc:
+            if limit.fired and not isinstance(exc, HTTPError):
+                raise socket.timeout(_too_long(timeout))
+            raise
+        with resp:
+            limit.watch_response(resp)
+            yield resp, limit
+    finally:
+        limit.cancel()
+
+
+def _failed(method, url, exc):
+    return StageError("%s %s failed: %s" % (method, url, _describe(exc)))
 
 
 def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monotonic):
     """GET (payload None) or POST JSON; return the decoded body or raise StageError. timeout is the whole
-    request's, from sending it to the last byte of the answer."""
-    started = clock()
+    request's, from connecting to the last byte of the answer."""
+    method = "POST" if payload is not None else "GET"
     try:
-        with opener(_request(url, payload), timeout=timeout) as resp, _Deadline(resp, timeout, clock, started) as limit:
+        with _open_within(opener, _request(url, payload), timeout, clock) as (resp, limit):
             parts = []
             read = getattr(resp, "read1", resp.read)     # read1: at most one read of the socket per call
             while True:
@@ -686,8 +792,8 @@ def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monot
                     break
                 parts.append(part)
             raw = b"".join(parts)
-    except (HTTPError, URLError, socket.timeout, OSError) as exc:
-        raise StageError("%s %s failed: %s" % ("POST" if payload is not None else "GET", url, _describe(exc)))
+    except (http_client.HTTPException, OSError) as exc:
+        raise _failed(method, url, exc)
     try:
         return json.loads(raw.decode("utf-8"))
     except ValueError:
@@ -717,7 +823,7 @@ def poll_round(base, wait_for, container_check=None, owner_check=None, interval=
         row["polls"] += 1
         if container_check is not None:
             row["container"] = container_check()
-            if not row["container"]["running"]:
+            if row["container"]["running"] is False:
                 row["status"] = "container %s is %s" % (row["container"]["name"], row["container"]["status"])
                 break
         try:
@@ -731,7 +837,7 @@ def poll_round(base, wait_for, container_check=None, owner_check=None, interval=
         if clock() - start + interval > wait_for:
             break
         sleep(interval)
-    down = row["container"] is not None and not row["container"]["running"]
+    down = row["container"] is not None and row["container"]["running"] is False
     if owner_check is not None and (row["api"] or down):
         row["owner"] = owner_check(row["container"])
     row["elapsed_s"] = round(clock() - start, 3)
@@ -779,11 +885,11 @@ def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.
     cut = {"reason": None}
     t_sent = clock()
     try:
-        with opener(_request(url, chat_payload(model, prompt, max_tokens, stream=True)), timeout=timeout) as resp, \
-                _Deadline(resp, timeout, clock, t_sent) as limit:
+        with _open_within(opener, _request(url, chat_payload(model, prompt, max_tokens, stream=True)), timeout,
+                          clock) as (resp, limit):
             stream = parse_sse(_timed_lines(resp, clock, cut, limit))
-    except (HTTPError, URLError, socket.timeout, OSError) as exc:
-        raise StageError("POST %s (stream) failed: %s" % (url, _describe(exc)))
+    except (http_client.HTTPException, OSError) as exc:
+        raise _failed("POST", url + " (stream)", exc)
     stream["cut"] = cut["reason"]
     result = decode_result(stream, t_sent, clock())
     result.update({"max_tokens": int(max_tokens), "prompt_chars": len(prompt)})
@@ -809,6 +915,10 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
 # the module's run: engine_probe's options in, its result out
 # ------------------------------------------------------------------------------------------------
 
+class RuntimeSlow(StageError):
+    """A runtime call that did not end in time: the container's state is unknown, not gone."""
+
+
 class RuntimeCli(object):
     """The container runtime's CLI as a wait round calls it (inspect, logs, the holder's name): each call
     ends within `timeout` seconds, killed otherwise, so a hung daemon cannot hold a round past its time.
@@ -821,15 +931,23 @@ class RuntimeCli(object):
         return self.finder.get_bin_path(name)
 
     def run_command(self, argv):
+        """(rc, stdout, stderr); RuntimeSlow when the call does not end in time (its process group is killed)."""
         try:
-            done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            return 124, "", "%s did not answer within %s s (it was stopped)" % (
-                " ".join(os.path.basename(part) if i == 0 else part for i, part in enumerate(argv[:3])),
-                _num(self.timeout))
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return 127, "", str(exc)
-        return (done.returncode, done.stdout.decode("utf-8", "replace"), done.stderr.decode("utf-8", "replace"))
+        try:
+            out, err = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.communicate()
+            raise RuntimeSlow("%s did not answer within %s s (it was stopped)" % (
+                " ".join(os.path.basename(part) if i == 0 else part for i, part in enumerate(argv[:3])),
+                _num(self.timeout)))
+        return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
 def runtime_call_timeout(wait_for):
@@ -845,13 +963,19 @@ def container_state(runner, runtime, name):
     binary = runner.get_bin_path(runtime)
     if not binary:
         return missing_container(name, "%s not found on this host" % runtime)
-    rc, out, err = runner.run_command([binary, "inspect", "--type", "container", name])
+    try:
+        rc, out, err = runner.run_command([binary, "inspect", "--type", "container", name])
+    except RuntimeSlow as exc:
+        return unknown_container(name, str(exc))
     if rc != 0:
         return missing_container(name, "%s inspect: %s" % (runtime, (err or out).strip()[:300]))
     facts = container_facts(out, name)
     if facts["exists"] and not facts["running"]:
-        rc, out, err = runner.run_command([binary, "logs", "--tail", str(LOG_LINES), name])
-        facts["logs"] = (out + err)[-4000:]
+        try:
+            rc, out, err = runner.run_command([binary, "logs", "--tail", str(LOG_LINES), name])
+            facts["logs"] = (out + err)[-4000:]
+        except RuntimeSlow as exc:
+            facts["logs"] = "(no log: %s)" % exc
     return facts
 
 
@@ -870,8 +994,11 @@ def container_name(runner, runtime, container_id):
         binary = runner.get_bin_path(cli)
         if not binary:
             continue
-        rc, out, _err = runner.run_command([binary, "inspect", "--type", "container", "--format", "{{.Name}}",
-                                            container_id])
+        try:
+            rc, out, _err = runner.run_command([binary, "inspect", "--type", "container", "--format", "{{.Name}}",
+                                                container_id])
+        except RuntimeSlow:
+            continue
         if rc == 0 and out.strip():
             return out.strip().lstrip("/")
     return None
@@ -880,12 +1007,14 @@ def container_name(runner, runtime, container_id):
 def api_owner(runner, runtime, port, container, proc="/proc"):
     """owner_facts() of the API port for this host's container facts: the processes holding a socket
     listening on it (dgx_nodestate reads /proc/net/tcp{,6}, the fds and the cgroups), each with its command
-    line; a holder in another container is named by the runtime."""
+    line - except this run's engine, whose command line holds its secrets (--api-key) and says nothing the
+    container's name does not; a holder in another container is named by the runtime."""
     mine = (container or {}).get("id")
     listening = bool(listening_inodes(int(port), proc))
     holders = []
     for found in port_holders(int(port), proc) if listening else []:
-        holder = {"pid": found["pid"], "cmdline": _cmdline(found["pid"], proc) or found["command"],
+        own = bool(mine) and found["container_id"] == mine
+        holder = {"pid": found["pid"], "cmdline": None if own else (_cmdline(found["pid"], proc) or found["command"]),
                   "container_id": found["container_id"] or None, "container_name": None}
         if holder["container_id"] and holder["container_id"] != mine and runner is not None:
             holder["container_name"] = container_name(runner, runtime, holder["container_id"])
@@ -931,6 +1060,19 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
     return result
 
 
+def redacted(value, secrets):
+    """value (dicts, lists, strings) with every one of secrets (longest first) in its strings replaced by
+    <hidden>."""
+    if isinstance(value, dict):
+        return dict((key, redacted(item, secrets)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return [redacted(item, secrets) for item in value]
+    if isinstance(value, str):
+        for secret in secrets or []:
+            value = value.replace(secret, "<hidden>")
+    return value
+
+
 def request_probe(params, opener=urlopen, clock=time.monotonic):
     """smoke, decode or bench: resolve the model, run the requests, return the result with `model`."""
     mode = params["mode"]
@@ -970,7 +1112,8 @@ def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=t
         # Shaped into the report; the inputs are the caller's own.
         for key in ("lane_hosts", "lane_rows", "round"):
             result.pop(key, None)
-        return result
+        # Engine logs and other processes' command lines may quote a secret (an engine prints its arguments).
+        return redacted(result, params.get("redact"))
     result = request_probe(params, opener=opener, clock=clock)
     verdict = floor_verdict(mode, result, params.get("floor"))
     if verdict is not None:

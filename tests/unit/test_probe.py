@@ -1,6 +1,7 @@
 """dgx_probe: the engine API probes (readiness, smoke, decode tok/s, bench) as pure functions."""
 import io
 import json
+import re
 
 import pytest
 
@@ -132,11 +133,28 @@ def test_parse_sse_times_only_token_bearing_chunks_and_reads_usage():
     assert out["usage"]["completion_tokens"] == 3
 
 
-def test_parse_sse_surfaces_a_mid_stream_error():
+def test_parse_sse_counts_one_answer_to_its_finish_reason():
+    """A server streaming two choices, or text after the finish reason, does not add to the answer's count."""
+    lines = [(1.0, b'data: {"choices": [{"index": 0, "delta": {"content": "a"}}, '
+                   b'{"index": 1, "delta": {"content": "x"}}]}\n'),
+             (2.0, b'data: {"choices": [{"index": 1, "delta": {"content": "y"}}]}\n'),
+             (3.0, b'data: {"choices": [{"index": 0, "delta": {"content": "b"}, "finish_reason": "length"}]}\n'),
+             (4.0, b'data: {"choices": [{"index": 0, "delta": {"content": "late"}, "finish_reason": "stop"}]}\n')]
+    out = parse_sse(lines)
+    assert (out["chunks"], out["text"], out["t_last"], out["finish_reason"]) == (2, "ab", 3.0, "length")
+
+
+def test_parse_sse_surfaces_a_mid_stream_error_and_names_a_malformed_event():
     with pytest.raises(StageError, match="mid-stream"):
         parse_sse([(0, b'data: {"error": {"message": "CUDA OOM"}}\n')])
     with pytest.raises(StageError, match="not JSON"):
         parse_sse([(0, b"data: {oops\n")])
+    for data, says in ((b"42", "not a JSON object: '42'"), (b'{"choices": {"0": 1}}', "choices that are not a list"),
+                       (b'{"choices": ["a"]}', "choices that are not a list"),
+                       (b'{"choices": [{"delta": {"content": ["a"]}}]}', "delta whose content is not text"),
+                       (b'{"choices": [{"delta": "a"}]}', "delta whose content is not text")):
+        with pytest.raises(StageError, match=re.escape(says)):
+            parse_sse([(0, b"data: " + data + b"\n")])
 
 
 def test_decode_result_prefers_the_servers_token_count():

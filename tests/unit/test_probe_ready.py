@@ -321,8 +321,8 @@ def test_api_owner_reads_the_listening_sockets_of_the_port_from_proc_net_tcp_and
     runner = FakeRunner(names={THEIRS: "/old-engine"})
     owner = api_owner(runner, "docker", 8000, {"id": OURS}, proc)
     assert owner == {"port": 8000, "listening": True, "ours": False, "holders": [
-        {"pid": 10, "cmdline": "python3 /opt/engine_double/engine_double.py", "container_id": OURS,
-         "container_name": None},
+        # This run's engine by its container alone: its command line holds its secrets (--api-key).
+        {"pid": 10, "cmdline": None, "container_id": OURS, "container_name": None},
         {"pid": 13, "cmdline": "nginx", "container_id": THEIRS, "container_name": "old-engine"}]}
     owner = api_owner(runner, "docker", 8001, {"id": OURS}, proc)
     assert owner["holders"] == [{"pid": 11, "cmdline": "python3 -m http.server 8001", "container_id": None,
@@ -551,7 +551,7 @@ def test_run_probe_wait_in_a_lane_reports_every_rank():
     assert result["report"] == {"models": ["ds41"], "state": "ready", "rounds": 2, "ranks": [
         {"host": "dgx1", "rank": 0, "status": "running", "exit_code": 0, "id": OURS[:12]},
         {"host": "dgx2", "rank": 1, "status": "running", "exit_code": 0, "id": OURS[:12]}],
-        "api_served_by": "pid 7 (?) in container 728f7444814f"}
+        "api_served_by": "pid 7 in container 728f7444814f"}
     assert "lane_rows" not in result and runner.commands == []
 
 
@@ -563,6 +563,27 @@ def test_run_probe_wait_alone_stops_when_the_container_is_not_running():
     assert result["running"] is False and result["ready"] is False and "out of memory" in result["logs"]
     assert result["verdict"]["state"] == "dead" and result["verdict"]["exit_code"] == 3 and result["polls"] == 1
     assert result["report"] == {"models": []} and "out of memory" in result["msg"]
+
+
+def test_run_probe_wait_shows_no_secret_from_an_engine_log_a_verdict_or_a_strangers_command_line():
+    """An engine prints its arguments when it dies (sglang: server_args=... api_key='sk-...'), and an old engine
+    on the port runs with its own --api-key: the row, the verdict and the report hide both; the next round's
+    verdict, built from the previous rows, has nothing left to hide."""
+    secrets = ["sk-live-4f9a", "hf_TOKENVALUE123"]
+    runner = FakeRunner(inspect_json(False, 1), logs="server_args=ServerArgs(api_key='sk-live-4f9a', "
+                                                     "hf_token='hf_TOKENVALUE123')\nRuntimeError: boom\n")
+    stranger = {"port": 8000, "listening": True, "ours": False, "holders": [
+        {"pid": 9, "cmdline": "python3 old.py --api-key sk-live-4f9a", "container_id": None}]}
+    first = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], redact=secrets),
+                      runner=runner, opener=refused)
+    lane = {"dgx1": dict(first["row"], owner=stranger), "dgx2": row(True)}
+    second = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane, round=2,
+                              redact=secrets), runner=runner, opener=refused)
+    assert second["verdict"]["state"] == "dead" and "RuntimeError: boom" in second["msg"]
+    assert "api_key='<hidden>'" in second["msg"] and "--api-key <hidden>" in second["msg"]
+    for result in (first, second):
+        shown = json.dumps(result)
+        assert not [secret for secret in secrets if secret in shown], shown
 
 
 def test_run_probe_wait_alone_without_a_container():
@@ -709,11 +730,13 @@ def test_a_stream_still_going_at_the_deadline_is_cut_there_over_a_real_socket(en
     assert result["cut"] == "the whole request took longer than 1 s (engine_request_timeout)"
 
 
-def test_a_runtime_call_that_hangs_is_stopped_within_the_round(tmp_path):
-    """A hung docker/podman daemon: inspect never answers. The wait round's call is stopped at its timeout and
-    the container is reported as not found, with why."""
+def test_a_runtime_call_that_hangs_is_stopped_within_the_round_and_the_rank_is_unknown_not_dead(tmp_path):
+    """A hung docker/podman daemon: inspect never answers. The wait round's call is stopped at its timeout, with
+    the processes it started, and the container's state is unknown: the lane waits on, and at its deadline the
+    verdict says the runtime did not answer - a slow daemon never makes a running rank dead."""
     hung = tmp_path / "docker"
-    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    child = tmp_path / "child.pid"
+    hung.write_text("#!/bin/sh\nsleep 30 &\necho $! > %s\nwait\n" % child)
     hung.chmod(0o755)
 
     class Finder(object):
@@ -723,8 +746,19 @@ def test_a_runtime_call_that_hangs_is_stopped_within_the_round(tmp_path):
     started = time.monotonic()
     facts = dgx_probe.container_state(dgx_probe.RuntimeCli(Finder(), 0.5), "docker", "dgx-stage-engine")
     assert time.monotonic() - started < 5
-    assert facts["exists"] is False and "docker inspect --type did not answer within 0.5 s" in facts["error"]
+    assert facts["running"] is None and facts["status"] == "unknown" and facts["exists"] is None
+    assert "docker inspect --type did not answer within 0.5 s" in facts["error"]
+    with pytest.raises(OSError):               # the runtime's own children are gone too
+        for _ in range(50):
+            os.kill(int(child.read_text()), 0)
+            time.sleep(0.05)
     assert dgx_probe.runtime_call_timeout(10) == 5.0 and dgx_probe.runtime_call_timeout(600) == 10.0
+
+    rows = {"dgx1": dict(row(True), container=dict(facts, name="e")), "dgx2": row(False)}
+    pending = dgx_probe.lane_verdict(["dgx1", "dgx2"], rows, "http://dgx1:8000")
+    assert pending["state"] == "pending" and "the runtime did not answer for rank 0 (host dgx1)" in pending["msg"]
+    timeout = dgx_probe.lane_verdict(["dgx1", "dgx2"], rows, "http://dgx1:8000", give_up=True)
+    assert timeout["state"] == "timeout" and "did not answer within 0.5 s" in timeout["msg"], timeout
 
 
 def test_the_first_rank_to_go_down_is_told_by_time_across_time_zones():
@@ -740,3 +774,55 @@ def test_the_first_rank_to_go_down_is_told_by_time_across_time_zones():
     verdict = dgx_probe.lane_verdict(lane_hosts, rows, "http://dgx1:8000")
     assert verdict["msg"].startswith("Rank 1 of the lane is down"), verdict["msg"]
     assert dgx_probe._epoch("2026-12-03 09:00:05.1 +0100 UTC") == dgx_probe._epoch("2026-12-03T08:00:05.1Z")
+    assert dgx_probe._epoch("2026-12-03T09:00:05.1+01") == dgx_probe._epoch("2026-12-03T08:00:05.1Z")
+
+
+# --- a request's whole time, headers included; a port that does not speak HTTP -------------------
+
+def serve_once(reply):
+    """A listening socket on 127.0.0.1 whose first connection gets reply(conn); returns (url, thread)."""
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def run():
+        conn, _ = listener.accept()
+        try:
+            conn.recv(65536)
+            reply(conn)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            listener.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return "http://127.0.0.1:%d" % listener.getsockname()[1], thread
+
+
+def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_requests_deadline():
+    """One header byte every 0.3 s never trips a 1 s socket timeout; the request's 1.5 s deadline cuts it."""
+    def trickle(conn):
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.3)
+
+    url, thread = serve_once(trickle)
+    started = time.monotonic()
+    with pytest.raises(dgx_probe.StageError, match="took longer than 1.5 s"):
+        dgx_probe.http_json(url + "/v1/models", timeout=1.5)
+    assert time.monotonic() - started < 4
+    thread.join(10)
+
+
+def test_a_program_on_the_port_that_does_not_speak_http_is_a_failed_poll_not_a_crash():
+    url, thread = serve_once(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
+    with pytest.raises(dgx_probe.StageError, match="GET %s/v1/models failed: BadStatusLine" % url):
+        dgx_probe.http_json(url + "/v1/models", timeout=5)
+    thread.join(10)
+    url, thread = serve_once(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
+    polled = dgx_probe.poll_round(url, 0.5)
+    assert polled["api"] is False and "BadStatusLine" in polled["status"]
+    thread.join(10)

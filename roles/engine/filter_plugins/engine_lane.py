@@ -4,10 +4,10 @@
 dgx_container_list(result, runtime, details)
                                        -> the containers a runtime listed (podman_container_info, or
                                           docker_host_info with verbose_output), as
-                                          [{id, name, running, state, exit_code, labels, env (each
-                                          value's sha256, never the value), image}];
-                                          details: inspect results (docker_container_info's `container`) that
-                                          fill in what Docker's list lacks (the environment)
+                                          [{id, name, running, state, exit_code, labels, env_changed (the
+                                          names of env's variables whose value differs, never a value),
+                                          image}]; details: inspect results (docker_container_info's
+                                          `container`) that fill in what Docker's list lacks (the environment)
 dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
                                           runs (lane, rank, image, command, env, mounts, bound files, ...):
                                           comparing them with the running container's says why it restarts
@@ -19,8 +19,11 @@ dgx_left_strays(podman, docker)        -> the engines of an earlier world still 
 dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when it need not
 dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
 dgx_stray_lines(strays)                -> one readable line per stray
+dgx_stop_outcomes(results)             -> the strays the stop tasks could not stop: failed, and unreached hosts
 dgx_bind_problem_lines(states, hosts)  -> 'host: problem' per stale bind of the hosts' manifests
-dgx_redact(text, values)               -> text without any of the values (a runtime's message, shown)
+dgx_secret_values(env, command)        -> what no message may show: engine_env's values and the values of the
+                                          command's secret flags, with the forms a message quotes them in
+dgx_redact(text, values)               -> text without any of those values (a runtime's message, shown)
 
 Labels never carry a secret: env and command are stored as digests.
 """
@@ -28,6 +31,8 @@ Labels never carry a secret: env and command are stored as digests.
 import hashlib
 import json
 import re
+import shlex
+from urllib.parse import quote
 
 from ansible.errors import AnsibleFilterError
 
@@ -73,24 +78,21 @@ def _digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-def _env_digests(entries):
-    """{name: sha256 of its value} of a container's environment (K=V entries): the facts the role keeps and
-    shows at -v never hold a value (an HF_TOKEN among them), and a changed variable is still named."""
-    if entries is None:
+def _env_changed(entries, env):
+    """The names of env's variables whose value a container's environment (K=V entries) does not hold, sorted;
+    None when either is unknown. Only names leave: the facts the role keeps and shows at -v never hold a value
+    or anything derived from one (an HF_TOKEN among them)."""
+    if entries is None or env is None:
         return None
-    pairs = (entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
-    return dict((name, _value_digest(value)) for name, value in pairs)
-
-
-def _value_digest(value):
-    return hashlib.sha256(str(value).encode("utf-8")).hexdigest()
+    held = dict(entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
+    return sorted(str(name) for name, value in env.items() if held.get(str(name)) != str(value))
 
 
 # ------------------------------------------------------------------------------------------------
 # containers
 # ------------------------------------------------------------------------------------------------
 
-def _inspected(info, image):
+def _inspected(info, image, env=None):
     """An inspect result (podman_container_info, docker_container_info), normalised. Docker keeps
     State.Running true while a container is paused or restarting (crash-looping under a restart policy):
     neither is a rank that runs."""
@@ -100,26 +102,27 @@ def _inspected(info, image):
     return {"id": info.get("Id", ""), "name": info.get("Name", "").lstrip("/"),
             "running": bool(state.get("Running")) and status not in ("paused", "restarting"),
             "state": status, "exit_code": state.get("ExitCode"),
-            "labels": dict(config.get("Labels") or {}), "env": _env_digests(config.get("Env")), "image": image,
+            "labels": dict(config.get("Labels") or {}), "env_changed": _env_changed(config.get("Env"), env), "image": image,
             "restart_policy": ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or ""}
 
 
-def _podman_container(info):
-    return _inspected(info, info.get("ImageName") or (info.get("Config") or {}).get("Image") or "")
+def _podman_container(info, env=None):
+    return _inspected(info, info.get("ImageName") or (info.get("Config") or {}).get("Image") or "", env)
 
 
-def _docker_container(info):
+def _docker_container(info, env=None):
     if "Names" in info:   # the API's container list (docker_host_info)
         exited = _EXITED.search(info.get("Status") or "")
         return {"id": info.get("Id", ""), "name": (info.get("Names") or [""])[0].lstrip("/"),
                 "running": info.get("State") == "running", "state": info.get("State", ""),
                 "exit_code": int(exited.group(1)) if exited else None, "labels": dict(info.get("Labels") or {}),
-                "env": None, "image": info.get("Image", ""), "restart_policy": None}
-    return _inspected(info, (info.get("Config") or {}).get("Image", ""))   # docker_container_info
+                "env_changed": None, "image": info.get("Image", ""), "restart_policy": None}
+    return _inspected(info, (info.get("Config") or {}).get("Image", ""), env)   # docker_container_info
 
 
-def dgx_container_list(result, runtime, details=None):
-    """The containers of a podman_container_info or docker_host_info result, normalised.
+def dgx_container_list(result, runtime, details=None, env=None):
+    """The containers of a podman_container_info or docker_host_info result, normalised; env (the engine's
+    environment) names each container's changed variables.
 
     Docker's container list (docker_host_info) carries no environment: an inspect result in details (the
     engine container's docker_container_info) with the same id replaces the listed entry, so the restart
@@ -128,8 +131,8 @@ def dgx_container_list(result, runtime, details=None):
     if runtime not in ("podman", "docker"):
         raise AnsibleFilterError("dgx_container_list: runtime must be podman or docker, not %r" % (runtime,))
     shape = _podman_container if runtime == "podman" else _docker_container
-    listed = [shape(info) for info in (result or {}).get("containers") or []]
-    inspected = dict((c["id"], c) for c in (shape(info) for info in details or [] if info) if c["id"])
+    listed = [shape(info, env) for info in (result or {}).get("containers") or []]
+    inspected = dict((c["id"], c) for c in (shape(info, env) for info in details or [] if info) if c["id"])
     return [inspected.get(c["id"], c) for c in listed]
 
 
@@ -166,13 +169,12 @@ def _state_text(container):
     return "container %s" % (container.get("state") or "not running")
 
 
-def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_changed=False, env=None,
-                        strays=None):
+def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_changed=False, strays=None):
     """Why this rank must (re)start: [] when the running container already is what `labels` describe.
 
     own: this lane's container under the engine name (None when there is none, or a stray holds the name);
-    labels: dgx_engine_labels of the container that would start; env: the environment it would get (names the
-    changed variables when the runtime shows the container's environment); strays: this host's strays.
+    labels: dgx_engine_labels of the container that would start (own's env_changed names the changed variables
+    when the runtime showed its environment); strays: this host's strays.
     """
     reasons = ["%s: it is stopped first" % s["why"] for s in strays or []]
     if not image_present:
@@ -191,8 +193,8 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
         old, new = current.get(key), labels.get(key)
         if old == new or (key == IMAGE_ID and (not image_present or current.get(IMAGE) != labels.get(IMAGE))):
             continue
-        if key == ENV and env is not None and own.get("env") is not None:
-            names = sorted(k for k, v in env.items() if own["env"].get(k) != _value_digest(v))
+        if key == ENV and own.get("env_changed") is not None:
+            names = own["env_changed"]
             reasons.append("env changed (%s)" % ", ".join(names) if names else "env changed (a variable removed)")
             continue
         reasons.append(say(old, new))
@@ -334,13 +336,78 @@ def dgx_left_strays(podman_results, docker_results):
     return {"strays": unique, "unchecked": sorted(set(unchecked))}
 
 
+# A variable or flag one of whose words names a credential (HF_TOKEN, --api-key, AWS_SECRET_ACCESS_KEY; not
+# --max-total-tokens): its value is hidden whatever its length.
+_SECRET_WORDS = frozenset(("token", "key", "secret", "password", "passwd", "credential", "credentials", "auth"))
+# Shorter values (a flag like 1, a device list like 0,1) are settings: hiding them would hide every such digit.
+MIN_HIDDEN = 4
+
+
+def _secret_name(name):
+    return bool(_SECRET_WORDS.intersection(re.split(r"[-_.]+", str(name).lower())))
+
+
+def _secret_arguments(command):
+    """The values of the command's secret flags (--api-key X, --api-key=X, HF_TOKEN=X), in the arguments and
+    in the words of any argument that is itself a command line (bash -c '... --api-key X'), however nested."""
+    sequences = [[str(argument) for argument in command or []]]
+    lines = list(sequences[0])
+    while lines:
+        line = lines.pop()
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        if len(words) > 1:
+            sequences.append(words)
+            lines.extend(word for word in words if len(word.split()) > 1)
+    found = []
+    for words in sequences:
+        for before, word in zip([""] + words, words):
+            name = word.split("=", 1)[0]
+            if "=" in word and not any(space in name for space in " \t\n") and _secret_name(name):
+                found.append(word.split("=", 1)[1])
+            elif before.startswith("-") and "=" not in before and _secret_name(before):
+                found.append(word)
+    return found
+
+
+def _quoted_forms(value):
+    """value as a message may quote it: itself, JSON- and repr-escaped, shell-quoted, URL-encoded."""
+    return set((value, json.dumps(value)[1:-1], repr(value)[1:-1], shlex.quote(value), quote(value, safe="")))
+
+
+def dgx_secret_values(env, command=None):
+    """What no message may show, longest first: every engine_env value of MIN_HIDDEN characters or more, and the
+    value of every secret flag of the command (--api-key X), each in the forms a message quotes it in. The
+    command's other arguments are settings (--tp 8) and stay readable. A secret-named variable or flag whose
+    value is shorter than MIN_HIDDEN cannot be kept out of a message: refused, naming it."""
+    values = []
+    for name, value in sorted((env or {}).items()):
+        value = str(value)
+        if len(value) < MIN_HIDDEN:
+            if value and _secret_name(name):
+                raise AnsibleFilterError("engine_env %s: a credential of %d characters cannot be kept out of "
+                                         "messages; set the real value" % (name, len(value)))
+            continue
+        values.append(value)
+    for value in _secret_arguments(command):
+        if 0 < len(value) < MIN_HIDDEN:
+            raise AnsibleFilterError("engine_command: a secret flag's value of %d characters cannot be kept out "
+                                     "of messages; set the real value" % len(value))
+        values.append(value)
+    forms = set()
+    for value in values:
+        forms |= set(form for form in _quoted_forms(value) if len(form) >= MIN_HIDDEN)
+    return sorted(forms, key=lambda form: (-len(form), form))
+
+
 def dgx_redact(text, values):
-    """text with every value of `values` (engine_env values, command arguments) of 4 characters or more
-    replaced by <hidden>, the longest first: a runtime's error message may quote what it was given."""
+    """text with every one of values (dgx_secret_values, longest first) replaced by <hidden>: a runtime's
+    error message may quote what it was given."""
     text = "" if text is None else str(text)
-    for value in sorted(set(str(v) for v in values or []), key=len, reverse=True):
-        if len(value) >= 4:
-            text = text.replace(value, "<hidden>")
+    for value in values or []:
+        text = text.replace(value, "<hidden>")
     return text
 
 
@@ -348,6 +415,22 @@ def dgx_bind_problem_lines(states, hosts):
     """'host: problem' for each bind problem of each host's engine_node_state result (states, in hosts' order)."""
     return ["%s: %s" % (host, problem) for state, host in zip(states, hosts)
             for problem in (state or {}).get("bind_problems") or []]
+
+
+def dgx_stop_outcomes(results):
+    """{failed, unreached}: one line per stray a looped stop task (results: its registered results) could not
+    stop - its message, or that its host could not be reached (a host that left the lane: its engine stays)."""
+    failed, unreached = [], []
+    for registered in results or []:
+        for result in (registered or {}).get("results") or []:
+            item = result.get("item") or {}
+            where = "%s on %s" % (item.get("name"), item.get("host")) if item.get("host") else str(item.get("name"))
+            if result.get("unreachable"):
+                unreached.append("%s was not stopped: %s could not be reached (%s); stop it there when it is back"
+                                 % (where, item.get("host"), result.get("msg") or "unreachable"))
+            elif result.get("failed"):
+                failed.append("could not stop %s: %s" % (where, result.get("msg") or "(no message)"))
+    return {"failed": failed, "unreached": unreached}
 
 
 def dgx_stray_lines(strays):
@@ -392,6 +475,7 @@ class FilterModule(object):
         return {
             "dgx_bind_problem_lines": dgx_bind_problem_lines,
             "dgx_redact": dgx_redact,
+            "dgx_secret_values": dgx_secret_values,
             "dgx_container_list": dgx_container_list,
             "dgx_engine_labels": dgx_engine_labels,
             "dgx_lane_survey": dgx_lane_survey,
@@ -400,4 +484,5 @@ class FilterModule(object):
             "dgx_restart_reasons": dgx_restart_reasons,
             "dgx_lane_plan": dgx_lane_plan,
             "dgx_stray_lines": dgx_stray_lines,
+            "dgx_stop_outcomes": dgx_stop_outcomes,
         }

@@ -201,6 +201,16 @@ options:
         everything below it).
       - A pattern matching no selected file fails the run before anything is written (in check mode too), naming
         the pattern, the repo and the commit, and saying so when it matches only files the patterns exclude.
+      - The selected files it matches are this host's rank files, RV(files.rank); the others RV(files.shared).
+    type: list
+    elements: str
+  other_rank_patterns:
+    description:
+      - The lane's other ranks' patterns (as the stage role expands C(rank_patterns)); the role also lists them in
+        O(ignore_patterns), so their files are not staged here.
+      - A file of the snapshot that one of them and one of O(require_match) both select fails the run before
+        anything is written (in check mode too), naming the file and both patterns - rank files partition the
+        repo, and such a file would be staged by neither rank.
     type: list
     elements: str
   time_limit:
@@ -254,6 +264,7 @@ EXAMPLES = r"""
     repo_id: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw
     allow_patterns: ["*.json", "*.safetensors", "engram/rank-1-of-4/*"]
     require_match: ["engram/rank-1-of-4/*"]
+    other_rank_patterns: ["engram/rank-0-of-4/*", "engram/rank-2-of-4/*", "engram/rank-3-of-4/*"]
     peer_dir: /raid/hf-local/hub/.locks/dgx-stage-peer/models--coolbho3k--DeepSeek-V4.1-Flash-EXL3-3bpw
 
 - name: Prove every local blob against its name (no NAS read); fail, copying nothing, if files are not staged
@@ -294,7 +305,13 @@ files:
     dangling:
       description: Local entries that do not resolve to a local file after the run.
       type: int
-  sample: {total: 14, local: 9, excluded: 5, dangling: 0}
+    rank:
+      description: Staged files that O(require_match) selects - this host's rank files; V(0) without it.
+      type: int
+    shared:
+      description: Staged files that are not this host's rank files (RV(files.local) minus RV(files.rank)).
+      type: int
+  sample: {total: 14, local: 9, excluded: 5, dangling: 0, rank: 1, shared: 8}
 blobs:
   description: Unique blobs under C(blobs/) - in check mode, what would be done.
   returned: success; on failure when the run has a result
@@ -683,6 +700,7 @@ ARGUMENT_SPEC = dict(
     time_limit=dict(type="int", default=0),
     peer_dir=dict(type="path"),
     require_match=dict(type="list", elements="str"),
+    other_rank_patterns=dict(type="list", elements="str"),
 )
 
 
@@ -704,7 +722,7 @@ def main():
             ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
             prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
             copy_missing=params["copy_missing"], phase=params["phase"], peer_dir=params["peer_dir"],
-            require_match=params["require_match"])
+            require_match=params["require_match"], other_rank_patterns=params["other_rank_patterns"])
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result

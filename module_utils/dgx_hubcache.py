@@ -188,16 +188,26 @@ def _directory_pattern(pattern):
     return pattern + "*" if pattern.endswith("/") else pattern
 
 
+def first_match(path, patterns):
+    """The first of the patterns that selects the path (huggingface_hub's rule: fnmatchcase, `*` crosses '/',
+    'dir/' means below dir), or None."""
+    for pattern in patterns or []:
+        if fnmatch.fnmatchcase(path, _directory_pattern(pattern)):
+            return pattern
+    return None
+
+
 def path_selected(path, allow_patterns, ignore_patterns):
-    """huggingface_hub's filter_repo_objects rule: fnmatchcase, `*` crosses '/', 'dir/' means below dir."""
-    if allow_patterns and not any(fnmatch.fnmatchcase(path, _directory_pattern(p)) for p in allow_patterns):
+    """huggingface_hub's filter_repo_objects rule: allow_patterns (when given) must select the path,
+    ignore_patterns must not."""
+    if allow_patterns and first_match(path, allow_patterns) is None:
         return False
-    return not (ignore_patterns and any(fnmatch.fnmatchcase(path, _directory_pattern(p)) for p in ignore_patterns))
+    return first_match(path, ignore_patterns) is None
 
 
 def unmatched_patterns(paths, patterns):
     """Patterns that match none of the paths (worth a warning: usually a typo)."""
-    return [p for p in patterns or [] if not any(fnmatch.fnmatchcase(x, _directory_pattern(p)) for x in paths)]
+    return [p for p in patterns or [] if all(first_match(x, [p]) is None for x in paths)]
 
 
 def blob_link_target(path, etag):

@@ -22,8 +22,8 @@ from ansible.module_utils.dgx_fsutil import (TEMP_PREFIX, atomic_write_bytes, fs
                                              open_to_read, remove_empty_dirs, remove_path, walk_tree)
 from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_is_hash, sampled_bytes,
                                               samples_match)
-from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, list_refs, read_tree_listing,
-                                               repo_folder_name, resolve_commit, scan_snapshot, path_selected,
+from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, first_match, list_refs,
+                                               read_tree_listing, repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
 from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, CandidateRejected, LocalTree,
@@ -48,7 +48,7 @@ class MirrorRequest(object):
 
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
-                 copy_missing=True, phase="stage", peer_dir=None, require_match=None):
+                 copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None):
         if verify not in VERIFY_MODES:
             raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
         if phase not in PHASES:
@@ -73,6 +73,7 @@ class MirrorRequest(object):
         self.peer_dir_given = peer_dir    # as given: a relative path or '..' in it is refused
         self.peer_dir = os.path.abspath(peer_dir) if peer_dir else None
         self.require_match = list(require_match) if require_match else []
+        self.other_rank_patterns = list(other_rank_patterns) if other_rank_patterns else []
 
 
 class MirrorFailed(StageError):
@@ -115,6 +116,7 @@ class Plan(object):
         self.entries = []          # every file of the source snapshot
         self.selected = []         # the ones the patterns stage
         self.excluded = []
+        self.rank_files = 0        # how many selected files this host's rank patterns (require_match) select
         self.writes = []           # Work items: blobs and real files to copy or repair
         self.to_prove = []         # Work items present locally, whose content prove_present decides
         self.nas_corrupt = []      # nas_corrupt_record()s found while planning (the local copy is kept)
@@ -364,7 +366,9 @@ def plan_mirror(req, check_mode=False, meter=None):
         raise StageError("snapshot %s of %s is empty on the NAS" % (plan.commit, req.repo_id))
     plan.selected = [e for e in plan.entries if path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
     plan.excluded = [e for e in plan.entries if not path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
+    refuse_overlapping_ranks(plan, req)
     refuse_unmatched_required(plan, req)
+    plan.rank_files = len([e for e in plan.selected if first_match(e.path, req.require_match) is not None])
     if not plan.selected:
         raise StageError("allow_patterns %s / ignore_patterns %s select none of the %d files of %s@%s: "
                          "check the patterns (fnmatch on snapshot-relative paths, 'dir/' for a whole dir)"
@@ -392,6 +396,20 @@ def plan_mirror(req, check_mode=False, meter=None):
 def source_snapshot(plan):
     """The NAS snapshot directory the plan reads (None before the commit is known)."""
     return os.path.join(plan.src_repo, "snapshots", plan.commit) if plan.commit else None
+
+
+def refuse_overlapping_ranks(plan, req):
+    """StageError when a file of the snapshot is selected both by this host's rank patterns (require_match) and
+    by another rank's (other_rank_patterns): rank files partition the repo, and such a file is ignored on both
+    hosts, so neither stages it and the lane reads it from the NAS."""
+    for entry in plan.entries:
+        own = first_match(entry.path, req.require_match)
+        other = first_match(entry.path, req.other_rank_patterns) if own is not None else None
+        if other is not None:
+            raise StageError("rank patterns overlap: %s of %s@%s is selected by this host's rank pattern %r and by "
+                             "another rank's pattern %r, so neither host would stage it; make each rank's "
+                             "patterns select files of its own (rank_patterns), nothing was written"
+                             % (entry.path, req.repo_id, plan.commit, own, other))
 
 
 def refuse_unmatched_required(plan, req):
@@ -1102,6 +1120,10 @@ def summary_line(result, req, check_mode, failed):
     if blobs["reused"]:
         parts.append("%d blob(s) %s" % (blobs["reused"], "already local (sizes checked)" if req.verify == "none"
                                         else "proven by content (verify=%s) and kept" % req.verify))
+    if req.require_match:
+        parts.append("stages %s and %s (%s)" % (_count(result["files"]["shared"], "shared file"),
+                                                _count(result["files"]["rank"], "rank file"),
+                                                ", ".join(req.require_match)))
     if result["files"]["excluded"]:
         parts.append("%d file(s) left on the NAS" % result["files"]["excluded"])
     read = result["bytes_read"]
@@ -1190,7 +1212,7 @@ def _result(plan, req, outcome, space, dangling, started, meter):
         "commit": plan.commit,
         "snapshot": plan.snapshot,
         "files": {"total": len(plan.entries), "local": len(plan.selected), "excluded": len(plan.excluded),
-                  "dangling": len(dangling)},
+                  "dangling": len(dangling), "rank": plan.rank_files, "shared": len(plan.selected) - plan.rank_files},
         "blobs": {"copied": len([w for w in done if w.etag and not w.is_repair]), "reused": plan.blobs_reused,
                   "repaired": len([w for w in done if w.etag and w.is_repair])},
         "real_files": {"copied": len([w for w in done if not w.etag and not w.is_repair]),

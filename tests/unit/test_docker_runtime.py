@@ -16,9 +16,9 @@ import os
 from ansible.module_utils.dgx_nodestate import python_modules
 from ansible.module_utils.dgx_probe import container_facts
 from ansible.module_utils.dgx_receipts import container_of
-from test_engine_lane import lane
-from test_mountspec import load_plugin as load_mounts_plugin
+from pluginfile import load_filter
 
+lane = load_filter("engine", "engine_lane")
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "docker")
 RUNNING = "d45c0b38fd1ad600615296ca0e90b32fb2baf82b2e742f88ac1817103d594558"
 EXITED = "e5f5ac9e2c816448ece56a73bd8ec2e82c5e9cb1a7b17be013602f66e80fd378"
@@ -110,7 +110,7 @@ def test_container_ids_from_docker_cgroup_paths():
 
 
 def test_docker_mounts_keep_names_with_colons_commas_and_spaces_whole():
-    mounts = load_mounts_plugin()
+    mounts = load_filter("engine", "engine_mounts")
     binds = mounts.dgx_binds([{"source": "/nvme/capture/src a,b:c", "target": "/hub/x:y, z", "read_only": True}],
                              [{"source": "/cache dir", "target": "/cache", "read_only": False}])
     assert mounts.dgx_docker_mounts(binds) == [

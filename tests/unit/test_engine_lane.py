@@ -2,7 +2,6 @@
 bound files' fingerprint, the holders of a port, on a fake /proc) and the engine role's lane filters
 (roles/engine/filter_plugins/engine_lane.py: container lists, labels, restart reasons, strays, earlier worlds,
 the lane's plan). tests/integration/test_engine_lane.py runs them on real Podman and Docker."""
-import importlib.util
 import json
 import hashlib
 import os
@@ -15,19 +14,12 @@ from ansible.errors import AnsibleFilterError
 
 from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes, local_sources,
                                                  missing_paths, parse_proc_net_tcp, port_holders, read_manifest)
+from pluginfile import load_filter
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN = os.path.join(REPO_ROOT, "roles", "engine", "filter_plugins", "engine_lane.py")
 
 
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("engine_lane_filter_under_test", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lane = load_plugin()
+lane = load_filter("engine", "engine_lane")
 ID1, ID2, ID3 = "a" * 64, "b" * 64, "c" * 64
 
 

@@ -39,7 +39,7 @@ def test_module_run_returns_documented_keys_and_is_idempotent(nas, local):
     assert first["commit"] == repo["commit"]
     assert first["snapshot"] == os.path.join(local_repo(nas, local), "snapshots", repo["commit"])
     assert first["files"] == {"total": len(repo["files"]), "local": len(files), "excluded": len(repo["page15"]),
-                              "dangling": 0}
+                              "dangling": 0, "rank": 0, "shared": len(files)}
     assert first["blobs"] == {"copied": len(blobs), "reused": 0, "repaired": 0}
     assert first["bytes_copied"] == sum(blobs.values())
     assert sorted(first["excluded_paths"]) == sorted(repo["page15"])

@@ -243,7 +243,8 @@ def test_page15_excluded_by_pattern_is_not_staged(nas, local):
     result = stage(nas, local, ignore_patterns=PAGE15)
     assert sorted(result["excluded_paths"]) == sorted(page15)
     assert result["files"] == {"total": len(nas.repo()["files"]), "local": len(nas.repo()["files"]) - len(page15),
-                               "excluded": len(page15), "dangling": 0}
+                               "excluded": len(page15), "dangling": 0, "rank": 0,
+                               "shared": len(nas.repo()["files"]) - len(page15)}
     assert result["real_files"] == {"copied": 0, "repaired": 0}
     assert not os.path.lexists(os.path.join(local_snapshot(nas, local), "page15"))
     assert result["bytes_copied"] == sum(unique_blobs(selected(nas)).values())

@@ -388,6 +388,32 @@ def test_require_match_patterns_that_match_stage_as_usual(nas, local):
     assert re.match(r"^[0-9a-f]{40}$", result["commit"])
 
 
+@pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])
+def test_a_file_two_ranks_patterns_select_is_refused_naming_the_file_and_both_patterns(nas, local, check_mode):
+    """Rank files partition the repo: a file this rank's pattern and another rank's both select is ignored on
+    both hosts (each ignores the other's), so neither would stage it."""
+    shard = nas.repo()["shards"][0]
+    before = tree_snapshot(local)
+    request = mirror_request(nas, local, ignore_patterns=PAGE15 + ["model-0000*"],
+                             require_match=["*.safetensors"], other_rank_patterns=["model-0000*"])
+    with pytest.raises(StageError) as err:
+        run_mirror(request, check_mode=check_mode)
+    message = str(err.value)
+    assert "rank patterns overlap: %s of %s@%s" % (shard, MAIN, nas.repo()["commit"]) in message, message
+    assert "rank pattern '*.safetensors' and by another rank's pattern 'model-0000*'" in message, message
+    assert snapshot_diff(before, tree_snapshot(local)) == []
+
+
+def test_the_result_counts_this_ranks_files_apart_from_the_shared_ones(nas, local):
+    shards = nas.repo()["shards"]
+    result = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15 + shards[1:], require_match=shards[:1],
+                                       other_rank_patterns=shards[1:]), check_mode=True)
+    local_files = len(nas.repo()["files"]) - len(nas.repo()["page15"]) - len(shards[1:])
+    assert result["files"]["local"] == local_files
+    assert (result["files"]["rank"], result["files"]["shared"]) == (1, local_files - 1)
+    assert "stages %d shared files and 1 rank file (%s)" % (local_files - 1, shards[0]) in result["summary"]
+
+
 # ------------------------------------------------------------------------------------------------
 # a candidate is only ever copied (hashed while written, a new inode): nothing done to it later, through
 # a handle, a hard link or a rename, reaches the blob

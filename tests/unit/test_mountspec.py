@@ -7,26 +7,15 @@ encoding/csv (Podman >= 4.1) does; tests/integration/test_engine_one_rank.py bin
 these names on real Podman and Docker.
 """
 import csv
-import importlib.util
-import os
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from pluginfile import load_filter
 
 from ansible.module_utils.dgx_mountspec import PATH_MAX, mount_path_problem
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN = os.path.join(REPO_ROOT, "roles", "engine", "filter_plugins", "engine_mounts.py")
 
-
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("engine_mounts_filter_under_test", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-plugin = load_plugin()
+plugin = load_filter("engine", "engine_mounts")
 FILTERS = plugin.FilterModule().filters()
 
 SNAP = "/hub/models--org--name/snapshots/" + "a" * 40

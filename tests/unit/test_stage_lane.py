@@ -1,24 +1,12 @@
 """The stage role's rank filter (roles/stage/filter_plugins/stage_lane.py): the allow patterns of a
 stage_repos entry on one rank of the lane - rank templates with {rank} / {world_size}, the older map
 rank -> patterns, and the errors that name the repo and the pattern."""
-import importlib.util
-import os
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from pluginfile import load_filter
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN = os.path.join(REPO_ROOT, "roles", "stage", "filter_plugins", "stage_lane.py")
-
-
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("stage_lane_filter_under_test", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-lane = load_plugin()
+lane = load_filter("stage", "stage_lane")
 REPO = "deepseek-ai/DeepSeek-V4-Flash"
 TEMPLATES = ["engram/rank-{rank}-of-{world_size}/*", "engram/meta-{rank}-{world_size}.json"]
 
@@ -96,12 +84,35 @@ def test_the_map_form_keyed_by_rank_number_or_its_text_picks_the_rank_entry(key0
 
 
 def test_the_map_form_is_taken_literally_not_expanded():
-    repo = entry(rank_patterns={0: ["odd{name}.bin"]})
+    repo = entry(rank_patterns={0: ["odd{name}.bin"], 1: []})
     assert lane.stage_allow(repo, 0, 2)[-1] == "odd{name}.bin"
 
 
-def test_a_rank_the_map_leaves_out_gets_only_the_common_patterns():
-    assert lane.stage_allow(entry(rank_patterns={0: ["a"]}), 1, 2) == ["*.json", "*.py"]
+def test_a_rank_the_map_gives_an_empty_list_gets_only_the_common_patterns():
+    assert lane.stage_allow(entry(rank_patterns={0: ["a"], 1: []}), 1, 2) == ["*.json", "*.py"]
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_map_without_a_key_for_a_rank_of_the_lane_is_refused_naming_the_missing_ranks(rank):
+    """A forgotten key would leave that rank serving its part from the NAS; an explicit [] says it has none."""
+    message = _error(entry(rank_patterns={0: ["a"], 3: ["d"]}), rank, 3)
+    assert REPO in message and "no key for rank 1, 2 of this lane of 3 hosts" in message, message
+    assert "(1: [])" in message, message
+
+
+def test_one_pattern_given_to_two_ranks_is_refused_naming_both():
+    """Rank files partition the repo: each rank ignores the other's pattern, so neither would stage its files."""
+    message = _error(entry(rank_patterns={0: ["engram/t.bin", "a"], 1: ["b", "engram/t.bin"]}), 1, 2)
+    assert REPO in message and "'engram/t.bin' to rank 0 and rank 1" in message, message
+    assert "allow_patterns" in message, message
+
+
+def test_the_other_ranks_patterns_filter_gives_every_other_rank_s_patterns():
+    assert lane.FilterModule().filters()["dgx_stage_other_rank_patterns"] is lane.stage_other_rank_patterns
+    assert lane.stage_other_rank_patterns(entry(rank_patterns=TEMPLATES[:1]), 1, 3) == [
+        "engram/rank-0-of-3/*", "engram/rank-2-of-3/*"]
+    assert lane.stage_other_rank_patterns(entry(rank_patterns={0: ["a"], 1: [], 2: ["c"], 9: ["z"]}), 0, 3) == ["c"]
+    assert lane.stage_other_rank_patterns(entry(), 0, 2) == []
 
 
 def _error(repo, rank=0, world_size=2):
@@ -159,7 +170,8 @@ def test_a_template_without_rank_is_refused_pointing_to_allow_patterns(template)
 
 def test_the_map_form_needs_no_rank_placeholder():
     """The map's patterns are each rank's own already: taken literally, no placeholder required."""
-    assert lane.stage_allow(entry(rank_patterns={1: ["engram/shared-b.bin"]}), 1, 2)[-1] == "engram/shared-b.bin"
+    assert lane.stage_allow(entry(rank_patterns={0: [], 1: ["engram/shared-b.bin"]}), 1, 2)[-1] == \
+        "engram/shared-b.bin"
 
 
 @pytest.mark.parametrize("rank,world_size", [(0, 2), (1, 2), (3, 4)])
@@ -177,7 +189,7 @@ def test_rank_patterns_filter_gives_the_map_entry_of_the_rank_deduplicated():
 def test_rank_patterns_filter_is_empty_without_a_rank_part():
     assert lane.stage_rank_patterns(entry(), 0, 2) == []
     assert lane.stage_rank_patterns(entry(rank_patterns=None), 1, 2) == []
-    assert lane.stage_rank_patterns(entry(rank_patterns={0: ["a"]}), 1, 2) == []
+    assert lane.stage_rank_patterns(entry(rank_patterns={0: ["a"], 1: []}), 1, 2) == []
     assert lane.stage_rank_patterns(entry(rank_patterns=[]), 1, 2) == []
 
 

@@ -1,26 +1,14 @@
 """The stage role's space filter (roles/stage/filter_plugins/stage_space.py): what all repos of a host need
 together on its one local disk, from the preflight pass's hf_hub_mirror results (each repo measured alone,
 tests/unit/test_mirror.py's space tests)."""
-import importlib.util
-import os
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from pluginfile import load_filter
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN = os.path.join(REPO_ROOT, "roles", "stage", "filter_plugins", "stage_space.py")
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-
-
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("stage_space_filter_under_test", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-space = load_plugin()
+space = load_filter("stage", "stage_space")
 
 
 def result(need, free, reserve=0, reclaimable=0):

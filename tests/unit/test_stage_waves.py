@@ -1,26 +1,16 @@
 """The stage role's wave filters (roles/stage/filter_plugins/stage_waves.py): which hosts of the lane read the
 NAS together (stage_nas_readers, in rank order), rank 0 alone first with fan-out, the peer each later host takes
 proven blobs from, and where a repo's candidates go."""
-import importlib.util
-import os
 import re
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from pluginfile import load_filter
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLUGIN = os.path.join(REPO_ROOT, "roles", "stage", "filter_plugins", "stage_waves.py")
 HOSTS = ["dgx1", "dgx2", "dgx3", "dgx4"]
 
 
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("stage_waves_filter_under_test", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-waves = load_plugin()
+waves = load_filter("stage", "stage_waves")
 
 
 def lane_waves(world_size, readers, fanout):

@@ -1,20 +1,19 @@
 # -*- coding: utf-8 -*-
 """Stage role filter: which files of a stage_repos entry this host of the lane stages.
 
-dgx_stage_allow(repo, rank, world_size) -> the entry's allow patterns on the host of that rank: its
-                                           allow_patterns followed by its rank_patterns for that rank;
-                                           [] without allow_patterns (the whole repo, as hf_hub_mirror reads
-                                           no patterns): the ranks' files are then kept apart by
-dgx_stage_ignore(repo, rank, world_size) -> its ignore_patterns followed by every other rank's patterns
-
 Rank files partition the repo: the files any rank's patterns select (every template expanded for every rank
-of the lane, or every key of the map within it) are rank files; a host stages its own rank files plus every
-file allow_patterns/ignore_patterns select, exactly as without rank_patterns; other ranks' files are
-ignored there (the manifest binds them read-only from the NAS).
-dgx_stage_rank_patterns(repo, rank, world_size) -> the rank part alone (the expanded templates, or the map's
-                                           entry for that rank; [] when there is none): each must match a
-                                           file of the snapshot (hf_hub_mirror require_match), as a rank
-                                           pattern matching nothing would leave that rank without its part
+of the lane, or every key of the map) are rank files; a host stages its own rank files plus every file
+allow_patterns/ignore_patterns select, exactly as without rank_patterns; other ranks' files are ignored there
+(the manifest binds them read-only from the NAS).
+
+dgx_stage_allow(repo, rank, world_size)   -> allow_patterns followed by the rank's own patterns; [] without
+                                             allow_patterns (the whole repo, as hf_hub_mirror reads no patterns)
+dgx_stage_ignore(repo, rank, world_size)  -> ignore_patterns followed by every other rank's patterns
+dgx_stage_rank_patterns(repo, rank, world_size)       -> the rank's own patterns alone ([] when it has none):
+                                             hf_hub_mirror require_match, so a rank pattern matching nothing
+                                             fails instead of leaving that rank without its part
+dgx_stage_other_rank_patterns(repo, rank, world_size) -> the other ranks' patterns alone: hf_hub_mirror
+                                             other_rank_patterns, which refuses a file both select
 
 rank_patterns takes two forms:
   - a list of templates, expanded on every rank: `{rank}` and `{world_size}` are replaced by the host's
@@ -23,8 +22,11 @@ rank_patterns takes two forms:
     belong in allow_patterns); an integer width is allowed as format spec (`{rank:02d}`, `{rank:d}`), nothing
     else;
   - a map rank -> patterns (keys int or their text), taken literally: a key that is not a rank number is
-    refused, as a typo there would silently leave a rank with nothing of its own; a key past the lane's
-    size is skipped (one map serves lanes of different sizes, as it always did).
+    refused, as a typo there would silently leave a rank with nothing of its own, and so is a map without a
+    key for every rank of the lane (a rank with no files of its own says so with an explicit `N: []`); a key
+    past the lane's size is skipped (one map serves lanes of different sizes).
+One pattern given to two ranks is refused here (neither host would stage its files); different patterns
+that select one file are refused by hf_hub_mirror, which has the file list.
 
 Every problem raises AnsibleFilterError naming the repo and the pattern (or key), on every host alike.
 """
@@ -104,10 +106,12 @@ def expand_template(template, rank, world_size, repo_name="<repo>"):
     return "".join(out)
 
 
-def _map_patterns(rank_patterns, rank, world_size, repo_name):
-    """The map form: keys are rank numbers (int or ASCII digits). A key past this lane's size is skipped, as
-    before templates existed: one map written for the 4x lane serves the 2x lane too."""
-    chosen = []
+def _map_table(rank_patterns, world_size, repo_name):
+    """The map form as {rank: patterns} for the ranks of this lane. Keys are rank numbers (int or ASCII
+    digits); a key past this lane's size is skipped, so one map written for the 4x lane serves the 2x lane
+    too; every rank of the lane needs its key (an explicit [] for a rank with no files of its own), as a
+    forgotten key would leave that rank serving its part from the NAS."""
+    table = {}
     for key, patterns in rank_patterns.items():
         if isinstance(key, bool):
             key_rank = None
@@ -123,9 +127,29 @@ def _map_patterns(rank_patterns, rank, world_size, repo_name):
                 "a typo here would leave that rank with nothing of its own; a list of templates with {rank} "
                 "and {world_size} fits any lane size" % (repo_name, key))
         patterns = _pattern_list(patterns, repo_name, "rank_patterns[%r]" % (key,))
-        if key_rank == rank:
-            chosen.extend(patterns)
-    return chosen
+        if key_rank < world_size:
+            table.setdefault(key_rank, []).extend(patterns)
+    missing = [r for r in range(world_size) if r not in table]
+    if missing:
+        raise AnsibleFilterError(
+            "stage_repos entry %s: rank_patterns has no key for rank %s of this lane of %d hosts, so %s would stage "
+            "no files of %s own; add the key with its patterns, or an explicit empty list (%s: []) for a rank "
+            "that has none" % (repo_name, ", ".join(str(r) for r in missing), world_size,
+                               "that rank" if len(missing) == 1 else "those ranks",
+                               "its" if len(missing) == 1 else "their", missing[0]))
+    return table
+
+
+def _refuse_shared_patterns(table, repo_name):
+    """Rank files partition the repo: one pattern given to two ranks would be ignored on both hosts."""
+    owner = {}
+    for rank in sorted(table):
+        for pattern in table[rank]:
+            if owner.setdefault(pattern, rank) != rank:
+                raise AnsibleFilterError(
+                    "stage_repos entry %s: rank_patterns gives the pattern %r to rank %d and rank %d; rank files "
+                    "partition the repo, so neither would stage its files: a file every rank stages belongs in "
+                    "allow_patterns" % (repo_name, pattern, owner[pattern], rank))
 
 
 def _unique(patterns):
@@ -152,18 +176,19 @@ def _entry_parts(repo, rank, world_size, caller):
     if rank_patterns is None:
         return allow, [], []
     if isinstance(rank_patterns, dict):
-        of_rank = lambda r: _map_patterns(rank_patterns, r, world_size, repo_name)    # noqa: E731
+        table = _map_table(rank_patterns, world_size, repo_name)
     elif isinstance(rank_patterns, (list, tuple)):
         templates = _pattern_list(rank_patterns, repo_name, "rank_patterns")
-        of_rank = lambda r: [expand_template(t, r, world_size, repo_name) for t in templates]    # noqa: E731
+        table = dict((r, [expand_template(t, r, world_size, repo_name) for t in templates]) for r in range(world_size))
     else:
         raise AnsibleFilterError(
             "stage_repos entry %s: rank_patterns must be a list of templates with {rank} and {world_size} "
             "(engram/rank-{rank}-of-{world_size}/*) or a map rank -> patterns, got %s %r"
             % (repo_name, type(rank_patterns).__name__, rank_patterns))
-    own = of_rank(rank)
-    others = [p for r in range(world_size) if r != rank for p in of_rank(r) if p not in own]
-    return allow, own, others
+    table = dict((r, _unique(patterns)) for r, patterns in table.items())
+    _refuse_shared_patterns(table, repo_name)
+    others = [p for r in range(world_size) if r != rank for p in table[r]]
+    return allow, table[rank], others
 
 
 def stage_allow(repo, rank, world_size):
@@ -184,13 +209,20 @@ def stage_ignore(repo, rank, world_size):
 
 def stage_rank_patterns(repo, rank, world_size):
     """Only the rank's own patterns of one stage_repos entry (duplicates dropped; [] without rank_patterns or
-    without a map key for this rank), the same checks as stage_allow: what hf_hub_mirror's require_match
+    with an empty map entry for this rank), the same checks as stage_allow: what hf_hub_mirror's require_match
     wants matched, so a template naming a layout the snapshot lacks fails preflight instead of staging
     nothing of that rank."""
-    return _unique(_entry_parts(repo, rank, world_size, "dgx_stage_rank_patterns")[1])
+    return _entry_parts(repo, rank, world_size, "dgx_stage_rank_patterns")[1]
+
+
+def stage_other_rank_patterns(repo, rank, world_size):
+    """The other ranks' patterns of one stage_repos entry (hf_hub_mirror other_rank_patterns): a file one of
+    them and one of this rank's patterns both select is refused there, with the file list in hand."""
+    return _entry_parts(repo, rank, world_size, "dgx_stage_other_rank_patterns")[2]
 
 
 class FilterModule(object):
     def filters(self):
         return {"dgx_stage_allow": stage_allow, "dgx_stage_ignore": stage_ignore,
-                "dgx_stage_rank_patterns": stage_rank_patterns}
+                "dgx_stage_rank_patterns": stage_rank_patterns,
+                "dgx_stage_other_rank_patterns": stage_other_rank_patterns}

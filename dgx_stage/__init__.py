@@ -5,3 +5,7 @@ __version__ = "0.13.0"
 
 # The repo the package lives in: its playbooks, ansible.cfg, callback plugins and modules.
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class UsageError(Exception):
+    """Bad arguments: the front end exits 64 naming them."""

@@ -16,7 +16,7 @@ import io
 import os
 import sys
 
-from dgx_stage import REPO, runs, table
+from dgx_stage import REPO, UsageError, extravars, runs, table
 
 EXIT_OK = 0
 EXIT_ANSIBLE = 1
@@ -32,10 +32,6 @@ SUBCOMMANDS = {
     "serve": (PLAYBOOK, "preflight,receipts,manifest,engine,smoke", "start the engine lane and smoke-test it"),
     "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
 }
-
-
-class UsageError(Exception):
-    """Bad arguments: exit 64."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,38 +93,6 @@ def resolve_inventory(path):
     return os.path.abspath(path)
 
 
-def resolve_extra_vars(values):
-    """-e values with @file made absolute; UsageError for a missing file, or a file or inline JSON/YAML
-    that does not parse (ansible-playbook would stop with exit 1 and no host result)."""
-    out = []
-    for value in values:
-        if value.startswith("@"):
-            path = value[1:]
-            if not os.path.isfile(path):
-                raise UsageError("extra vars file not found: %s" % path)
-            value = "@" + os.path.abspath(path)
-            check_extra_vars(value, path)
-        elif value.startswith(("{", "[")):   # as ansible-playbook tells YAML/JSON from key=value
-            check_extra_vars(value)
-        out.append(value)
-    return out
-
-
-def check_extra_vars(value, path=None):
-    """UsageError unless `value` (-e, or the @file at path) parses to a dict, as ansible-playbook needs it."""
-    os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
-    from ansible.parsing.dataloader import DataLoader
-    try:
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-            data = DataLoader().load_from_file(path) if path else DataLoader().load(value)
-    except Exception as exc:   # Ansible's parse errors have no common base worth naming
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError("-e %s does not parse: %s" % (path or value, first))
-    if not isinstance(data, dict) and data is not None:
-        raise UsageError("-e %s is not a mapping of variables (a %s)"
-                         % (path or value, "list" if isinstance(data, list) else type(data).__name__))
-
-
 def resolve_limit(limit):
     """--limit with an @file (a retry file) made absolute, as -i and -e @file: ansible-playbook runs in the
     repo, so a relative one named another file (or none) there; UsageError when it is missing."""
@@ -172,38 +136,20 @@ def check_limit(inventory, limit):
                          % (limit, inventory, ", ".join(inventory_hosts(inventory)) or "none"))
 
 
-def runner_cmdline(tags, limit, extra_vars, check, verbose):
-    """ansible-playbook's arguments besides the inventory and the playbook (a shell-quoted string)."""
-    import shlex
-    args = []
-    if tags:
-        args += ["--tags", tags]
-    if limit:
-        args += ["--limit", limit]
-    for value in extra_vars:
-        args += ["-e", value]
-    if check:
-        args += ["--check", "--diff"]
-    if verbose > 1:
-        args.append("-" + "v" * (verbose - 1))
-    return " ".join(shlex.quote(a) for a in args)
-
-
 # --- subcommands -------------------------------------------------------------------------------------------
 
 def run_subcommand(args, out=None):
     from dgx_stage.run import PlaybookRun
     playbook, tags, _help = SUBCOMMANDS[args.command]
     inventory = resolve_inventory(args.inventory)
-    extra_vars = resolve_extra_vars(args.extra_vars)
+    extra_vars = extravars.resolve(args.extra_vars)
     check_inventory(inventory)
     args.limit = resolve_limit(args.limit)
     if args.limit:
         check_limit(inventory, args.limit)
     runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
     spec = {"subcommand": args.command, "playbook": playbook, "tags": tags, "inventory": inventory,
-            "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose,
-            "cmdline": runner_cmdline(tags, args.limit, extra_vars, args.check, args.verbose)}
+            "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose}
     return PlaybookRun(spec, runs_dir, out=out).run()
 
 

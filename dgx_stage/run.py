@@ -7,10 +7,11 @@ run (ansible-runner kills the process group).
 """
 import os
 import queue
+import shutil
 import signal
 import sys
 
-from dgx_stage import REPO, runs, table
+from dgx_stage import REPO, UsageError, extravars, runs, table
 from dgx_stage.display import PlainDisplay, RichDisplay
 from dgx_stage.events import RunState
 
@@ -92,6 +93,23 @@ def visible_result(event):
     return name == "runner_on_ok" and bool((data.get("res") or {}).get("changed"))
 
 
+def runner_cmdline(tags, limit, extra_vars, check, verbose):
+    """ansible-playbook's arguments besides the inventory and the playbook (a shell-quoted string)."""
+    import shlex
+    args = []
+    if tags:
+        args += ["--tags", tags]
+    if limit:
+        args += ["--limit", limit]
+    for value in extra_vars:
+        args += ["-e", value]
+    if check:
+        args += ["--check", "--diff"]
+    if verbose > 1:
+        args.append("-" + "v" * (verbose - 1))
+    return " ".join(shlex.quote(a) for a in args)
+
+
 class PlaybookRun(object):
     def __init__(self, spec, runs_dir, out=None):
         self.spec = spec
@@ -142,7 +160,6 @@ class PlaybookRun(object):
         """A new dir for this run: a run started in the same second with the same random suffix (another
         dgx-stage on this runs dir) gets another ident rather than sharing the dir. An unusable runs dir is a
         usage error naming it."""
-        from dgx_stage.cli import UsageError
         for _attempt in range(20):
             try:
                 os.makedirs(self.runs_dir, exist_ok=True)
@@ -166,16 +183,22 @@ class PlaybookRun(object):
         try:
             return self._run()
         finally:
+            shutil.rmtree(self._extra_vars_dir(), ignore_errors=True)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
+
+    def _extra_vars_dir(self):
+        """Where the run's inline -e values wait for ansible-playbook (extravars.as_files); removed at its end."""
+        return os.path.join(self.run_dir, "extra-vars")
 
     def _run(self):
         import ansible_runner
         spec = self.spec
         self._make_run_dir()
-        self._write_record(ident=self.ident, subcommand=spec["subcommand"], argv=sys.argv[1:],
+        self._write_record(ident=self.ident, subcommand=spec["subcommand"], argv=extravars.recorded_argv(sys.argv[1:]),
                            playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
-                           limit=spec["limit"], extra_vars=spec["extra_vars"], check=spec["check"],
+                           limit=spec["limit"], extra_vars=[extravars.described(v) for v in spec["extra_vars"]],
+                           check=spec["check"],
                            status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,
                            artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"))
         tty = self.out.isatty()
@@ -194,7 +217,10 @@ class PlaybookRun(object):
         try:
             thread, runner = ansible_runner.run_async(
                 private_data_dir=self.run_dir, artifact_dir=self.runs_dir, ident=self.ident, project_dir=REPO,
-                playbook=os.path.join(REPO, spec["playbook"]), inventory=spec["inventory"], cmdline=spec["cmdline"],
+                playbook=os.path.join(REPO, spec["playbook"]), inventory=spec["inventory"],
+                cmdline=runner_cmdline(spec["tags"], spec["limit"],
+                                       extravars.as_files(spec["extra_vars"], self._extra_vars_dir()),
+                                       spec["check"], spec["verbose"]),
                 envvars=runner_env(os.path.dirname(write_guard(os.path.join(self.run_dir, "bin")))), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
                 event_handler=self._on_event, status_handler=self._on_status,
                 cancel_callback=lambda: self.interrupts >= 2)

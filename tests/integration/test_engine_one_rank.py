@@ -526,10 +526,11 @@ def test_stale_receipts_break_a_restart_unless_the_plays_clear_them(lane):
 
 
 def test_a_secret_in_engine_env_appears_in_no_output_of_a_check_diff_or_a_real_run(lane):
-    """HF_TOKEN in engine_env, new to the lane (so the dry run differs and the lane restarts): neither
-    `--check --diff -vv` with the default callback, nor a real run (its JSON results), the host reports, the
-    run records or the container's labels show its value; the restart plan names the variable. Last in this
-    file: it leaves the lane running with the token."""
+    """HF_TOKEN in engine_env and a token in the engine command, new to the lane (so the dry run differs and
+    the lane restarts): neither `--check --diff -vv` with the default callback, nor `dgx-stage serve --check -v`
+    (its output, run.json, ansible-runner's artifacts), nor a real run (its JSON results), the host reports or
+    the container's labels show the value; the restart plan names the variable. Last in this file: it leaves
+    the lane running with the token."""
     on_podman_only(lane)
     secret = "hf_dgxSTAGEplantedSECRET%d" % os.getpid()
     extra = json.dumps({"engine_env": {"HF_TOKEN": secret}, "engine_command": [
@@ -543,6 +544,22 @@ def test_a_secret_in_engine_env_appears_in_no_output_of_a_check_diff_or_a_real_r
     shown = check.stdout.decode("utf-8", "replace")
     assert "env changed (HF_TOKEN)" in shown, shown[-3000:]
     assert secret not in shown
+
+    # The front end as the operator types it: its output, run.json and ansible-runner's artifacts.
+    runs_dir = os.path.join(str(lane["work"]), "runs")
+    frontend = subprocess.run([sys.executable, "-m", "dgx_stage", "serve", "--check", "-v", "-i", lane["inventory"],
+                               "-e", extra, "--runs-dir", runs_dir],
+                              cwd=REPO_ROOT, env=dict((k, v) for k, v in env.items() if k != "ANSIBLE_STDOUT_CALLBACK"),
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=600)
+    said = frontend.stdout.decode("utf-8", "replace")
+    assert frontend.returncode == 0 and "env changed (HF_TOKEN)" in said, said[-3000:]
+    assert secret not in said
+    recorded = [os.path.join(folder, name) for folder, _dirs, names in os.walk(runs_dir) for name in names]
+    assert any(path.endswith("run.json") for path in recorded) and any("job_events" in path for path in recorded)
+    for path in recorded:
+        with open(path, "rb") as handle:
+            assert secret.encode() not in handle.read(), path
 
     rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine", "-e", json.dumps(
         {"engine_env": {"HF_TOKEN": secret}}))

@@ -15,7 +15,7 @@ import pytest
 import processes
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
-from dgx_stage import cli, run, runs  # noqa: E402
+from dgx_stage import cli, extravars, run, runs  # noqa: E402
 from dgx_stage.events import RunState  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "frontend")
@@ -61,10 +61,33 @@ def test_subcommands_run_their_tags_of_the_playbooks():
 
 
 def test_the_runner_command_line_quotes_values_and_adds_diff_to_check():
-    line = cli.runner_cmdline("verify", "rank0,rank1", ["stage_verify=full", "msg='a b'", "@/x y.yml"], True, 3)
+    line = run.runner_cmdline("verify", "rank0,rank1", ["stage_verify=full", "msg='a b'", "@/x y.yml"], True, 3)
     assert line == ("--tags verify --limit rank0,rank1 -e stage_verify=full -e 'msg='\"'\"'a b'\"'\"'' "
                     "-e '@/x y.yml' --check --diff -vv")
-    assert cli.runner_cmdline(None, None, [], False, 1) == ""   # -v streams the output, ansible stays quiet
+    assert run.runner_cmdline(None, None, [], False, 1) == ""   # -v streams the output, ansible stays quiet
+
+
+def test_inline_extra_vars_reach_ansible_in_private_files_and_are_recorded_by_name_only(tmp_path):
+    """An -e value can be a token: on ansible-playbook's command line it would land in ansible-runner's
+    `command` artifact, in `ps` and in run.json."""
+    secret = "hf_plantedSECRET"
+    (tmp_path / "v.yml").write_text("a: 1\n")
+    values = ['{"engine_env": {"HF_TOKEN": "%s"}}' % secret, "stage_verify=full token=%s" % secret,
+              "@" + str(tmp_path / "v.yml")]
+    files = extravars.as_files(values, str(tmp_path / "private"))
+    assert files[2] == values[2]
+    assert oct(os.stat(str(tmp_path / "private")).st_mode & 0o777) == "0o700"
+    for path, expected in zip(files[:2], [{"engine_env": {"HF_TOKEN": secret}},
+                                          {"stage_verify": "full", "token": secret}]):
+        assert oct(os.stat(path[1:]).st_mode & 0o777) == "0o600"
+        with open(path[1:]) as handle:
+            assert json.load(handle) == expected
+    assert secret not in run.runner_cmdline("serve", None, files, True, 2)
+    argv = ["serve", "-e", values[0], "--extra-vars=" + values[1], "-e" + values[2], "-v"]
+    recorded = extravars.recorded_argv(argv)
+    assert secret not in json.dumps(recorded)
+    assert recorded == ["serve", "-e", "engine_env (values not recorded)",
+                        "--extra-vars=stage_verify, token (values not recorded)", "-e" + values[2], "-v"]
 
 
 def test_bad_arguments_exit_64(capsys):
@@ -104,7 +127,7 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
         assert code == 64 and said in err and out == "", (value, err)
     assert not (tmp_path / "runs").exists()
     good = ['{"a": "b c", "q": "it\'s"}', 'a=1 b="x y"', ' {key=value for Ansible']
-    assert cli.resolve_extra_vars(good) == good
+    assert extravars.resolve(good) == good
 
 
 def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
@@ -133,7 +156,7 @@ def test_relative_paths_are_made_absolute_for_the_run_in_the_repo(inventory, tmp
     monkeypatch.chdir(str(tmp_path))
     (tmp_path / "vars.yml").write_text("a: 1\n")
     assert cli.resolve_inventory("hosts.yml") == inventory
-    assert cli.resolve_extra_vars(["a=1", "@vars.yml"]) == ["a=1", "@" + str(tmp_path / "vars.yml")]
+    assert extravars.resolve(["a=1", "@vars.yml"]) == ["a=1", "@" + str(tmp_path / "vars.yml")]
     assert cli.resolve_inventory("rank0,") == "rank0,"   # a host list is not a path
     (tmp_path / "retry").write_text("rank1\n")
     assert cli.resolve_limit("@retry") == "@" + str(tmp_path / "retry")   # ansible-playbook runs in the repo

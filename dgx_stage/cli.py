@@ -43,8 +43,20 @@ def default_runs_dir():
     return os.environ.get("DGX_STAGE_RUNS_DIR") or os.path.join(REPO, ".cache", "runs")
 
 
+def known_inventories():
+    """The inventories the repo ships (inventory/<name>), relative to the repo."""
+    folder = os.path.join(REPO, "inventory")
+    return sorted(os.path.join("inventory", name) for name in os.listdir(folder)
+                  if os.path.isdir(os.path.join(folder, name)))
+
+
 def default_inventory():
-    return os.environ.get("DGX_STAGE_INVENTORY") or os.path.join(REPO, "inventory", "dgx")
+    """$DGX_STAGE_INVENTORY; there is no implicit one, as a forgotten -i would run against production."""
+    chosen = os.environ.get("DGX_STAGE_INVENTORY")
+    if not chosen:
+        raise UsageError("no inventory: pass -i INVENTORY or set DGX_STAGE_INVENTORY (this repo has: %s)"
+                         % ", ".join(known_inventories()))
+    return chosen
 
 
 def build_parser():
@@ -55,7 +67,7 @@ def build_parser():
     for name, (playbook, tags, help_text) in SUBCOMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description="%s: runs %s%s" % (
             help_text, playbook, " --tags " + tags if tags else ""))
-        cmd.add_argument("-i", "--inventory", help="inventory path (default: $DGX_STAGE_INVENTORY, else inventory/dgx)")
+        cmd.add_argument("-i", "--inventory", help="inventory path (default: $DGX_STAGE_INVENTORY; one of them is required)")
         cmd.add_argument("--limit", help="only these hosts (an Ansible host pattern)")
         cmd.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VAR=VALUE|@FILE",
                          help="extra variables, as ansible-playbook -e (repeatable)")

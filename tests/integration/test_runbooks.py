@@ -1,8 +1,8 @@
 """docs/runbooks/*.md, run as an operator would: every `$ ` line of their ```console blocks, in order.
 
 Each runbook runs in bash at the root of a copy of the work tree (the developer's own .cache/demo is never
-touched), against the demo inventory (INVENTORY=inventory/demo, HOST=localhost; the runbook's own
-`export INVENTORY=... HOST=...` line says which lane the operator sets), with the copy's .venv/bin first on
+touched), against the demo inventory (DGX_STAGE_INVENTORY=inventory/demo, HOST=localhost; the runbook's own
+`export DGX_STAGE_INVENTORY=... HOST=...` line says which lane the operator sets), with the copy's .venv/bin first on
 PATH. The copy is staged once the way `make demo` does it (scripts/demo.py); every runbook starts from
 that staged state, restored, plus the broken state it is about (a corrupt NAS blob, stale receipts, a
 corrupt local blob after a disk swap...), set up here before its commands run.
@@ -32,8 +32,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 sys.path.insert(0, os.path.join(REPO_ROOT, "scripts"))
 import demo  # noqa: E402  (scripts/demo.py: how `make demo` plants the stale receipts)
 RUNBOOK_DIR = os.path.join(REPO_ROOT, "docs", "runbooks")
-LANE_LINE = re.compile(r"^export INVENTORY=\S+ HOST=\S+$")
-DEMO_LANE = "export INVENTORY=inventory/demo HOST=localhost"
+LANE_LINE = re.compile(r"^export DGX_STAGE_INVENTORY=\S+ HOST=\S+$")
+DEMO_LANE = "export DGX_STAGE_INVENTORY=inventory/demo HOST=localhost"
 DEMO = os.path.join(".cache", "demo")
 NAS_HUB = os.path.join(DEMO, "nas", "hub")
 LOCAL_HUB = os.path.join(DEMO, "local", "hub")
@@ -230,7 +230,7 @@ def test_runbook(staged_demo, tmp_path, name):
     with open(os.path.join(RUNBOOK_DIR, name)) as handle:
         steps = runbook_steps(handle.read())
     assert steps and LANE_LINE.match(steps[0]["command"]), \
-        "%s must start by setting the lane: export INVENTORY=inventory/dgx HOST=<node>" % name
+        "%s must start by setting the lane: export DGX_STAGE_INVENTORY=inventory/dgx HOST=<node>" % name
     assert all(s["command"].startswith(("dgx-stage ", "export ")) for s in steps), \
         "runbooks use only dgx-stage commands and shell variables"
     steps[0] = dict(steps[0], command=DEMO_LANE)

@@ -106,8 +106,18 @@ def test_the_default_inventory_comes_from_the_environment(tmp_path, monkeypatch,
     monkeypatch.setenv("DGX_STAGE_INVENTORY", str(tmp_path / "from-env"))
     code, _out, err = main(["status"], capsys)
     assert code == 64 and str(tmp_path / "from-env") in err
-    monkeypatch.delenv("DGX_STAGE_INVENTORY")
-    assert cli.default_inventory() == os.path.join(cli.REPO, "inventory", "dgx")
+
+
+@pytest.mark.parametrize("subcommand", ["stage", "verify", "clean-receipts", "serve", "status"])
+def test_without_an_inventory_every_subcommand_refuses_and_lists_the_repos_inventories(subcommand, tmp_path,
+                                                                                       monkeypatch, capsys):
+    """A forgotten -i never falls back to production."""
+    monkeypatch.delenv("DGX_STAGE_INVENTORY", raising=False)
+    code, out, err = main([subcommand, "--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 64 and out == "", err
+    assert "no inventory: pass -i INVENTORY or set DGX_STAGE_INVENTORY" in err, err
+    assert "inventory/demo, inventory/demo-4x, inventory/dgx" in err, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_missing_extra_vars_file_exits_64(inventory, tmp_path, capsys):

@@ -9,11 +9,11 @@ RUNBOOK_DIR = os.path.join(REPO_ROOT, "docs", "runbooks")
 
 
 def test_runbook_steps_parse_commands_exit_codes_and_excerpts():
-    text = ("intro\n```console\n$ export INVENTORY=inventory/dgx HOST=dgx2\n$ dgx-stage verify   # exits 2\n"
+    text = ("intro\n```console\n$ export DGX_STAGE_INVENTORY=inventory/dgx HOST=dgx2\n$ dgx-stage verify   # exits 2\n"
             "localhost   failed   verify ...\n...\n```\n```sh\n$ not run\n```\n"
             "```console\n$ dgx-stage report\nrun ... ok\n```\n")
     assert runbook_steps(text) == [
-        {"command": "export INVENTORY=inventory/dgx HOST=dgx2", "rc": 0, "expect": []},
+        {"command": "export DGX_STAGE_INVENTORY=inventory/dgx HOST=dgx2", "rc": 0, "expect": []},
         {"command": "dgx-stage verify   # exits 2", "rc": 2, "expect": ["localhost   failed   verify ..."]},
         {"command": "dgx-stage report", "rc": 0, "expect": ["run ... ok"]}]
     assert excerpt_pattern("localhost   failed   verify ...").search("localhost failed  verify: Verify | x")

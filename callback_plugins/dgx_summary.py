@@ -41,6 +41,9 @@ description:
     a next step for a host that did not answer.
   - Silent for ad-hoc commands, for machine-readable stdout callbacks (json, jsonl) and for runs that
     staged nothing.
+  - At the start, a warning for each C(-e) value that C(dgx-stage) would refuse - a name no play or role reads
+    (with the closest one), a name without a value, a value outside the variable's choices or type, a name
+    the playbooks set themselves.
   - Enabled by the repo's ansible.cfg (C(callbacks_enabled = dgx_summary)).
 requirements:
   - enable it in callbacks_enabled
@@ -592,6 +595,22 @@ def take_over_retry_lines(callback):
     return True
 
 
+def extra_var_warnings(values, inventories):
+    """What dgx-stage refuses in -e values (a name no play or role reads, a name without a value, a value
+    outside its choices or type), as warnings for a run of the playbooks without the front end."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    try:
+        from dgx_stage import UsageError, extravars
+    except ImportError:      # the playbooks run from a Python without the front end's dependencies
+        return []
+    try:
+        return extravars.problems(list(values), list(inventories))
+    except UsageError as exc:
+        return [str(exc)]
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -642,6 +661,8 @@ class CallbackModule(CallbackBase):
             rerun += ["--check"]
         self.state["rerun_args"] = rerun
         self.state["extra_vars"] = bool(args.get("extra_vars"))
+        for line in extra_var_warnings(args.get("extra_vars") or (), inventories):
+            self._display.warning(line)
         if not self._watching:
             self._watching = True
             self._watch_interrupts()

@@ -70,7 +70,10 @@ def build_parser():
         cmd.add_argument("-i", "--inventory", help="inventory path (default: $DGX_STAGE_INVENTORY; one of them is required)")
         cmd.add_argument("--limit", help="only these hosts (an Ansible host pattern)")
         cmd.add_argument("-e", "--extra-vars", action="append", default=[], metavar="VAR=VALUE|@FILE",
-                         help="extra variables, as ansible-playbook -e (repeatable)")
+                         help="extra variables, as ansible-playbook -e (repeatable); each must be a variable the "
+                              "plays or roles read, or one the inventory defines")
+        cmd.add_argument("--allow-unknown-vars", action="store_true",
+                         help="accept -e variables no play or role reads (a site's own extensions)")
         cmd.add_argument("--check", action="store_true", help="dry run: --check --diff, nothing changes")
         cmd.add_argument("-v", "--verbose", action="count", default=0,
                          help="also stream the playbook's output (-vv and up: ansible-playbook -v...)")
@@ -156,6 +159,7 @@ def run_subcommand(args, out=None):
     inventory = resolve_inventory(args.inventory)
     extra_vars = extravars.resolve(args.extra_vars)
     check_inventory(inventory)
+    extravars.check(extra_vars, inventory, allow_unknown=args.allow_unknown_vars)
     args.limit = resolve_limit(args.limit)
     if args.limit:
         check_limit(inventory, args.limit)

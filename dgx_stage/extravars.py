@@ -1,14 +1,34 @@
 """The operator's -e values: checked before a run, handed to ansible-playbook in files that only the run can
 read and that are removed when it ends, and recorded by name only.
 
+Checked: every name is a variable the plays or roles read (the roles' argument_specs and defaults, the few the
+playbooks read themselves, Ansible's own `ansible_*`) or one the inventory defines; a name the playbooks set
+themselves (the lane facts, the roles' inputs the plays fill) is refused, as an extra var would override it;
+a value outside a variable's declared choices or type is refused naming what is allowed.
+
 An inline value on ansible-playbook's command line would land in ansible-runner's `command` artifact, in
 `ps` and in run.json; an -e value can be a token (engine_env), so the command line carries `-e @file`."""
 import contextlib
+import difflib
+import glob
 import io
 import json
 import os
 
+import yaml
+
 from dgx_stage import REPO, UsageError
+
+# Read by the playbooks themselves, not by a role's entry point.
+PLAY_VARIABLES = {
+    "lane": {"type": "str", "description": "the lane: an inventory group"},
+    "become_root": {"type": "bool", "description": "become root on the nodes"},
+    "engine_enabled": {"type": "bool", "description": "run the engine plays on this host"},
+}
+PLAYBOOK_FILES = ("stage-deepseek.yml", "playbooks/*.yml", "playbooks/tasks/*.yml")
+SET_FACT = ("set_fact", "ansible.builtin.set_fact")
+ROLE_CALLS = ("include_role", "import_role", "ansible.builtin.include_role", "ansible.builtin.import_role")
+BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f")
 
 OPTIONS = ("-e", "--extra-vars")
 
@@ -38,6 +58,11 @@ def parsed(value, path=None):
     return data or {}
 
 
+def variables_of(value):
+    """The variables one resolved -e value (inline, or @file) sets."""
+    return parsed(value, value[1:]) if value.startswith("@") else parsed(value)
+
+
 def resolve(values):
     """-e values with @file made absolute; UsageError for a missing file, or a file or inline JSON/YAML
     that does not parse (ansible-playbook would stop with exit 1 and no host result)."""
@@ -59,7 +84,7 @@ def described(value):
     """How run.json records one -e value: a file by its path, an inline value by the names it sets."""
     if value.startswith("@"):
         return value
-    names = sorted(str(name) for name in parsed(value))
+    names = sorted(str(name) for name in variables_of(value))
     return "%s (values not recorded)" % ", ".join(names) if names else "(nothing set)"
 
 
@@ -95,6 +120,139 @@ def as_files(values, directory):
         path = os.path.join(directory, "extra-vars-%d.json" % number)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w") as handle:
-            json.dump(parsed(value), handle)
+            json.dump(variables_of(value), handle)
         out.append("@" + path)
     return out
+
+
+# --- which variables there are ------------------------------------------------------------------------------
+
+def _load_yaml(path):
+    with open(path) as handle:
+        return yaml.safe_load(handle) or {}
+
+
+def role_variables():
+    """{name: {type, choices}} of every variable a role reads: its argument_specs (any entry point) and its
+    defaults."""
+    known = {}
+    for path in sorted(glob.glob(os.path.join(REPO, "roles", "*", "meta", "argument_specs.yml"))):
+        for entry in (_load_yaml(path).get("argument_specs") or {}).values():
+            for name, spec in ((entry or {}).get("options") or {}).items():
+                known.setdefault(name, {"type": spec.get("type", "str"), "choices": spec.get("choices")})
+    for path in sorted(glob.glob(os.path.join(REPO, "roles", "*", "defaults", "main.yml"))):
+        for name in _load_yaml(path):
+            known.setdefault(name, {"type": "raw", "choices": None})
+    return known
+
+
+def _names_set(node, found):
+    if isinstance(node, list):
+        for item in node:
+            _names_set(item, found)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in SET_FACT and isinstance(value, dict):
+                found.update(name for name in value if name != "cacheable")
+            elif key in ROLE_CALLS:
+                found.update((node.get("vars") or {}).keys())
+            elif key == "vars" and "hosts" in node and isinstance(value, dict):
+                found.update(value)
+            _names_set(value, found)
+
+
+def playbook_variables():
+    """The names the playbooks set themselves (set_fact, play vars, the vars they pass to a role): an -e of
+    one would override what the run computes (a host's rank, the lane's hosts, a report's fields)."""
+    found = set()
+    for pattern in PLAYBOOK_FILES:
+        for path in sorted(glob.glob(os.path.join(REPO, pattern))):
+            _names_set(_load_yaml(path), found)
+    return found
+
+
+def inventory_variables(inventory):
+    """(names the inventory defines for any host or group, its group names), read as ansible-playbook reads it
+    (the inventory itself and its group_vars/host_vars; never the run's own extra vars)."""
+    os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+    from ansible.inventory.manager import InventoryManager
+    from ansible.vars.plugins import get_vars_from_inventory_sources
+    loader = _loader()
+    sources = [inventory] if isinstance(inventory, str) else list(inventory)
+    sources = [source if "," in source and not os.path.exists(source) else os.path.abspath(source)
+               for source in sources]
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        manager = InventoryManager(loader=loader, sources=sources)
+        names = set()
+        for host in manager.get_hosts("all"):
+            entities = [host] + host.get_groups()
+            for entity in entities:
+                names.update(entity.get_vars())
+            names.update(get_vars_from_inventory_sources(loader, sources, entities, "all"))
+    return names, set(manager.groups)
+
+
+# --- checking the values ---------------------------------------------------------------------------------------
+
+def _templated(value):
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def value_problem(name, value, spec):
+    """Why `value` cannot be `name` (its declared type or choices), or None. Text from key=value is read as
+    Ansible converts it; a templated value is left to Ansible."""
+    if _templated(value):
+        return None
+    kind, choices = spec.get("type"), spec.get("choices")
+    if choices and str(value) not in [str(choice) for choice in choices]:
+        return "-e %s=%s: %s is one of %s" % (name, value, name, ", ".join(str(c) for c in choices))
+    if kind == "bool" and not (isinstance(value, bool) or str(value).lower() in BOOLEAN_WORDS):
+        return "-e %s=%s: %s is true or false" % (name, value, name)
+    if kind == "int" and (isinstance(value, bool) or not _is_number(value, int)):
+        return "-e %s=%s: %s is a whole number" % (name, value, name)
+    if kind == "float" and (isinstance(value, bool) or not _is_number(value, float)):
+        return "-e %s=%s: %s is a number" % (name, value, name)
+    return None
+
+
+def _is_number(value, kind):
+    try:
+        kind(str(value).strip())
+        return True
+    except ValueError:
+        return False
+
+
+def problems(values, inventory, allow_unknown=False):
+    """The problems of the -e values against the variables there are (each one line naming the variable and
+    the fix); [] when none."""
+    known = dict(role_variables(), **PLAY_VARIABLES)
+    derived = playbook_variables()
+    defined, groups = inventory_variables(inventory)
+    found = []
+    for value in values:
+        for name, given in variables_of(value).items():
+            if name == "_raw_params":
+                found.append("-e %s has no value: write NAME=VALUE (e.g. -e stage_verify=full)" % given)
+            elif name in derived or str(name).startswith("_"):
+                found.append("-e %s: the playbooks set %s themselves (it is not an input); leave it out"
+                             % (name, name))
+            elif name == "lane" and not _templated(given) and str(given) not in groups:
+                found.append("-e lane=%s: lane is an inventory group of %s: %s"
+                             % (given, inventory, ", ".join(sorted(g for g in groups if g not in ("all", "ungrouped")))))
+            elif name in known:
+                problem = value_problem(name, given, known[name])
+                if problem:
+                    found.append(problem)
+            elif not (str(name).startswith("ansible_") or name in defined or allow_unknown):
+                close = difflib.get_close_matches(str(name), sorted(set(known) | defined), n=1)
+                found.append("-e %s: no play or role reads %s%s (a site's own variable: --allow-unknown-vars)"
+                             % (name, name, "; did you mean %s?" % close[0] if close else ""))
+    return found
+
+
+def check(values, inventory, allow_unknown=False):
+    """UsageError naming every problem of the -e values, before anything runs."""
+    found = problems(values, inventory, allow_unknown)
+    if found:
+        raise UsageError("\n".join(found))

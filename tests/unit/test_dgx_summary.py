@@ -751,3 +751,14 @@ def test_a_model_and_a_dataset_with_one_id_get_a_row_each(monkeypatch):
     assert [r["REPO"] for r in rows] == [DRAFTER_REPO, DRAFTER_REPO + " (dataset)"], rows
     copied = [int(r["COPIED"]) for r in rows]
     assert copied[0] > 0 and copied[0] == copied[1] and "copied %d files" % sum(copied) in total
+
+
+def test_a_direct_playbook_run_warns_of_each_extra_var_dgx_stage_would_refuse(tmp_path):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    n1: {ansible_connection: local, site_tuning: 1}\n")
+    warnings = summary.extra_var_warnings(["stage_verfy=full", "site_tuning=2", "stage_verify=full", "lane_rank"],
+                                          [str(inventory)])
+    assert len(warnings) == 2, warnings
+    assert "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify?" in warnings[0]
+    assert "-e lane_rank has no value" in warnings[1]
+    assert summary.extra_var_warnings([], [str(inventory)]) == []

@@ -140,6 +140,43 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
     assert extravars.resolve(good) == good
 
 
+@pytest.mark.parametrize("value,said", [
+    ("stage_verfy=full", "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify?"),
+    ("stage_verify", "-e stage_verify has no value: write NAME=VALUE"),
+    ("stage_verify=ful", "-e stage_verify=ful: stage_verify is one of sample, full, none"),
+    ("engine_bind_form=nas", "-e engine_bind_form: no play or role reads engine_bind_form; did you mean "
+                             "engine_bind_from?"),
+    ("engine_stop_strays=maybe", "-e engine_stop_strays=maybe: engine_stop_strays is true or false"),
+    ("stage_workers=eight", "-e stage_workers=eight: stage_workers is a whole number"),
+    ('{"engine_decode_floor": "fast"}', "-e engine_decode_floor=fast: engine_decode_floor is a number"),
+    ("lane=sglang4x", "-e lane=sglang4x: lane is an inventory group of %s: exl3_2x"),
+    ("lane_rank=1", "-e lane_rank: the playbooks set lane_rank themselves (it is not an input)"),
+    ("report_failed=true", "-e report_failed: the playbooks set report_failed themselves"),
+])
+def test_an_extra_var_no_play_reads_or_a_bad_value_exits_64_before_anything_runs(inventory, tmp_path, capsys,
+                                                                                  value, said):
+    """A typo of stage_verify would otherwise run a sample verify and say ok after a disk swap; one of the
+    rollback's engine_bind_from would restart the lane on the suspect disks."""
+    code, out, err = main(["verify", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 64 and out == "", err
+    assert (said % inventory if "%s" in said else said) in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_known_extra_vars_pass_and_a_sites_own_needs_allow_unknown_vars(inventory, tmp_path):
+    fine = ["stage_verify=full", "engine_bind_from=nas", "engine_stop_strays=yes", "stage_workers=8",
+            '{"engine_env": {"HF_TOKEN": "x"}, "engine_decode_floor": 12.5}', "lane=exl3_2x", "ansible_user=ops",
+            "stage_workers={{ 4 * 2 }}"]
+    assert extravars.problems(fine, inventory) == []
+    (tmp_path / "vars.yml").write_text("site_tuning: 3\n")
+    assert "no play or role reads site_tuning" in extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory)[0]
+    assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory, allow_unknown=True) == []
+    # A variable the inventory defines is the site's to override.
+    site = tmp_path / "site.yml"
+    site.write_text(INVENTORY.replace("{ansible_connection: local}", "{ansible_connection: local, site_tuning: 1}"))
+    assert extravars.problems(["site_tuning=2"], str(site)) == []
+
+
 def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
     code, _out, err = main(["stage", "-i", inventory, "--limit", "dgx9"], capsys)
     assert code == 64 and "--limit dgx9 matches no host of %s (hosts: rank0, rank1)" % inventory in err

@@ -184,24 +184,34 @@ def _limit_hosts(hosts, limit):
 
 
 def load_run_reports(args):
-    """(record or None, run id, {host: report}) for `report`; UsageError when the run is unknown."""
+    """(record or None, run id or None, {host: report}) for `report`: the run asked for, else the latest run that
+    could change the lane, whatever happened to it (a run that wrote no host report gives {}); UsageError when
+    the run is unknown or there is none."""
     import json
-    records = runs.read_records(os.path.abspath(args.runs_dir or default_runs_dir()))
-    with_reports = runs.report_records(records)
+    runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
+    records = runs.read_records(runs_dir)
     history = runs.history_files(args.report_dir) if args.report_dir else {}
     if args.run_id:
         record = runs.find_record(records, args.run_id)
         run_id = record.get("run_id") if record else (args.run_id if args.run_id in history else None)
-        if record and not run_id:
-            raise UsageError("run %s wrote no host reports (a %s run)" % (args.run_id, record.get("subcommand")))
-    elif with_reports:
-        record, run_id = with_reports[-1], with_reports[-1]["run_id"]
+        if record and not run_id and record.get("subcommand") == "status":
+            raise UsageError("run %s wrote no host reports (a status run)" % args.run_id)
+        if not record and not run_id:
+            known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in runs.report_records(records)]
+                               + list(history)))
+            raise UsageError("unknown run %s; known runs: %s" % (args.run_id, ", ".join(known) or "none"))
+    elif runs.change_records(records):
+        record = runs.change_records(records)[-1]
+        run_id = record.get("run_id")
+    elif history:
+        record, run_id = None, sorted(history)[-1]
     else:
-        record, run_id = None, (sorted(history)[-1] if history else None)
+        elsewhere = runs.runs_dirs_nearby(REPO, runs_dir)
+        raise UsageError("no recorded run under %s; point at another runs dir with --runs-dir DIR or "
+                         "DGX_STAGE_RUNS_DIR%s" % (runs_dir, " (runs are recorded under: %s)" % ", ".join(
+                             os.path.relpath(p, os.getcwd()) for p in elsewhere) if elsewhere else ""))
     if not run_id:
-        known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in with_reports] + list(history)))
-        what = "unknown run %s" % args.run_id if args.run_id else "no recorded run"
-        raise UsageError("%s; known runs: %s" % (what, ", ".join(known) or "none"))
+        return record, None, {}
     if args.report_dir:
         paths = dict((host, os.path.join(args.report_dir, "%s-%s.json" % (host, run_id)))
                      for host in (record or {}).get("reports") or {})
@@ -217,7 +227,9 @@ def load_run_reports(args):
                 raise ValueError("%s is not a JSON object" % paths[host])
         except (OSError, ValueError) as exc:
             reports[host] = {"host": host, "run_id": run_id, "status": "unreadable: %s" % exc}
-    if args.limit and not reports:
+        if (record or {}).get("status") == "interrupted" and reports[host].get("status") == "running":
+            reports[host]["status"] = "interrupted"      # the front end died before it settled them
+    if args.limit and not reports and paths:
         raise UsageError("--limit %s matches no host of run %s (hosts: %s)"
                          % (args.limit, run_id, ", ".join(sorted(paths)) or "none"))
     return record, run_id, reports
@@ -233,21 +245,27 @@ def report_subcommand(args, out=None):
     record, run_id, reports = load_run_reports(args)
     receipts = (record or {}).get("receipts_removed") or {}
     rows = table.table_rows(reports, receipts)
-    title = "dgx-stage run %s" % run_id
-    known = [record.get(key) for key in ("subcommand", "started") if record and record.get(key)]
+    title = "dgx-stage run %s" % (run_id or record["ident"])
+    known = [record.get(key) for key in ("subcommand", "started", "status") if record and record.get(key)]
     if known:
         title += " (%s)" % ", ".join(known)
-    failures = report_failures(reports)
+    failures = report_failures(reports) if reports else [
+        f for f in (record or {}).get("failures") or [] if f["host"] in _limit_hosts([f["host"]], args.limit)]
+    if not reports:
+        title += ": no host report was written"
     if args.markdown:
         out.write(table.render_markdown(rows, title=title, failures=failures) + "\n")
     elif out.isatty():
         from rich.console import Console
         console = Console(file=out)
-        table.print_table(console, rows, title=title)
+        if reports:
+            table.print_table(console, rows, title=title)
+        else:
+            console.print(title, markup=False, highlight=False)
         for failure in failures:
             console.print(table.failure_line(failure), markup=False, highlight=False)
     else:
-        out.write(title + "\n" + table.render_plain(rows) + "\n")
+        out.write(title + "\n" + (table.render_plain(rows) + "\n" if reports else ""))
         for failure in failures:
             out.write(table.failure_line(failure) + "\n")
     return EXIT_OK

@@ -280,6 +280,11 @@ class PlaybookRun(object):
             code, status = EXIT_ANSIBLE, "error"
         else:
             code, status = EXIT_OK, "ok"
+        if self.interrupts and state.run_id:
+            # The run's end was never recorded on the hosts: their reports say so, never `running` for ever.
+            for host in runs.settle_interrupted(state.history_paths, state.run_id):
+                if host in state.reports and state.reports[host].get("status") == "running":
+                    state.reports[host] = dict(state.reports[host], status="interrupted")
         self._write_record(status=status, runner_status=runner.status, rc=runner.rc, exit_code=code,
                            finished=runs.utc_now(), failures=failures)
         if self.spec["subcommand"] == "status":
@@ -300,7 +305,7 @@ class PlaybookRun(object):
             display.print("ansible-playbook exited %s with no host failure; the end of its log:" % runner.rc)
             display.print(self._log_tail())
         if self.interrupts:
-            display.print("interrupted: exit %d (the host reports of this run do not say ok)" % code)
+            display.print("interrupted: exit %d (the host reports of this run say interrupted)" % code)
         display.print("artifacts: %s" % self.run_dir)
         display.print("full log: %s" % os.path.join(self.run_dir, "stdout"))
         return code

@@ -17,20 +17,54 @@ def new_ident(subcommand):
     return "%s-%s-%s" % (stamp, subcommand, secrets.token_hex(2))
 
 
-def write_record(run_dir, record):
-    """run.json, replaced atomically (temp file in the same dir, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=".run.json.", dir=run_dir)
+def write_json(path, data, indent=1):
+    """A JSON file, replaced atomically (temp file in the same dir, fsync, rename)."""
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=os.path.dirname(path))
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(record, handle, indent=1, sort_keys=True)
+            json.dump(data, handle, indent=indent, sort_keys=True, ensure_ascii=False)
             handle.write("\n")
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, os.path.join(run_dir, "run.json"))
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_record(run_dir, record):
+    """run.json of a run."""
+    write_json(os.path.join(run_dir, "run.json"), record)
+
+
+def settle_interrupted(report_paths, run_id):
+    """An interrupted run's host reports: `running` (its end was never recorded) becomes `interrupted` in each
+    host's history file and, while it still shows this run, in its latest view (<host>.json beside it).
+    Returns the hosts whose reports changed."""
+    settled = []
+    for host, path in sorted(report_paths.items()):
+        for target in (path, os.path.join(os.path.dirname(path), host + ".json")):
+            try:
+                with open(target) as handle:
+                    data = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("run_id") == run_id and data.get("status") == "running":
+                data["status"] = "interrupted"
+                write_json(target, data, indent=2)
+                if host not in settled:
+                    settled.append(host)
+    return settled
+
+
+def runs_dirs_nearby(root, current):
+    """Other runs dirs of this work tree that hold runs (the demos record theirs under .cache/<demo>/runs)."""
+    import glob
+    found = sorted(set(os.path.dirname(os.path.dirname(path))
+                       for path in glob.glob(os.path.join(root, ".cache", "*", "runs", "*", "run.json"))
+                       + glob.glob(os.path.join(root, ".cache", "runs", "*", "run.json"))))
+    return [path for path in found if os.path.abspath(path) != os.path.abspath(current)]
 
 
 def read_records(runs_dir):
@@ -56,13 +90,16 @@ def normal_record(record, name):
     """A run.json as `report` reads it: the fields it uses of the types it expects (a hand-edited or foreign
     file must not crash report: a wrong field reads as absent; the ident falls back to the dir's name)."""
     record = dict(record)
-    for key in ("ident", "run_id", "started", "subcommand", "report_dir"):
+    for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status"):
         if not isinstance(record.get(key), str) or not record[key]:
             record[key] = None
     record["ident"] = record["ident"] or name
     reports = record.get("reports")
     record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
         if isinstance(reports, dict) else {}
+    failures = record.get("failures")
+    record["failures"] = [f for f in failures if isinstance(f, dict) and isinstance(f.get("host"), str)] \
+        if isinstance(failures, list) else []
     receipts = record.get("receipts_removed")
     record["receipts_removed"] = dict((h, p) for h, p in receipts.items() if isinstance(p, list)) \
         if isinstance(receipts, dict) else {}
@@ -78,6 +115,11 @@ def find_record(records, wanted):
 def report_records(records):
     """The records of runs that wrote host reports (status runs write none)."""
     return [r for r in records if r.get("run_id")]
+
+
+def change_records(records):
+    """The records of runs that could change the lane (every subcommand but status), whatever happened to them."""
+    return [r for r in records if r.get("subcommand") != "status"]
 
 
 def history_files(report_dir):

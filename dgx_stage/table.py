@@ -80,6 +80,14 @@ def _sum(rows, *path):
     return total
 
 
+def _files_on_disk(rows, check):
+    if check:
+        return _sum(rows, "files", "local")
+    return sum(max(0, (_number(_dict(row.get("files")).get("local")) or 0)
+                   - len(row.get("unstaged_paths") if isinstance(row.get("unstaged_paths"), list) else [])
+                   - (_number(_dict(row.get("files")).get("dangling")) or 0)) for row in rows)
+
+
 def host_figures(report, receipts_removed=None):
     """The raw figures of one host's row (numbers, None when the run did not produce them)."""
     # A check run copies nothing: each pass reports what it would copy, the same bytes again (stage's
@@ -87,7 +95,10 @@ def host_figures(report, receipts_removed=None):
     check = report.get("check_mode") is True or report.get("status") == "check"
     copying = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
         else _rows(report, "stage", "verify")
-    files_rows = _rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")
+    # FILES: in --check what the plan stages; in a real run what is on the disk after it - the last pass's rows
+    # (verify, else stage), less what a pass left unstaged or dangling; a preflight's plan is not on the disk.
+    files_rows = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
+        else (_rows(report, "verify") or _rows(report, "stage"))
     stage = _rows(report, "stage")
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
     engine = _dict(report.get("engine"))
@@ -99,7 +110,7 @@ def host_figures(report, receipts_removed=None):
         "host": report.get("host"),
         "run_id": report.get("run_id"),
         "status": report.get("status"),
-        "files_local": _sum(files_rows, "files", "local") if files_rows else None,
+        "files_local": _files_on_disk(files_rows, check) if files_rows else None,
         "files_excluded": _sum(files_rows, "files", "excluded") if files_rows else None,
         "bytes_copied": _sum(copying, "bytes_copied") if copying else None,
         "blobs_repaired": _sum(copying, "blobs", "repaired") if copying else None,
@@ -335,8 +346,9 @@ def render_markdown(rows, title=None, failures=()):
     lines = []
     if title:
         lines += ["### " + markdown_escape(title), ""]
-    lines.append("| " + " | ".join(markdown_escape(title) for _key, title in COLUMNS) + " |")
-    lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
+    if rows:
+        lines.append("| " + " | ".join(markdown_escape(title) for _key, title in COLUMNS) + " |")
+        lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
     for row in rows:
         lines.append("| " + " | ".join(markdown_escape(row[key]) for key, _title in COLUMNS) + " |")
     if rows and stage_pass_shown(rows):

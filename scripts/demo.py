@@ -123,6 +123,7 @@ def summary(check=False):
     lines.append("  stale engine receipts left: %s" % (", ".join(left) if left else "none"))
     lines.append("  host report: %s (history: %s-<run_id>.json)" % (os.path.relpath(REPORT, REPO),
                                                                     os.path.relpath(REPORT[:-5], REPO)))
+    lines.append("  its runs: .venv/bin/dgx-stage report --runs-dir %s" % os.path.relpath(RUNS_DIR, REPO))
     return "\n".join(lines)
 
 

@@ -163,7 +163,7 @@ def test_a_host_failing_preflight_exits_2_naming_it_and_the_lane_stops_with_it(t
     assert "- host rank0 failed in play preflight" in md, md
 
 
-def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_nas_hub, kill_at_teardown):
+def test_ctrl_c_mid_copy_exits_99_and_the_reports_say_interrupted(tmp_path, make_nas_hub, kill_at_teardown):
     nas, inventory, roots = paced_lane(tmp_path, make_nas_hub)
     out_path = tmp_path / "frontend.out"
     with open(str(out_path), "wb") as out:
@@ -189,8 +189,12 @@ def test_ctrl_c_mid_copy_exits_99_and_the_reports_do_not_say_ok(tmp_path, make_n
     assert "SIGINT forwarded to ansible-playbook" in out and "interrupted: exit 99" in out, out
     record = run_records(tmp_path)[-1]
     assert record["status"] == "interrupted" and record["exit_code"] == 99
-    with open(str(tmp_path / "reports" / "dgx1.json")) as handle:
-        assert json.load(handle)["status"] != "ok"
+    # The host's reports say what happened, not `running` for ever.
+    for name in ("dgx1.json", "dgx1-%s.json" % record["run_id"]):
+        with open(str(tmp_path / "reports" / name)) as handle:
+            assert json.load(handle)["status"] == "interrupted", name
+    code, shown = dgx_stage(tmp_path, "report", "--runs-dir", str(tmp_path / "runs"))
+    assert code == 0 and "interrupted" in shown and "running" not in shown, shown
 
 
 def test_status_renders_each_hosts_lines_once(staged_hub):

@@ -361,6 +361,61 @@ def test_report_renders_the_latest_run_with_reports_as_markdown(recorded, capsys
         assert code == 0 and "localhost  20261201T101737Z-ed44  ok " in out and "|" not in out
 
 
+def test_report_shows_the_latest_run_even_one_that_reached_no_host_with_its_failures(recorded, capsys):
+    """A stage against an unreachable host wrote no host report: report names that run and its failure, not
+    the earlier ok run as if it were the latest."""
+    runs_dir, _report_dir = recorded
+    ident = "20261201T110000Z-stage-cccc"
+    os.makedirs(os.path.join(runs_dir, ident))
+    runs.write_record(os.path.join(runs_dir, ident), {
+        "ident": ident, "subcommand": "stage", "run_id": None, "reports": {}, "started": "2026-12-01T11:00:00Z",
+        "status": "failed", "failures": [{"host": "dgx2", "play": "Select the hosts of the lane", "task": "Gathering",
+                                          "msg": "ssh: connect to host dgx2 port 22: No route to host",
+                                          "unreachable": True}]})
+    code, out, _err = main(["report", "--markdown", "--runs-dir", runs_dir], capsys)
+    assert code == 0
+    assert out.splitlines()[0] == ("### dgx-stage run %s (stage, 2026-12-01T11:00:00Z, failed): no host report "
+                                   "was written" % ident), out
+    assert "- host dgx2 unreachable in play Select the hosts of the lane, task Gathering: ssh: connect" in out
+    assert "20261201T101737Z-ed44" not in out and "| HOST |" not in out
+
+
+def test_an_interrupted_runs_reports_read_interrupted_in_the_files_and_in_report(recorded, capsys):
+    runs_dir, report_dir = recorded
+    history = os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json")
+    with open(history) as handle:
+        report = json.load(handle)
+    report["status"] = "running"
+    for path in (history, os.path.join(report_dir, "localhost.json")):
+        runs.write_json(path, report, indent=2)
+    record = os.path.join(runs_dir, "20261201T101736Z-stage-aaaa", "run.json")
+    with open(record) as handle:
+        data = json.load(handle)
+    runs.write_json(record, dict(data, status="interrupted"))
+    # run.json says interrupted though the front end died before it settled the files: report says so too.
+    code, out, _err = main(["report", "20261201T101737Z-ed44", "--runs-dir", runs_dir], capsys)
+    assert code == 0 and "localhost  20261201T101737Z-ed44  interrupted" in out, out
+    # The front end settles them at the end of an interrupted run: both files, this run's only.
+    assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == ["localhost"]
+    for path in (history, os.path.join(report_dir, "localhost.json")):
+        with open(path) as handle:
+            assert json.load(handle)["status"] == "interrupted"
+    assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == []
+    assert runs.settle_interrupted({"localhost": history}, "another-run") == []
+
+
+def test_with_no_run_report_names_the_runs_dir_and_where_the_demos_recorded_theirs(tmp_path, monkeypatch, capsys):
+    demo_runs = tmp_path / ".cache" / "demo" / "runs" / "20261201T100000Z-stage-aaaa"
+    demo_runs.mkdir(parents=True)
+    (demo_runs / "run.json").write_text("{}")
+    monkeypatch.setattr(cli, "REPO", str(tmp_path))
+    monkeypatch.chdir(str(tmp_path))
+    code, out, err = main(["report", "--runs-dir", str(tmp_path / "empty")], capsys)
+    assert code == 64 and out == ""
+    assert "no recorded run under %s; point at another runs dir with --runs-dir DIR or DGX_STAGE_RUNS_DIR " \
+        "(runs are recorded under: .cache/demo/runs)" % (tmp_path / "empty") in err, err
+
+
 def test_report_of_an_unknown_run_exits_64_listing_the_known_ones(recorded, capsys):
     runs_dir, _report_dir = recorded
     code, out, err = main(["report", "20990101T000000Z-0000", "--runs-dir", runs_dir], capsys)
@@ -391,7 +446,8 @@ def test_report_reads_a_report_dir_without_any_recorded_run(recorded, tmp_path, 
                            capsys)
     assert code == 0 and "| localhost | 20261201T101737Z-ed44 | ok | 17/5 | 48.0 MiB |" in out
     code, _out, err = main(["report", "--runs-dir", str(tmp_path / "none")], capsys)
-    assert code == 64 and "no recorded run; known runs: none" in err
+    assert code == 64 and "no recorded run under %s; point at another runs dir with --runs-dir DIR or " \
+        "DGX_STAGE_RUNS_DIR" % (tmp_path / "none") in err, err
 
 
 def write_lane_reports(report_dir, run_id="20261201T110000Z-4x00"):
@@ -519,7 +575,8 @@ def test_report_survives_garbage_run_records_and_report_files(recorded, capsys):
     code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
     assert code == 0 and "localhost  20261201T101737Z-ed44  ok" in out
     code, out, _err = main(["report", "r-1", "--runs-dir", runs_dir], capsys)
-    assert code == 0 and out.startswith("dgx-stage run r-1\n")   # no "(None, None)" for what it lacks
+    # no "(None, None)" for what it lacks; its "reports" is no map of files, so it wrote none
+    assert code == 0 and out.startswith("dgx-stage run r-1: no host report was written\n"), out
     with open(os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json"), "w") as handle:
         handle.write("[]")
     code, out, _err = main(["report", "--runs-dir", runs_dir, "--markdown"], capsys)

@@ -24,6 +24,24 @@ def fixture(name):
         return json.load(handle)
 
 
+def test_files_count_what_is_on_the_disk_not_what_a_plan_or_a_failed_pass_claimed():
+    report = fixture("report-stage-ok.json")
+    passes = report["passes"]
+    # An interrupted stage: its job never returned a row; the preflight's plan is not on the disk.
+    interrupted = dict(report, passes={"preflight": passes["preflight"]})
+    assert table.host_figures(interrupted)["files_local"] is None
+    assert table.host_row(interrupted)["files"].startswith("-")
+    # A failed verify: its row names the files it found not staged, and a dangling entry.
+    verify = [dict(row) for row in passes["verify"]]
+    verify[0] = dict(verify[0], unstaged_paths=["model-00001.safetensors", "config.json"],
+                     files=dict(verify[0]["files"], dangling=1))
+    failed = dict(report, status="failed", passes=dict(passes, verify=verify))
+    assert table.host_figures(failed)["files_local"] == 17 - 3
+    # --check: the plan is what it would stage.
+    check = dict(report, status="check", check_mode=True, passes={"preflight": passes["preflight"]})
+    assert table.host_figures(check)["files_local"] == sum(r["files"]["local"] for r in passes["preflight"])
+
+
 def test_a_staged_hosts_row_has_the_reports_figures():
     report = fixture("report-stage-ok.json")
     stage = report["passes"]["stage"]

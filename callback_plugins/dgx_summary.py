@@ -263,11 +263,26 @@ def _command(inventory, playbook, hosts, extra=()):
 
 
 def tags_asked(msg):
-    """The tags a failure message asks to run (`--tags stage`, `--tags=stage,verify`), in its order."""
+    """The tags a failure message asks to run, in its order: `--tags stage`, `--tags=stage,verify`, or a front end
+    command (`dgx-stage stage --limit dgx2`: the plays that subcommand runs)."""
+    subcommands = _front_end_subcommands()
     tags = []
-    for group in re.findall(r"--tags[ =]+([\w,-]+)", str(msg or "")):
+    for flag, subcommand in re.findall(r"--tags[ =]+([\w,-]+)|dgx-stage ([a-z-]+)", str(msg or "")):
+        group = flag or (subcommands.get(subcommand) or (None, ""))[1] or ""
         tags += [tag for tag in group.split(",") if tag and tag not in tags]
     return tags
+
+
+def _front_end_subcommands():
+    """dgx_stage.cli.SUBCOMMANDS (subcommand -> (playbook, tags, help)), {} without the front end."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    try:
+        from dgx_stage.cli import SUBCOMMANDS
+    except ImportError:      # the playbooks run from a Python without the front end's dependencies
+        return {}
+    return SUBCOMMANDS
 
 
 ENGINE_PLAYS = ("engine", "smoke", "bench")
@@ -598,13 +613,9 @@ def take_over_retry_lines(callback):
 def extra_var_warnings(values, inventories):
     """What dgx-stage refuses in -e values (a name no play or role reads, a name without a value, a value
     outside its choices or type), as warnings for a run of the playbooks without the front end."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if repo not in sys.path:
-        sys.path.insert(0, repo)
-    try:
-        from dgx_stage import UsageError, extravars
-    except ImportError:      # the playbooks run from a Python without the front end's dependencies
+    if not _front_end_subcommands():
         return []
+    from dgx_stage import UsageError, extravars
     try:
         return extravars.problems(list(values), list(inventories))
     except UsageError as exc:

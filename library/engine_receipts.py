@@ -61,6 +61,11 @@ options:
         run. Any other holder still makes the task fail. Empty - every holder refuses.
     type: str
     default: ""
+  inventory_hostname:
+    description:
+      - This node's name in the inventory, the C(--limit) of the C(dgx-stage) command a refusal gives as the fix
+        (C(dgx-stage clean-receipts --limit dgx2 -e receipt_force=true)); without it the command names the lane.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -183,6 +188,7 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["absent"], default="absent"),
     force=dict(type="bool", default=False),
     live_container=dict(type="str", default=""),
+    inventory_hostname=dict(type="str"),
 )
 
 
@@ -191,7 +197,8 @@ def main():
     params = module.params
     try:
         result = clear_receipts(params["parent"], params["names"], force=params["force"],
-                                check_mode=module.check_mode, live_container=params["live_container"])
+                                check_mode=module.check_mode, live_container=params["live_container"],
+                                host=params["inventory_hostname"])
     except StageError as exc:
         module.fail_json(msg=str(exc))
     if result["holders"] and params["force"]:

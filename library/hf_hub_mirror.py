@@ -213,6 +213,11 @@ options:
         repo, and such a file would be staged by neither rank.
     type: list
     elements: str
+  inventory_hostname:
+    description:
+      - This node's name in the inventory, the C(--limit) of the C(dgx-stage) commands the messages give as the
+        fix (C(dgx-stage stage --limit dgx2)); without it they name the whole lane.
+    type: str
   time_limit:
     description:
       - With O(lease_file) - seconds after which the run stops itself the same way (temp files removed, no ref
@@ -701,6 +706,7 @@ ARGUMENT_SPEC = dict(
     peer_dir=dict(type="path"),
     require_match=dict(type="list", elements="str"),
     other_rank_patterns=dict(type="list", elements="str"),
+    inventory_hostname=dict(type="str"),
 )
 
 
@@ -722,7 +728,8 @@ def main():
             ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
             prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
             copy_missing=params["copy_missing"], phase=params["phase"], peer_dir=params["peer_dir"],
-            require_match=params["require_match"], other_rank_patterns=params["other_rank_patterns"])
+            require_match=params["require_match"], other_rank_patterns=params["other_rank_patterns"],
+            host=params["inventory_hostname"])
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result

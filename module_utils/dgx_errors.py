@@ -1,5 +1,16 @@
-"""The one exception type the dgx-stage module_utils raise."""
+"""The one exception type the dgx-stage module_utils raise, and the commands their messages give as the fix."""
 
 
 class StageError(Exception):
     """A staging step cannot proceed; the message names the file involved and the fix."""
+
+
+def fix_command(subcommand, host=None, *extra_vars):
+    """The front end's command an operator pastes to fix what a message is about: its subcommand, this host's
+    --limit (when the module was told the host's inventory name) and the -e values it needs."""
+    words = ["dgx-stage", subcommand]
+    if host:
+        words += ["--limit", host]
+    for value in extra_vars:
+        words += ["-e", value]
+    return "`%s`" % " ".join(words)

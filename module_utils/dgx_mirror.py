@@ -17,7 +17,7 @@ import re
 import stat
 import time
 
-from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_fsutil import (TEMP_PREFIX, atomic_write_bytes, fsync_dir, is_temp_name, is_within,
                                              open_to_read, remove_empty_dirs, remove_path, walk_tree)
 from ansible.module_utils.dgx_hashing import (file_sha256, hash_as_named, name_is_hash, sampled_bytes,
@@ -48,7 +48,8 @@ class MirrorRequest(object):
 
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
-                 copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None):
+                 copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None,
+                 host=None):
         if verify not in VERIFY_MODES:
             raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
         if phase not in PHASES:
@@ -74,6 +75,7 @@ class MirrorRequest(object):
         self.peer_dir = os.path.abspath(peer_dir) if peer_dir else None
         self.require_match = list(require_match) if require_match else []
         self.other_rank_patterns = list(other_rank_patterns) if other_rank_patterns else []
+        self.host = host           # the inventory's name for this node: the --limit of the commands messages give
 
 
 class MirrorFailed(StageError):
@@ -508,9 +510,10 @@ def refuse_not_staged(plan, req):
     if missing:
         raise NotStaged(
             "%d of the %d selected file(s) of %s@%s are not staged on this node (%s): this %s pass proves the "
-            "local copy and copies nothing (copy_missing=false). Run the stage play first "
-            "(ansible-playbook -i INVENTORY stage-deepseek.yml --tags stage), then verify; nothing was written"
-            % (len(missing), len(plan.selected), req.repo_id, plan.commit[:12], name_some(missing), req.phase),
+            "local copy and copies nothing (copy_missing=false). Stage them first, which verifies too: %s; "
+            "nothing was written"
+            % (len(missing), len(plan.selected), req.repo_id, plan.commit[:12], name_some(missing), req.phase,
+               fix_command("stage", req.host)),
             plan, missing)
 
 
@@ -652,7 +655,8 @@ def _plan_cleanup(plan, req):
         plan.stale = unwanted
         if unwanted:
             plan.warnings.append("%d local file(s) of %s are not part of the staged revision (e.g. %s); "
-                                 "set prune: true to reclaim them" % (len(unwanted), req.repo_id, unwanted[0]))
+                                 "reclaim them with %s" % (len(unwanted), req.repo_id, unwanted[0],
+                                                           fix_command("stage", req.host, "stage_prune=true")))
     plan.freed_bytes = sum(_freed_by_removal(p) for p in plan.prune + plan.debris)
 
 

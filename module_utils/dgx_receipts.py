@@ -7,7 +7,7 @@ import errno
 import os
 import re
 
-from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_fsutil import is_within, remove_path, walk_tree
 from ansible.module_utils.dgx_mounts import describe_mount, mounts_below, parse_mountinfo
 
@@ -355,7 +355,7 @@ def _in_container(holder, container_id):
     return len(cid) >= 12 and holder["container"].startswith(cid)
 
 
-def refusal_message(holders, paths):
+def refusal_message(holders, paths, host=None):
     """The refusal: which roots, who holds them (and how), and what to do about it."""
     held = [p for p in paths if any(p in h["roots"] for h in holders)]
     # The holder may be an engine, a shell, a backup job...: name what to stop, not what it is.
@@ -366,11 +366,12 @@ def refusal_message(holders, paths):
         if what not in stop:
             stop.append(what)
     return ("engine_receipts: refusing to remove receipt roots in use: %s. Held by %s. Stop %s first, "
-            "or set force: true (receipt_force: true in the plays) to remove them anyway"
-            % (", ".join(held), format_holders(holders), " and ".join(stop)))
+            "or remove them anyway: %s"
+            % (", ".join(held), format_holders(holders), " and ".join(stop),
+               fix_command("clean-receipts", host, "receipt_force=true")))
 
 
-def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/proc", live_container=""):
+def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/proc", live_container="", host=None):
     """Remove the listed receipt roots under parent.
 
     A root that is a symlink is unlinked (its target is left alone). Refuses, removing nothing,
@@ -388,7 +389,7 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
                            proc_root=proc_root)
     strangers = [h for h in holders if not _in_container(h, live_container)]
     if strangers and not force:
-        raise StageError(refusal_message(strangers, paths))
+        raise StageError(refusal_message(strangers, paths, host))
     kept = [] if force else [p for p in paths if any(p in h["roots"] for h in holders)]
     plan = [p for p in paths if p not in kept]
     mounted = [(p, m) for p in plan if p in real_roots for m in mounts_below(p)]

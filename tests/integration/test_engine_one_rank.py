@@ -420,8 +420,9 @@ def test_a_missing_manifest_stops_the_play_naming_it_before_the_container_is_tou
     rc, data = run_playbook(lane["work"], lane["inventory"], "--tags", "engine",
                             "-e", json.dumps({"engine_manifest_path": gone}))
     assert rc != 0
-    assert any("No mount manifest at %s (cannot read it: No such file or directory): run the manifest play first" % gone
-               in f for f in failures(data)), failures(data)
+    said = "No mount manifest at %s (cannot read it: No such file or directory): its manifest play writes it " \
+        "first - `dgx-stage serve`" % gone
+    assert any(said in f for f in failures(data)), failures(data)
     assert runtimes.container_ids(lane["runtime"], lane["name"]) == before
 
 

@@ -247,7 +247,7 @@ def test_a_missing_image_fails_preflight_on_every_host_and_nothing_is_written(tm
         assert sorted(found) == ["rank0", "rank1"], failures(data)
         for host, msg in found.items():
             assert "Engine image %s is not on %s (podman)" % (missing, host) in msg
-            assert "engine_pull is never" in msg and "set engine_pull: missing" in msg
+            assert "engine_pull is never" in msg and "`dgx-stage serve -e engine_pull=missing`" in msg
         # Nothing after preflight ran: no staging, receipts, manifest or container.
         for host, host_vars in hosts.items():
             assert os.listdir(host_vars["hub_local_root"]) == []

@@ -181,7 +181,7 @@ def test_verify_on_an_empty_local_root_fails_naming_what_is_not_staged_and_write
         files = sorted(p for p in nas_hub["repos"][repo_id]["files"] if not p.startswith("page15/"))
         assert row["failed"] and row["unstaged_paths"] == files and row["report"]["status"] == "failed"
         assert "%d of the %d selected file(s) of %s" % (len(files), len(files), repo_id) in row["msg"]
-        assert files[0] in row["msg"] and "--tags stage" in row["msg"] and row["bytes_copied"] == 0
+        assert files[0] in row["msg"] and "`dgx-stage stage --limit localhost`" in row["msg"] and row["bytes_copied"] == 0
     assert sorted(rows) == sorted([MAIN_REPO, DRAFTER_REPO])
     # No blob, no lock, no progress file. The background jobs' dir came and went (.locks/dgx-stage-async,
     # removed once empty): the root's own mtime moved, nothing else.

@@ -207,19 +207,18 @@ def test_next_step_names_no_report_file_it_does_not_know():
 
 
 NOT_STAGED = ("hf_hub_mirror a: 11 of the 11 selected file(s) of a@b7a6f9ba26b1 are not staged on this node (x): "
-              "this verify pass proves the local copy and copies nothing (copy_missing=false). Run the stage "
-              "play first (ansible-playbook -i INVENTORY stage-deepseek.yml --tags stage), then verify; "
-              "nothing was written" + " padding" * 40)
+              "this verify pass proves the local copy and copies nothing (copy_missing=false). Stage them first, "
+              "which verifies too: `dgx-stage stage --limit n1`; nothing was written" + " padding" * 40)
 
 
 def test_next_step_follows_what_the_failure_asks_for():
-    """verify refused for files not staged says run --tags stage: re-running only verify fails again."""
-    assert summary.tags_asked(NOT_STAGED) == ["stage"]
+    """verify refused for files not staged says to stage: re-running only verify fails again."""
+    assert summary.tags_asked(NOT_STAGED) == ["preflight", "stage", "verify", "manifest"]
     assert summary.tags_asked("run --tags=stage,verify or --tags receipts") == ["stage", "verify", "receipts"]
     lines = summary.next_step_lines("n1", "failed", {"play": "verify", "tag": "verify", "task": "t",
                                                      "msg": NOT_STAGED}, "reports/n1.json", None, None)
     assert lines[0].endswith("...")      # the message is cut for the screen, not for reading what it asks
-    assert lines[1].endswith("--limit n1  (or only those plays: --tags stage,verify)")
+    assert lines[1].endswith("--limit n1  (or only those plays: --tags preflight,stage,verify,manifest)")
     plain = summary.next_step_lines("n1", "failed", {"play": "stage", "tag": "stage", "task": "t", "msg": "bad"},
                                     "reports/n1.json", None, None)
     assert plain[1].endswith("--limit n1  (or only that play: --tags stage)")

@@ -1527,7 +1527,7 @@ def test_verify_on_an_empty_local_hub_fails_naming_what_is_not_staged_and_writes
     text = str(failure.value)
     assert "%d of the %d selected file(s) of %s" % (len(wanted), len(wanted), MAIN) in text
     assert "(%s and %d more)" % (", ".join(wanted[:5]), len(wanted) - 5) in text
-    assert "copies nothing" in text and "--tags stage" in text and "nothing was written" in text
+    assert "copies nothing" in text and "`dgx-stage stage`" in text and "nothing was written" in text
     result = failure.value.result
     assert result["unstaged_paths"] == wanted and result["changed"] is False and result["repairs"] == []
     assert result["blobs"] == {"copied": 0, "reused": 0, "repaired": 0} and result["bytes_copied"] == 0

@@ -421,7 +421,8 @@ def test_a_refusal_names_what_to_stop_without_calling_it_an_engine(fake):
     with pytest.raises(StageError) as err:
         clear_receipts(str(fake["parent"]), NAMES, proc_root=fake["proc"].root)
     msg = str(err.value)
-    assert "Stop process pid 70 (command sleep) and process pid 71 (command bash) first, or set force" in msg
+    assert "Stop process pid 70 (command sleep) and process pid 71 (command bash) first, or remove them anyway: " \
+        "`dgx-stage clean-receipts -e receipt_force=true`" in msg
     assert "engine" not in msg.split(". Stop ")[1]
 
 
@@ -504,7 +505,7 @@ def test_clear_receipts_refuses_naming_root_holder_and_fix(fake):
     assert "pid 41 (sleep, container 018a9bfdf3ce) has %s/worker.json open (as %s/worker.json)" % (
         fake["roots"][1], fake["view"]) in msg
     assert "binds %s, the receipt parent, at /cache" % fake["parent"] in msg
-    assert "Stop container 018a9bfdf3ce first, or set force: true (receipt_force: true" in msg
+    assert "Stop container 018a9bfdf3ce first, or remove them anyway: `dgx-stage clean-receipts" in msg
     assert all(os.path.isdir(p) for p in fake["roots"])
 
     # This host's live engine: its receipts are kept, not refused; anyone else still refuses.

@@ -23,6 +23,8 @@ description:
   - The receipt roots O(receipt_roots) present under O(receipt_parent).
   - The engine container's state and API health from O(engine_probe), the result of an C(engine_probe)
     V(wait) call made with C(container) (the module itself runs no container command).
+  - The mount manifest at O(manifest_path) - whether it binds from the local disk or the NAS, when it was
+    written, and per repo whether the NAS C(refs/<revision>) under O(hub_nas_root) moved past the commit it binds.
   - RV(lines) are the human lines for the host; C(playbooks/status.yml) prints them, the front end renders them.
 author: dgx-stage maintainers
 options:
@@ -57,6 +59,12 @@ options:
       - The result of C(engine_probe) with C(mode=wait) and C(container) on this host ({} when it did not run).
     type: dict
     default: {}
+  manifest_path:
+    description: The engine's mount manifest on this node (C(engine_manifest_path)); unset - not reported.
+    type: path
+  hub_nas_root:
+    description: The NAS hub cache root, whose refs say whether the NAS moved past what the manifest binds.
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -213,6 +221,47 @@ status:
         problem:
           description: Why the state is V(unknown) or V(absent), when the runtime said, else null.
           type: str
+    manifest:
+      description: The mount manifest; null without O(manifest_path).
+      type: dict
+      contains:
+        path:
+          description: O(manifest_path).
+          type: str
+        problem:
+          description: V(not written yet), V(not a regular file), why it is not JSON or not a mount manifest; else null.
+          type: str
+        written:
+          description: When it was last written (its mtime), ISO 8601 UTC.
+          type: str
+        bind_from:
+          description:
+            - V(local) (staged files from the local disk, the rest from the NAS) or V(nas) (every file from the NAS,
+              a roll-back); null for a manifest written before the mode was recorded.
+          type: str
+        repos:
+          description: Per repo it binds.
+          type: list
+          elements: dict
+          contains:
+            repo_id:
+              description: The repo.
+              type: str
+            revision:
+              description: Its revision.
+              type: str
+            commit:
+              description: The commit the manifest binds.
+              type: str
+            nas_commit:
+              description: The commit the NAS C(refs/<revision>) names now, null when it cannot be read.
+              type: str
+            moved:
+              description: The NAS ref names another commit than the one bound - a revision the lane does not serve yet.
+              type: bool
+            problem:
+              description: Why the NAS ref could not be read, else null.
+              type: str
 lines:
   description: Human lines for this host - one per repo, the receipts, the engine.
   returned: success
@@ -221,6 +270,7 @@ lines:
   sample:
     - "coolbho3k/DSpark-drafter@main: commit 1a2b3c4d5e6f, 5 files, 1.2 GiB local; staged 2026-11-30T20:45:12Z; verified 2026-11-30T21:02:40Z (full)"
     - "receipts under /cache: none"
+    - "manifest /raid/hf-local/engine-mounts.json: binds from local (written 2026-11-30T21:03:05Z)"
     - "engine ds41-engine: disabled"
 """
 
@@ -237,6 +287,8 @@ ARGUMENT_SPEC = dict(
     engine_enabled=dict(type="bool", default=True),
     engine_name=dict(type="str", default="ds41-engine"),
     engine_probe=dict(type="dict", default={}),
+    manifest_path=dict(type="path"),
+    hub_nas_root=dict(type="path"),
 )
 
 
@@ -245,7 +297,7 @@ def main():
     params = module.params
     status = host_status(params["hub_local_root"], params["repos"], params["receipt_parent"],
                          params["receipt_roots"] if params["receipt_roots"] is not None else list(RECEIPT_ROOTS), params["engine_enabled"], params["engine_name"],
-                         params["engine_probe"])
+                         params["engine_probe"], params["manifest_path"], params["hub_nas_root"])
     module.exit_json(changed=False, status=printable_names(status), lines=printable_names(status_lines(status)))
 
 

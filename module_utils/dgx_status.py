@@ -5,7 +5,9 @@ Per repo of stage_repos: the commit refs/<revision> names in the local hub and w
 there, the files and bytes it holds locally, and when it was last staged and last verified (and how) from
 the progress file hf_hub_mirror keeps in `<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json`
 (its `passes` hold the last figures of each pass). Then the receipt roots present under receipt_parent and
-the engine container's state and API health from an engine_probe wait result.
+the engine container's state and API health from an engine_probe wait result. And the mount manifest the engine
+binds: where its files come from (local or nas), when it was written, and, per repo, whether the NAS ref has
+moved past the commit it binds (a new revision on the NAS that the lane does not serve yet).
 
 Nothing here follows a symlink out of the local hub: a repo folder, snapshot or lock folder that is a link
 (or a refs/, snapshots/ or .locks folder on the way to one) is reported as such and not read through. Garbage (a half-written progress file, `passes` that is not a
@@ -18,14 +20,17 @@ from __future__ import absolute_import, division, print_function
 import json
 import os
 import stat
+import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_mirror import human_bytes
+from ansible.module_utils.dgx_nodestate import checked_manifest
 
 PROGRESS_NAME = "dgx-stage.progress.json"   # dgx_transfer.PROGRESS_NAME (kept import-light here)
 PROGRESS_MAX_BYTES = 1024 * 1024
+MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 # Container statuses that mean the engine stopped (docker and podman words).
 EXITED = ("exited", "stopped", "dead")
 # What docker and podman (and engine_probe, for a missing runtime) say of a container that is not there.
@@ -301,10 +306,73 @@ def engine_status(enabled, name, probe):
 
 
 # ------------------------------------------------------------------------------------------------
+# the mount manifest
+# ------------------------------------------------------------------------------------------------
+
+def _utc(epoch):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def manifest_status(manifest_path, hub_nas_root):
+    """What the manifest at manifest_path binds (see stage_status's RETURN: status.manifest); None without a
+    path."""
+    if not manifest_path:
+        return None
+    out = {"path": manifest_path, "problem": None, "written": None, "bind_from": None, "repos": []}
+    st = _lstat(manifest_path)
+    if st is None:
+        out["problem"] = "not written yet"
+        return out
+    raw = read_small(manifest_path, MANIFEST_MAX_BYTES + 1)
+    if raw is None:
+        out["problem"] = "not a regular file"
+        return out
+    out["written"] = _utc(st.st_mtime)
+    try:
+        manifest, problem = checked_manifest(json.loads(raw.decode("utf-8"))) if len(raw) <= MANIFEST_MAX_BYTES \
+            else (None, "larger than %d bytes" % MANIFEST_MAX_BYTES)
+    except ValueError as exc:
+        manifest, problem = None, "not JSON: %s" % exc
+    if problem:
+        out["problem"] = problem
+        return out
+    records = [r for r in manifest["repos"] if isinstance(r, dict)]
+    out["bind_from"] = manifest.get("bind_from") if manifest.get("bind_from") in ("local", "nas") else None
+    for record in records:
+        row = {"repo_id": record.get("repo_id"), "revision": record.get("revision") or "main",
+               "commit": record.get("commit"), "nas_commit": None, "moved": None, "problem": None}
+        folder = record.get("folder")
+        if hub_nas_root and isinstance(folder, str) and "/" not in folder and folder not in ("", ".", ".."):
+            row["nas_commit"], row["problem"] = staged_commit(os.path.join(hub_nas_root, folder), row["revision"])
+            if row["nas_commit"]:
+                row["moved"] = row["nas_commit"] != row["commit"]
+        out["repos"].append(row)
+    return out
+
+
+def manifest_lines(manifest):
+    if manifest is None:
+        return []
+    if manifest["problem"]:
+        return ["manifest %s: %s" % (manifest["path"], manifest["problem"])]
+    lines = ["manifest %s: binds from %s (written %s)" % (
+        manifest["path"], manifest["bind_from"] or "an unknown source (written before the mode was recorded)",
+        manifest["written"])]
+    for row in manifest["repos"]:
+        if row["moved"]:
+            lines.append("  %s: the NAS refs/%s moved past the bound commit %s to %s (not served yet: stage it)"
+                         % (row["repo_id"], row["revision"], _short(row["commit"]), _short(row["nas_commit"])))
+        elif row["problem"]:
+            lines.append("  %s: NAS refs/%s: %s" % (row["repo_id"], row["revision"], row["problem"]))
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
 # the whole host and its lines
 # ------------------------------------------------------------------------------------------------
 
-def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, engine_name, engine_probe):
+def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, engine_name, engine_probe,
+                manifest_path=None, hub_nas_root=None):
     """The status dict of stage_status (its RETURN documents every key)."""
     problem = link_problem(hub_root, "hub_local_root") if hub_root else "hub_local_root is not set"
     if problem and hub_root and os.path.isdir(hub_root):
@@ -312,7 +380,8 @@ def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, 
     rows = [] if problem else [repo_status(hub_root, r if isinstance(r, dict) else {}) for r in repos or []]
     return {"hub_local_root": hub_root, "problem": problem, "repos": rows,
             "receipts": receipts_status(receipt_parent, receipt_roots),
-            "engine": engine_status(engine_enabled, engine_name, engine_probe)}
+            "engine": engine_status(engine_enabled, engine_name, engine_probe),
+            "manifest": manifest_status(manifest_path, hub_nas_root)}
 
 
 def _short(commit):
@@ -374,6 +443,7 @@ def _status_lines(status):
         lines.append("receipts: %s" % receipts["problem"])
     else:
         lines.append("receipts under %s: %s" % (receipts["parent"], ", ".join(receipts["present"]) or "none"))
+    lines.extend(manifest_lines(status.get("manifest")))
     engine = status["engine"]
     text = "engine %s: %s" % (engine["name"], engine["state"])
     if engine["state"] == "exited" and engine["exit_code"] is not None:

@@ -106,7 +106,7 @@ def test_receipts_and_manifest_plays_run_idempotent_and_check_safe(tmp_path, lan
     # Manifest: counts as the staged tree implies (every non-page15 file local, page15 one NAS dir).
     with open(lane["manifest"]) as handle:
         manifest = json.load(handle)
-    assert set(manifest) == {"repos", "mounts", "counts"}
+    assert set(manifest) == {"repos", "mounts", "counts", "bind_from"} and manifest["bind_from"] == "local"
     staged = sum(1 for r in nas["repos"].values() for p in r["files"] if not p.startswith("page15/"))
     page15_repos = [r for r in nas["repos"].values() if r["page15"]]
     assert manifest["counts"] == {"local": staged, "nas": len(page15_repos), "total": staged + len(page15_repos)}
@@ -187,7 +187,7 @@ def test_bind_from_nas_serves_the_nas_weights_and_leaves_the_local_hub_alone(tmp
     with open(lane["manifest"]) as handle:
         manifest = json.load(handle)
     assert manifest["counts"]["local"] == 0 and manifest["counts"]["nas"] == manifest["counts"]["total"] > 0
-    assert manifest["repos"] == staged["repos"]
+    assert manifest["repos"] == staged["repos"] and manifest["bind_from"] == "nas"
     for mount in manifest["mounts"]:
         assert mount["origin"] == "nas" and mount["read_only"] is True
         assert mount["source"].startswith(nas["hub"] + "/"), mount

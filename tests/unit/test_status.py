@@ -7,8 +7,8 @@ import os
 import pytest
 
 from ansible.module_utils.dgx_probe import container_facts
-from ansible.module_utils.dgx_status import (engine_status, host_status, parse_progress, pass_summary,
-                                             repo_status, status_lines)
+from ansible.module_utils.dgx_status import (engine_status, host_status, manifest_lines, manifest_status,
+                                             parse_progress, pass_summary, repo_status, status_lines)
 from test_module_docs import check_result, run_main
 from treestate import tree_snapshot
 
@@ -306,6 +306,68 @@ def test_engine_states_from_captured_docker_inspect_output():
     assert (exited["state"], exited["exit_code"], exited["health"]) == ("exited", 3, "not checked")
 
 
+# --- the manifest the engine binds ----------------------------------------------------------------------
+
+def write_manifest(path, bind_from="local", commit=COMMIT):
+    record = {"repo_id": REPO["repo_id"], "revision": "main", "commit": commit, "folder": FOLDER}
+    document = {"repos": [record], "mounts": [], "counts": {"local": 0, "nas": 0, "total": 0}}
+    if bind_from:
+        document["bind_from"] = bind_from
+    path.write_text(json.dumps(document))
+    os.utime(str(path), (1764547200, 1764547200))
+    return path
+
+
+@pytest.mark.parametrize("bind_from", ["local", "nas"])
+def test_the_manifest_says_its_bind_mode_and_when_it_was_written(tmp_path, bind_from):
+    make_repo(tmp_path / "nas")
+    manifest = manifest_status(str(write_manifest(tmp_path / "m.json", bind_from)), str(tmp_path / "nas"))
+    assert (manifest["problem"], manifest["bind_from"], manifest["written"]) == (None, bind_from, "2025-12-01T00:00:00Z")
+    assert manifest["repos"] == [{"repo_id": "org/model", "revision": "main", "commit": COMMIT, "nas_commit": COMMIT,
+                                  "moved": False, "problem": None}]
+    assert manifest_lines(manifest) == ["manifest %s: binds from %s (written 2025-12-01T00:00:00Z)"
+                                        % (tmp_path / "m.json", bind_from)]
+
+
+def test_a_nas_ref_moved_past_the_bound_commit_is_said_with_both_commits(tmp_path):
+    make_repo(tmp_path / "nas", commit=OTHER)
+    manifest = manifest_status(str(write_manifest(tmp_path / "m.json", "nas")), str(tmp_path / "nas"))
+    assert (manifest["repos"][0]["moved"], manifest["repos"][0]["nas_commit"]) == (True, OTHER)
+    assert manifest_lines(manifest)[1] == ("  org/model: the NAS refs/main moved past the bound commit %s to %s "
+                                           "(not served yet: stage it)" % (COMMIT[:12], OTHER[:12]))
+
+
+def test_a_nas_ref_that_cannot_be_read_is_named_not_called_moved(tmp_path):
+    (tmp_path / "nas").mkdir()
+    manifest = manifest_status(str(write_manifest(tmp_path / "m.json")), str(tmp_path / "nas"))
+    assert manifest["repos"][0]["moved"] is None and manifest["repos"][0]["problem"]
+    assert manifest_lines(manifest)[1].startswith("  org/model: NAS refs/main: ")
+
+
+@pytest.mark.parametrize("content, words", [
+    (None, "not written yet"), (b"{", "not JSON"), (b"[]", "not a mount manifest"),
+    (b"\xff", "not JSON")])
+def test_a_missing_or_garbage_manifest_is_named_not_raised(tmp_path, content, words):
+    path = tmp_path / "m.json"
+    if content is not None:
+        path.write_bytes(content)
+    manifest = manifest_status(str(path), str(tmp_path))
+    assert words in manifest["problem"] and manifest["bind_from"] is None
+    assert manifest_lines(manifest) == ["manifest %s: %s" % (path, manifest["problem"])]
+
+
+def test_a_manifest_behind_a_link_is_not_read_through(tmp_path):
+    write_manifest(tmp_path / "real.json")
+    (tmp_path / "m.json").symlink_to("real.json")
+    assert manifest_status(str(tmp_path / "m.json"), str(tmp_path))["problem"] == "not a regular file"
+
+
+def test_a_manifest_written_before_the_mode_was_recorded_says_so(tmp_path):
+    manifest = manifest_status(str(write_manifest(tmp_path / "m.json", None)), None)
+    assert manifest["bind_from"] is None and manifest["repos"][0]["nas_commit"] is None
+    assert "binds from an unknown source" in manifest_lines(manifest)[0]
+
+
 # --- the module ---------------------------------------------------------------------------------------
 
 def test_stage_status_module_returns_what_it_documents(tmp_path):
@@ -313,12 +375,15 @@ def test_stage_status_module_returns_what_it_documents(tmp_path):
     write_progress(tmp_path, {"passes": "garbage"})
     args = {"hub_local_root": str(tmp_path), "repos": [REPO, {"repo_id": "org/absent"}, {"repo_id": "bad/../id"}],
             "receipt_parent": str(tmp_path), "engine_enabled": True,
-            "engine_probe": probe(container("running", running=True), True, ["m"])}
+            "engine_probe": probe(container("running", running=True), True, ["m"]),
+            "manifest_path": str(write_manifest(tmp_path / "m.json", "nas", OTHER)), "hub_nas_root": str(tmp_path)}
     result = check_result("stage_status", args, run_main("stage_status", args))
     assert result["changed"] is False
     assert [r["state"] for r in result["status"]["repos"]] == ["staged", "not staged", "error"]
+    assert result["status"]["manifest"]["bind_from"] == "nas" and result["status"]["manifest"]["repos"][0]["moved"]
     assert result["lines"][-1] == "engine ds41-engine: running, API health: ok (m)"
-    assert len(result["lines"]) == 5
+    assert result["lines"][-3].startswith("manifest %s: binds from nas" % (tmp_path / "m.json"))
+    assert len(result["lines"]) == 7
 
 
 def test_control_characters_in_a_repo_id_or_a_message_stay_on_one_line(tmp_path):

@@ -103,6 +103,7 @@ def host_figures(report, receipts_removed=None):
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
     engine = _dict(report.get("engine"))
     manifest = _dict(_dict(engine.get("manifest")).get("counts"))
+    bound_corrupt = _dict(engine.get("manifest")).get("nas_corrupt")
     corrupt = set(str(path) for row in copying + _rows(report, "preflight")
                   for path in (row.get("nas_corrupt") if isinstance(row.get("nas_corrupt"), list) else []))
     verify_modes = sorted(set(str(r.get("verify")) for r in _rows(report, "verify") if r.get("verify")))
@@ -119,6 +120,7 @@ def host_figures(report, receipts_removed=None):
         "verify": ",".join(verify_modes) or None,
         "manifest_local": manifest.get("local") if manifest else None,
         "manifest_nas": manifest.get("nas") if manifest else None,
+        "manifest_corrupt": len(bound_corrupt) if isinstance(bound_corrupt, list) else 0,
         "receipts_removed": len(receipts_removed) if receipts_removed is not None else None,
         "engine": engine,
     }
@@ -178,7 +180,8 @@ def host_row(report, receipts_removed=None):
         "nas_corrupt": NONE if f["nas_corrupt"] is None else str(f["nas_corrupt"]),
         "mib_s": NONE if f["mib_s"] is None else "%.1f" % f["mib_s"],
         "verify": f["verify"] or NONE,
-        "manifest": _pair(f["manifest_local"], f["manifest_nas"]),
+        "manifest": _pair(f["manifest_local"], f["manifest_nas"])
+        + (" (%d NAS CORRUPT bound)" % f["manifest_corrupt"] if f["manifest_corrupt"] else ""),
         "receipts": NONE if f["receipts_removed"] is None else str(f["receipts_removed"]),
         "engine": _engine_health(f["engine"]),
         "smoke": _smoke(f["engine"]),

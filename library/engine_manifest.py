@@ -22,10 +22,14 @@ description:
   - A directory is only bound whole when every file in it is a real file (or a relative link that
     stays inside it). Snapshot links such as C(../../blobs/<sha>) would dangle inside the
     container, so such files are bound one by one, resolved on the host.
-  - With O(bind_from=nas) the local hub is not read at all - its refs, links and blobs are left as they
-    are and ignored - and every file is bound read-only from the NAS snapshot of the NAS's commit
+  - With O(bind_from=nas) the local hub is not read - its refs, links and blobs are left as they
+    are and ignored, only dgx-stage's own record of NAS blobs found corrupt is read - and every file is bound read-only from the NAS snapshot of the NAS's commit
     (C(origin=nas)), so a lane whose local disks are suspect serves the NAS weights without anything
     being removed. V(local) again binds the staged copies.
+  - A file bound from the NAS whose blob a stage or verify pass found failing its name (kept under
+    C(nas_corrupt) in the repo's progress file, C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json))
+    fails the module naming the file, the blob and the NAS file, unless O(allow_corrupt_nas) (then a warning).
+    A NAS file changed since it was found is hashed again and bound when its bytes now hash to its name.
   - Before returning, checks that every source exists, no two mounts share a target, no target
     is nested in a directory mount, every NAS mount is read-only, and every NAS snapshot file is
     reachable through exactly one mount.
@@ -94,6 +98,11 @@ options:
     type: str
     choices: [local, nas]
     default: local
+  allow_corrupt_nas:
+    description:
+      - Bind NAS files found corrupt anyway, with a warning (C(engine_allow_corrupt_nas)); RV(nas_corrupt) lists them.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -246,8 +255,37 @@ counts:
       type: int
       returned: success when check mode with O(plan)
   sample: {local: 141, nas: 30, total: 171}
+nas_corrupt:
+  description: The files the manifest binds from the NAS whose blob was found failing its name and not proven since.
+  returned: success; on failure when the manifest would bind them
+  type: list
+  elements: dict
+  contains:
+    repo_id:
+      description: The repo.
+      type: str
+    path:
+      description: The file's path in the snapshot (null when the repo's record cannot be read; RV(nas_corrupt[].why) says why).
+      type: str
+    blob:
+      description: The blob's name, the hash its bytes must have.
+      type: str
+    nas_file:
+      description: The NAS snapshot file bound.
+      type: str
+    why:
+      description: When and how it was found corrupt, or why the NAS file still does not prove its name.
+      type: str
+  sample:
+    - repo_id: org/model
+      path: model-00002-of-00006.safetensors
+      blob: 982d84f448ad773b5ac6642a6accdbcdc0aecc5328987cc880396127e1ece6df
+      nas_file: /mnt/nas/hf/models--org--model/snapshots/1a2b3c/model-00002-of-00006.safetensors
+      why: found corrupt 2026-12-01T10:18:45Z (its sampled bytes differ from the local copy's) and unchanged since
 msg:
-  description: Why no manifest could be computed (a missing NAS root or snapshot, an inconsistent mount list).
+  description:
+    - Why no manifest could be computed (a missing NAS root or snapshot, an inconsistent mount list), or the
+      NAS files found corrupt it would bind.
   returned: failure
   type: str
 """
@@ -257,6 +295,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_manifest import build_manifest
+from ansible.module_utils.dgx_nas_suspects import bound_suspects, suspect_text
 
 
 ARGUMENT_SPEC = dict(
@@ -273,6 +312,7 @@ ARGUMENT_SPEC = dict(
     plan=dict(type="list", elements="dict"),
     target_root=dict(type="str", default="/hub"),
     bind_from=dict(type="str", choices=["local", "nas"], default="local"),
+    allow_corrupt_nas=dict(type="bool", default=False),
 )
 
 
@@ -292,7 +332,12 @@ def main():
     elif params["bind_from"] == "local" and not os.path.isdir(params["hub_local_root"]):
         module.warn("hub_local_root %s does not exist: every file is mounted from the NAS"
                     % params["hub_local_root"])
-    module.exit_json(changed=False, manifest=manifest, counts=counts)
+    suspects = bound_suspects(manifest, params["hub_local_root"])
+    if suspects and not params["allow_corrupt_nas"]:
+        module.fail_json(msg=suspect_text(suspects, False), nas_corrupt=suspects)
+    if suspects:
+        module.warn(suspect_text(suspects, True))
+    module.exit_json(changed=False, manifest=manifest, counts=counts, nas_corrupt=suspects)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,12 @@ from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, fir
                                                read_tree_listing, repo_folder_name, resolve_commit, scan_snapshot, path_selected,
                                                tree_listing_for, unmatched_patterns)
 from ansible.module_utils.dgx_mounts import mount_point_problem
+from ansible.module_utils.dgx_nas_suspects import remembered
 from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, CandidateRejected, LocalTree,
                                                LocalWriteError, PassMeter, RepoLock, SourceProblem, adopt_candidate,
                                                clear_peer_dir, copy_verified, default_workers, find_temp_debris,
                                                linked_dir_problem, run_workers,
-                                               symlink_atomic)
+                                               symlink_atomic, utc_text)
 
 VERIFY_MODES = ("sample", "full", "none")
 PHASES = ("stage", "verify")
@@ -1018,6 +1019,9 @@ def _run_locked(tree, req, meter, started, writing):
     space = check_space(plan, req)
     writing.append(True)
     outcome = _apply_locked(tree, plan, req, space, started, meter)
+    # A NAS blob stays suspect until a copy from the NAS proves its name: a green full verify reads no NAS byte.
+    meter.suspects = remembered(meter.suspects, outcome.nas_corrupt,
+                                [w.etag for w in outcome.written if w not in outcome.from_peers], utc_text(time.time()))
     dangling = count_dangling(plan, req.dest)
     result = _result(plan, req, outcome, space, dangling, started, meter)
     if outcome.failed:

@@ -604,6 +604,8 @@ class RepoLock(object):
 
 
 PROGRESS_NAME = "dgx-stage.progress.json"
+# Its key for the NAS blobs found failing their names and not proven good since (dgx_nas_suspects).
+SUSPECTS_KEY = "nas_corrupt"
 # The steps of a pass whose bytes are counted: content checks of local files, then copies and repairs.
 STEPS = ("hashing", "copying")
 # A rate (and so an ETA) is given only once the pass has worked this long and read something.
@@ -646,7 +648,8 @@ class PassMeter(object):
     With attach(lock_dir), the figures go to the progress file in that directory: at each step, at
     the end, and in between at most once per `interval` seconds. The file keeps the latest figures of
     every pass under `passes` (a verify pass never hides the last stage's); its top-level keys are the
-    pass running now or run last.
+    pass running now or run last, and `nas_corrupt` holds `suspects`: the NAS blobs passes found failing
+    their names and none proved good since (dgx_nas_suspects decides which; the meter keeps them).
     """
 
     def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None):
@@ -663,6 +666,7 @@ class PassMeter(object):
         self.step, self.current, self.status, self.error = "planning", None, "running", None
         self._dir_fd = None
         self._passes = {}
+        self.suspects = {}
         self._last_write = None
 
     # -- what the workers report ------------------------------------------------------------------
@@ -728,9 +732,13 @@ class PassMeter(object):
     def attach(self, lock_dir):
         """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds."""
         with self._lock:
-            previous = _read_json(PROGRESS_NAME, lock_dir.fd).get("passes")
+            document = _read_json(PROGRESS_NAME, lock_dir.fd)
+            previous = document.get("passes")
             self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
                 if isinstance(previous, dict) else {}
+            suspects = document.get(SUSPECTS_KEY)
+            self.suspects = dict((k, v) for k, v in suspects.items() if isinstance(v, dict)) \
+                if isinstance(suspects, dict) else {}
             self._dir_fd = lock_dir.fd
             self._write_locked()
 
@@ -786,6 +794,7 @@ class PassMeter(object):
         passes = dict(self._passes)
         passes[self.phase] = figures
         document = dict(figures, passes=passes)
+        document[SUSPECTS_KEY] = self.suspects
         try:
             atomic_write_bytes(PROGRESS_NAME, json.dumps(document, indent=1, sort_keys=True).encode("utf-8"),
                                dir_fd=self._dir_fd)

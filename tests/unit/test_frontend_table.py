@@ -84,6 +84,15 @@ def test_repairs_and_nas_corruption_are_counted_over_the_passes():
     assert figures["bytes_copied"] == 50360327 + 2048
 
 
+def test_nas_files_bound_although_found_corrupt_are_said_in_the_manifest_column():
+    report = fixture("report-stage-ok.json")
+    report["engine"]["manifest"] = {"counts": {"local": 0, "nas": 18, "total": 18}, "bind_from": "nas",
+                                    "nas_corrupt": [{"repo_id": "org/m", "path": "a", "blob": "b" * 64}]}
+    assert table.host_row(report)["manifest"] == "0/18 (1 NAS CORRUPT bound)"
+    report["engine"]["manifest"]["nas_corrupt"] = []
+    assert table.host_row(report)["manifest"] == "0/18"
+
+
 def test_engine_columns_from_the_rows_dgx_probe_shapes():
     report = fixture("report-stage-ok.json")
     report["engine"].update(runtime="podman", started=True, ready={"models": ["m"], "state": "ready", "rounds": 3},

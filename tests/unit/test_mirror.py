@@ -1633,7 +1633,9 @@ def test_progress_file_after_a_copy_a_verify_that_keeps_its_figures_and_a_pass_w
     assert after_stage["eta_s"] == 0 and after_stage["current"] is None and after_stage["error"] is None
     assert ISO_UTC.match(after_stage["updated_at"]) and ISO_UTC.match(after_stage["started_at"])
     assert after_stage["bytes_read"] == staged["bytes_read"] and after_stage["commit"] == nas.repo()["commit"]
-    assert after_stage["passes"] == {"stage": dict((k, v) for k, v in after_stage.items() if k != "passes")}
+    assert after_stage["passes"] == {"stage": dict((k, v) for k, v in after_stage.items()
+                                                   if k not in ("passes", "nas_corrupt"))}
+    assert after_stage["nas_corrupt"] == {}
 
     run_mirror(verify_request(nas, local, verify="full"))
     after_verify = progress_of(nas, local)

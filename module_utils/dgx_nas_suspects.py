@@ -1,0 +1,153 @@
+# -*- coding: utf-8 -*-
+"""NAS blobs found failing their names, remembered per repo until the NAS proves them good again.
+
+A stage or verify pass that finds a NAS blob whose bytes do not hash to its name keeps the good local copy
+and fails. Such a blob stays suspect after the run: a full verify hashes only the local copies, so a later
+green verify says nothing about the NAS. The repo's progress file keeps the suspects under `nas_corrupt`
+(PassMeter writes it); a pass that copies the blob from the NAS and proves its name drops it. Binding a
+suspect from the NAS (a roll-back, engine_bind_from nas) is refused before the lane is stopped.
+
+remembered(previous, found, proven, now) -> the suspects to keep: {blob: {paths, nas_source, identity, found_at, why}}
+nas_identity(path)                       -> what must hold still for a suspect to stay suspect, or None
+suspects_of(hub_local_root, folder)      -> (the repo's suspects, why they cannot be read or None)
+bound_suspects(manifest, hub_local_root) -> [{repo_id, path, blob, nas_file, why}]: the suspects the manifest
+                                            binds from the NAS; one whose NAS file changed since it was found is
+                                            hashed again and dropped when it now holds its name's bytes
+suspect_text(suspects, allowed)          -> the refusal (or, allowed, the warning) naming each file and blob
+
+Stdlib only; runs on the nodes' system Python.
+"""
+
+import json
+import os
+import posixpath
+import stat
+
+from ansible.module_utils.dgx_errors import fix_command
+from ansible.module_utils.dgx_hashing import hash_as_named
+from ansible.module_utils.dgx_transfer import PROGRESS_NAME, SUSPECTS_KEY as KEY, linked_dir_problem
+
+READ_AT_MOST = 4 * 1024 * 1024
+
+
+def nas_identity(path):
+    """[st_ino, st_size, st_mtime_ns, st_ctime_ns] of the file at path (links followed), or None: a
+    re-download on the NAS, even one that restores the mtime, moves one of them."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def remembered(previous, found, proven, now):
+    """The suspects after a pass: the previous ones less the blobs the pass `proven` (copied from the NAS,
+    their names checked), plus the nas_corrupt_blobs records `found` (the latest finding of a blob wins)."""
+    keep = dict((blob, entry) for blob, entry in (previous or {}).items()
+                if isinstance(entry, dict) and blob not in set(proven))
+    for record in found:
+        if not record.get("blob"):
+            continue
+        keep[record["blob"]] = {"paths": list(record.get("paths") or []), "nas_source": record.get("nas_source"),
+                                "identity": nas_identity(record["nas_source"]) if record.get("nas_source") else None,
+                                "found_at": now, "why": record.get("why")}
+    return keep
+
+
+def suspects_of(hub_local_root, folder):
+    """(suspects, problem) from the progress file in <hub_local_root>/.locks/<folder>, read without following a
+    link; no file (nothing staged there yet, a swapped disk) is no suspect and no problem."""
+    if not folder or "/" in folder or folder in (".", ".."):
+        return {}, "%r is no repo folder name" % (folder,)
+    problem = linked_dir_problem(hub_local_root, posixpath.join(".locks", folder))
+    if problem:
+        return {}, problem
+    path = os.path.join(hub_local_root, ".locks", folder, PROGRESS_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, "%s cannot be read (%s)" % (path, exc.strerror or exc)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}, "%s is not a regular file" % path
+        raw = os.read(fd, READ_AT_MOST)
+    finally:
+        os.close(fd)
+    try:
+        suspects = json.loads(raw.decode("utf-8")).get(KEY, {})
+    except (ValueError, AttributeError):     # not JSON, not UTF-8, or no object
+        return {}, "%s is not the JSON object of a progress file" % path
+    if not isinstance(suspects, dict) or not all(isinstance(e, dict) for e in suspects.values()):
+        return {}, "%s: %s is not a mapping of blobs" % (path, KEY)
+    return suspects, None
+
+
+def _nas_origin(mounts_by_target, target):
+    """The origin of the mount that shows `target` in the container (itself or its nearest bound folder)."""
+    while target not in ("", "/"):
+        mount = mounts_by_target.get(target)
+        if mount is not None:
+            return mount.get("origin")
+        target = posixpath.dirname(target)
+    return None
+
+
+def _still_suspect(nas_file, blob, entry):
+    """Why the NAS file behind a suspect still cannot be bound, or None when it is another blob now or its
+    bytes were changed and now hash to its name."""
+    real = os.path.realpath(nas_file)
+    if os.path.basename(real) != blob:
+        return None          # the snapshot path names another blob now (a new revision)
+    identity = nas_identity(real)
+    if identity is None:
+        return None          # gone: the manifest's coverage check names a missing NAS file
+    if entry.get("identity") is not None and list(entry["identity"]) == identity:
+        return "found corrupt %s (%s) and unchanged since" % (entry.get("found_at") or "earlier", entry.get("why"))
+    try:
+        digest, count = hash_as_named(real, blob)
+    except OSError as exc:
+        return "changed since it was found corrupt, and cannot be read to prove it (%s)" % (exc.strerror or exc)
+    if count == identity[1] and digest == blob:
+        return None
+    return "changed since it was found corrupt, and its bytes still hash to %s" % digest
+
+
+def bound_suspects(manifest, hub_local_root):
+    """The suspects the manifest binds from the NAS, each with why it is still suspect."""
+    mounts_by_target = dict((m["target"], m) for m in manifest.get("mounts") or [])
+    found = []
+    for record in manifest.get("repos") or []:
+        suspects, problem = suspects_of(hub_local_root, record["folder"]) if hub_local_root else ({}, None)
+        if problem:
+            found.append({"repo_id": record["repo_id"], "path": None, "blob": None, "nas_file": None,
+                          "why": "its record of NAS blobs found corrupt cannot be read: %s" % problem})
+        for blob, entry in sorted(suspects.items()):
+            for path in entry.get("paths") or []:
+                target = posixpath.join(record["target"], path)
+                if _nas_origin(mounts_by_target, target) != "nas":
+                    continue
+                nas_file = os.path.join(record["nas_snapshot"], path)
+                why = _still_suspect(nas_file, blob, entry)
+                if why:
+                    found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
+                                  "why": why})
+    return found
+
+
+def suspect_text(suspects, allowed):
+    """What the operator reads when the manifest would bind suspects from the NAS: each file, its blob, the NAS
+    file and why; then how to go on."""
+    shown = ["%s %s (blob %s, NAS file %s): %s" % (s["repo_id"], s["path"], s["blob"], s["nas_file"], s["why"])
+             if s["path"] else "%s: %s" % (s["repo_id"], s["why"]) for s in suspects[:10]]
+    more = "; and %d more" % (len(suspects) - 10) if len(suspects) > 10 else ""
+    if allowed:
+        return ("engine_allow_corrupt_nas is set: binding from the NAS %d file(s) it holds with wrong bytes: %s%s"
+                % (len(suspects), "; ".join(shown), more))
+    return ("Not binding from the NAS: a stage or verify pass found %d file(s) there whose bytes do not hash to "
+            "their blob's name, and nothing proved them good since: %s%s. Nothing was written or stopped. "
+            "Re-download them on the NAS (the next run hashes a changed NAS file before binding it), or serve the "
+            "local copies; to bind them anyway: %s"
+            % (len(suspects), "; ".join(shown), more,
+               fix_command("serve", None, "engine_bind_from=nas", "engine_allow_corrupt_nas=true")))

@@ -1,0 +1,149 @@
+"""dgx_nas_suspects and engine_manifest's refusal: a NAS blob a pass found failing its name stays suspect (a
+green full verify reads no NAS byte) until a copy from the NAS proves it, and a roll-back never binds it from
+the NAS unless told to, with a warning."""
+import os
+
+import pytest
+
+import hubgen
+from ansible.module_utils.dgx_manifest import build_manifest
+from ansible.module_utils.dgx_nas_suspects import bound_suspects, remembered, suspect_text, suspects_of
+from modrun import run_main
+from test_mirror import (MAIN, PAGE15, corrupt_nas_blob, expect_failure, fresh_nas, local,  # noqa: F401 (fixtures)
+                         local_blob, nas_blob_real, selected, stage)
+from test_module_docs import check_result
+
+
+def rotted_nas(nas, local, index=0):
+    """Staged and proven, then one NAS blob rots and a sample verify finds it: (shard, etag)."""
+    shard = nas.repo()["shards"][index]
+    etag = selected(nas)[shard]["etag"]
+    stage(nas, local, ignore_patterns=PAGE15, verify="full")
+    corrupt_nas_blob(nas, etag)
+    expect_failure(nas, local, ignore_patterns=PAGE15, verify="sample")
+    return shard, etag
+
+
+def folder(nas):
+    return nas.repo()["folder"]
+
+
+def restore_nas_blob(nas, etag):
+    """The storage team re-downloads the blob: the right bytes, a new ctime."""
+    real = nas_blob_real(nas, etag)
+    nas.thaw()
+    hubgen.flip_byte(real, os.stat(real).st_size // 2)
+    nas.freeze()
+
+
+def manifest_args(nas, local, **kwargs):
+    return dict({"hub_local_root": str(local), "hub_nas_root": nas["hub"],
+                 "repos": [{"repo_id": MAIN, "ignore_patterns": PAGE15}], "bind_from": "nas"}, **kwargs)
+
+
+def test_a_found_blob_stays_suspect_through_a_full_verify_until_a_copy_from_the_nas_proves_it(fresh_nas, local):
+    nas = fresh_nas
+    shard, etag = rotted_nas(nas, local)
+    suspects, problem = suspects_of(str(local), folder(nas))
+    assert problem is None and list(suspects) == [etag] and suspects[etag]["paths"] == [shard]
+    assert suspects[etag]["identity"][1] == os.stat(nas_blob_real(nas, etag)).st_size
+    stage(nas, local, ignore_patterns=PAGE15, verify="full")        # green: it reads no NAS byte
+    assert list(suspects_of(str(local), folder(nas))[0]) == [etag]
+    restore_nas_blob(nas, etag)
+    os.unlink(local_blob(nas, local, etag))                          # the next stage copies it from the NAS
+    stage(nas, local, ignore_patterns=PAGE15)
+    assert suspects_of(str(local), folder(nas)) == ({}, None)
+
+
+def test_a_roll_back_refuses_a_suspect_it_would_bind_and_names_file_blob_and_fix(fresh_nas, local):
+    nas = fresh_nas
+    shard, etag = rotted_nas(nas, local)
+    args = manifest_args(nas, local)
+    result = check_result("engine_manifest", args, run_main("engine_manifest", args), expect_failure=True)
+    [found] = result["nas_corrupt"]
+    assert (found["path"], found["blob"]) == (shard, etag) and "unchanged since" in found["why"]
+    assert shard in result["msg"] and etag in result["msg"] and "Nothing was written or stopped" in result["msg"]
+    assert "`dgx-stage serve -e engine_bind_from=nas -e engine_allow_corrupt_nas=true`" in result["msg"]
+    # Told to, it binds them, returns them for the host report and warns in the words of suspect_text.
+    args["allow_corrupt_nas"] = True
+    result = check_result("engine_manifest", args, run_main("engine_manifest", args))
+    assert [f["blob"] for f in result["nas_corrupt"]] == [etag]
+    warning = suspect_text(result["nas_corrupt"], True)
+    assert warning.startswith("engine_allow_corrupt_nas is set: binding from the NAS 1 file(s)") and etag in warning
+
+
+def test_binding_the_good_local_copy_is_no_refusal(fresh_nas, local):
+    nas = fresh_nas
+    rotted_nas(nas, local)
+    args = manifest_args(nas, local, bind_from="local")
+    assert check_result("engine_manifest", args, run_main("engine_manifest", args))["nas_corrupt"] == []
+
+
+def test_a_nas_file_changed_since_is_hashed_again_bound_when_right_refused_when_still_wrong(fresh_nas, local):
+    nas = fresh_nas
+    shard, etag = rotted_nas(nas, local)
+    real = nas_blob_real(nas, etag)
+    nas.thaw()
+    hubgen.flip_byte(real, 0)                    # changed, and still wrong
+    nas.freeze()
+    manifest = build_manifest(str(local), nas["hub"], [{"repo_id": MAIN}], bind_from="nas")[0]
+    [found] = bound_suspects(manifest, str(local))
+    assert "changed since it was found corrupt, and its bytes still hash to" in found["why"]
+    nas.thaw()
+    hubgen.flip_byte(real, 0)
+    nas.freeze()
+    restore_nas_blob(nas, etag)                  # right again
+    assert bound_suspects(manifest, str(local)) == []
+
+
+def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path):
+    nas_file = tmp_path / "nas" / "snap" / "a.safetensors"
+    nas_file.parent.mkdir(parents=True)
+    (tmp_path / "nas" / ("b" * 64)).write_bytes(b"x")
+    nas_file.symlink_to(tmp_path / "nas" / ("b" * 64))
+    hub = tmp_path / "local"
+    lock = hub / ".locks" / "models--org--m"
+    lock.mkdir(parents=True)
+    (lock / "dgx-stage.progress.json").write_text(
+        '{"nas_corrupt": {"%s": {"paths": ["a.safetensors"], "identity": null}}}' % ("a" * 64))
+    manifest = {"repos": [{"repo_id": "org/m", "folder": "models--org--m", "target": "/hub/s",
+                           "nas_snapshot": str(nas_file.parent)}],
+                "mounts": [{"target": "/hub/s/a.safetensors", "source": str(nas_file), "origin": "nas"}]}
+    assert bound_suspects(manifest, str(hub)) == []
+
+
+@pytest.mark.parametrize("plant, words", [
+    ("link", "is a symlink"), ("fifo", "is not a regular file"), ("garbage", "is not the JSON object"),
+    ("not-a-mapping", "is not a mapping of blobs")])
+def test_a_record_that_cannot_be_read_refuses_rather_than_binding_blind(tmp_path, plant, words):
+    lock = tmp_path / ".locks" / "models--org--m"
+    lock.mkdir(parents=True)
+    progress = lock / "dgx-stage.progress.json"
+    if plant == "link":
+        os.rmdir(str(lock))
+        (tmp_path / "elsewhere").mkdir()
+        lock.symlink_to(tmp_path / "elsewhere")
+    elif plant == "fifo":
+        os.mkfifo(str(progress))                 # must not block
+    else:
+        progress.write_text("{" if plant == "garbage" else '{"nas_corrupt": []}')
+    suspects, problem = suspects_of(str(tmp_path), "models--org--m")
+    assert suspects == {} and words in problem
+    manifest = {"repos": [{"repo_id": "org/m", "folder": "models--org--m", "target": "/hub/s", "nas_snapshot": "/n"}],
+                "mounts": []}
+    [found] = bound_suspects(manifest, str(tmp_path))
+    assert found["path"] is None and words in found["why"]
+
+
+def test_no_record_no_local_hub_is_no_suspect(tmp_path):
+    assert suspects_of(str(tmp_path / "swapped-disk"), "models--org--m") == ({}, None)
+    assert suspects_of(str(tmp_path), "../escape")[1]
+
+
+def test_remembered_drops_what_was_proven_and_keeps_the_latest_finding():
+    previous = {"a" * 64: {"paths": ["x"]}, "b" * 64: {"paths": ["y"]}}
+    found = [{"blob": "c" * 64, "paths": ["z"], "nas_source": None, "why": "its bytes hash to d"}]
+    kept = remembered(previous, found, ["a" * 64], "2026-12-01T00:00:00Z")
+    assert sorted(kept) == ["b" * 64, "c" * 64]
+    assert kept["c" * 64] == {"paths": ["z"], "nas_source": None, "identity": None,
+                              "found_at": "2026-12-01T00:00:00Z", "why": "its bytes hash to d"}

@@ -6,8 +6,12 @@ import sys
 
 
 def progress_description(host, progress):
-    """'host pass repo' of a bar."""
+    """'host pass repo' of a bar, and whom it waits for while another run holds the repo."""
     parts = [host, progress.get("pass") or "", progress.get("repo_id") or ""]
+    waiting = progress.get("waiting")
+    if isinstance(waiting, dict):
+        parts.append("waiting for run %s (pid %s, since %s)" % (waiting.get("run_id") or "?", waiting.get("pid") or "?",
+                                                               waiting.get("since") or "?"))
     return " ".join(p for p in parts if p)
 
 

@@ -138,9 +138,15 @@ options:
     type: bool
     default: false
   lock_timeout:
-    description: Seconds to wait for another run holding the repo lock before failing.
+    description:
+      - Seconds to wait for another run holding the repo lock before failing; the failure names that run (its
+        O(run_id), pid and since when). With O(lease_file), while it waits the lease file says for whom, and the
+        stage_progress polls print it.
     type: int
     default: 60
+  run_id:
+    description: The lane's run id, written with this process's pid and the time into the repo lock it holds.
+    type: str
   workers:
     description:
       - Files in flight at once, for copies and for content checks. Each worker reads its file in chunks
@@ -697,6 +703,7 @@ ARGUMENT_SPEC = dict(
     reserve=dict(type="str", default="2%"),
     prune=dict(type="bool", default=False),
     lock_timeout=dict(type="int", default=60),
+    run_id=dict(type="str"),
     workers=dict(type="int"),
     copy_missing=dict(type="bool", default=True),
     phase=dict(type="str", default="stage", choices=["stage", "verify"]),
@@ -729,7 +736,8 @@ def main():
             prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
             copy_missing=params["copy_missing"], phase=params["phase"], peer_dir=params["peer_dir"],
             require_match=params["require_match"], other_rank_patterns=params["other_rank_patterns"],
-            host=params["inventory_hostname"])
+            host=params["inventory_hostname"], run_id=params["run_id"],
+            on_lock_wait=lease.note_waiting if lease is not None else None)
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
         result = exc.result

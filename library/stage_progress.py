@@ -82,7 +82,8 @@ options:
     description:
       - The job's lease (hf_hub_mirror's C(lease_file)) - O(mode=poll) renews it (touches it) at each poll, so the
         job goes on while it is watched; O(mode=result) removes it.
-      - The job writes its process id into it when it starts. A poll that finds the job file still saying running
+      - The job writes its process id into it when it starts, and whom it waits for while another run holds the
+        repo lock (RV(progress.waiting)). Only figures that process wrote are this job's. A poll that finds the job file still saying running
         while that process is gone (its async wrapper killed with it, or unable to write its result) waits a few
         seconds for the result, then ends the job as failed, saying so, instead of polling until O(async_timeout).
       - A poll fails, writing nothing, when the lease's directory has become a symlink (or has one on its way
@@ -206,6 +207,20 @@ progress:
     updated_at:
       description: When the figures were written, ISO 8601 UTC (null before the first figures).
       type: str
+    waiting:
+      description:
+        - While the job waits for the repo lock another dgx-stage run holds (its lease says so), that run - else null.
+      type: dict
+      contains:
+        pid:
+          description: The holder's process id on the node.
+          type: int
+        run_id:
+          description: The holder's lane run id (null when it did not say).
+          type: str
+        since:
+          description: When it took the lock, ISO 8601 UTC.
+          type: str
 finished:
   description: The job ended (its result is in its job file, or the job file is gone).
   returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)

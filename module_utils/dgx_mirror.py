@@ -50,7 +50,7 @@ class MirrorRequest(object):
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
                  copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None,
-                 host=None):
+                 host=None, run_id=None, on_lock_wait=None):
         if verify not in VERIFY_MODES:
             raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
         if phase not in PHASES:
@@ -77,6 +77,8 @@ class MirrorRequest(object):
         self.require_match = list(require_match) if require_match else []
         self.other_rank_patterns = list(other_rank_patterns) if other_rank_patterns else []
         self.host = host           # the inventory's name for this node: the --limit of the commands messages give
+        self.run_id = run_id       # the lane's run id, written to the repo lock: whom a second run waits for
+        self.on_lock_wait = on_lock_wait   # RepoLock's on_wait: the background job tells its polls
 
 
 class MirrorFailed(StageError):
@@ -972,7 +974,7 @@ def run_mirror(req, check_mode=False, progress=True):
         return _check_mode_run(req, started, meter)
     _refuse_before_locking(req, started, meter)
     tree = LocalTree(req.dest)
-    with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout):
+    with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout, req.run_id, req.on_lock_wait):
         with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
             if progress:
                 meter.attach(lock_dir)

@@ -28,7 +28,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_hubcache import repo_folder_name
 from ansible.module_utils.dgx_mirror import human_bytes
-from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalDir, LocalTree, linked_dir_problem
+from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalDir, LocalTree, holder_text, linked_dir_problem
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
 JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
@@ -42,7 +42,7 @@ DEAD_JOB_GRACE_S = 5
 # The keys every `progress` dict has (null or 0 before the job wrote its first figures).
 PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_total", "bytes_done", "bytes_total",
                  "percent", "mib_per_s", "eta_s", "status", "finished", "aborted", "error", "started_at",
-                 "updated_at")
+                 "updated_at", "waiting")
 READ_LIMIT = 1024 * 1024
 
 
@@ -324,6 +324,7 @@ def shape_progress(figures, repo_id, phase):
         "error": figures.get("error") if isinstance(figures.get("error"), str) else None,
         "started_at": figures.get("started_at") if isinstance(figures.get("started_at"), str) else None,
         "updated_at": figures.get("updated_at") if isinstance(figures.get("updated_at"), str) else None,
+        "waiting": None,
     }
 
 
@@ -355,6 +356,9 @@ def progress_line(progress, finished=False, job_result=None):
     if not has_figures:
         if finished:
             return "%s: %s" % (head, _ended_text(job_result, failed))
+        if progress.get("waiting"):
+            return "%s: waiting for another dgx-stage run on this repo to finish: %s" % (
+                head, holder_text(progress["waiting"]))
         return "%s: starting (no figures yet)" % head
     parts = ["%s of %s (%d%%)" % (human_bytes(progress["bytes_done"]), human_bytes(progress["bytes_total"]),
                                   int(progress["percent"]))]
@@ -380,13 +384,19 @@ def _ended_text(job_result, failed, progress=None):
     return "done"
 
 
-def job_figures(doc, phase, job):
-    """This job's figures of pass `phase` from the progress document, or None (none yet, or an earlier
-    run's). While the job runs its file's time is its start: figures started since then are its own. Once
-    it ended the file's time is its end: figures that started within the module's own run time before it
-    (its result's duration_s), else that were last written by then, are its own."""
+def job_figures(doc, phase, job, own_pid=None):
+    """This job's figures of pass `phase` from the progress document, or None (none yet, or another run's).
+    own_pid (the job's process, from its lease): figures another process wrote are never its own - a run
+    waiting for the repo lock, or one that took it after this job ended, writes the same file. Besides, while
+    the job runs its file's time is its start: figures started since then are its own. Once it ended the
+    file's time is its end: figures that started within the module's own run time before it (its result's
+    duration_s), else that were last written by then, are its own."""
     if job["started"] is None:
         return None
+    if own_pid is not None and isinstance(doc, dict):
+        figures = pass_figures(doc, phase)
+        if figures is not None and figures.get("pid") != own_pid:
+            return None
     if job["state"] == "running":
         return pass_figures(doc, phase, not_before=job["started"])
     figures = pass_figures(doc, phase)
@@ -461,9 +471,12 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
     if job["state"] == "missing":
         job["result"] = {"failed": True, "msg": "no job file %s: the background job did not start, or its file "
                                                 "was removed.%s" % (job["path"], full_disk_note(async_dir))}
-    figures = job_figures(read_progress(dest, repo_id, repo_type), phase, job)
+    own_pid, waiting = read_lease(lease_file) if lease_file else (None, None)
+    figures = job_figures(read_progress(dest, repo_id, repo_type), phase, job, own_pid)
     progress = shape_progress(figures, repo_id, phase)
     finished = job["state"] != "running"
+    if not finished and figures is None and waiting:
+        progress["waiting"] = dict((key, waiting.get(key)) for key in ("pid", "run_id", "since"))
     return {"finished": finished, "progress": progress, "line": progress_line(progress, finished, job["result"]),
             "job": job}
 
@@ -471,38 +484,52 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
 # ---- the lease: a background job whose controller is gone stops itself -------------------------------------
 
 
-def renew_lease(dest, path, pid=None):
+def renew_lease(dest, path, pid=None, waiting=None):
     """Touch the lease file in the jobs dir (opened as open_jobs_dir does; the file created when missing, never
     through a symlink or a hard link: open_own_file): its mtime is the last renewal.
-    pid: the job's own process id, written as the file's content when the job starts (polls keep it)."""
+    pid: the job's own process id, written as the file's first line when the job starts (polls keep it);
+    with it, waiting: the lock holder the job waits for (RepoLock's), its second line as JSON."""
     with open_jobs_dir(dest, os.path.dirname(os.path.abspath(path))) as jobs:
         fd = open_own_file(_lease_name(path), jobs.fd)
     try:
         if pid:
             os.ftruncate(fd, 0)
-            os.write(fd, ("%d\n" % pid).encode("ascii"))
+            os.write(fd, ("%d\n%s" % (pid, json.dumps(waiting, sort_keys=True) + "\n" if waiting else "")).encode("ascii"))
         os.utime(fd)
     finally:
         os.close(fd)
+
+
+def read_lease(path):
+    """(pid, waiting) from the lease file (see renew_lease): None for what it does not say (no file yet, garbage)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, None
+        lines = os.read(fd, 4096).decode("ascii", "replace").split("\n")
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+    first = lines[0].strip()
+    pid = int(first) if first.isdigit() and int(first) > 1 else None
+    try:
+        waiting = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
+    except ValueError:
+        waiting = None
+    return pid, waiting if isinstance(waiting, dict) else None
 
 
 def lease_process_gone(path):
     """Whether the job process named in the lease file (its content, see renew_lease) is gone: no such process,
     or one whose command line no longer names hf_hub_mirror (its pid was reused). False when the lease names no
     process (the job has not started yet) or the process cannot be seen."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+    pid = read_lease(path)[0]
+    if pid is None:
         return False
-    try:
-        text = os.read(fd, 64).decode("ascii", "replace").strip()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    if not text.isdigit() or int(text) <= 1:
-        return False
-    pid = int(text)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -615,6 +642,16 @@ class LeaseWatch(object):
             self.fired = why
             self._stop_process()
         return bool(why)
+
+    def note_waiting(self, holder):
+        """RepoLock's on_wait: say in the lease file whom the job waits for (None: no one now), keeping its
+        mtime - the job's own write is no renewal."""
+        try:
+            before = os.lstat(self.path)
+            renew_lease(self.dest, self.path, os.getpid(), holder)
+            os.utime(self.path, ns=(before.st_atime_ns, before.st_mtime_ns), follow_symlinks=False)
+        except (OSError, StageError):
+            pass    # the note is for the operator's eyes; the lock wait goes on
 
     def start(self):
         renew_lease(self.dest, self.path, os.getpid())   # the job's start is a renewal; its pid lets polls see it die

@@ -21,6 +21,7 @@ from test_verify_and_progress import lane, paced_python
 
 sys.path.insert(0, REPO_ROOT)
 from dgx_stage import table  # noqa: E402
+from ansible.module_utils.dgx_transfer import LocalTree, RepoLock  # noqa: E402
 
 MIB = 1024 * 1024
 PACED_SHARD = 32 * MIB     # 4 shards at 0.25 s per 8 MiB chunk, one worker: ~4 s of copying
@@ -195,6 +196,46 @@ def test_ctrl_c_mid_copy_exits_99_and_the_reports_say_interrupted(tmp_path, make
             assert json.load(handle)["status"] == "interrupted", name
     code, shown = dgx_stage(tmp_path, "report", "--runs-dir", str(tmp_path / "runs"))
     assert code == 0 and "interrupted" in shown and "running" not in shown, shown
+
+
+def test_a_run_waiting_for_another_on_the_same_repo_says_whom_and_shows_only_its_own_progress(tmp_path, nas_hub,
+                                                                                            kill_at_teardown):
+    inventory, roots = lane(tmp_path, nas_hub, hosts=("dgx1",))
+    hub = roots["dgx1"]
+    hub.mkdir(parents=True)
+    folder = "models--" + MAIN_REPO.replace("/", "--")
+    # Another run holds the repo, as every dgx-stage run does, and keeps writing its figures.
+    holder = RepoLock(LocalTree(str(hub)), ".locks/" + folder, 0, run_id="20261201T101648Z-d3b7").__enter__()
+    progress_file = hub / ".locks" / folder / "dgx-stage.progress.json"
+
+    def others_figures():
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        figures = {"pass": "stage", "repo_id": MAIN_REPO, "pid": 1, "started_at": now, "updated_at": now,
+                   "bytes_done": 999 * MIB, "bytes_total": 1000 * MIB, "files_done": 1, "files_total": 2,
+                   "status": "running", "finished": False, "aborted": False}
+        progress_file.write_text(json.dumps(dict(figures, passes={"stage": figures})))
+
+    out_path = tmp_path / "frontend.out"
+    waiting = re.compile(r"\[dgx1\] stage %s: waiting for another dgx-stage run on this repo to finish: "
+                         r"run 20261201T101648Z-d3b7 \(pid %d, since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\)"
+                         % (re.escape(MAIN_REPO), os.getpid()))
+    with open(str(out_path), "wb") as out:
+        proc = subprocess.Popen(frontend_command("stage", "-i", inventory, *POLL), cwd=REPO_ROOT,
+                                env=frontend_env(tmp_path), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        kill_at_teardown(proc, environ=own_environ(tmp_path))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None and not waiting.search(out_path.read_text()):
+            others_figures()
+            time.sleep(0.2)
+        assert waiting.search(out_path.read_text()), out_path.read_text()
+    finally:
+        holder.__exit__(None, None, None)
+    code = proc.wait(timeout=240)
+    out = out_path.read_text(errors="replace")
+    assert code == 0, out
+    assert "of 1000.0 MiB" not in out, out            # the other run's figures were never shown as this run's
+    assert run_records(tmp_path)[-1]["status"] == "ok"
 
 
 def test_status_renders_each_hosts_lines_once(staged_hub):

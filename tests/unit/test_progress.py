@@ -191,6 +191,54 @@ def test_a_poll_of_a_running_job_shows_its_figures_and_a_short_job_ends_within_t
     assert seen["finished"] is True and clock[0] - now < 0.1
 
 
+def test_a_job_waiting_for_another_runs_lock_says_whom_and_never_shows_that_runs_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "lease_process_gone", lambda path: False)    # the test's pid runs no mirror
+    dest, jobs = tmp_path / "hub", tmp_path / "hub" / ".locks" / "jobs"
+    now = time.time()
+    write_job(jobs, "j1.2", RUNNING, mtime=now - 10)
+    lease = str(jobs / "dgx-lease.second.stage.model.org--model")
+    progress.renew_lease(str(dest), lease, os.getpid())          # this job's process, as LeaseWatch.start writes it
+    os.utime(lease, (now - 3, now - 3))
+    # The first run holds the repo: its figures (pid 4242) started after this job did.
+    write_progress(dest, figures(started=now - 5, pid=4242))
+    holder = {"pid": 4242, "run_id": "20261201T101648Z-d3b7", "since": "2026-12-01T10:16:50Z"}
+    watch = progress.LeaseWatch(str(dest), lease, 30)
+    watch.note_waiting(holder)
+    assert int(os.stat(lease).st_mtime) == int(now - 3)         # the job's own note is no renewal
+    seen = poll(str(jobs), "j1.2", str(dest), REPO, lease_file=lease)
+    assert seen["progress"]["waiting"] == holder and seen["progress"]["bytes_total"] == 0
+    assert seen["line"] == ("stage org/model: waiting for another dgx-stage run on this repo to finish: "
+                            "run 20261201T101648Z-d3b7 (pid 4242, since 2026-12-01T10:16:50Z)")
+    # It holds the lock now: the note is gone and only its own figures are shown.
+    watch.note_waiting(None)
+    write_progress(dest, figures(started=now - 1, pid=os.getpid()))
+    seen = poll(str(jobs), "j1.2", str(dest), REPO, lease_file=lease)
+    assert seen["progress"]["waiting"] is None and seen["line"].startswith("stage org/model: 12.3 GiB of 300.0 GiB")
+
+
+def test_an_ended_job_never_claims_the_figures_of_the_run_that_took_the_lock_after_it(tmp_path):
+    now = time.time()
+    job = {"state": "ended", "started": now - 60, "result": {"changed": True, "duration_s": 50.0}}
+    later_run = {"passes": {"stage": figures(started=now - 2, pid=4242)}}
+    assert job_figures(later_run, "stage", job) is not None          # time alone cannot tell them apart
+    assert job_figures(later_run, "stage", job, own_pid=os.getpid()) is None
+    own = {"passes": {"stage": figures(started=now - 55, pid=os.getpid())}}
+    assert job_figures(own, "stage", job, own_pid=os.getpid()) is not None
+
+
+def test_a_lease_reads_back_its_pid_and_note_and_tolerates_garbage(tmp_path):
+    lease = str(tmp_path / "jobs" / "dgx-lease.r.stage.model.org--model")
+    os.mkdir(str(tmp_path / "jobs"))
+    progress.renew_lease(str(tmp_path / "hub"), lease, 4242, {"pid": 7, "run_id": "r", "since": "s"})
+    assert progress.read_lease(lease) == (4242, {"pid": 7, "run_id": "r", "since": "s"})
+    progress.renew_lease(str(tmp_path / "hub"), lease, 4242)
+    assert progress.read_lease(lease) == (4242, None)
+    with open(lease, "w") as handle:
+        handle.write("4242\n{not json\n")
+    assert progress.read_lease(lease) == (4242, None)
+    assert progress.read_lease(str(tmp_path / "absent")) == (None, None)
+
+
 def test_a_poll_of_a_missing_job_ends_it_with_the_reason(tmp_path):
     seen = poll(str(tmp_path / "jobs"), "j5.6", str(tmp_path), REPO)
     assert seen["finished"] is True and seen["job"]["result"]["failed"] is True

@@ -193,14 +193,14 @@ def test_local_tree_creates_real_directories_and_finds_links_below(tmp_path):
         tree.refuse_unsafe_dirs_below("a")
 
 
-def test_repo_lock_excludes_a_second_holder(tmp_path):
+def test_repo_lock_excludes_a_second_holder_and_names_its_run(tmp_path):
     tree = tr.LocalTree(str(tmp_path))
-    with tr.RepoLock(tree, "locks", timeout=5):
-        errors = []
+    with tr.RepoLock(tree, "locks", timeout=5, run_id="20261201T101648Z-d3b7"):
+        errors, noted = [], []
 
         def contender():
             try:
-                with tr.RepoLock(tree, "locks", timeout=0.3):
+                with tr.RepoLock(tree, "locks", timeout=0.3, on_wait=noted.append):
                     pass
             except StageError as exc:
                 errors.append(str(exc))
@@ -208,9 +208,36 @@ def test_repo_lock_excludes_a_second_holder(tmp_path):
         thread = threading.Thread(target=contender)
         thread.start()
         thread.join()
-        assert errors and "holds" in errors[0] and str(os.getpid()) in errors[0]
+        assert errors and ("another dgx-stage run, run 20261201T101648Z-d3b7 (pid %d, since " % os.getpid()) in errors[0]
+        # The waiter said once whom it waits for, and never that it got the lock.
+        assert [(h["pid"], h["run_id"]) for h in noted] == [(os.getpid(), "20261201T101648Z-d3b7")]
     with tr.RepoLock(tree, "locks", timeout=0):
         pass
+
+
+def test_a_waiter_is_told_when_it_holds_the_lock_and_writes_its_own_run(tmp_path):
+    tree = tr.LocalTree(str(tmp_path))
+    noted = []
+    first = tr.RepoLock(tree, "locks", timeout=5, run_id="first-run").__enter__()
+    threading.Timer(0.5, first.__exit__, (None, None, None)).start()
+    with tr.RepoLock(tree, "locks", timeout=5, run_id="second-run", on_wait=noted.append) as second:
+        held = tr.lock_holder(open(second.path).read())
+    assert [n and n["run_id"] for n in noted] == ["first-run", None]
+    assert (held["pid"], held["run_id"]) == (os.getpid(), "second-run") and held["since"].endswith("Z")
+
+
+@pytest.mark.parametrize("text, holder", [
+    ("4242", {"pid": 4242, "run_id": None, "since": None}),             # an older release's lock file
+    ("4242 - 2026-12-01T10:16:50Z\n", {"pid": 4242, "run_id": None, "since": "2026-12-01T10:16:50Z"}),
+    ("", {"pid": None, "run_id": None, "since": None}), ("garbage", {"pid": None, "run_id": None, "since": None})])
+def test_lock_holder_reads_what_any_release_wrote(text, holder):
+    assert tr.lock_holder(text) == holder
+    assert tr.holder_text(tr.lock_holder(text)).startswith("run ")
+
+
+def test_a_run_id_that_is_not_one_word_of_ascii_is_not_written(tmp_path):
+    with tr.RepoLock(tr.LocalTree(str(tmp_path)), "locks", timeout=0, run_id="two words\u00e9") as lock:
+        assert tr.lock_holder(open(lock.path).read())["run_id"] is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -517,7 +544,7 @@ def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file_and_both_
     with open(str(outside)) as old_inode:
         with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
             assert outside.read_text() == "keep me"
-            assert planted.read_text() == str(os.getpid()) and os.stat(str(planted)).st_nlink == 1
+            assert planted.read_text().split()[0] == str(os.getpid()) and os.stat(str(planted)).st_nlink == 1
             for held in (str(planted), old_inode.name):
                 with open(held) as other:       # another open file description: flock says who holds it
                     with pytest.raises(BlockingIOError):
@@ -552,7 +579,7 @@ def test_a_fifo_planted_as_the_lock_file_is_replaced_without_being_opened(tmp_pa
     planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
     os.mkfifo(str(planted))
     with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
-        assert planted.read_text() == str(os.getpid())
+        assert planted.read_text().split()[0] == str(os.getpid())
 
 
 def _mount_tmpfs(path):
@@ -630,6 +657,6 @@ def test_a_lock_is_taken_on_an_overlay_whose_layers_lie_on_two_filesystems(tmp_p
         subprocess.check_call(["mount", "-t", "overlay", "overlay", "-o", options, str(tmp_path / "merged")])
         hub = str(tmp_path / "merged" / "hub")
         with tr.RepoLock(tr.LocalTree(hub), ".locks/models--org--name", 5) as lock:
-            assert open(lock.path).read() == str(os.getpid())
+            assert open(lock.path).read().split()[0] == str(os.getpid())
 
     assert in_private_mount_namespace(lock_on_the_overlay) == 0

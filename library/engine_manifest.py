@@ -148,7 +148,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 manifest:
-  description: The mount manifest, C({repos, mounts, counts}); mounts are sorted by target.
+  description: The mount manifest, C({repos, mounts, counts, bind_from}); mounts are sorted by target.
   returned: success
   type: dict
   contains:
@@ -224,6 +224,9 @@ manifest:
         total:
           description: All mounts.
           type: int
+    bind_from:
+      description: O(bind_from), V(local) or V(nas), which C(dgx-stage status) reports.
+      type: str
   sample:
     repos:
       - repo_id: org/name
@@ -244,6 +247,7 @@ manifest:
         read_only: true
         origin: nas
     counts: {local: 1, nas: 1, total: 2}
+    bind_from: local
 counts:
   description: Mounts by origin.
   returned: success

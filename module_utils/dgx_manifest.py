@@ -288,7 +288,8 @@ def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan
     local_count = sum(1 for m in mounts if m["origin"] == "local")
     manifest = {"repos": records, "mounts": mounts,
                 "counts": {"local": local_count, "nas": len(mounts) - local_count,
-                           "total": len(mounts)}}
+                           "total": len(mounts)},
+                "bind_from": bind_from}
     problems = coverage_problems(manifest, nas_files, planned)
     if problems:
         raise StageError("mount manifest is inconsistent: %s" % "; ".join(problems[:10])

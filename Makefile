@@ -20,9 +20,9 @@ BASE_IMAGE := dgx-stage-base:bookworm
 REQ_HASH := $(shell sha256sum requirements.txt 2>/dev/null | cut -c1-16)
 REQ_STAMP := $(VENV)/.requirements-$(REQ_HASH).stamp
 # The front end (dgx_stage/, `.venv/bin/dgx-stage`) is installed in editable mode, again only when
-# pyproject.toml or its build backend changes, or the venv last pointed it at another work tree (a clone
+# pyproject.toml changes, or the venv last pointed it at another work tree (a clone
 # sharing a venv must not run the other tree's playbooks): the package's code is read from the repo.
-PKG_HASH := $(shell (cat pyproject.toml dgx_stage/_build.py; echo "$(CURDIR)") 2>/dev/null | sha256sum | cut -c1-16)
+PKG_HASH := $(shell (cat pyproject.toml; echo "$(CURDIR)") 2>/dev/null | sha256sum | cut -c1-16)
 PKG_STAMP := $(VENV)/.dgx-stage-$(PKG_HASH).stamp
 # The collections requirements.yml pins, unpacked from this release of the `ansible` package's wheel (the whole
 # package is ~36,000 files to write and compile; scripts/install-collections.py checks each version).

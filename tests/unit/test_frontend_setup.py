@@ -15,7 +15,7 @@ def tree(path):
     for directory in ("dgx_stage", "scripts"):
         os.makedirs(os.path.join(path, directory))
     for name in ("Makefile", "requirements.txt", "requirements.yml", "pyproject.toml",
-                 os.path.join("dgx_stage", "_build.py"), os.path.join("scripts", "install-collections.py")):
+                 os.path.join("scripts", "install-collections.py")):
         shutil.copy(os.path.join(REPO, name), os.path.join(path, name))
     return path
 
@@ -36,6 +36,6 @@ def test_setup_reinstalls_the_front_end_for_another_work_tree_only(tmp_path):
     subprocess.run(["make", "-s", "setup", "VENV=" + str(venv)], cwd=first, check=True, stdout=subprocess.DEVNULL)
     assert up_to_date(first, str(venv))            # make setup twice: the second does nothing
     assert not up_to_date(clone, str(venv))        # the same files elsewhere: install it for this tree
-    with open(os.path.join(first, "dgx_stage", "_build.py"), "a") as handle:
-        handle.write("\n# the backend changed\n")
+    with open(os.path.join(first, "pyproject.toml"), "a") as handle:
+        handle.write("\n# the package's metadata changed\n")
     assert not up_to_date(first, str(venv))

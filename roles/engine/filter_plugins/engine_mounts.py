@@ -14,64 +14,27 @@ edge whitespace is written as a CSV-quoted field ("source=/a,b", an inner " doub
 spaces and non-ASCII need nothing. Every path goes through mount_path_problem first and a path no
 runtime binds exactly as written raises AnsibleFilterError naming it.
 
-mount_path_problem here is a copy of module_utils/dgx_mountspec.py; tests/unit/test_mountspec.py keeps the two
-in step.
+mount_path_problem is module_utils/dgx_mountspec.py's, loaded by its path.
 """
 
 import hashlib
-import posixpath
-import unicodedata
+import importlib.util
+import os
 
 from ansible.errors import AnsibleFilterError
 
-PATH_MAX = 4096
-
-_CONTROL_NAMES = {
-    0x00: "NUL", 0x09: "tab", 0x0A: "newline", 0x0B: "vertical tab", 0x0C: "form feed",
-    0x0D: "carriage return", 0x1B: "escape", 0x7F: "DEL",
-}
-
-
-def _control_char(path):
-    for char in path:
-        code = ord(char)
-        if code < 0x20 or code == 0x7F:
-            return code
-    return None
+def _project_module_utils(name):
+    """module_utils/<name>.py of this project (stdlib only). Ansible puts that folder on the import path of modules
+    only, never of controller plugins, so the plugin loads the one file by its place in the repo."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir,
+                        "module_utils", name + ".py")
+    spec = importlib.util.spec_from_file_location("dgx_stage_plugin_" + name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def mount_path_problem(path):
-    """Why `path` cannot be a container bind source or target exactly as written, or None if it can."""
-    if not isinstance(path, str):
-        return "%r is not a text path (%s)" % (path, type(path).__name__)
-    if not path:
-        return "'' is empty: a bind needs an absolute path"
-    try:
-        encoded = path.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return ("%r is not valid UTF-8 (undecodable byte at character %d): Podman would replace it "
-                "with U+FFFD and bind another path; rename the file" % (path, exc.start))
-    code = _control_char(path)
-    if code is not None:
-        name = _CONTROL_NAMES.get(code) or unicodedata.name(chr(code), "control character")
-        if code == 0x0D:
-            why = "Podman's --mount parser (Go encoding/csv) turns CR LF into LF and binds another path"
-        else:
-            why = "control characters are refused in bind paths (mount tables, logs and CSV mount specs rewrite them)"
-        return "%r contains a %s (U+%04X): %s; rename the file" % (path, name, code, why)
-    if not path.startswith("/"):
-        return "%r is not absolute: a bind needs an absolute path" % path
-    normal = posixpath.normpath(path)
-    if normal.startswith("//"):
-        normal = "/" + normal.lstrip("/")
-    if normal != path:
-        return ("%r is not in normal form (no '//', '.', '..' or trailing '/'; it would be %r): Docker and "
-                "Podman clean bind paths, so the container would not show what the manifest says"
-                % (path, normal))
-    if len(encoded) >= PATH_MAX:
-        return "%r is %d bytes long: a path must be shorter than PATH_MAX (%d bytes)" % (
-            path[:64] + "...", len(encoded), PATH_MAX)
-    return None
+mount_path_problem = _project_module_utils("dgx_mountspec").mount_path_problem
 
 
 def _checked(binds, what):

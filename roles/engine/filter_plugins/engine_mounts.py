@@ -14,27 +14,21 @@ edge whitespace is written as a CSV-quoted field ("source=/a,b", an inner " doub
 spaces and non-ASCII need nothing. Every path goes through mount_path_problem first and a path no
 runtime binds exactly as written raises AnsibleFilterError naming it.
 
-mount_path_problem is module_utils/dgx_mountspec.py's, loaded by its path.
+mount_path_problem is module_utils/dgx_mountspec.py's.
 """
 
 import hashlib
-import importlib.util
 import os
+
+import ansible.module_utils
 
 from ansible.errors import AnsibleFilterError
 
-def _project_module_utils(name):
-    """module_utils/<name>.py of this project (stdlib only). Ansible puts that folder on the import path of modules
-    only, never of controller plugins, so the plugin loads the one file by its place in the repo."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir,
-                        "module_utils", name + ".py")
-    spec = importlib.util.spec_from_file_location("dgx_stage_plugin_" + name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mount_path_problem = _project_module_utils("dgx_mountspec").mount_path_problem
+# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from ansible.module_utils.dgx_mountspec import mount_path_problem  # noqa: E402
 
 
 def _checked(binds, what):

@@ -6,9 +6,8 @@ dgx_stage_wave(rank, world_size, readers, fanout)     -> the wave (0, 1, ...) of
 dgx_stage_wave_count(world_size, readers, fanout)     -> how many waves the lane's stage pass has
 dgx_stage_peer(rank, lane_hosts, live_hosts, readers, fanout) -> the host of an earlier wave this host copies
                                                          proven blobs from, or '' (none alive: the NAS)
-dgx_stage_repo_folder(repo)                           -> a stage_repos entry's folder in a hub (models--org--name),
-                                                         named as module_utils/dgx_hubcache.repo_folder_name names
-                                                         it (a unit test keeps the two in step)
+dgx_stage_repo_folder(repo)                           -> a stage_repos entry's folder in a hub (models--org--name):
+                                                         module_utils/dgx_hubcache.repo_folder_name
 
 Waves go in rank order and hold at most `readers` hosts (stage_nas_readers; empty or 0: the whole lane), so
 no more than that many hosts read the NAS at once. With fan-out, rank 0 reads the NAS alone first: the files
@@ -16,7 +15,18 @@ every rank shares are read from the NAS once per lane, and each later host reads
 there, taking the shared blobs from a host of an earlier wave (adopted only after a hash match).
 """
 
+import os
+
+import ansible.module_utils
 from ansible.errors import AnsibleFilterError
+
+# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from ansible.module_utils.dgx_errors import StageError  # noqa: E402
+from ansible.module_utils.dgx_hubcache import repo_folder_name  # noqa: E402
+
 
 def _whole(value, what, least):
     try:
@@ -72,18 +82,13 @@ def stage_peer(rank, lane_hosts, live_hosts, readers, fanout):
     return earlier[(int(rank) - first_of_wave) % len(earlier)]
 
 
-REPO_TYPE_PREFIX = {"model": "models", "dataset": "datasets", "space": "spaces"}
-
-
 def stage_repo_folder(repo):
     """The repo's folder: <type>s--org--name; a repo_id that could leave the hub root is refused."""
     repo = repo if isinstance(repo, dict) else {}
-    repo_id, repo_type = repo.get("repo_id") or "", repo.get("repo_type") or "model"
-    parts = str(repo_id).split("/")
-    if repo_type not in REPO_TYPE_PREFIX or not repo_id or len(parts) > 2 or any(p in ("", ".", "..") for p in parts):
-        raise AnsibleFilterError("stage_repos entry %r: expected repo_id 'org/name' and repo_type one of %s"
-                                 % (repo, ", ".join(sorted(REPO_TYPE_PREFIX))))
-    return "--".join([REPO_TYPE_PREFIX[repo_type]] + parts)
+    try:
+        return repo_folder_name(repo.get("repo_id") or "", repo.get("repo_type") or "model")
+    except StageError as exc:
+        raise AnsibleFilterError("stage_repos entry %r: %s" % (repo, exc))
 
 
 class FilterModule(object):

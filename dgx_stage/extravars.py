@@ -14,6 +14,7 @@ import glob
 import io
 import json
 import os
+import re
 
 import yaml
 
@@ -28,6 +29,8 @@ PLAY_VARIABLES = {
 PLAYBOOK_FILES = ("stage-deepseek.yml", "playbooks/*.yml", "playbooks/tasks/*.yml")
 SET_FACT = ("set_fact", "ansible.builtin.set_fact")
 ROLE_CALLS = ("include_role", "import_role", "ansible.builtin.include_role", "ansible.builtin.import_role")
+# A variable name as -e gives it.
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f")
 
 OPTIONS = ("-e", "--extra-vars")
@@ -198,12 +201,26 @@ def _templated(value):
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+def raw_text_problem(text):
+    """Why -e text without NAME= is refused. A bare name is quoted; anything else is not shown, as it may be part
+    of a value (a token in a JSON value split at its spaces)."""
+    if NAME.match(text.strip()):
+        return "-e %s has no value: write NAME=VALUE (e.g. -e stage_verify=full)" % text.strip()
+    return ("-e holds text that is not NAME=VALUE (not shown: it may be part of a secret value). A value with "
+            "spaces is split there: give it as JSON, e.g. -e '{\"engine_env\": {\"KEY\": \"value\"}}'")
+
+
 def value_problem(name, value, spec):
     """Why `value` cannot be `name` (its declared type or choices), or None. Text from key=value is read as
     Ansible converts it; a templated value is left to Ansible."""
     if _templated(value):
         return None
     kind, choices = spec.get("type"), spec.get("choices")
+    if kind in ("dict", "list") and not isinstance(value, dict if kind == "dict" else list):
+        # The value is not shown: a mapping such as engine_env holds secrets.
+        return ("-e %s: %s is a %s; give it as JSON or YAML, e.g. -e '{\"%s\": %s}'"
+                % (name, name, "mapping" if kind == "dict" else "list", name,
+                   '{\"KEY\": \"value\"}' if kind == "dict" else '[\"item\"]'))
     if choices and str(value) not in [str(choice) for choice in choices]:
         return "-e %s=%s: %s is one of %s" % (name, value, name, ", ".join(str(c) for c in choices))
     if kind == "bool" and not (isinstance(value, bool) or str(value).lower() in BOOLEAN_WORDS):
@@ -233,7 +250,7 @@ def problems(values, inventory, allow_unknown=False):
     for value in values:
         for name, given in variables_of(value).items():
             if name == "_raw_params":
-                found.append("-e %s has no value: write NAME=VALUE (e.g. -e stage_verify=full)" % given)
+                found.append(raw_text_problem(given))
             elif name in derived or str(name).startswith("_"):
                 found.append("-e %s: the playbooks set %s themselves (it is not an input); leave it out"
                              % (name, name))

@@ -150,6 +150,9 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
     ("stage_workers=eight", "-e stage_workers=eight: stage_workers is a whole number"),
     ('{"engine_decode_floor": "fast"}', "-e engine_decode_floor=fast: engine_decode_floor is a number"),
     ("lane=sglang4x", "-e lane=sglang4x: lane is an inventory group of %s: exl3_2x"),
+    ("engine_env=hf_SECRET", "-e engine_env: engine_env is a mapping; give it as JSON or YAML"),
+    ('engine_env={"HF_TOKEN": "hf_SECRET"}', "-e holds text that is not NAME=VALUE (not shown: it may be part of a "
+                                            "secret value)"),
     ("lane_rank=1", "-e lane_rank: the playbooks set lane_rank themselves (it is not an input)"),
     ("report_failed=true", "-e report_failed: the playbooks set report_failed themselves"),
 ])
@@ -160,6 +163,7 @@ def test_an_extra_var_no_play_reads_or_a_bad_value_exits_64_before_anything_runs
     code, out, err = main(["verify", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
     assert code == 64 and out == "", err
     assert (said % inventory if "%s" in said else said) in err, err
+    assert "hf_SECRET" not in err
     assert not (tmp_path / "runs").exists()
 
 

@@ -688,7 +688,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_mirror import MirrorFailed, MirrorRequest, run_mirror
 from ansible.module_utils.dgx_progress import LeaseWatch
-from ansible.module_utils.dgx_transfer import raise_interrupt_on_sigterm
+from ansible.module_utils.dgx_workers import raise_interrupt_on_sigterm
 
 
 ARGUMENT_SPEC = dict(

@@ -16,7 +16,7 @@ from ansible.module_utils.dgx_hubcache import list_refs, repo_folder_name, resol
 from ansible.module_utils.dgx_hubcache import resolve_commit as hubcache_resolve_commit
 from ansible.module_utils.dgx_mountspec import mount_path_problem
 from ansible.module_utils.dgx_mounts import is_mounted_file, mount_point_problem
-from ansible.module_utils.dgx_transfer import linked_dir_problem
+from ansible.module_utils.dgx_localtree import linked_dir_problem
 
 # Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
 BIND_FROM = ("local", "nas")

@@ -27,11 +27,13 @@ from ansible.module_utils.dgx_hubcache import (blob_link_target, content_of, fir
                                                tree_listing_for, unmatched_patterns)
 from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_nas_suspects import remembered
-from ansible.module_utils.dgx_transfer import (DISK_ERRNOS, PROGRESS_NAME, CandidateRejected, LocalTree,
-                                               LocalWriteError, PassMeter, RepoLock, SourceProblem, adopt_candidate,
-                                               clear_peer_dir, copy_verified, default_workers, find_temp_debris,
-                                               linked_dir_problem, run_workers,
-                                               symlink_atomic, utc_text)
+from ansible.module_utils.dgx_copy import (DISK_ERRNOS, CandidateRejected, LocalWriteError, SourceProblem, adopt_candidate,
+                                          clear_peer_dir, copy_verified)
+from ansible.module_utils.dgx_localtree import LocalTree, find_temp_debris, linked_dir_problem, symlink_atomic
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, PassMeter
+from ansible.module_utils.dgx_repolock import RepoLock
+from ansible.module_utils.dgx_units import human_bytes, utc_text
+from ansible.module_utils.dgx_workers import default_workers, run_workers
 
 VERIFY_MODES = ("sample", "full", "none")
 PHASES = ("stage", "verify")
@@ -171,15 +173,6 @@ def parse_reserve(value, disk_total):
             raise StageError("reserve %r must be between 0%% and 100%%" % (value,))
         return int(disk_total * percent / 100)
     return parse_size(text)
-
-
-def human_bytes(count):
-    """Binary units, one decimal: 17 B, 3.2 KiB, 812.0 MiB, 12.3 GiB, 1.2 TiB (None reads as 0 B)."""
-    count = count or 0
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
-        count /= 1024.0
 
 
 def disk_space(path):

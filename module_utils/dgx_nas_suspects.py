@@ -25,7 +25,8 @@ import stat
 
 from ansible.module_utils.dgx_errors import fix_command
 from ansible.module_utils.dgx_hashing import hash_as_named
-from ansible.module_utils.dgx_transfer import PROGRESS_NAME, SUSPECTS_KEY as KEY, linked_dir_problem
+from ansible.module_utils.dgx_localtree import linked_dir_problem
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, SUSPECTS_KEY as KEY
 
 READ_AT_MOST = 4 * 1024 * 1024
 

@@ -14,7 +14,6 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
 
-import calendar
 import errno
 import json
 import os
@@ -27,8 +26,10 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_hubcache import repo_folder_name
-from ansible.module_utils.dgx_mirror import human_bytes
-from ansible.module_utils.dgx_transfer import PROGRESS_NAME, LocalDir, LocalTree, holder_text, linked_dir_problem
+from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
+from ansible.module_utils.dgx_repolock import holder_text
+from ansible.module_utils.dgx_units import human_bytes, utc_epoch
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
 JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
@@ -262,14 +263,6 @@ def _ended_jobs(path, dir_fd, async_timeout, now):
 
 
 # ---- the progress figures -------------------------------------------------------------------------------
-
-def utc_epoch(text):
-    """Epoch seconds of an ISO 8601 UTC text (2026-09-27T03:14:15Z), or None."""
-    try:
-        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
-    except (TypeError, ValueError):
-        return None
-
 
 def pass_figures(doc, phase, not_before=None):
     """The figures of pass `phase` in a progress document: its `passes` entry (else the top level when it is

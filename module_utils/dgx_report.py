@@ -24,15 +24,14 @@ role's action plugin runs them on the controller, in the process that runs the t
 import json
 import os
 import re
-import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+from ansible.module_utils.dgx_units import utc_text
 
 # The plays of stage-deepseek.yml, in run order (their tags); PASSES are the stage role's passes.
 PLAYS = ("preflight", "stage", "verify", "receipts", "manifest", "engine", "smoke", "bench")
 PASSES = ("preflight", "stage", "verify")
-ISO_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 # The host's identity in the lane, recorded as given (select-lane.yml's facts and the hub roots).
 IDENTITY = ("lane", "rank", "world_size", "hub_nas_root", "hub_local_root")
 
@@ -66,11 +65,6 @@ REQUIRED_IF = [("run_end", False, ("play", "play_started"))]
 
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def utc_now(epoch=None):
-    """ISO 8601 UTC, to the second: 2026-11-30T20:45:12Z."""
-    return time.strftime(ISO_FORMAT, time.gmtime(epoch))
 
 
 def check_inputs(host, run, play=None):
@@ -316,7 +310,7 @@ def _record(directory, host, run, make_view, write):
 def end_reports(directory, host, run, reached_end, last_play=None, identity=None, finished=None, write=True):
     """Record the end of the run in the host's history file of this run and its latest view (end_view)."""
     check_inputs(host, run)
-    finished = finished or utc_now()
+    finished = finished or utc_text()
     return _record(directory, host, run, lambda previous: end_view(
         previous, host, run, reached_end, last_play, finished, identity or {}), write)
 
@@ -331,7 +325,7 @@ def update_reports(directory, host, run, play, data, finished=None, write=True):
     Returns {"report", "latest", "history_path", "latest_path", "warnings"}; write=False writes nothing.
     """
     check_inputs(host, run, play)
-    finished = finished or utc_now()
+    finished = finished or utc_text()
     return _record(directory, host, run, lambda previous: run_view(previous, host, run, play, data, finished), write)
 
 

@@ -20,15 +20,14 @@ from __future__ import absolute_import, division, print_function
 import json
 import os
 import stat
-import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
-from ansible.module_utils.dgx_mirror import human_bytes
 from ansible.module_utils.dgx_nodestate import checked_manifest
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
+from ansible.module_utils.dgx_units import human_bytes, utc_text
 
-PROGRESS_NAME = "dgx-stage.progress.json"   # dgx_transfer.PROGRESS_NAME (kept import-light here)
 PROGRESS_MAX_BYTES = 1024 * 1024
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 # Container statuses that mean the engine stopped (docker and podman words).
@@ -309,10 +308,6 @@ def engine_status(enabled, name, probe):
 # the mount manifest
 # ------------------------------------------------------------------------------------------------
 
-def _utc(epoch):
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
-
 def manifest_status(manifest_path, hub_nas_root):
     """What the manifest at manifest_path binds (see stage_status's RETURN: status.manifest); None without a
     path."""
@@ -327,7 +322,7 @@ def manifest_status(manifest_path, hub_nas_root):
     if raw is None:
         out["problem"] = "not a regular file"
         return out
-    out["written"] = _utc(st.st_mtime)
+    out["written"] = utc_text(st.st_mtime)
     try:
         manifest, problem = checked_manifest(json.loads(raw.decode("utf-8"))) if len(raw) <= MANIFEST_MAX_BYTES \
             else (None, "larger than %d bytes" % MANIFEST_MAX_BYTES)

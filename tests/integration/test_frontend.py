@@ -21,7 +21,8 @@ from test_verify_and_progress import lane, paced_python
 
 sys.path.insert(0, REPO_ROOT)
 from dgx_stage import table  # noqa: E402
-from ansible.module_utils.dgx_transfer import LocalTree, RepoLock  # noqa: E402
+from ansible.module_utils.dgx_localtree import LocalTree
+from ansible.module_utils.dgx_repolock import RepoLock
 
 MIB = 1024 * 1024
 PACED_SHARD = 32 * MIB     # 4 shards at 0.25 s per 8 MiB chunk, one worker: ~4 s of copying

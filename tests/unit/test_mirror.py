@@ -26,6 +26,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
+from ansible.module_utils.dgx_units import human_bytes
 from nashub import build_nas
 from mountns import bind_mount, in_private_mount_namespace
 from privilege import NOBODY, nobody_owned_dir, run_as_nobody
@@ -657,7 +658,8 @@ import os
 import sys
 import ansible.module_utils
 ansible.module_utils.__path__.append(sys.argv[1])
-from ansible.module_utils.dgx_transfer import LocalTree, RepoLock
+from ansible.module_utils.dgx_localtree import LocalTree
+from ansible.module_utils.dgx_repolock import RepoLock
 lock_dir = os.path.dirname(sys.argv[2])
 root = os.path.dirname(os.path.dirname(lock_dir))
 with RepoLock(LocalTree(root), os.path.relpath(lock_dir, root), 30):
@@ -1152,7 +1154,7 @@ def test_empty_nas_mount_point_suggests_checking_the_mount(tmp_path, local):
 
 
 def test_disk_full_mid_copy_names_file_disk_need_and_free(nas, local, monkeypatch):
-    from ansible.module_utils import dgx_transfer
+    from ansible.module_utils import dgx_copy
     real_write = os.write
     written = []
 
@@ -1162,7 +1164,7 @@ def test_disk_full_mid_copy_names_file_disk_need_and_free(nas, local, monkeypatc
         written.append(len(data))
         return real_write(fd, data)
 
-    monkeypatch.setattr(dgx_transfer.os, "write", fills_up)
+    monkeypatch.setattr(dgx_copy.os, "write", fills_up)
     with pytest.raises(StageError) as err:
         stage(nas, local, ignore_patterns=PAGE15)
     message = str(err.value)
@@ -1444,17 +1446,17 @@ def test_progress_debris_of_a_killed_run_is_removed(prestage, nas, local):
 
 def test_ctrl_c_mid_copy_with_workers_leaves_no_temp_file_and_no_thread(big_nas, local, tmp_path, monkeypatch):
     import _thread
-    from ansible.module_utils import dgx_transfer
+    from ansible.module_utils import dgx_copy, dgx_workers
     nas = big_nas
     monkeypatch.chdir(str(tmp_path))               # a stray relative write would land here
-    monkeypatch.setattr(dgx_transfer, "chunk_size", lambda workers: 64 * 1024)
+    monkeypatch.setattr(dgx_workers, "chunk_size", lambda workers: 64 * 1024)
     real_readv = os.readv
 
     def slow_readv(fd, buffers):
         time.sleep(0.01)                           # 3 MiB blobs in 64 KiB chunks: ~0.5 s each
         return real_readv(fd, buffers)
 
-    monkeypatch.setattr(dgx_transfer.os, "readv", slow_readv)
+    monkeypatch.setattr(dgx_copy.os, "readv", slow_readv)
     timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
@@ -1672,17 +1674,17 @@ def test_progress_file_of_an_interrupted_run_says_interrupted(nas, local, monkey
 
 def _record_progress(monkeypatch):
     """Every progress document written, with the throttle off."""
-    from ansible.module_utils import dgx_transfer
+    from ansible.module_utils import dgx_progress_file
     docs = []
-    real_write = dgx_transfer.atomic_write_bytes
+    real_write = dgx_progress_file.atomic_write_bytes
 
     def record(name, data, **kwargs):
-        if name == dgx_transfer.PROGRESS_NAME:
+        if name == dgx_progress_file.PROGRESS_NAME:
             docs.append(json.loads(data.decode("utf-8")))
         return real_write(name, data, **kwargs)
 
-    monkeypatch.setattr(dgx_transfer, "atomic_write_bytes", record)
-    monkeypatch.setattr(dgx_transfer, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(dgx_progress_file, "atomic_write_bytes", record)
+    monkeypatch.setattr(dgx_progress_file, "PROGRESS_EVERY_S", 0.0)
     return docs
 
 
@@ -1707,9 +1709,9 @@ def test_check_mode_plan_reads_like_a_plan_and_real_runs_say_what_they_did(nas, 
     planned = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
     lines = planned["diff_text"].splitlines()
     assert lines[0] == "would copy %d files, %s; would write %d snapshot links, ref main, the tree listing" % (
-        len(blobs), mirror.human_bytes(sum(blobs.values())), len(selected(nas)))
+        len(blobs), human_bytes(sum(blobs.values())), len(selected(nas)))
     assert not [line for line in lines if line.startswith("+ link ")]     # each link comes with its copy's line
-    assert "would copy %d files, %s" % (len(blobs), mirror.human_bytes(sum(blobs.values()))) in planned["summary"]
+    assert "would copy %d files, %s" % (len(blobs), human_bytes(sum(blobs.values()))) in planned["summary"]
     assert "check mode" in planned["summary"] and "MiB/s" not in planned["summary"]
     done = stage(nas, local, ignore_patterns=PAGE15)
     assert done["diff_text"].startswith("copied %d files, " % len(blobs))

@@ -1,4 +1,4 @@
-"""hf_hub_mirror's peer_dir and require_match (module_utils/dgx_mirror.py, dgx_transfer.adopt_candidate):
+"""hf_hub_mirror's peer_dir and require_match (module_utils/dgx_mirror.py, dgx_copy.adopt_candidate):
 candidate blobs another host of the lane sent are adopted only after they hash to their names, anything
 else is rejected and fetched from the NAS; peer_dir is scratch the run removes; require_match refuses a
 rank pattern that matches nothing. Fixtures and helpers are test_mirror's (one synthetic NAS hub each).
@@ -14,10 +14,11 @@ import pytest
 
 import hubgen
 from ansible.module_utils import dgx_mirror as mirror
-from ansible.module_utils import dgx_mounts, dgx_transfer
+from ansible.module_utils import dgx_copy, dgx_localtree, dgx_mounts
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from ansible.module_utils.dgx_mirror import run_mirror
+from ansible.module_utils.dgx_units import human_bytes
 from test_mirror import (  # noqa: F401  (fixtures are found by name)
     MAIN, PAGE15, _record_opens, _small_nas, _small_template, assert_all_local, corrupt_nas_blob, expect_failure,
     fresh_nas, interrupt_copy_number, local, local_blob, local_repo, mirror_request, nas, nas_blob_real, prestage,
@@ -82,7 +83,7 @@ def test_good_candidate_is_adopted_and_its_nas_blob_never_opened(nas, local, mon
     assert_all_local(nas, local)
     assert result["report"]["bytes_from_peers"] == size and result["report"]["peer_rejected"] == 0
     assert result["report"]["bytes_from_nas"] == total_bytes(nas) - size
-    assert "%s from peers" % mirror.human_bytes(size) in result["summary"]
+    assert "%s from peers" % human_bytes(size) in result["summary"]
     assert result["wanted_blobs"] == sorted(unique_blobs(selected(nas)))
     assert result["source_snapshot"] == nas.snapshot_dir()
     assert not os.path.lexists(peer_dir_of(local))
@@ -494,7 +495,7 @@ def test_hardlinked_candidate_is_copied_so_the_blob_shares_no_inode(nas, local):
 def test_candidate_changed_while_copied_is_rejected(nas, local, monkeypatch):
     etag, _size = shard_blob(nas, 0)
     candidate = put_candidate(nas, local, etag)
-    real_chunks = dgx_transfer._copy_chunks
+    real_chunks = dgx_copy._copy_chunks
 
     def copy_then_touch(src_fd, source, *args):
         count = real_chunks(src_fd, source, *args)
@@ -502,7 +503,7 @@ def test_candidate_changed_while_copied_is_rejected(nas, local, monkeypatch):
             os.utime(candidate, ns=(0, 0))        # a writer still at work: its mtime and ctime move
         return count
 
-    monkeypatch.setattr(dgx_transfer, "_copy_chunks", copy_then_touch)
+    monkeypatch.setattr(dgx_copy, "_copy_chunks", copy_then_touch)
     result = peer_stage(nas, local)
     monkeypatch.undo()
     assert [r["blob"] for r in result["peer_rejected"]] == [etag]
@@ -633,8 +634,8 @@ def test_clean_up_never_empties_a_directory_on_another_mount(nas, local, tmp_pat
 
     def bind_then_clean_up():
         bind_mount(outside, mounted)
-        tree = dgx_transfer.LocalTree(str(local))
-        problems = dgx_transfer.clear_peer_dir(tree, os.path.relpath(peer_dir_of(local), str(local)))
+        tree = dgx_localtree.LocalTree(str(local))
+        problems = dgx_copy.clear_peer_dir(tree, os.path.relpath(peer_dir_of(local), str(local)))
         assert any("%s is a mount point (" % mounted in p for p in problems), problems
         assert os.path.exists(os.path.join(mounted, "outside-file"))
         if where == "peer_dir":
@@ -737,7 +738,7 @@ def test_disk_full_after_a_rejected_candidate_counts_only_bytes_written_under_a_
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, peer_dir=peer_dir_of(local), workers=1)
     monkeypatch.undo()
     assert "the local disk is full" in str(failure)
-    assert "still needs %s (%d bytes)" % (mirror.human_bytes(total_bytes(nas)), total_bytes(nas)) in str(failure)
+    assert "still needs %s (%d bytes)" % (human_bytes(total_bytes(nas)), total_bytes(nas)) in str(failure)
 
 
 def test_fifo_and_device_named_like_blobs_are_never_opened(nas, local, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import processes
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_progress as progress
-from ansible.module_utils.dgx_progress import (ended_job_file, human_bytes, human_eta, job_figures, pass_figures,
+from ansible.module_utils.dgx_progress import (ended_job_file, human_eta, job_figures, pass_figures,
                                                poll, prepare_jobs_dir, progress_line, read_job, read_json_file,
                                                shape_progress)
 from test_module_docs import check_result, run_main
@@ -137,11 +137,6 @@ def test_progress_keeps_the_figures_and_tolerates_wrong_types():
 
 
 # ---- the line ------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("size, text", [(0, "0 B"), (1023, "1023 B"), (3277, "3.2 KiB"), (812 * MIB, "812.0 MiB"),
-                                        (12 * GIB + 300 * MIB, "12.3 GiB"), (1300 * GIB, "1.3 TiB")])
-def test_bytes_in_binary_units(size, text):
-    assert human_bytes(size) == text
 
 
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (44.6, "45s"), (372, "6m12s"), (3720, "1h02m"),

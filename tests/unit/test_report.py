@@ -8,7 +8,7 @@ import pytest
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_report import (end_reports, end_view, failure_message, latest_view, real_results, run_view, stage_bytes,
-                                             update_reports, utc_now)
+                                             update_reports)
 
 IDENTITY = {"lane": "exl3_2x", "rank": 1, "world_size": 2, "hub_nas_root": "/nas/hub", "hub_local_root": "/nvme/hub"}
 MAIN, DRAFTER = "org/main", "org/drafter"
@@ -54,9 +54,6 @@ def _later(stamp, seconds):
 
 # --- small parts ------------------------------------------------------------------------------------
 
-def test_utc_now_is_iso_8601_utc_to_the_second():
-    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", utc_now())
-    assert utc_now(0) == "1970-01-01T00:00:00Z"
 
 
 def test_stage_bytes_sums_the_copies_of_all_repos_and_splits_peer_bytes_when_a_row_says():

@@ -15,7 +15,7 @@ import pytest
 from treestate import workers_still_running
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_transfer as tr
+from ansible.module_utils import dgx_copy, dgx_hashing, dgx_localtree, dgx_progress_file, dgx_repolock, dgx_workers
 from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_fsutil import NAME_MAX, is_temp_name, temp_name_for
 from ansible.module_utils.dgx_hashing import READ_CHUNK
@@ -30,7 +30,7 @@ def git_name(data):
 
 
 def open_tmp(tmp_path, rel="."):
-    return tr.LocalTree(str(tmp_path)).open_dir(rel, create=True)
+    return dgx_localtree.LocalTree(str(tmp_path)).open_dir(rel, create=True)
 
 
 def test_copy_verified_hashes_and_writes_from_one_read(tmp_path, monkeypatch):
@@ -39,17 +39,17 @@ def test_copy_verified_hashes_and_writes_from_one_read(tmp_path, monkeypatch):
     src.write_bytes(data)
     reads = []
     real_readv = os.readv
-    monkeypatch.setattr(tr.os, "readv", lambda fd, bufs: reads.append(fd) or real_readv(fd, bufs))
+    monkeypatch.setattr(dgx_copy.os, "readv", lambda fd, bufs: reads.append(fd) or real_readv(fd, bufs))
     seen = []
     with open_tmp(tmp_path, "blobs") as blobs:
         name = sha256_name(data)
-        assert tr.copy_verified(str(src), blobs, name, len(data), blob_name=name, progress=seen.append) == len(data)
+        assert dgx_copy.copy_verified(str(src), blobs, name, len(data), blob_name=name, progress=seen.append) == len(data)
     dst = tmp_path / "blobs" / name
     assert dst.read_bytes() == data
     assert sum(seen) == len(data)
     assert len(reads) == 3          # two chunks and the end of file: the source is read once
     assert oct(dst.stat().st_mode & 0o777) == "0o644"
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == []
 
 
 @pytest.mark.parametrize("namer", [sha256_name, git_name], ids=["sha256", "git-sha1"])
@@ -58,8 +58,8 @@ def test_copy_verified_refuses_bytes_that_do_not_hash_to_the_name(tmp_path, name
     src.write_bytes(b"corrupt on the NAS")
     name = namer(b"the real content!!")   # same size, other bytes
     with open_tmp(tmp_path, "blobs") as blobs:
-        with pytest.raises(tr.SourceProblem, match="does not hash to its own name") as err:
-            tr.copy_verified(str(src), blobs, name, src.stat().st_size, blob_name=name)
+        with pytest.raises(dgx_copy.SourceProblem, match="does not hash to its own name") as err:
+            dgx_copy.copy_verified(str(src), blobs, name, src.stat().st_size, blob_name=name)
     assert err.value.got == namer(b"corrupt on the NAS") and err.value.blob_name == name
     assert os.listdir(str(tmp_path / "blobs")) == []
 
@@ -71,10 +71,10 @@ def test_copy_verified_keeps_the_old_file_when_the_new_bytes_fail(tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"bad nas content")
     with open_tmp(tmp_path, "blobs") as blobs:
-        with pytest.raises(tr.SourceProblem):
-            tr.copy_verified(str(src), blobs, sha256_name(good), len(good), blob_name=sha256_name(good))
+        with pytest.raises(dgx_copy.SourceProblem):
+            dgx_copy.copy_verified(str(src), blobs, sha256_name(good), len(good), blob_name=sha256_name(good))
     assert (tmp_path / "blobs" / sha256_name(good)).read_bytes() == good
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == []
 
 
 def test_copy_verified_replaces_hardlink_without_writing_through(tmp_path):
@@ -84,7 +84,7 @@ def test_copy_verified_replaces_hardlink_without_writing_through(tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"A" * 100)
     with open_tmp(tmp_path) as top:
-        tr.copy_verified(str(src), top, "blob", 100, blob_name=sha256_name(b"A" * 100))
+        dgx_copy.copy_verified(str(src), top, "blob", 100, blob_name=sha256_name(b"A" * 100))
     assert (tmp_path / "blob").read_bytes() == b"A" * 100
     assert other.read_bytes() == b"B" * 100
 
@@ -93,10 +93,10 @@ def test_copy_verified_refuses_short_source(tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"12345")
     with open_tmp(tmp_path) as top:
-        with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
-            tr.copy_verified(str(src), top, "dst", 10)
+        with pytest.raises(dgx_copy.SourceProblem, match="changed while it was copied"):
+            dgx_copy.copy_verified(str(src), top, "dst", 10)
     assert not (tmp_path / "dst").exists()
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == []
 
 
 def test_copy_verified_refuses_a_source_rewritten_during_the_copy(tmp_path):
@@ -109,10 +109,10 @@ def test_copy_verified_refuses_a_source_rewritten_during_the_copy(tmp_path):
         os.utime(str(src), ns=(1, 1))
 
     with open_tmp(tmp_path) as top:
-        with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
-            tr.copy_verified(str(src), top, "page", len(data), progress=rewrite_source)
+        with pytest.raises(dgx_copy.SourceProblem, match="changed while it was copied"):
+            dgx_copy.copy_verified(str(src), top, "page", len(data), progress=rewrite_source)
     assert not (tmp_path / "page").exists()
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == []
 
 
 def test_copy_verified_disk_error_names_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
@@ -122,10 +122,10 @@ def test_copy_verified_disk_error_names_the_file_and_leaves_no_temp(tmp_path, mo
     def disk_full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(tr.os, "write", disk_full)
+    monkeypatch.setattr(dgx_copy.os, "write", disk_full)
     with open_tmp(tmp_path, "blobs") as blobs:
-        with pytest.raises(tr.LocalWriteError) as err:
-            tr.copy_verified(str(src), blobs, "f" * 64, 4096)
+        with pytest.raises(dgx_copy.LocalWriteError) as err:
+            dgx_copy.copy_verified(str(src), blobs, "f" * 64, 4096)
     assert err.value.errno == errno.ENOSPC and err.value.path == str(tmp_path / "blobs" / ("f" * 64))
     assert os.listdir(str(tmp_path / "blobs")) == []
 
@@ -135,7 +135,7 @@ def test_copy_verified_temp_name_fits_name_max(tmp_path):
     src = tmp_path / "src"
     src.write_bytes(b"{}")
     with open_tmp(tmp_path, "snap") as snap:
-        tr.copy_verified(str(src), snap, name, 2)
+        dgx_copy.copy_verified(str(src), snap, name, 2)
     assert (tmp_path / "snap" / name).read_bytes() == b"{}"
 
 
@@ -150,9 +150,9 @@ def test_symlink_atomic_replaces_file_and_link(tmp_path):
     path = tmp_path / "entry"
     path.write_bytes(b"copied content instead of a link")
     with open_tmp(tmp_path) as top:
-        tr.symlink_atomic(top, "entry", "../../blobs/x")
+        dgx_localtree.symlink_atomic(top, "entry", "../../blobs/x")
         assert os.readlink(str(path)) == "../../blobs/x"
-        tr.symlink_atomic(top, "entry", "../../blobs/y")
+        dgx_localtree.symlink_atomic(top, "entry", "../../blobs/y")
     assert os.readlink(str(path)) == "../../blobs/y"
     assert sorted(os.listdir(str(tmp_path))) == ["entry"]
 
@@ -161,7 +161,7 @@ def test_debris_is_recognised(tmp_path):
     temp = str(tmp_path / temp_name_for("blob"))
     open(temp, "w").close()
     (tmp_path / "blob").write_text("x")
-    assert tr.find_temp_debris(str(tmp_path)) == [temp]
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == [temp]
 
 
 @pytest.mark.parametrize("linked", ["models--o--n", "models--o--n/blobs", "models--o--n/snapshots/c"])
@@ -172,7 +172,7 @@ def test_local_tree_never_writes_through_a_symlinked_directory(tmp_path, linked)
     parent = root / os.path.dirname(linked)
     parent.mkdir(parents=True)
     os.symlink(str(elsewhere), str(root / linked))
-    tree = tr.LocalTree(str(root))
+    tree = dgx_localtree.LocalTree(str(root))
     for rel in (linked, linked + "/deeper"):
         with pytest.raises(StageError, match=r"%s is a symlink to %s" % (re.escape(str(root / linked)),
                                                                          re.escape(str(elsewhere)))):
@@ -183,7 +183,7 @@ def test_local_tree_never_writes_through_a_symlinked_directory(tmp_path, linked)
 
 
 def test_local_tree_creates_real_directories_and_finds_links_below(tmp_path):
-    tree = tr.LocalTree(str(tmp_path))
+    tree = dgx_localtree.LocalTree(str(tmp_path))
     with tree.open_dir("a/b/c", create=True) as opened:
         assert opened.path == str(tmp_path / "a" / "b" / "c")
     assert (tmp_path / "a" / "b" / "c").is_dir()
@@ -194,13 +194,13 @@ def test_local_tree_creates_real_directories_and_finds_links_below(tmp_path):
 
 
 def test_repo_lock_excludes_a_second_holder_and_names_its_run(tmp_path):
-    tree = tr.LocalTree(str(tmp_path))
-    with tr.RepoLock(tree, "locks", timeout=5, run_id="20261201T101648Z-d3b7"):
+    tree = dgx_localtree.LocalTree(str(tmp_path))
+    with dgx_repolock.RepoLock(tree, "locks", timeout=5, run_id="20261201T101648Z-d3b7"):
         errors, noted = [], []
 
         def contender():
             try:
-                with tr.RepoLock(tree, "locks", timeout=0.3, on_wait=noted.append):
+                with dgx_repolock.RepoLock(tree, "locks", timeout=0.3, on_wait=noted.append):
                     pass
             except StageError as exc:
                 errors.append(str(exc))
@@ -211,17 +211,17 @@ def test_repo_lock_excludes_a_second_holder_and_names_its_run(tmp_path):
         assert errors and ("another dgx-stage run, run 20261201T101648Z-d3b7 (pid %d, since " % os.getpid()) in errors[0]
         # The waiter said once whom it waits for, and never that it got the lock.
         assert [(h["pid"], h["run_id"]) for h in noted] == [(os.getpid(), "20261201T101648Z-d3b7")]
-    with tr.RepoLock(tree, "locks", timeout=0):
+    with dgx_repolock.RepoLock(tree, "locks", timeout=0):
         pass
 
 
 def test_a_waiter_is_told_when_it_holds_the_lock_and_writes_its_own_run(tmp_path):
-    tree = tr.LocalTree(str(tmp_path))
+    tree = dgx_localtree.LocalTree(str(tmp_path))
     noted = []
-    first = tr.RepoLock(tree, "locks", timeout=5, run_id="first-run").__enter__()
+    first = dgx_repolock.RepoLock(tree, "locks", timeout=5, run_id="first-run").__enter__()
     threading.Timer(0.5, first.__exit__, (None, None, None)).start()
-    with tr.RepoLock(tree, "locks", timeout=5, run_id="second-run", on_wait=noted.append) as second:
-        held = tr.lock_holder(open(second.path).read())
+    with dgx_repolock.RepoLock(tree, "locks", timeout=5, run_id="second-run", on_wait=noted.append) as second:
+        held = dgx_repolock.lock_holder(open(second.path).read())
     assert [n and n["run_id"] for n in noted] == ["first-run", None]
     assert (held["pid"], held["run_id"]) == (os.getpid(), "second-run") and held["since"].endswith("Z")
 
@@ -231,13 +231,13 @@ def test_a_waiter_is_told_when_it_holds_the_lock_and_writes_its_own_run(tmp_path
     ("4242 - 2026-12-01T10:16:50Z\n", {"pid": 4242, "run_id": None, "since": "2026-12-01T10:16:50Z"}),
     ("", {"pid": None, "run_id": None, "since": None}), ("garbage", {"pid": None, "run_id": None, "since": None})])
 def test_lock_holder_reads_what_any_release_wrote(text, holder):
-    assert tr.lock_holder(text) == holder
-    assert tr.holder_text(tr.lock_holder(text)).startswith("run ")
+    assert dgx_repolock.lock_holder(text) == holder
+    assert dgx_repolock.holder_text(dgx_repolock.lock_holder(text)).startswith("run ")
 
 
 def test_a_run_id_that_is_not_one_word_of_ascii_is_not_written(tmp_path):
-    with tr.RepoLock(tr.LocalTree(str(tmp_path)), "locks", timeout=0, run_id="two words\u00e9") as lock:
-        assert tr.lock_holder(open(lock.path).read())["run_id"] is None
+    with dgx_repolock.RepoLock(dgx_localtree.LocalTree(str(tmp_path)), "locks", timeout=0, run_id="two words\u00e9") as lock:
+        assert dgx_repolock.lock_holder(open(lock.path).read())["run_id"] is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_run_workers_runs_every_item_at_most_workers_at_once_in_order_handed_out
         with lock:
             state["now"] -= 1
 
-    tr.run_workers(list(range(10)), task, workers=3)
+    dgx_workers.run_workers(list(range(10)), task, workers=3)
     assert sorted(started) == list(range(10)) and started[:3] == sorted(started[:3])
     assert state["peak"] == 3 and len(buffers) == 3
 
@@ -275,20 +275,20 @@ def test_run_workers_stops_handing_out_after_a_fatal_error_and_raises_it():
         done.append(item)
 
     with pytest.raises(OSError, match="No space"):
-        tr.run_workers(list(range(100)), task, workers=2)
+        dgx_workers.run_workers(list(range(100)), task, workers=2)
     assert len(done) < 10
 
 
 def test_run_workers_with_one_worker_runs_in_the_callers_thread():
     threads = set()
-    tr.run_workers([1, 2, 3], lambda item, buf: threads.add(threading.current_thread()), workers=1)
+    dgx_workers.run_workers([1, 2, 3], lambda item, buf: threads.add(threading.current_thread()), workers=1)
     assert threads == {threading.current_thread()}
 
 
 def test_default_workers_is_the_cpu_count_within_bounds(monkeypatch):
-    for cpus, expected in ((None, 2), (1, 2), (2, 2), (6, 6), (64, tr.MAX_WORKERS)):
-        monkeypatch.setattr(tr.os, "cpu_count", lambda cpus=cpus: cpus)
-        assert tr.default_workers() == expected
+    for cpus, expected in ((None, 2), (1, 2), (2, 2), (6, 6), (64, dgx_workers.MAX_WORKERS)):
+        monkeypatch.setattr(dgx_copy.os, "cpu_count", lambda cpus=cpus: cpus)
+        assert dgx_workers.default_workers() == expected
 
 
 def test_copy_verified_refuses_a_rewrite_that_restores_the_mtime(tmp_path):
@@ -303,33 +303,33 @@ def test_copy_verified_refuses_a_rewrite_that_restores_the_mtime(tmp_path):
         os.utime(str(src), ns=(st.st_atime_ns, st.st_mtime_ns))   # size and mtime as before; ctime moves
 
     with open_tmp(tmp_path) as top:
-        with pytest.raises(tr.SourceProblem, match="changed while it was copied"):
-            tr.copy_verified(str(src), top, "page", len(data), progress=rewrite_and_hide_it)
+        with pytest.raises(dgx_copy.SourceProblem, match="changed while it was copied"):
+            dgx_copy.copy_verified(str(src), top, "page", len(data), progress=rewrite_and_hide_it)
     assert not (tmp_path / "page").exists()
 
 
 def test_copy_verified_flushes_as_it_goes_and_a_failed_flush_is_a_local_write_error(tmp_path, monkeypatch):
     # written data is flushed every FLUSH_EVERY bytes (no pile of dirty pages, a short final fsync)
-    monkeypatch.setattr(tr, "FLUSH_EVERY", READ_CHUNK)
+    monkeypatch.setattr(dgx_copy, "FLUSH_EVERY", READ_CHUNK)
     data = os.urandom(3 * READ_CHUNK + 5)
     src = tmp_path / "src"
     src.write_bytes(data)
     flushes = []
     real_fdatasync = os.fdatasync
-    monkeypatch.setattr(tr.os, "fdatasync", lambda fd: flushes.append(fd) or real_fdatasync(fd))
+    monkeypatch.setattr(dgx_copy.os, "fdatasync", lambda fd: flushes.append(fd) or real_fdatasync(fd))
     with open_tmp(tmp_path) as top:
-        tr.copy_verified(str(src), top, "blob", len(data), blob_name=sha256_name(data))
+        dgx_copy.copy_verified(str(src), top, "blob", len(data), blob_name=sha256_name(data))
     assert len(flushes) == 3 and (tmp_path / "blob").read_bytes() == data
 
     def disk_gone(fd):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(tr.os, "fdatasync", disk_gone)
+    monkeypatch.setattr(dgx_copy.os, "fdatasync", disk_gone)
     with open_tmp(tmp_path) as top:
-        with pytest.raises(tr.LocalWriteError) as err:
-            tr.copy_verified(str(src), top, "blob2", len(data), blob_name=sha256_name(data))
+        with pytest.raises(dgx_copy.LocalWriteError) as err:
+            dgx_copy.copy_verified(str(src), top, "blob2", len(data), blob_name=sha256_name(data))
     assert err.value.errno == errno.EIO and not (tmp_path / "blob2").exists()
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == []
 
 
 def test_ctrl_c_stops_every_worker_before_it_propagates(tmp_path):
@@ -351,13 +351,13 @@ def test_ctrl_c_stops_every_worker_before_it_propagates(tmp_path):
             while time.monotonic() < deadline:
                 buf.check()              # where copy_verified and feed_file look between chunks
                 time.sleep(0.01)
-        except tr.Cancelled:
+        except dgx_hashing.Cancelled:
             cleaned.append(item)         # copy_verified removes its temp file here
             raise
 
     try:
         with pytest.raises(KeyboardInterrupt):
-            tr.run_workers(list(range(4)), long_task, workers=4)
+            dgx_workers.run_workers(list(range(4)), long_task, workers=4)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert sorted(cleaned) == [0, 1, 2, 3]
@@ -375,22 +375,22 @@ def test_a_fatal_error_in_one_worker_stops_the_others_within_a_chunk():
             for _ in range(1000):
                 buf.check()
                 time.sleep(0.01)
-        except tr.Cancelled:
+        except dgx_hashing.Cancelled:
             stopped.append(item)
             raise
 
     started = time.monotonic()
     with pytest.raises(OSError, match="No space"):
-        tr.run_workers(list(range(3)), task, workers=3)
+        dgx_workers.run_workers(list(range(3)), task, workers=3)
     assert sorted(stopped) == [1, 2] and time.monotonic() - started < 5
 
 
 def test_buffers_stay_within_the_budget_and_are_taken_on_first_use():
     for workers in (1, 2, 8, 32):
-        assert workers * tr.chunk_size(workers) <= max(tr.BUFFER_BUDGET, workers * tr.MIN_CHUNK)
-        assert tr.chunk_size(workers) >= tr.MIN_CHUNK
-    assert 32 * tr.chunk_size(32) <= tr.BUFFER_BUDGET
-    buf = tr.ChunkBuffer(READ_CHUNK)
+        assert workers * dgx_workers.chunk_size(workers) <= max(dgx_workers.BUFFER_BUDGET, workers * dgx_workers.MIN_CHUNK)
+        assert dgx_workers.chunk_size(workers) >= dgx_workers.MIN_CHUNK
+    assert 32 * dgx_workers.chunk_size(32) <= dgx_workers.BUFFER_BUDGET
+    buf = dgx_hashing.ChunkBuffer(READ_CHUNK)
     assert buf._data is None and len(buf.data) == READ_CHUNK
 
 
@@ -407,13 +407,13 @@ class FakeClock(object):
 
 
 def read_progress(tmp_path):
-    with open(str(tmp_path / ".locks" / tr.PROGRESS_NAME)) as handle:
+    with open(str(tmp_path / ".locks" / dgx_progress_file.PROGRESS_NAME)) as handle:
         return json.load(handle)
 
 
 def test_meter_gives_no_rate_or_eta_until_known_and_writes_at_most_once_per_interval(tmp_path):
     clock = FakeClock()
-    meter = tr.PassMeter("stage", "org/name", "none", clock=clock, wall=lambda: 1790000000.0, interval=1.0)
+    meter = dgx_progress_file.PassMeter("stage", "org/name", "none", clock=clock, wall=lambda: 1790000000.0, interval=1.0)
     with open_tmp(tmp_path, ".locks") as lock_dir:
         meter.attach(lock_dir)
         meter.plan("copying", 2, 4 * 1048576)
@@ -449,8 +449,8 @@ def test_meter_keeps_the_other_passes_of_the_file_and_says_how_a_pass_ended(tmp_
     lock = tmp_path / ".locks"
     lock.mkdir()
     stage_figures = {"pass": "stage", "finished": True, "bytes_done": 7}
-    (lock / tr.PROGRESS_NAME).write_text(json.dumps({"pass": "stage", "passes": {"stage": stage_figures}}))
-    meter = tr.PassMeter("verify", "org/name", "full")
+    (lock / dgx_progress_file.PROGRESS_NAME).write_text(json.dumps({"pass": "stage", "passes": {"stage": stage_figures}}))
+    meter = dgx_progress_file.PassMeter("verify", "org/name", "full")
     with open_tmp(tmp_path, ".locks") as lock_dir:
         meter.attach(lock_dir)
         meter.plan("hashing", 1, 10)
@@ -467,14 +467,14 @@ def test_meter_keeps_the_other_passes_of_the_file_and_says_how_a_pass_ended(tmp_
 def test_meter_ignores_an_unreadable_progress_file(tmp_path):
     lock = tmp_path / ".locks"
     lock.mkdir()
-    (lock / tr.PROGRESS_NAME).write_text("{torn")
+    (lock / dgx_progress_file.PROGRESS_NAME).write_text("{torn")
     with open_tmp(tmp_path, ".locks") as lock_dir:
-        tr.PassMeter("stage", "org/name", "none").attach(lock_dir)
+        dgx_progress_file.PassMeter("stage", "org/name", "none").attach(lock_dir)
     assert sorted(read_progress(tmp_path)["passes"]) == ["stage"]
 
 
 def test_meter_counts_every_byte_from_many_workers(tmp_path):
-    meter = tr.PassMeter("stage", "org/name", "none", interval=0.0)
+    meter = dgx_progress_file.PassMeter("stage", "org/name", "none", interval=0.0)
     meter.plan("copying", 8, 800)
 
     def work():
@@ -492,7 +492,7 @@ def test_meter_counts_every_byte_from_many_workers(tmp_path):
         meter.close("ok")
     doc = read_progress(tmp_path)
     assert doc["bytes_read"] == {"local": 0, "nas": 800} and (doc["files_done"], doc["files_total"]) == (8, 8)
-    assert tr.find_temp_debris(str(tmp_path)) == []
+    assert dgx_localtree.find_temp_debris(str(tmp_path)) == []
 
 
 def test_signals_held_delays_a_signal_until_the_block_ends_and_threads_started_inside_never_take_it():
@@ -520,7 +520,7 @@ def _signals_held_in_this_process():
     previous = signal.signal(signal.SIGUSR1, lambda signum, _frame: seen.append(signum))
     try:
         masks = []
-        with tr.signals_held(signal.SIGUSR1):
+        with dgx_workers.signals_held(signal.SIGUSR1):
             thread = threading.Thread(target=lambda: masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
             thread.start()
             thread.join()
@@ -539,10 +539,10 @@ def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file_and_both_
     (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
     outside = tmp_path / "outside.conf"
     outside.write_text("keep me")
-    planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
+    planted = tmp_path / ".locks" / "models--org--name" / dgx_repolock.RepoLock.NAME
     os.link(str(outside), str(planted))
     with open(str(outside)) as old_inode:
-        with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
+        with dgx_repolock.RepoLock(dgx_localtree.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
             assert outside.read_text() == "keep me"
             assert planted.read_text().split()[0] == str(os.getpid()) and os.stat(str(planted)).st_nlink == 1
             for held in (str(planted), old_inode.name):
@@ -560,13 +560,13 @@ def test_a_lock_file_bind_mounted_over_a_file_outside_is_never_written(tmp_path)
     (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
     outside = tmp_path / "outside.conf"
     outside.write_text("keep me")
-    planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
+    planted = tmp_path / ".locks" / "models--org--name" / dgx_repolock.RepoLock.NAME
     planted.write_text("")
 
     def lock_through_the_mount():
         bind_mount(outside, planted)
         with pytest.raises(StageError) as refused:
-            with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
+            with dgx_repolock.RepoLock(dgx_localtree.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
                 pass
         assert "it is a mount point" in str(refused.value), str(refused.value)
 
@@ -576,9 +576,9 @@ def test_a_lock_file_bind_mounted_over_a_file_outside_is_never_written(tmp_path)
 
 def test_a_fifo_planted_as_the_lock_file_is_replaced_without_being_opened(tmp_path):
     (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
-    planted = tmp_path / ".locks" / "models--org--name" / tr.RepoLock.NAME
+    planted = tmp_path / ".locks" / "models--org--name" / dgx_repolock.RepoLock.NAME
     os.mkfifo(str(planted))
-    with tr.RepoLock(tr.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
+    with dgx_repolock.RepoLock(dgx_localtree.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
         assert planted.read_text().split()[0] == str(os.getpid())
 
 
@@ -598,7 +598,7 @@ def test_without_proc_nothing_is_written_below_the_hub_root(tmp_path):
     def open_without_proc():
         _mount_tmpfs("/proc")
         with pytest.raises(StageError) as refused:
-            tr.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True)
+            dgx_localtree.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True)
         assert "/proc" in str(refused.value), str(refused.value)
         assert not os.path.exists(str(tmp_path / "hub" / "models--org--name" / "blobs"))
 
@@ -617,7 +617,7 @@ def test_mount_checks_accept_a_hub_root_reached_through_a_link_and_ignore_hidden
         _mount_tmpfs(tmp_path / "fast")
         os.makedirs(str(tmp_path / "fast" / "hub" / "models--org--name"))
         os.symlink(str(tmp_path / "fast" / "hub"), str(tmp_path / "hub-link"))
-        tree = tr.LocalTree(str(tmp_path / "hub-link"))
+        tree = dgx_localtree.LocalTree(str(tmp_path / "hub-link"))
         assert mount_point_problem(tree.root, "models--org--name/blobs") is None
         tree.refuse_unsafe_dirs(["models--org--name/blobs"])
         with tree.open_dir("models--org--name/blobs", create=True):
@@ -627,7 +627,7 @@ def test_mount_checks_accept_a_hub_root_reached_through_a_link_and_ignore_hidden
         _mount_tmpfs(tmp_path / "hub")
         os.makedirs(str(tmp_path / "hub" / "models--org--name"))
         assert mount_point_problem(str(tmp_path / "hub"), "models--org--name/blobs") is None
-        with tr.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True):
+        with dgx_localtree.LocalTree(str(tmp_path / "hub")).open_dir("models--org--name/blobs", create=True):
             pass
 
     assert in_private_mount_namespace(check_the_setups) == 0
@@ -648,7 +648,7 @@ def test_a_lock_is_taken_on_an_overlay_whose_layers_lie_on_two_filesystems(tmp_p
         _mount_tmpfs(tmp_path / "lower")
         _mount_tmpfs(tmp_path / "upper")
         os.makedirs(str(tmp_path / "lower" / "hub" / ".locks" / "models--org--name"))
-        with open(str(tmp_path / "lower" / "hub" / ".locks" / "models--org--name" / tr.RepoLock.NAME), "w"):
+        with open(str(tmp_path / "lower" / "hub" / ".locks" / "models--org--name" / dgx_repolock.RepoLock.NAME), "w"):
             pass
         os.makedirs(str(tmp_path / "upper" / "data"))
         os.makedirs(str(tmp_path / "upper" / "work"))
@@ -656,7 +656,7 @@ def test_a_lock_is_taken_on_an_overlay_whose_layers_lie_on_two_filesystems(tmp_p
                                                           tmp_path / "upper" / "work")
         subprocess.check_call(["mount", "-t", "overlay", "overlay", "-o", options, str(tmp_path / "merged")])
         hub = str(tmp_path / "merged" / "hub")
-        with tr.RepoLock(tr.LocalTree(hub), ".locks/models--org--name", 5) as lock:
+        with dgx_repolock.RepoLock(dgx_localtree.LocalTree(hub), ".locks/models--org--name", 5) as lock:
             assert open(lock.path).read().split()[0] == str(os.getpid())
 
     assert in_private_mount_namespace(lock_on_the_overlay) == 0

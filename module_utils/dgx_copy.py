@@ -1,0 +1,294 @@
+# -*- coding: utf-8 -*-
+"""Name-checked copies onto the local disk: a file only ever appears under its final name complete and fsynced,
+and a blob only when the bytes that were written hash to its name; a peer's candidate is adopted only after
+the same proof. Anything a killed copy left behind carries TEMP_PREFIX and is removed by the next run.
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import errno
+import os
+import stat
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import remove_path, temp_name_for, unlink_quietly
+from ansible.module_utils.dgx_hashing import ChunkBuffer, NameHasher, advise
+
+# Errors of the local disk a copy cannot get past, reported with the space figures.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS)
+
+
+class SourceProblem(StageError):
+    """The NAS side of one copy is wrong (hash, size, changed underneath); other copies can go on."""
+
+    def __init__(self, message, source, blob_name=None, got=None, error=None):
+        StageError.__init__(self, message)
+        self.source, self.blob_name, self.got = source, blob_name, got
+        self.error = error      # the OSError of a failed read, when that was the problem
+
+
+class LocalWriteError(StageError):
+    """Writing the local disk failed (no space, I/O error): the run cannot go on."""
+
+    def __init__(self, message, path, written, error):
+        StageError.__init__(self, message)
+        self.path, self.written, self.errno = path, written, error
+
+
+def _write_all(fd, view):
+    while len(view):
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# Written data is flushed and dropped from the page cache every FLUSH_EVERY bytes: 300 GB of weights
+# never pile up as dirty pages or evict the running engine's cache, and the final fsync is short.
+FLUSH_EVERY = 64 * 1024 * 1024
+
+
+def _flush(dst_fd, final, flushed, copied):
+    try:
+        os.fdatasync(dst_fd)
+    except OSError as exc:
+        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
+    advise(dst_fd, "POSIX_FADV_DONTNEED", flushed, copied - flushed)
+    return copied
+
+
+def _identity(st):
+    """What must hold still while a file is copied: a rewrite that restores the mtime still moves ctime."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
+    """Copy `source` to `directory/name` through a fsynced temp file and one rename; returns bytes copied.
+
+    With source_fd (an open file of the caller's, read from its start and left open), that file is
+    read and `source` only names it in messages.
+
+    The source is read once, in large chunks: each chunk is hashed (when blob_name is given: sha256 or
+    git blob sha1, as the hub named the blob) and written from the same buffer. The temp file gets
+    `name` only when the source kept its size and mtime during the copy and the bytes hash to
+    blob_name; otherwise SourceProblem, and no file by that name is created or replaced.
+    Replacing by rename also breaks any hardlink the old file had (a wrong shard is never written through).
+    Local write failures raise LocalWriteError; every failure removes the temp file.
+    """
+    buf = buf or ChunkBuffer()
+    hasher = NameHasher(blob_name, size) if blob_name else None
+    final = directory.join(name)
+    if source_fd is not None:
+        src_fd = os.dup(source_fd)
+        os.lseek(src_fd, 0, os.SEEK_SET)
+    else:
+        try:
+            # O_NONBLOCK: a FIFO planted on the NAS must fail the open, not hang the run holding the lock.
+            src_fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
+            raise SourceProblem("cannot open %s on the NAS: %s; check the NAS mount" % (source, exc), source)
+    temp = temp_name_for(name)
+    created = False
+    try:
+        before = os.fstat(src_fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise SourceProblem("%s is not a regular file: repair the source hub" % source, source)
+        advise(src_fd, "POSIX_FADV_SEQUENTIAL")
+        dst_fd = _create_temp(directory, temp, final)
+        created = True
+        try:
+            copied = _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress)
+            _refuse_changed_source(src_fd, before, source, copied, size)
+            _sync_to_disk(dst_fd, final, copied)
+        finally:
+            os.close(dst_fd)
+        if hasher is not None and not hasher.matches():
+            raise SourceProblem("%s does not hash to its own name %s (its bytes hash to %s): the NAS blob is "
+                                "corrupt; re-download it on the NAS; nothing was staged under that name"
+                                % (source, blob_name, hasher.hexdigest()), source, blob_name, hasher.hexdigest())
+        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
+    except BaseException:
+        if created:
+            unlink_quietly(temp, dir_fd=directory.fd)
+        raise
+    finally:
+        os.close(src_fd)
+    return copied
+
+
+def _create_temp(directory, temp, final):
+    """The temp file's fd, created new in `directory` (never through a link)."""
+    try:
+        return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                       dir_fd=directory.fd)
+    except OSError as exc:
+        raise LocalWriteError("cannot create a temp file in %s: %s" % (directory.path, exc), final, 0, exc.errno)
+
+
+def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
+    """The copy loop: read a chunk, hash it, write it from the same buffer; returns bytes copied.
+
+    Reads stop one chunk past the expected size, so a source that grew is noticed without reading
+    all of it.
+    """
+    copied = flushed = 0
+    while copied <= size:
+        buf.check()
+        try:
+            got = os.readv(src_fd, [buf.data])
+        except OSError as exc:
+            raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
+                                % (source, copied, size, exc), source, error=exc)
+        if not got:
+            break
+        chunk = buf.view[:got]
+        if hasher is not None:
+            hasher.update(chunk)
+        try:
+            _write_all(dst_fd, chunk)
+        except OSError as exc:
+            raise LocalWriteError("writing %s failed after %d of %d bytes: %s"
+                                  % (final, copied, size, exc), final, copied, exc.errno)
+        advise(src_fd, "POSIX_FADV_DONTNEED", copied, got)
+        copied += got
+        if copied - flushed >= FLUSH_EVERY:
+            flushed = _flush(dst_fd, final, flushed, copied)
+        if progress is not None:
+            progress(got)
+    return copied
+
+
+def _sync_to_disk(dst_fd, final, copied):
+    """fsync the copy, then drop its pages: the engine's page cache is worth more than ours."""
+    try:
+        os.fsync(dst_fd)
+    except OSError as exc:
+        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
+    advise(dst_fd, "POSIX_FADV_DONTNEED")
+
+
+def _refuse_changed_source(src_fd, before, source, copied, size):
+    """SourceProblem when the source is not the file it was when the copy started."""
+    after = os.fstat(src_fd)
+    if copied != size or _identity(after) != _identity(before):
+        raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
+                            "is something writing the NAS copy? Re-run when it is stable; nothing was "
+                            "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
+
+
+class CandidateRejected(StageError):
+    """A peer candidate that is not the blob its name says (or not a plain file): never given the name."""
+
+
+# A candidate is opened without following a link, and a FIFO must fail or return at once, never block.
+_CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
+    """Copy the candidate `peer/name` (a copy another host sent) to `directory/name` through
+    copy_verified: a new file, hashed while it is written, given the name only when its bytes hash to
+    `name` at `size`. True when the blob got its name from the candidate, False when there is none.
+
+    The candidate is never moved or linked: whatever a handle opened on it, or a hard link made to
+    it, does later cannot reach the blob. It is lstat-ed first and opened only when it is a regular
+    file (never a link, FIFO or device), and the open file must be the one lstat-ed. Anything else
+    raises CandidateRejected. The candidate is removed right after its copy or its rejection (a
+    directory is left for the peer_dir clean-up to report). `progress(count)` gets the bytes read.
+    """
+    try:
+        st = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise CandidateRejected("it cannot be examined: %s" % _os_error_text(exc))
+    try:
+        fd = _open_candidate(peer, name, size, st)
+        try:
+            _copy_candidate(peer, directory, name, size, fd, buf, progress)
+        finally:
+            os.close(fd)
+    finally:
+        _drop_candidate(peer, name, st)
+    return True
+
+
+def _os_error_text(exc):
+    return "%s (errno %s)" % (exc.strerror or exc, exc.errno) if exc.errno else str(exc)
+
+
+def _open_candidate(peer, name, size, st):
+    """The fd of the regular file `st` (lstat of peer/name) describes, or CandidateRejected."""
+    if stat.S_ISLNK(st.st_mode):
+        raise CandidateRejected("it is a symlink, not a file: not followed")
+    if not stat.S_ISREG(st.st_mode):
+        raise CandidateRejected("it is %s, not a regular file: not opened" % _kind_of(st.st_mode))
+    if st.st_size != size:
+        raise CandidateRejected("its size is %d bytes, the blob's is %d" % (st.st_size, size))
+    try:
+        fd = os.open(name, _CANDIDATE_FLAGS, dir_fd=peer.fd)
+    except OSError as exc:
+        raise CandidateRejected("it cannot be opened: %s" % _os_error_text(exc))
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(opened.st_mode):
+        os.close(fd)
+        raise CandidateRejected("it was replaced between its check and its opening: is something still "
+                                "writing peer_dir?")
+    return fd
+
+
+def _copy_candidate(peer, directory, name, size, fd, buf, progress):
+    try:
+        copy_verified(peer.join(name), directory, name, size, blob_name=name, progress=progress, buf=buf,
+                      source_fd=fd)
+    except SourceProblem as problem:
+        if problem.got is not None:
+            raise CandidateRejected("its bytes hash to %s, not to its name" % problem.got)
+        if problem.error is not None:
+            raise CandidateRejected("reading it failed: %s" % _os_error_text(problem.error))
+        raise CandidateRejected("it changed while it was copied: is something still writing peer_dir?")
+
+
+def _kind_of(mode):
+    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return words
+    return "of file type %o" % stat.S_IFMT(mode)
+
+
+def _drop_candidate(peer, name, st):
+    """Remove peer/name when it is still the entry `st` describes and not a directory (a later file
+    there is the clean-up's; a directory is named by the clean-up, never entered)."""
+    try:
+        now = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
+    except OSError:
+        return
+    if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) and not stat.S_ISDIR(now.st_mode):
+        unlink_quietly(name, dir_fd=peer.fd)
+
+
+# rsync --delay-updates (ansible.posix.synchronize's default) stages a transfer in this folder of the
+# destination; an interrupted copy leaves it behind, holding files only.
+RSYNC_DELAY_DIR = ".~tmp~"
+
+
+def clear_peer_dir(tree, rel):
+    """Remove the scratch directory root/rel and what is directly in it (files, temp files, links -
+    never a link's target) and rsync's delay-updates folder with the files directly in it, through
+    fsutil.remove_path; any other directory inside it, and a mount point, is not entered but named
+    and stays with what holds it. Returns the problems (texts), [] when it is gone or was never there."""
+    path = os.path.join(tree.root, rel)
+    parent_rel, leaf = os.path.split(rel.rstrip("/"))
+    try:
+        with tree.open_dir(parent_rel) as parent:
+            left = remove_path(leaf, dir_fd=parent.fd, around_mounts=True, shown_as=path,
+                               enter=lambda below: below == RSYNC_DELAY_DIR)
+    except FileNotFoundError:
+        return []
+    except (StageError, OSError) as exc:
+        return ["peer_dir %s was not removed: %s" % (path, exc)]
+    problems = [why for _folder, why in left or [] if why]
+    foreign = [os.path.relpath(folder, path) for folder, why in left or [] if not why]
+    if foreign:
+        problems.append("peer_dir %s holds director%s (%s) that dgx-stage does not enter: remove %s by hand"
+                        % (path, "y" if len(foreign) == 1 else "ies", ", ".join(foreign),
+                           "it" if len(foreign) == 1 else "them"))
+    return problems

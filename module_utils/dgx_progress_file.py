@@ -1,0 +1,207 @@
+# -*- coding: utf-8 -*-
+"""The progress file, `<dest>/.locks/<repo folder>/dgx-stage.progress.json`: its name, what it holds and who
+writes it (PassMeter, from every copy worker at once). Readers import its name and reader from here.
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import threading
+import time
+
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+from ansible.module_utils.dgx_units import utc_text
+
+PROGRESS_NAME = "dgx-stage.progress.json"
+# Its key for the NAS blobs found failing their names and not proven good since (dgx_nas_suspects).
+SUSPECTS_KEY = "nas_corrupt"
+# The steps of a pass whose bytes are counted: content checks of local files, then copies and repairs.
+STEPS = ("hashing", "copying")
+# A rate (and so an ETA) is given only once the pass has worked this long and read something.
+RATE_AFTER_S = 1.0
+# The progress file is rewritten at most this often while bytes move (and at every step and the end).
+PROGRESS_EVERY_S = 1.0
+
+
+def _read_json(name, dir_fd):
+    """The JSON object in dir_fd/name (never through a link), or {} when absent or unreadable."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return {}
+    try:
+        data = json.loads(os.read(fd, 1024 * 1024).decode("utf-8"))
+    except ValueError:
+        return {}
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else {}
+
+
+class PassMeter(object):
+    """The figures of one pass of one repo, kept by every worker at once (thread-safe): bytes read on
+    each side, files and bytes done and to do, the file in hand, how it ended.
+
+    Its work comes in two steps: `hashing` (content checks of files present locally: a full hash, or
+    sampled reads of both sides) and `copying` (copies and repairs; a copy's bytes are NAS reads).
+    bytes_done is every byte a step read; bytes_total grows when a check reads more than planned
+    (a disagreeing copy hashed), and equals bytes_done once the pass finished. A file counts once in
+    files_done/files_total, when all its work is over (a repaired one after its copy).
+    eta_s is null until a rate is known (RATE_AFTER_S of work and a byte read), 0 once finished.
+
+    With attach(lock_dir), the figures go to the progress file in that directory: at each step, at
+    the end, and in between at most once per `interval` seconds. The file keeps the latest figures of
+    every pass under `passes` (a verify pass never hides the last stage's); its top-level keys are the
+    pass running now or run last, and `nas_corrupt` holds `suspects`: the NAS blobs passes found failing
+    their names and none proved good since (dgx_nas_suspects decides which; the meter keeps them).
+    """
+
+    def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None):
+        self.phase, self.repo_id, self.verify = phase, repo_id, verify
+        self.commit = None
+        self._clock, self._wall = clock, wall
+        self.interval = PROGRESS_EVERY_S if interval is None else interval
+        self._lock = threading.Lock()
+        self._started, self._started_at = clock(), wall()
+        self._read = {"local": 0, "nas": 0}
+        self._steps = dict((step, {"files_done": 0, "files_total": 0, "bytes_done": 0, "bytes_total": 0})
+                           for step in STEPS)
+        self._files = {"done": 0, "total": 0}
+        self.step, self.current, self.status, self.error = "planning", None, "running", None
+        self._dir_fd = None
+        self._passes = {}
+        self.suspects = {}
+        self._last_write = None
+
+    # -- what the workers report ------------------------------------------------------------------
+
+    def plan(self, step, files, nbytes, new_files=True):
+        """Add work to `step`: `files` files of `nbytes` bytes; new_files=False for a file already
+        counted (a repair found by its check)."""
+        with self._lock:
+            figures = self._steps[step]
+            figures["files_total"] += files
+            figures["bytes_total"] += nbytes
+            if new_files:
+                self._files["total"] += files
+
+    def begin(self, step):
+        with self._lock:
+            self.step = step
+            self._write_locked()
+
+    def working_on(self, path):
+        with self._lock:
+            self.current = path
+
+    def count(self, step, local=0, nas=0):
+        """Bytes just read by `step`, on the local disk and on the NAS."""
+        with self._lock:
+            self._read["local"] += local
+            self._read["nas"] += nas
+            figures = self._steps[step]
+            figures["bytes_done"] += local + nas
+            figures["bytes_total"] = max(figures["bytes_total"], figures["bytes_done"])
+            if self._dir_fd is not None and self._clock() - self._last_write >= self.interval:
+                self._write_locked()
+
+    def reader(self, step, side):
+        """A callback counting `side` (local or nas) bytes read by `step`: for feed_file, copy_verified."""
+        return lambda count: self.count(step, **{side: count})
+
+    def item_done(self, step, file_done=True):
+        """One file's work in `step` is over (file_done: and all its work this pass)."""
+        with self._lock:
+            self._steps[step]["files_done"] += 1
+            if file_done:
+                self._files["done"] += 1
+
+    def bytes_done(self, step):
+        with self._lock:
+            return self._steps[step]["bytes_done"]
+
+    def bytes_read(self):
+        with self._lock:
+            return dict(self._read)
+
+    def add_reads(self, other):
+        """Count the bytes another meter read (a pre-check before the lock) in this one's tally."""
+        theirs = other.bytes_read()
+        with self._lock:
+            for side, count in theirs.items():
+                self._read[side] += count
+
+    # -- the progress file --------------------------------------------------------------------------
+
+    def attach(self, lock_dir):
+        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds."""
+        with self._lock:
+            document = _read_json(PROGRESS_NAME, lock_dir.fd)
+            previous = document.get("passes")
+            self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
+                if isinstance(previous, dict) else {}
+            suspects = document.get(SUSPECTS_KEY)
+            self.suspects = dict((k, v) for k, v in suspects.items() if isinstance(v, dict)) \
+                if isinstance(suspects, dict) else {}
+            self._dir_fd = lock_dir.fd
+            self._write_locked()
+
+    def close(self, status, error=None):
+        """The pass is over: ok, failed or interrupted (Ctrl-C, SIGTERM). Written at once; the meter
+        no longer writes after this (its directory is closed by the caller)."""
+        with self._lock:
+            self.status, self.error = status, error
+            self.step, self.current = "done", None
+            if status == "ok":     # a check that stopped at its first differing sample read less than planned
+                for figures in self._steps.values():
+                    figures["bytes_total"] = figures["bytes_done"]
+            self._write_locked()
+            self._dir_fd = None
+
+    def figures(self):
+        with self._lock:
+            return self._figures_locked()
+
+    def _figures_locked(self):
+        now = self._clock()
+        elapsed = max(now - self._started, 0.0)
+        done = sum(f["bytes_done"] for f in self._steps.values())
+        total = sum(f["bytes_total"] for f in self._steps.values())
+        # While running, a rate (and an ETA) once there is a second of work to judge by; at the end, the mean.
+        measured = elapsed >= RATE_AFTER_S or (self.status != "running" and elapsed > 0)
+        rate = done / elapsed if measured and done else None
+        if self.status == "ok":
+            eta = 0.0
+        elif self.status == "running" and rate:
+            eta = round((total - done) / rate, 1)
+        else:
+            eta = None
+        return {
+            "pass": self.phase, "repo_id": self.repo_id, "commit": self.commit, "verify": self.verify,
+            "pid": os.getpid(), "started_at": utc_text(self._started_at),
+            "updated_at": utc_text(self._started_at + elapsed), "elapsed_s": round(elapsed, 1),
+            "step": self.step, "current": self.current,
+            "files_done": self._files["done"], "files_total": self._files["total"],
+            "bytes_done": done, "bytes_total": total,
+            "mib_per_s": round(rate / 1048576, 1) if rate is not None else None, "eta_s": eta,
+            "bytes_read": dict(self._read),
+            "hashing": dict(self._steps["hashing"]), "copying": dict(self._steps["copying"]),
+            "status": self.status, "finished": self.status == "ok", "aborted": self.status not in ("ok", "running"),
+            "error": self.error,
+        }
+
+    def _write_locked(self):
+        if self._dir_fd is None:
+            return
+        self._last_write = self._clock()
+        figures = self._figures_locked()
+        passes = dict(self._passes)
+        passes[self.phase] = figures
+        document = dict(figures, passes=passes)
+        document[SUSPECTS_KEY] = self.suspects
+        try:
+            atomic_write_bytes(PROGRESS_NAME, json.dumps(document, indent=1, sort_keys=True).encode("utf-8"),
+                               dir_fd=self._dir_fd)
+        except OSError:
+            pass   # the progress file is for watching; a full or failing disk is reported by the copy itself

@@ -1,0 +1,32 @@
+# -*- coding: utf-8 -*-
+"""Sizes and times as the messages, the progress file and the reports write them.
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import calendar
+import time
+
+UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def human_bytes(count):
+    """Binary units, one decimal: 17 B, 3.2 KiB, 812.0 MiB, 12.3 GiB, 1.2 TiB (None reads as 0 B)."""
+    count = count or 0
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return ("%d %s" % (count, unit)) if unit == "B" else ("%.1f %s" % (count, unit))
+        count /= 1024.0
+
+
+def utc_text(epoch=None):
+    """ISO 8601 UTC, to the second: 2026-09-27T03:14:15Z (now when epoch is None)."""
+    return time.strftime(UTC_FORMAT, time.gmtime(epoch))
+
+
+def utc_epoch(text):
+    """Epoch seconds of an ISO 8601 UTC text (2026-09-27T03:14:15Z), or None."""
+    try:
+        return calendar.timegm(time.strptime(str(text), UTC_FORMAT))
+    except (TypeError, ValueError):
+        return None

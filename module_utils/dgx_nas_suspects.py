@@ -18,18 +18,12 @@ suspect_text(suspects, allowed)          -> the refusal (or, allowed, the warnin
 Stdlib only; runs on the nodes' system Python.
 """
 
-import json
 import os
 import posixpath
-import stat
 
 from ansible.module_utils.dgx_errors import fix_command
 from ansible.module_utils.dgx_hashing import hash_as_named
-from ansible.module_utils.dgx_localtree import linked_dir_problem
-from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, SUSPECTS_KEY as KEY
-
-READ_AT_MOST = 4 * 1024 * 1024
-
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, repo_document, suspects_in
 
 def nas_identity(path):
     """[st_ino, st_size, st_mtime_ns, st_ctime_ns] of the file at path (links followed), or None: a
@@ -58,30 +52,12 @@ def remembered(previous, found, proven, now):
 def suspects_of(hub_local_root, folder):
     """(suspects, problem) from the progress file in <hub_local_root>/.locks/<folder>, read without following a
     link; no file (nothing staged there yet, a swapped disk) is no suspect and no problem."""
-    if not folder or "/" in folder or folder in (".", ".."):
-        return {}, "%r is no repo folder name" % (folder,)
-    problem = linked_dir_problem(hub_local_root, posixpath.join(".locks", folder))
+    document, problem = repo_document(hub_local_root, folder)
     if problem:
         return {}, problem
-    path = os.path.join(hub_local_root, ".locks", folder, PROGRESS_NAME)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return {}, None
-    except OSError as exc:
-        return {}, "%s cannot be read (%s)" % (path, exc.strerror or exc)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {}, "%s is not a regular file" % path
-        raw = os.read(fd, READ_AT_MOST)
-    finally:
-        os.close(fd)
-    try:
-        suspects = json.loads(raw.decode("utf-8")).get(KEY, {})
-    except (ValueError, AttributeError):     # not JSON, not UTF-8, or no object
-        return {}, "%s is not the JSON object of a progress file" % path
-    if not isinstance(suspects, dict) or not all(isinstance(e, dict) for e in suspects.values()):
-        return {}, "%s: %s is not a mapping of blobs" % (path, KEY)
+    suspects, problem = suspects_in(document)
+    if problem:
+        return {}, "%s: %s" % (os.path.join(hub_local_root, ".locks", folder, PROGRESS_NAME), problem)
     return suspects, None
 
 

@@ -6,8 +6,8 @@ it with the stage_progress module, which is a thin wrapper around these function
 - prepare_jobs_dir: the jobs directory (refused when it or `.locks` is a symlink), cleared of the job
   files that ended jobs of earlier runs left (only names Ansible's async_wrapper gives its files);
 - read_job: the state of one job from its job file (running, ended with its result, or missing);
-- read_progress / pass_figures / shape_progress: the repo's progress file (written by the mirror's
-  PassMeter), read whatever state it is in, reduced to the figures of the pass this job runs;
+- pass_figures / shape_progress: the repo's progress file (dgx_progress_file), read whatever state it is
+  in, reduced to the figures of the pass this job runs;
 - progress_line: one line for the operator, binary units, rate and ETA.
 
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
@@ -27,7 +27,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_hubcache import repo_folder_name
 from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
-from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
+from ansible.module_utils.dgx_progress_file import repo_document
 from ansible.module_utils.dgx_repolock import holder_text
 from ansible.module_utils.dgx_units import human_bytes, utc_epoch
 
@@ -65,16 +65,6 @@ def read_json_file(path):
     finally:
         os.close(fd)
     return data if isinstance(data, dict) else None
-
-
-def progress_path(dest, repo_id, repo_type="model"):
-    """`<dest>/.locks/<repo folder>/dgx-stage.progress.json`, where the mirror keeps the repo's figures."""
-    return os.path.join(dest, ".locks", repo_folder_name(repo_id, repo_type), PROGRESS_NAME)
-
-
-def read_progress(dest, repo_id, repo_type="model"):
-    """The repo's progress document, or None when there is none (yet) or it cannot be read as one."""
-    return read_json_file(progress_path(dest, repo_id, repo_type))
 
 
 # ---- the job file ---------------------------------------------------------------------------------------
@@ -465,7 +455,7 @@ def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_
         job["result"] = {"failed": True, "msg": "no job file %s: the background job did not start, or its file "
                                                 "was removed.%s" % (job["path"], full_disk_note(async_dir))}
     own_pid, waiting = read_lease(lease_file) if lease_file else (None, None)
-    figures = job_figures(read_progress(dest, repo_id, repo_type), phase, job, own_pid)
+    figures = job_figures(repo_document(dest, repo_folder_name(repo_id, repo_type))[0], phase, job, own_pid)
     progress = shape_progress(figures, repo_id, phase)
     finished = job["state"] != "running"
     if not finished and figures is None and waiting:

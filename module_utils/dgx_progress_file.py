@@ -7,13 +7,19 @@ from __future__ import absolute_import, division, print_function
 
 import json
 import os
+import posixpath
+import stat
 import threading
 import time
 
 from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+from ansible.module_utils.dgx_localtree import linked_dir_problem
 from ansible.module_utils.dgx_units import utc_text
 
 PROGRESS_NAME = "dgx-stage.progress.json"
+# The most a progress file is read: a few passes' figures and the NAS suspects of a whole checkpoint fit many
+# times over; anything larger was not written by dgx-stage.
+MAX_BYTES = 4 * 1024 * 1024
 # Its key for the NAS blobs found failing their names and not proven good since (dgx_nas_suspects).
 SUSPECTS_KEY = "nas_corrupt"
 # The steps of a pass whose bytes are counted: content checks of local files, then copies and repairs.
@@ -24,19 +30,81 @@ RATE_AFTER_S = 1.0
 PROGRESS_EVERY_S = 1.0
 
 
-def _read_json(name, dir_fd):
-    """The JSON object in dir_fd/name (never through a link), or {} when absent or unreadable."""
+def read_document(name, dir_fd=None):
+    """(document, problem) of the progress file `name` (relative to dir_fd, or a path), never read through a
+    final link: (None, None) when there is none; (None, why) when it is not a regular file, larger than a
+    progress file grows, or not the JSON object of one (a half-written file cannot be: it is renamed into place)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return {}
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
     try:
-        data = json.loads(os.read(fd, 1024 * 1024).decode("utf-8"))
-    except ValueError:
-        return {}
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "%s is not a regular file" % name
+        raw = _read_up_to(fd, MAX_BYTES + 1)
+    except OSError as exc:
+        return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
     finally:
         os.close(fd)
-    return data if isinstance(data, dict) else {}
+    if len(raw) > MAX_BYTES:
+        return None, "%s is larger than %d bytes: not a progress file dgx-stage wrote" % (name, MAX_BYTES)
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None, "%s is not JSON: not a progress file dgx-stage wrote" % name
+    if not isinstance(document, dict):
+        return None, "%s holds no JSON object: not a progress file dgx-stage wrote" % name
+    return document, None
+
+
+def _read_up_to(fd, limit):
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def repo_document(hub_root, folder):
+    """(document, problem) of the progress file of the repo folder `folder` in the hub at hub_root, reached
+    without following a link (.locks and the folder included)."""
+    if not folder or "/" in folder or folder in (".", ".."):
+        return None, "%r is no repo folder name" % (folder,)
+    problem = linked_dir_problem(hub_root, posixpath.join(".locks", folder))
+    if problem:
+        return None, problem
+    return read_document(os.path.join(hub_root, ".locks", folder, PROGRESS_NAME))
+
+
+def passes_of(document):
+    """(passes, problem) of a progress document: {phase: figures} of the entries that are mappings, and why
+    some could not be read (`passes` not a mapping, an entry that is not one), else None."""
+    if document is None:
+        return {}, None
+    passes = document.get("passes")
+    if passes is None:
+        # Written before `passes` existed: its top level is the last pass run.
+        phase = document.get("pass")
+        return ({phase: document} if phase in ("stage", "verify") else {}), None
+    if not isinstance(passes, dict):
+        return {}, "the progress file's passes is not a mapping (%s)" % type(passes).__name__
+    good = dict((k, v) for k, v in passes.items() if isinstance(v, dict))
+    problem = None if len(good) == len(passes) else "the progress file's passes %s are not mappings" % (
+        ", ".join(sorted(str(k) for k in passes if k not in good)))
+    return good, problem
+
+
+def suspects_in(document):
+    """(the NAS blobs found corrupt, problem) a progress document records under SUSPECTS_KEY."""
+    suspects = (document or {}).get(SUSPECTS_KEY, {})
+    if not isinstance(suspects, dict) or not all(isinstance(e, dict) for e in suspects.values()):
+        return {}, "its %s is not a mapping of blobs" % SUSPECTS_KEY
+    return suspects, None
 
 
 class PassMeter(object):
@@ -137,7 +205,7 @@ class PassMeter(object):
     def attach(self, lock_dir):
         """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds."""
         with self._lock:
-            document = _read_json(PROGRESS_NAME, lock_dir.fd)
+            document = read_document(PROGRESS_NAME, lock_dir.fd)[0] or {}
             previous = document.get("passes")
             self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
                 if isinstance(previous, dict) else {}

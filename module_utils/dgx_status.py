@@ -25,10 +25,9 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, passes_of, read_document
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
-PROGRESS_MAX_BYTES = 1024 * 1024
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 # Container statuses that mean the engine stopped (docker and podman words).
 EXITED = ("exited", "stopped", "dead")
@@ -41,33 +40,6 @@ _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 # ------------------------------------------------------------------------------------------------
 # the progress file
 # ------------------------------------------------------------------------------------------------
-
-def parse_progress(raw):
-    """(passes, problem) from the progress file's bytes (None: no file).
-
-    passes: {phase: figures} of the entries that are mappings; problem: why some or all of it could not
-    be read (a half-written or garbage file, `passes` not a mapping), else None.
-    """
-    if raw is None:
-        return {}, None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return {}, "the progress file is not JSON (half-written, or not ours)"
-    if not isinstance(data, dict):
-        return {}, "the progress file holds no JSON object"
-    passes = data.get("passes")
-    if passes is None:
-        # Written before `passes` existed: its top level is the last pass run.
-        phase = data.get("pass")
-        return ({phase: data} if phase in ("stage", "verify") else {}), None
-    if not isinstance(passes, dict):
-        return {}, "the progress file's passes is not a mapping (%s)" % type(passes).__name__
-    good = dict((k, v) for k, v in passes.items() if isinstance(v, dict))
-    problem = None if len(good) == len(passes) else "the progress file's passes %s are not mappings" % (
-        ", ".join(sorted(str(k) for k in passes if k not in good)))
-    return good, problem
-
 
 def _text(value):
     return value if isinstance(value, str) and value else None
@@ -240,8 +212,9 @@ def progress_of(hub_root, folder):
     problem = path_problem(hub_root, [".locks", folder], "lock folder")
     if problem:
         return {"progress_problem": problem}
-    lock_dir = os.path.join(hub_root, ".locks", folder)
-    passes, problem = parse_progress(read_small(os.path.join(lock_dir, PROGRESS_NAME), PROGRESS_MAX_BYTES))
+    document, problem = read_document(os.path.join(hub_root, ".locks", folder, PROGRESS_NAME))
+    passes, shape_problem = passes_of(document)
+    problem = problem or shape_problem
     fields["progress_problem"] = problem
     stage, verify = pass_summary(passes.get("stage")), pass_summary(passes.get("verify"))
     fields.update(last_staged=stage["when"], last_stage_status=stage["status"], last_verified=verify["when"],

@@ -19,6 +19,7 @@ import sys
 import time
 
 import processes
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
 from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures, own_environ, run_playbook
 from hubgen import DRAFTER_REPO, MAIN_REPO
 from test_reports import write_lane
@@ -113,7 +114,7 @@ class Playbook(object):
 
 
 def progress_path(local, nas, repo_id=MAIN_REPO):
-    return os.path.join(str(local), ".locks", nas["repos"][repo_id]["folder"], "dgx-stage.progress.json")
+    return os.path.join(str(local), ".locks", nas["repos"][repo_id]["folder"], PROGRESS_NAME)
 
 
 def read_progress(path):

@@ -113,7 +113,7 @@ def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path
 
 
 @pytest.mark.parametrize("plant, words", [
-    ("link", "is a symlink"), ("fifo", "is not a regular file"), ("garbage", "is not the JSON object"),
+    ("link", "is a symlink"), ("fifo", "is not a regular file"), ("garbage", "is not JSON"),
     ("not-a-mapping", "is not a mapping of blobs")])
 def test_a_record_that_cannot_be_read_refuses_rather_than_binding_blind(tmp_path, plant, words):
     lock = tmp_path / ".locks" / "models--org--m"

@@ -2,7 +2,6 @@
 they are merged and written (DESIGN "Host reports")."""
 import json
 import os
-import re
 
 import pytest
 

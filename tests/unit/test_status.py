@@ -7,8 +7,9 @@ import os
 import pytest
 
 from ansible.module_utils.dgx_probe import container_facts
+from ansible.module_utils.dgx_progress_file import passes_of, read_document
 from ansible.module_utils.dgx_status import (engine_status, host_status, manifest_lines, manifest_status,
-                                             parse_progress, pass_summary, repo_status, status_lines)
+                                             pass_summary, repo_status, status_lines)
 from test_module_docs import check_result, run_main
 from treestate import tree_snapshot
 
@@ -55,7 +56,7 @@ def test_progress_passes_give_the_last_stage_and_verify_with_its_mode():
     raw = json.dumps(dict(figures("verify", "2026-11-30T21:00:00Z", "full"),
                           passes={"stage": figures("stage", "2026-11-30T20:00:00Z", "none"),
                                   "verify": figures("verify", "2026-11-30T21:00:00Z", "full")})).encode()
-    passes, problem = parse_progress(raw)
+    passes, problem = passes_of(json.loads(raw))
     assert problem is None
     assert pass_summary(passes["verify"]) == {"when": "2026-11-30T21:00:00Z", "status": "ok", "verify": "full",
                                               "commit": COMMIT}
@@ -68,15 +69,18 @@ def test_progress_passes_give_the_last_stage_and_verify_with_its_mode():
     (b"[1, 2]", "no JSON object"),
     (json.dumps({"passes": "garbage"}).encode(), "passes is not a mapping"),
     (json.dumps({"passes": [1, 2]}).encode(), "passes is not a mapping"),
+    (b" " * (4 * 1024 * 1024) + b"{}", "larger than"),
 ])
-def test_a_garbage_progress_file_is_reported_not_raised(raw, words):
-    passes, problem = parse_progress(raw)
-    assert passes == {} and words in problem
+def test_a_garbage_progress_file_is_reported_not_raised(tmp_path, raw, words):
+    (tmp_path / "progress.json").write_bytes(raw)
+    document, problem = read_document(str(tmp_path / "progress.json"))
+    passes, shape_problem = passes_of(document)
+    assert passes == {} and words in (problem or shape_problem)
 
 
 def test_a_garbage_pass_entry_is_skipped_and_named_the_others_kept():
     raw = json.dumps({"passes": {"stage": figures("stage", "2026-11-30T20:00:00Z", "none"), "verify": 7}}).encode()
-    passes, problem = parse_progress(raw)
+    passes, problem = passes_of(json.loads(raw))
     assert list(passes) == ["stage"] and "verify" in problem
 
 
@@ -226,7 +230,8 @@ def test_an_unreadable_progress_file_claims_neither_a_stage_nor_never_verified(t
     write_progress(tmp_path, b"{half")
     line = status_lines(host_status(str(tmp_path), [REPO], None, [], False, "e", {}))[0]
     assert "never verified" not in line and "staged at" not in line and "staged 20" not in line
-    assert line.endswith("; last stage and verify unknown: the progress file is not JSON (half-written, or not ours)")
+    assert line.endswith("; last stage and verify unknown: %s is not JSON: not a progress file dgx-stage wrote"
+                         % os.path.join(str(tmp_path), ".locks", "models--org--model", "dgx-stage.progress.json"))
     assert line.startswith("org/model@main: " + ("commit aaaaaaaaaaaa" if staged else "not staged;"))
 
 

@@ -473,6 +473,21 @@ def test_meter_ignores_an_unreadable_progress_file(tmp_path):
     assert sorted(read_progress(tmp_path)["passes"]) == ["stage"]
 
 
+def test_meter_keeps_a_suspects_record_larger_than_a_mebibyte(tmp_path):
+    lock = tmp_path / ".locks"
+    lock.mkdir()
+    suspects = dict(("%064x" % n, {"paths": ["engram/table-%05d.safetensors" % n], "nas_source": "/nas/x" * 20,
+                                   "identity": [n, n, n, n], "found_at": "2026-12-01T10:00:00Z", "why": "x" * 100})
+                    for n in range(6000))
+    (lock / dgx_progress_file.PROGRESS_NAME).write_text(json.dumps({"nas_corrupt": suspects}))
+    assert (lock / dgx_progress_file.PROGRESS_NAME).stat().st_size > 2 * 1024 * 1024
+    with open_tmp(tmp_path, ".locks") as lock_dir:
+        meter = dgx_progress_file.PassMeter("stage", "org/name", "none")
+        meter.attach(lock_dir)
+        meter.close("ok")
+    assert read_progress(tmp_path)["nas_corrupt"] == suspects
+
+
 def test_meter_counts_every_byte_from_many_workers(tmp_path):
     meter = dgx_progress_file.PassMeter("stage", "org/name", "none", interval=0.0)
     meter.plan("copying", 8, 800)

@@ -75,7 +75,7 @@ HINTS = sorted(set(task_hints() + code_hints()))
 
 def test_the_hints_are_found_where_the_messages_are():
     places = set(path for path, _command in HINTS)
-    assert {"roles/engine/tasks/main.yml", "roles/engine/tasks/image.yml", "module_utils/dgx_mirror.py",
+    assert {"roles/engine/tasks/main.yml", "roles/engine/tasks/image.yml", "module_utils/dgx_mirror_plan.py",
             "module_utils/dgx_receipts.py"} <= places, places
     assert len(HINTS) >= 8, HINTS
 

@@ -1,4 +1,4 @@
-"""hf_hub_mirror's engine (module_utils/dgx_mirror.py) against synthetic NAS hubs holding every trap of
+"""hf_hub_mirror's engine (module_utils/dgx_mirror*.py) against synthetic NAS hubs holding every trap of
 the 2026-09-27 night-shift log. One test (or group) per lesson; each asserts the behaviour tightly
 enough to fail when the code implementing it is removed.
 
@@ -21,10 +21,14 @@ import time
 import pytest
 
 import hubgen
-from ansible.module_utils import dgx_mirror as mirror
+from ansible.module_utils import dgx_mirror, dgx_mirror_apply, dgx_mirror_plan, dgx_space
+from ansible.module_utils.dgx_copy import LocalWriteError
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hashing import sample_ranges
-from ansible.module_utils.dgx_mirror import MirrorRequest, parse_reserve, parse_size, plan_mirror, run_mirror
+from ansible.module_utils.dgx_mirror import run_mirror
+from ansible.module_utils.dgx_mirror_plan import plan_mirror
+from ansible.module_utils.dgx_mirror_request import MirrorFailed, MirrorRequest
+from ansible.module_utils.dgx_space import parse_reserve, parse_size
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from ansible.module_utils.dgx_units import human_bytes
 from nashub import build_nas
@@ -296,7 +300,7 @@ def test_space_check_counts_bytes_that_prune_frees(nas, local, monkeypatch):
     assert plan.freed_bytes == page15_bytes and plan.write_bytes == need
     # free space that fits the copy only once the pruned page15 copy is counted as reclaimable
     free = need - page15_bytes + 1
-    monkeypatch.setattr(mirror, "disk_space", lambda path: (free, 10 * 1024 ** 3))
+    monkeypatch.setattr(dgx_space, "disk_space", lambda path: (free, 10 * 1024 ** 3))
     with pytest.raises(StageError, match=r"need %d bytes .*available %d bytes" % (need, free)):
         stage(nas, local, ignore_patterns=PAGE15, reserve="0")
     result = stage(nas, local, ignore_patterns=PAGE15, reserve="0", prune=True)
@@ -539,7 +543,7 @@ def test_space_preflight_refuses_before_writing(nas, local, check_mode):
 def test_space_preflight_with_percent_reserve(nas, local, monkeypatch):
     need = sum(unique_blobs(selected(nas)).values())
     total = 100 * need
-    monkeypatch.setattr(mirror, "disk_space", lambda path: (need + 10 * need, total))  # 11% free
+    monkeypatch.setattr(dgx_space, "disk_space", lambda path: (need + 10 * need, total))  # 11% free
     with pytest.raises(StageError, match="need %d bytes" % need):
         stage(nas, local, ignore_patterns=PAGE15, reserve="10.5%")       # leaves 0.5% < need
     assert os.listdir(str(local)) == []
@@ -582,7 +586,7 @@ def test_parse_reserve_refuses(text):
 
 def interrupt_copy_number(monkeypatch, number):
     """Ctrl-C arrives as copy number `number` starts (the ones before it complete)."""
-    real_copy = mirror.copy_verified
+    real_copy = dgx_mirror_apply.copy_verified
     calls = []
 
     def interrupted(source, directory, name, size, **kwargs):
@@ -591,7 +595,7 @@ def interrupt_copy_number(monkeypatch, number):
             raise KeyboardInterrupt("killed mid-copy")
         return real_copy(source, directory, name, size, **kwargs)
 
-    monkeypatch.setattr(mirror, "copy_verified", interrupted)
+    monkeypatch.setattr(dgx_mirror_apply, "copy_verified", interrupted)
 
 
 def test_interrupted_run_leaves_no_ref_and_no_torn_blob(nas, local, monkeypatch):
@@ -631,8 +635,8 @@ def test_debris_of_killed_small_writes_is_removed(prestage, nas, local):
     try:
         # the leftover is whatever the small-file writer had open when the process died
         with pytest.raises(SystemExit):
-            mirror.apply_plan(plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15)),
-                              mirror_request(nas, local, ignore_patterns=PAGE15), mirror.Outcome())
+            dgx_mirror_apply.apply_plan(plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15)),
+                              mirror_request(nas, local, ignore_patterns=PAGE15), dgx_mirror_apply.Outcome())
     finally:
         os.replace = real_replace
     leftovers = [p for p in monkey_kill if os.path.exists(p)]
@@ -714,8 +718,8 @@ def test_run_waits_for_lock_while_the_holder_changes_the_local_copy(prestage, na
     prestage(nas, local)
     blobs_dir = os.path.join(local_repo(nas, local), "blobs")
     vanished = os.path.join(blobs_dir, TEMP_PREFIX + "e" * 64 + ".4242.0badf00d")
-    real_find = mirror.find_temp_debris
-    monkeypatch.setattr(mirror, "find_temp_debris", lambda top: sorted(real_find(top) + [vanished]))
+    real_find = dgx_mirror_plan.find_temp_debris
+    monkeypatch.setattr(dgx_mirror_plan, "find_temp_debris", lambda top: sorted(real_find(top) + [vanished]))
     with LockHolder(lock_path_of(nas, local)) as holder:
         with pytest.raises(StageError) as err:
             stage(nas, local, ignore_patterns=PAGE15, lock_timeout=1)
@@ -965,7 +969,7 @@ def corrupt_nas_blob(nas, etag, repo_id=MAIN):
 
 
 def expect_failure(nas, local, **kwargs):
-    with pytest.raises(mirror.MirrorFailed) as err:
+    with pytest.raises(MirrorFailed) as err:
         stage(nas, local, **kwargs)
     return err.value
 
@@ -1212,7 +1216,7 @@ def test_real_enospc_mid_copy_on_a_tmpfs_leaves_no_temp_file(nas, tmp_path, monk
     disk.mkdir()
     subprocess.check_call(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)])
     try:
-        monkeypatch.setattr(mirror, "check_space", lambda plan, req: {})
+        monkeypatch.setattr(dgx_mirror, "check_space", lambda plan, req: {})
         with pytest.raises(StageError) as err:
             stage(nas, disk, ignore_patterns=PAGE15)
         message = str(err.value)
@@ -1230,10 +1234,10 @@ def test_real_enospc_mid_copy_on_a_tmpfs_leaves_no_temp_file(nas, tmp_path, monk
 # several files in flight: the same guarantees
 # ------------------------------------------------------------------------------------------------
 
-def _count_concurrency(monkeypatch, name):
+def _count_concurrency(monkeypatch, module, name):
     lock = threading.Lock()
     state = {"now": 0, "peak": 0, "calls": 0}
-    real = getattr(mirror, name)
+    real = getattr(module, name)
 
     def counted(*args, **kwargs):
         with lock:
@@ -1247,18 +1251,18 @@ def _count_concurrency(monkeypatch, name):
             with lock:
                 state["now"] -= 1
 
-    monkeypatch.setattr(mirror, name, counted)
+    monkeypatch.setattr(module, name, counted)
     return state
 
 
 @pytest.mark.parametrize("workers", [1, 4])
 def test_copies_run_workers_at_once_biggest_first_and_prove_every_blob(nas, local, monkeypatch, workers):
     order = []
-    real_copy = mirror.copy_verified
-    monkeypatch.setattr(mirror, "copy_verified",
+    real_copy = dgx_mirror_apply.copy_verified
+    monkeypatch.setattr(dgx_mirror_apply, "copy_verified",
                         lambda source, directory, name, size, **kw: order.append(size) or real_copy(
                             source, directory, name, size, **kw))
-    state = _count_concurrency(monkeypatch, "copy_verified")
+    state = _count_concurrency(monkeypatch, dgx_mirror_apply, "copy_verified")
     result = stage(nas, local, ignore_patterns=PAGE15, workers=workers)
     assert state["peak"] == workers and state["calls"] == len(unique_blobs(selected(nas)))
     assert result["blobs"]["copied"] == len(unique_blobs(selected(nas)))
@@ -1275,7 +1279,7 @@ def test_content_checks_run_workers_at_once_and_still_catch_a_wrong_blob(prestag
     shard = nas.repo()["shards"][2]
     blob = local_blob(nas, local, selected(nas)[shard]["etag"])
     hubgen.flip_byte(blob, 0)
-    state = _count_concurrency(monkeypatch, "content_matches")
+    state = _count_concurrency(monkeypatch, dgx_mirror_plan, "content_matches")
     result = stage(nas, local, ignore_patterns=PAGE15, verify=verify, workers=3)
     assert state["peak"] == 3
     assert result["repaired_paths"] == [shard]
@@ -1311,7 +1315,7 @@ def test_good_local_blob_survives_a_nas_copy_of_another_size(fresh_nas, local, h
     info, blob, ino = _good_copy_then_corrupt_nas(nas, local, shard)   # flipped, and now resized too
     _resize_nas_blob(nas, info["etag"], how)
     for check_mode in (True, False):          # check mode tells the same story as the real run
-        with pytest.raises(mirror.MirrorFailed) as err:
+        with pytest.raises(MirrorFailed) as err:
             run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, verify=verify), check_mode=check_mode)
         record = err.value.result["nas_corrupt_blobs"][0]
         assert record["local"] == "kept" and "true size (%d)" % info["size"] in record["why"], record
@@ -1332,7 +1336,7 @@ def test_check_mode_over_a_good_local_copy_with_a_rotten_nas_blob_reports_it_and
     hubgen.flip_byte(real, offset)                      # inside a sampled block: sample sees it
     before = tree_snapshot(local)
     try:
-        with pytest.raises(mirror.MirrorFailed) as err:
+        with pytest.raises(MirrorFailed) as err:
             run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)
         assert err.value.result["nas_corrupt"] == [shard]
         assert err.value.result["repaired_paths"] == [] and "sampled bytes differ" in str(err.value)
@@ -1428,7 +1432,7 @@ def test_disk_full_while_writing_links_names_the_disk(nas, local, monkeypatch):
     def no_room(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(mirror, "symlink_atomic", no_room)
+    monkeypatch.setattr(dgx_mirror_apply, "symlink_atomic", no_room)
     with pytest.raises(StageError, match=r"the local disk is full while writing the snapshot links, refs and tree "
                                          r"listing of .* which has .* free"):
         stage(nas, local, ignore_patterns=PAGE15)
@@ -1476,15 +1480,15 @@ def test_disk_failure_in_one_worker_still_reports_the_nas_corruption_another_fou
     shards = sorted(nas.repo()["shards"][:2], key=lambda p: selected(nas)[p]["etag"])
     corrupt = selected(nas)[shards[0]]
     corrupt_nas_blob(nas, corrupt["etag"])
-    real_copy = mirror.copy_verified
+    real_copy = dgx_mirror_apply.copy_verified
     full_disk_for = selected(nas)[shards[1]]["etag"]
 
     def copy_or_fill_up(source, directory, name, size, **kwargs):
         if name == full_disk_for:
-            raise mirror.LocalWriteError("No space left", directory.join(name), 0, errno.ENOSPC)
+            raise LocalWriteError("No space left", directory.join(name), 0, errno.ENOSPC)
         return real_copy(source, directory, name, size, **kwargs)
 
-    monkeypatch.setattr(mirror, "copy_verified", copy_or_fill_up)
+    monkeypatch.setattr(dgx_mirror_apply, "copy_verified", copy_or_fill_up)
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, workers=1)
     assert "the local disk is full" in str(failure) and "also:" in str(failure)
     assert failure.result["nas_corrupt"] == [shards[0]] and failure.result["report"]["status"] == "failed"
@@ -1524,7 +1528,7 @@ def git_blob_sha1(path):
 def test_verify_on_an_empty_local_hub_fails_naming_what_is_not_staged_and_writes_nothing(nas, local, check_mode):
     wanted = sorted(selected(nas))
     before = tree_snapshot(local)
-    with pytest.raises(mirror.MirrorFailed) as failure:
+    with pytest.raises(MirrorFailed) as failure:
         run_mirror(verify_request(nas, local), check_mode=check_mode)
     text = str(failure.value)
     assert "%d of the %d selected file(s) of %s" % (len(wanted), len(wanted), MAIN) in text
@@ -1547,7 +1551,7 @@ def test_verify_names_the_one_blob_not_staged_and_copies_nothing(prestage, nas, 
     if how == "link-to-the-nas":     # a generation-1 copy: the content still lives on the NAS
         os.symlink(nas_blob_real(nas, selected(nas)[shard]["etag"]), blob)
     before = tree_snapshot(local)
-    with pytest.raises(mirror.MirrorFailed, match=r"^1 of the %d selected file\(s\) of .* are not staged on this "
+    with pytest.raises(MirrorFailed, match=r"^1 of the %d selected file\(s\) of .* are not staged on this "
                                                   r"node \(%s\)" % (len(selected(nas)), re.escape(shard))):
         run_mirror(verify_request(nas, local, verify="full"))
     assert snapshot_diff(before, tree_snapshot(local)) == []
@@ -1764,7 +1768,7 @@ def test_a_snapshot_swapped_for_a_link_before_the_empty_folder_sweep_removes_not
     plan = plan_mirror(mirror_request(nas, local, ignore_patterns=PAGE15, prune=True))
     removals = len(plan.debris + plan.prune)
     assert removals > 0
-    real_remove_local = mirror._remove_local
+    real_remove_local = dgx_mirror_apply._remove_local
     removed = []
 
     def remove_then_swap(tree, path):
@@ -1774,7 +1778,7 @@ def test_a_snapshot_swapped_for_a_link_before_the_empty_folder_sweep_removes_not
             os.rename(snap, snap + ".moved")
             os.symlink(str(outside), snap)
 
-    monkeypatch.setattr(mirror, "_remove_local", remove_then_swap)
+    monkeypatch.setattr(dgx_mirror_apply, "_remove_local", remove_then_swap)
     with pytest.raises(StageError) as refused:
         stage(nas, local, ignore_patterns=PAGE15, prune=True)
     assert "%s is a symlink" % snap in str(refused.value)
@@ -1792,7 +1796,7 @@ def test_a_bind_mount_inside_the_local_repo_is_refused_before_anything_is_writte
     mounted = os.path.join(snap, "page15") if where == "snapshot folder" else \
         os.path.join(os.path.dirname(os.path.dirname(snap)), "blobs")
     if where.endswith("after the checks"):
-        monkeypatch.setattr(mirror, "refuse_unsafe_local_dirs", lambda req, commit: None)
+        monkeypatch.setattr(dgx_mirror_plan, "refuse_unsafe_local_dirs", lambda req, commit: None)
     outside = tmp_path / "outside"
     shutil.copytree(mounted, str(outside), symlinks=True)
     (outside / "not-the-hubs.txt").write_bytes(b"someone else's")

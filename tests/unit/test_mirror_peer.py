@@ -1,4 +1,4 @@
-"""hf_hub_mirror's peer_dir and require_match (module_utils/dgx_mirror.py, dgx_copy.adopt_candidate):
+"""hf_hub_mirror's peer_dir and require_match (module_utils/dgx_peer.py, dgx_copy.adopt_candidate):
 candidate blobs another host of the lane sent are adopted only after they hash to their names, anything
 else is rejected and fetched from the NAS; peer_dir is scratch the run removes; require_match refuses a
 rank pattern that matches nothing. Fixtures and helpers are test_mirror's (one synthetic NAS hub each).
@@ -13,7 +13,7 @@ import stat
 import pytest
 
 import hubgen
-from ansible.module_utils import dgx_mirror as mirror
+from ansible.module_utils import dgx_mirror, dgx_mirror_apply, dgx_space
 from ansible.module_utils import dgx_copy, dgx_localtree, dgx_mounts
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
@@ -333,7 +333,7 @@ def test_space_need_counts_candidates_freed_after_their_copy_plus_the_peak(nas, 
     need = total - first_size - second_size + sorted([first_size, second_size])[-1] + \
         (min(first_size, second_size) if workers == 2 else 0)
     free = need                           # holds the copies only when the freed candidates are counted
-    monkeypatch.setattr(mirror, "disk_space", lambda path: (free, 10 * 1024 ** 3))
+    monkeypatch.setattr(dgx_space, "disk_space", lambda path: (free, 10 * 1024 ** 3))
     if need < total:
         with pytest.raises(StageError, match=r"need %d bytes" % total):
             stage(nas, local, ignore_patterns=PAGE15, reserve="0")          # without peer_dir: refused
@@ -712,8 +712,9 @@ def test_space_refusal_under_the_lock_leaves_peer_dir_and_writes_nothing_of_the_
     written' - so the candidates stay for the next run."""
     etag, _size = shard_blob(nas, 0)
     candidate = put_candidate(nas, local, etag)
-    monkeypatch.setattr(mirror, "_refuse_before_locking", lambda *args: None)
-    monkeypatch.setattr(mirror, "disk_space", lambda path: (1024, 10 * 1024 ** 3))
+    monkeypatch.setattr(dgx_mirror, "_refuse_before_locking", lambda *args: None)
+    monkeypatch.setattr(dgx_space, "disk_space", lambda path: (1024, 10 * 1024 ** 3))
+    monkeypatch.setattr(dgx_mirror_apply, "disk_space", lambda path: (1024, 10 * 1024 ** 3))
     with pytest.raises(StageError) as err:
         peer_stage(nas, local, reserve="0")
     monkeypatch.undo()
@@ -727,14 +728,14 @@ def test_disk_full_after_a_rejected_candidate_counts_only_bytes_written_under_a_
     writes = sorted((-size, etag) for etag, size in unique_blobs(selected(nas)).items())
     first = writes[0][1]                                  # copied first with one worker
     hubgen.flip_byte(put_candidate(nas, local, first), 0)
-    real_copy = mirror.copy_verified
+    real_copy = dgx_mirror_apply.copy_verified
 
     def nas_copy_fills_the_disk(source, directory, name, size, **kwargs):
         if name == first:
-            raise mirror.LocalWriteError("No space left", directory.join(name), 0, errno.ENOSPC)
+            raise dgx_copy.LocalWriteError("No space left", directory.join(name), 0, errno.ENOSPC)
         return real_copy(source, directory, name, size, **kwargs)
 
-    monkeypatch.setattr(mirror, "copy_verified", nas_copy_fills_the_disk)
+    monkeypatch.setattr(dgx_mirror_apply, "copy_verified", nas_copy_fills_the_disk)
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, peer_dir=peer_dir_of(local), workers=1)
     monkeypatch.undo()
     assert "the local disk is full" in str(failure)

@@ -610,10 +610,10 @@ failed_items:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_probe
+from ansible.module_utils import dgx_decode, dgx_probe, dgx_runtime
 
 ARGUMENT_SPEC = dict(
-    mode=dict(type="str", required=True, choices=list(dgx_probe.MODES)),
+    mode=dict(type="str", required=True, choices=list(dgx_decode.MODES)),
     url=dict(type="str", required=True),
     model=dict(type="str"),
     timeout=dict(type="float", default=300.0),
@@ -627,8 +627,8 @@ ARGUMENT_SPEC = dict(
     round=dict(type="int", default=1),
     runtime=dict(type="str", choices=["docker", "podman"], default="docker"),
     redact=dict(type="list", elements="str", default=[], no_log=True),
-    question=dict(type="str", default=dgx_probe.SMOKE_QUESTION),
-    expected=dict(type="str", default=dgx_probe.SMOKE_EXPECTED),
+    question=dict(type="str", default=dgx_decode.SMOKE_QUESTION),
+    expected=dict(type="str", default=dgx_decode.SMOKE_EXPECTED),
     prompt=dict(type="str"),
     max_tokens=dict(type="int"),
     bench_jsonl=dict(type="str"),
@@ -642,7 +642,7 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, required_by=REQUIRED_BY,
                            supports_check_mode=True)
     try:
-        runner = dgx_probe.RuntimeCli(module, dgx_probe.runtime_call_timeout(module.params["wait_for"]))
+        runner = dgx_runtime.RuntimeCli(module, dgx_runtime.runtime_call_timeout(module.params["wait_for"]))
         result = dgx_probe.run_probe(module.params, runner=runner)
     except StageError as exc:
         module.fail_json(msg=str(exc))

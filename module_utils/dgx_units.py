@@ -30,3 +30,8 @@ def utc_epoch(text):
         return calendar.timegm(time.strptime(str(text), UTC_FORMAT))
     except (TypeError, ValueError):
         return None
+
+
+def plain_number(value):
+    """30.78 -> '30.78', 100000.0 -> '100000' (floors and rates as an operator wrote them)."""
+    return ("%.2f" % float(value)).rstrip("0").rstrip(".")

@@ -14,7 +14,7 @@ import json
 import os
 
 from ansible.module_utils.dgx_nodestate import python_modules
-from ansible.module_utils.dgx_probe import container_facts
+from ansible.module_utils.dgx_lane_wait import container_facts
 from ansible.module_utils.dgx_receipts import container_of
 from pluginfile import load_filter
 

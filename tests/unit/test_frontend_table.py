@@ -1,12 +1,12 @@
 """dgx_stage.table: the final table's figures from real host reports (tests/unit/fixtures/frontend: a demo
-run that copied both repos, a host that failed in preflight), the engine rows as module_utils/dgx_probe
+run that copied both repos, a host that failed in preflight), the engine rows as module_utils/dgx_decode
 shapes them, and the plain, Markdown and rich renderings."""
 import io
 import json
 import os
 import sys
 
-from ansible.module_utils.dgx_probe import probe_report
+from ansible.module_utils.dgx_decode import probe_report
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
 from dgx_stage import table  # noqa: E402

@@ -1,17 +1,18 @@
-"""dgx_probe: the engine API probes (readiness, smoke, decode tok/s, bench) as pure functions."""
+"""dgx_openai and dgx_decode: the engine API probes (readiness, smoke, decode tok/s, bench) as pure functions."""
 import io
 import json
 import re
+import urllib.error
 
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_probe
-from ansible.module_utils.dgx_probe import (DECODE_PROMPT, api_url, bench, bench_summary, chat_payload,
-                                            completion_text, contains_expected, decode_probe,
-                                            decode_rate, decode_result, first_model_id, floor_verdict,
-                                            parse_bench_jsonl, parse_sse, probe_report, run_probe,
-                                            smoke)
+from ansible.module_utils import dgx_decode
+from ansible.module_utils.dgx_decode import (DECODE_PROMPT, bench, bench_summary, decode_probe, decode_rate,
+                                             decode_result, floor_verdict, parse_bench_jsonl, probe_report, smoke)
+from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, contains_expected,
+                                             first_model_id, parse_sse)
+from ansible.module_utils.dgx_probe import run_probe
 
 
 class FakeClock(object):
@@ -190,7 +191,7 @@ def test_decode_probe_measures_a_stream_at_35_tokens_per_second():
 
 def test_decode_probe_reports_an_unreachable_engine():
     def opener(request, timeout):
-        raise dgx_probe.URLError("Connection refused")
+        raise urllib.error.URLError("Connection refused")
 
     with pytest.raises(StageError, match="unreachable"):
         decode_probe("http://dgx1:8000", "m", opener=opener)
@@ -308,8 +309,8 @@ def test_the_smoke_and_wait_rows():
 def params(**overrides):
     base = {"mode": "smoke", "url": "http://dgx1:8000", "model": None, "timeout": 300.0, "wait_for": 10.0,
             "container": None, "runtime": "docker", "port": None, "lane_hosts": None, "lane": None,
-            "give_up": False, "wait_id": None, "round": 1, "question": dgx_probe.SMOKE_QUESTION,
-            "expected": dgx_probe.SMOKE_EXPECTED, "prompt": None, "max_tokens": None, "bench_jsonl": None,
+            "give_up": False, "wait_id": None, "round": 1, "question": dgx_decode.SMOKE_QUESTION,
+            "expected": dgx_decode.SMOKE_EXPECTED, "prompt": None, "max_tokens": None, "bench_jsonl": None,
             "floor": None}
     base.update(overrides)
     return base
@@ -326,7 +327,7 @@ def api(answers):
 
 
 def test_run_probe_smoke_resolves_the_model_and_returns_the_row():
-    result = run_probe(params(), opener=api({dgx_probe.SMOKE_QUESTION: "11303"}))
+    result = run_probe(params(), opener=api({dgx_decode.SMOKE_QUESTION: "11303"}))
     assert result["model"] == "ds41" and result["passed"] is True
     assert result["report"]["passed"] is True and result["report"]["model"] == "ds41"
     assert "passed_floor" not in result

@@ -1,17 +1,20 @@
-"""dgx_probe: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
+"""dgx_probe, dgx_lane_wait, dgx_runtime: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
 serves the API port, the round verdict) and the decode probe's verdict on broken streams."""
 import http.client
 import json
 import os
 import socket
 import time
+import urllib.error
 
 import pytest
 
-from ansible.module_utils import dgx_probe
-from ansible.module_utils.dgx_probe import (api_owner, container_facts, container_state, decode_probe,
-                                            decode_result, decode_verdict, lane_verdict, owner_facts, parse_sse,
-                                            poll_round, run_probe, wait_probe)
+from ansible.module_utils import dgx_decode, dgx_errors, dgx_lane_wait, dgx_openai, dgx_runtime, dgx_units
+from ansible.module_utils.dgx_decode import decode_probe, decode_result, decode_verdict
+from ansible.module_utils.dgx_lane_wait import container_facts, lane_verdict, owner_facts, poll_round, wait_probe
+from ansible.module_utils.dgx_openai import parse_sse
+from ansible.module_utils.dgx_probe import run_probe
+from ansible.module_utils.dgx_runtime import api_owner, container_state
 from test_module_docs import engine  # noqa: F401,F811 (the fixture: the engine double on 127.0.0.1)
 from test_probe import FakeClock, FakeResponse, api, finish_chunk, params, token_chunk
 
@@ -111,7 +114,7 @@ def test_a_20_s_stall_then_a_burst_fails_on_the_end_to_end_rate():
     assert result["decode_tok_s"] > 50000 and result["e2e_tok_s"] == pytest.approx(19.95, abs=0.05)
     assert problems == ["19.95 tok/s end to end (400 tokens / (last token - request sent)) is below "
                         "engine_decode_floor=30.78 (%s tok/s decode, but the first token came only after 20.05 s)"
-                        % dgx_probe._num(result["decode_tok_s"])]
+                        % dgx_units.plain_number(result["decode_tok_s"])]
 
 
 def test_a_stream_without_tokens_measures_nothing():
@@ -156,7 +159,7 @@ def test_a_rate_just_under_the_floor_fails_however_it_rounds():
     assert complete and result["decode_tok_s"] == pytest.approx(30.7751, abs=1e-6)
     assert problems[0].startswith("30.7751 tok/s decode is below engine_decode_floor=30.78 (400 tokens in ")
     assert problems[1].startswith("30.7751 tok/s end to end (400 tokens / (last token - request sent)) is below")
-    assert dgx_probe.floor_verdict("decode", result, 30.78) is False
+    assert dgx_decode.floor_verdict("decode", result, 30.78) is False
 
 
 @pytest.mark.parametrize("reason", ["abort", "content_filter", "error", "tool_calls"])
@@ -327,7 +330,7 @@ def test_api_owner_reads_the_listening_sockets_of_the_port_from_proc_net_tcp_and
     owner = api_owner(runner, "docker", 8001, {"id": OURS}, proc)
     assert owner["holders"] == [{"pid": 11, "cmdline": "python3 -m http.server 8001", "container_id": None,
                                  "container_name": None}]
-    assert dgx_probe.describe_holder(owner["holders"][0]) == "pid 11 (python3 -m http.server 8001), not in a container"
+    assert dgx_lane_wait.describe_holder(owner["holders"][0]) == "pid 11 (python3 -m http.server 8001), not in a container"
 
 
 def test_api_owner_proves_our_container_or_names_the_stranger(tmp_path):
@@ -338,7 +341,7 @@ def test_api_owner_proves_our_container_or_names_the_stranger(tmp_path):
     assert owner["ours"] is False and owner["listening"] is True
     assert owner["holders"] == [{"pid": 20, "cmdline": "python3 old_engine.py", "container_id": THEIRS,
                                  "container_name": "old-engine"}]
-    assert dgx_probe.describe_holder(owner["holders"][0]) == (
+    assert dgx_lane_wait.describe_holder(owner["holders"][0]) == (
         "pid 20 (python3 old_engine.py) in container 1a2b3c4d5e6f (old-engine)")
     assert api_owner(runner, "docker", 8000, {"id": THEIRS}, proc)["holders"][0]["container_name"] is None  # ours
     assert api_owner(runner, "docker", 8000, {"id": THEIRS}, proc)["ours"] is True
@@ -434,7 +437,7 @@ def test_each_container_state_is_worded_as_it_is(state, text):
     state = dict({"Running": False, "ExitCode": 0}, **state)
     facts = container_facts(inspect_json(finished="2026-11-30T20:46:00Z", **state), "ds41-engine")
     assert not facts["running"]
-    assert dgx_probe.describe_down(2, "dgx3", facts) == "rank 2 (host dgx3): container ds41-engine " + text
+    assert dgx_lane_wait.describe_down(2, "dgx3", facts) == "rank 2 (host dgx3): container ds41-engine " + text
 
 
 def test_the_first_rank_to_end_is_named_and_the_others_listed():
@@ -490,7 +493,7 @@ def test_an_api_nobody_can_be_seen_serving_is_not_ready():
 # --- rounds ---------------------------------------------------------------------------------------
 
 def refused(request, timeout):
-    raise dgx_probe.URLError("refused")
+    raise urllib.error.URLError("refused")
 
 
 def test_poll_round_looks_at_the_container_before_every_poll_and_stops_when_it_is_down():
@@ -507,7 +510,7 @@ def test_poll_round_looks_at_the_container_before_every_poll_and_stops_when_it_i
 
 def test_poll_round_returns_once_the_api_answers_and_checks_the_owner():
     clock = FakeClock()
-    answers = [dgx_probe.URLError("refused"), FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())]
+    answers = [urllib.error.URLError("refused"), FakeResponse(json.dumps({"data": [{"id": "ds41"}]}).encode())]
 
     def opener(request, timeout):
         answer = answers.pop(0)
@@ -665,7 +668,7 @@ def test_only_this_waits_rows_of_the_previous_round_count():
             "dgx2": dict(row(True), wait_id="w2", round=2),      # left the play after round 2
             "dgx3": dict(row(True), wait_id="w1", round=3),      # a row of an earlier wait
             "dgx4": {}}                                         # never reported
-    assert sorted(dgx_probe.fresh_rows(lane, "w2", 4)) == ["dgx1"]
+    assert sorted(dgx_lane_wait.fresh_rows(lane, "w2", 4)) == ["dgx1"]
     result = wait_probe(URL, 10, lane_hosts=HOSTS, lane=lane, wait_id="w2", round_no=4,
                         opener=lambda request, timeout: None)
     assert result["verdict"]["state"] == "missing" and result["verdict"]["host"] == "dgx2"
@@ -711,8 +714,8 @@ def test_a_json_answer_trickled_over_a_real_socket_fails_at_the_deadline():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     started = time.monotonic()
     try:
-        with pytest.raises(dgx_probe.StageError) as failed:
-            dgx_probe.http_json("http://127.0.0.1:%d/v1/models" % server.server_address[1], timeout=1.0)
+        with pytest.raises(dgx_errors.StageError) as failed:
+            dgx_openai.http_json("http://127.0.0.1:%d/v1/models" % server.server_address[1], timeout=1.0)
     finally:
         server.shutdown()
         server.server_close()
@@ -744,7 +747,7 @@ def test_a_runtime_call_that_hangs_is_stopped_within_the_round_and_the_rank_is_u
             return str(hung)
 
     started = time.monotonic()
-    facts = dgx_probe.container_state(dgx_probe.RuntimeCli(Finder(), 0.5), "docker", "dgx-stage-engine")
+    facts = dgx_runtime.container_state(dgx_runtime.RuntimeCli(Finder(), 0.5), "docker", "dgx-stage-engine")
     assert time.monotonic() - started < 5
     assert facts["running"] is None and facts["status"] == "unknown" and facts["exists"] is None
     assert "docker inspect --type did not answer within 0.5 s" in facts["error"]
@@ -752,12 +755,12 @@ def test_a_runtime_call_that_hangs_is_stopped_within_the_round_and_the_rank_is_u
         for _ in range(50):
             os.kill(int(child.read_text()), 0)
             time.sleep(0.05)
-    assert dgx_probe.runtime_call_timeout(10) == 5.0 and dgx_probe.runtime_call_timeout(600) == 10.0
+    assert dgx_runtime.runtime_call_timeout(10) == 5.0 and dgx_runtime.runtime_call_timeout(600) == 10.0
 
     rows = {"dgx1": dict(row(True), container=dict(facts, name="e")), "dgx2": row(False)}
-    pending = dgx_probe.lane_verdict(["dgx1", "dgx2"], rows, "http://dgx1:8000")
+    pending = dgx_lane_wait.lane_verdict(["dgx1", "dgx2"], rows, "http://dgx1:8000")
     assert pending["state"] == "pending" and "the runtime did not answer for rank 0 (host dgx1)" in pending["msg"]
-    timeout = dgx_probe.lane_verdict(["dgx1", "dgx2"], rows, "http://dgx1:8000", give_up=True)
+    timeout = dgx_lane_wait.lane_verdict(["dgx1", "dgx2"], rows, "http://dgx1:8000", give_up=True)
     assert timeout["state"] == "timeout" and "did not answer within 0.5 s" in timeout["msg"], timeout
 
 
@@ -771,10 +774,10 @@ def test_the_first_rank_to_go_down_is_told_by_time_across_time_zones():
     lane_hosts = ["dgx1", "dgx2", "dgx3"]
     rows = {"dgx1": down("2026-12-03T08:00:09.5Z"), "dgx2": down("2026-12-03T09:00:05.1+01:00"),
             "dgx3": down(None, status="paused")}
-    verdict = dgx_probe.lane_verdict(lane_hosts, rows, "http://dgx1:8000")
+    verdict = dgx_lane_wait.lane_verdict(lane_hosts, rows, "http://dgx1:8000")
     assert verdict["msg"].startswith("Rank 1 of the lane is down"), verdict["msg"]
-    assert dgx_probe._epoch("2026-12-03 09:00:05.1 +0100 UTC") == dgx_probe._epoch("2026-12-03T08:00:05.1Z")
-    assert dgx_probe._epoch("2026-12-03T09:00:05.1+01") == dgx_probe._epoch("2026-12-03T08:00:05.1Z")
+    assert dgx_lane_wait._epoch("2026-12-03 09:00:05.1 +0100 UTC") == dgx_lane_wait._epoch("2026-12-03T08:00:05.1Z")
+    assert dgx_lane_wait._epoch("2026-12-03T09:00:05.1+01") == dgx_lane_wait._epoch("2026-12-03T08:00:05.1Z")
 
 
 # --- a request's whole time, headers included; a port that does not speak HTTP -------------------
@@ -811,18 +814,18 @@ def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_requests_deadlin
 
     url, thread = serve_once(trickle)
     started = time.monotonic()
-    with pytest.raises(dgx_probe.StageError, match="took longer than 1.5 s"):
-        dgx_probe.http_json(url + "/v1/models", timeout=1.5)
+    with pytest.raises(dgx_errors.StageError, match="took longer than 1.5 s"):
+        dgx_openai.http_json(url + "/v1/models", timeout=1.5)
     assert time.monotonic() - started < 4
     thread.join(10)
 
 
 def test_a_program_on_the_port_that_does_not_speak_http_is_a_failed_poll_not_a_crash():
     url, thread = serve_once(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
-    with pytest.raises(dgx_probe.StageError, match="GET %s/v1/models failed: BadStatusLine" % url):
-        dgx_probe.http_json(url + "/v1/models", timeout=5)
+    with pytest.raises(dgx_errors.StageError, match="GET %s/v1/models failed: BadStatusLine" % url):
+        dgx_openai.http_json(url + "/v1/models", timeout=5)
     thread.join(10)
     url, thread = serve_once(lambda conn: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n"))
-    polled = dgx_probe.poll_round(url, 0.5)
+    polled = dgx_lane_wait.poll_round(url, 0.5)
     assert polled["api"] is False and "BadStatusLine" in polled["status"]
     thread.join(10)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible.module_utils.dgx_probe import container_facts
+from ansible.module_utils.dgx_lane_wait import container_facts
 from ansible.module_utils.dgx_progress_file import passes_of, read_document
 from ansible.module_utils.dgx_status import (engine_status, host_status, manifest_lines, manifest_status,
                                              pass_summary, repo_status, status_lines)

@@ -1,0 +1,326 @@
+# -*- coding: utf-8 -*-
+"""Waiting for a lane: each rank's container, who serves the API port, the lane's verdict from every rank's
+latest round (pure), and the polling of one round.
+Stdlib only (modules run on the nodes' system Python).
+"""
+from __future__ import absolute_import, division, print_function
+
+import calendar
+import json
+import re
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_openai import api_url, http_json
+from urllib.request import urlopen
+
+
+LOG_LINES = 30           # log lines kept of a container that is not running
+
+MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
+
+WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
+
+# Container statuses (docker: created running paused restarting removing exited dead; podman adds
+# configured initialized stopping stopped) of a container that is not running and has not exited
+# either: its ExitCode is a stale or zero placeholder, not an exit.
+NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
+
+# How describe_down() words them; exited, stopped, dead, restarting (and anything unknown) show the exit.
+_NOT_EXITED_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
+                    "created": "was created but never started", "configured": "was created but never started",
+                    "initialized": "was created but never started"}
+
+_EXITED_TEXT = {"restarting": "is restarting after an exit (not running), last exit code %s",
+                "dead": "is dead (the runtime failed to stop or remove it), exit code %s"}
+
+
+def missing_container(name, why):
+    """A container's facts when the runtime does not know it (or is not there)."""
+    return {"name": name, "exists": False, "id": None, "running": False, "status": "missing", "exit_code": None,
+            "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
+
+
+def unknown_container(name, why):
+    """A container's facts when the runtime did not answer in time: running is None - neither up nor down, so
+    the lane waits on (and at its deadline names why) instead of judging a slow daemon's rank dead."""
+    facts = missing_container(name, why)
+    facts.update(exists=None, running=None, status="unknown")
+    return facts
+
+
+def container_facts(inspect_text, name):
+    """A container's state from `docker|podman inspect --type container NAME` output (a JSON list).
+
+    running: running and neither paused nor restarting. finished_at: None until it has stopped once.
+    """
+    try:
+        info = json.loads(inspect_text)[0]
+        state = info.get("State") or {}
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return missing_container(name, "inspect printed no container: %r" % (inspect_text or "")[:200])
+    running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
+    finished = state.get("FinishedAt") or None
+    if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
+        finished = None
+    status = state.get("Status") or ("running" if running else "stopped")
+    if state.get("Paused"):
+        status = "paused"
+    elif status == "stopped" and not running:
+        # Podman's word for a container whose process ended and whose clean-up has not run yet: it exited.
+        status = "exited"
+    exit_code = None if status in NOT_EXITED else state.get("ExitCode")
+    return {"name": name, "exists": True, "id": info.get("Id"), "running": running, "status": status,
+            "exit_code": exit_code, "started_at": state.get("StartedAt"), "finished_at": finished,
+            "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
+
+
+_TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d(?::?\d\d)?)?")
+
+
+def _epoch(text):
+    """Seconds since the epoch of a runtime's timestamp (docker: ...Z, podman: ...+01:00 or ... +0000 UTC),
+    so ranks on hosts in other time zones compare as times; infinity when there is none (never stopped)."""
+    match = _TIMESTAMP.match(text or "")
+    if not match:
+        return float("inf")
+    year, month, day, hour, minute, second = (int(part) for part in match.group(1, 2, 3, 4, 5, 6))
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)) + float(match.group(7) or 0)
+    zone = match.group(8) or "Z"
+    if zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:] or 0) * 60)
+    return seconds
+
+
+def owner_facts(port, listening, holders, container_id):
+    """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
+    or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
+    ours = None
+    if holders:
+        ours = bool(container_id) and all(h.get("container_id") == container_id for h in holders)
+    return {"port": int(port), "listening": bool(listening), "holders": list(holders), "ours": ours}
+
+
+def describe_holder(holder):
+    """'pid 4242 (python3 -m http.server 8000) in container 1a2b3c4d5e6f (old-engine)'; this run's own engine
+    is named by its container alone."""
+    text = "pid %s" % holder.get("pid")
+    if holder.get("cmdline"):
+        text += " (%s)" % holder["cmdline"]
+    if holder.get("container_id"):
+        text += " in container %s" % holder["container_id"][:12]
+        if holder.get("container_name"):
+            text += " (%s)" % holder["container_name"]
+    else:
+        text += ", not in a container"
+    return text
+
+
+def _log_tail(text, lines=MESSAGE_LOG_LINES):
+    tail = [line for line in (text or "").rstrip().splitlines()][-lines:]
+    return "\n".join(tail) if tail else "(empty)"
+
+
+def _down_state(container):
+    """What a container that is not running is doing, in words: paused, never started... or its exit."""
+    status = container.get("status")
+    if status in _NOT_EXITED_TEXT:
+        return _NOT_EXITED_TEXT[status]
+    if status in _EXITED_TEXT:
+        return _EXITED_TEXT[status] % container.get("exit_code")
+    return "is not running (%s), exit code %s" % (status, container.get("exit_code"))
+
+
+def describe_down(rank, host, container):
+    """One rank that is not up: its host, container, what state it is in and, when it exited, the exit code
+    and when it ended."""
+    if not container.get("exists"):
+        return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
+    text = "rank %d (host %s): container %s %s" % (rank, host, container.get("name"), _down_state(container))
+    if container.get("oom_killed"):
+        text += ", killed out of memory"
+    if container.get("error"):
+        text += ", error: %s" % container["error"]
+    if container.get("finished_at") and container.get("status") not in NOT_EXITED:
+        text += ", ended %s" % container["finished_at"]
+    return text
+
+
+def _port_note(host, owner):
+    holders = [h for h in owner.get("holders") or []]
+    return "port %s on %s is held by %s" % (owner.get("port"), host, "; ".join(describe_holder(h) for h in holders))
+
+
+def _verdict(state, msg, host=None, rank=None, exit_code=None):
+    return {"state": state, "decided": state != "pending", "msg": msg, "host": host, "rank": rank,
+            "exit_code": exit_code}
+
+
+def fresh_rows(rows, wait_id, round_no):
+    """The rows of rows (host -> row) made in round round_no - 1 of wait wait_id; a host's row from an
+    earlier round or wait (it left the play since: it failed, or became unreachable) is not its report."""
+    if wait_id is None:
+        return dict((host, row) for host, row in (rows or {}).items() if row)
+    return dict((host, row) for host, row in (rows or {}).items()
+                if row and row.get("wait_id") == wait_id and row.get("round") == round_no - 1)
+
+
+def lane_verdict(lane_hosts, rows, url, give_up=False):
+    """The lane's state from every rank's last round (rows: host -> the row a wait call returned, fresh_rows()).
+
+    Decided, in this order: a rank that did not report (missing); a rank whose container is not running
+    (dead - the first to end, its exit code and log, and who holds the master's port when someone
+    else does); the API port on the master held by a process outside this run's container (stranger);
+    the API answered but nobody could be seen on the port (unproven); the API answered from the
+    master's container with every rank running (ready); give_up (timeout). Else pending.
+    """
+    master = lane_hosts[0]
+    ranked = [(rank, host, rows.get(host)) for rank, host in enumerate(lane_hosts)]
+    missing = [(rank, host) for rank, host, row in ranked if not row]
+    if missing:
+        rank, host = missing[0]
+        return _verdict("missing", "Rank %d (host %s) did not report its engine container in the last round (it "
+                                   "failed or became unreachable); a lane needs every rank. Missing: %s."
+                        % (rank, host, ", ".join("rank %d (%s)" % m for m in missing)), host, rank)
+    master_row = rows[master]
+    owner = master_row.get("owner")
+    stranger = owner is not None and owner.get("ours") is False
+    down = [(rank, host, row["container"]) for rank, host, row in ranked
+            if row.get("container") and row["container"].get("running") is False]
+    if down:
+        # The first to end is the cause; the others often die of it (a lost peer, a closed store).
+        rank, host, container = min(down, key=lambda d: (_epoch(d[2].get("finished_at")), d[0]))
+        msg = "Rank %d of the lane is down - %s. Its log ends:\n%s" % (
+            rank, describe_down(rank, host, container), _log_tail(container.get("logs")))
+        others = [describe_down(*d) for d in down if d[0] != rank]
+        if others:
+            msg += "\nAlso down: %s." % "; ".join(others)
+        if stranger:
+            msg += "\nThe API at %s is answered by someone else: %s." % (url, _port_note(master, owner))
+        return _verdict("dead", msg, host, rank, container.get("exit_code"))
+    if stranger:
+        mine = (master_row.get("container") or {}).get("name")
+        return _verdict("stranger", "The API at %s is not served by this run's engine: %s, not by container %s "
+                                    "(rank 0). Stop the old engine (engine_stop_strays) or free the port."
+                        % (url, _port_note(master, owner), mine), master, 0)
+    if master_row.get("api") and owner is not None and owner.get("ours") is None:
+        why = ("but nothing on %s listens on port %s (engine_port)" % (master, owner.get("port"))
+               if not owner.get("listening") else
+               "but the process listening on port %s on %s could not be seen (run with become)"
+               % (owner.get("port"), master))
+        return _verdict("unproven", "The API at %s answered, %s: cannot prove it is this run's engine."
+                        % (url, why), master, 0)
+    # A rank whose runtime did not answer in time is neither up nor down: the lane waits for it.
+    unknown = ["rank %d (host %s): %s" % (rank, host, row["container"].get("error"))
+               for rank, host, row in ranked if row.get("container") and row["container"].get("running") is None]
+    if master_row.get("api") and not unknown:
+        models = ", ".join(m for m in master_row.get("models") or [] if m)
+        ranks = " - all %d ranks running" % len(lane_hosts) if len(lane_hosts) > 1 else ""
+        return _verdict("ready", "API ready: %s%s" % (models, ranks))
+    last = "API answered" if master_row.get("api") else "API not ready: %s" % master_row.get("status")
+    if give_up:
+        if unknown:
+            return _verdict("timeout", "The lane's state is unknown at the deadline (%s); the container runtime "
+                                       "did not answer for %s" % (last, "; ".join(unknown)), master, 0)
+        return _verdict("timeout", "The API at %s did not answer in time (every rank's container is running); "
+                                   "last poll from %s: %s" % (url, master, master_row.get("status")), master, 0)
+    if unknown:
+        return _verdict("pending", "%s; the runtime did not answer for %s" % (last, "; ".join(unknown)))
+    return _verdict("pending", last)
+
+
+def wait_report(result):
+    """The ready row of the host report: the models served, and with a lane verdict its state, the round
+    that decided it, every rank's container (host, rank, status, exit code, id) and who served the API port."""
+    row = {"models": list(result.get("models") or [])}
+    lane = result.get("lane_rows")
+    if lane is None:
+        return row
+    row["state"] = result["verdict"]["state"]
+    row["rounds"] = result["round"]
+    row["ranks"] = []
+    for rank, host in enumerate(result["lane_hosts"]):
+        container = (lane.get(host) or {}).get("container") or {}
+        row["ranks"].append({"host": host, "rank": rank, "status": container.get("status"),
+                             "exit_code": container.get("exit_code"), "id": (container.get("id") or "")[:12]})
+    owner = (lane.get(result["lane_hosts"][0]) or {}).get("owner")
+    if owner and owner.get("holders"):
+        row["api_served_by"] = "; ".join(describe_holder(h) for h in owner["holders"])
+    return row
+
+
+def poll_round(base, wait_for, container_check=None, owner_check=None, interval=1.0, opener=urlopen,
+               clock=time.monotonic, sleep=time.sleep):
+    """One host's share of a wait round: for up to wait_for seconds, every poll first looks at this host's
+    container (container_check() -> container facts), then asks /v1/models. Stops when the container is
+    not running or the API answers. Then owner_check(container facts) (the master only) says who holds
+    the API port, when the API answered or the container is down (someone else may hold its port).
+
+    Returns the round's row {"api", "models", "status", "polls", "elapsed_s", "container", "owner"}.
+    """
+    url = api_url(base, "/v1/models")
+    start = clock()
+    row = {"api": False, "models": [], "status": "not polled", "polls": 0, "container": None, "owner": None}
+    while True:
+        row["polls"] += 1
+        if container_check is not None:
+            row["container"] = container_check()
+            if row["container"]["running"] is False:
+                row["status"] = "container %s is %s" % (row["container"]["name"], row["container"]["status"])
+                break
+        try:
+            body = http_json(url, timeout=max(1.0, min(5.0, wait_for)), opener=opener)
+            row["models"] = [m.get("id") for m in body.get("data") or [] if isinstance(m, dict)]
+            row["status"] = "ready"
+            row["api"] = True
+            break
+        except StageError as exc:
+            row["status"] = str(exc)
+        if clock() - start + interval > wait_for:
+            break
+        sleep(interval)
+    down = row["container"] is not None and row["container"]["running"] is False
+    if owner_check is not None and (row["api"] or down):
+        row["owner"] = owner_check(row["container"])
+    row["elapsed_s"] = round(clock() - start, 3)
+    return row
+
+
+def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_hosts=None, lane=None, give_up=False,
+               wait_id=None, round_no=1, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+    """One call of a wait.
+
+    Alone (no lane_hosts): poll_round(), then judge this host's row as a one-rank lane.
+    In a lane's rounds (lane_hosts, the lane in rank order): first judge lane, every rank's row of the
+    previous round (none in the first round); when that decides (a rank down or missing, a stranger on
+    the port, ready, or give_up) return at once, else poll_round() and return this host's row for the
+    next round. Rows carry wait_id and round_no: only the previous round's rows of this wait count.
+    """
+    verdict = None
+    if lane_hosts and lane is not None:
+        lane = fresh_rows(lane, wait_id, round_no)
+        verdict = lane_verdict(lane_hosts, lane, base, give_up)
+    row = None
+    if verdict is None or not verdict["decided"]:
+        row = poll_round(base, wait_for, container_check, owner_check, opener=opener, clock=clock, sleep=sleep)
+        row.update(wait_id=wait_id, round=round_no)
+    if not lane_hosts:
+        verdict = lane_verdict(["this host"], {"this host": row}, base, give_up=True)
+    elif verdict is None:
+        verdict = _verdict("pending", "first round: %s" % row["status"])
+    result = {"ready": verdict["state"] == "ready", "decided": verdict["decided"], "verdict": verdict,
+              "msg": verdict["msg"]}
+    if lane_hosts:
+        master_row = (lane or {}).get(lane_hosts[0]) or {}
+        result["models"] = list(master_row.get("models") or (row or {}).get("models") or [])
+        result["lane_hosts"], result["lane_rows"], result["round"] = list(lane_hosts), lane, round_no
+    else:
+        result["models"] = list(row["models"])
+    if row is not None:
+        container = row["container"] or {}
+        result.update(row=row, status=row["status"], polls=row["polls"], elapsed_s=row["elapsed_s"],
+                      running=container.get("running", True) if row["container"] else True,
+                      logs=container.get("logs") or "")
+    return result

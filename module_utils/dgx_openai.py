@@ -1,0 +1,320 @@
+# -*- coding: utf-8 -*-
+"""A client of the engine's OpenAI-style API: URLs and payloads, answers and server-sent events read, and
+requests with a whole-request deadline (a stream trickling a token at a time cannot outlive it).
+Stdlib only (modules run on the nodes' system Python); the opener and the clock are arguments, so tests drive them.
+"""
+from __future__ import absolute_import, division, print_function
+
+import contextlib
+import functools
+import json
+import socket
+import threading
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_units import plain_number
+from http import client as http_client
+from urllib.error import HTTPError, URLError
+from urllib.request import HTTPHandler, Request, build_opener, urlopen
+
+
+def api_url(base, path):
+    """Join the API base (http://host:port, with or without a trailing / or /v1) and a /v1 path."""
+    base = (base or "").rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise StageError("engine API url %r must start with http:// or https://" % (base,))
+    if base.endswith("/v1") and path.startswith("/v1/"):
+        base = base[:-3]
+    return base + path
+
+
+def chat_payload(model, prompt, max_tokens, stream=False):
+    """A temperature-0 chat completion request body. The streamed (decode) request asks for usage and
+    for ignore_eos (SGLang and vLLM take it): a model that ends its answer early would otherwise make a
+    healthy engine fail the max_tokens check."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": int(max_tokens), "temperature": 0, "stream": bool(stream)}
+    if stream:
+        body.update(stream_options={"include_usage": True}, ignore_eos=True)
+    return body
+
+
+def first_model_id(models_body):
+    """The first model id served, from a /v1/models response body."""
+    data = (models_body or {}).get("data") or []
+    if not data or not isinstance(data[0], dict) or not data[0].get("id"):
+        raise StageError("/v1/models lists no model (%s); set engine_served_model"
+                         % json.dumps(models_body)[:200])
+    return data[0]["id"]
+
+
+def completion_text(body):
+    """The assistant text of a non-stream completion: content plus any reasoning_content."""
+    try:
+        message = body["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        raise StageError("chat completion without choices[0].message: %s" % json.dumps(body)[:300])
+    parts = [message.get("reasoning_content"), message.get("content")]
+    return "".join(p for p in parts if isinstance(p, str))
+
+
+def contains_expected(text, expected):
+    """The bench and smoke pass rule: the answer contains the expected string."""
+    return str(expected) in (text or "")
+
+
+def _first_choice(event, data):
+    """The event's choice of index 0 ([] when it has none): the probe asks for one answer, and a server that
+    streams more choices must not count them as that answer's tokens."""
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
+        raise StageError("stream event has choices that are not a list of objects: %r" % data[:200])
+    return [choice for choice in choices if choice.get("index", 0) == 0][:1]
+
+
+def _delta_text(choice, data):
+    delta = choice.get("delta") or {}
+    parts = [delta.get(key) or "" for key in ("reasoning_content", "content")] if isinstance(delta, dict) else [0]
+    if not all(isinstance(part, str) for part in parts):
+        raise StageError("stream event has a delta whose content is not text: %r" % data[:200])
+    return "".join(parts)
+
+
+def parse_sse(timed_lines):
+    """Digest a streamed completion: timed_lines yields (arrival time, raw line bytes/str).
+
+    Returns {"chunks": token-bearing chunks, "t_first", "t_last": their arrival times,
+    "usage": the usage object if the server sent one, "text", "finish_reason", "done"}.
+    A chunk bears tokens when the delta of choice 0 has non-empty content or reasoning_content before that
+    choice's finish reason. An event that is not a JSON object, or whose choices or delta are malformed,
+    raises StageError quoting it.
+    """
+    out = {"chunks": 0, "t_first": None, "t_last": None, "usage": None, "text": "",
+           "finish_reason": None, "done": False}
+    pieces = []
+    for when, raw in timed_lines:
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue  # blank separators, ": keep-alive" comments, "event:" lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            out["done"] = True
+            break
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise StageError("stream event is not JSON: %r" % data[:200])
+        if not isinstance(event, dict):
+            raise StageError("stream event is not a JSON object: %r" % data[:200])
+        if event.get("error"):
+            raise StageError("the engine reported an error mid-stream: %s" % json.dumps(event["error"])[:300])
+        if isinstance(event.get("usage"), dict) and event["usage"]:
+            out["usage"] = event["usage"]
+        for choice in _first_choice(event, data):
+            text = _delta_text(choice, data)
+            # The answer ends at its finish reason: text after it is not the answer's.
+            if text and out["finish_reason"] is None:
+                out["chunks"] += 1
+                if out["t_first"] is None:
+                    out["t_first"] = when
+                out["t_last"] = when
+                pieces.append(text)
+            if choice.get("finish_reason") and out["finish_reason"] is None:
+                out["finish_reason"] = choice["finish_reason"]
+    out["text"] = "".join(pieces)
+    return out
+
+
+def stream_tokens(stream):
+    """(tokens, token_source) of a parse_sse() stream: the server's usage count when it sends one (with
+    speculative decoding a chunk may carry several tokens), else the token-bearing chunks that arrived,
+    a count that can only be low (never max_tokens on the engine's word: finish_reason length after a
+    short answer proves nothing)."""
+    completion_tokens = (stream.get("usage") or {}).get("completion_tokens")
+    if completion_tokens:
+        return int(completion_tokens), "usage"
+    return stream["chunks"], "chunks"
+
+
+def api_request(url, payload=None):
+    data = None
+    headers = {"Accept": "application/json"}
+    if payload is not None:
+        data = json.dumps(payload).encode("utf-8")
+        headers["Content-Type"] = "application/json"
+    return Request(url, data=data, headers=headers, method="POST" if payload is not None else "GET")
+
+
+def _describe(exc):
+    if isinstance(exc, HTTPError):
+        try:
+            detail = exc.read()[:200].decode("utf-8", "replace")
+        except Exception:  # pylint: disable=broad-except
+            detail = ""
+        return "HTTP %d %s" % (exc.code, detail)
+    if isinstance(exc, URLError):
+        return "unreachable (%s)" % (exc.reason,)
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def _too_long(timeout):
+    return "the whole request took longer than %s s (engine_request_timeout)" % plain_number(timeout)
+
+
+class _Deadline(object):
+    """A request's whole time, from connecting to the last byte: at its deadline the connection's socket is
+    shut down, which ends a read blocked on a server that trickles a byte at a time - in the status line and
+    headers as in the body (a socket timeout only bounds each read). Between reads the clock is looked at
+    too (responses without a socket, in tests)."""
+
+    def __init__(self, timeout, clock, started):
+        self.timeout, self.clock, self.deadline = timeout, clock, started + timeout
+        self.fired = False
+        self._socks = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, self.deadline - clock()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock):
+        """Shut sock down at the deadline (at once when it has passed)."""
+        with self._lock:
+            if sock is None or sock in self._socks:
+                return
+            self._socks.append(sock)
+            fired = self.fired
+        if fired:
+            self._shut(sock)
+
+    def watch_response(self, resp):
+        self.watch(getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None))
+
+    def _fire(self):
+        with self._lock:
+            self.fired = True
+            socks = list(self._socks)
+        for sock in socks:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def check(self):
+        """socket.timeout once the deadline has passed."""
+        if self.fired or self.clock() >= self.deadline:
+            self.fired = True
+            raise socket.timeout(_too_long(self.timeout))
+
+    def cancel(self):
+        self._timer.cancel()
+
+
+class _WatchedConnection(http_client.HTTPConnection):
+    """An HTTP connection whose socket a _Deadline watches from the moment it connects."""
+
+    def __init__(self, *args, **kwargs):
+        self._deadline = kwargs.pop("deadline")
+        http_client.HTTPConnection.__init__(self, *args, **kwargs)
+
+    def connect(self):
+        http_client.HTTPConnection.connect(self)
+        self._deadline.watch(self.sock)
+
+
+class _WatchedHandler(HTTPHandler):
+    def __init__(self, deadline):
+        HTTPHandler.__init__(self)
+        self._deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_WatchedConnection, deadline=self._deadline), req)
+
+
+@contextlib.contextmanager
+def open_within(opener, request, timeout, clock):
+    """(response, its _Deadline) of request, the deadline counting from now. With urllib's own opener the
+    connection is watched from its connect, so a server slow to send its headers is cut too; an opener of
+    a test is watched from its response."""
+    limit = _Deadline(timeout, clock, clock())
+    try:
+        try:
+            if opener is urlopen:
+                resp = build_opener(_WatchedHandler(limit)).open(request, timeout=timeout)
+            else:
+                resp = opener(request, timeout=timeout)
+        except (http_client.HTTPException, OSError) as exc:
+            if limit.fired and not isinstance(exc, HTTPError):
+                raise socket.timeout(_too_long(timeout))
+            raise
+        with resp:
+            limit.watch_response(resp)
+            yield resp, limit
+    finally:
+        limit.cancel()
+
+
+def request_failed(method, url, exc):
+    return StageError("%s %s failed: %s" % (method, url, _describe(exc)))
+
+
+def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monotonic):
+    """GET (payload None) or POST JSON; return the decoded body or raise StageError. timeout is the whole
+    request's, from connecting to the last byte of the answer."""
+    method = "POST" if payload is not None else "GET"
+    try:
+        with open_within(opener, api_request(url, payload), timeout, clock) as (resp, limit):
+            parts = []
+            read = getattr(resp, "read1", resp.read)     # read1: at most one read of the socket per call
+            while True:
+                limit.check()
+                try:
+                    part = read(65536)
+                except (http_client.HTTPException, OSError):
+                    limit.check()
+                    raise
+                if not part:
+                    limit.check()
+                    break
+                parts.append(part)
+            raw = b"".join(parts)
+    except (http_client.HTTPException, OSError) as exc:
+        raise request_failed(method, url, exc)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except ValueError:
+        raise StageError("%s answered with non-JSON: %r" % (url, raw[:200]))
+
+
+def resolve_model(base, model, timeout=30.0, opener=urlopen):
+    """The model name to put in requests: the given one, else the first id of /v1/models."""
+    if model:
+        return model
+    return first_model_id(http_json(api_url(base, "/v1/models"), timeout=timeout, opener=opener))
+
+
+def timed_lines(resp, clock, cut, limit):
+    """(arrival time, line) of a streamed response; a connection that breaks mid-stream (the engine
+    died, a proxy cut it, the read timed out) or a stream still going at the request's deadline (limit,
+    a _Deadline) ends the lines and is noted in cut["reason"]."""
+    while True:
+        try:
+            limit.check()
+            line = resp.readline()
+            if limit.fired:
+                limit.check()
+        except (http_client.HTTPException, OSError) as exc:
+            cut["reason"] = _too_long(limit.timeout) if limit.fired else _describe(exc)
+            return
+        if not line:
+            # http.client swallows a chunked body that ends without its last chunk (peek() hides the
+            # IncompleteRead); chunk_left is None only after the terminating chunk.
+            if getattr(resp, "chunked", False) and getattr(resp, "chunk_left", None) is not None:
+                cut["reason"] = "closed before the end of the chunked body"
+            return
+        yield clock(), line

@@ -686,9 +686,9 @@ msg:
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import printable_names
+from ansible.module_utils.dgx_lease import LeaseWatch
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorFailed, MirrorRequest
-from ansible.module_utils.dgx_progress import LeaseWatch
 from ansible.module_utils.dgx_workers import raise_interrupt_on_sigterm
 
 

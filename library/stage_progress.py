@@ -260,7 +260,9 @@ import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_progress import end_lease, poll, prepare_jobs_dir, prune_jobs_dir, remove_job, renew_lease
+from ansible.module_utils.dgx_jobs import prepare_jobs_dir, prune_jobs_dir, remove_job
+from ansible.module_utils.dgx_lease import end_lease, renew_lease
+from ansible.module_utils.dgx_progress import poll
 
 
 ARGUMENT_SPEC = dict(

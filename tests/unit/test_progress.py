@@ -1,6 +1,6 @@
-"""Watching a background hf_hub_mirror job (module_utils/dgx_progress.py, library/stage_progress.py): the job
-file, the progress file in whatever state it is found, the figures of this job only, the human line, and the
-jobs dir (symlinks refused, only ended jobs' files removed)."""
+"""Watching a background hf_hub_mirror job (module_utils/dgx_progress.py, dgx_jobs.py, dgx_lease.py,
+library/stage_progress.py): the job file, the progress file in whatever state it is found, the figures of this job
+only, the human line, and the jobs dir (symlinks refused, only ended jobs' files removed)."""
 import json
 import os
 import time
@@ -9,10 +9,9 @@ import pytest
 
 import processes
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_progress as progress
-from ansible.module_utils.dgx_progress import (ended_job_file, human_eta, job_figures, pass_figures,
-                                               poll, prepare_jobs_dir, progress_line, read_job, read_json_file,
-                                               shape_progress)
+from ansible.module_utils import dgx_jobs, dgx_lease, dgx_progress
+from ansible.module_utils.dgx_jobs import ended_job_file, prepare_jobs_dir, read_job, read_json_file
+from ansible.module_utils.dgx_progress import human_eta, job_figures, pass_figures, poll, progress_line, shape_progress
 from test_module_docs import check_result, run_main
 
 MIB = 1024 * 1024
@@ -116,7 +115,7 @@ def test_figures_of_an_earlier_run_are_not_this_jobs():
 
 def test_progress_has_every_key_null_or_zero_before_the_first_figures():
     shaped = shape_progress(None, REPO, "verify")
-    assert sorted(shaped) == sorted(progress.PROGRESS_KEYS)
+    assert sorted(shaped) == sorted(dgx_progress.PROGRESS_KEYS)
     assert shaped["repo_id"] == REPO and shaped["pass"] == "verify"
     assert (shaped["bytes_done"], shaped["bytes_total"], shaped["files_done"], shaped["files_total"]) == (0, 0, 0, 0)
     assert shaped["updated_at"] is None and shaped["mib_per_s"] is None and shaped["eta_s"] is None
@@ -187,17 +186,17 @@ def test_a_poll_of_a_running_job_shows_its_figures_and_a_short_job_ends_within_t
 
 
 def test_a_job_waiting_for_another_runs_lock_says_whom_and_never_shows_that_runs_figures(tmp_path, monkeypatch):
-    monkeypatch.setattr(progress, "lease_process_gone", lambda path: False)    # the test's pid runs no mirror
+    monkeypatch.setattr(dgx_progress, "lease_process_gone", lambda path: False)    # the test's pid runs no mirror
     dest, jobs = tmp_path / "hub", tmp_path / "hub" / ".locks" / "jobs"
     now = time.time()
     write_job(jobs, "j1.2", RUNNING, mtime=now - 10)
     lease = str(jobs / "dgx-lease.second.stage.model.org--model")
-    progress.renew_lease(str(dest), lease, os.getpid())          # this job's process, as LeaseWatch.start writes it
+    dgx_lease.renew_lease(str(dest), lease, os.getpid())          # this job's process, as LeaseWatch.start writes it
     os.utime(lease, (now - 3, now - 3))
     # The first run holds the repo: its figures (pid 4242) started after this job did.
     write_progress(dest, figures(started=now - 5, pid=4242))
     holder = {"pid": 4242, "run_id": "20261201T101648Z-d3b7", "since": "2026-12-01T10:16:50Z"}
-    watch = progress.LeaseWatch(str(dest), lease, 30)
+    watch = dgx_lease.LeaseWatch(str(dest), lease, 30)
     watch.note_waiting(holder)
     assert int(os.stat(lease).st_mtime) == int(now - 3)         # the job's own note is no renewal
     seen = poll(str(jobs), "j1.2", str(dest), REPO, lease_file=lease)
@@ -224,14 +223,14 @@ def test_an_ended_job_never_claims_the_figures_of_the_run_that_took_the_lock_aft
 def test_a_lease_reads_back_its_pid_and_note_and_tolerates_garbage(tmp_path):
     lease = str(tmp_path / "jobs" / "dgx-lease.r.stage.model.org--model")
     os.mkdir(str(tmp_path / "jobs"))
-    progress.renew_lease(str(tmp_path / "hub"), lease, 4242, {"pid": 7, "run_id": "r", "since": "s"})
-    assert progress.read_lease(lease) == (4242, {"pid": 7, "run_id": "r", "since": "s"})
-    progress.renew_lease(str(tmp_path / "hub"), lease, 4242)
-    assert progress.read_lease(lease) == (4242, None)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), lease, 4242, {"pid": 7, "run_id": "r", "since": "s"})
+    assert dgx_lease.read_lease(lease) == (4242, {"pid": 7, "run_id": "r", "since": "s"})
+    dgx_lease.renew_lease(str(tmp_path / "hub"), lease, 4242)
+    assert dgx_lease.read_lease(lease) == (4242, None)
     with open(lease, "w") as handle:
         handle.write("4242\n{not json\n")
-    assert progress.read_lease(lease) == (4242, None)
-    assert progress.read_lease(str(tmp_path / "absent")) == (None, None)
+    assert dgx_lease.read_lease(lease) == (4242, None)
+    assert dgx_lease.read_lease(str(tmp_path / "absent")) == (None, None)
 
 
 def test_a_poll_of_a_missing_job_ends_it_with_the_reason(tmp_path):
@@ -301,8 +300,8 @@ def test_a_jobs_dir_outside_the_hub_is_never_cleared_nor_removed(tmp_path):
     empty = tmp_path / "jobs"
     assert prepare_jobs_dir(str(dest), str(empty), 600, check_mode=True)["created"] is True and not empty.exists()
     assert prepare_jobs_dir(str(dest), str(empty), 600)["created"] is True and empty.is_dir()
-    assert progress.prune_jobs_dir(str(dest), str(empty)) == [] and empty.is_dir()    # the operator's dir
-    assert progress.prune_jobs_dir(str(dest), str(tmp_path)) == [] and tmp_path.is_dir()
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(empty)) == [] and empty.is_dir()    # the operator's dir
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(tmp_path)) == [] and tmp_path.is_dir()
 
 
 @pytest.mark.parametrize("inside", ["models--org--model", "jobs", os.path.join("models--org--model", "blobs")])
@@ -404,7 +403,7 @@ def test_a_job_the_async_wrapper_killed_or_that_died_fails_with_words_not_a_trac
                                   "its process was killed") and "Re-run" in died["msg"]
     mirror_own = {"failed": True, "msg": "hf_hub_mirror org/model: 1 NAS blob(s) do not hold",
                   "invocation": {"module_args": {}}}
-    assert progress.explain_wrapper_result(mirror_own, REPO, "stage") == mirror_own
+    assert dgx_jobs.explain_wrapper_result(mirror_own, REPO, "stage") == mirror_own
 
 
 def dead_pid():
@@ -418,7 +417,7 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
                                                                                                  monkeypatch):
     # kill -9 of the whole async_wrapper tree (or a wrapper that could not write its result) leaves the job file
     # saying running: without a look at the job's process the polls went on until stage_async_timeout (a day).
-    monkeypatch.setattr(progress, "DEAD_JOB_GRACE_S", 0.3)
+    monkeypatch.setattr(dgx_jobs, "DEAD_JOB_GRACE_S", 0.3)
     dest = tmp_path / "hub"
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j2.1", RUNNING, mtime=time.time() - 600)
@@ -431,42 +430,42 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
         deadline = time.time() + 10         # the interpreter's launcher may exec again before it runs
         while b"hf_hub_mirror" not in open("/proc/%d/cmdline" % job.pid, "rb").read() and time.time() < deadline:
             time.sleep(0.05)
-        progress.renew_lease(str(dest), lease, job.pid)     # a live job: still running
+        dgx_lease.renew_lease(str(dest), lease, job.pid)     # a live job: still running
         alive = run_main("stage_progress", args)
         assert alive["finished"] is False, alive["line"]
-        progress.renew_lease(str(dest), lease, os.getpid())     # a live process that is not the job (a reused pid)
+        dgx_lease.renew_lease(str(dest), lease, os.getpid())     # a live process that is not the job (a reused pid)
         assert run_main("stage_progress", args)["finished"] is True
     finally:
         processes.kill_tree(job)
-    progress.renew_lease(str(dest), lease, dead_pid())
-    progress.renew_lease(str(dest), lease)      # a poll's renewal keeps the pid
+    dgx_lease.renew_lease(str(dest), lease, dead_pid())
+    dgx_lease.renew_lease(str(dest), lease)      # a poll's renewal keeps the pid
     gone = run_main("stage_progress", args)
     assert gone["finished"] is True
     assert "failed: hf_hub_mirror org/model: the background stage job's process" in gone["line"]
     result = run_main("stage_progress", dict(args, mode="result"))
     assert result["failed"] is True and "Re-run to finish" in result["msg"] and str(jobs / "j2.1") in result["msg"]
     assert not (jobs / "j2.1").exists() and not os.path.exists(lease)
-    assert progress.lease_process_gone(str(tmp_path / "no-lease")) is False
+    assert dgx_lease.lease_process_gone(str(tmp_path / "no-lease")) is False
 
 
 def test_a_job_that_ended_on_a_full_disk_says_the_disk_is_full_and_the_fix(tmp_path, monkeypatch):
     # Seen on an 8 MiB tmpfs filled mid-copy: the wrapper could write neither the mirror's result nor (for the
     # next repo) its start file; the mirror's own ENOSPC message is lost, so the poll names the disk instead.
-    monkeypatch.setattr(progress, "DEAD_JOB_GRACE_S", 0.1)
+    monkeypatch.setattr(dgx_jobs, "DEAD_JOB_GRACE_S", 0.1)
     dest = tmp_path / "hub"
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j3.1", RUNNING, mtime=time.time() - 600)
     lease = str(jobs / "dgx-lease.z")
-    progress.renew_lease(str(dest), lease, dead_pid())
+    dgx_lease.renew_lease(str(dest), lease, dead_pid())
     real = os.statvfs(str(jobs))
     full = os.statvfs_result((real.f_bsize, real.f_frsize, real.f_blocks, 0, 0, real.f_files, real.f_ffree,
                               real.f_favail, real.f_flag, real.f_namemax))
-    monkeypatch.setattr(progress.os, "statvfs", lambda path: full)
+    monkeypatch.setattr(dgx_jobs.os, "statvfs", lambda path: full)
     dead = poll(str(jobs), "j3.1", str(dest), REPO, lease_file=lease)["job"]["result"]["msg"]
     missing = poll(str(jobs), "j3.2", str(dest), REPO)["job"]["result"]["msg"]
     for msg in (dead, missing):
         assert "The disk of %s is full (0 bytes free)" % jobs in msg and "Free space on that disk" in msg
-    monkeypatch.setattr(progress.os, "statvfs", lambda path: real)
+    monkeypatch.setattr(dgx_jobs.os, "statvfs", lambda path: real)
     assert "is full" not in poll(str(jobs), "j3.2", str(dest), REPO)["job"]["result"]["msg"]
 
 
@@ -475,7 +474,7 @@ def test_a_job_whose_process_just_ended_is_read_with_its_result_not_declared_dea
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j2.2", {"changed": False, "summary": "nothing to copy"})
     lease = str(jobs / "dgx-lease.x")
-    progress.renew_lease(str(dest), lease, dead_pid())
+    dgx_lease.renew_lease(str(dest), lease, dead_pid())
     got = poll(str(jobs), "j2.2", str(dest), REPO, lease_file=lease)
     assert got["finished"] is True and got["job"]["result"]["summary"] == "nothing to copy"
 
@@ -486,18 +485,18 @@ def test_a_lease_holds_while_renewed_and_stops_the_process_once_when_not(tmp_pat
     path = str(tmp_path / "dgx-lease.run.stage.model.org--model")
     stopped = []
     now = [time.time()]
-    watch = progress.LeaseWatch(str(tmp_path / "hub"), path, 30, stop_process=lambda: stopped.append(True), clock=lambda: now[0])
+    watch = dgx_lease.LeaseWatch(str(tmp_path / "hub"), path, 30, stop_process=lambda: stopped.append(True), clock=lambda: now[0])
     assert watch.expired() == "its lease file %s is gone" % path
-    progress.renew_lease(str(tmp_path / "hub"), path)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), path)
     assert watch.check() is False and stopped == []
     now[0] = time.time() + 31.5               # from the renewal's own time: 31 s whatever the clock did meanwhile
     assert watch.check() is True and watch.check() is True and stopped == [True]      # stopped once
     assert "not renewed for 31 s" in watch.fired and "controller" in watch.message()
-    progress.renew_lease(str(tmp_path / "hub"), path)                  # a poll renews it (mtime is now)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), path)                  # a poll renews it (mtime is now)
     now[0] = time.time()
     assert watch.expired() is None
-    progress.end_lease(str(tmp_path / "hub"), path)
-    assert progress.lease_age(path) is None
+    dgx_lease.end_lease(str(tmp_path / "hub"), path)
+    assert dgx_lease.lease_age(path) is None
 
 
 def test_a_renewed_lease_still_stops_the_job_at_its_time_limit_with_the_setting_to_raise(tmp_path):
@@ -506,24 +505,24 @@ def test_a_renewed_lease_still_stops_the_job_at_its_time_limit_with_the_setting_
     path = str(tmp_path / "dgx-lease.t")
     stopped = []
     now = [time.time()]
-    watch = progress.LeaseWatch(str(tmp_path / "hub"), path, 120, stop_process=lambda: stopped.append(True), clock=lambda: now[0],
+    watch = dgx_lease.LeaseWatch(str(tmp_path / "hub"), path, 120, stop_process=lambda: stopped.append(True), clock=lambda: now[0],
                                 time_limit=600)
-    progress.renew_lease(str(tmp_path / "hub"), path)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), path)
     now[0] += 599
-    progress.renew_lease(str(tmp_path / "hub"), path)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), path)
     os.utime(path, (now[0], now[0]))
     assert watch.check() is False and stopped == []
     now[0] += 1
     assert watch.check() is True and stopped == [True]
     assert "time limit of 600 s was reached" in watch.message() and "raise stage_async_timeout" in watch.message()
-    assert progress.LeaseWatch(str(tmp_path / "hub"), path, 120).deadline is None          # no time limit by default
-    assert progress.LeaseWatch(str(tmp_path / "hub"), path, 120, time_limit=4).every == 1.0   # looked at before the wrapper's kill
+    assert dgx_lease.LeaseWatch(str(tmp_path / "hub"), path, 120).deadline is None          # no time limit by default
+    assert dgx_lease.LeaseWatch(str(tmp_path / "hub"), path, 120, time_limit=4).every == 1.0   # looked at before the wrapper's kill
 
 
 def test_a_started_lease_watch_fires_from_its_thread(tmp_path):
     path = str(tmp_path / "dgx-lease.x")
     fired = []
-    watch = progress.LeaseWatch(str(tmp_path / "hub"), path, 0.3, every=0.05, stop_process=lambda: fired.append(time.time())).start()
+    watch = dgx_lease.LeaseWatch(str(tmp_path / "hub"), path, 0.3, every=0.05, stop_process=lambda: fired.append(time.time())).start()
     try:
         assert os.path.exists(path)                 # the start is a renewal
         deadline = time.time() + 5
@@ -560,7 +559,7 @@ def test_a_lease_file_is_never_followed_through_a_link(tmp_path):
     target = tmp_path / "target"
     target.write_text("keep")
     os.symlink(str(target), str(tmp_path / "dgx-lease.y"))
-    progress.renew_lease(str(tmp_path / "hub"), str(tmp_path / "dgx-lease.y"), 4242)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), str(tmp_path / "dgx-lease.y"), 4242)
     assert target.read_text() == "keep"
     assert not os.path.islink(str(tmp_path / "dgx-lease.y"))      # replaced by a file of its own
     assert (tmp_path / "dgx-lease.y").read_text() == "4242\n"
@@ -581,15 +580,15 @@ def test_an_emptied_jobs_dir_is_removed_with_an_empty_locks_but_never_the_hub_ro
     jobs = dest / ".locks" / "dgx-stage-async"
     jobs.mkdir(parents=True)
     (dest / ".locks" / "models--org--model").mkdir()
-    assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs)]          # .locks holds a repo's lock dir
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs)]          # .locks holds a repo's lock dir
     jobs.mkdir()
     write_job(jobs, "decoy", "")
-    assert progress.prune_jobs_dir(str(dest), str(jobs)) == []                   # holds a file: kept
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(jobs)) == []                   # holds a file: kept
     os.unlink(str(jobs / "decoy"))
     os.rmdir(str(dest / ".locks" / "models--org--model"))
-    assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
     assert os.listdir(str(dest)) == []
-    assert progress.prune_jobs_dir(str(dest), str(dest)) == [] and dest.is_dir()
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(dest)) == [] and dest.is_dir()
     with pytest.raises(StageError):
         prepare_jobs_dir(str(dest), str(dest), 60)
 
@@ -600,8 +599,8 @@ def test_a_lease_planted_as_a_hard_link_is_replaced_and_its_other_name_never_wri
     os.utime(str(outside), (1000000000, 1000000000))
     lease = tmp_path / "dgx-lease.run.stage.model.org--name"
     os.link(str(outside), str(lease))
-    progress.renew_lease(str(tmp_path / "hub"), str(lease), 4242)
-    progress.renew_lease(str(tmp_path / "hub"), str(lease))
+    dgx_lease.renew_lease(str(tmp_path / "hub"), str(lease), 4242)
+    dgx_lease.renew_lease(str(tmp_path / "hub"), str(lease))
     assert outside.read_text() == "keep me" and os.stat(str(outside)).st_mtime == 1000000000
     assert lease.read_text() == "4242\n" and os.stat(str(lease)).st_nlink == 1
 
@@ -619,13 +618,13 @@ def test_the_result_step_removes_nothing_through_a_locks_folder_swapped_for_a_li
     os.rename(str(dest / ".locks"), str(tmp_path / "old-locks"))
     os.symlink(str(elsewhere), str(dest / ".locks"))
     with pytest.raises(StageError):
-        progress.remove_job(str(dest), str(jobs), "j5.1")
+        dgx_jobs.remove_job(str(dest), str(jobs), "j5.1")
     with pytest.raises(StageError):
-        progress.end_lease(str(dest), str(jobs / "dgx-lease.z"))
+        dgx_lease.end_lease(str(dest), str(jobs / "dgx-lease.z"))
     assert sorted(os.listdir(str(elsewhere / "dgx-stage-async"))) == ["dgx-lease.z", "j5.1"]
     os.unlink(str(dest / ".locks"))
     os.symlink(str(elsewhere / "empty"), str(dest / ".locks"))
-    assert progress.prune_jobs_dir(str(dest), str(jobs)) == []
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(jobs)) == []
     assert os.path.isdir(str(elsewhere / "empty" / "dgx-stage-async"))
 
 
@@ -634,20 +633,20 @@ def test_the_result_step_removes_the_job_file_the_lease_and_the_emptied_folders(
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j6.1", {"changed": False})
     write_job(jobs, "j6.1.tmp", "")
-    progress.renew_lease(str(dest), str(jobs / "dgx-lease.q"))
-    assert progress.remove_job(str(dest), str(jobs), "j6.1") == ["j6.1", "j6.1.tmp"]
-    assert progress.end_lease(str(dest), str(jobs / "dgx-lease.q")) is True
-    assert progress.end_lease(str(dest), str(jobs / "dgx-lease.q")) is False
-    assert progress.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
-    assert progress.remove_job(str(dest), str(jobs), "j6.1") == []
+    dgx_lease.renew_lease(str(dest), str(jobs / "dgx-lease.q"))
+    assert dgx_jobs.remove_job(str(dest), str(jobs), "j6.1") == ["j6.1", "j6.1.tmp"]
+    assert dgx_lease.end_lease(str(dest), str(jobs / "dgx-lease.q")) is True
+    assert dgx_lease.end_lease(str(dest), str(jobs / "dgx-lease.q")) is False
+    assert dgx_jobs.prune_jobs_dir(str(dest), str(jobs)) == [str(jobs), str(dest / ".locks")]
+    assert dgx_jobs.remove_job(str(dest), str(jobs), "j6.1") == []
 
 
 def test_a_lease_file_not_named_as_a_lease_is_refused_and_nothing_is_written_or_removed(tmp_path):
     dest = tmp_path / "hub"
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "settings.conf", "keep")
-    for act in (lambda: progress.renew_lease(str(dest), str(jobs / "settings.conf"), 4242),
-                lambda: progress.end_lease(str(dest), str(jobs / "settings.conf"))):
+    for act in (lambda: dgx_lease.renew_lease(str(dest), str(jobs / "settings.conf"), 4242),
+                lambda: dgx_lease.end_lease(str(dest), str(jobs / "settings.conf"))):
         with pytest.raises(StageError) as refused:
             act()
         assert "is not a lease file" in str(refused.value)

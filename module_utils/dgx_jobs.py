@@ -1,0 +1,302 @@
+# -*- coding: utf-8 -*-
+"""The background jobs of the stage and verify passes: Ansible's async job files in the jobs directory (read
+without following a link, cleared of what ended jobs of earlier runs left), and what a job that died said.
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import errno
+import json
+import os
+import re
+import stat
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
+
+
+# What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
+JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
+
+# The stage role's job leases, next to the job files: dgx-lease.<run id>.<pass>.<repo type>.<repo>.
+LEASE_FILE = re.compile(r"^dgx-lease\.[A-Za-z0-9_.-]+$")
+
+# A job file or its temp that is older than this and still says "running" was left by a killed wrapper
+# (a wrapper writes its .tmp in milliseconds, and kills its job at the async time limit).
+TMP_STALE_S = 60
+
+# Seconds a poll waits for the result of a job whose process it saw gone (its wrapper writes it right after).
+DEAD_JOB_GRACE_S = 5
+
+READ_LIMIT = 1024 * 1024
+
+
+def read_json_file(path):
+    """The JSON object in `path` (never through a final symlink), or None when the file is missing, not
+    a regular file, empty, half-written or not a JSON object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = json.loads(os.read(fd, READ_LIMIT).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+def job_state(data):
+    """`running` or `ended` from a job file's JSON (None: empty or unreadable, as while it is first written).
+    async_wrapper writes {started, finished: false} when the job starts and the module's result at the end."""
+    if data is None:
+        return "running"
+    if "started" in data and not data.get("finished"):
+        return "running"
+    return "ended"
+
+
+def read_job(async_dir, jid):
+    """The job's state: {state: running|ended|missing, result: the module's result once ended, started:
+    epoch seconds the job file was written at (the job's start while it runs), path}."""
+    path = os.path.join(async_dir, jid)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return {"state": "missing", "result": None, "started": None, "path": path}
+    data = read_json_file(path)
+    state = job_state(data)
+    return {"state": state, "result": data if state == "ended" else None, "started": st.st_mtime, "path": path}
+
+
+def remove_job(dest, async_dir, jid):
+    """Remove this job's file (and a temp its wrapper left) through the jobs dir's handle; the names removed."""
+    removed = []
+    try:
+        jobs = open_jobs_dir(dest, async_dir)
+    except FileNotFoundError:
+        return removed
+    with jobs:
+        for name in (jid, jid + ".tmp"):
+            if JOB_FILE.match(name) and unlink_if_there(name, jobs.fd):
+                removed.append(name)
+    return removed
+
+
+def unlink_if_there(name, dir_fd):
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def prune_jobs_dir(dest, async_dir):
+    """Remove the jobs dir when it is empty, and `.locks` above it when that is empty too (a pass that wrote
+    nothing else leaves the local hub as it found it); the dirs removed. rmdir only, each relative to its
+    parent opened without following a link: never anything that holds a file, never the local hub root, never
+    a jobs dir outside the local hub (the operator's). Ansible's async_wrapper creates it again for a job."""
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    locks = os.path.join(dest, ".locks")
+    if os.path.dirname(async_dir) != locks and async_dir != locks:
+        return []
+    removed = []
+    try:
+        with LocalTree(dest).open_dir("") as hub, LocalTree(dest).open_dir(".locks") as held:
+            if async_dir != locks:
+                os.rmdir(os.path.basename(async_dir), dir_fd=held.fd)
+                removed.append(async_dir)
+            os.rmdir(".locks", dir_fd=hub.fd)
+            removed.append(locks)
+    except (OSError, StageError):
+        pass
+    return removed
+
+
+def ended_job_file(name, data, age_s, async_timeout):
+    """Whether a file of the jobs dir is a job file of an ended job, safe to remove.
+
+    Only async_wrapper's names count, and only once older than the async time limit (plus TMP_STALE_S). One
+    still saying running (or not readable yet) is that old only when its wrapper was killed (a live wrapper
+    kills its job at the limit and writes a result). One holding a result is kept as long: another run on
+    this hub may still be at work on its next repos and collect it at the end of its pass (its result step
+    reads it then), so a fresh result is never taken from it. A temp file ended after TMP_STALE_S.
+    """
+    if LEASE_FILE.match(name):      # a lease nobody renewed for that long: its job stopped, or ended
+        return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+    match = JOB_FILE.match(name)
+    if not match:
+        return False
+    if match.group(1):
+        return age_s > TMP_STALE_S
+    return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+
+
+def jobs_dir_problem(dest, async_dir):
+    """Why the jobs dir cannot be used (it or a directory on its way inside the local hub is a symlink, or
+    not a directory), or None. Outside the local hub only the jobs dir itself is checked."""
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    if async_dir == dest:
+        return ("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a directory of its "
+                "own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
+    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
+        rel = os.path.relpath(async_dir, dest)
+        if rel.split(os.sep)[0] != ".locks":
+            # The rest of the hub is the mirror's: its repo folders are pruned of files it does not know.
+            return ("the async jobs dir %s is inside the local hub %s but not under its .locks: set stage_async_dir "
+                    "to a directory under %s, or outside the hub, or leave it empty for "
+                    "<hub_local_root>/.locks/dgx-stage-async" % (async_dir, dest, os.path.join(dest, ".locks")))
+        problem = linked_dir_problem(dest, rel)
+    else:
+        problem = linked_dir_problem(os.path.dirname(async_dir), os.path.basename(async_dir))
+    if problem:
+        return ("the async jobs dir %s cannot be used: %s. Set stage_async_dir to a real directory, or leave it "
+                "empty for <hub_local_root>/.locks/dgx-stage-async" % (async_dir, problem))
+    return None
+
+
+def open_jobs_dir(dest, async_dir, create=False):
+    """The jobs dir as a LocalDir: inside the local hub opened component by component from it (no link, no mount
+    point: LocalTree), outside it (the operator's folder, a mount point itself maybe) opened without following
+    a link; StageError for a link or a folder the jobs dir cannot be (jobs_dir_problem)."""
+    problem = jobs_dir_problem(dest, async_dir)
+    if problem:
+        raise StageError(problem)
+    root, rel = _jobs_dir_root(dest, async_dir)
+    if root == os.path.abspath(dest):
+        return LocalTree(root).open_dir(rel, create=create)
+    if create and not os.path.lexists(async_dir):
+        try:
+            os.mkdir(async_dir, 0o755)
+        except FileExistsError:
+            pass
+    try:
+        return LocalDir(os.open(async_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), async_dir)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise StageError(jobs_dir_problem(dest, async_dir) or "%s is not a directory" % async_dir)
+        raise
+
+
+def _jobs_dir_root(dest, async_dir):
+    """(root, rel) of the jobs dir: the local hub and the path below it, or outside it its parent and its name."""
+    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
+    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
+        return dest, os.path.relpath(async_dir, dest)
+    return os.path.dirname(async_dir), os.path.basename(async_dir)
+
+
+def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
+    """Refuse a symlinked jobs dir (or `.locks` on its way), create it, and remove the job files ended jobs
+    of earlier runs left there. Returns {created, removed (names)}; any other file is left alone."""
+    problem = jobs_dir_problem(dest, async_dir)
+    if problem:
+        raise StageError(problem)
+    created = not os.path.isdir(async_dir)
+    inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
+    if check_mode:
+        ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
+        return {"created": created, "removed": [name for name, _st in ended]}
+    with open_jobs_dir(dest, async_dir, create=True) as jobs:
+        # Outside the local hub (stage_async_dir) the jobs dir is never cleared: its other files (Ansible's own
+        # async jobs among them) are not this run's to remove. The result step removes this run's files.
+        removed = [name for name, _st in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
+                   if unlink_if_there(name, jobs.fd)]
+    return {"created": created, "removed": removed}
+
+
+def _ended_jobs(path, dir_fd, async_timeout, now):
+    """(name, lstat) of the regular files in the jobs dir that are job files of ended jobs."""
+    now = time.time() if now is None else now
+    try:
+        names = sorted(os.listdir(dir_fd if dir_fd is not None else path))
+    except FileNotFoundError:
+        return []
+    ended = []
+    for name in names:
+        if not (JOB_FILE.match(name) or LEASE_FILE.match(name)):
+            continue
+        try:
+            st = os.lstat(name, dir_fd=dir_fd) if dir_fd is not None else os.lstat(os.path.join(path, name))
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        data = read_json_file(os.path.join(path, name)) if JOB_FILE.match(name) and not name.endswith(".tmp") \
+            else None
+        if ended_job_file(name, data, now - st.st_mtime, async_timeout):
+            ended.append((name, st))
+    return ended
+
+
+def wait_while_young(async_dir, jid, first_wait, clock=time.time, sleep=time.sleep):
+    """read_job, after waiting for the job to end while it is younger than first_wait seconds (its job file's
+    time is its start): a job shorter than that ends within its first poll, with no retry and no delay."""
+    pause = 0.05
+    while True:
+        job = read_job(async_dir, jid)
+        if job["state"] != "running":
+            return job
+        left = job["started"] + float(first_wait or 0) - clock()
+        if left <= 0:
+            return job
+        sleep(min(pause, left))
+        pause = min(pause * 2, 0.25)
+
+
+def explain_wrapper_result(result, repo_id, phase, async_timeout=None):
+    """The result of a job that ended without the mirror's own result, worded for the operator; any other result
+    unchanged. Ansible's async_wrapper writes one of its own when it killed the job at the async time limit
+    ("Timeout exceeded"), or when the module's process died without printing a result (SIGKILL, the OOM
+    killer: a Python traceback of its JSON parsing)."""
+    if not isinstance(result, dict) or not result.get("failed"):
+        return result
+    head = "hf_hub_mirror %s: the background %s job" % (repo_id, phase)
+    tail = ("a copy in flight may have left its temp file, which the next run removes; no ref was written for an "
+            "incomplete snapshot")
+    if result.get("msg") == "Timeout exceeded" and "child_pid" in result:
+        limit = ("stage_async_timeout, %s s" % async_timeout) if async_timeout else "stage_async_timeout"
+        msg = ("%s ran past its time limit (%s) and was killed by Ansible's async wrapper: %s. Raise "
+               "stage_async_timeout (seconds) and re-run to finish" % (head, limit, tail))
+    elif "cmd" in result and ("data" in result or "outdata" in result) and "invocation" not in result:
+        stderr = " ".join(str(result.get("stderr") or "").split())
+        msg = ("%s ended without a result: its process was killed (SIGKILL, or the out-of-memory killer: see the "
+               "node's kernel log) or died%s: %s. Re-run to finish"
+               % (head, (" (stderr: %s)" % stderr[-300:]) if stderr else "", tail))
+    else:
+        return result
+    return dict(result, msg=msg)
+
+
+# Free bytes under which the jobs dir's disk counts as full: the async wrapper cannot write its job file there.
+FULL_DISK_BYTES = 1024 * 1024
+
+
+def full_disk_note(async_dir):
+    """' The disk of the jobs dir is full ...' when the filesystem holding async_dir has (almost) no free space
+    left for the async wrapper's job file (which then holds no result, and no mirror message), else ''."""
+    try:
+        st = os.statvfs(async_dir)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free >= FULL_DISK_BYTES and (st.f_files == 0 or st.f_favail > 0):
+        return ""
+    return (" The disk of %s is full (%d bytes free): Ansible's async wrapper could not write the job's file, so the "
+            "mirror's own message is lost. Free space on that disk and re-run (or set stage_async_dir to a directory "
+            "on another disk)." % (async_dir, free))
+
+
+def wait_for_a_dead_jobs_result(async_dir, jid, grace_s, clock=time.time, sleep=time.sleep):
+    """read_job for a job whose process is gone, after waiting up to grace_s for its wrapper to write the result
+    (it does so right after the module's process ended): still running then, its wrapper died with it."""
+    deadline = clock() + grace_s
+    while True:
+        job = read_job(async_dir, jid)
+        if job["state"] != "running" or clock() >= deadline:
+            return job
+        sleep(0.25)

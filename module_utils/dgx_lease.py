@@ -1,0 +1,179 @@
+# -*- coding: utf-8 -*-
+"""The lease of a background job: renewed by its polls, so a job whose controller was killed stops itself
+within the lease time and releases its repo lock; a job waiting for another run's lock notes whom in it.
+Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""
+from __future__ import absolute_import, division, print_function
+
+import json
+import os
+import signal
+import stat
+import threading
+import time
+
+from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_fsutil import open_own_file
+from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_there
+
+
+def renew_lease(dest, path, pid=None, waiting=None):
+    """Touch the lease file in the jobs dir (opened as open_jobs_dir does; the file created when missing, never
+    through a symlink or a hard link: open_own_file): its mtime is the last renewal.
+    pid: the job's own process id, written as the file's first line when the job starts (polls keep it);
+    with it, waiting: the lock holder the job waits for (RepoLock's), its second line as JSON."""
+    with open_jobs_dir(dest, os.path.dirname(os.path.abspath(path))) as jobs:
+        fd = open_own_file(_lease_name(path), jobs.fd)
+    try:
+        if pid:
+            os.ftruncate(fd, 0)
+            os.write(fd, ("%d\n%s" % (pid, json.dumps(waiting, sort_keys=True) + "\n" if waiting else "")).encode("ascii"))
+        os.utime(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lease(path):
+    """(pid, waiting) from the lease file (see renew_lease): None for what it does not say (no file yet, garbage)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None, None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, None
+        lines = os.read(fd, 4096).decode("ascii", "replace").split("\n")
+    except OSError:
+        return None, None
+    finally:
+        os.close(fd)
+    first = lines[0].strip()
+    pid = int(first) if first.isdigit() and int(first) > 1 else None
+    try:
+        waiting = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
+    except ValueError:
+        waiting = None
+    return pid, waiting if isinstance(waiting, dict) else None
+
+
+def lease_process_gone(path):
+    """Whether the job process named in the lease file (its content, see renew_lease) is gone: no such process,
+    or one whose command line no longer names hf_hub_mirror (its pid was reused). False when the lease names no
+    process (the job has not started yet) or the process cannot be seen."""
+    pid = read_lease(path)[0]
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:             # EPERM: someone else's process, alive
+        pass
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return b"hf_hub_mirror" not in handle.read()
+    except OSError:             # no /proc, or it ended just now: the next poll looks again
+        return False
+
+
+def lease_age(path, now=None):
+    """Seconds since the lease was last renewed; None when there is no lease file (it was ended)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (time.time() if now is None else now) - st.st_mtime
+
+
+def end_lease(dest, path):
+    """Remove the lease file through the jobs dir's handle; True when it was there."""
+    try:
+        jobs = open_jobs_dir(dest, os.path.dirname(os.path.abspath(path)))
+    except FileNotFoundError:
+        return False
+    with jobs:
+        return unlink_if_there(_lease_name(path), jobs.fd)
+
+
+def _lease_name(path):
+    """The lease file's name: one of the lease names (LEASE_FILE), whatever lease_file the play passed."""
+    name = os.path.basename(path)
+    if not LEASE_FILE.match(name):
+        raise StageError("lease_file %s is not a lease file (its name must start with dgx-lease.): nothing was "
+                         "written or removed" % path)
+    return name
+
+
+class LeaseWatch(object):
+    """Stop this process the way Ctrl-C or SIGTERM does when its lease is not renewed for `timeout` seconds
+    (or its file is gone): a background job whose controller was killed stops within about a lease time,
+    through its own interrupted path (workers stopped within a chunk, temp files removed, the repo lock
+    released), instead of running on to the end holding the repo lock."""
+
+    def __init__(self, dest, path, timeout, every=None, stop_process=None, clock=time.time, time_limit=None):
+        self.dest, self.path, self.timeout = dest, path, float(timeout)
+        self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0))
+        self.fired = None
+        # time_limit: seconds after which the run stops itself the same way, before Ansible's async wrapper
+        # would SIGKILL it at its own limit (leaving temp files and the mirror's message unsaid).
+        self.time_limit = float(time_limit) if time_limit else None
+        self.deadline = clock() + self.time_limit if self.time_limit else None
+        if self.time_limit and every is None:       # a short limit is looked at often enough to beat the wrapper
+            self.every = min(self.every, max(0.2, self.time_limit / 4.0))
+        self.timed_out = False
+        self._clock = clock
+        self._stop_process = stop_process or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self._done = threading.Event()
+        self._thread = None
+
+    def expired(self):
+        """None while the lease holds, else why it does not."""
+        if self.deadline is not None and self._clock() >= self.deadline:
+            self.timed_out = True
+            return "its time limit of %d s was reached" % self.time_limit
+        age = lease_age(self.path, self._clock())
+        if age is None:
+            return "its lease file %s is gone" % self.path
+        if age > self.timeout:
+            return "its lease %s was not renewed for %d s (lease_timeout %d s)" % (self.path, age, self.timeout)
+        return None
+
+    def check(self):
+        """One look at the lease: stops the process (once) when it expired; True then."""
+        why = self.expired()
+        if why and self.fired is None:
+            self.fired = why
+            self._stop_process()
+        return bool(why)
+
+    def note_waiting(self, holder):
+        """RepoLock's on_wait: say in the lease file whom the job waits for (None: no one now), keeping its
+        mtime - the job's own write is no renewal."""
+        try:
+            before = os.lstat(self.path)
+            renew_lease(self.dest, self.path, os.getpid(), holder)
+            os.utime(self.path, ns=(before.st_atime_ns, before.st_mtime_ns), follow_symlinks=False)
+        except (OSError, StageError):
+            pass    # the note is for the operator's eyes; the lock wait goes on
+
+    def start(self):
+        renew_lease(self.dest, self.path, os.getpid())   # the job's start is a renewal; its pid lets polls see it die
+        self._thread = threading.Thread(target=self._watch, name="dgx-stage-lease")
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def _watch(self):
+        while not self._done.wait(self.every):
+            if self.check():
+                return
+
+    def stop(self):
+        self._done.set()
+
+    def message(self):
+        if self.timed_out:
+            return ("stopped: %s (the background job's time limit, stage_async_timeout less a margin): raise "
+                    "stage_async_timeout (seconds) for a pass this long" % self.fired)
+        return ("stopped: %s - the controller that started this background job is gone (killed or "
+                "interrupted) or stopped polling it" % self.fired)

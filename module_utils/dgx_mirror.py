@@ -88,9 +88,6 @@ def _run_locked(tree, req, meter, started, writing):
     space = check_space(plan, req)
     writing.append(True)
     outcome = _apply_locked(tree, plan, req, space, started, meter)
-    # A NAS blob stays suspect until a copy from the NAS proves its name: a green full verify reads no NAS byte.
-    meter.suspects = remembered(meter.suspects, outcome.nas_corrupt,
-                                [w.etag for w in outcome.written if w not in outcome.from_peers], utc_text(time.time()))
     dangling = count_dangling(plan, req.dest)
     result = mirror_result(plan, req, outcome, space, dangling, started, meter)
     if outcome.failed:
@@ -154,4 +151,10 @@ def _apply_locked(tree, plan, req, space, started, meter):
         found = failure_text(req, plan, outcome)
         raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
                            with_report(mirror_result(plan, req, outcome, space, [], started, meter), req, failed=True))
+    finally:
+        # A NAS blob stays suspect until a copy from the NAS proves its name (a green full verify reads no NAS
+        # byte); what a pass found is kept when a full disk or Ctrl-C stops it too.
+        meter.suspects = remembered(meter.suspects, outcome.nas_corrupt,
+                                    [w.etag for w in outcome.written if w not in outcome.from_peers],
+                                    utc_text(time.time()))
     return outcome

@@ -28,6 +28,7 @@ from ansible.module_utils.dgx_hashing import sample_ranges
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_plan import plan_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorFailed, MirrorRequest
+from ansible.module_utils.dgx_nas_suspects import suspects_of
 from ansible.module_utils.dgx_space import parse_reserve, parse_size
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
 from ansible.module_utils.dgx_units import human_bytes
@@ -1492,6 +1493,9 @@ def test_disk_failure_in_one_worker_still_reports_the_nas_corruption_another_fou
     failure = expect_failure(nas, local, ignore_patterns=PAGE15, workers=1)
     assert "the local disk is full" in str(failure) and "also:" in str(failure)
     assert failure.result["nas_corrupt"] == [shards[0]] and failure.result["report"]["status"] == "failed"
+    # The finding outlives the failed pass: a roll-back to the NAS refuses that blob.
+    suspects, problem = suspects_of(str(local), nas.repo()["folder"])
+    assert problem is None and list(suspects) == [corrupt["etag"]]
 
 
 # ------------------------------------------------------------------------------------------------

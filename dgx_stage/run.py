@@ -189,14 +189,15 @@ class PlaybookRun(object):
 
     def _extra_vars_dir(self):
         """Where the run's inline -e values wait for ansible-playbook (extravars.as_files); removed at its end."""
-        return os.path.join(self.run_dir, "extra-vars")
+        return os.path.join(self.run_dir, runs.EXTRA_VARS)
 
     def _run(self):
         import ansible_runner
         spec = self.spec
         self._make_run_dir()
-        self._write_record(ident=self.ident, subcommand=spec["subcommand"], argv=extravars.recorded_argv(sys.argv[1:]),
-                           playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
+        runs.sweep_extra_vars(self.runs_dir)
+        self._write_record(ident=self.ident, pid=os.getpid(), subcommand=spec["subcommand"],
+                           argv=extravars.recorded_argv(sys.argv[1:]), playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
                            limit=spec["limit"], extra_vars=[extravars.described(v) for v in spec["extra_vars"]],
                            check=spec["check"],
                            status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,

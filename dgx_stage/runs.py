@@ -4,7 +4,11 @@ import datetime
 import json
 import os
 import secrets
+import shutil
 import tempfile
+
+# The folder of a run's inline -e values (files ansible-playbook reads; they may hold secrets).
+EXTRA_VARS = "extra-vars"
 
 
 def utc_now():
@@ -36,6 +40,42 @@ def write_json(path, data, indent=1):
 def write_record(run_dir, record):
     """run.json of a run."""
     write_json(os.path.join(run_dir, "run.json"), record)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:     # another user's process: alive
+        return True
+    return True
+
+
+def sweep_extra_vars(runs_dir):
+    """Remove the -e files of every run under runs_dir whose front end is gone: a run ends by removing its own,
+    one killed (SIGKILL, a lost session) cannot. A run whose record says running with a live pid keeps them.
+    Returns the run idents swept."""
+    swept = []
+    try:
+        names = sorted(os.listdir(runs_dir))
+    except OSError:
+        return swept
+    for name in names:
+        folder = os.path.join(runs_dir, name, EXTRA_VARS)
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            continue
+        try:
+            with open(os.path.join(runs_dir, name, "run.json")) as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            record = {}
+        pid = record.get("pid") if isinstance(record, dict) else None
+        if isinstance(record, dict) and record.get("status") == "running" and isinstance(pid, int) and _alive(pid):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        swept.append(name)
+    return swept
 
 
 def settle_interrupted(report_paths, run_id):

@@ -90,6 +90,29 @@ def test_inline_extra_vars_reach_ansible_in_private_files_and_are_recorded_by_na
                         "--extra-vars=stage_verify, token (values not recorded)", "-e" + values[2], "-v"]
 
 
+def test_the_next_run_sweeps_the_extra_vars_files_a_killed_run_left_and_keeps_a_live_runs(tmp_path):
+    """A front end killed with SIGKILL cannot remove its -e files, which may hold a token."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    records = {"live": {"status": "running", "pid": os.getpid()}, "killed": {"status": "running", "pid": dead.pid},
+               "ended": {"status": "ok", "pid": os.getpid()}, "unrecorded": None}
+    for name, record in records.items():
+        (tmp_path / name / runs.EXTRA_VARS).mkdir(parents=True)
+        (tmp_path / name / runs.EXTRA_VARS / "extra-vars-0.json").write_text('{"token": "hf_plantedSECRET"}')
+        if record is not None:
+            (tmp_path / name / "run.json").write_text(json.dumps(record))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.json").write_text("{}")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / runs.EXTRA_VARS).symlink_to(outside)
+    assert runs.sweep_extra_vars(str(tmp_path)) == ["ended", "killed", "unrecorded"]
+    assert [n for n in sorted(os.listdir(str(tmp_path))) if (tmp_path / n / runs.EXTRA_VARS).exists()] == [
+        "linked", "live"]
+    assert (outside / "keep.json").exists()
+    assert runs.sweep_extra_vars(str(tmp_path / "absent")) == []
+
+
 def test_bad_arguments_exit_64(capsys):
     for argv in ([], ["bogus"], ["stage", "--frob"], ["report", "a", "b"]):
         code, _out, err = main(argv, capsys)

@@ -7,6 +7,11 @@ import secrets
 import shutil
 import tempfile
 
+from dgx_stage import use_module_utils
+
+use_module_utils()
+from ansible.module_utils.dgx_process import process_alive  # noqa: E402
+
 # The folder of a run's inline -e values (files ansible-playbook reads; they may hold secrets).
 EXTRA_VARS = "extra-vars"
 
@@ -42,16 +47,6 @@ def write_record(run_dir, record):
     write_json(os.path.join(run_dir, "run.json"), record)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:     # another user's process: alive
-        return True
-    return True
-
-
 def sweep_extra_vars(runs_dir):
     """Remove the -e files of every run under runs_dir whose front end is gone: a run ends by removing its own,
     one killed (SIGKILL, a lost session) cannot. A run whose record says running with a live pid keeps them.
@@ -71,7 +66,7 @@ def sweep_extra_vars(runs_dir):
         except (OSError, ValueError):
             record = {}
         pid = record.get("pid") if isinstance(record, dict) else None
-        if isinstance(record, dict) and record.get("status") == "running" and isinstance(pid, int) and _alive(pid):
+        if isinstance(record, dict) and record.get("status") == "running" and isinstance(pid, int) and process_alive(pid):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         swept.append(name)

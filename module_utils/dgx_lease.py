@@ -15,6 +15,7 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_there
+from ansible.module_utils.dgx_process import process_alive
 
 
 def renew_lease(dest, path, pid=None, waiting=None):
@@ -63,12 +64,8 @@ def lease_process_gone(path):
     pid = read_lease(path)[0]
     if pid is None:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_alive(pid):
         return True
-    except OSError:             # EPERM: someone else's process, alive
-        pass
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
             return b"hf_hub_mirror" not in handle.read()

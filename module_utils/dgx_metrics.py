@@ -27,6 +27,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, unlink_quietly
+from ansible.module_utils.dgx_process import process_alive
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
@@ -290,16 +291,6 @@ def read_previous(dir_fd):
         os.close(fd)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:          # another user's process: alive
-        return True
-    return True
-
-
 def dead_temp_files(dir_fd):
     """The temp files of this textfile a killed run left (the writing pid is gone): only our own names
     (TEMP_PREFIX + dgx_stage.prom + .<pid>.<8 hex>), never a file of another exporter."""
@@ -308,7 +299,7 @@ def dead_temp_files(dir_fd):
     for name in os.listdir(dir_fd):
         if name.startswith(head) and is_temp_name(name):
             pid = name[len(head):].split(".")[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not process_alive(int(pid)):
                 found.append(name)
     return sorted(found)
 

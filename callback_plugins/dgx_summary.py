@@ -58,9 +58,16 @@ import signal
 import sys
 import time
 
+import ansible.module_utils
 from ansible import constants as C
 from ansible import context
 from ansible.plugins.callback import CallbackBase
+
+# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from ansible.module_utils.dgx_units import human_bytes  # noqa: E402
 
 PASSES = ("preflight", "stage", "verify")
 # The actions whose results carry a repo's row: the mirror itself (preflight, --check), and stage_progress
@@ -76,17 +83,6 @@ QUIET_STDOUT = ("json", "jsonl")
 
 
 # ---- pure functions: plain data in, lines out ----------------------------------------------------------
-
-def human_bytes(size):
-    """Binary units: 0 B, 1.5 KiB, 48.0 MiB, 2.31 GiB, 1.20 TiB."""
-    size = float(size or 0)
-    if size < 1024:
-        return "%d B" % size
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024.0
-        if size < 1024 or unit == "TiB":
-            return ("%.1f %s" if unit in ("KiB", "MiB") else "%.2f %s") % (size, unit)
-
 
 def plural(count, word):
     return "%d %s%s" % (count, word, "" if count == 1 else "s")

@@ -12,6 +12,11 @@ under the key "stage_pass" (not a column), so every renderer can print it from t
 """
 import datetime
 
+from dgx_stage import use_module_utils
+
+use_module_utils()
+from ansible.module_utils.dgx_units import human_bytes as units_human_bytes  # noqa: E402
+
 COLUMNS = (
     ("host", "HOST"),
     ("run_id", "RUN"),
@@ -34,14 +39,8 @@ MARKDOWN_SPECIALS = "\\`*_<>[]|~&"   # ~: GitHub's strikethrough; &: an entity (
 
 
 def human_bytes(count):
-    """1536 -> '1.5 KiB'; whole bytes below 1 KiB."""
-    if count is None:
-        return NONE
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return "%d B" % count if unit == "B" else "%.1f %s" % (value, unit)
-        value /= 1024
+    """dgx_units.human_bytes, and NONE for a figure no report gave."""
+    return NONE if count is None else units_human_bytes(count)
 
 
 def _dict(value):

@@ -31,7 +31,7 @@ description:
     marked INTERRUPTED, with the hosts that did not finish and the command that finishes them.
   - With C(display_ok_hosts = false) the default stdout callback drops the warnings of unchanged results
     together with the results; this callback prints those warnings.
-  - The stage and verify passes run each repo as a background job polled by C(stage_progress); with the
+  - The stage and verify passes run each repo as a background job polled by C(mirror_job); with the
     default stdout callback, each poll that retries prints C([host] <its line>) (repo, bytes done of total,
     rate, ETA, the file in hand) instead of Ansible's C(FAILED - RETRYING) line. Other stdout callbacks
     (json, ansible-runner's) are left as they are.
@@ -70,9 +70,9 @@ if _MODULE_UTILS not in ansible.module_utils.__path__:
 from ansible.module_utils.dgx_units import human_bytes  # noqa: E402
 
 PASSES = ("preflight", "stage", "verify")
-# The actions whose results carry a repo's row: the mirror itself (preflight, --check), and stage_progress
+# The actions whose results carry a repo's row: the mirror itself (preflight, --check), and mirror_job
 # returning a background stage or verify job's own result.
-MIRROR_ACTIONS = ("hf_hub_mirror", "stage_progress")
+MIRROR_ACTIONS = ("hf_hub_mirror", "mirror_job")
 # The status playbook's task: its result's `lines` are what the summary prints for the host.
 STATUS_ACTION = "stage_status"
 STATUS_PLAYBOOK = "status.yml"
@@ -575,11 +575,11 @@ def _task_name(task):
 
 
 def is_progress_poll(task):
-    return str(getattr(task, "action", "") or "").endswith("stage_progress")
+    return str(getattr(task, "action", "") or "").endswith("mirror_job")
 
 
 def take_over_retry_lines(callback):
-    """Make the default stdout callback leave a stage_progress poll's retry to `callback` (which prints its
+    """Make the default stdout callback leave a mirror_job poll's retry to `callback` (which prints its
     progress line); True when done. Ansible hands a callback no reference to the others: the task queue
     manager that calls this one (callback in its _callback_plugins) is found up the stack. Any other stdout
     callback (json, ansible-runner's awx_display, whose retry is an event) is left alone: False."""

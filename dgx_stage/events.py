@@ -2,7 +2,7 @@
 
 The events are ansible-runner's (`event`, `event_data` with `host`, `play`, `task`, `task_action`, `res`,
 `stdout`, `pid`). The front end reads:
-- the polls of `stage_progress` tasks (each retry and the final result carry `progress` and `line`);
+- the polls of `mirror_job` tasks (each retry and the final result carry `progress` and `line`);
 - the results of `host_report` (this run's `report` per host and `history_path`), `engine_receipts`
   (`removed`) and `stage_status` (`lines`);
 - failures and unreachable hosts (play, task, message), and the final stats.
@@ -90,7 +90,7 @@ class RunState(object):
         action = data.get("task_action")
         host = data.get("host")
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
-        if action_is(action, "stage_progress") and name in PROGRESS_EVENTS and host:
+        if action_is(action, "mirror_job") and name in PROGRESS_EVENTS and host:
             for item in _results(res):
                 if item.get("progress") is not None or item.get("line"):
                     entry = {"progress": item.get("progress") or {}, "line": item.get("line") or "",

@@ -141,7 +141,7 @@ options:
     description:
       - Seconds to wait for another run holding the repo lock before failing; the failure names that run (its
         O(run_id), pid and since when). With O(lease_file), while it waits the lease file says for whom, and the
-        stage_progress polls print it.
+        mirror_job polls print it.
     type: int
     default: 60
   run_id:
@@ -157,7 +157,7 @@ options:
   lease_file:
     description:
       - For a background run (C(async)) - a file whose mtime the controller renews while it watches the run (the
-        stage role's stage_progress polls touch it). The run writes its process id into it when it starts (a poll
+        stage role's mirror_job polls touch it). The run writes its process id into it when it starts (a poll
         that finds that process gone without a result ends the job as failed) and checks it every few
         seconds; when it was not renewed for O(lease_timeout) seconds, or was removed, the run stops as on
         Ctrl-C (the copies in flight stopped within a chunk, their temp files removed, no ref written for an

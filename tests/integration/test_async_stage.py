@@ -1,4 +1,4 @@
-"""The stage and verify passes run each repo as a background job (async, poll 0) watched by stage_progress polls
+"""The stage and verify passes run each repo as a background job (async, poll 0) watched by mirror_job polls
 (roles/stage/tasks/mirror-async.yml): through ansible-playbook on localhost, the polls' progress grows while a
 paced copy runs (read from ansible-runner's retry events), the mirror's own failure still fails the host with
 its message, the jobs dir keeps everything but the files of ended jobs, a symlinked jobs dir is refused before
@@ -62,7 +62,7 @@ def test_polls_report_growing_progress_of_a_slow_copy(tmp_path, make_nas_hub):
     assert all(p["bytes_total"] == nbytes for p in moving if p["step"] == "copying")
     # The job's end: the last poll, then the result task with the mirror's own result and the full figures.
     ended = [e["event_data"]["res"] for e in events if e["event"] in ("runner_on_ok", "runner_item_on_ok")
-             and e["event_data"].get("task_action", "").endswith("stage_progress")
+             and e["event_data"].get("task_action", "").endswith("mirror_job")
              and e["event_data"]["res"].get("finished") is True
              and e["event_data"]["res"].get("progress", {}).get("repo_id") == MAIN_REPO]
     assert ended, "no finished poll or result of %s" % MAIN_REPO

@@ -103,11 +103,11 @@ def test_stage_shows_progress_per_poll_and_a_table_with_the_reports_figures(tmp_
     main_lines = [line for line in out.splitlines() if line.startswith("[dgx1] stage %s: " % MAIN_REPO)]
     assert len(main_lines) >= 3 and len(set(main_lines)) == len(main_lines), out
     assert "done" in main_lines[-1] and not any("done" in line for line in main_lines[:-1]), main_lines
-    # Every line came from a runner event: the retries of the stage pass's stage_progress poll, two or more of them
+    # Every line came from a runner event: the retries of the stage pass's mirror_job poll, two or more of them
     # (the verify pass after it starts its own count; on a slow machine its polls are seen too).
     record = run_records(tmp_path)[-1]
     retries = [e for e in job_events(record) if e["event"] == "runner_retry"
-               and e["event_data"].get("task_action") == "stage_progress"
+               and e["event_data"].get("task_action") == "mirror_job"
                and e["event_data"]["res"]["progress"].get("repo_id") == MAIN_REPO
                and e["event_data"]["res"]["progress"].get("pass") == "stage"]
     assert len(retries) >= 2, len(retries)

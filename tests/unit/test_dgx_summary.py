@@ -397,7 +397,7 @@ class _QueueManager(object):
 
 
 def _poll(host, line):
-    return _result(host, {"line": line, "finished": False, "attempts": 1, "retries": 9}, action="stage_progress")
+    return _result(host, {"line": line, "finished": False, "attempts": 1, "retries": 9}, action="mirror_job")
 
 
 @pytest.mark.parametrize("stdout_name, replaced", [("default", True), ("awx_display", False), ("json", False)])
@@ -424,13 +424,13 @@ def test_a_progress_poll_retry_prints_its_line_instead_of_failed_retrying(stdout
 def test_the_row_of_a_background_job_comes_from_its_result_task():
     callback = summary.CallbackModule()
     callback._play_tags = ("verify",)
-    callback.v2_runner_on_start(_Obj(get_name=lambda: "n1"), _Obj(action="stage_progress", get_name=lambda: "t"))
+    callback.v2_runner_on_start(_Obj(get_name=lambda: "n1"), _Obj(action="mirror_job", get_name=lambda: "t"))
     assert callback.state["hosts"]["n1"]["running"]["pass"] == "verify"
-    callback.v2_runner_item_on_ok(_result("n1", {"report": row(repo="org/x", verify="sample")}, action="stage_progress"))
+    callback.v2_runner_item_on_ok(_result("n1", {"report": row(repo="org/x", verify="sample")}, action="mirror_job"))
     callback.v2_runner_item_on_failed(_result("n1", {"msg": "lock", "item": {"repo_id": "org/y"}},
-                                              action="stage_progress"))
+                                              action="mirror_job"))
     callback.v2_runner_on_ok(_result("n1", {"line": "verify org/z: starting", "finished": False},
-                                     action="stage_progress"))      # a poll: no row
+                                     action="mirror_job"))      # a poll: no row
     repos = callback.state["hosts"]["n1"]["repos"]
     assert list(repos) == ["model:org/x@main", "model:org/y@main"]
     assert repos["model:org/x@main"]["verify"]["verify"] == "sample"
@@ -457,7 +457,7 @@ def test_a_run_stopped_by_ctrl_c_mid_copy_prints_its_table_once_at_exit(monkeypa
     for repo in (main, drafter):
         callback.v2_runner_item_on_ok(_result("localhost", {"report": dict(plan_row(repo=repo), phase="preflight")}))
     callback.v2_playbook_on_play_start(_Obj(tags=["stage"], get_name=lambda: "Stage - copy the selected files"))
-    poll = _Obj(action="stage_progress", get_name=lambda: "stage : Mirror | Progress, pass stage, repo " + main)
+    poll = _Obj(action="mirror_job", get_name=lambda: "stage : Mirror | Progress, pass stage, repo " + main)
     callback.v2_playbook_on_task_start(poll, False)
     callback.v2_runner_on_start(_Obj(get_name=lambda: "localhost"), poll)
     callback._interrupted = True          # what its SIGINT handler notes before Ansible stops the run
@@ -536,7 +536,7 @@ def test_the_status_playbook_is_recognised_by_name_when_no_host_could_be_read():
 
 def _lane_run(check=False, world_size=4, readers=2, rejected_on=3):
     """A plain ansible-playbook run of a lane seen by the callback: select-lane's facts, then the stage pass in
-    waves of `readers` hosts in rank order (each host's stage_window facts around its stage_progress rows), with
+    waves of `readers` hosts in rank order (each host's stage_window facts around its mirror_job rows), with
     fan-out (rank 0 reads the NAS alone, the others take 40 MiB from peers and read their own 8 MiB);
     `rejected_on` rejected one peer blob. Returns the printed lines."""
     display = _Display()
@@ -559,7 +559,7 @@ def _lane_run(check=False, world_size=4, readers=2, rejected_on=3):
         report = dict(row(repo="org/engram", copied=5, nbytes=nas + peers, duration=3.0, status="check" if check
                           else "ok", check=check), bytes_from_nas=nas, bytes_from_peers=peers,
                       peer_rejected=int(rank == rejected_on))
-        callback.v2_runner_on_ok(_result(host, {"report": report}, action="stage_progress"))
+        callback.v2_runner_on_ok(_result(host, {"report": report}, action="mirror_job"))
         window["finished"] = "2026-12-01T11:%02d:40Z" % (3 + 3 * wave)
         callback.v2_runner_on_ok(_result(host, {"ansible_facts": {"stage_window": window}},
                                          action="ansible.builtin.set_fact"))

@@ -638,7 +638,7 @@ def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, mon
     def fake_run_async(**kwargs):
         def playbook():
             kwargs["event_handler"]({"event": "runner_retry", "event_data": {
-                "host": "dgx1", "task_action": "stage_progress", "res": {"progress": {}, "line": "stage x: 1%"}}})
+                "host": "dgx1", "task_action": "mirror_job", "res": {"progress": {}, "line": "stage x: 1%"}}})
             deadline = time.time() + 30
             while not kwargs["cancel_callback"]() and time.time() < deadline:
                 time.sleep(0.05)

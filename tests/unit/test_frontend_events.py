@@ -27,7 +27,7 @@ def poll(host, done, total=300, finished=False, name="runner_retry"):
                 "files_total": 9, "bytes_done": done, "bytes_total": total, "mib_per_s": 812.0, "eta_s": 372,
                 "finished": finished, "aborted": False, "updated_at": "2026-12-01T10:00:00Z"}
     line = "stage %s: %d of %d%s" % (REPO_ID, done, total, ", done" if finished else "")
-    return event(name, host, "stage_progress", {"progress": progress, "finished": finished, "line": line,
+    return event(name, host, "mirror_job", {"progress": progress, "finished": finished, "line": line,
                                                 "attempts": 2})
 
 
@@ -46,16 +46,16 @@ def test_progress_polls_update_the_host_and_are_reported_as_updates():
     assert state.pid == 4242
     # A fully qualified action counts; another module's retries do not.
     assert state.handle(dict(poll("dgx1", 5), event_data=dict(poll("dgx1", 5)["event_data"],
-                                                               task_action="local.dgx.stage_progress")))
+                                                               task_action="local.dgx.mirror_job")))
     other = poll("dgx1", 7)
     other["event_data"]["task_action"] = "ansible.builtin.async_status"
     assert state.handle(other) == [] and state.progress["dgx1"]["progress"]["bytes_done"] == 5
 
 
-def test_looped_stage_progress_items_each_update_their_host():
+def test_looped_mirror_job_items_each_update_their_host():
     state = RunState()
     item = poll("dgx1", 300, finished=True)["event_data"]["res"]
-    updates = state.handle(event("runner_on_ok", "dgx1", "stage_progress", {"results": [item, dict(item, line="x")]}))
+    updates = state.handle(event("runner_on_ok", "dgx1", "mirror_job", {"results": [item, dict(item, line="x")]}))
     assert [u[2]["line"] for u in updates] == [item["line"], "x"]
 
 

@@ -1,5 +1,5 @@
 """Watching a background hf_hub_mirror job (module_utils/dgx_progress.py, dgx_jobs.py, dgx_lease.py,
-library/stage_progress.py): the job file, the progress file in whatever state it is found, the figures of this job
+library/mirror_job.py): the job file, the progress file in whatever state it is found, the figures of this job
 only, the human line, and the jobs dir (symlinks refused, only ended jobs' files removed)."""
 import json
 import os
@@ -280,7 +280,7 @@ def test_prepare_keeps_the_fresh_result_of_a_run_still_at_work_on_its_next_repo(
     jobs = dest / ".locks" / "dgx-stage-async"
     write_job(jobs, "j1.1", {"changed": True, "summary": "copied 3 files"}, mtime=time.time() - 3600)
     assert prepare_jobs_dir(str(dest), str(jobs), 86400)["removed"] == []
-    got = run_main("stage_progress", {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.1",
+    got = run_main("mirror_job", {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.1",
                                       "repo_id": REPO})
     assert got.get("failed") is not True and got["summary"] == "copied 3 files"
 
@@ -344,18 +344,18 @@ def test_module_results_match_their_docs(tmp_path):
     jobs = dest / ".locks" / "dgx-stage-async"
     dest.mkdir()
     args = {"mode": "prepare", "dest": str(dest), "async_dir": str(jobs)}
-    check_result("stage_progress", args, run_main("stage_progress", dict(args, _ansible_check_mode=True)))
-    prepared = check_result("stage_progress", args, run_main("stage_progress", args))
+    check_result("mirror_job", args, run_main("mirror_job", dict(args, _ansible_check_mode=True)))
+    prepared = check_result("mirror_job", args, run_main("mirror_job", args))
     assert prepared["created"] is True and prepared["changed"] is True
     write_job(jobs, "j1.2", RUNNING)
     args = {"dest": str(dest), "async_dir": str(jobs), "jid": "j1.2", "repo_id": REPO}
-    polled = check_result("stage_progress", args, run_main("stage_progress", args))
+    polled = check_result("mirror_job", args, run_main("mirror_job", args))
     assert polled["finished"] is False and polled["changed"] is False and polled["line"].endswith("starting "
                                                                                                  "(no figures yet)")
     (dest / ".locks").mkdir(exist_ok=True)
     os.symlink(str(tmp_path), str(dest / ".locks" / "jobs-link"))
     args = {"mode": "prepare", "dest": str(dest), "async_dir": str(dest / ".locks" / "jobs-link")}
-    refused = check_result("stage_progress", args, run_main("stage_progress", args), expect_failure=True)
+    refused = check_result("mirror_job", args, run_main("mirror_job", args), expect_failure=True)
     assert str(dest / ".locks" / "jobs-link") in refused["msg"] and "is a symlink" in refused["msg"]
 
 
@@ -367,17 +367,17 @@ def test_the_result_step_returns_the_jobs_own_result_and_removes_its_file(tmp_pa
     write_job(jobs, "j1.2", dict(mirror, ansible_job_id="j1.2"))
     write_progress(dest, figures(status="ok", finished=True, started=time.time() - 1))
     args = {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.2", "repo_id": REPO}
-    got = run_main("stage_progress", args)
+    got = run_main("mirror_job", args)
     assert {k: got[k] for k in mirror} == mirror and "ansible_job_id" not in got
     assert got["finished"] is True and got["progress"]["finished"] is True and got["line"].startswith(
         "stage org/model: done, ")
     assert not (jobs / "j1.2").exists()
     write_job(jobs, "j1.3", {"failed": True, "msg": "hf_hub_mirror org/model: 1 NAS blob(s) do not hold"})
-    failed = run_main("stage_progress", dict(args, jid="j1.3"))
+    failed = run_main("mirror_job", dict(args, jid="j1.3"))
     assert failed["failed"] is True and failed["msg"] == "hf_hub_mirror org/model: 1 NAS blob(s) do not hold"
     assert not (jobs / "j1.3").exists()
     write_job(jobs, "j1.4", RUNNING)
-    early = run_main("stage_progress", dict(args, jid="j1.4"))
+    early = run_main("mirror_job", dict(args, jid="j1.4"))
     assert early["failed"] is True and "still running" in early["msg"] and (jobs / "j1.4").exists()
 
 
@@ -392,12 +392,12 @@ def test_a_job_the_async_wrapper_killed_or_that_died_fails_with_words_not_a_trac
                              "ansible_job_id": "j1.6"})
     args = {"mode": "result", "dest": str(dest), "async_dir": str(jobs), "jid": "j1.5", "repo_id": REPO,
             "async_timeout": 600}
-    timed_out = run_main("stage_progress", args)
+    timed_out = run_main("mirror_job", args)
     assert timed_out["failed"] is True
     assert timed_out["msg"].startswith("hf_hub_mirror org/model: the background stage job ran past")
     assert "stage_async_timeout, 600 s" in timed_out["msg"] and "Raise stage_async_timeout" in timed_out["msg"]
     assert "stage_async_timeout" in timed_out["line"]
-    died = run_main("stage_progress", dict(args, jid="j1.6", phase="verify"))
+    died = run_main("mirror_job", dict(args, jid="j1.6", phase="verify"))
     assert died["failed"] is True and "Traceback" not in died["msg"] and "Traceback" not in died["line"]
     assert died["msg"].startswith("hf_hub_mirror org/model: the background verify job ended without a result: "
                                   "its process was killed") and "Re-run" in died["msg"]
@@ -431,18 +431,18 @@ def test_a_job_whose_process_died_with_its_wrapper_ends_at_the_next_poll_not_at_
         while b"hf_hub_mirror" not in open("/proc/%d/cmdline" % job.pid, "rb").read() and time.time() < deadline:
             time.sleep(0.05)
         dgx_lease.renew_lease(str(dest), lease, job.pid)     # a live job: still running
-        alive = run_main("stage_progress", args)
+        alive = run_main("mirror_job", args)
         assert alive["finished"] is False, alive["line"]
         dgx_lease.renew_lease(str(dest), lease, os.getpid())     # a live process that is not the job (a reused pid)
-        assert run_main("stage_progress", args)["finished"] is True
+        assert run_main("mirror_job", args)["finished"] is True
     finally:
         processes.kill_tree(job)
     dgx_lease.renew_lease(str(dest), lease, dead_pid())
     dgx_lease.renew_lease(str(dest), lease)      # a poll's renewal keeps the pid
-    gone = run_main("stage_progress", args)
+    gone = run_main("mirror_job", args)
     assert gone["finished"] is True
     assert "failed: hf_hub_mirror org/model: the background stage job's process" in gone["line"]
-    result = run_main("stage_progress", dict(args, mode="result"))
+    result = run_main("mirror_job", dict(args, mode="result"))
     assert result["failed"] is True and "Re-run to finish" in result["msg"] and str(jobs / "j2.1") in result["msg"]
     assert not (jobs / "j2.1").exists() and not os.path.exists(lease)
     assert dgx_lease.lease_process_gone(str(tmp_path / "no-lease")) is False
@@ -549,7 +549,7 @@ def test_a_lease_is_not_written_once_locks_was_replaced_by_a_symlink_after_prepa
                                      "lease_file": lease})
     assert job["failed"] is True and "lease_file" in job["msg"] and "symlink" in job["msg"]
     write_job(elsewhere / "dgx-stage-async", "j4.1", RUNNING)
-    polled = run_main("stage_progress", {"dest": str(dest), "async_dir": str(jobs), "jid": "j4.1", "repo_id": REPO,
+    polled = run_main("mirror_job", {"dest": str(dest), "async_dir": str(jobs), "jid": "j4.1", "repo_id": REPO,
                                          "lease_file": lease})
     assert polled["failed"] is True and "is not renewed" in polled["msg"] and "symlink" in polled["msg"]
     assert os.listdir(str(elsewhere / "dgx-stage-async")) == ["j4.1"]       # no lease written through the link

@@ -7,7 +7,7 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 ---
-module: stage_progress
+module: mirror_job
 short_description: Watch a background hf_hub_mirror job - ready its jobs dir, poll its progress, return its result
 version_added: "1.0.0"
 description:
@@ -114,7 +114,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Ready the jobs dir
-  stage_progress:
+  mirror_job:
     mode: prepare
     dest: /raid/hf-local/hub
     async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
@@ -131,7 +131,7 @@ EXAMPLES = r"""
   register: job
 
 - name: Progress of the copy, every 5 seconds until it ended
-  stage_progress:
+  mirror_job:
     dest: /raid/hf-local/hub
     async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
     jid: "{{ job.ansible_job_id }}"
@@ -142,7 +142,7 @@ EXAMPLES = r"""
   delay: 5
 
 - name: The mirror's own result (fails with its message when the copy failed)
-  stage_progress:
+  mirror_job:
     mode: result
     dest: /raid/hf-local/hub
     async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
@@ -288,7 +288,7 @@ def main():
             done = prepare_jobs_dir(params["dest"], params["async_dir"], params["async_timeout"],
                                     check_mode=module.check_mode)
         except (StageError, OSError) as exc:
-            module.fail_json(msg="stage_progress: %s" % exc)
+            module.fail_json(msg="mirror_job: %s" % exc)
         module.exit_json(changed=bool(done["created"] or done["removed"]),
                          async_dir=os.path.abspath(params["async_dir"]), **done)
     try:
@@ -301,12 +301,12 @@ def main():
                     params["phase"], first_wait=params["first_wait"] if params["mode"] == "poll" else 0,
                     async_timeout=params["async_timeout"], lease_file=params["lease_file"])
     except (StageError, OSError) as exc:
-        module.fail_json(msg="stage_progress: %s" % exc)
+        module.fail_json(msg="mirror_job: %s" % exc)
     if params["mode"] == "poll":
         module.exit_json(changed=False, jid=params["jid"], finished=seen["finished"], progress=seen["progress"],
                          line=seen["line"])
     if not seen["finished"]:
-        module.fail_json(msg="stage_progress: job %s of %s is still running: poll it until it finished first"
+        module.fail_json(msg="mirror_job: job %s of %s is still running: poll it until it finished first"
                          % (params["jid"], params["repo_id"]), finished=False, progress=seen["progress"],
                          line=seen["line"])
     result = dict(seen["job"]["result"], finished=True, progress=seen["progress"], line=seen["line"])
@@ -319,7 +319,7 @@ def main():
                 end_lease(params["dest"], params["lease_file"])
         except (StageError, OSError) as exc:
             result.setdefault("warnings", []).append(
-                "stage_progress: the job's files were left in %s: %s" % (params["async_dir"], exc))
+                "mirror_job: the job's files were left in %s: %s" % (params["async_dir"], exc))
         prune_jobs_dir(params["dest"], params["async_dir"])
     # The job's own result as it wrote it (its warnings, diff and changed untouched), as async_status does.
     print("\n%s" % json.dumps(result))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench`: hf_hub_mirror against the standard tools, on the same data in the same run (issue 8).
+"""`make bench`: hf_hub_mirror against the standard tools, on the same data in the same run.
 
 Cases; each alternates the module and its baseline for BENCH_ROUNDS rounds and reports medians:
 
@@ -63,7 +63,7 @@ SHARD_MIB = int(os.environ.get("BENCH_SHARD_MIB", "700"))
 WARM_BLOBS = int(os.environ.get("BENCH_WARM_BLOBS", "141"))
 WARM_GIB = float(os.environ.get("BENCH_WARM_GIB", "106"))
 BIG_GIB = float(os.environ.get("BENCH_BIG_GIB", "4.5"))
-CASE_NAMES = ("cold_stage", "full_verify", "warm_rerun", "stage_play", "peak_rss")   # as numbered in issue 8
+CASE_NAMES = ("cold_stage", "full_verify", "warm_rerun", "stage_play", "peak_rss")
 # Run order: the stage play re-uses case 1's staged hub, which is removed before the big sparse layout.
 RUN_ORDER = ("cold_stage", "full_verify", "stage_play", "warm_rerun", "peak_rss")
 CASES = [c.strip() for c in os.environ.get("BENCH_CASES", ",".join(CASE_NAMES)).split(",") if c.strip()]
@@ -464,7 +464,7 @@ def case_full_verify(ctx):
                    "module/sha256sum own": ratio(rows[0]["own_s"], rows[1]["own_s"])},
         "targets": [target("full verify, fraction of the machine limit (own time)", 100.0 * fraction, ">=", 80.0, "%")],
         "notes": ["machine limit = min(cold read: the faster of cat %.0f and dd iflag=nocache %.0f MiB/s, %d cores x "
-                  "hashlib sha256 %.0f MiB/s) = %.0f MiB/s; with cat alone as the read rate (issue 8's definition) "
+                  "hashlib sha256 %.0f MiB/s) = %.0f MiB/s; with cat alone as the read rate (the target's definition) "
                   "the module is at %.0f %%"
                   % (cat_rate / MIB, dd_rate / MIB, cores, hash_rate / MIB, limit / MIB, 100 * cat_fraction)],
     }

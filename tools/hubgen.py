@@ -29,7 +29,7 @@ binds the wrong shard); an older revision with a same-size, different shard; non
 CLI: ``python3 tools/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--engram WORLD_SIZE] [--json]``
 
 The engram layout (``add_engram_repo``, ``build_engram_hub``): a repo with shared files and per-rank
-``engram/rank-{rank}-of-{world_size}/`` tables for a lane of world_size hosts (issue 14).
+``engram/rank-{rank}-of-{world_size}/`` tables for a lane of world_size hosts.
 """
 
 import argparse
@@ -586,7 +586,7 @@ def _parse_header_bytes(data):
 
 
 # --------------------------------------------------------------------------------------------
-# the engram layout (issue 14: per-rank sparse tables for a lane of world_size hosts)
+# the engram layout (per-rank sparse tables for a lane of world_size hosts)
 # --------------------------------------------------------------------------------------------
 
 ENGRAM_REPO = "dgx-stage/engram-lane-test"

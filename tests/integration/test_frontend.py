@@ -1,4 +1,4 @@
-"""The `dgx-stage` front end through real ansible-runner runs of stage-deepseek.yml (issue 13 items 1-3, 6).
+"""The `dgx-stage` front end through real ansible-runner runs of stage-deepseek.yml.
 
 Each test runs `python -m dgx_stage` (the work tree's package, as .venv/bin/dgx-stage runs it) against a
 throwaway local lane in the style of test_reports.py, with stdout a pipe (plain lines, no escape codes).

@@ -1,5 +1,5 @@
 """.venv/bin/dgx-stage on a real terminal (a pseudo-terminal from Python's pty module): the operator sees the
-host's progress bar advance during a paced copy and the final table (issue 13 item 6).
+host's progress bar advance during a paced copy and the final table.
 
 The screen is the bytes the front end wrote to the terminal, escape codes and all; the test reads the
 bar's percentage and byte count each time rich redrew it.

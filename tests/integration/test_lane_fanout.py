@@ -1,4 +1,4 @@
-"""The NAS read once per lane (issue 14, items 3-5): four local-connection hosts in one lane group, each with its
+"""The NAS read once per lane: four local-connection hosts in one lane group, each with its
 own hub_local_root, stage hubgen's engram layout for four ranks (shared files + per-rank tables, rank templates)
 from one read-only NAS hub.
 

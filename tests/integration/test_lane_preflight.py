@@ -1,4 +1,4 @@
-"""Lane-wide preflight (issue 14, item 2) on a lane of three local-connection hosts, each with its own
+"""Lane-wide preflight on a lane of three local-connection hosts, each with its own
 hub_local_root, and one small shared NAS hub: every host's checks run before any host copies, and when a
 host of the lane fails its preflight (no room for stage_reserve: for one repo, or for all its repos together)
 or cannot be reached, the play fails on every host, nothing is written on any host, and each other host's

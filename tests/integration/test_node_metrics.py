@@ -1,4 +1,4 @@
-"""The node_exporter textfile (issue 13 item 4) through ansible-playbook on a generated hub: with stage_metrics_dir
+"""The node_exporter textfile through ansible-playbook on a generated hub: with stage_metrics_dir
 set each host writes <dir>/dgx_stage.prom, read back here with prometheus_client's parser - staged bytes equal
 the report's, the commit label is the staged ref; a re-run rewrites only its timestamps and reports changed=0;
 a failing run (a corrupt NAS blob) says last_run_success 0 and keeps the last success; --check writes nothing;

@@ -1,4 +1,4 @@
-"""Rank templates on a lane of two local-connection hosts (issue 14, item 1): one stage_repos entry whose
+"""Rank templates on a lane of two local-connection hosts: one stage_repos entry whose
 rank_patterns is the list ["engram/rank-{rank}-of-{world_size}/*"], expanded on each host from its place in
 the lane. Each host stages exactly the shared files plus its own rank's engram tables; its mount manifest
 binds the other rank's tables read-only from the NAS, every NAS snapshot file reachable through exactly one

@@ -1,6 +1,6 @@
 """Receipts in use, judged as the host sees them, and no engine image pulls unless asked - on real Podman.
 
-Issue 11, bullets 6 and 7, through ansible-playbook stage-deepseek.yml:
+Through ansible-playbook stage-deepseek.yml:
 - a container under a name unrelated to the engine, with the receipt parent bound at /cache (another
   path than on the host), holds /cache/<root>/worker.json open: the receipts play refuses, naming the
   root, the holder (pid, command, container) and the fix; receipt_force removes them; once the

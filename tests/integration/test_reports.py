@@ -1,4 +1,4 @@
-"""The host reports through ansible-playbook (DESIGN "Host reports", issue 10 item 3): every run writes
+"""The host reports through ansible-playbook (DESIGN "Host reports"): every run writes
 <host>-<run_id>.json and updates <host>.json, with identity, status, tags, the failed task, per-play
 timestamps and the stage pass's bytes; a failed host says so at once; a --tags verify run keeps the last
 stage pass; a --check run keeps the last real results."""

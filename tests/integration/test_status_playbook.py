@@ -1,4 +1,4 @@
-"""playbooks/status.yml on a generated hub (issue 13 item 1, `status`): per host the staged commit of each repo,
+"""playbooks/status.yml on a generated hub (`dgx-stage status`): per host the staged commit of each repo,
 when it was last verified and how (after `--tags verify -e stage_verify=full`), receipts present, the engine
 "disabled" with engine_enabled false, "snapshot missing" for a ref to a missing snapshot; changed=0 and not
 a byte written anywhere, in --check too."""

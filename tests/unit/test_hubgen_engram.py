@@ -1,4 +1,4 @@
-"""hubgen's engram layout (issue 14): a repo with shared files and per-rank tables for a lane of any size,
+"""hubgen's engram layout: a repo with shared files and per-rank tables for a lane of any size,
 written with hubgen's hub writer (blobs named by their hash, snapshot links, one table in the hub store)."""
 import fnmatch
 import json

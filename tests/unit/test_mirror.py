@@ -1499,7 +1499,7 @@ def test_disk_failure_in_one_worker_still_reports_the_nas_corruption_another_fou
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 10: a verify pass says what it proved (copies nothing new, names each repair), every pass says
+# a verify pass says what it proved (copies nothing new, names each repair), every pass says
 # what it read, the progress file an operator can watch, a check-mode plan that reads like one
 # ------------------------------------------------------------------------------------------------
 

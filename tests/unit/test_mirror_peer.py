@@ -579,7 +579,7 @@ def test_progress_file_counts_candidate_reads_and_ends_consistent(nas, local):
 
 
 # ------------------------------------------------------------------------------------------------
-# review of issue 14: mount points, whose candidates, refusals after the lock, messages
+# mount points, whose candidates, refusals after the lock, messages
 # ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("check_mode", [False, True], ids=["apply", "check"])

@@ -201,10 +201,10 @@ def _templated(value):
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def raw_text_problem(text):
-    """Why -e text without NAME= is refused. A bare name is quoted; anything else is not shown, as it may be part
-    of a value (a token in a JSON value split at its spaces)."""
-    if NAME.match(text.strip()):
+def raw_text_problem(text, argument):
+    """Why -e text without NAME= is refused. A name that is the whole -e argument is quoted; anything else is not
+    shown, as it may be part of a value (a token after --api-key, or in a JSON value split at its spaces)."""
+    if NAME.match(text.strip()) and text.strip() == argument.strip():
         return "-e %s has no value: write NAME=VALUE (e.g. -e stage_verify=full)" % text.strip()
     return ("-e holds text that is not NAME=VALUE (not shown: it may be part of a secret value). A value with "
             "spaces is split there: give it as JSON, e.g. -e '{\"engine_env\": {\"KEY\": \"value\"}}'")
@@ -250,7 +250,7 @@ def problems(values, inventory, allow_unknown=False):
     for value in values:
         for name, given in variables_of(value).items():
             if name == "_raw_params":
-                found.append(raw_text_problem(given))
+                found.append(raw_text_problem(given, value))
             elif name in derived or str(name).startswith("_"):
                 found.append("-e %s: the playbooks set %s themselves (it is not an input); leave it out"
                              % (name, name))

@@ -174,6 +174,8 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
     ('{"engine_decode_floor": "fast"}', "-e engine_decode_floor=fast: engine_decode_floor is a number"),
     ("lane=sglang4x", "-e lane=sglang4x: lane is an inventory group of %s: exl3_2x"),
     ("engine_env=hf_SECRET", "-e engine_env: engine_env is a mapping; give it as JSON or YAML"),
+    ("engine_command=--api-key hf_SECRET", "-e holds text that is not NAME=VALUE (not shown: it may be part of a "
+                                           "secret value)"),
     ('engine_env={"HF_TOKEN": "hf_SECRET"}', "-e holds text that is not NAME=VALUE (not shown: it may be part of a "
                                             "secret value)"),
     ("lane_rank=1", "-e lane_rank: the playbooks set lane_rank themselves (it is not an input)"),

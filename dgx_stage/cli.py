@@ -82,7 +82,7 @@ def build_parser():
     report = sub.add_parser("report", help="render the stored host reports of a run",
                             description="Render the host reports of a recorded run (default: the latest) as the "
                                         "final table, or as Markdown for a change log.")
-    report.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run's id (the lane run id or the runner ident)")
+    report.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run's id (shown when it starts and in its table)")
     report.add_argument("--markdown", action="store_true", help="a Markdown table")
     report.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs)")
     report.add_argument("--report-dir", help="read the reports here (default: the dir the run wrote them to)")

@@ -115,7 +115,7 @@ class PlaybookRun(object):
         self.spec = spec
         self.runs_dir = runs_dir
         self.out = out or sys.stdout
-        self.ident = runs.new_ident(spec["subcommand"])
+        self.ident = runs.new_ident()
         self.run_dir = os.path.join(runs_dir, self.ident)
         self.state = RunState()
         self.events = queue.Queue()
@@ -169,7 +169,7 @@ class PlaybookRun(object):
                 if not os.path.isdir(self.runs_dir):
                     raise UsageError("runs dir %s is not a directory; pass --runs-dir or set DGX_STAGE_RUNS_DIR"
                                      % self.runs_dir)
-                self.ident = runs.new_ident(self.spec["subcommand"])
+                self.ident = runs.new_ident()
                 self.run_dir = os.path.join(self.runs_dir, self.ident)
             except OSError as exc:
                 raise UsageError("cannot record the run under %s (%s); pass --runs-dir or set DGX_STAGE_RUNS_DIR"
@@ -222,7 +222,8 @@ class PlaybookRun(object):
                 cmdline=runner_cmdline(spec["tags"], spec["limit"],
                                        extravars.as_files(spec["extra_vars"], self._extra_vars_dir()),
                                        spec["check"], spec["verbose"]),
-                envvars=runner_env(os.path.dirname(write_guard(os.path.join(self.run_dir, "bin")))), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
+                envvars=dict(runner_env(os.path.dirname(write_guard(os.path.join(self.run_dir, "bin")))),
+                             **runs.run_identity_env(self.ident)), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
                 event_handler=self._on_event, status_handler=self._on_status,
                 cancel_callback=lambda: self.interrupts >= 2)
             shown_play = None

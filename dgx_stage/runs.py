@@ -20,10 +20,17 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def new_ident(subcommand):
-    """A runner ident: sortable by start time, unique: 20261201T100609Z-stage-1a2b."""
+def new_ident():
+    """A run's id, sortable by start time: 20261201T100609Z-1a2b. It names the runner's dir and, passed to the
+    playbook (run_identity_env), the lane's run id and its host reports: one id for one run."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return "%s-%s-%s" % (stamp, subcommand, secrets.token_hex(2))
+    return "%s-%s" % (stamp, secrets.token_hex(2))
+
+
+def run_identity_env(ident):
+    """The environment that makes the playbook's lane_run_id (playbooks/select-lane.yml) this ident."""
+    started = datetime.datetime.strptime(ident.split("-")[0], "%Y%m%dT%H%M%SZ")
+    return {"DGX_STAGE_RUN_ID": ident, "DGX_STAGE_RUN_STARTED": started.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def write_json(path, data, indent=1):

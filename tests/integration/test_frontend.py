@@ -134,8 +134,9 @@ def test_stage_shows_progress_per_poll_and_a_table_with_the_reports_figures(tmp_
     assert code == 0, md
     assert markdown_row(md, "dgx1") == row
     assert md.startswith("### dgx-stage run %s (stage, " % record["run_id"]) and "| HOST | RUN | STATUS |" in md
-    # The runner ident finds the same run, and the latest run is the default.
-    assert markdown_row(dgx_stage(tmp_path, "report", record["ident"], "--markdown")[1], "dgx1") == row
+    # One id for the run: the runner's dir, the run record and the lane's host reports; the latest run is the default.
+    assert record["ident"] == record["run_id"] == os.path.basename(record["artifacts"])
+    assert set(re.findall(r"\d{8}T\d{6}Z-[0-9a-f]{4}", out)) == {record["run_id"]}, out
     assert markdown_row(dgx_stage(tmp_path, "report", "--markdown")[1], "dgx1") == row
 
 

@@ -4,6 +4,7 @@ forwarding of the first Ctrl-C to ansible-playbook's process group, and `report`
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -434,7 +435,7 @@ def test_an_interrupted_runs_reports_read_interrupted_in_the_files_and_in_report
 
 
 def test_with_no_run_report_names_the_runs_dir_and_where_the_demos_recorded_theirs(tmp_path, monkeypatch, capsys):
-    demo_runs = tmp_path / ".cache" / "demo" / "runs" / "20261201T100000Z-stage-aaaa"
+    demo_runs = tmp_path / ".cache" / "demo" / "runs" / "20261201T100000Z-aaaa"
     demo_runs.mkdir(parents=True)
     (demo_runs / "run.json").write_text("{}")
     monkeypatch.setattr(cli, "REPO", str(tmp_path))
@@ -551,7 +552,7 @@ def test_run_records_are_written_atomically_and_read_oldest_first(tmp_path):
     assert [r["ident"] for r in runs.read_records(runs_dir)] == ["a", "b"]
     assert os.listdir(os.path.join(runs_dir, "a")) == ["run.json"]   # no temp file left
     assert runs.find_record(runs.read_records(runs_dir), "r2")["ident"] == "b"
-    assert runs.new_ident("stage").split("-")[1] == "stage"
+    assert re.match(r"^\d{8}T\d{6}Z-[0-9a-f]{4}$", runs.new_ident())
 
 
 def test_ansible_playbook_gets_sigint_when_the_front_end_is_killed(tmp_path, kill_at_teardown):
@@ -616,12 +617,12 @@ def test_a_run_never_shares_another_runs_dir_and_an_unusable_runs_dir_exits_64(t
     # Two dgx-stage runs started in the same second could draw the same ident: the second wrote its run.json
     # and artifacts into the first one's dir.
     spec = {"subcommand": "stage"}
-    idents = iter(["20261201T100000Z-stage-aaaa", "20261201T100000Z-stage-aaaa", "20261201T100000Z-stage-bbbb"])
-    monkeypatch.setattr(runs, "new_ident", lambda _subcommand: next(idents))
+    idents = iter(["20261201T100000Z-aaaa", "20261201T100000Z-aaaa", "20261201T100000Z-bbbb"])
+    monkeypatch.setattr(runs, "new_ident", lambda: next(idents))
     first, second = run.PlaybookRun(spec, str(tmp_path / "runs")), run.PlaybookRun(spec, str(tmp_path / "runs"))
     first._make_run_dir()
     second._make_run_dir()
-    assert (first.ident, second.ident) == ("20261201T100000Z-stage-aaaa", "20261201T100000Z-stage-bbbb")
+    assert (first.ident, second.ident) == ("20261201T100000Z-aaaa", "20261201T100000Z-bbbb")
     assert second.run_dir == str(tmp_path / "runs" / second.ident) and os.path.isdir(second.run_dir)
     monkeypatch.undo()
     (tmp_path / "afile").write_text("")

@@ -35,6 +35,21 @@ SUBCOMMANDS = {
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # An option is only its full spelling: a prefix (`--extra`) is refused, not read as --extra-vars.
+        kwargs["allow_abbrev"] = False
+        super(Parser, self).__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            # Options are named, anything else not: it may be the value given to a misspelt -e.
+            named = [a.split("=", 1)[0] if a.startswith("--") else a[:2] for a in unknown if a.startswith("-")]
+            hidden = len(unknown) - len(named)
+            self.error("unrecognized arguments: %s" % " ".join(
+                named + (["(and %d more, not shown: they may hold a secret)" % hidden] if hidden else [])))
+        return parsed
+
     def error(self, message):
         raise UsageError("%s\n%s" % (message, self.format_usage().strip()))
 
@@ -64,6 +79,7 @@ def build_parser():
                                                   "(the playbooks of this repo, run through ansible-runner).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
+    parser.commands = sub.choices
     for name, (playbook, tags, help_text) in SUBCOMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description="%s: runs %s%s" % (
             help_text, playbook, " --tags " + tags if tags else ""))
@@ -93,6 +109,24 @@ def build_parser():
 
 def parse_args(argv):
     return build_parser().parse_args(argv)
+
+
+def recorded_argv(args):
+    """The command line as run.json keeps it, rebuilt from the parsed `args` with each option's long name: the
+    -e values as extravars.described says, whichever spelling gave them (`-eV`, `-ve V`, `--extra-vars=V`)."""
+    out = [args.command]
+    for action in build_parser().commands[args.command]._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or value is None or value == action.default:
+            continue
+        option = max(action.option_strings, key=len)
+        if action.dest == "extra_vars":
+            out += [item for given in value for item in (option, extravars.described(given))]
+        elif action.nargs == 0:
+            out += [option] * int(value)     # a flag, or a count (-vv)
+        else:
+            out += [option, value]
+    return out
 
 
 # --- validation --------------------------------------------------------------------------------------------
@@ -164,7 +198,7 @@ def run_subcommand(args, out=None):
     if args.limit:
         check_limit(inventory, args.limit)
     runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
-    spec = {"subcommand": args.command, "playbook": playbook, "tags": tags, "inventory": inventory,
+    spec = {"subcommand": args.command, "argv": recorded_argv(args), "playbook": playbook, "tags": tags, "inventory": inventory,
             "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose}
     return PlaybookRun(spec, runs_dir, out=out).run()
 
@@ -253,8 +287,12 @@ def report_subcommand(args, out=None):
         f for f in (record or {}).get("failures") or [] if f["host"] in _limit_hosts([f["host"]], args.limit)]
     if not reports:
         title += ": no host report was written"
+    # Why the front end itself stopped the run, when it did (run.json's error): the table alone would not say.
+    error = [str(record["error"])] if record and record.get("error") else []
     if args.markdown:
         out.write(table.render_markdown(rows, title=title, failures=failures) + "\n")
+        for line in error:
+            out.write("\n%s\n" % table.markdown_escape(line))
     elif out.isatty():
         from rich.console import Console
         console = Console(file=out)
@@ -262,12 +300,12 @@ def report_subcommand(args, out=None):
             table.print_table(console, rows, title=title)
         else:
             console.print(title, markup=False, highlight=False)
-        for failure in failures:
-            console.print(table.failure_line(failure), markup=False, highlight=False)
+        for line in [table.failure_line(failure) for failure in failures] + error:
+            console.print(line, markup=False, highlight=False)
     else:
         out.write(title + "\n" + (table.render_plain(rows) + "\n" if reports else ""))
-        for failure in failures:
-            out.write(table.failure_line(failure) + "\n")
+        for line in [table.failure_line(failure) for failure in failures] + error:
+            out.write(line + "\n")
     return EXIT_OK
 
 

@@ -4,7 +4,8 @@ read and that are removed when it ends, and recorded by name only.
 Checked: every name is a variable the plays or roles read (the roles' argument_specs and defaults, the few the
 playbooks read themselves, Ansible's own `ansible_*`) or one the inventory defines; a name the playbooks set
 themselves (the lane facts, the roles' inputs the plays fill) is refused, as an extra var would override it;
-a value outside a variable's declared choices or type is refused naming what is allowed.
+a value outside a variable's declared choices, type or form (FORMATS) is refused naming what is allowed. A
+message names an -e by its place and a variable by its name, never by a value: any value may be a token.
 
 An inline value on ansible-playbook's command line would land in ansible-runner's `command` artifact, in
 `ps` and in run.json; an -e value can be a token (engine_env), so the command line carries `-e @file`."""
@@ -18,7 +19,7 @@ import re
 
 import yaml
 
-from dgx_stage import REPO, UsageError
+from dgx_stage import REPO, UsageError, use_module_utils
 
 # Read by the playbooks themselves, not by a role's entry point.
 PLAY_VARIABLES = {
@@ -31,9 +32,10 @@ SET_FACT = ("set_fact", "ansible.builtin.set_fact")
 ROLE_CALLS = ("include_role", "import_role", "ansible.builtin.include_role", "ansible.builtin.import_role")
 # A variable name as -e gives it.
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# How alike (difflib's ratio) an unknown name and a known one are when it is read as a typo of it: a letter or two
+# apart in a name of ten or more.
+TYPO = 0.85
 BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "y", "n", "t", "f")
-
-OPTIONS = ("-e", "--extra-vars")
 
 
 def _loader():
@@ -42,43 +44,85 @@ def _loader():
     return DataLoader()
 
 
-def parsed(value, path=None):
-    """The variables one -e value sets, as ansible-playbook reads it (ansible.utils.vars.load_extra_vars):
-    @file or inline JSON/YAML through the data loader, anything else as key=value pairs; UsageError when it
-    does not parse to a mapping."""
-    if not path and not value.startswith(("{", "[")):
-        from ansible.parsing.splitter import parse_kv
-        return parse_kv(value)
+def which(position):
+    """How a message names one -e value: by its place on the command line ("the 2nd -e"), never by its text,
+    which may be or hold a token."""
+    number = position + 1
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return "the %d%s -e" % (number, suffix)
+
+
+def _where(exc, text=None):
+    """Where the text (given for an inline -e) breaks, after the YAML error behind exc, without the text around
+    it: ' (line L, column C)', ' (at its end: ...)', or ''."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None and text is not None and mark.index >= len(text.rstrip()):
+            return " (at its end: a bracket or a quote is not closed)"
+        if mark is not None:
+            return " (line %d, column %d)" % (mark.line + 1, mark.column + 1)
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
+def parsed(value, path=None, position=0):
+    """The variables one -e value (the `position`th, from 0) sets, as ansible-playbook reads it
+    (ansible.utils.vars.load_extra_vars): @file or inline JSON/YAML through the data loader, anything else as
+    key=value pairs; UsageError when it does not parse to a mapping, naming the -e by its place (and a file by
+    its path), never by its text."""
+    named = "%s (%s)" % (which(position), path) if path else which(position)
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            if not path and not value.startswith(("{", "[")):
+                from ansible.parsing.splitter import parse_kv
+                return parse_kv(value)
             data = _loader().load_from_file(path) if path else _loader().load(value)
-    except Exception as exc:   # Ansible's parse errors have no common base worth naming
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError("-e %s does not parse: %s" % (path or value, first))
+    except Exception as exc:   # Ansible's parse errors have no common base worth naming; their text quotes ours
+        raise UsageError("%s does not parse as %s%s; its text is not shown, as it may hold a secret"
+                         % (named, "JSON or YAML" if path or value.startswith(("{", "[")) else
+                            "NAME=VALUE pairs (a quote or a {{ left open)", _where(exc, None if path else value)))
     if not isinstance(data, dict) and data is not None:
-        raise UsageError("-e %s is not a mapping of variables (a %s)"
-                         % (path or value, "list" if isinstance(data, list) else type(data).__name__))
+        raise UsageError("%s is not a mapping of variables (a %s)"
+                         % (named, "list" if isinstance(data, list) else type(data).__name__))
     return data or {}
 
 
-def variables_of(value):
-    """The variables one resolved -e value (inline, or @file) sets."""
-    return parsed(value, value[1:]) if value.startswith("@") else parsed(value)
+def variables_of(value, position=0):
+    """The variables one resolved -e value (inline, or @file; the `position`th, from 0) sets."""
+    return parsed(value, value[1:], position) if value.startswith("@") else parsed(value, position=position)
+
+
+def _unwritable(data):
+    """The names whose value JSON cannot carry (a YAML date, a !vault or other tagged value), sorted."""
+    bad = []
+    for name, given in data.items():
+        try:
+            json.dumps(given)
+        except (TypeError, ValueError):
+            bad.append(str(name))
+    return sorted(bad)
 
 
 def resolve(values):
-    """-e values with @file made absolute; UsageError for a missing file, or a file or inline JSON/YAML
-    that does not parse (ansible-playbook would stop with exit 1 and no host result)."""
+    """-e values with @file made absolute; UsageError for a missing file, a file or inline JSON/YAML that does
+    not parse (ansible-playbook would stop with exit 1 and no host result), or an inline value that as_files
+    cannot write as JSON."""
     out = []
-    for value in values:
+    for position, value in enumerate(values):
         if value.startswith("@"):
             path = value[1:]
             if not os.path.isfile(path):
                 raise UsageError("extra vars file not found: %s" % path)
             value = "@" + os.path.abspath(path)
-            parsed(value, path)
+            parsed(value, path, position)
         else:
-            parsed(value)
+            bad = _unwritable(parsed(value, position=position))
+            if bad:
+                raise UsageError("%s: %s %s a YAML date or tagged value (such as !vault), which an inline -e "
+                                 "cannot pass on: quote it as a string, or give it in an -e @FILE"
+                                 % (which(position), ", ".join(bad), "is" if len(bad) == 1 else "are"))
         out.append(value)
     return out
 
@@ -89,25 +133,6 @@ def described(value):
         return value
     names = sorted(str(name) for name in variables_of(value))
     return "%s (values not recorded)" % ", ".join(names) if names else "(nothing set)"
-
-
-def recorded_argv(argv):
-    """The command line as run.json keeps it: each inline -e value replaced by what described() says."""
-    out, follows = [], False
-    for arg in argv:
-        if follows:
-            out.append(described(arg))
-            follows = False
-        elif arg in OPTIONS:
-            out.append(arg)
-            follows = True
-        elif arg.startswith("--extra-vars="):
-            out.append("--extra-vars=" + described(arg[len("--extra-vars="):]))
-        elif arg.startswith("-e") and not arg.startswith("--"):
-            out.append("-e" + described(arg[2:]))
-        else:
-            out.append(arg)
-    return out
 
 
 def as_files(values, directory):
@@ -221,15 +246,34 @@ def value_problem(name, value, spec):
         return ("-e %s: %s is a %s; give it as JSON or YAML, e.g. -e '{\"%s\": %s}'"
                 % (name, name, "mapping" if kind == "dict" else "list", name,
                    '{\"KEY\": \"value\"}' if kind == "dict" else '[\"item\"]'))
+    # The value given is never shown: it may be a token pasted into the wrong variable.
     if choices and str(value) not in [str(choice) for choice in choices]:
-        return "-e %s=%s: %s is one of %s" % (name, value, name, ", ".join(str(c) for c in choices))
+        return "-e %s: %s is one of %s" % (name, name, ", ".join(str(c) for c in choices))
     if kind == "bool" and not (isinstance(value, bool) or str(value).lower() in BOOLEAN_WORDS):
-        return "-e %s=%s: %s is true or false" % (name, value, name)
+        return "-e %s: %s is true or false" % (name, name)
     if kind == "int" and (isinstance(value, bool) or not _is_number(value, int)):
-        return "-e %s=%s: %s is a whole number" % (name, value, name)
+        return "-e %s: %s is a whole number" % (name, name)
     if kind == "float" and (isinstance(value, bool) or not _is_number(value, float)):
-        return "-e %s=%s: %s is a number" % (name, value, name)
+        return "-e %s: %s is a number" % (name, name)
+    if name in FORMATS and not FORMATS[name][0](value):
+        return "-e %s: %s is %s" % (name, name, FORMATS[name][1])
     return None
+
+
+def _reserve(value):
+    """Whether the stage module reads `value` as a reserve (module_utils/dgx_space.py)."""
+    use_module_utils()
+    from ansible.module_utils.dgx_errors import StageError
+    from ansible.module_utils.dgx_space import parse_reserve
+    try:
+        parse_reserve(value, 1)
+        return True
+    except StageError:
+        return False
+
+
+# str variables whose text the modules read in a form of their own: (whether a value reads, what it is).
+FORMATS = {"stage_reserve": (_reserve, "bytes, a size such as 500G, or N% of the disk (below 100%)")}
 
 
 def _is_number(value, kind):
@@ -247,24 +291,35 @@ def problems(values, inventory, allow_unknown=False):
     derived = playbook_variables()
     defined, groups = inventory_variables(inventory)
     found = []
-    for value in values:
-        for name, given in variables_of(value).items():
+    for position, value in enumerate(values):
+        for name, given in variables_of(value, position).items():
             if name == "_raw_params":
                 found.append(raw_text_problem(given, value))
             elif name in derived or str(name).startswith("_"):
                 found.append("-e %s: the playbooks set %s themselves (it is not an input); leave it out"
                              % (name, name))
-            elif name == "lane" and not _templated(given) and str(given) not in groups:
-                found.append("-e lane=%s: lane is an inventory group of %s: %s"
-                             % (given, inventory, ", ".join(sorted(g for g in groups if g not in ("all", "ungrouped")))))
+            elif name == "lane" and _templated(given):
+                # Checked against the groups here, where no template is evaluated; in the plays one that does not
+                # resolve falls back to the default lane.
+                found.append("-e lane: lane is an inventory group's name, not a template: give the name itself")
+            elif name == "lane" and str(given) not in groups:
+                found.append("-e lane: lane is an inventory group of %s: %s"
+                             % (inventory, ", ".join(sorted(g for g in groups if g not in ("all", "ungrouped")))))
             elif name in known:
                 problem = value_problem(name, given, known[name])
                 if problem:
                     found.append(problem)
-            elif not (str(name).startswith("ansible_") or name in defined or allow_unknown):
-                close = difflib.get_close_matches(str(name), sorted(set(known) | defined), n=1)
-                found.append("-e %s: no play or role reads %s%s (a site's own variable: --allow-unknown-vars)"
-                             % (name, name, "; did you mean %s?" % close[0] if close else ""))
+            elif not (str(name).startswith("ansible_") or name in defined):
+                names = sorted(set(known) | defined)
+                close = difflib.get_close_matches(str(name), names, n=1)
+                if not allow_unknown:
+                    found.append("-e %s: no play or role reads %s%s (a site's own variable: --allow-unknown-vars)"
+                                 % (name, name, "; did you mean %s?" % close[0] if close else ""))
+                elif difflib.get_close_matches(str(name), names, n=1, cutoff=TYPO):
+                    # A site's own name a letter or two from a known one is far likelier a typo of it.
+                    found.append("-e %s: no play or role reads %s; did you mean %s? (--allow-unknown-vars takes "
+                                 "no name this close to a known one; a site's own variable can be defined in "
+                                 "the inventory)" % (name, name, close[0]))
     return found
 
 

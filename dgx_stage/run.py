@@ -197,7 +197,7 @@ class PlaybookRun(object):
         self._make_run_dir()
         runs.sweep_extra_vars(self.runs_dir)
         self._write_record(ident=self.ident, pid=os.getpid(), subcommand=spec["subcommand"],
-                           argv=extravars.recorded_argv(sys.argv[1:]), playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
+                           argv=spec["argv"], playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
                            limit=spec["limit"], extra_vars=[extravars.described(v) for v in spec["extra_vars"]],
                            check=spec["check"],
                            status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,

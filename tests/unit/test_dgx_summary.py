@@ -755,3 +755,8 @@ def test_a_direct_playbook_run_warns_of_each_extra_var_dgx_stage_would_refuse(tm
     assert "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify?" in warnings[0]
     assert "-e lane_rank has no value" in warnings[1]
     assert summary.extra_var_warnings([], [str(inventory)]) == []
+    # A value that does not parse is named by its place: its text may be a token.
+    assert summary.extra_var_warnings(["stage_verify=full", '{"engine_env": {"HF_TOKEN": "hf_SECRET"}'],
+                                      [str(inventory)]) == [
+        "the 2nd -e does not parse as JSON or YAML (at its end: a bracket or a quote is not closed); its text is not "
+        "shown, as it may hold a secret"]

@@ -84,11 +84,20 @@ def test_inline_extra_vars_reach_ansible_in_private_files_and_are_recorded_by_na
         with open(path[1:]) as handle:
             assert json.load(handle) == expected
     assert secret not in run.runner_cmdline("serve", None, files, True, 2)
-    argv = ["serve", "-e", values[0], "--extra-vars=" + values[1], "-e" + values[2], "-v"]
-    recorded = extravars.recorded_argv(argv)
-    assert secret not in json.dumps(recorded)
-    assert recorded == ["serve", "-e", "engine_env (values not recorded)",
-                        "--extra-vars=stage_verify, token (values not recorded)", "-e" + values[2], "-v"]
+    # Every spelling argparse reads as -e is recorded the same way: stacked, attached, with `=`.
+    for given in (["-e", values[0]], ["--extra-vars", values[0]], ["--extra-vars=" + values[0]], ["-e" + values[0]],
+                  ["-e=" + values[0]], ["-ve", values[0]], ["-vve" + values[0]]):
+        argv = ["serve", "-i", "inv"] + given + ["--extra-vars=" + values[1], "-e" + values[2], "-v"]
+        recorded = cli.recorded_argv(cli.parse_args(argv))
+        assert secret not in json.dumps(recorded), given
+        assert recorded[:7] == ["serve", "--inventory", "inv", "--extra-vars", "engine_env (values not recorded)",
+                                "--extra-vars", "stage_verify, token (values not recorded)"], given
+        assert recorded[7:9] == ["--extra-vars", values[2]] and set(recorded[9:]) == {"--verbose"}, given
+    # A prefix of --extra-vars is no option at all, and the refusal shows none of the values.
+    for given in (["--extra", values[0]], ["--extra-var=" + values[0]], ["--extra-v", values[1]]):
+        with pytest.raises(cli.UsageError, match="unrecognized arguments: --extra") as refused:
+            cli.parse_args(["serve"] + given)
+        assert secret not in str(refused.value), given
 
 
 def test_the_next_run_sweeps_the_extra_vars_files_a_killed_run_left_and_keeps_a_live_runs(tmp_path):
@@ -151,29 +160,63 @@ def test_a_missing_extra_vars_file_exits_64(inventory, tmp_path, capsys):
 
 def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, capsys):
     # ansible-playbook stops on them with exit 1 and a YAML error in its log, after the run was recorded.
-    (tmp_path / "bad.yml").write_text("a: [\n")
-    (tmp_path / "list.yml").write_text("- a\n")
-    for value, said in (('{"bad": ', '-e {"bad":  does not parse: YAML parsing failed'),
-                        ("[1, 2]", "-e [1, 2] is not a mapping of variables (a list)"),
-                        ("@%s" % (tmp_path / "bad.yml"), "-e %s does not parse" % (tmp_path / "bad.yml")),
-                        ("@%s" % (tmp_path / "list.yml"), "is not a mapping of variables (a list)")):
-        code, out, err = main(["stage", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
+    # The -e is named by its place, never by its text: a token pasted with a missing quote stays unshown.
+    (tmp_path / "bad.yml").write_text("a: 1\nb: [hf_SECRET\n")
+    (tmp_path / "list.yml").write_text("- hf_SECRET\n")
+    for value, said in (('{"engine_env": {"HF_TOKEN": "hf_SECRET"}', "the 2nd -e does not parse as JSON or YAML "
+                                                                     "(at its end: a bracket or a quote is not closed)"),
+                        ('engine_command="--api-key hf_SECRET', "the 2nd -e does not parse as NAME=VALUE pairs"),
+                        ("[1, 2]", "the 2nd -e is not a mapping of variables (a list)"),
+                        ("@%s" % (tmp_path / "bad.yml"), "the 2nd -e (%s) does not parse as JSON or YAML (line 3, "
+                                                         "column 1)" % (tmp_path / "bad.yml")),
+                        ("@%s" % (tmp_path / "list.yml"), "the 2nd -e (%s) is not a mapping of variables (a list)"
+                                                          % (tmp_path / "list.yml"))):
+        code, out, err = main(["stage", "-i", inventory, "-e", "stage_verify=full", "-e", value, "--runs-dir",
+                               str(tmp_path / "runs")], capsys)
         assert code == 64 and said in err and out == "", (value, err)
+        assert "hf_SECRET" not in err and "[1, 2]" not in err, err
     assert not (tmp_path / "runs").exists()
     good = ['{"a": "b c", "q": "it\'s"}', 'a=1 b="x y"', ' {key=value for Ansible']
     assert extravars.resolve(good) == good
 
 
+def test_an_inline_extra_var_json_cannot_carry_exits_64_naming_it_not_its_value(inventory, tmp_path, capsys):
+    """An inline -e reaches ansible-playbook as JSON (extravars.as_files): a YAML date or a tagged value there was
+    a traceback (exit 1) after the run was recorded."""
+    for value, name in (("{stage_reserve: 2024-01-01}", "stage_reserve"),
+                        ("{engine_env: {HF_TOKEN: !vault hf_SECRET}}", "engine_env")):
+        code, out, err = main(["serve", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
+        assert code == 64 and out == "", err
+        assert err.startswith("dgx-stage: the 1st -e: %s is a YAML date or tagged value (such as !vault)" % name), err
+        assert "hf_SECRET" not in err and "2024" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_report_says_why_the_front_end_stopped_a_run(recorded, capsys):
+    runs_dir, _report_dir = recorded
+    ident = "20261201T110000Z-stage-dddd"
+    os.makedirs(os.path.join(runs_dir, ident))
+    runs.write_record(os.path.join(runs_dir, ident), {
+        "ident": ident, "subcommand": "stage", "run_id": None, "reports": {}, "started": "2026-12-01T11:00:00Z",
+        "status": "error", "exit_code": 1, "error": "dgx-stage failed: RuntimeError: display broke"})
+    for markdown in ([], ["--markdown"]):
+        code, out, _err = main(["report", "--runs-dir", runs_dir] + markdown, capsys)
+        assert code == 0 and "dgx-stage failed: RuntimeError: display broke" in out, out
+
+
 @pytest.mark.parametrize("value,said", [
     ("stage_verfy=full", "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify?"),
     ("stage_verify", "-e stage_verify has no value: write NAME=VALUE"),
-    ("stage_verify=ful", "-e stage_verify=ful: stage_verify is one of sample, full, none"),
+    ("stage_verify=hf_SECRET", "-e stage_verify: stage_verify is one of sample, full, none"),
     ("engine_bind_form=nas", "-e engine_bind_form: no play or role reads engine_bind_form; did you mean "
                              "engine_bind_from?"),
-    ("engine_stop_strays=maybe", "-e engine_stop_strays=maybe: engine_stop_strays is true or false"),
-    ("stage_workers=eight", "-e stage_workers=eight: stage_workers is a whole number"),
-    ('{"engine_decode_floor": "fast"}', "-e engine_decode_floor=fast: engine_decode_floor is a number"),
-    ("lane=sglang4x", "-e lane=sglang4x: lane is an inventory group of %s: exl3_2x"),
+    ("engine_stop_strays=hf_SECRET", "-e engine_stop_strays: engine_stop_strays is true or false"),
+    ("stage_workers=hf_SECRET", "-e stage_workers: stage_workers is a whole number"),
+    ('{"engine_decode_floor": "hf_SECRET"}', "-e engine_decode_floor: engine_decode_floor is a number"),
+    ("stage_reserve=hf_SECRET", "-e stage_reserve: stage_reserve is bytes, a size such as 500G, or N% of the disk"),
+    ("stage_reserve=100%", "-e stage_reserve: stage_reserve is bytes"),
+    ("lane=hf_SECRET", "-e lane: lane is an inventory group of %s: exl3_2x"),
+    ("lane={{ hf_SECRET }}", "-e lane: lane is an inventory group's name, not a template"),
     ("engine_env=hf_SECRET", "-e engine_env: engine_env is a mapping; give it as JSON or YAML"),
     ("engine_command=--api-key hf_SECRET", "-e holds text that is not NAME=VALUE (not shown: it may be part of a "
                                            "secret value)"),
@@ -196,11 +239,15 @@ def test_an_extra_var_no_play_reads_or_a_bad_value_exits_64_before_anything_runs
 def test_known_extra_vars_pass_and_a_sites_own_needs_allow_unknown_vars(inventory, tmp_path):
     fine = ["stage_verify=full", "engine_bind_from=nas", "engine_stop_strays=yes", "stage_workers=8",
             '{"engine_env": {"HF_TOKEN": "x"}, "engine_decode_floor": 12.5}', "lane=exl3_2x", "ansible_user=ops",
-            "stage_workers={{ 4 * 2 }}"]
+            "stage_workers={{ 4 * 2 }}", "stage_reserve=2%", "stage_reserve=500G", '{"stage_reserve": 1000000}']
     assert extravars.problems(fine, inventory) == []
     (tmp_path / "vars.yml").write_text("site_tuning: 3\n")
     assert "no play or role reads site_tuning" in extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory)[0]
     assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory, allow_unknown=True) == []
+    # --allow-unknown-vars takes a site's own name, not a typo of a role's.
+    assert extravars.problems(["stage_verfy=full"], inventory, allow_unknown=True) == [
+        "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify? (--allow-unknown-vars takes "
+        "no name this close to a known one; a site's own variable can be defined in the inventory)"]
     # A variable the inventory defines is the site's to override.
     site = tmp_path / "site.yml"
     site.write_text(INVENTORY.replace("{ansible_connection: local}", "{ansible_connection: local, site_tuning: 1}"))
@@ -656,8 +703,8 @@ def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, mon
 
     monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
     monkeypatch.setattr(run.PlainDisplay, "progress", broken_progress)
-    spec = {"subcommand": "stage", "playbook": "stage-deepseek.yml", "tags": "stage", "inventory": "i",
-            "limit": None, "extra_vars": [], "check": False, "verbose": 0, "cmdline": ""}
+    spec = {"subcommand": "stage", "argv": ["stage"], "playbook": "stage-deepseek.yml", "tags": "stage",
+            "inventory": "i", "limit": None, "extra_vars": [], "check": False, "verbose": 0}
     playbook_run = run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO())
     with pytest.raises(RuntimeError):
         playbook_run.run()

@@ -80,6 +80,8 @@ GIB = 1024.0 ** 3
 MIB = 1024.0 ** 2
 # Machine-readable stdout callbacks: a table would corrupt their output.
 QUIET_STDOUT = ("json", "jsonl")
+# Set by the front end (dgx_stage.runs.run_identity_env) for the playbook runs it drives.
+FRONT_END_RUN = "DGX_STAGE_RUN_ID"
 
 
 # ---- pure functions: plain data in, lines out ----------------------------------------------------------
@@ -643,8 +645,11 @@ class CallbackModule(CallbackBase):
         return self.state["hosts"].setdefault(name, {"repos": {}})
 
     def _quiet(self):
+        """No table: a machine-readable stdout, an ad-hoc command, or a run of the front end, whose own table
+        (from the same host reports) is the run's one table."""
         stdout = str(C.config.get_config_value("DEFAULT_STDOUT_CALLBACK") or "")
-        return stdout.split(".")[-1] in QUIET_STDOUT or "module_name" in context.CLIARGS
+        return (stdout.split(".")[-1] in QUIET_STDOUT or "module_name" in context.CLIARGS
+                or bool(os.environ.get(FRONT_END_RUN)))
 
     def v2_playbook_on_start(self, playbook):
         self._started = time.monotonic()

@@ -55,8 +55,6 @@ class RunState(object):
         self.receipts_removed = {}   # host -> [paths]
         self.status_lines = {}       # host -> [lines] of stage_status
         self.stats = None            # playbook_on_stats event_data
-        self.stats_stdout = ""       # the recap as ansible-playbook printed it
-        self.epilogue = []           # what callbacks printed after the recap (the lane summary)
 
     @property
     def run_id(self):
@@ -78,15 +76,12 @@ class RunState(object):
             self.pid = event["pid"]
         if event.get("stdout"):
             updates.append(("output", event["stdout"]))
-            if self.stats is not None and name == "verbose":
-                self.epilogue.append(event["stdout"])
         if name == "playbook_on_play_start":
             self.play = data.get("play") or data.get("name")
         elif name == "playbook_on_task_start":
             self.task = data.get("task") or data.get("name")
         elif name == "playbook_on_stats":
             self.stats = data
-            self.stats_stdout = event.get("stdout") or ""
         action = data.get("task_action")
         host = data.get("host")
         res = data.get("res") if isinstance(data.get("res"), dict) else {}

@@ -110,6 +110,15 @@ def runner_cmdline(tags, limit, extra_vars, check, verbose):
     return " ".join(shlex.quote(a) for a in args)
 
 
+def changes_text(changed):
+    """What the run changed, from the recap's per-host counts: "0 changes", "3 changes (dgx1 2, dgx2 1)"."""
+    total = sum(changed.values())
+    if not total:
+        return "0 changes"
+    return "%d change%s (%s)" % (total, "" if total == 1 else "s",
+                                 ", ".join("%s %d" % (host, n) for host, n in sorted(changed.items()) if n))
+
+
 class PlaybookRun(object):
     def __init__(self, spec, runs_dir, out=None):
         self.spec = spec
@@ -287,13 +296,14 @@ class PlaybookRun(object):
             for host in runs.settle_interrupted(state.history_paths, state.run_id):
                 if host in state.reports and state.reports[host].get("status") == "running":
                     state.reports[host] = dict(state.reports[host], status="interrupted")
+        changed = dict(sorted((state.stats or {}).get("changed", {}).items()))
         self._write_record(status=status, runner_status=runner.status, rc=runner.rc, exit_code=code,
-                           finished=runs.utc_now(), failures=failures)
+                           finished=runs.utc_now(), failures=failures, changed=changed)
         if self.spec["subcommand"] == "status":
             self._print_status(display)
         elif state.reports:
             rows = table.table_rows(state.reports, state.receipts_removed)
-            title = "dgx-stage %s: run %s" % (self.spec["subcommand"], state.run_id)
+            title = "dgx-stage %s: run %s, %s" % (self.spec["subcommand"], state.run_id, changes_text(changed))
             if console is not None:
                 table.print_table(console, rows, title=title)
             else:

@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """`make demo`: build a synthetic NAS hub with every trap of the night-shift log, then stage it on the
 demo inventory (localhost) through the operator front end with the NAS copy read-only
-(`dgx-stage stage -i inventory/demo`, then `dgx-stage clean-receipts` for yesterday's receipts), and print
-the playbook's recap and lane summary (callback_plugins/dgx_summary.py), what they do not say (shard
-headers, mounts, receipts) and the run's Markdown report (`dgx-stage report RUN_ID --markdown`).
-The front end records its runs under .cache/demo/runs.
+(`dgx-stage stage -i inventory/demo`, then `dgx-stage clean-receipts` for yesterday's receipts): each run
+prints its one table, and the demo adds what the table does not say (shard headers, mounts, receipts).
+The front end records its runs under .cache/demo/runs (`dgx-stage report --runs-dir .cache/demo/runs`).
 
 Root is never needed: every demo path is under .cache/demo and belongs to whoever runs it (the demo
 inventory sets become_root: false). The NAS is kept read-only without root too: as root it is bound
@@ -16,9 +15,9 @@ Ansible's temp files go under .cache/demo as well, so the demo writes nothing ou
 (inventory/demo-4x), everything under .cache/demo-4x. Its NAS hub holds hubgen's engram layout for four ranks;
 each host stages the shared files and its own rank's tables, two hosts read the NAS at once
 (stage_nas_readers: 2) and, with stage_peer_fanout, rank 0 reads the shared files from the NAS and the others
-take them from a peer (rsync, adopted after a hash match). It prints the recap (with each host's stage window and
-bytes from the NAS and from peers), the lane's NAS bytes against one copy of the shared files plus each rank's
-part, and the run's Markdown report. Root is not needed either; rsync is (fan-out copies host to host with it).
+take them from a peer (rsync, adopted after a hash match). After the run's table it prints the lane's NAS bytes
+against one copy of the shared files plus each rank's part. Root is not needed either; rsync is (fan-out copies
+host to host with it).
 """
 import json
 import os
@@ -102,7 +101,7 @@ def playbook_env(demo_root=DEMO_ROOT, runs_dir=None):
 
 
 def summary(check=False):
-    """What the lane summary above does not say (it has the per-repo copy figures)."""
+    """What the run's table above does not say (shard headers, mounts, receipts)."""
     with open(REPORT) as handle:
         report = json.load(handle)
     lines = ["dgx-stage demo (%s, lane %s, run %s, %s)" % (report.get("host"), report.get("lane"),
@@ -133,14 +132,6 @@ def latest_run(runs_dir=None):
     names = sorted(os.listdir(runs_dir))
     with open(os.path.join(runs_dir, names[-1], "run.json")) as handle:
         return json.load(handle)
-
-
-def recap(run):
-    """The end of the run's full log: ansible-playbook's recap and the lane summary table."""
-    with open(run["log"], errors="replace") as handle:
-        text = handle.read().replace("\r\n", "\n")
-    start = text.rfind("PLAY RECAP")
-    return text[start:].rstrip() if start >= 0 else ""
 
 
 def ensure_engram_hub():
@@ -205,13 +196,9 @@ def main_4x(extra):
     if code != 0:
         print("demo-4x: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
         return code
-    staged = latest_run(RUNS_4X_DIR)
-    print(recap(staged))
     if "--check" not in extra:
-        print(summary_4x(staged["run_id"]))
-    sys.stdout.flush()
-    return subprocess.call([sys.executable, "-m", "dgx_stage", "report", staged["run_id"], "--markdown"], cwd=REPO,
-                           env=env)
+        print(summary_4x(latest_run(RUNS_4X_DIR)["run_id"]))
+    return 0
 
 
 def main():
@@ -224,17 +211,12 @@ def main():
     if code != 0:   # before reading a run: a usage error (64) recorded none, and the latest is another's
         print("demo: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
         return code
-    staged = latest_run()
-    print(recap(staged))
-    sys.stdout.flush()
     code = subprocess.call(frontend_command("clean-receipts", extra), cwd=REPO, env=playbook_env())
     if code != 0:
         print("demo: dgx-stage clean-receipts failed (exit %d); the lines above name the host and task" % code)
         return code
     print(summary(check="--check" in extra or "-C" in extra))
-    sys.stdout.flush()
-    return subprocess.call([sys.executable, "-m", "dgx_stage", "report", staged["run_id"], "--markdown"], cwd=REPO,
-                           env=playbook_env())
+    return 0
 
 
 if __name__ == "__main__":

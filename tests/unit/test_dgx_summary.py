@@ -760,3 +760,21 @@ def test_a_direct_playbook_run_warns_of_each_extra_var_dgx_stage_would_refuse(tm
                                       [str(inventory)]) == [
         "the 2nd -e does not parse as JSON or YAML (at its end: a bracket or a quote is not closed); its text is not "
         "shown, as it may hold a secret"]
+
+
+@pytest.mark.parametrize("front_end, printed", [(False, True), (True, False)])
+def test_under_the_front_end_the_run_has_one_table_its_own(monkeypatch, front_end, printed):
+    """The front end draws the run's table from the host reports: the callback draws none beside it, not even
+    into the full log; a plain ansible-playbook run gets the lane summary."""
+    monkeypatch.delenv(summary.FRONT_END_RUN, raising=False)
+    if front_end:
+        monkeypatch.setenv(summary.FRONT_END_RUN, "20261201T233929Z-93b8")
+    monkeypatch.setattr(summary.context, "CLIARGS", {"inventory": ("inventory/dgx",), "check": False, "tags": ()})
+    display = _Display()
+    callback = summary.CallbackModule(display=display)
+    callback._watching = True
+    callback.v2_playbook_on_start(_Obj(_file_name="stage-deepseek.yml"))
+    callback.v2_runner_on_ok(_result("localhost", {"ansible_facts": {
+        "lane_name": "exl3_2x", "lane_rank": 0, "lane_run_id": "20261201T233929Z-93b8"}}, action="ansible.builtin.set_fact"))
+    callback.v2_playbook_on_stats(_Obj(failures={}, dark={}))
+    assert any(line.startswith("DGX-STAGE LANE SUMMARY") for line in display.lines) is printed, display.lines

@@ -126,13 +126,6 @@ def test_result_message_of_a_loop_names_the_failed_items():
     assert result_message({}) == "(no message)"
 
 
-def test_the_recap_and_what_follows_it_are_kept():
-    state = RunState()
-    state.handle(stats())
-    state.handle({"event": "verbose", "stdout": "DGX-STAGE LANE SUMMARY", "event_data": {}})
-    assert state.stats_stdout == "PLAY RECAP" and state.epilogue == ["DGX-STAGE LANE SUMMARY"]
-
-
 def test_plain_display_prints_each_hosts_line_once_without_escapes():
     out = io.StringIO()
     display = PlainDisplay(out)

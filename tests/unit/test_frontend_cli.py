@@ -216,15 +216,20 @@ def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
 
 
 def test_an_inventory_that_does_not_parse_or_is_empty_exits_64_naming_it(tmp_path, capsys):
-    # ansible-playbook only warns about such an inventory, runs no play and exits 0: that must not read as ok.
-    broken, empty = tmp_path / "broken.yml", tmp_path / "empty.yml"
+    # ansible-playbook alone only warns about a source that does not parse and runs on the hosts of the others
+    # (on none, exiting 0, for a single file): that must not read as ok.
+    broken, empty, folder = tmp_path / "broken.yml", tmp_path / "empty.yml", tmp_path / "inventory"
     broken.write_text("all: [\n")
     empty.write_text("all: {}\n")
-    for path, why in ((broken, "Failed to parse inventory"), (empty, "it is empty")):
+    folder.mkdir()
+    (folder / "hosts.yml").write_text(INVENTORY)
+    (folder / "site.yml").write_text("all: [\n")
+    for path, said in ((broken, "does not parse: Completely failed to parse inventory source %s" % broken),
+                       (folder, "does not parse: Completely failed to parse inventory source %s" % (folder / "site.yml")),
+                       (empty, "has no host (it is empty)")):
         code, out, err = main(["status", "-i", str(path)], capsys)
         assert code == 64 and out == "", err
-        assert err.startswith("dgx-stage: inventory %s has no host (" % path) and "pass another with -i" in err
-        assert why in err
+        assert err.startswith("dgx-stage: inventory %s %s" % (path, said)) and "pass another with -i" in err, err
     cli.check_inventory("rank0,")   # a host list has its hosts
 
 

@@ -1,10 +1,12 @@
 """The record of each run: <runs dir>/<ident>/run.json (written atomically), next to ansible-runner's
 artifacts of the run (stdout: the full log, job_events/, rc, status, command)."""
+import contextlib
 import datetime
 import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 
 from dgx_stage import use_module_utils
@@ -31,6 +33,8 @@ def write_json(path, data, indent=1):
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=os.path.dirname(path))
     try:
         with os.fdopen(fd, "w") as handle:
+            with contextlib.suppress(FileNotFoundError):   # a file replaced keeps its mode (mkstemp's is 0600)
+                os.fchmod(handle.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             json.dump(data, handle, indent=indent, sort_keys=True, ensure_ascii=False)
             handle.write("\n")
             handle.flush()
@@ -45,6 +49,13 @@ def write_json(path, data, indent=1):
 def write_record(run_dir, record):
     """run.json of a run."""
     write_json(os.path.join(run_dir, "run.json"), record)
+
+
+def front_end_alive(record):
+    """Whether a run's front end still runs: its record says running and names a live pid."""
+    pid = record.get("pid") if isinstance(record, dict) else None
+    return (record.get("status") == "running" and isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+            and process_alive(pid)) if isinstance(record, dict) else False
 
 
 def sweep_extra_vars(runs_dir):
@@ -65,8 +76,7 @@ def sweep_extra_vars(runs_dir):
                 record = json.load(handle)
         except (OSError, ValueError):
             record = {}
-        pid = record.get("pid") if isinstance(record, dict) else None
-        if isinstance(record, dict) and record.get("status") == "running" and isinstance(pid, int) and process_alive(pid):
+        if front_end_alive(record):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         swept.append(name)
@@ -129,6 +139,8 @@ def normal_record(record, name):
         if not isinstance(record.get(key), str) or not record[key]:
             record[key] = None
     record["ident"] = record["ident"] or name
+    if record["status"] == "running" and not front_end_alive(record):
+        record["status"] = "interrupted"   # its front end was killed (SIGKILL) before it recorded the end
     reports = record.get("reports")
     record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
         if isinstance(reports, dict) else {}

@@ -429,13 +429,34 @@ def test_an_interrupted_runs_reports_read_interrupted_in_the_files_and_in_report
     # run.json says interrupted though the front end died before it settled the files: report says so too.
     code, out, _err = main(["report", "20261201T101737Z-ed44", "--runs-dir", runs_dir], capsys)
     assert code == 0 and "localhost  20261201T101737Z-ed44  interrupted" in out, out
-    # The front end settles them at the end of an interrupted run: both files, this run's only.
+    # The front end settles them at the end of an interrupted run: both files, this run's only, keeping their mode.
+    for path in (history, os.path.join(report_dir, "localhost.json")):
+        os.chmod(path, 0o644)
     assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == ["localhost"]
     for path in (history, os.path.join(report_dir, "localhost.json")):
         with open(path) as handle:
             assert json.load(handle)["status"] == "interrupted"
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
     assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == []
     assert runs.settle_interrupted({"localhost": history}, "another-run") == []
+
+
+def test_a_run_whose_front_end_was_killed_reads_interrupted_in_report(recorded, capsys):
+    """SIGKILL leaves run.json and the host reports `running`; a dead front end pid says the run is over."""
+    runs_dir, report_dir = recorded
+    history = os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json")
+    with open(history) as handle:
+        runs.write_json(history, dict(json.load(handle), status="running"), indent=2)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    record = os.path.join(runs_dir, "20261201T101736Z-stage-aaaa", "run.json")
+    with open(record) as handle:
+        data = json.load(handle)
+    for pid, said in ((os.getpid(), "running"), (dead.pid, "interrupted")):
+        runs.write_json(record, dict(data, status="running", pid=pid))
+        code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
+        assert code == 0 and "(stage, 2026-12-01T10:17:36Z, %s)" % said in out, out
+        assert "localhost  20261201T101737Z-ed44  %s" % said in out, out
 
 
 def test_with_no_run_report_names_the_runs_dir_and_where_the_demos_recorded_theirs(tmp_path, monkeypatch, capsys):
@@ -669,6 +690,37 @@ def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, mon
     with open(os.path.join(playbook_run.run_dir, "run.json")) as handle:
         record = json.load(handle)
     assert record["status"] == "error" and record["exit_code"] == 1 and "display broke" in record["error"]
+
+
+def test_run_json_names_the_host_reports_as_soon_as_they_are_written(tmp_path, monkeypatch):
+    """A front end killed (SIGKILL) before its end still leaves a run.json from which `report` finds them."""
+    import threading
+    import ansible_runner
+    seen = {}
+
+    def fake_run_async(**kwargs):
+        record = os.path.join(kwargs["private_data_dir"], "run.json")
+
+        def playbook():
+            kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {
+                "host": "dgx1", "task_action": "host_report", "res": {
+                    "report": {"host": "dgx1", "run_id": "20261201T100609Z-be99", "status": "running"},
+                    "history_path": "/r/dgx1-20261201T100609Z-be99.json"}}})
+            deadline = time.time() + 10
+            while time.time() < deadline and not seen.get("reports"):
+                with open(record) as handle:
+                    seen.update(json.load(handle))
+                time.sleep(0.05)
+        thread = threading.Thread(target=playbook, daemon=True)
+        thread.start()
+        return thread, FakeRunner(0)
+
+    monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
+    spec = {"subcommand": "stage", "playbook": "stage-deepseek.yml", "tags": "stage", "inventory": "i",
+            "limit": None, "extra_vars": [], "check": False, "verbose": 0, "cmdline": ""}
+    run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO()).run()
+    assert seen["status"] == "running" and seen["run_id"] == "20261201T100609Z-be99"
+    assert seen["reports"] == {"dgx1": "/r/dgx1-20261201T100609Z-be99.json"}
 
 
 def test_a_ctrl_c_before_the_run_exits_99_and_the_handlers_cover_the_whole_run(tmp_path, monkeypatch, capsys):

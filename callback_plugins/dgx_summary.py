@@ -608,8 +608,9 @@ def take_over_retry_lines(callback):
 
 def extra_var_warnings(values, inventories):
     """What dgx-stage refuses in -e values (a name no play or role reads, a name without a value, a value
-    outside its choices or type), as warnings for a run of the playbooks without the front end."""
-    if not _front_end_subcommands():
+    outside its choices or type), as warnings for a run of the playbooks without the front end. Without -e
+    there is nothing to check, and the inventory is not read again."""
+    if not values or not _front_end_subcommands():
         return []
     from dgx_stage import UsageError, extravars
     try:

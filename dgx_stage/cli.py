@@ -259,8 +259,9 @@ def report_subcommand(args, out=None):
         f for f in (record or {}).get("failures") or [] if f["host"] in _limit_hosts([f["host"]], args.limit)]
     if not reports:
         title += ": no host report was written"
+    inventory = (record or {}).get("inventory")
     if args.markdown:
-        out.write(table.render_markdown(rows, title=title, failures=failures) + "\n")
+        out.write(table.render_markdown(rows, title=title, failures=failures, inventory=inventory) + "\n")
     elif out.isatty():
         from rich.console import Console
         console = Console(file=out)
@@ -269,11 +270,11 @@ def report_subcommand(args, out=None):
         else:
             console.print(title, markup=False, highlight=False)
         for failure in failures:
-            console.print(table.failure_line(failure), markup=False, highlight=False)
+            console.print(table.failure_line(failure, inventory), markup=False, highlight=False)
     else:
         out.write(title + "\n" + (table.render_plain(rows) + "\n" if reports else ""))
         for failure in failures:
-            out.write(table.failure_line(failure) + "\n")
+            out.write(table.failure_line(failure, inventory) + "\n")
     return EXIT_OK
 
 

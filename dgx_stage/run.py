@@ -305,7 +305,7 @@ class PlaybookRun(object):
         else:
             display.print("no host report was written in this run")
         for failure in failures:
-            display.print(table.failure_line(failure))
+            display.print(table.failure_line(failure, self.spec["inventory"]))
         if code == EXIT_ANSIBLE:
             display.print("ansible-playbook exited %s with no host failure; the end of its log:" % runner.rc)
             display.print(self._log_tail())

@@ -135,7 +135,7 @@ def normal_record(record, name):
     """A run.json as `report` reads it: the fields it uses of the types it expects (a hand-edited or foreign
     file must not crash report: a wrong field reads as absent; the ident falls back to the dir's name)."""
     record = dict(record)
-    for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status"):
+    for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status", "inventory"):
         if not isinstance(record.get(key), str) or not record[key]:
             record[key] = None
     record["ident"] = record["ident"] or name

@@ -301,6 +301,23 @@ def test_a_failed_host_exits_2_naming_host_play_task_and_message(tmp_path):
     assert record["failures"][0]["host"] == "rank1"
 
 
+def test_the_fix_a_failure_gives_runs_on_the_runs_inventory(tmp_path, capsys):
+    """The hosts build the fix without knowing the controller's inventory; pasted without -i it would refuse
+    (or run on $DGX_STAGE_INVENTORY)."""
+    state = state_with(failures={"dgx1": 1})
+    state.failures["dgx1"] = {"host": "dgx1", "play": "engine", "task": "Plan", "msg": "stale: `dgx-stage serve "
+                              "--limit dgx1 -e engine_pull=missing`; `dgx-stage report` shows it"}
+    code, out, record = finished(tmp_path, state, 2)
+    fixed = ("host dgx1 failed in play engine, task Plan: stale: `dgx-stage serve -i i --limit dgx1 -e "
+             "engine_pull=missing`; `dgx-stage report` shows it")
+    assert code == 2 and fixed in out.splitlines(), out
+    # report reads the inventory from run.json; one with a space is quoted.
+    runs.write_record(os.path.join(str(tmp_path / "runs"), record["ident"]), dict(record, inventory="/my inv"))
+    for markdown in ([], ["--markdown"]):
+        code, out, _err = main(["report", "--runs-dir", str(tmp_path / "runs")] + markdown, capsys)
+        assert "dgx-stage serve -i '/my inv' --limit dgx1" in out.replace("\\", ""), out
+
+
 def test_an_unreachable_host_exits_2(tmp_path):
     state = state_with(["report-stage-ok.json"], dark={"dgx9": 1})
     state.unreachable["dgx9"] = {"host": "dgx9", "play": "Preflight", "task": "ping", "msg": "no route"}

@@ -9,7 +9,7 @@ import shutil
 import stat
 import tempfile
 
-from dgx_stage import use_module_utils
+from dgx_stage import UsageError, use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_process import process_alive  # noqa: E402
@@ -112,14 +112,21 @@ def runs_dirs_nearby(root, current):
     return [path for path in found if os.path.abspath(path) != os.path.abspath(current)]
 
 
+def _names(folder, what, option):
+    """The names in folder, sorted ([] when it does not exist); UsageError naming it and the option to fix it when
+    it cannot be listed (a file, no permission)."""
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise UsageError("cannot read the %s %s (%s); pass another with %s" % (what, folder, exc.strerror or exc, option))
+
+
 def read_records(runs_dir):
     """Every readable run.json under runs_dir, oldest first."""
     records = []
-    try:
-        names = sorted(os.listdir(runs_dir))
-    except FileNotFoundError:
-        return []
-    for name in names:
+    for name in _names(runs_dir, "runs dir", "--runs-dir DIR or set DGX_STAGE_RUNS_DIR"):
         path = os.path.join(runs_dir, name, "run.json")
         try:
             with open(path) as handle:
@@ -174,11 +181,7 @@ def history_files(report_dir):
     import re
     pattern = re.compile(r"^(?P<host>.+)-(?P<run_id>\d{8}T\d{6}Z-[0-9a-f]{4})\.json$")
     out = {}
-    try:
-        names = sorted(os.listdir(report_dir))
-    except FileNotFoundError:
-        return out
-    for name in names:
+    for name in _names(report_dir, "report dir", "--report-dir DIR"):
         match = pattern.match(name)
         if match:
             out.setdefault(match.group("run_id"), {})[match.group("host")] = os.path.join(report_dir, name)

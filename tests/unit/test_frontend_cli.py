@@ -476,6 +476,26 @@ def test_a_run_whose_front_end_was_killed_reads_interrupted_in_report(recorded, 
         assert "localhost  20261201T101737Z-ed44  %s" % said in out, out
 
 
+def test_report_on_a_runs_or_report_dir_it_cannot_list_exits_64_naming_it(tmp_path, monkeypatch, capsys):
+    afile, locked = tmp_path / "afile", tmp_path / "locked"
+    afile.write_text("")
+    locked.mkdir()
+    listdir = os.listdir
+
+    def refusing(path):   # the tests may run as root, who lists any folder
+        if str(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+    monkeypatch.setattr(os, "listdir", refusing)
+    for argv, said in (
+            (["--runs-dir", str(afile)], "runs dir %s (Not a directory); pass another with --runs-dir DIR" % afile),
+            (["--runs-dir", str(locked)], "runs dir %s (Permission denied); pass another with --runs-dir" % locked),
+            (["--runs-dir", str(tmp_path / "none"), "--report-dir", str(afile)],
+             "report dir %s (Not a directory); pass another with --report-dir DIR" % afile)):
+        code, out, err = main(["report"] + argv, capsys)
+        assert code == 64 and out == "" and err.startswith("dgx-stage: cannot read the %s" % said), err
+
+
 def test_with_no_run_report_names_the_runs_dir_and_where_the_demos_recorded_theirs(tmp_path, monkeypatch, capsys):
     demo_runs = tmp_path / ".cache" / "demo" / "runs" / "20261201T100000Z-stage-aaaa"
     demo_runs.mkdir(parents=True)

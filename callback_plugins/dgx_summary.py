@@ -345,7 +345,7 @@ def interrupted_step(hosts, state):
     extra = list(state.get("rerun_args") or ())
     text = _command(state.get("inventory"), state.get("playbook"), hosts, extra)
     if state.get("extra_vars"):
-        text += "  (with the same -e options)"
+        text += "  (again with %s)" % " ".join(state["extra_vars"])
     return ["next step: the run was %s before %s finished; what is staged is kept and reused, so re-run: %s"
             % (how, ", ".join(hosts), text)]
 
@@ -608,10 +608,31 @@ def take_over_retry_lines(callback):
     return True
 
 
+def rerun_extra_vars(values):
+    """The run's -e values as its re-run step names them: an @file by its path, but an inline value, and the
+    file the front end writes for one (removed when its run ends), by the names it sets, as NAME=... (the
+    value may be a secret: never shown)."""
+    if not _front_end_subcommands():
+        return ["the same -e options"] if values else []
+    from dgx_stage import UsageError, extravars, runs
+    out = []
+    for value in values:
+        if value.startswith("@") and os.path.basename(os.path.dirname(value[1:])) != runs.EXTRA_VARS:
+            out.append("-e " + shlex.quote(value))
+            continue
+        try:
+            names = sorted(str(name) for name in extravars.variables_of(value))
+        except UsageError:
+            names = ["..."]
+        out += ["-e %s=..." % name for name in names]
+    return out
+
+
 def extra_var_warnings(values, inventories):
     """What dgx-stage refuses in -e values (a name no play or role reads, a name without a value, a value
-    outside its choices or type), as warnings for a run of the playbooks without the front end."""
-    if not _front_end_subcommands():
+    outside its choices or type), as warnings for a run of the playbooks without the front end. Without -e
+    there is nothing to check, and the inventory is not read again."""
+    if not values or not _front_end_subcommands():
         return []
     from dgx_stage import UsageError, extravars
     try:
@@ -672,7 +693,7 @@ class CallbackModule(CallbackBase):
         if args.get("check"):
             rerun += ["--check"]
         self.state["rerun_args"] = rerun
-        self.state["extra_vars"] = bool(args.get("extra_vars"))
+        self.state["extra_vars"] = rerun_extra_vars(args.get("extra_vars") or ())
         for line in extra_var_warnings(args.get("extra_vars") or (), inventories):
             self._display.warning(line)
         if not self._watching:

@@ -158,25 +158,31 @@ def inventory_hosts(inventory, limit=None, warnings=None):
     os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
+    from ansible.errors import AnsibleError
     said = io.StringIO()
-    with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-        manager = InventoryManager(loader=DataLoader(), sources=[inventory])
-        if limit:
-            manager.subset(limit)
-        hosts = [host.name for host in manager.get_hosts("all")]
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            manager = InventoryManager(loader=DataLoader(), sources=[inventory])
+            if limit:
+                manager.subset(limit)
+            hosts = [host.name for host in manager.get_hosts("all")]
+    except AnsibleError as exc:
+        # ansible.cfg makes any source that does not parse fatal (a directory's one broken file included).
+        why = [line.strip() for line in said.getvalue().splitlines() if "Failed to parse" in line]
+        raise UsageError("inventory %s does not parse: %s%s; fix it or pass another with -i" % (
+            inventory, str(exc).strip(), " (%s)" % why[0].replace("[WARNING]: ", "") if why else ""))
     if warnings is not None:
         warnings.extend(line.strip() for line in said.getvalue().splitlines() if line.strip())
     return hosts
 
 
 def check_inventory(inventory):
-    """UsageError when the inventory gives no host: it does not parse (ansible-playbook would only warn,
-    run no play and exit 0) or it is empty."""
+    """UsageError when the inventory does not parse (ansible-playbook would run on the hosts of the sources
+    that do, or on none and exit 0) or gives no host."""
     warnings = []
     if not inventory_hosts(inventory, warnings=warnings):
-        said = [w for w in warnings if "parse" in w] or warnings
         raise UsageError("inventory %s has no host (%s); fix it or pass another with -i"
-                         % (inventory, " ".join(said[:3]) if said else "it is empty"))
+                         % (inventory, " ".join(warnings[:3]) if warnings else "it is empty"))
 
 
 def check_limit(inventory, limit):
@@ -287,10 +293,11 @@ def report_subcommand(args, out=None):
         f for f in (record or {}).get("failures") or [] if f["host"] in _limit_hosts([f["host"]], args.limit)]
     if not reports:
         title += ": no host report was written"
+    inventory = (record or {}).get("inventory")
     # Why the front end itself stopped the run, when it did (run.json's error): the table alone would not say.
     error = [str(record["error"])] if record and record.get("error") else []
     if args.markdown:
-        out.write(table.render_markdown(rows, title=title, failures=failures) + "\n")
+        out.write(table.render_markdown(rows, title=title, failures=failures, inventory=inventory) + "\n")
         for line in error:
             out.write("\n%s\n" % table.markdown_escape(line))
     elif out.isatty():
@@ -300,11 +307,11 @@ def report_subcommand(args, out=None):
             table.print_table(console, rows, title=title)
         else:
             console.print(title, markup=False, highlight=False)
-        for line in [table.failure_line(failure) for failure in failures] + error:
+        for line in [table.failure_line(failure, inventory) for failure in failures] + error:
             console.print(line, markup=False, highlight=False)
     else:
         out.write(title + "\n" + (table.render_plain(rows) + "\n" if reports else ""))
-        for line in [table.failure_line(failure) for failure in failures] + error:
+        for line in [table.failure_line(failure, inventory) for failure in failures] + error:
             out.write(line + "\n")
     return EXIT_OK
 

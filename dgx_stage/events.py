@@ -19,14 +19,17 @@ def action_is(task_action, name):
 
 
 def result_message(res):
-    """A failed result's message: msg, else the failed loop items' labels and messages, else stderr."""
+    """A failed or unreachable result's message: a loop's failed or unreachable items' labels and messages
+    (the loop's own msg is "One or more items failed", or "All items completed" when an item was unreachable),
+    else msg, else stderr."""
     res = res or {}
-    if res.get("msg"):
-        return str(res["msg"]).strip()
     items = ["%s: %s" % (item.get("_ansible_item_label", item.get("item")), result_message(item))
-             for item in res.get("results") or [] if isinstance(item, dict) and item.get("failed")]
+             for item in res.get("results") or []
+             if isinstance(item, dict) and (item.get("failed") or item.get("unreachable"))]
     if items:
         return "; ".join(items)
+    if res.get("msg"):
+        return str(res["msg"]).strip()
     for key in ("stderr", "reason", "exception"):
         if res.get(key):
             return str(res[key]).strip().splitlines()[-1]

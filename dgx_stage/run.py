@@ -159,11 +159,13 @@ class PlaybookRun(object):
     def _write_record(self, **fields):
         self.record.update(fields)
         self.record.update({
-            "run_id": self.state.run_id, "report_dir": self.state.report_dir,
-            "reports": dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p),
+            "run_id": self.state.run_id, "report_dir": self.state.report_dir, "reports": self._report_paths(),
             "receipts_removed": dict(sorted(self.state.receipts_removed.items())),
         })
         runs.write_record(self.run_dir, self.record)
+
+    def _report_paths(self):
+        return dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p)
 
     def _make_run_dir(self):
         """A new dir for this run: a run started in the same second with the same random suffix (another
@@ -250,6 +252,8 @@ class PlaybookRun(object):
                     if "_status" in event:
                         continue
                     updates = self.state.handle(event)
+                    if self._report_paths() != self.record["reports"]:
+                        self._write_record()   # a killed front end's run.json still leads `report` to them
                     # A play is named once it shows something: progress, a change, a failure (the plays
                     # the tags skip still run their bookkeeping tasks: not worth a line).
                     if self.state.play != shown_play and not spec["verbose"] and (
@@ -312,7 +316,7 @@ class PlaybookRun(object):
         else:
             display.print("no host report was written in this run")
         for failure in failures:
-            display.print(table.failure_line(failure))
+            display.print(table.failure_line(failure, self.spec["inventory"]))
         if code == EXIT_ANSIBLE:
             display.print("ansible-playbook exited %s with no host failure; the end of its log:" % runner.rc)
             display.print(self._log_tail())

@@ -1,13 +1,15 @@
 """The record of each run: <runs dir>/<ident>/run.json (written atomically), next to ansible-runner's
 artifacts of the run (stdout: the full log, job_events/, rc, status, command)."""
+import contextlib
 import datetime
 import json
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 
-from dgx_stage import use_module_utils
+from dgx_stage import UsageError, use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_process import process_alive  # noqa: E402
@@ -38,6 +40,8 @@ def write_json(path, data, indent=1):
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=os.path.dirname(path))
     try:
         with os.fdopen(fd, "w") as handle:
+            with contextlib.suppress(FileNotFoundError):   # a file replaced keeps its mode (mkstemp's is 0600)
+                os.fchmod(handle.fileno(), stat.S_IMODE(os.stat(path).st_mode))
             json.dump(data, handle, indent=indent, sort_keys=True, ensure_ascii=False)
             handle.write("\n")
             handle.flush()
@@ -52,6 +56,13 @@ def write_json(path, data, indent=1):
 def write_record(run_dir, record):
     """run.json of a run."""
     write_json(os.path.join(run_dir, "run.json"), record)
+
+
+def front_end_alive(record):
+    """Whether a run's front end still runs: its record says running and names a live pid."""
+    pid = record.get("pid") if isinstance(record, dict) else None
+    return (record.get("status") == "running" and isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+            and process_alive(pid)) if isinstance(record, dict) else False
 
 
 def sweep_extra_vars(runs_dir):
@@ -72,8 +83,7 @@ def sweep_extra_vars(runs_dir):
                 record = json.load(handle)
         except (OSError, ValueError):
             record = {}
-        pid = record.get("pid") if isinstance(record, dict) else None
-        if isinstance(record, dict) and record.get("status") == "running" and isinstance(pid, int) and process_alive(pid):
+        if front_end_alive(record):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         swept.append(name)
@@ -109,14 +119,21 @@ def runs_dirs_nearby(root, current):
     return [path for path in found if os.path.abspath(path) != os.path.abspath(current)]
 
 
+def _names(folder, what, option):
+    """The names in folder, sorted ([] when it does not exist); UsageError naming it and the option to fix it when
+    it cannot be listed (a file, no permission)."""
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise UsageError("cannot read the %s %s (%s); pass another with %s" % (what, folder, exc.strerror or exc, option))
+
+
 def read_records(runs_dir):
     """Every readable run.json under runs_dir, oldest first."""
     records = []
-    try:
-        names = sorted(os.listdir(runs_dir))
-    except FileNotFoundError:
-        return []
-    for name in names:
+    for name in _names(runs_dir, "runs dir", "--runs-dir DIR or set DGX_STAGE_RUNS_DIR"):
         path = os.path.join(runs_dir, name, "run.json")
         try:
             with open(path) as handle:
@@ -132,10 +149,12 @@ def normal_record(record, name):
     """A run.json as `report` reads it: the fields it uses of the types it expects (a hand-edited or foreign
     file must not crash report: a wrong field reads as absent; the ident falls back to the dir's name)."""
     record = dict(record)
-    for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status"):
+    for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status", "inventory"):
         if not isinstance(record.get(key), str) or not record[key]:
             record[key] = None
     record["ident"] = record["ident"] or name
+    if record["status"] == "running" and not front_end_alive(record):
+        record["status"] = "interrupted"   # its front end was killed (SIGKILL) before it recorded the end
     reports = record.get("reports")
     record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
         if isinstance(reports, dict) else {}
@@ -169,11 +188,7 @@ def history_files(report_dir):
     import re
     pattern = re.compile(r"^(?P<host>.+)-(?P<run_id>\d{8}T\d{6}Z-[0-9a-f]{4})\.json$")
     out = {}
-    try:
-        names = sorted(os.listdir(report_dir))
-    except FileNotFoundError:
-        return out
-    for name in names:
+    for name in _names(report_dir, "report dir", "--report-dir DIR"):
         match = pattern.match(name)
         if match:
             out.setdefault(match.group("run_id"), {})[match.group("host")] = os.path.join(report_dir, name)

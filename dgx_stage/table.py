@@ -11,6 +11,8 @@ or rejected peer blobs, so a single host's output stays as it was. Each row carr
 under the key "stage_pass" (not a column), so every renderer can print it from the rows alone.
 """
 import datetime
+import re
+import shlex
 
 from dgx_stage import use_module_utils
 
@@ -343,8 +345,9 @@ def markdown_escape(text):
     return "".join("\\" + ch if ch in MARKDOWN_SPECIALS else ch for ch in text)
 
 
-def render_markdown(rows, title=None, failures=()):
-    """A Markdown table for a change log (optionally a title line and the failures as a list)."""
+def render_markdown(rows, title=None, failures=(), inventory=None):
+    """A Markdown table for a change log (optionally a title line and the failures as a list, the fixes they
+    give with -i inventory)."""
     lines = []
     if title:
         lines += ["### " + markdown_escape(title), ""]
@@ -365,7 +368,7 @@ def render_markdown(rows, title=None, failures=()):
     if failures:
         lines.append("")
         for failure in failures:
-            lines.append("- " + markdown_escape(failure_line(failure)))
+            lines.append("- " + markdown_escape(failure_line(failure, inventory)))
     return "\n".join(lines)
 
 
@@ -422,8 +425,18 @@ def rich_table(rows, title=None):
     return table
 
 
-def failure_line(failure):
-    """'host H failed in play P, task T: msg' (or unreachable)."""
+def with_inventory(text, inventory):
+    """The `dgx-stage SUBCOMMAND ...` fixes a message gives (built on the hosts, which do not know the
+    controller's inventory), each with the run's -i INVENTORY: the fix is run against the same hosts."""
+    if not inventory:
+        return text
+    return re.sub(r"`dgx-stage (?!report\b)([a-z-]+)",
+                  lambda match: "`dgx-stage %s -i %s" % (match.group(1), shlex.quote(inventory)), text)
+
+
+def failure_line(failure, inventory=None):
+    """'host H failed in play P, task T: msg' (or unreachable); the fixes msg gives run on `inventory`."""
     what = "unreachable" if failure.get("unreachable") else "failed"
     return "host %s %s in play %s, task %s: %s" % (failure["host"], what, failure.get("play") or "?",
-                                                   failure.get("task") or "?", failure.get("msg") or "")
+                                                   failure.get("task") or "?",
+                                                   with_inventory(failure.get("msg") or "", inventory))

@@ -338,9 +338,9 @@ def main():
                     % params["hub_local_root"])
     suspects = bound_suspects(manifest, params["hub_local_root"])
     if suspects and not params["allow_corrupt_nas"]:
-        module.fail_json(msg=suspect_text(suspects, False), nas_corrupt=suspects)
+        module.fail_json(msg=suspect_text(suspects, False, params["bind_from"]), nas_corrupt=suspects)
     if suspects:
-        module.warn(suspect_text(suspects, True))
+        module.warn(suspect_text(suspects, True, params["bind_from"]))
     module.exit_json(changed=False, manifest=manifest, counts=counts, nas_corrupt=suspects)
 
 

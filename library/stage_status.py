@@ -237,8 +237,16 @@ status:
         bind_from:
           description:
             - V(local) (staged files from the local disk, the rest from the NAS) or V(nas) (every file from the NAS,
-              a roll-back); null for a manifest written before the mode was recorded.
+              a roll-back); null for a manifest written before the mode was recorded, or one whose C(bind_from) is
+              neither (named in RV(status.manifest.field_problems)).
           type: str
+        field_problems:
+          description:
+            - Each field of the manifest of the wrong type (C(bind_from), a C(repos) entry or its C(repo_id),
+              C(revision), C(commit) or C(folder)), named with its value; the field is not read, the rest is.
+              Absent when the manifest could not be read at all.
+          type: list
+          elements: str
         repos:
           description: Per repo it binds.
           type: list

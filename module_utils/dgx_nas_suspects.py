@@ -13,7 +13,7 @@ suspects_of(hub_local_root, folder)      -> (the repo's suspects, why they canno
 bound_suspects(manifest, hub_local_root) -> [{repo_id, path, blob, nas_file, why}]: the suspects the manifest
                                             binds from the NAS; one whose NAS file changed since it was found is
                                             hashed again and dropped when it now holds its name's bytes
-suspect_text(suspects, allowed)          -> the refusal (or, allowed, the warning) naming each file and blob
+suspect_text(suspects, allowed, bind_from) -> the refusal (or, allowed, the warning) naming each file and blob
 
 Stdlib only; runs on the nodes' system Python.
 """
@@ -113,18 +113,26 @@ def bound_suspects(manifest, hub_local_root):
     return found
 
 
-def suspect_text(suspects, allowed):
+def suspect_text(suspects, allowed, bind_from):
     """What the operator reads when the manifest would bind suspects from the NAS: each file, its blob, the NAS
-    file and why; then how to go on."""
+    file and why; then how to go on, which depends on bind_from: a roll-back (nas) can serve the local copies
+    instead, while binding from the local disk (local) binds from the NAS only files with no usable local copy,
+    which a stage copies once the NAS holds their right bytes."""
     shown = ["%s %s (blob %s, NAS file %s): %s" % (s["repo_id"], s["path"], s["blob"], s["nas_file"], s["why"])
              if s["path"] else "%s: %s" % (s["repo_id"], s["why"]) for s in suspects[:10]]
     more = "; and %d more" % (len(suspects) - 10) if len(suspects) > 10 else ""
     if allowed:
         return ("engine_allow_corrupt_nas is set: binding from the NAS %d file(s) it holds with wrong bytes: %s%s"
                 % (len(suspects), "; ".join(shown), more))
+    if bind_from == "nas":
+        anyway = fix_command("serve", None, "engine_bind_from=nas", "engine_allow_corrupt_nas=true")
+        fix = ("Re-download them on the NAS (the next run hashes a changed NAS file before binding it), or serve the "
+               "local copies (%s); to bind them anyway: %s" % (fix_command("serve", None), anyway))
+    else:
+        fix = ("They have no usable local copy: re-download them on the NAS, then %s copies them to the local disk "
+               "with their names proven (a file the patterns leave on the NAS is hashed again before it is bound); "
+               "to bind them anyway: %s"
+               % (fix_command("stage", None), fix_command("serve", None, "engine_allow_corrupt_nas=true")))
     return ("Not binding from the NAS: a stage or verify pass found %d file(s) there whose bytes do not hash to "
-            "their blob's name, and nothing proved them good since: %s%s. Nothing was written or stopped. "
-            "Re-download them on the NAS (the next run hashes a changed NAS file before binding it), or serve the "
-            "local copies; to bind them anyway: %s"
-            % (len(suspects), "; ".join(shown), more,
-               fix_command("serve", None, "engine_bind_from=nas", "engine_allow_corrupt_nas=true")))
+            "their blob's name, and nothing proved them good since: %s%s. Nothing was written or stopped. %s"
+            % (len(suspects), "; ".join(shown), more, fix))

@@ -137,9 +137,9 @@ def snapshot_content(repo_dir, snap_dir):
     return files, total, dangling
 
 
-def staged_commit(repo_dir, revision):
+def staged_commit(repo_dir, revision, hub="the local hub"):
     """(commit, problem): the commit refs/<revision> names (or the revision itself when it is a commit
-    hash with a snapshot), or None with why."""
+    hash with a snapshot), or None with why; hub says where repo_dir is."""
     if not revision or revision.startswith("/") or ".." in revision.split("/"):
         return None, "revision %r cannot name a ref" % (revision,)
     ref_path = os.path.join(repo_dir, "refs", revision)
@@ -151,7 +151,7 @@ def staged_commit(repo_dir, revision):
     if st is None:
         if COMMIT_RE.match(revision):
             return revision, None
-        return None, "no refs/%s in the local hub" % revision
+        return None, "no refs/%s in %s" % (revision, hub)
     if not stat.S_ISREG(st.st_mode):
         return None, "refs/%s is not a regular file" % revision
     raw = read_small(ref_path, REF_MAX_BYTES) or b""
@@ -304,18 +304,39 @@ def manifest_status(manifest_path, hub_nas_root):
     if problem:
         out["problem"] = problem
         return out
-    records = [r for r in manifest["repos"] if isinstance(r, dict)]
-    out["bind_from"] = manifest.get("bind_from") if manifest.get("bind_from") in ("local", "nas") else None
-    for record in records:
-        row = {"repo_id": record.get("repo_id"), "revision": record.get("revision") or "main",
-               "commit": record.get("commit"), "nas_commit": None, "moved": None, "problem": None}
-        folder = record.get("folder")
-        if hub_nas_root and isinstance(folder, str) and "/" not in folder and folder not in ("", ".", ".."):
-            row["nas_commit"], row["problem"] = staged_commit(os.path.join(hub_nas_root, folder), row["revision"])
-            if row["nas_commit"]:
+    # A field of the wrong type (a hand edit, another tool's file) is named and left out; the rest is read.
+    out["field_problems"] = fields = []
+    if "bind_from" in manifest and manifest["bind_from"] not in ("local", "nas"):
+        fields.append("bind_from is %s, neither local nor nas" % _shown(manifest["bind_from"]))
+    else:
+        out["bind_from"] = manifest.get("bind_from")
+    for index, record in enumerate(manifest["repos"]):
+        if not isinstance(record, dict):
+            fields.append("repos[%d] is %s, not an object" % (index, _shown(record)))
+            continue
+        texts = {}
+        for key in ("repo_id", "revision", "commit", "folder"):
+            if record.get(key) is None or isinstance(record[key], str):
+                texts[key] = record.get(key)
+            else:
+                fields.append("repos[%d].%s is %s, not text" % (index, key, _shown(record[key])))
+        row = {"repo_id": texts.get("repo_id", "repos[%d]" % index),
+               "revision": (texts["revision"] or "main") if "revision" in texts else None,
+               "commit": texts.get("commit"), "nas_commit": None, "moved": None, "problem": None}
+        folder = texts.get("folder")
+        if hub_nas_root and "revision" in texts and folder and "/" not in folder and folder not in (".", ".."):
+            row["nas_commit"], row["problem"] = staged_commit(os.path.join(hub_nas_root, folder), row["revision"],
+                                                              "the NAS hub")
+            if row["nas_commit"] and row["commit"]:
                 row["moved"] = row["nas_commit"] != row["commit"]
         out["repos"].append(row)
     return out
+
+
+def _shown(value):
+    """A manifest value as a problem names it: its JSON, cut short."""
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def manifest_lines(manifest):
@@ -323,9 +344,12 @@ def manifest_lines(manifest):
         return []
     if manifest["problem"]:
         return ["manifest %s: %s" % (manifest["path"], manifest["problem"])]
-    lines = ["manifest %s: binds from %s (written %s)" % (
-        manifest["path"], manifest["bind_from"] or "an unknown source (written before the mode was recorded)",
-        manifest["written"])]
+    fields = manifest.get("field_problems") or []
+    unknown = "an unknown source" if any(f.startswith("bind_from ") for f in fields) else \
+        "an unknown source (written before the mode was recorded)"
+    lines = ["manifest %s: binds from %s (written %s)" % (manifest["path"], manifest["bind_from"] or unknown,
+                                                         manifest["written"])]
+    lines += ["  manifest field %s: not read" % field for field in fields]
     for row in manifest["repos"]:
         if row["moved"]:
             lines.append("  %s: the NAS refs/%s moved past the bound commit %s to %s (not served yet: stage it)"

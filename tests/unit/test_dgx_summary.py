@@ -324,9 +324,22 @@ def test_an_interrupted_run_says_so_with_the_hosts_that_did_not_finish():
                          "reused, so re-run: ansible-playbook -i inventory/demo stage-deepseek.yml --limit n1,n2 "
                          "--tags preflight,stage")
     assert sum(line.startswith("next step: ") for line in lines) == 2     # n3's own, and the re-run
-    stopped = summary.interrupted_step(["n1"], {"stopped": "STOPPED", "extra_vars": True, "rerun_args": ["--check"]})
+    stopped = summary.interrupted_step(["n1"], {"stopped": "STOPPED", "extra_vars": ["-e stage_verify=..."],
+                                                "rerun_args": ["--check"]})
     assert stopped == ["next step: the run was stopped before n1 finished; what is staged is kept and reused, so "
-                       "re-run: ansible-playbook stage-deepseek.yml --limit n1 --check  (with the same -e options)"]
+                       "re-run: ansible-playbook stage-deepseek.yml --limit n1 --check  (again with -e stage_verify=...)"]
+
+
+def test_the_re_run_names_the_extra_vars_by_name_never_by_the_front_ends_files_nor_by_value(tmp_path):
+    """The front end writes each inline -e value to a file of its run and removes it when the run ends."""
+    written = tmp_path / "runs" / "20261201T100000Z-stage-aaaa" / "extra-vars" / "extra-vars-0.json"
+    written.parent.mkdir(parents=True)
+    written.write_text('{"engine_env": {"HF_TOKEN": "hf_plantedSECRET"}, "stage_verify": "full"}')
+    own = tmp_path / "site.yml"
+    own.write_text("engine_port: 8001\n")
+    named = summary.rerun_extra_vars(["@%s" % written, "@%s" % own, "engine_pull=missing token=hf_plantedSECRET"])
+    assert named == ["-e engine_env=...", "-e stage_verify=...", "-e @%s" % own, "-e engine_pull=...",
+                     "-e token=..."]
 
 
 class _Obj(object):

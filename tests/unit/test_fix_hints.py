@@ -57,7 +57,7 @@ def task_hints():
 def code_hints():
     """The commands the node-side messages give: each fix_command call in module_utils, built for this host."""
     found = []
-    call = re.compile(r"fix_command\(\"([a-z-]+)\", (?:req\.)?host((?:, \"[^\"]+\")*)\)")
+    call = re.compile(r"fix_command\(\"([a-z-]+)\", (?:(?:req\.)?host|None)((?:, \"[^\"]+\")*)\)")
     for path in sorted(glob.glob(os.path.join(REPO_ROOT, "module_utils", "*.py"))):
         with open(path) as handle:
             for subcommand, values in call.findall(handle.read()):

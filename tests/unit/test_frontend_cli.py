@@ -264,15 +264,20 @@ def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
 
 
 def test_an_inventory_that_does_not_parse_or_is_empty_exits_64_naming_it(tmp_path, capsys):
-    # ansible-playbook only warns about such an inventory, runs no play and exits 0: that must not read as ok.
-    broken, empty = tmp_path / "broken.yml", tmp_path / "empty.yml"
+    # ansible-playbook alone only warns about a source that does not parse and runs on the hosts of the others
+    # (on none, exiting 0, for a single file): that must not read as ok.
+    broken, empty, folder = tmp_path / "broken.yml", tmp_path / "empty.yml", tmp_path / "inventory"
     broken.write_text("all: [\n")
     empty.write_text("all: {}\n")
-    for path, why in ((broken, "Failed to parse inventory"), (empty, "it is empty")):
+    folder.mkdir()
+    (folder / "hosts.yml").write_text(INVENTORY)
+    (folder / "site.yml").write_text("all: [\n")
+    for path, said in ((broken, "does not parse: Completely failed to parse inventory source %s" % broken),
+                       (folder, "does not parse: Completely failed to parse inventory source %s" % (folder / "site.yml")),
+                       (empty, "has no host (it is empty)")):
         code, out, err = main(["status", "-i", str(path)], capsys)
         assert code == 64 and out == "", err
-        assert err.startswith("dgx-stage: inventory %s has no host (" % path) and "pass another with -i" in err
-        assert why in err
+        assert err.startswith("dgx-stage: inventory %s %s" % (path, said)) and "pass another with -i" in err, err
     cli.check_inventory("rank0,")   # a host list has its hosts
 
 
@@ -342,6 +347,23 @@ def test_a_failed_host_exits_2_naming_host_play_task_and_message(tmp_path):
         "host rank1 failed in play preflight, task Mirror | Each repo from the NAS hub to the local hub, pass "
         "preflight: One or more items failed")
     assert record["failures"][0]["host"] == "rank1"
+
+
+def test_the_fix_a_failure_gives_runs_on_the_runs_inventory(tmp_path, capsys):
+    """The hosts build the fix without knowing the controller's inventory; pasted without -i it would refuse
+    (or run on $DGX_STAGE_INVENTORY)."""
+    state = state_with(failures={"dgx1": 1})
+    state.failures["dgx1"] = {"host": "dgx1", "play": "engine", "task": "Plan", "msg": "stale: `dgx-stage serve "
+                              "--limit dgx1 -e engine_pull=missing`; `dgx-stage report` shows it"}
+    code, out, record = finished(tmp_path, state, 2)
+    fixed = ("host dgx1 failed in play engine, task Plan: stale: `dgx-stage serve -i i --limit dgx1 -e "
+             "engine_pull=missing`; `dgx-stage report` shows it")
+    assert code == 2 and fixed in out.splitlines(), out
+    # report reads the inventory from run.json; one with a space is quoted.
+    runs.write_record(os.path.join(str(tmp_path / "runs"), record["ident"]), dict(record, inventory="/my inv"))
+    for markdown in ([], ["--markdown"]):
+        code, out, _err = main(["report", "--runs-dir", str(tmp_path / "runs")] + markdown, capsys)
+        assert "dgx-stage serve -i '/my inv' --limit dgx1" in out.replace("\\", ""), out
 
 
 def test_an_unreachable_host_exits_2(tmp_path):
@@ -472,13 +494,54 @@ def test_an_interrupted_runs_reports_read_interrupted_in_the_files_and_in_report
     # run.json says interrupted though the front end died before it settled the files: report says so too.
     code, out, _err = main(["report", "20261201T101737Z-ed44", "--runs-dir", runs_dir], capsys)
     assert code == 0 and "localhost  20261201T101737Z-ed44  interrupted" in out, out
-    # The front end settles them at the end of an interrupted run: both files, this run's only.
+    # The front end settles them at the end of an interrupted run: both files, this run's only, keeping their mode.
+    for path in (history, os.path.join(report_dir, "localhost.json")):
+        os.chmod(path, 0o644)
     assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == ["localhost"]
     for path in (history, os.path.join(report_dir, "localhost.json")):
         with open(path) as handle:
             assert json.load(handle)["status"] == "interrupted"
+        assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
     assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == []
     assert runs.settle_interrupted({"localhost": history}, "another-run") == []
+
+
+def test_a_run_whose_front_end_was_killed_reads_interrupted_in_report(recorded, capsys):
+    """SIGKILL leaves run.json and the host reports `running`; a dead front end pid says the run is over."""
+    runs_dir, report_dir = recorded
+    history = os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json")
+    with open(history) as handle:
+        runs.write_json(history, dict(json.load(handle), status="running"), indent=2)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    record = os.path.join(runs_dir, "20261201T101736Z-stage-aaaa", "run.json")
+    with open(record) as handle:
+        data = json.load(handle)
+    for pid, said in ((os.getpid(), "running"), (dead.pid, "interrupted")):
+        runs.write_json(record, dict(data, status="running", pid=pid))
+        code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
+        assert code == 0 and "(stage, 2026-12-01T10:17:36Z, %s)" % said in out, out
+        assert "localhost  20261201T101737Z-ed44  %s" % said in out, out
+
+
+def test_report_on_a_runs_or_report_dir_it_cannot_list_exits_64_naming_it(tmp_path, monkeypatch, capsys):
+    afile, locked = tmp_path / "afile", tmp_path / "locked"
+    afile.write_text("")
+    locked.mkdir()
+    listdir = os.listdir
+
+    def refusing(path):   # the tests may run as root, who lists any folder
+        if str(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+    monkeypatch.setattr(os, "listdir", refusing)
+    for argv, said in (
+            (["--runs-dir", str(afile)], "runs dir %s (Not a directory); pass another with --runs-dir DIR" % afile),
+            (["--runs-dir", str(locked)], "runs dir %s (Permission denied); pass another with --runs-dir" % locked),
+            (["--runs-dir", str(tmp_path / "none"), "--report-dir", str(afile)],
+             "report dir %s (Not a directory); pass another with --report-dir DIR" % afile)):
+        code, out, err = main(["report"] + argv, capsys)
+        assert code == 64 and out == "" and err.startswith("dgx-stage: cannot read the %s" % said), err
 
 
 def test_with_no_run_report_names_the_runs_dir_and_where_the_demos_recorded_theirs(tmp_path, monkeypatch, capsys):
@@ -712,6 +775,37 @@ def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, mon
     with open(os.path.join(playbook_run.run_dir, "run.json")) as handle:
         record = json.load(handle)
     assert record["status"] == "error" and record["exit_code"] == 1 and "display broke" in record["error"]
+
+
+def test_run_json_names_the_host_reports_as_soon_as_they_are_written(tmp_path, monkeypatch):
+    """A front end killed (SIGKILL) before its end still leaves a run.json from which `report` finds them."""
+    import threading
+    import ansible_runner
+    seen = {}
+
+    def fake_run_async(**kwargs):
+        record = os.path.join(kwargs["private_data_dir"], "run.json")
+
+        def playbook():
+            kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {
+                "host": "dgx1", "task_action": "host_report", "res": {
+                    "report": {"host": "dgx1", "run_id": "20261201T100609Z-be99", "status": "running"},
+                    "history_path": "/r/dgx1-20261201T100609Z-be99.json"}}})
+            deadline = time.time() + 10
+            while time.time() < deadline and not seen.get("reports"):
+                with open(record) as handle:
+                    seen.update(json.load(handle))
+                time.sleep(0.05)
+        thread = threading.Thread(target=playbook, daemon=True)
+        thread.start()
+        return thread, FakeRunner(0)
+
+    monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
+    spec = {"subcommand": "stage", "playbook": "stage-deepseek.yml", "tags": "stage", "inventory": "i",
+            "limit": None, "extra_vars": [], "check": False, "verbose": 0, "cmdline": "", "argv": ["stage"]}
+    run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO()).run()
+    assert seen["status"] == "running" and seen["run_id"] == "20261201T100609Z-be99"
+    assert seen["reports"] == {"dgx1": "/r/dgx1-20261201T100609Z-be99.json"}
 
 
 def test_a_ctrl_c_before_the_run_exits_99_and_the_handlers_cover_the_whole_run(tmp_path, monkeypatch, capsys):

@@ -124,6 +124,15 @@ def test_result_message_of_a_loop_names_the_failed_items():
                        {"failed": True, "item": "b", "stderr": "x\nlast words"}]}
     assert result_message(res) == "a@main: bad a; b: last words"
     assert result_message({}) == "(no message)"
+    assert result_message(dict(res, msg="One or more items failed")) == "a@main: bad a; b: last words"
+
+
+def test_an_unreachable_loop_item_gives_its_own_message():
+    state = RunState()
+    state.handle(event("runner_on_unreachable", "dgx2", "ping", {
+        "msg": "All items completed", "unreachable": True,
+        "results": [{"item": "a", "unreachable": True, "msg": "Failed to connect to the host via ssh: refused"}]}))
+    assert state.failed_hosts()[0]["msg"] == "a: Failed to connect to the host via ssh: refused"
 
 
 def test_plain_display_prints_each_hosts_line_once_without_escapes():

@@ -68,8 +68,22 @@ def test_a_roll_back_refuses_a_suspect_it_would_bind_and_names_file_blob_and_fix
     args["allow_corrupt_nas"] = True
     result = check_result("engine_manifest", args, run_main("engine_manifest", args))
     assert [f["blob"] for f in result["nas_corrupt"]] == [etag]
-    warning = suspect_text(result["nas_corrupt"], True)
+    warning = suspect_text(result["nas_corrupt"], True, "nas")
     assert warning.startswith("engine_allow_corrupt_nas is set: binding from the NAS 1 file(s)") and etag in warning
+
+
+def test_binding_from_the_local_disk_a_suspect_with_no_local_copy_asks_for_a_stage_never_a_roll_back(fresh_nas,
+                                                                                                       local):
+    # A roll-back (engine_bind_from=nas) would bind every file from the NAS that holds the wrong bytes.
+    nas = fresh_nas
+    shard, etag = rotted_nas(nas, local)
+    os.unlink(local_blob(nas, local, etag))
+    args = manifest_args(nas, local, bind_from="local")
+    result = check_result("engine_manifest", args, run_main("engine_manifest", args), expect_failure=True)
+    assert [(f["path"], f["blob"]) for f in result["nas_corrupt"]] == [(shard, etag)]
+    assert "engine_bind_from=nas" not in result["msg"], result["msg"]
+    assert "re-download them on the NAS, then `dgx-stage stage` copies them" in result["msg"]
+    assert "to bind them anyway: `dgx-stage serve -e engine_allow_corrupt_nas=true`" in result["msg"]
 
 
 def test_binding_the_good_local_copy_is_no_refusal(fresh_nas, local):

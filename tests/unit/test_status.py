@@ -346,7 +346,31 @@ def test_a_nas_ref_that_cannot_be_read_is_named_not_called_moved(tmp_path):
     (tmp_path / "nas").mkdir()
     manifest = manifest_status(str(write_manifest(tmp_path / "m.json")), str(tmp_path / "nas"))
     assert manifest["repos"][0]["moved"] is None and manifest["repos"][0]["problem"]
-    assert manifest_lines(manifest)[1].startswith("  org/model: NAS refs/main: ")
+    assert manifest_lines(manifest)[1] == "  org/model: NAS refs/main: no refs/main in the NAS hub"
+
+
+@pytest.mark.parametrize("edit, said, line", [
+    (lambda d: d.update(bind_from=5), "bind_from is 5, neither local nor nas", "  org/model: the NAS refs/main moved"),
+    (lambda d: d.update(bind_from={"x": 1}), 'bind_from is {"x": 1}, neither local nor nas', "  org/model: the NAS"),
+    (lambda d: d["repos"][0].update(revision=5), "repos[0].revision is 5, not text", None),
+    (lambda d: d["repos"][0].update(commit=["a"]), 'repos[0].commit is ["a"], not text', None),
+    (lambda d: d["repos"][0].update(repo_id={"a": 1}), 'repos[0].repo_id is {"a": 1}, not text', "  repos[0]: the NAS"),
+    (lambda d: d["repos"].insert(0, ["x"]), 'repos[0] is ["x"], not an object', "  org/model: the NAS refs/main moved")])
+def test_a_manifest_field_of_the_wrong_type_is_named_and_the_rest_is_read(tmp_path, edit, said, line):
+    make_repo(tmp_path / "nas", commit=OTHER)
+    path = write_manifest(tmp_path / "m.json")
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    args = {"hub_local_root": str(tmp_path / "local"), "repos": [REPO], "receipt_parent": str(tmp_path),
+            "engine_enabled": False, "manifest_path": str(path), "hub_nas_root": str(tmp_path / "nas")}
+    result = check_result("stage_status", args, run_main("stage_status", args))
+    manifest = result["status"]["manifest"]
+    assert manifest["problem"] is None and manifest["field_problems"] == [said]
+    lines = [text for text in result["lines"] if text.startswith(("manifest ", "  "))]
+    assert lines[0].startswith("manifest %s: binds from " % path) and "written before" not in lines[0]
+    assert lines[1] == "  manifest field %s: not read" % said
+    assert (lines[2].startswith(line) if line else len(lines) == 2), lines
 
 
 @pytest.mark.parametrize("content, words", [

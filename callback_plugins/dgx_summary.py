@@ -67,9 +67,9 @@ from ansible.plugins.callback import CallbackBase
 _MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../module_utils"))
 if _MODULE_UTILS not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(_MODULE_UTILS)
+from ansible.module_utils.dgx_report import PASSES, PLAYS  # noqa: E402
 from ansible.module_utils.dgx_units import human_bytes  # noqa: E402
 
-PASSES = ("preflight", "stage", "verify")
 # The actions whose results carry a repo's row: the mirror itself (preflight, --check), and mirror_job
 # returning a background stage or verify job's own result.
 MIRROR_ACTIONS = ("hf_hub_mirror", "mirror_job")
@@ -552,12 +552,10 @@ def summary_lines(state):
 
 # ---- the callback: collects plain data, prints summary_lines() ---------------------------------------
 
-PLAY_ORDER = ("preflight", "stage", "verify", "receipts", "manifest", "engine", "smoke", "bench")
-
 
 def _play_order(tag):
     """--tags in the order stage-deepseek.yml runs the plays (Ansible keeps them as a set)."""
-    return (PLAY_ORDER.index(tag), "") if tag in PLAY_ORDER else (len(PLAY_ORDER), tag)
+    return (PLAYS.index(tag), "") if tag in PLAYS else (len(PLAYS), tag)
 
 
 def _truthy(value):

@@ -36,6 +36,8 @@ COLUMNS = (
     ("decode", "DECODE tok/s vs floor"),
 )
 NONE = "-"
+# The plain table's fold: it reads in a 100-column terminal, a pager or a CI log.
+PLAIN_WIDTH = 100
 MIB = 1024.0 * 1024.0
 MARKDOWN_SPECIALS = "\\`*_<>[]|~&"   # ~: GitHub's strikethrough; &: an entity (&lt;) would render as "<"
 
@@ -329,12 +331,29 @@ def stage_lines(rows):
     return lines + ([total] if total else [])
 
 
-def render_plain(rows):
-    """Aligned text columns, no escape codes."""
+def column_bands(widths, width):
+    """COLUMNS folded into bands of at most `width` characters, each led by HOST (a band holds at least one
+    column besides it, however wide)."""
+    host, rest = COLUMNS[0], COLUMNS[1:]
+    bands, band = [], [host]
+    for column in rest:
+        if len(band) > 1 and sum(widths[key] + 2 for key, _title in band) + widths[column[0]] > width:
+            bands.append(band)
+            band = [host]
+        band.append(column)
+    return bands + [band]
+
+
+def render_plain(rows, width=PLAIN_WIDTH):
+    """Aligned text columns, no escape codes, folded into bands that fit `width` (a log or a pipe has no
+    terminal width to ask)."""
     widths = dict((key, max([len(title)] + [len(row[key]) for row in rows])) for key, title in COLUMNS)
-    lines = ["  ".join(title.ljust(widths[key]) for key, title in COLUMNS).rstrip()]
-    for row in rows:
-        lines.append("  ".join(row[key].ljust(widths[key]) for key, _title in COLUMNS).rstrip())
+    lines = []
+    for band in column_bands(widths, width):
+        lines += [""] if lines else []
+        lines.append("  ".join(title.ljust(widths[key]) for key, title in band).rstrip())
+        for row in rows:
+            lines.append("  ".join(row[key].ljust(widths[key]) for key, _title in band).rstrip())
     stage = stage_lines(rows)
     return "\n".join(lines + ([""] + stage if stage else []))
 

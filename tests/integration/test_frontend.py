@@ -72,13 +72,18 @@ def job_events(record):
 
 
 def plain_row(output, host):
-    """The cells of host's row of the plain final table (columns split on 2+ spaces)."""
+    """The cells of host's row of the plain final table (columns split on 2+ spaces), its bands joined."""
     lines = output.splitlines()
     header = [i for i, line in enumerate(lines) if line.startswith("HOST ") and "RUN" in line][-1]
+    cells = []
     for line in lines[header + 1:]:
+        if line.startswith(("Stage pass", "artifacts:")):
+            break
         if line.startswith(host + " "):
-            return re.split(r"\s{2,}", line.strip())
-    raise AssertionError("no row for %s in:\n%s" % (host, output))
+            row = re.split(r"\s{2,}", line.strip())
+            cells += row[1:] if cells else row
+    assert cells, "no row for %s in:\n%s" % (host, output)
+    return cells
 
 
 def markdown_row(output, host):

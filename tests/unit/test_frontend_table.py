@@ -119,7 +119,7 @@ def test_rows_are_in_rank_order_and_plain_text_is_aligned_without_escapes():
     assert [r["host"] for r in rows] == ["rank1", "localhost"]
     text = table.render_plain(rows)
     lines = text.splitlines()
-    assert lines[3:5] == ["", "Stage pass (UTC)"] and "\x1b" not in text   # two hosts: the block below
+    assert lines[7:9] == ["", "Stage pass (UTC)"] and "\x1b" not in text   # two hosts: the block below
     assert lines[0].startswith("HOST       RUN ") and lines[2].startswith("localhost  20261201T101737Z-ed44  ok ")
     # Every column starts at the same offset on every line.
     start = lines[0].index("COPIED")
@@ -234,17 +234,17 @@ def lane_reports(world_size=4, readers=2):
 def test_a_lane_shows_each_hosts_stage_window_and_bytes_from_the_nas_and_from_peers():
     rows = table.table_rows(lane_reports())
     text = table.render_plain(rows)
-    block = text.split("\n\n", 1)[1].splitlines()
-    assert block == [
-        "Stage pass (UTC)",
+    main, block = text.split("\n\nStage pass (UTC)\n")
+    assert block.splitlines() == [
         "HOST  STAGE WINDOW       FROM NAS  FROM PEERS  PEER REJECTED",
         "dgx1  10:18:05-10:19:59  48.0 MiB  0 B         0",
         "dgx2  10:18:05-10:19:59  8.0 MiB   40.0 MiB    0",
         "dgx3  10:20:05-10:21:59  8.0 MiB   40.0 MiB    0",
         "dgx4  10:20:05-10:21:59  8.0 MiB   40.0 MiB    1",
         "lane: 72.0 MiB from the NAS, 120.0 MiB from peers"]
-    # The main table above is the same as without the block.
-    assert text.split("\n\n", 1)[0] == "\n".join(table.render_plain(rows).splitlines()[:5])
+    # The main table above it: every host in each of its bands.
+    assert [line.split()[0] for line in main.splitlines() if line and not line.startswith("HOST ")] == \
+        ["dgx1", "dgx2", "dgx3", "dgx4"] * len(main.split("\n\n"))
 
 
 def test_the_rejected_column_only_when_a_peer_blob_was_rejected_and_the_date_only_when_not_the_runs():
@@ -265,10 +265,11 @@ def test_a_single_host_staging_from_the_nas_prints_the_table_alone_as_before():
     assert table.stage_lines(rows) == []
     # Byte for byte what the runbooks quote (docs/runbooks/*.md): the header and the host's line, nothing more.
     assert table.render_plain(rows).splitlines() == [
-        "HOST       RUN                    STATUS  FILES local/excl  COPIED    REPAIRED  NAS CORRUPT  MiB/s  VERIFY  "
-        "MANIFEST local/nas  RECEIPTS removed  ENGINE  SMOKE  DECODE tok/s vs floor",
-        "localhost  20261201T101737Z-ed44  ok      17/5              48.0 MiB  0         0            160.6  sample  "
-        "17/1                0                 -       -      -"]
+        "HOST       RUN                    STATUS  FILES local/excl  COPIED    REPAIRED  NAS CORRUPT  MiB/s",
+        "localhost  20261201T101737Z-ed44  ok      17/5              48.0 MiB  0         0            160.6",
+        "",
+        "HOST       VERIFY  MANIFEST local/nas  RECEIPTS removed  ENGINE  SMOKE  DECODE tok/s vs floor",
+        "localhost  sample  17/1                0                 -       -      -"]
     assert table.render_markdown(rows, title="t").splitlines()[-1] == (
         "| localhost | 20261201T101737Z-ed44 | ok | 17/5 | 48.0 MiB | 0 | 0 | 160.6 | sample | 17/1 | 0 | - | - | - |")
     # Peer bytes (or a rejection) on one host are worth showing even alone.
@@ -327,3 +328,23 @@ def test_the_terminal_table_is_followed_by_the_stage_pass_block():
         table.print_table(Console(file=out, width=width, force_terminal=False), rows, title="t")
         text = out.getvalue()
         assert "\n".join(table.stage_lines(rows)) in text, width
+
+
+def test_the_plain_table_folds_into_bands_of_100_columns_each_led_by_the_host():
+    report, other = fixture("report-stage-ok.json"), fixture("report-stage-ok.json")
+    report["engine"] = {"started": True, "ready": {"state": "dead"},
+                        "smoke": {"error": "connection refused by 10.0.0.1:8000 " * 3}}
+    other.update(host="a-much-longer-host-name", rank=1)
+    rows = table.table_rows({"localhost": report, "a-much-longer-host-name": other})
+    lines = table.render_plain(rows).split("\n\nStage pass")[0].splitlines()
+    bands = [band.splitlines() for band in "\n".join(lines).split("\n\n")]
+    assert len(bands) >= 2 and all(len(band) == 1 + len(rows) for band in bands), lines
+    assert all(band[0].startswith("HOST ") for band in bands)
+    assert all(sorted(line.split()[0] for line in band[1:]) == ["a-much-longer-host-name", "localhost"]
+               for band in bands)
+    headers = " ".join(band[0] for band in bands)
+    assert all(headers.count(title) == (len(bands) if key == "host" else 1) for key, title in table.COLUMNS)
+    # Every line fits, but a cell wider than the fold (the smoke error) gets a band with the host alone.
+    assert all(len(line) <= 100 for band in bands for line in band if "connection refused" not in line)
+    [wide] = [band for band in bands if "connection refused" in "".join(band)]
+    assert wide[0].split() == ["HOST", "SMOKE"], wide

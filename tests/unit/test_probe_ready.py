@@ -4,6 +4,8 @@ import http.client
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 
@@ -587,6 +589,32 @@ def test_run_probe_wait_shows_no_secret_from_an_engine_log_a_verdict_or_a_strang
     for result in (first, second):
         shown = json.dumps(result)
         assert not [secret for secret in secrets if secret in shown], shown
+
+
+def test_a_secret_straddling_the_cut_of_a_log_tail_or_a_command_line_is_hidden_whole():
+    """The log tail keeps its last 4,000 characters and a holder's command line its first 200: a secret
+    across either edge is hidden before the cut, so no piece of it is shown."""
+    secret = "sk_live_" + "ABCDEFGHJKMNPQRS" * 2
+    half = len(secret) // 2
+    log = "api_key=%s\n%s" % (secret, "y" * (4000 - half - 1))
+    runner = FakeRunner(inspect_json(False, 1), logs=log)
+    script = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); " \
+             "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    head = " ".join(["python3", "-c", script, ""])
+    pad = "p" * (200 - half - len(head) - len(" --api-key "))
+    holder = subprocess.Popen(["python3", "-c", script, pad, "--api-key", secret], executable=sys.executable,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        port = int(holder.stdout.readline())
+        result = run_probe(params(mode="wait", container="ds41-engine", port=port, redact=[secret]),
+                           runner=runner, opener=refused)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [h["cmdline"] for h in result["row"]["owner"]["holders"]] == [(head + pad + " --api-key <hidden>")[:200]]
+    assert result["row"]["container"]["logs"].endswith("y" * 100)
+    shown = json.dumps(result)
+    assert secret[:8] not in shown and secret[-8:] not in shown
 
 
 def test_run_probe_wait_alone_without_a_container():

@@ -115,16 +115,27 @@ def bound_suspects(manifest, hub_local_root):
 
 def suspect_text(suspects, allowed):
     """What the operator reads when the manifest would bind suspects from the NAS: each file, its blob, the NAS
-    file and why; then how to go on."""
+    file and why, and each repo whose record of them cannot be read (no count of files: it is not known); then
+    how to go on."""
+    files = [s for s in suspects if s["path"]]
     shown = ["%s %s (blob %s, NAS file %s): %s" % (s["repo_id"], s["path"], s["blob"], s["nas_file"], s["why"])
-             if s["path"] else "%s: %s" % (s["repo_id"], s["why"]) for s in suspects[:10]]
-    more = "; and %d more" % (len(suspects) - 10) if len(suspects) > 10 else ""
+             for s in files[:10]]
+    more = "; and %d more" % (len(files) - 10) if len(files) > 10 else ""
+    unread = "; ".join("%s: %s" % (s["repo_id"], s["why"]) for s in suspects if not s["path"])
     if allowed:
-        return ("engine_allow_corrupt_nas is set: binding from the NAS %d file(s) it holds with wrong bytes: %s%s"
-                % (len(suspects), "; ".join(shown), more))
-    return ("Not binding from the NAS: a stage or verify pass found %d file(s) there whose bytes do not hash to "
-            "their blob's name, and nothing proved them good since: %s%s. Nothing was written or stopped. "
-            "Re-download them on the NAS (the next run hashes a changed NAS file before binding it), or serve the "
-            "local copies; to bind them anyway: %s"
-            % (len(suspects), "; ".join(shown), more,
-               fix_command("serve", None, "engine_bind_from=nas", "engine_allow_corrupt_nas=true")))
+        parts = ["binding from the NAS %d file(s) it holds with wrong bytes: %s%s" % (len(files), "; ".join(shown),
+                                                                                       more)] if files else []
+        if unread:
+            parts.append("binding from the NAS without knowing which files there hold wrong bytes (%s)" % unread)
+        return "engine_allow_corrupt_nas is set: %s" % "; ".join(parts)
+    found = ["a stage or verify pass found %d file(s) there whose bytes do not hash to their blob's name, and "
+             "nothing proved them good since: %s%s" % (len(files), "; ".join(shown), more)] if files else []
+    fixes = ["re-download them on the NAS (the next run hashes a changed NAS file before binding it)"] if files else []
+    if unread:
+        found.append("which files there hold wrong bytes is not known: %s" % unread)
+        fixes.append("inspect that record: put back the one dgx-stage wrote, or move it aside to start a new one "
+                     "(the NAS blobs it named are then trusted again)")
+    fix = "; or ".join(fixes)
+    return ("Not binding from the NAS: %s. Nothing was written or stopped. %s, or serve the local copies; to bind "
+            "them anyway: %s" % ("; also, ".join(found), fix[:1].upper() + fix[1:],
+                                 fix_command("serve", None, "engine_bind_from=nas", "engine_allow_corrupt_nas=true")))

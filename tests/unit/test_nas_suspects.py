@@ -133,6 +133,11 @@ def test_a_record_that_cannot_be_read_refuses_rather_than_binding_blind(tmp_path
                 "mounts": []}
     [found] = bound_suspects(manifest, str(tmp_path))
     assert found["path"] is None and words in found["why"]
+    # No count of files it cannot know, and the way out names the record.
+    refusal = suspect_text([found], False)
+    assert "file(s)" not in refusal and "which files there hold wrong bytes is not known" in refusal
+    assert "Inspect that record" in refusal and "re-download" not in refusal
+    assert "file(s)" not in suspect_text([found], True)
 
 
 def test_no_record_no_local_hub_is_no_suspect(tmp_path):

@@ -464,13 +464,32 @@ def test_meter_keeps_the_other_passes_of_the_file_and_says_how_a_pass_ended(tmp_
     assert doc["hashing"] == {"files_done": 0, "files_total": 1, "bytes_done": 25, "bytes_total": 25}
 
 
-def test_meter_ignores_an_unreadable_progress_file(tmp_path):
+@pytest.mark.parametrize("plant, words", [
+    ("garbage", "is not JSON"), ("huge", "is larger than"), ("link", "cannot be read"),
+    ("not-a-mapping", "is not a mapping of blobs")])
+def test_a_pass_refuses_a_progress_file_it_cannot_read_rather_than_forget_the_nas_suspects(tmp_path, plant, words):
+    """The file may hold the NAS blobs found corrupt: written over, they would be forgotten and a roll-back
+    would bind one. The pass stops naming the file and what to do, and leaves it as it is."""
     lock = tmp_path / ".locks"
     lock.mkdir()
-    (lock / dgx_progress_file.PROGRESS_NAME).write_text("{torn")
+    progress = lock / dgx_progress_file.PROGRESS_NAME
+    if plant == "link":
+        (tmp_path / "record.json").write_text(json.dumps({"nas_corrupt": {"a" * 64: {"paths": ["x"]}}}))
+        progress.symlink_to(tmp_path / "record.json")
+    elif plant == "huge":
+        progress.write_text(json.dumps({"nas_corrupt": {"a" * 64: {"why": "x" * dgx_progress_file.MAX_BYTES}}}))
+    else:
+        progress.write_text('{"nas_corrupt": {"%s": {"paths": ["x"]}' % ("a" * 64) if plant == "garbage"
+                            else '{"nas_corrupt": []}')
+    before = os.lstat(str(progress))
     with open_tmp(tmp_path, ".locks") as lock_dir:
-        dgx_progress_file.PassMeter("stage", "org/name", "none").attach(lock_dir)
-    assert sorted(read_progress(tmp_path)["passes"]) == ["stage"]
+        with pytest.raises(StageError) as raised:
+            dgx_progress_file.PassMeter("stage", "org/name", "none").attach(lock_dir)
+    assert str(progress) in str(raised.value) and words in str(raised.value)
+    assert "nothing was written" in str(raised.value) and "move this one aside" in str(raised.value)
+    after = os.lstat(str(progress))
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert sorted(os.listdir(str(lock))) == [dgx_progress_file.PROGRESS_NAME]
 
 
 def test_meter_keeps_a_suspects_record_larger_than_a_mebibyte(tmp_path):

@@ -833,14 +833,21 @@ def serve_once(reply):
     return "http://127.0.0.1:%d" % listener.getsockname()[1], thread
 
 
-def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_requests_deadline():
-    """One header byte every 0.3 s never trips a 1 s socket timeout; the request's 1.5 s deadline cuts it."""
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_requests_deadline(monkeypatch, scheme):
+    """One header byte every 0.3 s never trips a 1 s socket timeout; the request's 1.5 s deadline cuts it. Over
+    https too: its connection is watched as well (here its TLS is left out, the exchange after it is the same)."""
     def trickle(conn):
         for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
             conn.sendall(bytes([byte]))
             time.sleep(0.3)
 
+    def connect_without_tls(self):
+        self.sock = socket.create_connection((self.host, self.port), self.timeout)
+
+    monkeypatch.setattr(http.client.HTTPSConnection, "connect", connect_without_tls)
     url, thread = serve_once(trickle)
+    url = url.replace("http:", scheme + ":")
     started = time.monotonic()
     with pytest.raises(dgx_errors.StageError, match="took longer than 1.5 s"):
         dgx_openai.http_json(url + "/v1/models", timeout=1.5)

@@ -131,10 +131,10 @@ def stream_tokens(stream):
     """(tokens, token_source) of a parse_sse() stream: the server's usage count when it sends one (with
     speculative decoding a chunk may carry several tokens), else the token-bearing chunks that arrived,
     a count that can only be low (never max_tokens on the engine's word: finish_reason length after a
-    short answer proves nothing)."""
+    short answer proves nothing). A count that is not a whole positive number is no count."""
     completion_tokens = (stream.get("usage") or {}).get("completion_tokens")
-    if completion_tokens:
-        return int(completion_tokens), "usage"
+    if isinstance(completion_tokens, int) and not isinstance(completion_tokens, bool) and completion_tokens > 0:
+        return completion_tokens, "usage"
     return stream["chunks"], "chunks"
 
 

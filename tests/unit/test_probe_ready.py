@@ -145,6 +145,17 @@ def test_a_length_finish_without_usage_counts_the_chunks_that_came_and_fails_a_s
                            "only %d tokens, too few to measure decode speed" % (chunks, chunks, chunks))
 
 
+@pytest.mark.parametrize("count", ["400", "many", [400], {"n": 400}, True, 400.5, -400])
+def test_a_usage_count_that_is_not_a_whole_number_is_no_count(count):
+    """The engine's word is read, never trusted to be a number: a string, a list, a flag or a fraction counts as no
+    usage, and the chunks that came count instead."""
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk("length"), {"choices": [], "usage": {"completion_tokens": count}}, b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert (result["tokens"], result["token_source"]) == (400, "chunks")
+    assert complete and problems == []
+
+
 def test_a_whole_answer_without_usage_passes_on_its_chunks():
     script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
         [finish_chunk("length"), b"[DONE]"], 0.0)

@@ -5,6 +5,7 @@ Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
 
+import fcntl
 import json
 import os
 import signal
@@ -18,18 +19,25 @@ from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_t
 from ansible.module_utils.dgx_process import process_alive
 
 
-def renew_lease(dest, path, pid=None, waiting=None):
+def renew_lease(dest, path, pid=None, waiting=None, renewal=True):
     """Touch the lease file in the jobs dir (opened as open_jobs_dir does; the file created when missing, never
     through a symlink or a hard link: open_own_file): its mtime is the last renewal.
     pid: the job's own process id, written as the file's first line when the job starts (polls keep it);
-    with it, waiting: the lock holder the job waits for (RepoLock's), its second line as JSON."""
+    with it, waiting: the lock holder the job waits for (RepoLock's), its second line as JSON.
+    renewal=False: the job's own note, which is no renewal: the mtime is put back as it was. Each call holds the
+    file's flock throughout, so a poll's renewal never lands between a note's write and its putting back."""
     with open_jobs_dir(dest, os.path.dirname(os.path.abspath(path))) as jobs:
         fd = open_own_file(_lease_name(path), jobs.fd)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        before = os.fstat(fd)
         if pid:
             os.ftruncate(fd, 0)
             os.write(fd, ("%d\n%s" % (pid, json.dumps(waiting, sort_keys=True) + "\n" if waiting else "")).encode("ascii"))
-        os.utime(fd)
+        if renewal:
+            os.utime(fd)
+        else:
+            os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
         os.close(fd)
 
@@ -147,9 +155,7 @@ class LeaseWatch(object):
         """RepoLock's on_wait: say in the lease file whom the job waits for (None: no one now), keeping its
         mtime - the job's own write is no renewal."""
         try:
-            before = os.lstat(self.path)
-            renew_lease(self.dest, self.path, os.getpid(), holder)
-            os.utime(self.path, ns=(before.st_atime_ns, before.st_mtime_ns), follow_symlinks=False)
+            renew_lease(self.dest, self.path, os.getpid(), holder, renewal=False)
         except (OSError, StageError):
             pass    # the note is for the operator's eyes; the lock wait goes on
 

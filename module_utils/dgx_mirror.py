@@ -82,9 +82,13 @@ def _run_locked(tree, req, meter, started, writing):
     require_match, space, files not staged) leaves peer_dir as it is: its message says nothing was
     written, and the next run uses or removes the candidates."""
     try:
-        plan = plan_mirror(req, meter=meter)
+        plan, refusal = plan_mirror(req, meter=meter), None
     except NotStaged as exc:
-        raise _refused(exc, req, meter, started)
+        plan, refusal = exc.plan, exc
+    # What planning found corrupt on the NAS is kept when the run stops here (files not staged, no room).
+    _remember(meter, plan.nas_corrupt, [])
+    if refusal is not None:
+        raise _refused(refusal, req, meter, started)
     space = check_space(plan, req)
     writing.append(True)
     outcome = _apply_locked(tree, plan, req, space, started, meter)
@@ -152,9 +156,12 @@ def _apply_locked(tree, plan, req, space, started, meter):
         raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
                            with_report(mirror_result(plan, req, outcome, space, [], started, meter), req, failed=True))
     finally:
-        # A NAS blob stays suspect until a copy from the NAS proves its name (a green full verify reads no NAS
-        # byte); what a pass found is kept when a full disk or Ctrl-C stops it too.
-        meter.suspects = remembered(meter.suspects, outcome.nas_corrupt,
-                                    [w.etag for w in outcome.written if w not in outcome.from_peers],
-                                    utc_text(time.time()))
+        # What a pass found is kept when a full disk or Ctrl-C stops it too.
+        _remember(meter, outcome.nas_corrupt, [w.etag for w in outcome.written if w not in outcome.from_peers])
     return outcome
+
+
+def _remember(meter, found, proven):
+    """Keep the NAS blobs `found` failing their names in the meter's suspects, less the `proven` ones: a NAS blob
+    stays suspect until a copy from the NAS proves its name (a green full verify reads no NAS byte)."""
+    meter.suspects = remembered(meter.suspects, found, proven, utc_text(time.time()))

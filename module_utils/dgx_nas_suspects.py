@@ -115,24 +115,37 @@ def bound_suspects(manifest, hub_local_root):
 
 def suspect_text(suspects, allowed, bind_from):
     """What the operator reads when the manifest would bind suspects from the NAS: each file, its blob, the NAS
-    file and why; then how to go on, which depends on bind_from: a roll-back (nas) can serve the local copies
-    instead, while binding from the local disk (local) binds from the NAS only files with no usable local copy,
-    which a stage copies once the NAS holds their right bytes."""
+    file and why, and each repo whose record of them cannot be read (no count of files: it is not known); then
+    how to go on, which depends on bind_from: a roll-back (nas) can serve the local copies instead, while binding
+    from the local disk (local) binds from the NAS only files with no usable local copy, which a stage copies once
+    the NAS holds their right bytes."""
+    files = [s for s in suspects if s["path"]]
     shown = ["%s %s (blob %s, NAS file %s): %s" % (s["repo_id"], s["path"], s["blob"], s["nas_file"], s["why"])
-             if s["path"] else "%s: %s" % (s["repo_id"], s["why"]) for s in suspects[:10]]
-    more = "; and %d more" % (len(suspects) - 10) if len(suspects) > 10 else ""
+             for s in files[:10]]
+    more = "; and %d more" % (len(files) - 10) if len(files) > 10 else ""
+    unread = "; ".join("%s: %s" % (s["repo_id"], s["why"]) for s in suspects if not s["path"])
     if allowed:
-        return ("engine_allow_corrupt_nas is set: binding from the NAS %d file(s) it holds with wrong bytes: %s%s"
-                % (len(suspects), "; ".join(shown), more))
-    if bind_from == "nas":
-        anyway = fix_command("serve", None, "engine_bind_from=nas", "engine_allow_corrupt_nas=true")
-        fix = ("Re-download them on the NAS (the next run hashes a changed NAS file before binding it), or serve the "
-               "local copies (%s); to bind them anyway: %s" % (fix_command("serve", None), anyway))
-    else:
-        fix = ("They have no usable local copy: re-download them on the NAS, then %s copies them to the local disk "
-               "with their names proven (a file the patterns leave on the NAS is hashed again before it is bound); "
-               "to bind them anyway: %s"
-               % (fix_command("stage", None), fix_command("serve", None, "engine_allow_corrupt_nas=true")))
-    return ("Not binding from the NAS: a stage or verify pass found %d file(s) there whose bytes do not hash to "
-            "their blob's name, and nothing proved them good since: %s%s. Nothing was written or stopped. %s"
-            % (len(suspects), "; ".join(shown), more, fix))
+        parts = ["binding from the NAS %d file(s) it holds with wrong bytes: %s%s" % (len(files), "; ".join(shown),
+                                                                                       more)] if files else []
+        if unread:
+            parts.append("binding from the NAS without knowing which files there hold wrong bytes (%s)" % unread)
+        return "engine_allow_corrupt_nas is set: %s" % "; ".join(parts)
+    found = ["a stage or verify pass found %d file(s) there whose bytes do not hash to their blob's name, and "
+             "nothing proved them good since: %s%s" % (len(files), "; ".join(shown), more)] if files else []
+    fixes = []
+    if files and bind_from == "nas":
+        fixes.append("re-download them on the NAS (the next run hashes a changed NAS file before binding it), or "
+                     "serve the local copies (%s)" % fix_command("serve", None))
+    elif files:
+        fixes.append("they have no usable local copy: re-download them on the NAS, then %s copies them to the local "
+                     "disk with their names proven (a file the patterns leave on the NAS is hashed again before it "
+                     "is bound)" % fix_command("stage", None))
+    if unread:
+        found.append("which files there hold wrong bytes is not known: %s" % unread)
+        fixes.append("inspect that record: put back the one dgx-stage wrote, or move it aside to start a new one "
+                     "(the NAS blobs it named are then trusted again)")
+    fix = "; or ".join(fixes)
+    anyway = fix_command("serve", None, *(["engine_bind_from=nas"] if bind_from == "nas" else [])
+                         + ["engine_allow_corrupt_nas=true"])
+    return ("Not binding from the NAS: %s. Nothing was written or stopped. %s; to bind them anyway: %s"
+            % ("; also, ".join(found), fix[:1].upper() + fix[1:], anyway))

@@ -5,7 +5,8 @@ read_manifest(path)               -> (the mount manifest, None) or (None, why it
 checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mount manifest)
 local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
 bind_problems(manifest)           -> why the lane cannot start from the manifest: a local source missing,
-                                     not a regular file or unreadable, a ref moved past its commit
+                                     not a regular file (a link included) or unreadable, a NAS source outside
+                                     the NAS hub or not resolving to a readable file, a ref moved past its commit
 missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
@@ -31,6 +32,7 @@ import os
 import stat
 import sys
 
+from ansible.module_utils.dgx_fsutil import is_within
 from ansible.module_utils.dgx_receipts import container_of
 
 TCP_LISTEN = "0A"
@@ -73,8 +75,9 @@ def local_sources(manifest):
 
 def bind_problems(manifest):
     """Why the manifest cannot be started from as it is, one text each, [] when it can: a local bind whose
-    source is missing, not a regular file or cannot be read (the runtime would fail that rank's start,
-    after the earlier ranks were stopped), or a repo whose local ref moved past the commit the manifest
+    source is missing, not a regular file (a link included) or cannot be read (the runtime would fail that
+    rank's start, after the earlier ranks were stopped), a NAS bind whose source does not resolve inside the
+    NAS hub to a readable file (or folder), or a repo whose local ref moved past the commit the manifest
     binds (a revision staged since the manifest was written). A manifest not shaped as engine_manifest
     writes it is one problem naming what is wrong."""
     shape = _shape_problem(manifest)
@@ -85,6 +88,11 @@ def bind_problems(manifest):
         why = _unusable(path)
         if why:
             problems.append("%s %s" % (path, why))
+    snapshots = _nas_snapshots(manifest)
+    for path in sorted(set(m["source"] for m in manifest.get("mounts") or [] if m.get("origin") == "nas")):
+        why = _nas_unusable(path, snapshots)
+        if why:
+            problems.append("NAS source %s %s" % (path, why))
     for repo in manifest.get("repos") or []:
         moved = _ref_moved(repo)
         if moved:
@@ -100,23 +108,55 @@ def _shape_problem(manifest):
         if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
             return "the manifest's %s is not a list of objects; write it again (the manifest play)" % key
     if not all(isinstance(mount.get("source"), str) for mount in manifest.get("mounts") or []
-               if mount.get("origin") == "local"):
-        return "a local mount of the manifest has no source path; write it again (the manifest play)"
+               if mount.get("origin") in ("local", "nas")):
+        return "a mount of the manifest has no source path; write it again (the manifest play)"
     return None
 
 
 def _unusable(path):
+    """Why the file at path cannot be bound as the staged file, or None: it is missing, cannot be read, or is not
+    a regular file - a link included, never followed (a staged file is a regular file; a link put in its place
+    could show the container anything)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return "is missing"
+        if exc.errno == errno.ELOOP:
+            return "is a symlink, not a regular file"
         return "cannot be read (%s)" % errno.errorcode.get(exc.errno, exc.errno)
     try:
         mode = os.fstat(fd).st_mode
     finally:
         os.close(fd)
     return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
+def _nas_snapshots(manifest):
+    """[(NAS snapshot folder, the real path of its NAS hub)] of the manifest's repos."""
+    found = []
+    for repo in manifest.get("repos") or []:
+        snapshot = repo.get("nas_snapshot")
+        if isinstance(snapshot, str) and snapshot:
+            snapshot = os.path.normpath(snapshot)
+            # <hub>/<repo folder>/snapshots/<commit>
+            found.append((snapshot, os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(snapshot))))))
+    return found
+
+
+def _nas_unusable(path, snapshots):
+    """Why a NAS bind source cannot be bound, or None. It lies in a NAS snapshot the manifest names; a snapshot
+    file is a link into the repo's blobs by design, so what it resolves to is checked: inside the NAS hub, and a
+    readable regular file (or, for a folder bound whole, a readable folder)."""
+    hubs = [hub for snapshot, hub in snapshots if is_within(os.path.normpath(path), snapshot)]
+    if not hubs:
+        return "is in no NAS snapshot of the manifest's repos"
+    real = os.path.realpath(path)
+    if not is_within(real, hubs[0]):
+        return "resolves to %s, outside the NAS hub %s" % (real, hubs[0])
+    if os.path.isdir(real):
+        return None if os.access(real, os.R_OK | os.X_OK) else "is a folder that cannot be read"
+    return _unusable(real)
 
 
 def _ref_moved(repo):

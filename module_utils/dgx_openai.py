@@ -16,7 +16,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_units import plain_number
 from http import client as http_client
 from urllib.error import HTTPError, URLError
-from urllib.request import HTTPHandler, Request, build_opener, urlopen
+from urllib.request import HTTPHandler, HTTPSHandler, Request, build_opener, urlopen
 
 
 def api_url(base, path):
@@ -131,10 +131,10 @@ def stream_tokens(stream):
     """(tokens, token_source) of a parse_sse() stream: the server's usage count when it sends one (with
     speculative decoding a chunk may carry several tokens), else the token-bearing chunks that arrived,
     a count that can only be low (never max_tokens on the engine's word: finish_reason length after a
-    short answer proves nothing)."""
+    short answer proves nothing). A count that is not a whole positive number is no count."""
     completion_tokens = (stream.get("usage") or {}).get("completion_tokens")
-    if completion_tokens:
-        return int(completion_tokens), "usage"
+    if isinstance(completion_tokens, int) and not isinstance(completion_tokens, bool) and completion_tokens > 0:
+        return completion_tokens, "usage"
     return stream["chunks"], "chunks"
 
 
@@ -215,25 +215,41 @@ class _Deadline(object):
         self._timer.cancel()
 
 
-class _WatchedConnection(http_client.HTTPConnection):
-    """An HTTP connection whose socket a _Deadline watches from the moment it connects."""
+class _Watched(object):
+    """An HTTP or HTTPS connection whose socket a _Deadline watches from the moment it connects (for HTTPS,
+    once the TLS handshake is done: until then each read is bounded by the socket timeout)."""
 
     def __init__(self, *args, **kwargs):
         self._deadline = kwargs.pop("deadline")
-        http_client.HTTPConnection.__init__(self, *args, **kwargs)
+        super(_Watched, self).__init__(*args, **kwargs)
 
     def connect(self):
-        http_client.HTTPConnection.connect(self)
+        super(_Watched, self).connect()
         self._deadline.watch(self.sock)
 
 
-class _WatchedHandler(HTTPHandler):
+class _WatchedConnection(_Watched, http_client.HTTPConnection):
+    pass
+
+
+class _WatchedHTTPSConnection(_Watched, http_client.HTTPSConnection):
+    pass
+
+
+class _WatchedHandler(HTTPHandler, HTTPSHandler):
+    """urllib's handler of http and https URLs with the watched connections: being both, it takes the place of
+    the default handlers, so an https URL cannot slip past the deadline."""
+
     def __init__(self, deadline):
-        HTTPHandler.__init__(self)
+        HTTPSHandler.__init__(self)
         self._deadline = deadline
 
     def http_open(self, req):
         return self.do_open(functools.partial(_WatchedConnection, deadline=self._deadline), req)
+
+    def https_open(self, req):
+        return self.do_open(functools.partial(_WatchedHTTPSConnection, deadline=self._deadline), req,
+                            context=self._context)
 
 
 @contextlib.contextmanager

@@ -15,21 +15,8 @@ from ansible.module_utils.dgx_decode import (DECODE_PROMPT, DEFAULT_MAX_TOKENS, 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_lane_wait import wait_probe
 from ansible.module_utils.dgx_openai import resolve_model
-from ansible.module_utils.dgx_runtime import api_owner, container_state
+from ansible.module_utils.dgx_runtime import api_owner, container_state, redacted
 from urllib.request import urlopen
-
-
-def redacted(value, secrets):
-    """value (dicts, lists, strings) with every one of secrets (longest first) in its strings replaced by
-    <hidden>."""
-    if isinstance(value, dict):
-        return dict((key, redacted(item, secrets)) for key, item in value.items())
-    if isinstance(value, (list, tuple)):
-        return [redacted(item, secrets) for item in value]
-    if isinstance(value, str):
-        for secret in secrets or []:
-            value = value.replace(secret, "<hidden>")
-    return value
 
 
 def request_probe(params, opener=urlopen, clock=time.monotonic):
@@ -61,9 +48,10 @@ def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=t
         runtime = params.get("runtime") or "docker"
         check = owner = None
         if params.get("container"):
-            check = functools.partial(container_state, runner, runtime, params["container"])
+            check = functools.partial(container_state, runner, runtime, params["container"],
+                                      secrets=params.get("redact"))
         if params.get("port"):
-            owner = functools.partial(api_owner, runner, runtime, params["port"])
+            owner = functools.partial(api_owner, runner, runtime, params["port"], secrets=params.get("redact"))
         result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"),
                             params.get("lane"), bool(params.get("give_up")), params.get("wait_id"),
                             params.get("round") or 1, opener=opener, clock=clock, sleep=sleep)

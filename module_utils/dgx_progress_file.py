@@ -12,6 +12,7 @@ import stat
 import threading
 import time
 
+from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import atomic_write_bytes
 from ansible.module_utils.dgx_localtree import linked_dir_problem
 from ansible.module_utils.dgx_units import utc_text
@@ -203,9 +204,20 @@ class PassMeter(object):
     # -- the progress file --------------------------------------------------------------------------
 
     def attach(self, lock_dir):
-        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds."""
+        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds.
+        StageError, with nothing written, when the file is there but cannot be read as one: it may hold the
+        NAS suspects, and writing over it would forget them (a later roll-back would bind a corrupt blob)."""
         with self._lock:
-            document = read_document(PROGRESS_NAME, lock_dir.fd)[0] or {}
+            document, problem = read_document(PROGRESS_NAME, lock_dir.fd)
+            if not problem:
+                problem = suspects_in(document)[1]
+            if problem:
+                raise StageError(
+                    "%s: %s. It keeps the NAS blobs found corrupt (%s), which this pass must not write over; "
+                    "nothing was written. Inspect it: put the progress file dgx-stage wrote back in its place, "
+                    "or move this one aside to start a new record (the NAS blobs it named are then trusted "
+                    "again), then re-run" % (lock_dir.join(PROGRESS_NAME), problem, SUSPECTS_KEY))
+            document = document or {}
             previous = document.get("passes")
             self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
                 if isinstance(previous, dict) else {}

@@ -20,11 +20,12 @@ RUN_ID = re.compile(r"^[A-Za-z0-9_.:+-]{1,80}$")
 
 def lock_holder(text):
     """{pid, run_id, since} of the run a lock file names (`<pid> <run id> <since>`; a bare pid from an older
-    release); unknown parts are None."""
+    release); unknown parts are None. Anyone who can write the file writes what it says: a word that is not
+    one of ours (a control character, a terminal escape) is unknown, never quoted in a message."""
     words = (text or "").split()
-    pid = int(words[0]) if words and words[0].isdigit() else None
-    run_id = words[1] if len(words) > 1 and words[1] != "-" else None
-    since = words[2] if len(words) > 2 else None
+    pid = int(words[0]) if words and words[0].isdigit() and words[0].isascii() else None
+    run_id = words[1] if len(words) > 1 and words[1] != "-" and RUN_ID.match(words[1]) else None
+    since = words[2] if len(words) > 2 and RUN_ID.match(words[2]) else None
     return {"pid": pid, "run_id": run_id, "since": since}
 
 
@@ -40,7 +41,9 @@ class RepoLock(object):
     """An exclusive flock on `<dest>/.locks/<folder>/dgx-stage.lock`; two runs on one local repo never
     interleave. The lock directory is opened through the local tree (never through a symlink). The holder
     writes `<pid> <run id> <since>` into the file; a run that has to wait calls on_wait(holder) once when it
-    starts waiting and on_wait(None) once it holds the lock, so whoever watches it can say whom it waits for."""
+    starts waiting and on_wait(None) once it holds the lock, so whoever watches it can say whom it waits for.
+    The lock is held only on the file the name points to once flock returns: a file replaced meanwhile is
+    let go and the new one waited on."""
 
     NAME = "dgx-stage.lock"
 
@@ -55,12 +58,24 @@ class RepoLock(object):
 
     def __enter__(self):
         with self.tree.open_dir(self.lock_dir_rel, create=True) as lock_dir:
-            # A regular file is opened as found (another run may wait on it); anything else is replaced unopened.
-            self._fd = open_regular(self.NAME, lock_dir.fd, os.O_RDWR, create=True)
-            if self._fd is None:
-                self._fd = open_own_file(self.NAME, lock_dir.fd)
+            self._fd = self._open(lock_dir)
             self._wait_for_lock(lock_dir)
         return self
+
+    def _open(self, lock_dir):
+        # A regular file is opened as found (another run may wait on it); anything else is replaced unopened.
+        fd = open_regular(self.NAME, lock_dir.fd, os.O_RDWR, create=True)
+        return open_own_file(self.NAME, lock_dir.fd) if fd is None else fd
+
+    def _still_named(self, lock_dir):
+        """Whether the locked file is still the one the lock's name points to: a run that found a hard link
+        there put a new file in its place, and whoever waited on the old one must wait on the new one."""
+        try:
+            named = os.stat(self.NAME, dir_fd=lock_dir.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        st = os.fstat(self._fd)
+        return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
 
     def _holder(self):
         return lock_holder(os.pread(self._fd, 256, 0).decode("ascii", "replace"))
@@ -71,22 +86,26 @@ class RepoLock(object):
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
-                if not waited and self.on_wait is not None:
-                    self.on_wait(self._holder())
-                waited = True
-                if time.monotonic() >= deadline:
-                    holder = holder_text(self._holder())
-                    os.close(self._fd)
-                    raise StageError("another dgx-stage run, %s, holds %s; wait for it to finish "
-                                     "or raise lock_timeout (stage_lock_timeout). A background stage or verify "
-                                     "job whose controller was interrupted or killed holds it until it stops "
-                                     "itself, within its lease time (2 minutes by default): re-run after that"
-                                     % (holder, self.path))
-                time.sleep(0.2)
+            else:
+                if self._still_named(lock_dir):
+                    break
+                os.close(self._fd)                      # its lock goes with it; wait on the file named now
+                self._fd = self._open(lock_dir)
+            if not waited and self.on_wait is not None:
+                self.on_wait(self._holder())
+            waited = True
+            if time.monotonic() >= deadline:
+                holder = holder_text(self._holder())
+                os.close(self._fd)
+                raise StageError("another dgx-stage run, %s, holds %s; wait for it to finish "
+                                 "or raise lock_timeout (stage_lock_timeout). A background stage or verify "
+                                 "job whose controller was interrupted or killed holds it until it stops "
+                                 "itself, within its lease time (2 minutes by default): re-run after that"
+                                 % (holder, self.path))
+            time.sleep(0.2)
         if not_own_file(self._fd, lock_dir.fd):
             # A hard link or a bind mount planted in its place: the pid goes to a new file renamed over it,
             # locked too (a mount cannot be renamed over: StageError). The old one stays locked until the end,

@@ -51,13 +51,28 @@ class RuntimeCli(object):
         return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
+def redacted(value, secrets):
+    """value (dicts, lists, strings) with every one of secrets (longest first) in its strings replaced by
+    <hidden>. Callers run it on whole texts, before any cut: a piece of a secret cut at an edge no longer
+    matches."""
+    if isinstance(value, dict):
+        return dict((key, redacted(item, secrets)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return [redacted(item, secrets) for item in value]
+    if isinstance(value, str):
+        for secret in secrets or []:
+            value = value.replace(secret, "<hidden>")
+    return value
+
+
 def runtime_call_timeout(wait_for):
     """Seconds one runtime call of a wait round may take: well inside the round (wait_for), 1 to 10 s."""
     return max(1.0, min(10.0, float(wait_for) / 2.0))
 
 
-def container_state(runner, runtime, name):
-    """This host's engine container (container_facts()), with the tail of its log when it is not running.
+def container_state(runner, runtime, name, secrets=None):
+    """This host's engine container (container_facts()), with the tail of its log when it is not running;
+    secrets are hidden in the runtime's texts before they are cut.
 
     runner: the AnsibleModule (anything with get_bin_path() and run_command()).
     """
@@ -69,22 +84,24 @@ def container_state(runner, runtime, name):
     except RuntimeSlow as exc:
         return unknown_container(name, str(exc))
     if rc != 0:
-        return missing_container(name, "%s inspect: %s" % (runtime, (err or out).strip()[:300]))
+        return missing_container(name, "%s inspect: %s" % (runtime, redacted((err or out).strip(), secrets)[:300]))
     facts = container_facts(out, name)
     if facts["exists"] and not facts["running"]:
         try:
             rc, out, err = runner.run_command([binary, "logs", "--tail", str(LOG_LINES), name])
-            facts["logs"] = (out + err)[-4000:]
+            facts["logs"] = redacted(out + err, secrets)[-4000:]
         except RuntimeSlow as exc:
             facts["logs"] = "(no log: %s)" % exc
     return facts
 
 
-def _cmdline(pid, proc="/proc"):
-    """A process's command line (first 200 characters), or "" when it is gone or not readable."""
+def _cmdline(pid, proc="/proc", secrets=None):
+    """A process's command line (its first 200 characters, secrets hidden first), or "" when it is gone or
+    not readable."""
     try:
         with open(os.path.join(proc, str(pid), "cmdline"), "rb") as handle:
-            return handle.read().decode("utf-8", "replace").replace("\0", " ").strip()[:200]
+            text = handle.read().decode("utf-8", "replace").replace("\0", " ").strip()
+            return redacted(text, secrets)[:200]
     except (IOError, OSError):
         return ""
 
@@ -105,17 +122,18 @@ def container_name(runner, runtime, container_id):
     return None
 
 
-def api_owner(runner, runtime, port, container, proc="/proc"):
+def api_owner(runner, runtime, port, container, proc="/proc", secrets=None):
     """owner_facts() of the API port for this host's container facts: the processes holding a socket
     listening on it (dgx_nodestate reads /proc/net/tcp{,6}, the fds and the cgroups), each with its command
     line - except this run's engine, whose command line holds its secrets (--api-key) and says nothing the
-    container's name does not; a holder in another container is named by the runtime."""
+    container's name does not; a holder in another container is named by the runtime. secrets are hidden in
+    the command lines before they are cut."""
     mine = (container or {}).get("id")
     listening = bool(listening_inodes(int(port), proc))
     holders = []
     for found in port_holders(int(port), proc) if listening else []:
         own = bool(mine) and found["container_id"] == mine
-        holder = {"pid": found["pid"], "cmdline": None if own else (_cmdline(found["pid"], proc) or found["command"]),
+        holder = {"pid": found["pid"], "cmdline": None if own else (_cmdline(found["pid"], proc, secrets) or found["command"]),
                   "container_id": found["container_id"] or None, "container_name": None}
         if holder["container_id"] and holder["container_id"] != mine and runner is not None:
             holder["container_name"] = container_name(runner, runtime, holder["container_id"])

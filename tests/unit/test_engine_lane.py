@@ -423,11 +423,18 @@ def test_bind_problems_name_a_bound_file_missing_or_not_a_file_and_a_ref_moved_p
     (repo / "blobs" / "aa").write_bytes(b"x")
     (repo / "blobs" / "bb").mkdir()
     (repo / "refs" / "main").write_text("c" * 40)
+    nas_repo = tmp_path / "nas" / "hub" / "models--org--m"
+    nas_snapshot = nas_repo / "snapshots" / ("c" * 40)
+    (nas_snapshot / "page15").mkdir(parents=True)
+    (nas_repo / "blobs").mkdir()
+    (nas_repo / "blobs" / "ee").write_bytes(b"x")
+    (nas_snapshot / "e.safetensors").symlink_to("../../blobs/ee")             # the hub layout: bound as it is
     manifest = {"repos": [{"repo_id": "org/m", "revision": "main", "commit": "c" * 40,
-                           "local_snapshot": str(repo / "snapshots" / ("c" * 40))}],
+                           "local_snapshot": str(repo / "snapshots" / ("c" * 40)), "nas_snapshot": str(nas_snapshot)}],
                 "mounts": [{"source": str(repo / "blobs" / name), "target": "/hub/x/" + name, "read_only": True,
                             "origin": "local"} for name in ("aa", "bb", "gone")]
-                + [{"source": "/nas/hub/x", "target": "/hub/y", "read_only": True, "origin": "nas"}]}
+                + [{"source": str(nas_snapshot / name), "target": "/hub/y/" + name, "read_only": True,
+                    "origin": "nas"} for name in ("e.safetensors", "page15")]}
     assert bind_problems(manifest) == ["%s is not a regular file" % (repo / "blobs" / "bb"),
                                        "%s is missing" % (repo / "blobs" / "gone")]
     (repo / "refs" / "main").write_text("d" * 40)
@@ -444,6 +451,42 @@ def test_bind_problems_name_a_bound_file_missing_or_not_a_file_and_a_ref_moved_p
                          ({"repos": [{"repo_id": "org/m", "revision": 1, "commit": "c", "local_snapshot": "/s"}]},
                           "org/m: the manifest's revision, commit or snapshot is not text")):
         assert len(bind_problems(broken)) == 1 and says in bind_problems(broken)[0], broken
+
+
+def test_bind_problems_name_a_local_blob_swapped_for_a_link_and_a_nas_source_that_does_not_end_in_a_nas_file(
+        tmp_path):
+    """A staged blob is a regular file: a link put in its place (to anything) is refused. A NAS snapshot file is a
+    link into the repo's blobs by design: what it ends at must be a readable regular file inside the NAS hub."""
+    from ansible.module_utils.dgx_nodestate import bind_problems
+
+    local_blobs = tmp_path / "hub" / "models--org--m" / "blobs"
+    local_blobs.mkdir(parents=True)
+    (tmp_path / "elsewhere").write_bytes(b"other bytes")
+    (local_blobs / "aa").symlink_to(tmp_path / "elsewhere")
+    nas_repo = tmp_path / "nas" / "hub" / "models--org--m"
+    nas_snapshot = nas_repo / "snapshots" / ("c" * 40)
+    nas_snapshot.mkdir(parents=True)
+    (nas_repo / "blobs").mkdir()
+    os.mkfifo(str(nas_repo / "blobs" / "ee"))
+    (nas_snapshot / "good").symlink_to("../../blobs/ff")
+    (nas_repo / "blobs" / "ff").write_bytes(b"x")
+    (nas_snapshot / "fifo").symlink_to("../../blobs/ee")
+    (nas_snapshot / "gone").symlink_to("../../blobs/00")
+    (nas_snapshot / "escapes").symlink_to(tmp_path / "elsewhere")
+    stray = tmp_path / "nas" / "stray"
+    stray.write_bytes(b"x")
+    manifest = {"repos": [{"repo_id": "org/m", "nas_snapshot": str(nas_snapshot)}],
+                "mounts": [{"source": str(local_blobs / "aa"), "target": "/hub/a", "origin": "local"}]
+                + [{"source": str(path), "target": "/hub/" + path.name, "origin": "nas"}
+                   for path in (nas_snapshot / "good", nas_snapshot / "fifo", nas_snapshot / "gone",
+                                nas_snapshot / "escapes", stray)]}
+    assert bind_problems(manifest) == [
+        "%s is a symlink, not a regular file" % (local_blobs / "aa"),
+        "NAS source %s resolves to %s, outside the NAS hub %s" % (
+            nas_snapshot / "escapes", tmp_path / "elsewhere", os.path.realpath(str(tmp_path / "nas" / "hub"))),
+        "NAS source %s is not a regular file" % (nas_snapshot / "fifo"),
+        "NAS source %s is missing" % (nas_snapshot / "gone"),
+        "NAS source %s is in no NAS snapshot of the manifest's repos" % stray]
 
 
 def test_a_runtime_message_is_shown_without_the_secret_values_it_quotes():

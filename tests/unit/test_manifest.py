@@ -12,6 +12,7 @@ from ansible.plugins.filter.core import to_nice_json
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_manifest import build_manifest, coverage_problems, resolve_commit
+from ansible.module_utils.dgx_nodestate import bind_problems
 
 REPO = "org/name"
 FOLDER = "models--org--name"
@@ -104,6 +105,8 @@ def test_staged_files_local_page15_one_dir_mount_rest_per_file(hubs):
     assert mounts[target("sub/extra.bin")] == {"source": nas_path(nas, "sub/extra.bin"),
                                                "target": target("sub/extra.bin"),
                                                "read_only": True, "origin": "nas"}
+    # The pre-stop check finds nothing wrong in a manifest as written, from the local disk or from the NAS.
+    assert bind_problems(manifest) == [] and bind_problems(build(local, nas, bind_from="nas")) == []
 
 
 def test_mounts_sorted_by_target_and_repo_record(hubs):

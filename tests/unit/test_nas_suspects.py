@@ -6,7 +6,10 @@ import os
 import pytest
 
 import hubgen
+from ansible.module_utils import dgx_mirror, dgx_mirror_plan
+from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_manifest import build_manifest
+from ansible.module_utils.dgx_mirror_request import NotStaged
 from ansible.module_utils.dgx_nas_suspects import bound_suspects, remembered, suspect_text, suspects_of
 from modrun import run_main
 from test_mirror import (MAIN, PAGE15, corrupt_nas_blob, expect_failure, fresh_nas, local,  # noqa: F401 (fixtures)
@@ -86,6 +89,35 @@ def test_binding_from_the_local_disk_a_suspect_with_no_local_copy_asks_for_a_sta
     assert "to bind them anyway: `dgx-stage serve -e engine_allow_corrupt_nas=true`" in result["msg"]
 
 
+@pytest.mark.parametrize("stop", ["space", "not staged"])
+def test_a_suspect_planning_found_is_kept_when_the_locked_run_stops_before_writing(fresh_nas, local, monkeypatch,
+                                                                                   stop):
+    """The locked plan's sample check finds the NAS blob rotten, then the run stops before writing: no room
+    (check_space), or a file gone while the others were proven (the second not-staged refusal)."""
+    nas = fresh_nas
+    shard = nas.repo()["shards"][0]
+    etag = selected(nas)[shard]["etag"]
+    stage(nas, local, ignore_patterns=PAGE15, verify="full")
+    corrupt_nas_blob(nas, etag)
+    if stop == "space":
+        def check_space(plan, req):
+            if req.verify != "none":          # the locked run's, not the quick one before the lock
+                raise StageError("no room for it (a test)")
+            return real_check_space(plan, req)
+        real_check_space = dgx_mirror.check_space
+        monkeypatch.setattr(dgx_mirror, "check_space", check_space)
+    else:
+        def refuse_not_staged(plan, req):
+            if plan.nas_corrupt:              # after the sample check found it
+                raise NotStaged("a file went (a test)", plan, [shard])
+        monkeypatch.setattr(dgx_mirror_plan, "refuse_not_staged", refuse_not_staged)
+    with pytest.raises(StageError):
+        stage(nas, local, ignore_patterns=PAGE15, verify="sample", copy_missing=stop == "space",
+              phase="stage" if stop == "space" else "verify")
+    suspects, problem = suspects_of(str(local), folder(nas))
+    assert problem is None and list(suspects) == [etag] and suspects[etag]["paths"] == [shard]
+
+
 def test_binding_the_good_local_copy_is_no_refusal(fresh_nas, local):
     nas = fresh_nas
     rotted_nas(nas, local)
@@ -147,6 +179,12 @@ def test_a_record_that_cannot_be_read_refuses_rather_than_binding_blind(tmp_path
                 "mounts": []}
     [found] = bound_suspects(manifest, str(tmp_path))
     assert found["path"] is None and words in found["why"]
+    # No count of files it cannot know, and the way out names the record.
+    for bind_from in ("nas", "local"):
+        refusal = suspect_text([found], False, bind_from)
+        assert "file(s)" not in refusal and "which files there hold wrong bytes is not known" in refusal
+        assert "Inspect that record" in refusal and "re-download" not in refusal
+        assert "file(s)" not in suspect_text([found], True, bind_from)
 
 
 def test_no_record_no_local_hub_is_no_suspect(tmp_path):

@@ -4,6 +4,8 @@ import http.client
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 
@@ -141,6 +143,17 @@ def test_a_length_finish_without_usage_counts_the_chunks_that_came_and_fails_a_s
     assert problems[0] == ("the engine ended with finish_reason length after %d content chunk(s) for max_tokens=400 "
                            "and sent no usage count (asked for with stream_options.include_usage): %d chunks prove "
                            "only %d tokens, too few to measure decode speed" % (chunks, chunks, chunks))
+
+
+@pytest.mark.parametrize("count", ["400", "many", [400], {"n": 400}, True, 400.5, -400])
+def test_a_usage_count_that_is_not_a_whole_number_is_no_count(count):
+    """The engine's word is read, never trusted to be a number: a string, a list, a flag or a fraction counts as no
+    usage, and the chunks that came count instead."""
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
+        [finish_chunk("length"), {"choices": [], "usage": {"completion_tokens": count}}, b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert (result["tokens"], result["token_source"]) == (400, "chunks")
+    assert complete and problems == []
 
 
 def test_a_whole_answer_without_usage_passes_on_its_chunks():
@@ -589,6 +602,32 @@ def test_run_probe_wait_shows_no_secret_from_an_engine_log_a_verdict_or_a_strang
         assert not [secret for secret in secrets if secret in shown], shown
 
 
+def test_a_secret_straddling_the_cut_of_a_log_tail_or_a_command_line_is_hidden_whole():
+    """The log tail keeps its last 4,000 characters and a holder's command line its first 200: a secret
+    across either edge is hidden before the cut, so no piece of it is shown."""
+    secret = "sk_live_" + "ABCDEFGHJKMNPQRS" * 2
+    half = len(secret) // 2
+    log = "api_key=%s\n%s" % (secret, "y" * (4000 - half - 1))
+    runner = FakeRunner(inspect_json(False, 1), logs=log)
+    script = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); " \
+             "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    head = " ".join(["python3", "-c", script, ""])
+    pad = "p" * (200 - half - len(head) - len(" --api-key "))
+    holder = subprocess.Popen(["python3", "-c", script, pad, "--api-key", secret], executable=sys.executable,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        port = int(holder.stdout.readline())
+        result = run_probe(params(mode="wait", container="ds41-engine", port=port, redact=[secret]),
+                           runner=runner, opener=refused)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [h["cmdline"] for h in result["row"]["owner"]["holders"]] == [(head + pad + " --api-key <hidden>")[:200]]
+    assert result["row"]["container"]["logs"].endswith("y" * 100)
+    shown = json.dumps(result)
+    assert secret[:8] not in shown and secret[-8:] not in shown
+
+
 def test_run_probe_wait_alone_without_a_container():
     clock = FakeClock()
     result = run_probe(params(mode="wait"), opener=api({}), clock=clock, sleep=clock.sleep)
@@ -805,14 +844,21 @@ def serve_once(reply):
     return "http://127.0.0.1:%d" % listener.getsockname()[1], thread
 
 
-def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_requests_deadline():
-    """One header byte every 0.3 s never trips a 1 s socket timeout; the request's 1.5 s deadline cuts it."""
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_requests_deadline(monkeypatch, scheme):
+    """One header byte every 0.3 s never trips a 1 s socket timeout; the request's 1.5 s deadline cuts it. Over
+    https too: its connection is watched as well (here its TLS is left out, the exchange after it is the same)."""
     def trickle(conn):
         for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 200:
             conn.sendall(bytes([byte]))
             time.sleep(0.3)
 
+    def connect_without_tls(self):
+        self.sock = socket.create_connection((self.host, self.port), self.timeout)
+
+    monkeypatch.setattr(http.client.HTTPSConnection, "connect", connect_without_tls)
     url, thread = serve_once(trickle)
+    url = url.replace("http:", scheme + ":")
     started = time.monotonic()
     with pytest.raises(dgx_errors.StageError, match="took longer than 1.5 s"):
         dgx_openai.http_json(url + "/v1/models", timeout=1.5)

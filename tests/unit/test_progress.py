@@ -3,6 +3,7 @@ library/mirror_job.py): the job file, the progress file in whatever state it is 
 only, the human line, and the jobs dir (symlinks refused, only ended jobs' files removed)."""
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -208,6 +209,38 @@ def test_a_job_waiting_for_another_runs_lock_says_whom_and_never_shows_that_runs
     write_progress(dest, figures(started=now - 1, pid=os.getpid()))
     seen = poll(str(jobs), "j1.2", str(dest), REPO, lease_file=lease)
     assert seen["progress"]["waiting"] is None and seen["line"].startswith("stage org/model: 12.3 GiB of 300.0 GiB")
+
+
+def test_a_renewal_while_the_job_notes_whom_it_waits_for_is_kept(tmp_path, monkeypatch):
+    """The job's note puts the lease's mtime back (it is no renewal); a poll renewing the lease meanwhile must not
+    be rolled back with it, or the job would stop itself for a lease its controller did renew."""
+    dest, jobs = tmp_path / "hub", tmp_path / "hub" / ".locks" / "jobs"
+    jobs.mkdir(parents=True)
+    lease = str(jobs / "dgx-lease.second.stage.model.org--model")
+    dgx_lease.renew_lease(str(dest), lease, os.getpid())
+    os.utime(lease, (time.time() - 100, time.time() - 100))
+    polls = []
+
+    class NoteThenPoll(object):
+        """os for dgx_lease: once the note is written, a poll renews the lease from another thread."""
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd, data):
+            written = os.write(fd, data)
+            if not polls:
+                polls.append(threading.Thread(target=dgx_lease.renew_lease, args=(str(dest), lease)))
+                polls[0].start()
+                polls[0].join(0.5)
+            return written
+
+    monkeypatch.setattr(dgx_lease, "os", NoteThenPoll())
+    dgx_lease.LeaseWatch(str(dest), lease, 30).note_waiting({"pid": 4242, "run_id": "r", "since": "s"})
+    polls[0].join(10)
+    assert dgx_lease.lease_age(lease) < 30 and dgx_lease.read_lease(lease)[1] == {"pid": 4242, "run_id": "r",
+                                                                                    "since": "s"}
 
 
 def test_an_ended_job_never_claims_the_figures_of_the_run_that_took_the_lock_after_it(tmp_path):

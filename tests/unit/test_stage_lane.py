@@ -141,10 +141,18 @@ def test_an_unbalanced_brace_is_refused_naming_repo_and_pattern(template):
 
 @pytest.mark.parametrize("template,expanded", [
     ("r{rank}/*", "r3/*"), ("r{rank:d}/*", "r3/*"), ("r{rank:02d}/*", "r03/*"), ("r{rank:3}/*", "r  3/*"),
-    ("r{rank:03}-{world_size:d}/*", "r003-4/*"),
+    ("r{rank:03}-{world_size:d}/*", "r003-4/*"), ("r{rank:06d}/*", "r000003/*"),
 ])
 def test_integer_format_specs_are_allowed(template, expanded):
     assert lane.stage_allow(entry(rank_patterns=[template]), 3, 4)[-1] == expanded
+
+
+@pytest.mark.parametrize("spec", ["99999999d", "7", "010d", "0000000000000000000009"])
+def test_a_width_past_six_is_refused_naming_the_template_before_anything_is_formatted(spec):
+    """A width of millions would build a pattern of that many characters on every rank (or exhaust memory)."""
+    template = "r{rank:%s}/*" % spec
+    message = _error(entry(rank_patterns=[template]), 1, 2)
+    assert REPO in message and repr(template) in message and "at most 6" in message, message
 
 
 @pytest.mark.parametrize("spec", ["s", "x", "b", "o", "f", ".1f", "e", "%", ",d", "_d", "+d", " d", "<3d", ">03",

@@ -15,7 +15,7 @@ import pytest
 from treestate import workers_still_running
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_copy, dgx_hashing, dgx_localtree, dgx_progress_file, dgx_repolock, dgx_workers
+from ansible.module_utils import dgx_copy, dgx_fsutil, dgx_hashing, dgx_localtree, dgx_progress_file, dgx_repolock, dgx_workers
 from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_fsutil import NAME_MAX, is_temp_name, temp_name_for
 from ansible.module_utils.dgx_hashing import READ_CHUNK
@@ -229,10 +229,15 @@ def test_a_waiter_is_told_when_it_holds_the_lock_and_writes_its_own_run(tmp_path
 @pytest.mark.parametrize("text, holder", [
     ("4242", {"pid": 4242, "run_id": None, "since": None}),             # an older release's lock file
     ("4242 - 2026-12-01T10:16:50Z\n", {"pid": 4242, "run_id": None, "since": "2026-12-01T10:16:50Z"}),
-    ("", {"pid": None, "run_id": None, "since": None}), ("garbage", {"pid": None, "run_id": None, "since": None})])
+    ("", {"pid": None, "run_id": None, "since": None}), ("garbage", {"pid": None, "run_id": None, "since": None}),
+    # Whoever can write the file: a terminal escape or a control character is never quoted.
+    ("4242 \x1b]0;pwned\x07 2026-12-01T10:16:50Z", {"pid": 4242, "run_id": None, "since": "2026-12-01T10:16:50Z"}),
+    ("4242 run-1 \x1b[2J\x08", {"pid": 4242, "run_id": "run-1", "since": None}),
+    ("\u0664\u0662 run-1", {"pid": None, "run_id": "run-1", "since": None})])
 def test_lock_holder_reads_what_any_release_wrote(text, holder):
     assert dgx_repolock.lock_holder(text) == holder
-    assert dgx_repolock.holder_text(dgx_repolock.lock_holder(text)).startswith("run ")
+    said = dgx_repolock.holder_text(dgx_repolock.lock_holder(text))
+    assert said.startswith("run ") and said.isprintable() and said.isascii()
 
 
 def test_a_run_id_that_is_not_one_word_of_ascii_is_not_written(tmp_path):
@@ -464,13 +469,32 @@ def test_meter_keeps_the_other_passes_of_the_file_and_says_how_a_pass_ended(tmp_
     assert doc["hashing"] == {"files_done": 0, "files_total": 1, "bytes_done": 25, "bytes_total": 25}
 
 
-def test_meter_ignores_an_unreadable_progress_file(tmp_path):
+@pytest.mark.parametrize("plant, words", [
+    ("garbage", "is not JSON"), ("huge", "is larger than"), ("link", "cannot be read"),
+    ("not-a-mapping", "is not a mapping of blobs")])
+def test_a_pass_refuses_a_progress_file_it_cannot_read_rather_than_forget_the_nas_suspects(tmp_path, plant, words):
+    """The file may hold the NAS blobs found corrupt: written over, they would be forgotten and a roll-back
+    would bind one. The pass stops naming the file and what to do, and leaves it as it is."""
     lock = tmp_path / ".locks"
     lock.mkdir()
-    (lock / dgx_progress_file.PROGRESS_NAME).write_text("{torn")
+    progress = lock / dgx_progress_file.PROGRESS_NAME
+    if plant == "link":
+        (tmp_path / "record.json").write_text(json.dumps({"nas_corrupt": {"a" * 64: {"paths": ["x"]}}}))
+        progress.symlink_to(tmp_path / "record.json")
+    elif plant == "huge":
+        progress.write_text(json.dumps({"nas_corrupt": {"a" * 64: {"why": "x" * dgx_progress_file.MAX_BYTES}}}))
+    else:
+        progress.write_text('{"nas_corrupt": {"%s": {"paths": ["x"]}' % ("a" * 64) if plant == "garbage"
+                            else '{"nas_corrupt": []}')
+    before = os.lstat(str(progress))
     with open_tmp(tmp_path, ".locks") as lock_dir:
-        dgx_progress_file.PassMeter("stage", "org/name", "none").attach(lock_dir)
-    assert sorted(read_progress(tmp_path)["passes"]) == ["stage"]
+        with pytest.raises(StageError) as raised:
+            dgx_progress_file.PassMeter("stage", "org/name", "none").attach(lock_dir)
+    assert str(progress) in str(raised.value) and words in str(raised.value)
+    assert "nothing was written" in str(raised.value) and "move this one aside" in str(raised.value)
+    after = os.lstat(str(progress))
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert sorted(os.listdir(str(lock))) == [dgx_progress_file.PROGRESS_NAME]
 
 
 def test_meter_keeps_a_suspects_record_larger_than_a_mebibyte(tmp_path):
@@ -565,6 +589,43 @@ def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file_and_both_
                     with pytest.raises(BlockingIOError):
                         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     assert outside.read_text() == "keep me"
+
+
+def test_a_run_waiting_on_a_lock_file_another_run_replaced_waits_on_the_new_one(tmp_path):
+    """A backup (`cp -al`) gives the lock file a second name; the next run to hold it puts a new file in its place.
+    A run that waited on the old file must then wait on the new one: never two runs holding the lock."""
+    tree = dgx_localtree.LocalTree(str(tmp_path))
+    lock_path = str(tmp_path / "locks" / dgx_repolock.RepoLock.NAME)
+    with dgx_repolock.RepoLock(tree, "locks", timeout=0):
+        pass
+    old = os.open(lock_path, os.O_RDWR)
+    fcntl.flock(old, fcntl.LOCK_EX)                        # a run holds the lock file
+    waiting, holds, done = threading.Event(), threading.Event(), threading.Event()
+
+    def waiter():
+        with dgx_repolock.RepoLock(tree, "locks", timeout=10, on_wait=lambda h: h and waiting.set()):
+            holds.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        assert waiting.wait(5)                             # it opened the old file and waits on it
+        os.link(lock_path, str(tmp_path / "backup.lock"))
+        with dgx_localtree.LocalTree(str(tmp_path)).open_dir("locks") as lock_dir:
+            new = dgx_fsutil.open_own_file(dgx_repolock.RepoLock.NAME, lock_dir.fd)   # as the holder does
+        fcntl.flock(new, fcntl.LOCK_EX)
+        os.close(old)                                      # the holder ends: the old file is free, the new held
+        assert not holds.wait(1.0)
+        os.close(new)
+        try:
+            with dgx_repolock.RepoLock(tree, "locks", timeout=0):
+                assert not holds.is_set()
+        except StageError:
+            assert holds.wait(5)
+    finally:
+        done.set()
+        thread.join()
 
 
 def test_a_lock_file_bind_mounted_over_a_file_outside_is_never_written(tmp_path):

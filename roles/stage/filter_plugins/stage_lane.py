@@ -39,7 +39,10 @@ from ansible.errors import AnsibleFilterError
 PLACEHOLDERS = ("rank", "world_size")
 # The format specs a placeholder may carry: none, `d`, or a width with an optional zero pad (`02d`, `3`).
 # A float, string, hex or grouping spec would name files no rank layout uses, or fail only on some ranks.
-INTEGER_SPEC = re.compile(r"(0?[0-9]+)?d?\Z")
+INTEGER_SPEC = re.compile(r"(0?([0-9]+))?d?\Z")
+# The widest a placeholder may be padded: rank numbers of any lane fit, and a width of millions would build a
+# pattern of that many characters on every rank.
+MAX_WIDTH = 6
 
 
 def _is_text(value):
@@ -93,10 +96,15 @@ def expand_template(template, rank, world_size, repo_name="<repo>"):
             raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the unknown "
                                      "placeholder %s; only {rank} and {world_size} are known"
                                      % (repo_name, template, shown))
-        if not INTEGER_SPEC.match(spec):
+        integer = INTEGER_SPEC.match(spec)
+        if not integer:
             raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the format spec %r "
                                      "for {%s}; only an integer width is allowed: {%s}, {%s:d}, {%s:02d}"
                                      % (repo_name, template, spec, field, field, field, field))
+        if int(integer.group(2) or 0) > MAX_WIDTH:
+            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r pads {%s} to a width of %s; "
+                                     "at most %d is allowed, e.g. {%s:02d}"
+                                     % (repo_name, template, field, integer.group(2), MAX_WIDTH, field))
         has_rank = has_rank or field == "rank"
         out.append(format(values[field], spec))
     if not has_rank:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -122,6 +123,11 @@ def test_check_names_a_process_carrying_the_run_id_and_passes_once_it_is_gone(ru
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "left-behind"],
                                env=dict(os.environ), start_new_session=True)
     try:
+        # Until its exec the child is a copy of this process, under this process's command line.
+        deadline = time.monotonic() + 30
+        while b"left-behind" not in open("/proc/%d/cmdline" % sleeper.pid, "rb").read():
+            assert time.monotonic() < deadline, "the sleeper never started"
+            time.sleep(0.01)
         assert leftovers.main(["check", snapshot]) == 1
         out = capsys.readouterr().out.splitlines()
         assert out[0] == "leftovers: 1 thing(s) the test run %s started are still there:" % marker

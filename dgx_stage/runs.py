@@ -12,6 +12,7 @@ import tempfile
 from dgx_stage import UsageError, use_module_utils
 
 use_module_utils()
+from ansible.module_utils import dgx_report  # noqa: E402
 from ansible.module_utils.dgx_process import process_alive  # noqa: E402
 
 # The folder of a run's inline -e values (files ansible-playbook reads; they may hold secrets).
@@ -91,23 +92,10 @@ def sweep_extra_vars(runs_dir):
 
 
 def settle_interrupted(report_paths, run_id):
-    """An interrupted run's host reports: `running` (its end was never recorded) becomes `interrupted` in each
-    host's history file and, while it still shows this run, in its latest view (<host>.json beside it).
-    Returns the hosts whose reports changed."""
-    settled = []
-    for host, path in sorted(report_paths.items()):
-        for target in (path, os.path.join(os.path.dirname(path), host + ".json")):
-            try:
-                with open(target) as handle:
-                    data = json.load(handle)
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict) and data.get("run_id") == run_id and data.get("status") == "running":
-                data["status"] = "interrupted"
-                write_json(target, data, indent=2)
-                if host not in settled:
-                    settled.append(host)
-    return settled
+    """An interrupted run's host reports (dgx_report, their owner, rewrites them): `running` becomes
+    `interrupted`. Returns the hosts whose reports changed."""
+    return [host for host, path in sorted(report_paths.items())
+            if dgx_report.settle_interrupted(os.path.dirname(path), host, run_id)]
 
 
 def runs_dirs_nearby(root, current):

@@ -282,6 +282,19 @@ def read_report(path):
     return data, None
 
 
+def settle_interrupted(directory, host, run_id):
+    """A run that ended without recording its end (interrupted): host's `running` reports of it read
+    `interrupted`, its history file and its latest view while that still shows the run. Returns whether one changed."""
+    settled = False
+    for path in report_paths(directory, host, run_id):
+        report, _warning = read_report(path)
+        if report is not None and report.get("run_id") == run_id and report.get("status") == "running":
+            report["status"] = "interrupted"
+            atomic_write_bytes(path, dumps(report))
+            settled = True
+    return settled
+
+
 def dumps(report):
     return (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 

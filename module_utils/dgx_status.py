@@ -25,7 +25,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, passes_of, read_document
+from ansible.module_utils.dgx_progress_file import passes_of, repo_document
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
@@ -209,10 +209,7 @@ def progress_of(hub_root, folder):
     """The last-staged / last-verified fields of a repo from the progress file in its lock folder
     (<hub_root>/.locks/<folder>; neither .locks nor the folder is read through a link)."""
     fields = {}
-    problem = path_problem(hub_root, [".locks", folder], "lock folder")
-    if problem:
-        return {"progress_problem": problem}
-    document, problem = read_document(os.path.join(hub_root, ".locks", folder, PROGRESS_NAME))
+    document, problem = repo_document(hub_root, folder)
     passes, shape_problem = passes_of(document)
     problem = problem or shape_problem
     fields["progress_problem"] = problem

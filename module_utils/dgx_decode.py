@@ -94,8 +94,11 @@ def decode_result(stream, t_sent, t_end):
     usage = stream.get("usage") or {}
     tokens, token_source = stream_tokens(stream)
     t_first, t_last = stream["t_first"], stream["t_last"]
+    # A usage count the chunks cannot have carried gives no rate: stream_problems() names it, and no figure
+    # built on it (10**30 tok/s, or one too large for a float) reaches the report or the metrics.
+    trusted = not count_untrusted(tokens, token_source, stream["chunks"])
     try:
-        rate = decode_rate(tokens, t_first, t_last)
+        rate = decode_rate(tokens, t_first, t_last) if trusted else None
     except StageError:
         rate = None
     return {
@@ -106,7 +109,7 @@ def decode_result(stream, t_sent, t_end):
         "ttft_s": None if t_first is None else round(t_first - t_sent, 4),
         "decode_s": None if t_first is None else round(t_last - t_first, 4),
         "decode_tok_s": rate,
-        "e2e_tok_s": e2e_rate(tokens, t_sent, t_last),
+        "e2e_tok_s": e2e_rate(tokens, t_sent, t_last) if trusted else None,
         "duration_s": round(t_end - t_sent, 4),
         "finish_reason": stream["finish_reason"],
         "done": bool(stream.get("done")),
@@ -126,6 +129,11 @@ FINISHED = ("length", "stop")
 
 # Tokens one chunk may carry: generous for speculative decoding (a few drafted tokens per step).
 MAX_TOKENS_PER_CHUNK = 16
+
+
+def count_untrusted(tokens, token_source, chunks):
+    """Whether a usage count claims more tokens than its content chunks can have carried."""
+    return token_source == "usage" and chunks is not None and tokens > chunks * MAX_TOKENS_PER_CHUNK
 
 
 def stream_problems(result, max_tokens):
@@ -154,7 +162,7 @@ def stream_problems(result, max_tokens):
         problems.append("the engine streamed %d tokens for max_tokens=%d: it ignored max_tokens"
                         % (tokens, max_tokens))
     chunks = result.get("chunks")
-    if result.get("token_source") == "usage" and chunks is not None and tokens > chunks * MAX_TOKENS_PER_CHUNK:
+    if count_untrusted(tokens, result.get("token_source"), chunks):
         problems.append("usage claims %d tokens but only %d chunk(s) carried content (at most %d tokens a chunk "
                         "even with speculative decoding): the count cannot be trusted"
                         % (tokens, chunks, MAX_TOKENS_PER_CHUNK))
@@ -173,7 +181,7 @@ def decode_verdict(result, max_tokens, floor=None):
     tokens, max_tokens = result["tokens"], int(max_tokens)
     problems = stream_problems(result, max_tokens)
     complete = not problems
-    if result["decode_tok_s"] is None:
+    if result["decode_tok_s"] is None and not count_untrusted(tokens, result.get("token_source"), result.get("chunks")):
         problems.append("decode speed cannot be measured from %d token(s)" % tokens)
     if floor is not None:
         floor_text = plain_number(floor)

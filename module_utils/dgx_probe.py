@@ -15,7 +15,8 @@ from ansible.module_utils.dgx_decode import (DECODE_PROMPT, DEFAULT_MAX_TOKENS, 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_lane_wait import wait_probe
 from ansible.module_utils.dgx_openai import resolve_model
-from ansible.module_utils.dgx_runtime import api_owner, container_state, redacted
+from ansible.module_utils.dgx_runtime import api_owner, container_state
+from ansible.module_utils.dgx_secrets import redacted
 from urllib.request import urlopen
 
 

@@ -13,6 +13,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_lane_wait import (LOG_LINES, container_facts, missing_container, owner_facts,
                                                 unknown_container)
 from ansible.module_utils.dgx_nodestate import listening_inodes, port_holders
+from ansible.module_utils.dgx_secrets import redacted
 from ansible.module_utils.dgx_units import plain_number
 
 
@@ -49,20 +50,6 @@ class RuntimeCli(object):
                 " ".join(os.path.basename(part) if i == 0 else part for i, part in enumerate(argv[:3])),
                 plain_number(self.timeout)))
         return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-
-
-def redacted(value, secrets):
-    """value (dicts, lists, strings) with every one of secrets (longest first) in its strings replaced by
-    <hidden>. Callers run it on whole texts, before any cut: a piece of a secret cut at an edge no longer
-    matches."""
-    if isinstance(value, dict):
-        return dict((key, redacted(item, secrets)) for key, item in value.items())
-    if isinstance(value, (list, tuple)):
-        return [redacted(item, secrets) for item in value]
-    if isinstance(value, str):
-        for secret in secrets or []:
-            value = value.replace(secret, "<hidden>")
-    return value
 
 
 def runtime_call_timeout(wait_for):

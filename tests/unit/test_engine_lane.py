@@ -514,6 +514,26 @@ def test_secret_values_are_engine_envs_values_and_the_commands_secret_flags_in_e
         lane.dgx_secret_values({}, ["--api-key", "x"])
 
 
+@pytest.mark.parametrize("env, command, message, secret", [
+    ({}, ["bash", "-c", "export HF_TOKEN=hf_realtoken123; exec serve"], "hf_token='hf_realtoken123'", "hf_realtoken123"),
+    ({}, ["sh", "-c", "serve --api-key sk-live-9999&&true"], "api_key='sk-live-9999'", "sk-live-9999"),
+    ({}, ["serve", "--apikey", "sk-live-7777"], "ServerArgs(apikey='sk-live-7777')", "sk-live-7777"),
+    ({}, ["serve", "--config", '{"api_key": "sk-live-5555", "tp": 8}'], "config={'api_key': 'sk-live-5555'}",
+     "sk-live-5555"),
+    ({"PROXY_PASSWORD": "p@ss w/rd!"}, [], "proxy=http://u:p%40ss+w%2Frd%21@proxy", "p%40ss+w%2Frd%21"),
+    ({"PROXY_PASSWORD": "p@ss/wrd!"}, [], "proxy=http://u:p%40ss/wrd%21@proxy", "p%40ss/wrd%21"),
+    ({"HF_TOKEN": "hf_a/b@c1234"}, [], "url=hf_a%2fb%40c1234", "hf_a%2fb%40c1234"),
+])
+def test_a_secret_is_hidden_whatever_shell_operator_json_or_url_form_carries_it(env, command, message, secret):
+    shown = lane.dgx_redact(message, lane.dgx_secret_values(env, command))
+    assert secret in message and secret not in shown and "<hidden>" in shown, shown
+
+
+def test_overlapping_secrets_leave_no_piece_of_either():
+    secrets = lane.dgx_secret_values({"A_TOKEN": "abcdXYZ", "B_TOKEN": "XYZ123"})
+    assert lane.dgx_redact("joined=abcdXYZ123 and XYZ123abcdXYZ", secrets) == "joined=<hidden> and <hidden>"
+
+
 def test_the_strays_that_could_not_be_stopped_are_said_one_line_each():
     outcomes = lane.dgx_stop_outcomes([
         {"results": [{"item": {"name": "old", "host": "dgx1"}, "changed": True},

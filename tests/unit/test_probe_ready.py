@@ -156,6 +156,17 @@ def test_a_usage_count_that_is_not_a_whole_number_is_no_count(count):
     assert complete and problems == []
 
 
+@pytest.mark.parametrize("count", [10 ** 30, 10 ** 400])
+def test_a_usage_count_the_chunks_cannot_have_carried_fails_and_gives_no_rate(count):
+    """A count past what the chunks can carry fails the gate, and no figure is made of it: no 10**28 tok/s in
+    the report or the metrics, no float overflow."""
+    script = events([ROLE], 0.3) + events([token_chunk("t")] * 25, 1 / 35.0) + events(
+        [finish_chunk("length"), usage(count), b"[DONE]"], 0.0)
+    result, complete, problems = probe(script)
+    assert (result["token_source"], result["decode_tok_s"], result["e2e_tok_s"]) == ("usage", None, None)
+    assert not complete and any("the count cannot be trusted" in problem for problem in problems), problems
+
+
 def test_a_whole_answer_without_usage_passes_on_its_chunks():
     script = events([ROLE], 0.3) + events([token_chunk("t")] * 400, 1 / 35.0) + events(
         [finish_chunk("length"), b"[DONE]"], 0.0)

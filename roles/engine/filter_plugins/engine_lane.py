@@ -30,11 +30,19 @@ Labels never carry a secret: env and command are stored as digests.
 
 import hashlib
 import json
+import os
 import re
-import shlex
-from urllib.parse import quote
+
+import ansible.module_utils
 
 from ansible.errors import AnsibleFilterError
+
+# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
+_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../module_utils"))
+if _MODULE_UTILS not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from ansible.module_utils.dgx_errors import StageError  # noqa: E402
+from ansible.module_utils.dgx_secrets import redacted, secret_values  # noqa: E402
 
 LANE = "dgx-stage.lane"
 LANE_HOSTS = "dgx-stage.lane-hosts"
@@ -336,79 +344,18 @@ def dgx_left_strays(podman_results, docker_results):
     return {"strays": unique, "unchecked": sorted(set(unchecked))}
 
 
-# A variable or flag one of whose words names a credential (HF_TOKEN, --api-key, AWS_SECRET_ACCESS_KEY; not
-# --max-total-tokens): its value is hidden whatever its length.
-_SECRET_WORDS = frozenset(("token", "key", "secret", "password", "passwd", "credential", "credentials", "auth"))
-# Shorter values (a flag like 1, a device list like 0,1) are settings: hiding them would hide every such digit.
-MIN_HIDDEN = 4
-
-
-def _secret_name(name):
-    return bool(_SECRET_WORDS.intersection(re.split(r"[-_.]+", str(name).lower())))
-
-
-def _secret_arguments(command):
-    """The values of the command's secret flags (--api-key X, --api-key=X, HF_TOKEN=X), in the arguments and
-    in the words of any argument that is itself a command line (bash -c '... --api-key X'), however nested."""
-    sequences = [[str(argument) for argument in command or []]]
-    lines = list(sequences[0])
-    while lines:
-        line = lines.pop()
-        try:
-            words = shlex.split(line)
-        except ValueError:
-            words = line.split()
-        if len(words) > 1:
-            sequences.append(words)
-            lines.extend(word for word in words if len(word.split()) > 1)
-    found = []
-    for words in sequences:
-        for before, word in zip([""] + words, words):
-            name = word.split("=", 1)[0]
-            if "=" in word and not any(space in name for space in " \t\n") and _secret_name(name):
-                found.append(word.split("=", 1)[1])
-            elif before.startswith("-") and "=" not in before and _secret_name(before):
-                found.append(word)
-    return found
-
-
-def _quoted_forms(value):
-    """value as a message may quote it: itself, JSON- and repr-escaped, shell-quoted, URL-encoded."""
-    return set((value, json.dumps(value)[1:-1], repr(value)[1:-1], shlex.quote(value), quote(value, safe="")))
-
-
 def dgx_secret_values(env, command=None):
-    """What no message may show, longest first: every engine_env value of MIN_HIDDEN characters or more, and the
-    value of every secret flag of the command (--api-key X), each in the forms a message quotes it in. The
-    command's other arguments are settings (--tp 8) and stay readable. A secret-named variable or flag whose
-    value is shorter than MIN_HIDDEN cannot be kept out of a message: refused, naming it."""
-    values = []
-    for name, value in sorted((env or {}).items()):
-        value = str(value)
-        if len(value) < MIN_HIDDEN:
-            if value and _secret_name(name):
-                raise AnsibleFilterError("engine_env %s: a credential of %d characters cannot be kept out of "
-                                         "messages; set the real value" % (name, len(value)))
-            continue
-        values.append(value)
-    for value in _secret_arguments(command):
-        if 0 < len(value) < MIN_HIDDEN:
-            raise AnsibleFilterError("engine_command: a secret flag's value of %d characters cannot be kept out "
-                                     "of messages; set the real value" % len(value))
-        values.append(value)
-    forms = set()
-    for value in values:
-        forms |= set(form for form in _quoted_forms(value) if len(form) >= MIN_HIDDEN)
-    return sorted(forms, key=lambda form: (-len(form), form))
+    """dgx_secrets.secret_values: what no message may show (engine_env's values, the command's secret flags'),
+    in the forms a message quotes them in, longest first."""
+    try:
+        return secret_values(env, command)
+    except StageError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 def dgx_redact(text, values):
-    """text with every one of values (dgx_secret_values, longest first) replaced by <hidden>: a runtime's
-    error message may quote what it was given."""
-    text = "" if text is None else str(text)
-    for value in values or []:
-        text = text.replace(value, "<hidden>")
-    return text
+    """text without any of values (dgx_secret_values): a runtime's error message may quote what it was given."""
+    return redacted("" if text is None else str(text), values)
 
 
 def dgx_bind_problem_lines(states, hosts):

@@ -135,7 +135,8 @@ bind_problems:
       mount point on its way from the local hub root, is missing, not a regular file (a link included) or
       cannot be read; a NAS bind whose source, followed as the hub layout links it, ends outside the NAS hub or
       is not a readable regular file (a readable folder, for a folder bound whole); or a repo whose local ref
-      names another commit than the manifest binds (a revision staged since it was written).
+      cannot be read (a folder, a link) or names another commit than the manifest binds (a revision staged
+      since it was written).
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: list
   elements: str

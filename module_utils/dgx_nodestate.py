@@ -7,7 +7,8 @@ local_sources(manifest)           -> the host paths of the manifest's binds from
 bind_problems(manifest)           -> why the lane cannot start from the manifest: a local source outside the
                                      manifest's local repos, reached through a link or a mount, missing, not a
                                      regular file (a link included) or unreadable, a NAS source outside the NAS
-                                     hub or not resolving to a readable file, a ref moved past its commit
+                                     hub or not resolving to a readable file, a local ref that cannot be read or
+                                     moved past its commit
 missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
@@ -81,9 +82,9 @@ def bind_problems(manifest):
     source is outside the local repo folders of the manifest's repos, has a link or a mount on the way, is
     missing, not a regular file (a link included) or cannot be read (the runtime would fail that rank's start,
     after the earlier ranks were stopped, or bind other bytes), a NAS bind whose source does not resolve inside
-    the NAS hub to a readable file (or folder), or a repo whose local ref moved past the commit the manifest
-    binds (a revision staged since the manifest was written). A manifest not shaped as engine_manifest
-    writes it is one problem naming what is wrong."""
+    the NAS hub to a readable file (or folder), or a repo whose local ref cannot be read or moved past the
+    commit the manifest binds (a revision staged since the manifest was written). A manifest not shaped as
+    engine_manifest writes it is one problem naming what is wrong."""
     shape = _shape_problem(manifest)
     if shape:
         return [shape]
@@ -217,19 +218,31 @@ def _nas_unusable(path, snapshots):
 
 
 def _ref_moved(repo):
-    """A text when the local hub's ref for the repo's revision names another commit than the manifest's."""
+    """A text when the local hub's ref for the repo's revision names another commit than the manifest's, or
+    cannot be read (a folder, a link, a link on the way). No ref at all is no problem: the manifest took the
+    NAS's commit then (nothing staged yet, or bound from the NAS)."""
     revision, commit, snapshot = repo.get("revision"), repo.get("commit"), repo.get("local_snapshot")
     if not (revision and commit and snapshot) or revision == commit:
         return None
     if not all(isinstance(value, str) for value in (revision, commit, snapshot)):
         return "%s: the manifest's revision, commit or snapshot is not text" % (repo.get("repo_id"),)
     # normpath: a snapshot written with a trailing slash names the same folder.
-    ref = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(snapshot))), "refs", *revision.split("/"))
-    try:
-        with open(ref, "rb") as handle:
+    folder = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))
+    ref = os.path.join(folder, "refs", *revision.split("/"))
+    fd, why = _open_in_local_hub(os.path.dirname(folder), "%s/refs/%s" % (os.path.basename(folder), revision))
+    now = ""
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        with os.fdopen(fd, "rb") as handle:
             now = handle.read(256).decode("utf-8", "replace").strip()
-    except OSError:
+    elif fd is not None:
+        os.close(fd)
+        why = "is not a regular file"
+    if why == "is missing":
         return None
+    if why:
+        return ("%s@%s: the local hub's ref %s %s, so whether the manifest's commit %s is still the one staged "
+                "cannot be told; make it a file naming the commit (stage again)"
+                % (repo.get("repo_id"), revision, ref, why, commit))
     if now and now != commit:
         return ("%s@%s: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the "
                 "manifest was written)" % (repo.get("repo_id"), revision, commit, ref, now))

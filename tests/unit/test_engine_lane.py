@@ -535,6 +535,26 @@ def test_bind_problems_name_a_local_source_outside_the_manifest_s_local_repos(tm
         % (tmp_path / "hub" / "stray", repo)]
 
 
+@pytest.mark.parametrize("ref", ["a folder", "a symlink", "missing"])
+def test_a_local_ref_that_cannot_be_read_is_a_bind_problem_naming_it_and_a_missing_one_is_none(tmp_path, ref):
+    """A ref that cannot be read cannot say the manifest's commit is still the one staged; no ref at all means
+    the manifest took the NAS's commit (nothing staged, or bound from the NAS)."""
+    from ansible.module_utils.dgx_nodestate import bind_problems
+
+    repo, manifest = _one_blob_manifest(tmp_path)
+    main = repo / "refs" / "main"
+    main.unlink()
+    if ref == "a folder":
+        main.mkdir()
+    elif ref == "a symlink":
+        (tmp_path / "other-ref").write_text("c" * 40)
+        main.symlink_to(tmp_path / "other-ref")
+    says = {"a folder": "is not a regular file", "a symlink": "is a symlink, not a regular file"}
+    assert bind_problems(manifest) == ([] if ref == "missing" else [
+        "org/m@main: the local hub's ref %s %s, so whether the manifest's commit %s is still the one staged cannot "
+        "be told; make it a file naming the commit (stage again)" % (main, says[ref], "c" * 40)])
+
+
 def test_a_runtime_message_is_shown_without_the_secret_values_it_quotes():
     secrets = lane.dgx_secret_values({"HF_TOKEN": "hf_abcdef123456", "MODEL_PATH": "/models/m", "GPUS": "0,1"},
                                      ["python3", "-m", "serve", "--api-key", "sk-4f9", "--tp", "8"])

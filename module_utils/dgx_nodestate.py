@@ -4,11 +4,11 @@
 read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read or used)
 checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mount manifest)
 local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
-bind_problems(manifest)           -> why the lane cannot start from the manifest: a local source outside the
-                                     manifest's local repos, reached through a link or a mount, missing, not a
-                                     regular file (a link included) or unreadable, a NAS source outside the NAS
-                                     hub or not resolving to a readable file, a local ref that cannot be read or
-                                     moved past its commit
+bind_problems(manifest)           -> why the lane cannot start from the manifest: a source or target no runtime
+                                     binds as written, a local source outside the manifest's local repos, reached
+                                     through a link or a mount, missing, not a regular file (a link included) or
+                                     unreadable, a NAS source outside the NAS hub or not resolving to a readable
+                                     file, a local ref that cannot be read or moved past its commit
 missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
@@ -37,6 +37,7 @@ import sys
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_within
 from ansible.module_utils.dgx_localtree import LocalTree
+from ansible.module_utils.dgx_mountspec import mount_path_problem
 from ansible.module_utils.dgx_receipts import container_of
 
 TCP_LISTEN = "0A"
@@ -78,7 +79,8 @@ def local_sources(manifest):
 
 
 def bind_problems(manifest):
-    """Why the manifest cannot be started from as it is, one text each, [] when it can: a local bind whose
+    """Why the manifest cannot be started from as it is, one text each, [] when it can: a mount whose source or
+    target no runtime binds as written (a NUL byte, a path not in normal form: dgx_mountspec), a local bind whose
     source is outside the local repo folders of the manifest's repos, has a link or a mount on the way, is
     missing, not a regular file (a link included) or cannot be read (the runtime would fail that rank's start,
     after the earlier ranks were stopped, or bind other bytes), a NAS bind whose source does not resolve inside
@@ -88,8 +90,14 @@ def bind_problems(manifest):
     shape = _shape_problem(manifest)
     if shape:
         return [shape]
-    problems = []
-    mounts = manifest.get("mounts") or []
+    problems, unbindable = [], set()
+    for index, mount in enumerate(manifest.get("mounts") or []):
+        for key in ("source", "target"):
+            why = mount_path_problem(mount.get(key)) if key in mount else None
+            if why:
+                problems.append("mount %d of the manifest: its %s %s" % (index, key, why))
+                unbindable.add(index)
+    mounts = [mount for index, mount in enumerate(manifest.get("mounts") or []) if index not in unbindable]
     repo_folders = _local_repo_folders(manifest)
     for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "local")):
         why = _local_unusable(path, repo_folders)
@@ -172,6 +180,8 @@ def _open_in_local_hub(hub, rel):
             return os.open(name, _OPEN_FLAGS, dir_fd=parent.fd), None
     except StageError as exc:
         return None, "has a symlink or a mount on the way: %s" % exc
+    except ValueError:
+        return None, "cannot be opened (a NUL byte in the path)"
     except OSError as exc:
         return None, _open_problem(exc)
 
@@ -268,6 +278,8 @@ def file_identity(path):
     "error:<errno>"."""
     try:
         st = os.stat(path)
+    except ValueError:
+        return "error:NUL"      # a NUL byte in the path: bind_problems names the mount
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return "missing"

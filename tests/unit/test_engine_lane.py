@@ -555,6 +555,24 @@ def test_a_local_ref_that_cannot_be_read_is_a_bind_problem_naming_it_and_a_missi
         "be told; make it a file naming the commit (stage again)" % (main, says[ref], "c" * 40)])
 
 
+def test_a_nul_byte_in_a_manifest_path_is_a_bind_problem_naming_the_mount_not_a_crash(tmp_path):
+    import modrun
+
+    repo, manifest = _one_blob_manifest(tmp_path)
+    manifest["repos"][0]["revision"] = "ma\x00in"
+    manifest["mounts"].append({"source": "/hub/a\x00b", "target": "/hub/b", "read_only": True, "origin": "local"})
+    manifest["mounts"].append({"source": "/nas/a\x00b", "target": "/hub/c", "read_only": True, "origin": "nas"})
+    result = modrun.run_main("engine_node_state", {"manifest_content": manifest})
+    assert result["bind_problems"] == [
+        "mount %d of the manifest: its source '/%s/a\\x00b' contains a NUL (U+0000): control characters are refused "
+        "in bind paths (mount tables, logs and CSV mount specs rewrite them); rename the file" % (index, top)
+        for index, top in ((1, "hub"), (2, "nas"))] + [
+        "org/m@ma\x00in: the local hub's ref %s cannot be opened (a NUL byte in the path), so whether the "
+        "manifest's commit %s is still the one staged cannot be told; make it a file naming the commit (stage again)"
+        % (repo / "refs" / "ma\x00in", "c" * 40)]
+    assert result["files"] == 2 and not result.get("failed")
+
+
 def test_a_runtime_message_is_shown_without_the_secret_values_it_quotes():
     secrets = lane.dgx_secret_values({"HF_TOKEN": "hf_abcdef123456", "MODEL_PATH": "/models/m", "GPUS": "0,1"},
                                      ["python3", "-m", "serve", "--api-key", "sk-4f9", "--tp", "8"])

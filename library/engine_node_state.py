@@ -131,10 +131,13 @@ directories_missing:
 bind_problems:
   description:
     - Why the lane cannot start from the manifest as it is, one text each; empty when it can.
-    - A local bind whose source is missing, not a regular file (a link included) or cannot be read; a NAS bind
-      whose source, followed as the hub layout links it, ends outside the NAS hub or is not a readable regular
-      file (a readable folder, for a folder bound whole); or a repo whose local ref names another commit than
-      the manifest binds (a revision staged since it was written).
+    - A mount whose source or target no runtime binds as written (a NUL or another control character, a path not
+      in normal form), named by its place in the manifest's mounts; a local bind whose source is outside the local
+      repo folders of the manifest's repos, has a symlink or a mount point on its way from the local hub root,
+      is missing, not a regular file (a link included) or cannot be read; a NAS bind whose source, followed as
+      the hub layout links it, ends outside the NAS hub or is not a readable regular file (a readable folder,
+      for a folder bound whole); or a repo whose local ref cannot be read (a folder, a link) or names another
+      commit than the manifest binds (a revision staged since it was written).
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: list
   elements: str

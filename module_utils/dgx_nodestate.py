@@ -4,9 +4,11 @@
 read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read or used)
 checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mount manifest)
 local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
-bind_problems(manifest)           -> why the lane cannot start from the manifest: a local source missing,
-                                     not a regular file (a link included) or unreadable, a NAS source outside
-                                     the NAS hub or not resolving to a readable file, a ref moved past its commit
+bind_problems(manifest)           -> why the lane cannot start from the manifest: a source or target no runtime
+                                     binds as written, a local source outside the manifest's local repos, reached
+                                     through a link or a mount, missing, not a regular file (a link included) or
+                                     unreadable, a NAS source outside the NAS hub or not resolving to a readable
+                                     file, a local ref that cannot be read or moved past its commit
 missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
 files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
                                      file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
@@ -32,7 +34,10 @@ import os
 import stat
 import sys
 
+from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_within
+from ansible.module_utils.dgx_localtree import LocalTree
+from ansible.module_utils.dgx_mountspec import mount_path_problem
 from ansible.module_utils.dgx_receipts import container_of
 
 TCP_LISTEN = "0A"
@@ -74,22 +79,32 @@ def local_sources(manifest):
 
 
 def bind_problems(manifest):
-    """Why the manifest cannot be started from as it is, one text each, [] when it can: a local bind whose
-    source is missing, not a regular file (a link included) or cannot be read (the runtime would fail that
-    rank's start, after the earlier ranks were stopped), a NAS bind whose source does not resolve inside the
-    NAS hub to a readable file (or folder), or a repo whose local ref moved past the commit the manifest
-    binds (a revision staged since the manifest was written). A manifest not shaped as engine_manifest
-    writes it is one problem naming what is wrong."""
+    """Why the manifest cannot be started from as it is, one text each, [] when it can: a mount whose source or
+    target no runtime binds as written (a NUL byte, a path not in normal form: dgx_mountspec), a local bind whose
+    source is outside the local repo folders of the manifest's repos, has a link or a mount on the way, is
+    missing, not a regular file (a link included) or cannot be read (the runtime would fail that rank's start,
+    after the earlier ranks were stopped, or bind other bytes), a NAS bind whose source does not resolve inside
+    the NAS hub to a readable file (or folder), or a repo whose local ref cannot be read or moved past the
+    commit the manifest binds (a revision staged since the manifest was written). A manifest not shaped as
+    engine_manifest writes it is one problem naming what is wrong."""
     shape = _shape_problem(manifest)
     if shape:
         return [shape]
-    problems = []
-    for path in sorted(set(local_sources(manifest))):
-        why = _unusable(path)
+    problems, unbindable = [], set()
+    for index, mount in enumerate(manifest.get("mounts") or []):
+        for key in ("source", "target"):
+            why = mount_path_problem(mount.get(key)) if key in mount else None
+            if why:
+                problems.append("mount %d of the manifest: its %s %s" % (index, key, why))
+                unbindable.add(index)
+    mounts = [mount for index, mount in enumerate(manifest.get("mounts") or []) if index not in unbindable]
+    repo_folders = _local_repo_folders(manifest)
+    for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "local")):
+        why = _local_unusable(path, repo_folders)
         if why:
             problems.append("%s %s" % (path, why))
     snapshots = _nas_snapshots(manifest)
-    for path in sorted(set(m["source"] for m in manifest.get("mounts") or [] if m.get("origin") == "nas")):
+    for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "nas")):
         why = _nas_unusable(path, snapshots)
         if why:
             problems.append("NAS source %s %s" % (path, why))
@@ -113,23 +128,76 @@ def _shape_problem(manifest):
     return None
 
 
-def _unusable(path):
-    """Why the file at path cannot be bound as the staged file, or None: it is missing, cannot be read, or is not
-    a regular file - a link included, never followed (a staged file is a regular file; a link put in its place
-    could show the container anything)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return "is missing"
-        if exc.errno == errno.ELOOP:
-            return "is a symlink, not a regular file"
-        return "cannot be read (%s)" % errno.errorcode.get(exc.errno, exc.errno)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_problem(exc):
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return "is missing"
+    if exc.errno == errno.ELOOP:
+        return "is a symlink, not a regular file"
+    return "cannot be read (%s)" % errno.errorcode.get(exc.errno, exc.errno)
+
+
+def _regular_problem(fd):
     try:
         mode = os.fstat(fd).st_mode
     finally:
         os.close(fd)
     return None if stat.S_ISREG(mode) else "is not a regular file"
+
+
+def _unusable(path):
+    """Why the file at path cannot be bound, or None: it is missing, cannot be read, or is not a regular file - a
+    link at its last component included, never followed."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as exc:
+        return _open_problem(exc)
+    return _regular_problem(fd)
+
+
+def _local_repo_folders(manifest):
+    """[(local repo folder, its hub root)] of the manifest's repos, from their local snapshots
+    (<hub>/<repo folder>/snapshots/<commit>)."""
+    found = []
+    for repo in manifest.get("repos") or []:
+        snapshot = repo.get("local_snapshot")
+        if isinstance(snapshot, str) and snapshot:
+            folder = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))
+            found.append((folder, os.path.dirname(folder)))
+    return found
+
+
+def _open_in_local_hub(hub, rel):
+    """(fd, None) of the file rel ('/'-separated) below the local hub root, each folder on the way opened
+    through the local tree (never through a link, never into a mount point) and the file with O_NOFOLLOW; or
+    (None, why not): a folder on the way swapped for a link would show the container other bytes under the
+    staged file's name."""
+    folder, name = rel.rsplit("/", 1) if "/" in rel else ("", rel)
+    try:
+        with LocalTree(hub).open_dir(folder) as parent:
+            return os.open(name, _OPEN_FLAGS, dir_fd=parent.fd), None
+    except StageError as exc:
+        return None, "has a symlink or a mount on the way: %s" % exc
+    except ValueError:
+        return None, "cannot be opened (a NUL byte in the path)"
+    except OSError as exc:
+        return None, _open_problem(exc)
+
+
+def _local_unusable(path, repo_folders):
+    """Why the local bind source at path cannot be bound as the staged file, or None. It lies in a local repo
+    folder of the manifest's repos and is opened from the local hub root without following any link: a staged
+    file is a regular file reached through real folders, and a link anywhere on its way could show the
+    container anything."""
+    inside = [(folder, hub) for folder, hub in repo_folders if path != folder and is_within(path, folder)]
+    if not inside:
+        return "is in no local repo folder of the manifest's repos (%s): a local bind is a staged file" % (
+            ", ".join(sorted(set(folder for folder, _hub in repo_folders))) or "none names a local snapshot")
+    hub = inside[0][1]
+    fd, why = _open_in_local_hub(hub, os.path.relpath(path, hub).replace(os.sep, "/"))
+    return why or _regular_problem(fd)
 
 
 def _nas_snapshots(manifest):
@@ -160,19 +228,31 @@ def _nas_unusable(path, snapshots):
 
 
 def _ref_moved(repo):
-    """A text when the local hub's ref for the repo's revision names another commit than the manifest's."""
+    """A text when the local hub's ref for the repo's revision names another commit than the manifest's, or
+    cannot be read (a folder, a link, a link on the way). No ref at all is no problem: the manifest took the
+    NAS's commit then (nothing staged yet, or bound from the NAS)."""
     revision, commit, snapshot = repo.get("revision"), repo.get("commit"), repo.get("local_snapshot")
     if not (revision and commit and snapshot) or revision == commit:
         return None
     if not all(isinstance(value, str) for value in (revision, commit, snapshot)):
         return "%s: the manifest's revision, commit or snapshot is not text" % (repo.get("repo_id"),)
     # normpath: a snapshot written with a trailing slash names the same folder.
-    ref = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(snapshot))), "refs", *revision.split("/"))
-    try:
-        with open(ref, "rb") as handle:
+    folder = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))
+    ref = os.path.join(folder, "refs", *revision.split("/"))
+    fd, why = _open_in_local_hub(os.path.dirname(folder), "%s/refs/%s" % (os.path.basename(folder), revision))
+    now = ""
+    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+        with os.fdopen(fd, "rb") as handle:
             now = handle.read(256).decode("utf-8", "replace").strip()
-    except OSError:
+    elif fd is not None:
+        os.close(fd)
+        why = "is not a regular file"
+    if why == "is missing":
         return None
+    if why:
+        return ("%s@%s: the local hub's ref %s %s, so whether the manifest's commit %s is still the one staged "
+                "cannot be told; make it a file naming the commit (stage again)"
+                % (repo.get("repo_id"), revision, ref, why, commit))
     if now and now != commit:
         return ("%s@%s: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the "
                 "manifest was written)" % (repo.get("repo_id"), revision, commit, ref, now))
@@ -198,6 +278,8 @@ def file_identity(path):
     "error:<errno>"."""
     try:
         st = os.stat(path)
+    except ValueError:
+        return "error:NUL"      # a NUL byte in the path: bind_problems names the mount
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return "missing"

@@ -11,7 +11,7 @@ import re
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import not_own_file, open_own_file, open_regular
+from ansible.module_utils.dgx_fsutil import open_own_file, open_regular
 from ansible.module_utils.dgx_units import utc_text
 
 # A run id as the lock file holds it (one word of ASCII).
@@ -38,12 +38,14 @@ def holder_text(holder):
 
 
 class RepoLock(object):
-    """An exclusive flock on `<dest>/.locks/<folder>/dgx-stage.lock`; two runs on one local repo never
-    interleave. The lock directory is opened through the local tree (never through a symlink). The holder
-    writes `<pid> <run id> <since>` into the file; a run that has to wait calls on_wait(holder) once when it
-    starts waiting and on_wait(None) once it holds the lock, so whoever watches it can say whom it waits for.
-    The lock is held only on the file the name points to once flock returns: a file replaced meanwhile is
-    let go and the new one waited on."""
+    """An exclusive flock on the lock directory `<dest>/.locks/<folder>`; two runs on one local repo never
+    interleave. The directory is opened through the local tree (never through a symlink) and locked, not the
+    file in it: a file can be deleted, renamed aside or replaced by a link while a run holds it, and the next
+    run would lock a fresh file beside it; the directory holds that file, so nothing can be renamed over it.
+    The holder writes `<pid> <run id> <since>` into `dgx-stage.lock` in it; a run that has to wait calls
+    on_wait(holder) once when it starts waiting and on_wait(None) once it holds the lock, so whoever watches
+    it can say whom it waits for. The lock is held only on the directory the name points to once flock
+    returns: a directory renamed aside meanwhile is let go and the one named now waited on."""
 
     NAME = "dgx-stage.lock"
 
@@ -54,73 +56,81 @@ class RepoLock(object):
         self.run_id = run_id if run_id and RUN_ID.match(run_id) else None
         self.on_wait = on_wait
         self.path = os.path.join(tree.root, lock_dir_rel, self.NAME)
-        self._fd = self._replaced = None
+        self._dir = None
 
     def __enter__(self):
-        with self.tree.open_dir(self.lock_dir_rel, create=True) as lock_dir:
-            self._fd = self._open(lock_dir)
-            self._wait_for_lock(lock_dir)
+        self._dir = self.tree.open_dir(self.lock_dir_rel, create=True)
+        try:
+            waited = self._wait_for_lock()
+            self._write_holder()
+        except BaseException:
+            self._dir.close()
+            self._dir = None
+            raise
+        if waited and self.on_wait is not None:
+            self.on_wait(None)
         return self
 
-    def _open(self, lock_dir):
-        # A regular file is opened as found (another run may wait on it); anything else is replaced unopened.
-        fd = open_regular(self.NAME, lock_dir.fd, os.O_RDWR, create=True)
-        return open_own_file(self.NAME, lock_dir.fd) if fd is None else fd
-
-    def _still_named(self, lock_dir):
-        """Whether the locked file is still the one the lock's name points to: a run that found a hard link
-        there put a new file in its place, and whoever waited on the old one must wait on the new one."""
+    def _still_named(self):
+        """Whether the locked directory is still the one the lock's name points to: one renamed aside (and
+        another made in its place) while this run waited on it locks nothing another run would wait on."""
         try:
-            named = os.stat(self.NAME, dir_fd=lock_dir.fd, follow_symlinks=False)
-        except FileNotFoundError:
+            with self.tree.open_dir(self.lock_dir_rel) as named:
+                now = os.fstat(named.fd)
+        except (OSError, StageError):
             return False
-        st = os.fstat(self._fd)
-        return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
+        st = os.fstat(self._dir.fd)
+        return (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino)
 
     def _holder(self):
-        return lock_holder(os.pread(self._fd, 256, 0).decode("ascii", "replace"))
+        """Who the lock file names; unknown when it is missing or not a regular file (never followed)."""
+        fd = open_regular(self.NAME, self._dir.fd, os.O_RDONLY)
+        if fd is None:
+            return lock_holder("")
+        try:
+            return lock_holder(os.pread(fd, 256, 0).decode("ascii", "replace"))
+        finally:
+            os.close(fd)
 
-    def _wait_for_lock(self, lock_dir):
+    def _wait_for_lock(self):
         deadline = time.monotonic() + self.timeout
         waited = False
         while True:
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(self._dir.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
             else:
-                if self._still_named(lock_dir):
+                if self._still_named():
                     break
-                os.close(self._fd)                      # its lock goes with it; wait on the file named now
-                self._fd = self._open(lock_dir)
+                self._dir.close()                       # its lock goes with it; wait on the directory named now
+                self._dir = self.tree.open_dir(self.lock_dir_rel, create=True)
             if not waited and self.on_wait is not None:
                 self.on_wait(self._holder())
             waited = True
             if time.monotonic() >= deadline:
                 holder = holder_text(self._holder())
-                os.close(self._fd)
                 raise StageError("another dgx-stage run, %s, holds %s; wait for it to finish "
                                  "or raise lock_timeout (stage_lock_timeout). A background stage or verify "
                                  "job whose controller was interrupted or killed holds it until it stops "
                                  "itself, within its lease time (2 minutes by default): re-run after that"
                                  % (holder, self.path))
             time.sleep(0.2)
-        if not_own_file(self._fd, lock_dir.fd):
-            # A hard link or a bind mount planted in its place: the pid goes to a new file renamed over it,
-            # locked too (a mount cannot be renamed over: StageError). The old one stays locked until the end,
-            # as another run may wait on it.
-            self._replaced = self._fd
-            self._fd = open_own_file(self.NAME, lock_dir.fd)
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, ("%d %s %s\n" % (os.getpid(), self.run_id or "-", utc_text(time.time()))).encode("ascii"), 0)
-        if waited and self.on_wait is not None:
-            self.on_wait(None)
+        return waited
+
+    def _write_holder(self):
+        # open_own_file: a hard link, a bind mount, a FIFO or a symlink planted as the file is replaced by a
+        # new file (or refused), so the pid reaches no other file.
+        fd = open_own_file(self.NAME, self._dir.fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, ("%d %s %s\n" % (os.getpid(), self.run_id or "-", utc_text(time.time()))).encode("ascii"), 0)
+        finally:
+            os.close(fd)
 
     def __exit__(self, *_exc_info):
-        for fd in (self._fd, self._replaced):
-            if fd is not None:
-                os.close(fd)
-        self._fd = self._replaced = None
+        if self._dir is not None:
+            self._dir.close()
+        self._dir = None
         return False

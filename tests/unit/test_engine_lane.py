@@ -475,7 +475,8 @@ def test_bind_problems_name_a_local_blob_swapped_for_a_link_and_a_nas_source_tha
     (nas_snapshot / "escapes").symlink_to(tmp_path / "elsewhere")
     stray = tmp_path / "nas" / "stray"
     stray.write_bytes(b"x")
-    manifest = {"repos": [{"repo_id": "org/m", "nas_snapshot": str(nas_snapshot)}],
+    manifest = {"repos": [{"repo_id": "org/m", "nas_snapshot": str(nas_snapshot),
+                           "local_snapshot": str(local_blobs.parent / "snapshots" / ("c" * 40))}],
                 "mounts": [{"source": str(local_blobs / "aa"), "target": "/hub/a", "origin": "local"}]
                 + [{"source": str(path), "target": "/hub/" + path.name, "origin": "nas"}
                    for path in (nas_snapshot / "good", nas_snapshot / "fifo", nas_snapshot / "gone",
@@ -487,6 +488,89 @@ def test_bind_problems_name_a_local_blob_swapped_for_a_link_and_a_nas_source_tha
         "NAS source %s is not a regular file" % (nas_snapshot / "fifo"),
         "NAS source %s is missing" % (nas_snapshot / "gone"),
         "NAS source %s is in no NAS snapshot of the manifest's repos" % stray]
+
+
+def _one_blob_manifest(tmp_path):
+    repo = tmp_path / "hub" / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "blobs" / "aa").write_bytes(b"staged")
+    (repo / "refs" / "main").write_text("c" * 40)
+    manifest = {"repos": [{"repo_id": "org/m", "revision": "main", "commit": "c" * 40,
+                           "local_snapshot": str(repo / "snapshots" / ("c" * 40))}],
+                "mounts": [{"source": str(repo / "blobs" / "aa"), "target": "/hub/aa", "read_only": True,
+                            "origin": "local"}]}
+    return repo, manifest
+
+
+@pytest.mark.parametrize("swapped", ["blobs", "repo folder"])
+def test_bind_problems_name_a_folder_on_the_way_to_a_local_source_swapped_for_a_link(tmp_path, swapped):
+    """A staged file's last component alone is not enough: a folder on its way (blobs/, the repo folder) renamed
+    aside and a link to another folder with a same-named file put in its place would bind other bytes."""
+    from ansible.module_utils.dgx_nodestate import bind_problems
+
+    repo, manifest = _one_blob_manifest(tmp_path)
+    assert bind_problems(manifest) == []
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "blobs").mkdir(parents=True)
+    (elsewhere / "blobs" / "aa").write_bytes(b"other")
+    (elsewhere / "refs").mkdir()
+    (elsewhere / "refs" / "main").write_text("c" * 40)
+    moved = repo / "blobs" if swapped == "blobs" else repo
+    os.rename(str(moved), str(moved) + ".aside")
+    os.symlink(str(elsewhere / "blobs" if swapped == "blobs" else elsewhere), str(moved))
+    problems = bind_problems(manifest)
+    assert problems and problems[0].startswith(
+        "%s has a symlink or a mount on the way: %s is a symlink to " % (repo / "blobs" / "aa", moved)), problems
+
+
+def test_bind_problems_name_a_local_source_outside_the_manifest_s_local_repos(tmp_path):
+    from ansible.module_utils.dgx_nodestate import bind_problems
+
+    repo, manifest = _one_blob_manifest(tmp_path)
+    (tmp_path / "hub" / "stray").write_bytes(b"x")
+    manifest["mounts"][0]["source"] = str(tmp_path / "hub" / "stray")
+    assert bind_problems(manifest) == [
+        "%s is in no local repo folder of the manifest's repos (%s): a local bind is a staged file"
+        % (tmp_path / "hub" / "stray", repo)]
+
+
+@pytest.mark.parametrize("ref", ["a folder", "a symlink", "missing"])
+def test_a_local_ref_that_cannot_be_read_is_a_bind_problem_naming_it_and_a_missing_one_is_none(tmp_path, ref):
+    """A ref that cannot be read cannot say the manifest's commit is still the one staged; no ref at all means
+    the manifest took the NAS's commit (nothing staged, or bound from the NAS)."""
+    from ansible.module_utils.dgx_nodestate import bind_problems
+
+    repo, manifest = _one_blob_manifest(tmp_path)
+    main = repo / "refs" / "main"
+    main.unlink()
+    if ref == "a folder":
+        main.mkdir()
+    elif ref == "a symlink":
+        (tmp_path / "other-ref").write_text("c" * 40)
+        main.symlink_to(tmp_path / "other-ref")
+    says = {"a folder": "is not a regular file", "a symlink": "is a symlink, not a regular file"}
+    assert bind_problems(manifest) == ([] if ref == "missing" else [
+        "org/m@main: the local hub's ref %s %s, so whether the manifest's commit %s is still the one staged cannot "
+        "be told; make it a file naming the commit (stage again)" % (main, says[ref], "c" * 40)])
+
+
+def test_a_nul_byte_in_a_manifest_path_is_a_bind_problem_naming_the_mount_not_a_crash(tmp_path):
+    import modrun
+
+    repo, manifest = _one_blob_manifest(tmp_path)
+    manifest["repos"][0]["revision"] = "ma\x00in"
+    manifest["mounts"].append({"source": "/hub/a\x00b", "target": "/hub/b", "read_only": True, "origin": "local"})
+    manifest["mounts"].append({"source": "/nas/a\x00b", "target": "/hub/c", "read_only": True, "origin": "nas"})
+    result = modrun.run_main("engine_node_state", {"manifest_content": manifest})
+    assert result["bind_problems"] == [
+        "mount %d of the manifest: its source '/%s/a\\x00b' contains a NUL (U+0000): control characters are refused "
+        "in bind paths (mount tables, logs and CSV mount specs rewrite them); rename the file" % (index, top)
+        for index, top in ((1, "hub"), (2, "nas"))] + [
+        "org/m@ma\x00in: the local hub's ref %s cannot be opened (a NUL byte in the path), so whether the "
+        "manifest's commit %s is still the one staged cannot be told; make it a file naming the commit (stage again)"
+        % (repo / "refs" / "ma\x00in", "c" * 40)]
+    assert result["files"] == 2 and not result.get("failed")
 
 
 def test_a_runtime_message_is_shown_without_the_secret_values_it_quotes():

@@ -712,6 +712,32 @@ def test_held_lock_refuses_and_writes_nothing(nas, local):
     assert stage(nas, local, ignore_patterns=PAGE15, lock_timeout=1)["changed"] is True   # released: works
 
 
+@pytest.mark.parametrize("tamper", ["deleted", "renamed aside", "replaced by a symlink"])
+def test_a_lock_file_tampered_with_while_held_still_keeps_a_second_run_out(nas, local, tamper, tmp_path):
+    """The lock is the lock directory's, not the file's: a lock file deleted, renamed aside or replaced by a link
+    while another process holds the lock lets no second run in, and the link is never followed."""
+    from ansible.module_utils.dgx_localtree import LocalTree
+    from ansible.module_utils.dgx_repolock import RepoLock
+
+    lock_path = lock_path_of(nas, local)
+    target = tmp_path / "elsewhere"
+    with LockHolder(lock_path) as holder:
+        if tamper == "renamed aside":
+            os.rename(lock_path, lock_path + ".bak")
+        else:
+            os.unlink(lock_path)
+        if tamper == "replaced by a symlink":
+            os.symlink(str(target), lock_path)
+        tree = LocalTree(str(local))
+        with pytest.raises(StageError, match="another dgx-stage run, .* holds %s" % re.escape(lock_path)):
+            with RepoLock(tree, os.path.relpath(os.path.dirname(lock_path), str(local)), 0.5):
+                pass
+        assert holder.poll() is None
+    with RepoLock(tree, os.path.relpath(os.path.dirname(lock_path), str(local)), 0):
+        assert open(lock_path).read().split()[0] == str(os.getpid()) and not os.path.islink(lock_path)
+    assert not os.path.lexists(str(target))
+
+
 def test_run_waits_for_lock_while_the_holder_changes_the_local_copy(prestage, nas, local, monkeypatch):
     # The holder (run A) is copying: its temp file gets its final name at any moment, so a file
     # listed while looking at the local copy can be gone a moment later. Run B must wait for the

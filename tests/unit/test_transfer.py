@@ -574,32 +574,27 @@ def _signals_held_in_this_process():
         signal.signal(signal.SIGUSR1, previous)
 
 
-def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file_and_both_stay_locked(tmp_path):
+def test_a_lock_file_planted_as_a_hard_link_gets_the_pid_in_a_new_file(tmp_path):
     (tmp_path / ".locks" / "models--org--name").mkdir(parents=True)
     outside = tmp_path / "outside.conf"
     outside.write_text("keep me")
     planted = tmp_path / ".locks" / "models--org--name" / dgx_repolock.RepoLock.NAME
     os.link(str(outside), str(planted))
-    with open(str(outside)) as old_inode:
-        with dgx_repolock.RepoLock(dgx_localtree.LocalTree(str(tmp_path)), ".locks/models--org--name", 5):
-            assert outside.read_text() == "keep me"
-            assert planted.read_text().split()[0] == str(os.getpid()) and os.stat(str(planted)).st_nlink == 1
-            for held in (str(planted), old_inode.name):
-                with open(held) as other:       # another open file description: flock says who holds it
-                    with pytest.raises(BlockingIOError):
-                        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    tree = dgx_localtree.LocalTree(str(tmp_path))
+    with dgx_repolock.RepoLock(tree, ".locks/models--org--name", 5):
+        assert outside.read_text() == "keep me"
+        assert planted.read_text().split()[0] == str(os.getpid()) and os.stat(str(planted)).st_nlink == 1
+        with pytest.raises(StageError, match="pid %d" % os.getpid()):
+            with dgx_repolock.RepoLock(tree, ".locks/models--org--name", 0):
+                pass
     assert outside.read_text() == "keep me"
 
 
-def test_a_run_waiting_on_a_lock_file_another_run_replaced_waits_on_the_new_one(tmp_path):
-    """A backup (`cp -al`) gives the lock file a second name; the next run to hold it puts a new file in its place.
-    A run that waited on the old file must then wait on the new one: never two runs holding the lock."""
+def test_a_run_waiting_on_a_lock_directory_renamed_aside_waits_on_the_one_named_now(tmp_path):
+    """The holder's lock directory renamed aside and a new one made: a run that waited on the old one must wait
+    on the new one once the old is free, as a run starting now locks that one: never two runs holding the lock."""
     tree = dgx_localtree.LocalTree(str(tmp_path))
-    lock_path = str(tmp_path / "locks" / dgx_repolock.RepoLock.NAME)
-    with dgx_repolock.RepoLock(tree, "locks", timeout=0):
-        pass
-    old = os.open(lock_path, os.O_RDWR)
-    fcntl.flock(old, fcntl.LOCK_EX)                        # a run holds the lock file
+    first = dgx_repolock.RepoLock(tree, "locks", timeout=0, run_id="first").__enter__()
     waiting, holds, done = threading.Event(), threading.Event(), threading.Event()
 
     def waiter():
@@ -610,19 +605,13 @@ def test_a_run_waiting_on_a_lock_file_another_run_replaced_waits_on_the_new_one(
     thread = threading.Thread(target=waiter)
     thread.start()
     try:
-        assert waiting.wait(5)                             # it opened the old file and waits on it
-        os.link(lock_path, str(tmp_path / "backup.lock"))
-        with dgx_localtree.LocalTree(str(tmp_path)).open_dir("locks") as lock_dir:
-            new = dgx_fsutil.open_own_file(dgx_repolock.RepoLock.NAME, lock_dir.fd)   # as the holder does
-        fcntl.flock(new, fcntl.LOCK_EX)
-        os.close(old)                                      # the holder ends: the old file is free, the new held
+        assert waiting.wait(5)                             # it opened the old directory and waits on it
+        os.rename(str(tmp_path / "locks"), str(tmp_path / "locks.aside"))
+        third = dgx_repolock.RepoLock(tree, "locks", timeout=0, run_id="third").__enter__()   # a new directory
+        first.__exit__(None, None, None)                   # the old directory is free, the new one held
         assert not holds.wait(1.0)
-        os.close(new)
-        try:
-            with dgx_repolock.RepoLock(tree, "locks", timeout=0):
-                assert not holds.is_set()
-        except StageError:
-            assert holds.wait(5)
+        third.__exit__(None, None, None)
+        assert holds.wait(5)
     finally:
         done.set()
         thread.join()

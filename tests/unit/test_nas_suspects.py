@@ -1,11 +1,13 @@
 """dgx_nas_suspects and engine_manifest's refusal: a NAS blob a pass found failing its name stays suspect (a
 green full verify reads no NAS byte) until a copy from the NAS proves it, and a roll-back never binds it from
 the NAS unless told to, with a warning."""
+import json
 import os
 
 import pytest
 
 import hubgen
+from nashub import build_nas
 from ansible.module_utils import dgx_mirror, dgx_mirror_plan
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_manifest import build_manifest
@@ -49,7 +51,8 @@ def test_a_found_blob_stays_suspect_through_a_full_verify_until_a_copy_from_the_
     shard, etag = rotted_nas(nas, local)
     suspects, problem = suspects_of(str(local), folder(nas))
     assert problem is None and list(suspects) == [etag] and suspects[etag]["paths"] == [shard]
-    assert suspects[etag]["identity"][1] == os.stat(nas_blob_real(nas, etag)).st_size
+    st = os.stat(nas_blob_real(nas, etag))
+    assert suspects[etag]["identity"][:3] == [st.st_dev, st.st_ino, st.st_size]
     stage(nas, local, ignore_patterns=PAGE15, verify="full")        # green: it reads no NAS byte
     assert list(suspects_of(str(local), folder(nas))[0]) == [etag]
     restore_nas_blob(nas, etag)
@@ -142,20 +145,45 @@ def test_a_nas_file_changed_since_is_hashed_again_bound_when_right_refused_when_
     assert bound_suspects(manifest, str(local)) == []
 
 
-def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path):
-    nas_file = tmp_path / "nas" / "snap" / "a.safetensors"
-    nas_file.parent.mkdir(parents=True)
-    (tmp_path / "nas" / ("b" * 64)).write_bytes(b"x")
-    nas_file.symlink_to(tmp_path / "nas" / ("b" * 64))
+def test_a_suspect_in_a_store_named_by_another_hash_stays_suspect_until_the_nas_file_changes(tmp_path, local):
+    # The newer hub store names its files by another hash: the file found corrupt is known by its identity.
+    nas = build_nas(tmp_path / "nas", hf_native=True)
+    files = selected(nas)
+    index = next(i for i, s in enumerate(nas.repo()["shards"]) if files[s]["store_path"])
+    shard, etag = rotted_nas(nas, local, index)
+    assert os.path.basename(nas_blob_real(nas, etag)) != etag
+    args = manifest_args(nas, local)
+    result = check_result("engine_manifest", args, run_main("engine_manifest", args), expect_failure=True)
+    [found] = result["nas_corrupt"]
+    assert (found["path"], found["blob"]) == (shard, etag) and "unchanged since" in found["why"]
+    restore_nas_blob(nas, etag)
+    assert check_result("engine_manifest", args, run_main("engine_manifest", args))["nas_corrupt"] == []
+    nas.thaw()
+
+
+def suspect_hub(tmp_path, entry, blob="a" * 64):
+    """A local hub whose record holds one suspect `entry` for `blob`, and a manifest binding the NAS snapshot
+    path a.safetensors, which links to the NAS's blobs/<b...> (another blob): (hub, manifest, NAS file)."""
+    repo = tmp_path / "nas" / "hub" / "models--org--m"
+    snap = repo / "snapshots" / ("c" * 40)
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / ("b" * 64)).write_bytes(b"x")
+    nas_file = snap / "a.safetensors"
+    nas_file.symlink_to("../../blobs/" + "b" * 64)
     hub = tmp_path / "local"
     lock = hub / ".locks" / "models--org--m"
     lock.mkdir(parents=True)
-    (lock / "dgx-stage.progress.json").write_text(
-        '{"nas_corrupt": {"%s": {"paths": ["a.safetensors"], "identity": null}}}' % ("a" * 64))
+    (lock / "dgx-stage.progress.json").write_text(json.dumps({"nas_corrupt": {blob: entry}}))
     manifest = {"repos": [{"repo_id": "org/m", "folder": "models--org--m", "target": "/hub/s",
-                           "nas_snapshot": str(nas_file.parent)}],
+                           "nas_snapshot": str(snap)}],
                 "mounts": [{"target": "/hub/s/a.safetensors", "source": str(nas_file), "origin": "nas"}]}
-    assert bound_suspects(manifest, str(hub)) == []
+    return str(hub), manifest, nas_file
+
+
+def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path):
+    hub, manifest, _nas_file = suspect_hub(tmp_path, {"paths": ["a.safetensors"], "identity": None})
+    assert bound_suspects(manifest, hub) == []
 
 
 @pytest.mark.parametrize("plant, words", [

@@ -10,9 +10,11 @@ import hubgen
 from nashub import build_nas
 from ansible.module_utils import dgx_mirror, dgx_mirror_plan
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_localtree import LocalTree
 from ansible.module_utils.dgx_manifest import build_manifest
 from ansible.module_utils.dgx_mirror_request import NotStaged
 from ansible.module_utils.dgx_nas_suspects import bound_suspects, remembered, suspect_text, suspects_of
+from ansible.module_utils.dgx_progress_file import PassMeter
 from modrun import run_main
 from test_mirror import (MAIN, PAGE15, corrupt_nas_blob, expect_failure, fresh_nas, local,  # noqa: F401 (fixtures)
                          local_blob, nas_blob_real, selected, stage)
@@ -184,6 +186,36 @@ def suspect_hub(tmp_path, entry, blob="a" * 64):
 def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path):
     hub, manifest, _nas_file = suspect_hub(tmp_path, {"paths": ["a.safetensors"], "identity": None})
     assert bound_suspects(manifest, hub) == []
+
+
+A_PATH = ["a.safetensors"]
+
+
+@pytest.mark.parametrize("blob, entry", [
+    ("a" * 64, {"paths": "a.safetensors"}), ("a" * 64, {"paths": 5}), ("a" * 64, {"paths": [5]}),
+    ("a" * 64, {"paths": [None]}), ("a" * 64, {"paths": []}), ("a" * 64, {"why": "no paths"}),
+    ("a" * 64, {"paths": ["../a.safetensors"]}), ("a" * 64, {"paths": ["/a.safetensors"]}),
+    ("a" * 64, {"paths": A_PATH, "identity": "abc"}), ("a" * 64, {"paths": A_PATH, "identity": [True]}),
+    ("a" * 64, {"paths": A_PATH, "nas_source": 5}), ("a" * 64, {"paths": A_PATH, "found_at": []}),
+    ("a" * 64, {"paths": A_PATH, "why": {}}), ("a" * 64, "a.safetensors"), ("not-a-blob", {"paths": A_PATH})],
+    ids=["paths-str", "paths-int", "paths-of-int", "paths-of-null", "paths-empty", "no-paths", "paths-up",
+         "paths-absolute", "identity-str", "identity-of-bool", "nas-source-int", "found-at-list", "why-mapping",
+         "entry-str", "key-not-a-blob"])
+def test_a_suspect_entry_of_another_shape_leaves_the_record_unreadable_to_manifest_and_pass(tmp_path, blob, entry):
+    # Which NAS files it means cannot be known: ignoring it could bind a corrupt blob, writing it back keeps it.
+    hub, manifest, _nas_file = suspect_hub(tmp_path, entry, blob)
+    progress = os.path.join(hub, ".locks", "models--org--m", "dgx-stage.progress.json")
+    suspects, problem = suspects_of(hub, "models--org--m")
+    assert suspects == {} and progress in problem and "its nas_corrupt entry %r" % blob in problem
+    [found] = bound_suspects(manifest, hub)
+    assert found["path"] is None and progress in found["why"]
+    before = os.lstat(progress)
+    with LocalTree(hub).open_dir(".locks/models--org--m") as lock_dir:
+        with pytest.raises(StageError) as refused:
+            PassMeter("stage", "org/m", "none").attach(lock_dir)
+    assert progress in str(refused.value) and "nothing was written" in str(refused.value)
+    after = os.lstat(progress)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 @pytest.mark.parametrize("plant, words", [

@@ -95,32 +95,49 @@ def test_binding_from_the_local_disk_a_suspect_with_no_local_copy_asks_for_a_sta
 
 
 @pytest.mark.parametrize("stop", ["space", "not staged"])
-def test_a_suspect_planning_found_is_kept_when_the_locked_run_stops_before_writing(fresh_nas, local, monkeypatch,
-                                                                                   stop):
-    """The locked plan's sample check finds the NAS blob rotten, then the run stops before writing: no room
-    (check_space), or a file gone while the others were proven (the second not-staged refusal)."""
+@pytest.mark.parametrize("rot", ["truncated", "flipped"])
+def test_a_suspect_planning_found_is_kept_when_the_run_stops_before_writing(fresh_nas, local, monkeypatch, rot,
+                                                                            stop):
+    """A plan finds the NAS blob rotten, then the run stops before writing: no room (check_space), or a file gone
+    while the others were proven (the second not-staged refusal). A NAS blob of the wrong size is found by the
+    quick plan before the lock (verify none), one of the right size only by the locked plan's sample check."""
     nas = fresh_nas
     shard = nas.repo()["shards"][0]
     etag = selected(nas)[shard]["etag"]
     stage(nas, local, ignore_patterns=PAGE15, verify="full")
-    corrupt_nas_blob(nas, etag)
+    if rot == "truncated":
+        real = nas_blob_real(nas, etag)
+        nas.thaw()
+        os.truncate(real, os.path.getsize(real) - 100)
+        nas.freeze()
+    else:
+        corrupt_nas_blob(nas, etag)
+    plans = []
+
+    def plan_mirror(req, *args, **kwargs):
+        plans.append(req.verify)
+        return real_plan_mirror(req, *args, **kwargs)
+    real_plan_mirror = dgx_mirror.plan_mirror
+    monkeypatch.setattr(dgx_mirror, "plan_mirror", plan_mirror)
     if stop == "space":
         def check_space(plan, req):
-            if req.verify != "none":          # the locked run's, not the quick one before the lock
+            if plan.nas_corrupt:              # after a plan found it
                 raise StageError("no room for it (a test)")
             return real_check_space(plan, req)
         real_check_space = dgx_mirror.check_space
         monkeypatch.setattr(dgx_mirror, "check_space", check_space)
     else:
         def refuse_not_staged(plan, req):
-            if plan.nas_corrupt:              # after the sample check found it
+            if plan.nas_corrupt:              # after a plan's checks found it
                 raise NotStaged("a file went (a test)", plan, [shard])
         monkeypatch.setattr(dgx_mirror_plan, "refuse_not_staged", refuse_not_staged)
     with pytest.raises(StageError):
         stage(nas, local, ignore_patterns=PAGE15, verify="sample", copy_missing=stop == "space",
               phase="stage" if stop == "space" else "verify")
+    assert plans == (["none"] if rot == "truncated" else ["none", "sample"])
     suspects, problem = suspects_of(str(local), folder(nas))
     assert problem is None and list(suspects) == [etag] and suspects[etag]["paths"] == [shard]
+    assert ("its NAS size" in suspects[etag]["why"]) == (rot == "truncated")
 
 
 def test_binding_the_good_local_copy_is_no_refusal(fresh_nas, local):

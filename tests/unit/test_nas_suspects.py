@@ -180,6 +180,23 @@ def test_a_suspect_in_a_store_named_by_another_hash_stays_suspect_until_the_nas_
     nas.thaw()
 
 
+def test_a_suspect_recorded_without_st_dev_is_hashed_before_it_is_bound(fresh_nas, local):
+    # Its four numbers match no file: only the NAS file's bytes can clear it.
+    nas = fresh_nas
+    shard, etag = rotted_nas(nas, local)
+    progress = os.path.join(str(local), ".locks", folder(nas), "dgx-stage.progress.json")
+    with open(progress) as handle:
+        document = json.load(handle)
+    document["nas_corrupt"][etag]["identity"] = document["nas_corrupt"][etag]["identity"][1:]
+    with open(progress, "w") as handle:
+        json.dump(document, handle)
+    manifest = build_manifest(str(local), nas["hub"], [{"repo_id": MAIN}], bind_from="nas")[0]
+    [found] = bound_suspects(manifest, str(local))
+    assert found["path"] == shard and "its bytes still hash to" in found["why"]
+    restore_nas_blob(nas, etag)
+    assert bound_suspects(manifest, str(local)) == []
+
+
 def suspect_hub(tmp_path, entry, blob="a" * 64):
     """A local hub whose record holds one suspect `entry` for `blob`, and a manifest binding the NAS snapshot
     path a.safetensors, which links to the NAS's blobs/<b...> (another blob): (hub, manifest, NAS file)."""

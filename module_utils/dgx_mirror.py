@@ -33,13 +33,14 @@ def run_mirror(req, check_mode=False, progress=True):
     progress file (unless progress=False), which says how it ended: ok, failed or interrupted, and
     once it started writing, at its end (ok, failed or interrupted) removes peer_dir with what is left in
     it; a run refused before writing (bad input, require_match, space, files not staged; before or after
-    taking the lock) leaves peer_dir alone.
+    taking the lock) leaves peer_dir alone. A refusal before the lock whose plan found NAS blobs failing their
+    names is raised under the lock, once the progress file keeps them.
     """
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
     if check_mode:
         return _check_mode_run(req, started, meter)
-    _refuse_before_locking(req, started, meter)
+    early = _refuse_before_locking(req, started, meter)
     tree = LocalTree(req.dest)
     with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout, req.run_id, req.on_lock_wait):
         with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
@@ -48,7 +49,7 @@ def run_mirror(req, check_mode=False, progress=True):
             writing = []        # set once the run starts writing: only then is peer_dir removed
             try:
                 try:
-                    result = _run_locked(tree, req, meter, started, writing)
+                    result = _run_locked(tree, req, meter, started, writing, early)
                 finally:
                     peer_problems = _clear_peer_dir(tree, req) if writing else []
             except KeyboardInterrupt as exc:
@@ -77,10 +78,15 @@ def _clear_peer_dir(tree, req):
         return ["peer_dir %s was not removed: %s" % (req.peer_dir, exc)]
 
 
-def _run_locked(tree, req, meter, started, writing):
+def _run_locked(tree, req, meter, started, writing, early=None):
     """The locked run; `writing` gets an item when it starts writing. A refusal before that (bad input,
     require_match, space, files not staged) leaves peer_dir as it is: its message says nothing was
-    written, and the next run uses or removes the candidates."""
+    written, and the next run uses or removes the candidates. `early` is the quick plan's refusal with what
+    it found corrupt on the NAS (_refuse_before_locking): kept, then raised."""
+    if early is not None:
+        refusal, found = early
+        _remember(meter, found, [])
+        raise refusal
     try:
         plan, refusal = plan_mirror(req, meter=meter), None
     except NotStaged as exc:
@@ -129,7 +135,9 @@ def _refused(exc, req, meter, started, check_mode=False):
 def _refuse_before_locking(req, started, meter):
     """Bad input, files not staged (copy_missing off) and a disk that cannot even hold the missing files
     are refused before the lock file is created: a read-only pass that stats but reads no content
-    (verify none; what it reads to judge a copy of the wrong size counts in meter's bytes read)."""
+    (verify none; what it reads to judge a copy of the wrong size counts in meter's bytes read).
+    None when nothing is refused; (refusal, nas_corrupt records) when the pass found NAS blobs failing their
+    names too: only a run holding the lock writes the record that keeps them, so the caller raises it there."""
     quick = copy.copy(req)
     quick.verify = "none"
     quick_meter = PassMeter(req.phase, req.repo_id, quick.verify)
@@ -140,10 +148,17 @@ def _refuse_before_locking(req, started, meter):
     except OSError:  # a run holding the lock changed the local copy under us: the locked plan decides
         preflight = None
     meter.add_reads(quick_meter)
-    if isinstance(preflight, NotStaged):
-        raise _refused(preflight, req, meter, started)
-    if preflight is not None:
-        check_space(preflight, quick)
+    try:
+        if isinstance(preflight, NotStaged):
+            raise _refused(preflight, req, meter, started)
+        if preflight is not None:
+            check_space(preflight, quick)
+    except StageError as exc:
+        found = (preflight.plan if isinstance(preflight, NotStaged) else preflight).nas_corrupt
+        if not found:
+            raise
+        return exc, found
+    return None
 
 
 def _apply_locked(tree, plan, req, space, started, meter):

@@ -21,18 +21,20 @@ Stdlib only; runs on the nodes' system Python.
 import os
 import posixpath
 
-from ansible.module_utils.dgx_errors import fix_command
+from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_hashing import hash_as_named
+from ansible.module_utils.dgx_hubcache import resolve_snapshot_link
 from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, repo_document, suspects_in
 
 def nas_identity(path):
-    """[st_ino, st_size, st_mtime_ns, st_ctime_ns] of the file at path (links followed), or None: a
-    re-download on the NAS, even one that restores the mtime, moves one of them."""
+    """[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns] of the file at path (links followed), or None: a
+    re-download on the NAS, even one that restores the mtime, moves one of them. A record written before st_dev
+    was part of it holds four numbers, which match no file: such a suspect is hashed again before it is bound."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def remembered(previous, found, proven, now):
@@ -71,22 +73,39 @@ def _nas_origin(mounts_by_target, target):
     return None
 
 
-def _still_suspect(nas_file, blob, entry):
-    """Why the NAS file behind a suspect still cannot be bound, or None when it is another blob now or its
-    bytes were changed and now hash to its name."""
+def _names_another_blob(nas_file, nas_snapshot, blob):
+    """Whether the NAS snapshot path stands for another blob now (a later revision), or for none: the name of
+    its link's first hop into the repo's blobs/ says which (the store file the chain ends at may carry another
+    name). A path that cannot be read so stands for `blob`: its bytes decide."""
+    snap_dir = os.path.abspath(nas_snapshot)
+    repo_dir = os.path.dirname(os.path.dirname(snap_dir))
+    try:
+        named = resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
+                                      os.path.realpath(os.path.dirname(repo_dir)))[0] \
+            if os.path.islink(nas_file) else None
+    except (StageError, OSError):
+        return False
+    return named != blob
+
+
+def _still_suspect(nas_file, nas_snapshot, blob, entry):
+    """Why the NAS file behind a suspect still cannot be bound, or None when the path stands for another blob
+    now, or the file it resolves to changed since it was found corrupt and now hashes to the blob's name.
+    The file found corrupt is known by its identity (nas_identity), never by its name: a store file may be
+    named by another hash."""
     real = os.path.realpath(nas_file)
-    if os.path.basename(real) != blob:
-        return None          # the snapshot path names another blob now (a new revision)
     identity = nas_identity(real)
     if identity is None:
         return None          # gone: the manifest's coverage check names a missing NAS file
     if entry.get("identity") is not None and list(entry["identity"]) == identity:
         return "found corrupt %s (%s) and unchanged since" % (entry.get("found_at") or "earlier", entry.get("why"))
+    if _names_another_blob(nas_file, nas_snapshot, blob):
+        return None
     try:
         digest, count = hash_as_named(real, blob)
     except OSError as exc:
         return "changed since it was found corrupt, and cannot be read to prove it (%s)" % (exc.strerror or exc)
-    if count == identity[1] and digest == blob:
+    if count == identity[2] and digest == blob:
         return None
     return "changed since it was found corrupt, and its bytes still hash to %s" % digest
 
@@ -106,7 +125,7 @@ def bound_suspects(manifest, hub_local_root):
                 if _nas_origin(mounts_by_target, target) != "nas":
                     continue
                 nas_file = os.path.join(record["nas_snapshot"], path)
-                why = _still_suspect(nas_file, blob, entry)
+                why = _still_suspect(nas_file, record["nas_snapshot"], blob, entry)
                 if why:
                     found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
                                   "why": why})

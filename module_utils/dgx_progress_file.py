@@ -14,6 +14,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+from ansible.module_utils.dgx_hashing import name_is_hash
 from ansible.module_utils.dgx_localtree import linked_dir_problem
 from ansible.module_utils.dgx_units import utc_text
 
@@ -101,11 +102,43 @@ def passes_of(document):
 
 
 def suspects_in(document):
-    """(the NAS blobs found corrupt, problem) a progress document records under SUSPECTS_KEY."""
+    """(the NAS blobs found corrupt, problem) a progress document records under SUSPECTS_KEY: {blob: entry},
+    each entry {paths: [snapshot path, ...], nas_source: str or null, identity: [int, ...] or null, found_at: str
+    or null, why: str or null} (paths required). Anything else is not what dgx-stage writes, and which blobs it
+    means cannot be known: the problem says which entry and why, and no suspect is returned."""
     suspects = (document or {}).get(SUSPECTS_KEY, {})
-    if not isinstance(suspects, dict) or not all(isinstance(e, dict) for e in suspects.values()):
+    if not isinstance(suspects, dict):
         return {}, "its %s is not a mapping of blobs" % SUSPECTS_KEY
+    for blob, entry in sorted(suspects.items()):
+        problem = _suspect_problem(blob, entry)
+        if problem:
+            return {}, "its %s entry %r %s" % (SUSPECTS_KEY, blob, problem)
     return suspects, None
+
+
+def _suspect_problem(blob, entry):
+    """Why one suspects entry is not the shape suspects_in documents, or None."""
+    if not name_is_hash(blob):
+        return "is not named by a blob hash"
+    if not isinstance(entry, dict):
+        return "is not a mapping"
+    paths = entry.get("paths")
+    if not isinstance(paths, list) or not paths or not all(_is_snapshot_path(p) for p in paths):
+        return "has paths %r, not a list of relative snapshot paths" % (paths,)
+    for key in ("nas_source", "found_at", "why"):
+        if not isinstance(entry.get(key), (str, type(None))):
+            return "has %s %r, not a string or null" % (key, entry[key])
+    identity = entry.get("identity")
+    if identity is not None and not (isinstance(identity, list) and identity and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in identity)):
+        return "has identity %r, not a list of integers or null" % (identity,)
+    return None
+
+
+def _is_snapshot_path(path):
+    """A path inside a snapshot: relative, each part a name (no empty part, no . or ..)."""
+    return isinstance(path, str) and not path.startswith("/") and all(
+        part not in ("", ".", "..") for part in path.split("/"))
 
 
 class PassMeter(object):
@@ -221,9 +254,7 @@ class PassMeter(object):
             previous = document.get("passes")
             self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
                 if isinstance(previous, dict) else {}
-            suspects = document.get(SUSPECTS_KEY)
-            self.suspects = dict((k, v) for k, v in suspects.items() if isinstance(v, dict)) \
-                if isinstance(suspects, dict) else {}
+            self.suspects = suspects_in(document)[0]
             self._dir_fd = lock_dir.fd
             self._write_locked()
 

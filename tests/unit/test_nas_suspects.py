@@ -1,16 +1,20 @@
 """dgx_nas_suspects and engine_manifest's refusal: a NAS blob a pass found failing its name stays suspect (a
 green full verify reads no NAS byte) until a copy from the NAS proves it, and a roll-back never binds it from
 the NAS unless told to, with a warning."""
+import json
 import os
 
 import pytest
 
 import hubgen
+from nashub import build_nas
 from ansible.module_utils import dgx_mirror, dgx_mirror_plan
 from ansible.module_utils.dgx_errors import StageError
+from ansible.module_utils.dgx_localtree import LocalTree
 from ansible.module_utils.dgx_manifest import build_manifest
 from ansible.module_utils.dgx_mirror_request import NotStaged
 from ansible.module_utils.dgx_nas_suspects import bound_suspects, remembered, suspect_text, suspects_of
+from ansible.module_utils.dgx_progress_file import PassMeter
 from modrun import run_main
 from test_mirror import (MAIN, PAGE15, corrupt_nas_blob, expect_failure, fresh_nas, local,  # noqa: F401 (fixtures)
                          local_blob, nas_blob_real, selected, stage)
@@ -49,7 +53,8 @@ def test_a_found_blob_stays_suspect_through_a_full_verify_until_a_copy_from_the_
     shard, etag = rotted_nas(nas, local)
     suspects, problem = suspects_of(str(local), folder(nas))
     assert problem is None and list(suspects) == [etag] and suspects[etag]["paths"] == [shard]
-    assert suspects[etag]["identity"][1] == os.stat(nas_blob_real(nas, etag)).st_size
+    st = os.stat(nas_blob_real(nas, etag))
+    assert suspects[etag]["identity"][:3] == [st.st_dev, st.st_ino, st.st_size]
     stage(nas, local, ignore_patterns=PAGE15, verify="full")        # green: it reads no NAS byte
     assert list(suspects_of(str(local), folder(nas))[0]) == [etag]
     restore_nas_blob(nas, etag)
@@ -90,32 +95,49 @@ def test_binding_from_the_local_disk_a_suspect_with_no_local_copy_asks_for_a_sta
 
 
 @pytest.mark.parametrize("stop", ["space", "not staged"])
-def test_a_suspect_planning_found_is_kept_when_the_locked_run_stops_before_writing(fresh_nas, local, monkeypatch,
-                                                                                   stop):
-    """The locked plan's sample check finds the NAS blob rotten, then the run stops before writing: no room
-    (check_space), or a file gone while the others were proven (the second not-staged refusal)."""
+@pytest.mark.parametrize("rot", ["truncated", "flipped"])
+def test_a_suspect_planning_found_is_kept_when_the_run_stops_before_writing(fresh_nas, local, monkeypatch, rot,
+                                                                            stop):
+    """A plan finds the NAS blob rotten, then the run stops before writing: no room (check_space), or a file gone
+    while the others were proven (the second not-staged refusal). A NAS blob of the wrong size is found by the
+    quick plan before the lock (verify none), one of the right size only by the locked plan's sample check."""
     nas = fresh_nas
     shard = nas.repo()["shards"][0]
     etag = selected(nas)[shard]["etag"]
     stage(nas, local, ignore_patterns=PAGE15, verify="full")
-    corrupt_nas_blob(nas, etag)
+    if rot == "truncated":
+        real = nas_blob_real(nas, etag)
+        nas.thaw()
+        os.truncate(real, os.path.getsize(real) - 100)
+        nas.freeze()
+    else:
+        corrupt_nas_blob(nas, etag)
+    plans = []
+
+    def plan_mirror(req, *args, **kwargs):
+        plans.append(req.verify)
+        return real_plan_mirror(req, *args, **kwargs)
+    real_plan_mirror = dgx_mirror.plan_mirror
+    monkeypatch.setattr(dgx_mirror, "plan_mirror", plan_mirror)
     if stop == "space":
         def check_space(plan, req):
-            if req.verify != "none":          # the locked run's, not the quick one before the lock
+            if plan.nas_corrupt:              # after a plan found it
                 raise StageError("no room for it (a test)")
             return real_check_space(plan, req)
         real_check_space = dgx_mirror.check_space
         monkeypatch.setattr(dgx_mirror, "check_space", check_space)
     else:
         def refuse_not_staged(plan, req):
-            if plan.nas_corrupt:              # after the sample check found it
+            if plan.nas_corrupt:              # after a plan's checks found it
                 raise NotStaged("a file went (a test)", plan, [shard])
         monkeypatch.setattr(dgx_mirror_plan, "refuse_not_staged", refuse_not_staged)
     with pytest.raises(StageError):
         stage(nas, local, ignore_patterns=PAGE15, verify="sample", copy_missing=stop == "space",
               phase="stage" if stop == "space" else "verify")
+    assert plans == (["none"] if rot == "truncated" else ["none", "sample"])
     suspects, problem = suspects_of(str(local), folder(nas))
     assert problem is None and list(suspects) == [etag] and suspects[etag]["paths"] == [shard]
+    assert ("its NAS size" in suspects[etag]["why"]) == (rot == "truncated")
 
 
 def test_binding_the_good_local_copy_is_no_refusal(fresh_nas, local):
@@ -142,20 +164,92 @@ def test_a_nas_file_changed_since_is_hashed_again_bound_when_right_refused_when_
     assert bound_suspects(manifest, str(local)) == []
 
 
-def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path):
-    nas_file = tmp_path / "nas" / "snap" / "a.safetensors"
-    nas_file.parent.mkdir(parents=True)
-    (tmp_path / "nas" / ("b" * 64)).write_bytes(b"x")
-    nas_file.symlink_to(tmp_path / "nas" / ("b" * 64))
+def test_a_suspect_in_a_store_named_by_another_hash_stays_suspect_until_the_nas_file_changes(tmp_path, local):
+    # The newer hub store names its files by another hash: the file found corrupt is known by its identity.
+    nas = build_nas(tmp_path / "nas", hf_native=True)
+    files = selected(nas)
+    index = next(i for i, s in enumerate(nas.repo()["shards"]) if files[s]["store_path"])
+    shard, etag = rotted_nas(nas, local, index)
+    assert os.path.basename(nas_blob_real(nas, etag)) != etag
+    args = manifest_args(nas, local)
+    result = check_result("engine_manifest", args, run_main("engine_manifest", args), expect_failure=True)
+    [found] = result["nas_corrupt"]
+    assert (found["path"], found["blob"]) == (shard, etag) and "unchanged since" in found["why"]
+    restore_nas_blob(nas, etag)
+    assert check_result("engine_manifest", args, run_main("engine_manifest", args))["nas_corrupt"] == []
+    nas.thaw()
+
+
+def test_a_suspect_recorded_without_st_dev_is_hashed_before_it_is_bound(fresh_nas, local):
+    # Its four numbers match no file: only the NAS file's bytes can clear it.
+    nas = fresh_nas
+    shard, etag = rotted_nas(nas, local)
+    progress = os.path.join(str(local), ".locks", folder(nas), "dgx-stage.progress.json")
+    with open(progress) as handle:
+        document = json.load(handle)
+    document["nas_corrupt"][etag]["identity"] = document["nas_corrupt"][etag]["identity"][1:]
+    with open(progress, "w") as handle:
+        json.dump(document, handle)
+    manifest = build_manifest(str(local), nas["hub"], [{"repo_id": MAIN}], bind_from="nas")[0]
+    [found] = bound_suspects(manifest, str(local))
+    assert found["path"] == shard and "its bytes still hash to" in found["why"]
+    restore_nas_blob(nas, etag)
+    assert bound_suspects(manifest, str(local)) == []
+
+
+def suspect_hub(tmp_path, entry, blob="a" * 64):
+    """A local hub whose record holds one suspect `entry` for `blob`, and a manifest binding the NAS snapshot
+    path a.safetensors, which links to the NAS's blobs/<b...> (another blob): (hub, manifest, NAS file)."""
+    repo = tmp_path / "nas" / "hub" / "models--org--m"
+    snap = repo / "snapshots" / ("c" * 40)
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    (repo / "blobs" / ("b" * 64)).write_bytes(b"x")
+    nas_file = snap / "a.safetensors"
+    nas_file.symlink_to("../../blobs/" + "b" * 64)
     hub = tmp_path / "local"
     lock = hub / ".locks" / "models--org--m"
     lock.mkdir(parents=True)
-    (lock / "dgx-stage.progress.json").write_text(
-        '{"nas_corrupt": {"%s": {"paths": ["a.safetensors"], "identity": null}}}' % ("a" * 64))
+    (lock / "dgx-stage.progress.json").write_text(json.dumps({"nas_corrupt": {blob: entry}}))
     manifest = {"repos": [{"repo_id": "org/m", "folder": "models--org--m", "target": "/hub/s",
-                           "nas_snapshot": str(nas_file.parent)}],
+                           "nas_snapshot": str(snap)}],
                 "mounts": [{"target": "/hub/s/a.safetensors", "source": str(nas_file), "origin": "nas"}]}
-    assert bound_suspects(manifest, str(hub)) == []
+    return str(hub), manifest, nas_file
+
+
+def test_a_snapshot_path_that_names_another_blob_now_is_not_the_suspect(tmp_path):
+    hub, manifest, _nas_file = suspect_hub(tmp_path, {"paths": ["a.safetensors"], "identity": None})
+    assert bound_suspects(manifest, hub) == []
+
+
+A_PATH = ["a.safetensors"]
+
+
+@pytest.mark.parametrize("blob, entry", [
+    ("a" * 64, {"paths": "a.safetensors"}), ("a" * 64, {"paths": 5}), ("a" * 64, {"paths": [5]}),
+    ("a" * 64, {"paths": [None]}), ("a" * 64, {"paths": []}), ("a" * 64, {"why": "no paths"}),
+    ("a" * 64, {"paths": ["../a.safetensors"]}), ("a" * 64, {"paths": ["/a.safetensors"]}),
+    ("a" * 64, {"paths": A_PATH, "identity": "abc"}), ("a" * 64, {"paths": A_PATH, "identity": [True]}),
+    ("a" * 64, {"paths": A_PATH, "nas_source": 5}), ("a" * 64, {"paths": A_PATH, "found_at": []}),
+    ("a" * 64, {"paths": A_PATH, "why": {}}), ("a" * 64, "a.safetensors"), ("not-a-blob", {"paths": A_PATH})],
+    ids=["paths-str", "paths-int", "paths-of-int", "paths-of-null", "paths-empty", "no-paths", "paths-up",
+         "paths-absolute", "identity-str", "identity-of-bool", "nas-source-int", "found-at-list", "why-mapping",
+         "entry-str", "key-not-a-blob"])
+def test_a_suspect_entry_of_another_shape_leaves_the_record_unreadable_to_manifest_and_pass(tmp_path, blob, entry):
+    # Which NAS files it means cannot be known: ignoring it could bind a corrupt blob, writing it back keeps it.
+    hub, manifest, _nas_file = suspect_hub(tmp_path, entry, blob)
+    progress = os.path.join(hub, ".locks", "models--org--m", "dgx-stage.progress.json")
+    suspects, problem = suspects_of(hub, "models--org--m")
+    assert suspects == {} and progress in problem and "its nas_corrupt entry %r" % blob in problem
+    [found] = bound_suspects(manifest, hub)
+    assert found["path"] is None and progress in found["why"]
+    before = os.lstat(progress)
+    with LocalTree(hub).open_dir(".locks/models--org--m") as lock_dir:
+        with pytest.raises(StageError) as refused:
+            PassMeter("stage", "org/m", "none").attach(lock_dir)
+    assert progress in str(refused.value) and "nothing was written" in str(refused.value)
+    after = os.lstat(progress)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
 @pytest.mark.parametrize("plant, words", [

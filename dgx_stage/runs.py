@@ -91,11 +91,18 @@ def sweep_extra_vars(runs_dir):
     return swept
 
 
-def settle_interrupted(report_paths, run_id):
-    """An interrupted run's host reports (dgx_report, their owner, rewrites them): `running` becomes
-    `interrupted`. Returns the hosts whose reports changed."""
-    return [host for host, path in sorted(report_paths.items())
-            if dgx_report.settle_interrupted(os.path.dirname(path), host, run_id)]
+def settle_unfinished(report_paths, run_id, failures):
+    """The host reports of a run that is over and still say `running` (dgx_report, their owner, rewrites
+    them): `failed` with its failure for a host in failures ({host: {"play", "task", "msg"}}, what the events
+    said), else `interrupted`. Returns {host: settled report} of the hosts whose reports changed."""
+    settled = {}
+    for host, path in sorted(report_paths.items()):
+        failure = failures.get(host)
+        report = dgx_report.settle_unfinished(os.path.dirname(path), host, run_id,
+                                              "failed" if failure else "interrupted", failure)
+        if report is not None:
+            settled[host] = report
+    return settled
 
 
 def runs_dirs_nearby(root, current):

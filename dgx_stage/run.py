@@ -196,6 +196,7 @@ class PlaybookRun(object):
             return self._run()
         finally:
             shutil.rmtree(self._extra_vars_dir(), ignore_errors=True)
+            runs.scrub_command(self.run_dir)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
 
@@ -285,6 +286,8 @@ class PlaybookRun(object):
         return True   # keep it in the artifacts (job_events/)
 
     def _on_status(self, status, runner_config=None):
+        if status.get("status") == "running":   # runner has written its `command` artifact, environment and all
+            runs.scrub_command(self.run_dir)
         self.events.put({"_status": status.get("status")})
 
     # -- the end ----------------------------------------------------------------------------------------

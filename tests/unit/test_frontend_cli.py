@@ -416,6 +416,24 @@ def test_a_run_over_with_reports_still_running_settles_them_failed_with_the_fail
             "of: local, nas, got: bogus") in out.splitlines(), out
 
 
+def test_runners_command_artifact_loses_its_environment_as_soon_as_the_playbook_runs(tmp_path):
+    """A front end killed mid-run (SIGKILL) runs no end of its own: the operator's environment that ansible-runner
+    wrote with the command (tests/integration/test_frontend.py proves the whole run) goes when it says running."""
+    playbook_run = run.PlaybookRun({"subcommand": "stage"}, str(tmp_path / "runs"))
+    os.makedirs(playbook_run.run_dir)
+    path = os.path.join(playbook_run.run_dir, "command")
+    with open(path, "w") as handle:
+        json.dump({"command": ["ansible-playbook", "p.yml"], "cwd": "/repo", "env": {"HF_TOKEN": "t"}}, handle)
+    os.chmod(path, 0o600)
+    playbook_run._on_status({"status": "starting"})
+    with open(path) as handle:
+        assert "env" in json.load(handle)   # not written yet when runner says starting: nothing to do
+    playbook_run._on_status({"status": "running"})
+    with open(path) as handle:
+        assert json.load(handle) == {"command": ["ansible-playbook", "p.yml"], "cwd": "/repo"}
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
+
+
 def test_status_prints_each_hosts_lines_once(tmp_path):
     state = RunState()
     state.status_lines = {"rank1": ["same line"], "rank0": ["same line", "receipts: none"]}

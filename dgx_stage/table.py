@@ -456,6 +456,7 @@ def with_inventory(text, inventory):
 def failure_line(failure, inventory=None):
     """'host H failed in play P, task T: msg' (or unreachable); the fixes msg gives run on `inventory`."""
     what = "unreachable" if failure.get("unreachable") else "failed"
-    return "host %s %s in play %s, task %s: %s" % (failure["host"], what, failure.get("play") or "?",
+    # A hand-edited report or run.json may hold any JSON there: each part reads as text, or as absent.
+    return "host %s %s in play %s, task %s: %s" % (failure.get("host"), what, failure.get("play") or "?",
                                                    failure.get("task") or "?",
-                                                   with_inventory(failure.get("msg") or "", inventory))
+                                                   with_inventory(str(failure.get("msg") or ""), inventory))

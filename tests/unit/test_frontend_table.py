@@ -178,6 +178,14 @@ def test_a_report_with_strings_nulls_or_wrong_shapes_renders_instead_of_crashing
     assert table.table_rows({"h": []})[0]["status"] == "unreadable: not a JSON object"
 
 
+def test_a_failure_whose_fields_are_not_text_reads_them_as_text_or_absent():
+    # A hand-edited report's failed_msg of 7 crashed `report` with a TypeError in the failure line.
+    for msg, said in ((7, "7"), (True, "True"), ({"a": 1}, "{'a': 1}"), ([], ""), (None, "")):
+        failure = {"host": "h", "play": ["p"], "task": 5, "msg": msg}
+        assert table.failure_line(failure, "inv") == "host h failed in play ['p'], task 5: %s" % said
+        assert table.render_markdown([], failures=[failure], inventory="inv")
+
+
 def test_a_check_run_counts_the_would_be_copies_once_and_shows_no_rate():
     # In --check every pass reports what it would copy: stage's copies are still missing when verify looks,
     # so the table said twice the bytes, and a MiB/s for nothing copied.

@@ -289,8 +289,10 @@ def report_subcommand(args, out=None):
     known = [record.get(key) for key in ("subcommand", "started", "status") if record and record.get(key)]
     if known:
         title += " (%s)" % ", ".join(known)
-    failures = report_failures(reports) if reports else [
-        f for f in (record or {}).get("failures") or [] if f["host"] in _limit_hosts([f["host"]], args.limit)]
+    # A host that failed before any report of it was written is only in run.json's failures.
+    failures = report_failures(reports) + [
+        f for f in (record or {}).get("failures") or []
+        if f["host"] not in reports and f["host"] in _limit_hosts([f["host"]], args.limit)]
     if not reports:
         title += ": no host report was written"
     inventory = (record or {}).get("inventory")

@@ -5,6 +5,7 @@ operator's terminal reaches only this process: the first Ctrl-C (or SIGTERM) is 
 ansible-playbook's process group, which stops the run and prints its summary; a second one cancels the
 run (ansible-runner kills the process group).
 """
+import contextlib
 import os
 import queue
 import shutil
@@ -195,6 +196,7 @@ class PlaybookRun(object):
             return self._run()
         finally:
             shutil.rmtree(self._extra_vars_dir(), ignore_errors=True)
+            runs.scrub_command(self.run_dir)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
 
@@ -271,6 +273,9 @@ class PlaybookRun(object):
             self.interrupts = max(self.interrupts, 2)   # ansible-runner's cancel callback ends the run
             if thread is not None:
                 thread.join(timeout=120)
+            if thread is None or not thread.is_alive():
+                with contextlib.suppress(OSError):   # the front end's own error is the one to report
+                    self._settle_reports(self.state.failed_hosts())
             self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=runs.utc_now(),
                                error="dgx-stage failed: %s: %s" % (type(exc).__name__, exc))
             raise
@@ -281,6 +286,8 @@ class PlaybookRun(object):
         return True   # keep it in the artifacts (job_events/)
 
     def _on_status(self, status, runner_config=None):
+        if status.get("status") == "running":   # runner has written its `command` artifact, environment and all
+            runs.scrub_command(self.run_dir)
         self.events.put({"_status": status.get("status")})
 
     # -- the end ----------------------------------------------------------------------------------------
@@ -295,11 +302,7 @@ class PlaybookRun(object):
             code, status = EXIT_ANSIBLE, "error"
         else:
             code, status = EXIT_OK, "ok"
-        if self.interrupts and state.run_id:
-            # The run's end was never recorded on the hosts: their reports say so, never `running` for ever.
-            for host in runs.settle_interrupted(state.history_paths, state.run_id):
-                if host in state.reports and state.reports[host].get("status") == "running":
-                    state.reports[host] = dict(state.reports[host], status="interrupted")
+        self._settle_reports(failures)
         changed = dict(sorted((state.stats or {}).get("changed", {}).items()))
         self._write_record(status=status, runner_status=runner.status, rc=runner.rc, exit_code=code,
                            finished=runs.utc_now(), failures=failures, changed=changed)
@@ -325,6 +328,15 @@ class PlaybookRun(object):
         display.print("artifacts: %s" % self.run_dir)
         display.print("full log: %s" % os.path.join(self.run_dir, "stdout"))
         return code
+
+    def _settle_reports(self, failures):
+        """The run is over: a host report of it still `running` never recorded its end (an interrupt, a host
+        failed where no rescue wrote it); it says `failed` with what the events said, else `interrupted`."""
+        state = self.state
+        if not state.run_id:
+            return
+        seen = dict((f["host"], f) for f in failures)
+        state.reports.update(runs.settle_unfinished(state.history_paths, state.run_id, seen))
 
     def _print_status(self, display):
         if not self.state.status_lines:

@@ -91,11 +91,38 @@ def sweep_extra_vars(runs_dir):
     return swept
 
 
-def settle_interrupted(report_paths, run_id):
-    """An interrupted run's host reports (dgx_report, their owner, rewrites them): `running` becomes
-    `interrupted`. Returns the hosts whose reports changed."""
-    return [host for host, path in sorted(report_paths.items())
-            if dgx_report.settle_interrupted(os.path.dirname(path), host, run_id)]
+def scrub_command(run_dir):
+    """ansible-runner's `command` artifact without its `env`: runner records there the whole environment it
+    started ansible-playbook with, the operator's own included (tokens, passwords), and never removes it. The
+    command and its working dir stay. Returns whether it was rewritten."""
+    path = os.path.join(run_dir, "command")
+    try:
+        with open(path) as handle:
+            artifact = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(artifact, dict) or "env" not in artifact:
+        return False
+    artifact.pop("env")
+    try:
+        write_json(path, artifact)
+    except OSError:   # left as runner wrote it rather than failing the run over it
+        return False
+    return True
+
+
+def settle_unfinished(report_paths, run_id, failures):
+    """The host reports of a run that is over and still say `running` (dgx_report, their owner, rewrites
+    them): `failed` with its failure for a host in failures ({host: {"play", "task", "msg"}}, what the events
+    said), else `interrupted`. Returns {host: settled report} of the hosts whose reports changed."""
+    settled = {}
+    for host, path in sorted(report_paths.items()):
+        failure = failures.get(host)
+        report = dgx_report.settle_unfinished(os.path.dirname(path), host, run_id,
+                                              "failed" if failure else "interrupted", failure)
+        if report is not None:
+            settled[host] = report
+    return settled
 
 
 def runs_dirs_nearby(root, current):

@@ -91,6 +91,28 @@ def _files_on_disk(rows, check):
                    - (_number(_dict(row.get("files")).get("dangling")) or 0)) for row in rows)
 
 
+# The stage role's per-repo mirror tasks (roles/stage/tasks/mirror*.yml) are named so.
+MIRROR_TASK = "Mirror |"
+
+
+def _pass_complete(report, name):
+    """Whether pass `name`'s rows hold every repo it ran: not when its play failed in a mirror task and no row
+    says failed (the repo that failed returned none: its lock held by another run, an error before its figures)."""
+    play = _dict(_dict(report.get("plays")).get(name))
+    task = play.get("failed_task")
+    if play.get("status") != "failed" or not (isinstance(task, str) and task.startswith(MIRROR_TASK)):
+        return True
+    return any(row.get("status") == "failed" for row in _rows(report, name))
+
+
+def _files_rows(report):
+    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's
+    (verify, else stage); a preflight's plan is not on the disk."""
+    ran = [name for name in ("verify", "stage") if _rows(report, name)]
+    complete = [name for name in ran if _pass_complete(report, name)]
+    return (_rows(report, complete[0]) if complete else []), bool(ran) and not complete
+
+
 def host_figures(report, receipts_removed=None):
     """The raw figures of one host's row (numbers, None when the run did not produce them)."""
     # A check run copies nothing: each pass reports what it would copy, the same bytes again (stage's
@@ -98,10 +120,10 @@ def host_figures(report, receipts_removed=None):
     check = report.get("check_mode") is True or report.get("status") == "check"
     copying = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
         else _rows(report, "stage", "verify")
-    # FILES: in --check what the plan stages; in a real run what is on the disk after it - the last pass's rows
-    # (verify, else stage), less what a pass left unstaged or dangling; a preflight's plan is not on the disk.
-    files_rows = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
-        else (_rows(report, "verify") or _rows(report, "stage"))
+    # FILES: in --check what the plan stages; in a real run what is on the disk after it - the last complete
+    # pass's rows (_files_rows), less what a pass left unstaged or dangling; unknown when no pass is complete.
+    files_rows, files_unknown = ((_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight"),
+                                  False) if check else _files_rows(report))
     stage = _rows(report, "stage")
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
     engine = _dict(report.get("engine"))
@@ -116,6 +138,7 @@ def host_figures(report, receipts_removed=None):
         "status": report.get("status"),
         "files_local": _files_on_disk(files_rows, check) if files_rows else None,
         "files_excluded": _sum(files_rows, "files", "excluded") if files_rows else None,
+        "files_unknown": files_unknown,
         "bytes_copied": _sum(copying, "bytes_copied") if copying else None,
         "blobs_repaired": _sum(copying, "blobs", "repaired") if copying else None,
         "nas_corrupt": len(corrupt) if copying or corrupt else None,
@@ -177,7 +200,7 @@ def host_row(report, receipts_removed=None):
         "host": str(f["host"] or NONE),
         "run_id": str(f["run_id"] or NONE),
         "status": str(f["status"] or NONE),
-        "files": _pair(f["files_local"], f["files_excluded"]),
+        "files": "?" if f["files_unknown"] else _pair(f["files_local"], f["files_excluded"]),
         "copied": human_bytes(f["bytes_copied"]),
         "repaired": NONE if f["blobs_repaired"] is None else str(f["blobs_repaired"]),
         "nas_corrupt": NONE if f["nas_corrupt"] is None else str(f["nas_corrupt"]),
@@ -456,6 +479,7 @@ def with_inventory(text, inventory):
 def failure_line(failure, inventory=None):
     """'host H failed in play P, task T: msg' (or unreachable); the fixes msg gives run on `inventory`."""
     what = "unreachable" if failure.get("unreachable") else "failed"
-    return "host %s %s in play %s, task %s: %s" % (failure["host"], what, failure.get("play") or "?",
+    # A hand-edited report or run.json may hold any JSON there: each part reads as text, or as absent.
+    return "host %s %s in play %s, task %s: %s" % (failure.get("host"), what, failure.get("play") or "?",
                                                    failure.get("task") or "?",
-                                                   with_inventory(failure.get("msg") or "", inventory))
+                                                   with_inventory(str(failure.get("msg") or ""), inventory))

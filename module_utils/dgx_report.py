@@ -282,16 +282,33 @@ def read_report(path):
     return data, None
 
 
-def settle_interrupted(directory, host, run_id):
-    """A run that ended without recording its end (interrupted): host's `running` reports of it read
-    `interrupted`, its history file and its latest view while that still shows the run. Returns whether one changed."""
-    settled = False
-    for path in report_paths(directory, host, run_id):
+def settle_unfinished(directory, host, run_id, status, failure=None):
+    """A run over whose end the host did not record (end_view): the front end saw it end, interrupted, or
+    with the host failed where no play's rescue wrote it (a role validates its arguments under every tag,
+    so in a play the tags skip, whose rescue is skipped too). host's `running` reports of it take `status`
+    (`interrupted`, `failed`), and `failure` ({"play", "task", "msg"}) as failed_play, failed_task and
+    failed_msg: its history file, and its latest view while that still shows the run (with the entry that
+    names the run, last_real_run or check). Returns the settled history report, else None."""
+    failed = dict(("failed_" + key, str(value)) for key, value in (failure or {}).items()
+                  if key in ("play", "task", "msg") and value is not None)
+
+    def settle(report):
+        if isinstance(report, dict) and report.get("run_id") == run_id and report.get("status") == "running":
+            report.update(failed, status=status)
+            return True
+        return False
+
+    settled = None
+    history_path, latest_path = report_paths(directory, host, run_id)
+    for path in (history_path, latest_path):
         report, _warning = read_report(path)
-        if report is not None and report.get("run_id") == run_id and report.get("status") == "running":
-            report["status"] = "interrupted"
-            atomic_write_bytes(path, dumps(report))
-            settled = True
+        if report is None or not settle(report):
+            continue
+        for key in ("last_real_run", "check"):
+            settle(report.get(key))
+        atomic_write_bytes(path, dumps(report))
+        if path == history_path:
+            settled = report
     return settled
 
 

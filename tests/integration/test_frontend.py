@@ -265,3 +265,23 @@ def test_status_renders_each_hosts_lines_once(staged_hub):
         shown = sections[sections.index(host) + 1].strip("\n").splitlines()[:len(host_lines)]
         assert host_lines and shown == ["  " + line for line in host_lines], (host, out)
     assert MAIN_REPO in out and DRAFTER_REPO in out
+
+
+def test_a_secret_in_the_operators_environment_is_in_no_file_of_the_run_dir(tmp_path):
+    # ansible-runner records the environment it starts ansible-playbook with (the operator's whole one) in its
+    # `command` artifact; the run dir is kept. A status run against a host list is the shortest real run.
+    secret = "hf_%s" % os.urandom(12).hex()
+    env = dict(frontend_env(tmp_path), HF_TOKEN=secret)
+    proc = subprocess.run(frontend_command("status", "-i", "localhost,"), cwd=REPO_ROOT, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    record = run_records(tmp_path)[-1]
+    assert record["status"] in ("ok", "failed"), proc.stdout.decode("utf-8", "replace")
+    with open(os.path.join(record["artifacts"], "command")) as handle:
+        assert sorted(json.load(handle)) == ["command", "cwd"]
+    holding = []
+    for folder, _dirs, names in os.walk(str(tmp_path / "runs")):
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as handle:
+                if secret.encode() in handle.read():
+                    holding.append(os.path.join(folder, name))
+    assert holding == []   # the paths only: the secret is never printed

@@ -384,6 +384,56 @@ def test_an_interrupted_run_exits_99_whatever_ansible_returned(tmp_path):
     assert code == 99 and record["status"] == "interrupted" and "interrupted: exit 99" in out
 
 
+def test_a_run_over_with_reports_still_running_settles_them_failed_with_the_failure_seen_or_interrupted(
+        tmp_path, capsys):
+    """A role's argument validation fails the host in a play the tags skip (Ansible tags it `always`): no
+    rescue writes the failure, no end-of-run play runs. The run is over: its reports must not read running."""
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    state = state_with(failures={"rank1": 1})
+    with open(os.path.join(FIXTURES, "report-stage-ok.json")) as handle:
+        fixture = json.load(handle)
+    for host in ("rank0", "rank1"):
+        report = dict(fixture, host=host, status="running")
+        state.reports[host] = report
+        state.history_paths[host] = str(report_dir / ("%s-%s.json" % (host, report["run_id"])))
+        for path in (state.history_paths[host], str(report_dir / (host + ".json"))):
+            runs.write_json(path, report, indent=2)
+    state.failures["rank1"] = {"host": "rank1", "play": "Manifest", "task": "Validating arguments",
+                               "msg": "value of engine_bind_from must be one of: local, nas, got: bogus"}
+    code, out, record = finished(tmp_path, state, 2)
+    assert code == 2 and "rank0  20261201T101737Z-ed44  interrupted" in out, out
+    assert "rank1  20261201T101737Z-ed44  failed " in out, out
+    for host, status in (("rank0", "interrupted"), ("rank1", "failed")):
+        for path in (state.history_paths[host], str(report_dir / (host + ".json"))):
+            with open(path) as handle:
+                assert json.load(handle)["status"] == status, path
+    with open(str(report_dir / "rank1.json")) as handle:
+        assert json.load(handle)["failed_task"] == "Validating arguments"
+    code, out, _err = main(["report", "--runs-dir", str(tmp_path / "runs")], capsys)
+    assert "rank1  20261201T101737Z-ed44  failed " in out and "running" not in out, out
+    assert ("host rank1 failed in play Manifest, task Validating arguments: value of engine_bind_from must be one "
+            "of: local, nas, got: bogus") in out.splitlines(), out
+
+
+def test_runners_command_artifact_loses_its_environment_as_soon_as_the_playbook_runs(tmp_path):
+    """A front end killed mid-run (SIGKILL) runs no end of its own: the operator's environment that ansible-runner
+    wrote with the command (tests/integration/test_frontend.py proves the whole run) goes when it says running."""
+    playbook_run = run.PlaybookRun({"subcommand": "stage"}, str(tmp_path / "runs"))
+    os.makedirs(playbook_run.run_dir)
+    path = os.path.join(playbook_run.run_dir, "command")
+    with open(path, "w") as handle:
+        json.dump({"command": ["ansible-playbook", "p.yml"], "cwd": "/repo", "env": {"HF_TOKEN": "t"}}, handle)
+    os.chmod(path, 0o600)
+    playbook_run._on_status({"status": "starting"})
+    with open(path) as handle:
+        assert "env" in json.load(handle)   # not written yet when runner says starting: nothing to do
+    playbook_run._on_status({"status": "running"})
+    with open(path) as handle:
+        assert json.load(handle) == {"command": ["ansible-playbook", "p.yml"], "cwd": "/repo"}
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
+
+
 def test_status_prints_each_hosts_lines_once(tmp_path):
     state = RunState()
     state.status_lines = {"rank1": ["same line"], "rank0": ["same line", "receipts: none"]}
@@ -479,6 +529,21 @@ def test_report_shows_the_latest_run_even_one_that_reached_no_host_with_its_fail
     assert "20261201T101737Z-ed44" not in out and "| HOST |" not in out
 
 
+def test_report_names_a_host_that_failed_before_its_first_report_beside_the_hosts_reports(recorded, capsys):
+    runs_dir, _report_dir = recorded
+    record = os.path.join(runs_dir, "20261201T101736Z-stage-aaaa", "run.json")
+    with open(record) as handle:
+        data = json.load(handle)
+    runs.write_json(record, dict(data, status="failed", failures=[
+        {"host": "dgx2", "play": "Select the hosts of the lane", "task": "Gathering", "msg": "no route",
+         "unreachable": True}]))
+    code, out, _err = main(["report", "--runs-dir", runs_dir], capsys)
+    assert "localhost  20261201T101737Z-ed44  ok " in out, out
+    assert "host dgx2 unreachable in play Select the hosts of the lane, task Gathering: no route" in out.splitlines()
+    code, out, _err = main(["report", "--runs-dir", runs_dir, "--limit", "localhost"], capsys)
+    assert "dgx2" not in out, out
+
+
 def test_an_interrupted_runs_reports_read_interrupted_in_the_files_and_in_report(recorded, capsys):
     runs_dir, report_dir = recorded
     history = os.path.join(report_dir, "localhost-20261201T101737Z-ed44.json")
@@ -497,13 +562,13 @@ def test_an_interrupted_runs_reports_read_interrupted_in_the_files_and_in_report
     # The front end settles them at the end of an interrupted run: both files, this run's only, keeping their mode.
     for path in (history, os.path.join(report_dir, "localhost.json")):
         os.chmod(path, 0o644)
-    assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == ["localhost"]
+    assert list(runs.settle_unfinished({"localhost": history}, "20261201T101737Z-ed44", {})) == ["localhost"]
     for path in (history, os.path.join(report_dir, "localhost.json")):
         with open(path) as handle:
             assert json.load(handle)["status"] == "interrupted"
         assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
-    assert runs.settle_interrupted({"localhost": history}, "20261201T101737Z-ed44") == []
-    assert runs.settle_interrupted({"localhost": history}, "another-run") == []
+    assert runs.settle_unfinished({"localhost": history}, "20261201T101737Z-ed44", {}) == {}
+    assert runs.settle_unfinished({"localhost": history}, "another-run", {}) == {}
 
 
 def test_a_run_whose_front_end_was_killed_reads_interrupted_in_report(recorded, capsys):

@@ -42,6 +42,26 @@ def test_files_count_what_is_on_the_disk_not_what_a_plan_or_a_failed_pass_claime
     assert table.host_figures(check)["files_local"] == sum(r["files"]["local"] for r in passes["preflight"])
 
 
+def test_files_of_a_pass_a_repo_left_no_row_in_come_from_the_last_complete_pass_or_read_unknown():
+    # A verify whose main repo's lock was held by another run returns the drafter's row alone: FILES said 4/0
+    # with 17/5 on the disk.
+    report = fixture("report-stage-ok.json")
+    passes = report["passes"]
+    drafter = [row for row in passes["verify"] if row["files"]["local"] == 4]
+    lock_held = dict(report["plays"]["verify"], status="failed",
+                     failed_task="Mirror | Each repo from the NAS hub to the local hub, pass verify")
+    failed = dict(report, status="failed", plays=dict(report["plays"], verify=lock_held),
+                  passes=dict(passes, verify=drafter))
+    assert table.host_row(failed)["files"] == "17/5"            # this run's stage pass
+    verify_only = dict(failed, passes={"verify": drafter})
+    assert table.host_row(verify_only)["files"] == "?"
+    # A repo's row saying failed is its figures; a failure after the mirror task leaves every row standing.
+    unstaged = [dict(row, status="failed", unstaged_paths=["config.json"]) for row in passes["verify"][:1]]
+    assert table.host_row(dict(verify_only, passes={"verify": unstaged + drafter}))["files"] == "16/5"
+    weights = dict(lock_held, failed_task="Verify | Check each snapshot's safetensors index against the shard headers")
+    assert table.host_row(dict(verify_only, plays={"verify": weights}))["files"] == "4/0"
+
+
 def test_a_staged_hosts_row_has_the_reports_figures():
     report = fixture("report-stage-ok.json")
     stage = report["passes"]["stage"]
@@ -176,6 +196,14 @@ def test_a_report_with_strings_nulls_or_wrong_shapes_renders_instead_of_crashing
         rows = table.table_rows({"h": bad})
         assert rows[0]["host"] == "h" and table.render_plain(rows) and table.render_markdown(rows)
     assert table.table_rows({"h": []})[0]["status"] == "unreadable: not a JSON object"
+
+
+def test_a_failure_whose_fields_are_not_text_reads_them_as_text_or_absent():
+    # A hand-edited report's failed_msg of 7 crashed `report` with a TypeError in the failure line.
+    for msg, said in ((7, "7"), (True, "True"), ({"a": 1}, "{'a': 1}"), ([], ""), (None, "")):
+        failure = {"host": "h", "play": ["p"], "task": 5, "msg": msg}
+        assert table.failure_line(failure, "inv") == "host h failed in play ['p'], task 5: %s" % said
+        assert table.render_markdown([], failures=[failure], inventory="inv")
 
 
 def test_a_check_run_counts_the_would_be_copies_once_and_shows_no_rate():

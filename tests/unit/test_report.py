@@ -6,8 +6,8 @@ import os
 import pytest
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_report import (end_reports, end_view, failure_message, latest_view, real_results, run_view, stage_bytes,
-                                             update_reports)
+from ansible.module_utils.dgx_report import (end_reports, end_view, failure_message, latest_view, real_results, run_view,
+                                             settle_unfinished, stage_bytes, update_reports)
 
 IDENTITY = {"lane": "exl3_2x", "rank": 1, "world_size": 2, "hub_nas_root": "/nas/hub", "hub_local_root": "/nvme/hub"}
 MAIN, DRAFTER = "org/main", "org/drafter"
@@ -274,6 +274,34 @@ def test_a_run_is_running_until_its_end_and_a_killed_run_never_looks_good(tmp_pa
     result = update_reports(directory, "dgx1", killed, play("stage", "2026-12-01T08:00:01Z"), data(STAGED))
     assert result["latest"]["status"] == "running" and result["latest"]["finished"] is None
     assert result["latest"]["run_id"] == "20261201T080000Z-dead"
+
+
+def test_a_run_over_without_its_end_recorded_is_settled_failed_with_the_failure_seen_or_interrupted(tmp_path):
+    """A role's argument validation fails the host under every tag, in a play whose rescue the tags skip: the
+    run ends with no failed report and no end of run; the front end settles it with what its events said."""
+    directory = str(tmp_path)
+    full_run(directory, "20261130T204512Z-3fa2", "2026-11-30T20:45:12Z")
+    today = run("20261201T080000Z-0ff3", "2026-12-01T08:00:00Z")
+    update_reports(directory, "dgx1", today, play("receipts", "2026-12-01T08:00:01Z"), data())
+    failure = {"play": "Manifest", "task": "Validating arguments", "msg": "engine_bind_from: got bogus"}
+    settled = settle_unfinished(directory, "dgx1", today["id"], "failed", failure)
+    with open(os.path.join(directory, "dgx1.json")) as handle:
+        latest = json.load(handle)
+    for view in (settled, latest, latest["last_real_run"]):
+        assert view["status"] == "failed" and view["run_id"] == today["id"], view
+        assert (view["failed_play"], view["failed_task"], view["failed_msg"]) == tuple(failure.values())
+    with open(os.path.join(directory, "dgx1-%s.json" % today["id"])) as handle:
+        assert json.load(handle) == settled
+    # Settled once; another run's reports, and a report not running, are left as they are.
+    assert settle_unfinished(directory, "dgx1", today["id"], "interrupted") is None
+    assert settle_unfinished(directory, "dgx1", "20261130T204512Z-3fa2", "interrupted") is None
+    later = run("20261202T080000Z-0ff4", "2026-12-02T08:00:00Z", check=True)
+    update_reports(directory, "dgx1", later, play("stage", "2026-12-02T08:00:01Z"), data())
+    assert settle_unfinished(directory, "dgx1", later["id"], "interrupted")["status"] == "interrupted"
+    with open(os.path.join(directory, "dgx1.json")) as handle:
+        latest = json.load(handle)
+    assert latest["status"] == latest["check"]["status"] == "interrupted" and "failed_msg" not in latest["check"]
+    assert latest["last_real_run"]["status"] == "failed"
 
 
 def test_a_host_lost_during_a_play_is_failed_at_the_end_naming_the_play(tmp_path):

@@ -30,6 +30,11 @@ description:
     C(nas_corrupt) in the repo's progress file, C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json))
     fails the module naming the file, the blob and the NAS file, unless O(allow_corrupt_nas) (then a warning).
     A NAS file changed since it was found is hashed again and bound when its bytes now hash to its name.
+  - So does a file bound from the NAS whose blob the host's latest report on the controller (O(host_report))
+    lists under C(nas_corrupt_blobs) of a real stage or verify row of its repo (C(nas_corrupt) at the row's commit,
+    for a row written before rows named blobs), when the node's own record does not hold it - a roll-back onto
+    a wiped or swapped local hub, or another O(hub_local_root). Such a NAS file is hashed, and bound when its bytes
+    hash to its name (re-downloaded since). Check mode decides the same.
   - Before returning, checks that every source exists, no two mounts share a target, no target
     is nested in a directory mount, every NAS mount is read-only, and every NAS snapshot file is
     reachable through exactly one mount.
@@ -103,6 +108,19 @@ options:
       - Bind NAS files found corrupt anyway, with a warning (C(engine_allow_corrupt_nas)); RV(nas_corrupt) lists them.
     type: bool
     default: false
+  host_report:
+    description:
+      - The text (JSON) of this host's latest report on the controller, C(<report dir>/<host>.json); its
+        C(passes.stage) and C(passes.verify) rows (C(repo_id), C(repo_type), C(check_mode), C(commit),
+        C(nas_corrupt_blobs), C(nas_corrupt)) and C(plays) are read. Empty - no report yet - adds no suspect.
+      - A text that is not a JSON object fails the module for every repo, as an unreadable record of the node
+        does, unless O(allow_corrupt_nas).
+    type: str
+    default: ""
+  host_report_path:
+    description: Where O(host_report) is on the controller; only named in messages.
+    type: str
+    default: the host report
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -143,6 +161,10 @@ EXAMPLES = r"""
     hub_nas_root: "{{ hub_nas_root }}"
     repos: "{{ stage_repos }}"
     bind_from: nas
+    host_report: "{{ lookup('ansible.builtin.file', report_file) }}"
+    host_report_path: "{{ report_file }}"
+  vars:
+    report_file: "reports/{{ inventory_hostname }}.json"
   register: engine_mounts
 """
 
@@ -260,7 +282,9 @@ counts:
       returned: success when check mode with O(plan)
   sample: {local: 141, nas: 30, total: 171}
 nas_corrupt:
-  description: The files the manifest binds from the NAS whose blob was found failing its name and not proven since.
+  description:
+    - The files the manifest binds from the NAS whose blob was found failing its name and not proven since, by the
+      node's own record or by the host report (O(host_report)).
   returned: success; on failure when the manifest would bind them
   type: list
   elements: dict
@@ -269,7 +293,7 @@ nas_corrupt:
       description: The repo.
       type: str
     path:
-      description: The file's path in the snapshot (null when the repo's record cannot be read; RV(nas_corrupt[].why) says why).
+      description: The file's path in the snapshot (null when the repo's record or the host report cannot be read; RV(nas_corrupt[].why) says why).
       type: str
     blob:
       description: The blob's name, the hash its bytes must have.
@@ -278,7 +302,9 @@ nas_corrupt:
       description: The NAS snapshot file bound.
       type: str
     why:
-      description: When and how it was found corrupt, or why the NAS file still does not prove its name.
+      description:
+        - When and how it was found corrupt (and, from the host report, its path on the controller), or why the NAS
+          file still does not prove its name.
       type: str
   sample:
     - repo_id: org/model
@@ -299,7 +325,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_manifest import build_manifest
-from ansible.module_utils.dgx_nas_suspects import bound_suspects, suspect_text
+from ansible.module_utils.dgx_nas_suspects import bound_suspects, report_suspects, suspect_text
 
 
 ARGUMENT_SPEC = dict(
@@ -317,6 +343,8 @@ ARGUMENT_SPEC = dict(
     target_root=dict(type="str", default="/hub"),
     bind_from=dict(type="str", choices=["local", "nas"], default="local"),
     allow_corrupt_nas=dict(type="bool", default=False),
+    host_report=dict(type="str", default=""),
+    host_report_path=dict(type="str", default="the host report"),
 )
 
 
@@ -337,6 +365,7 @@ def main():
         module.warn("hub_local_root %s does not exist: every file is mounted from the NAS"
                     % params["hub_local_root"])
     suspects = bound_suspects(manifest, params["hub_local_root"])
+    suspects += report_suspects(manifest, params["host_report"], params["host_report_path"], params["hub_local_root"])
     if suspects and not params["allow_corrupt_nas"]:
         module.fail_json(msg=suspect_text(suspects, False, params["bind_from"]), nas_corrupt=suspects)
     if suspects:

@@ -659,6 +659,12 @@ report:
       description: RV(nas_corrupt).
       type: list
       elements: str
+    nas_corrupt_blobs:
+      description:
+        - RV(nas_corrupt_blobs); engine_manifest reads them from the host report on the controller, so a roll-back
+          onto a wiped local hub still refuses them.
+      type: list
+      elements: dict
     unstaged_paths:
       description: RV(unstaged_paths).
       type: list

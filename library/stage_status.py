@@ -175,6 +175,23 @@ status:
         progress_problem:
           description: Why the progress file could not be read (wholly or partly), else null.
           type: str
+        nas_corrupt:
+          description:
+            - The NAS blobs the progress file keeps as found failing their names and not proven since (a roll-back
+              refuses to bind them from the NAS); the repo's line names them.
+          type: list
+          elements: dict
+          contains:
+            blob:
+              description: The blob's name.
+              type: str
+            paths:
+              description: Its snapshot paths.
+              type: list
+              elements: str
+            found_at:
+              description: When a pass last found it, ISO 8601 UTC, or null.
+              type: str
     receipts:
       description: The receipt roots under O(receipt_parent).
       type: dict

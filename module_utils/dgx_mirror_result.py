@@ -74,7 +74,7 @@ def describe_plan(plan, check_mode=False):
 
 REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "bytes_read", "duration_s",
                "verify", "phase", "changed", "repaired_paths", "repairs", "pruned", "excluded_paths", "nas_corrupt",
-               "unstaged_paths", "bytes_from_nas", "bytes_from_peers")
+               "nas_corrupt_blobs", "unstaged_paths", "bytes_from_nas", "bytes_from_peers")
 
 
 def with_report(result, req, check_mode=False, failed=False):

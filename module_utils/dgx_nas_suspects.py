@@ -13,13 +13,20 @@ suspects_of(hub_local_root, folder)      -> (the repo's suspects, why they canno
 bound_suspects(manifest, hub_local_root) -> [{repo_id, path, blob, nas_file, why}]: the suspects the manifest
                                             binds from the NAS; one whose NAS file changed since it was found is
                                             hashed again and dropped when it now holds its name's bytes
+report_suspects(manifest, report_text, report_path, hub_local_root)
+                                         -> the same, from the host's latest report on the controller: what its
+                                            stage and verify rows found corrupt and the node's record does not
+                                            hold (a wiped or swapped local hub lost it); hashed, dropped when the
+                                            NAS file now holds its name's bytes
 suspect_text(suspects, allowed, bind_from) -> the refusal (or, allowed, the warning) naming each file and blob
 
 Stdlib only; runs on the nodes' system Python.
 """
 
+import json
 import os
 import posixpath
+import re
 
 from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_hashing import hash_as_named
@@ -129,6 +136,84 @@ def bound_suspects(manifest, hub_local_root):
                 if why:
                     found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
                                   "why": why})
+    return found
+
+
+# The passes whose rows in the host report name NAS blobs found corrupt (preflight is a check-mode plan).
+REPORT_PASSES = ("stage", "verify")
+_BLOB_NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+def _report_findings(report, record):
+    """[(pass, row commit, {blob or None, paths, why})] the report's real stage and verify rows of the repo found
+    corrupt on the NAS. A row written before rows named blobs gives its paths only (blob None, read at its commit)."""
+    found = []
+    for name in REPORT_PASSES:
+        rows = (report.get("passes") or {}).get(name) if isinstance(report.get("passes"), dict) else None
+        for row in rows if isinstance(rows, list) else []:
+            if not isinstance(row, dict) or row.get("check_mode") or row.get("repo_id") != record["repo_id"] \
+                    or row.get("repo_type", "model") != record["repo_type"]:
+                continue
+            blobs = row.get("nas_corrupt_blobs")
+            if isinstance(blobs, list):
+                found.extend((name, row.get("commit"), b) for b in blobs if isinstance(b, dict) and b.get("blob"))
+            elif isinstance(row.get("nas_corrupt"), list):
+                found.extend((name, row.get("commit"), {"blob": None, "paths": [p], "why": None})
+                             for p in row["nas_corrupt"] if isinstance(p, str))
+    return found
+
+
+def _report_why(report, report_path, name, finding, still):
+    play = ((report.get("plays") or {}) if isinstance(report.get("plays"), dict) else {}).get(name) or {}
+    when = "run %s, %s" % (play.get("run_id") or "unknown", play.get("finished") or play.get("started") or "unknown")
+    return ("the host report on the controller (%s) records it found corrupt by the %s pass (%s)%s; the local hub "
+            "holds no record of it (wiped, swapped, or another hub_local_root), and %s"
+            % (report_path, name, when, ": %s" % finding["why"] if finding.get("why") else "", still))
+
+
+def report_suspects(manifest, report_text, report_path, hub_local_root):
+    """The files the manifest binds from the NAS that the host's latest report on the controller (report_text,
+    its JSON; empty when there is none) says a real stage or verify pass found corrupt: [{repo_id, path, blob,
+    nas_file, why}] as bound_suspects gives. The latest view keeps each pass's last real rows, so a finding lasts
+    until that pass runs again without it. A blob the node's own record holds is left to bound_suspects (the
+    record knows whether the NAS file changed since); any other is hashed now and dropped when its bytes hash to
+    its name (re-downloaded since). A report that cannot be read is a suspect record of every repo."""
+    if not report_text:
+        return []
+    try:
+        report = json.loads(report_text)
+        problem = None if isinstance(report, dict) else "it holds no JSON object"
+    except ValueError as exc:
+        report, problem = None, str(exc)
+    if problem:
+        return [{"repo_id": record["repo_id"], "path": None, "blob": None, "nas_file": None,
+                 "why": "the host report on the controller (%s), which records the NAS blobs the stage and verify "
+                        "passes found corrupt, cannot be read: %s" % (report_path, problem)}
+                for record in manifest.get("repos") or []]
+    mounts_by_target = dict((m["target"], m) for m in manifest.get("mounts") or [])
+    found, proven, seen = [], {}, set()
+    for record in manifest.get("repos") or []:
+        known = suspects_of(hub_local_root, record["folder"])[0] if hub_local_root else {}
+        for name, commit, finding in _report_findings(report, record):
+            for path in finding.get("paths") or []:
+                nas_file = os.path.join(record["nas_snapshot"], path)
+                real = os.path.realpath(nas_file)
+                blob = os.path.basename(real)
+                if (record["repo_id"], path) in seen or blob in known or not _BLOB_NAME.match(blob) \
+                        or blob != (finding["blob"] or (blob if commit == record["commit"] else None)) \
+                        or _nas_origin(mounts_by_target, posixpath.join(record["target"], path)) != "nas":
+                    continue
+                seen.add((record["repo_id"], path))
+                if real not in proven:
+                    try:
+                        digest, count = hash_as_named(real, blob)
+                        proven[real] = None if digest == blob and count == os.stat(real).st_size else (
+                            "its bytes still hash to %s" % digest)
+                    except OSError as exc:
+                        proven[real] = "it cannot be read to prove it (%s)" % (exc.strerror or exc)
+                if proven[real] is not None:
+                    found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
+                                  "why": _report_why(report, report_path, name, finding, proven[real])})
     return found
 
 

@@ -25,7 +25,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_progress_file import passes_of, repo_document
+from ansible.module_utils.dgx_progress_file import passes_of, repo_document, suspects_in
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
@@ -169,7 +169,7 @@ def repo_status(hub_root, repo):
     row = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "folder": None, "state": "error",
            "problem": None, "commit": None, "snapshot": None, "files_local": 0, "bytes_local": 0, "dangling": 0,
            "last_staged": None, "last_stage_status": None, "last_verified": None, "verify_mode": None,
-           "last_verify_status": None, "verified_commit": None, "progress_problem": None}
+           "last_verify_status": None, "verified_commit": None, "progress_problem": None, "nas_corrupt": []}
     try:
         folder = repo_folder_name(repo_id, repo_type)
     except StageError as exc:
@@ -216,6 +216,12 @@ def progress_of(hub_root, folder):
     stage, verify = pass_summary(passes.get("stage")), pass_summary(passes.get("verify"))
     fields.update(last_staged=stage["when"], last_stage_status=stage["status"], last_verified=verify["when"],
                   verify_mode=verify["verify"], last_verify_status=verify["status"], verified_commit=verify["commit"])
+    # The NAS blobs the node holds as suspects (dgx_nas_suspects): a roll-back refuses to bind them.
+    suspects, suspects_problem = suspects_in(document if isinstance(document, dict) else {})
+    fields["nas_corrupt"] = [{"blob": blob, "paths": sorted(p for p in entry.get("paths") or [] if isinstance(p, str)),
+                              "found_at": entry.get("found_at")} for blob, entry in sorted(suspects.items())]
+    if suspects_problem and not problem:
+        fields["progress_problem"] = suspects_problem
     return fields
 
 
@@ -408,7 +414,17 @@ def repo_line(row):
         text += "; never verified"
     if row["progress_problem"]:
         text += "; %s" % row["progress_problem"]
-    return text
+    return text + _suspects_text(row["nas_corrupt"])
+
+
+def _suspects_text(suspects):
+    """The NAS blobs found corrupt and not proven since, as the repo line's last part."""
+    if not suspects:
+        return ""
+    shown = ["%s (blob %s, found %s)" % (", ".join(s["paths"]) or "?", s["blob"][:12], s["found_at"] or "earlier")
+             for s in suspects[:5]]
+    return "; NAS blobs found corrupt, not proven since (a roll-back refuses them): %s%s" % (
+        "; ".join(shown), " and %d more" % (len(suspects) - 5) if len(suspects) > 5 else "")
 
 
 def one_line(text):

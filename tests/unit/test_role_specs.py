@@ -145,3 +145,9 @@ def test_the_checker_sees_indirect_and_bare_reads():
     assert expression_names("lookup('ansible.builtin.vars', 'engine_name')") == {"engine_name"}
     assert expression_names("lane if x is defined else y.attr | map('z', target=q)") == {"lane", "x", "y", "q"}
     assert value_names("not lane_engine_runs and become_root", bare=True) == {"lane_engine_runs", "become_root"}
+
+
+def test_the_engine_reads_the_host_reports_where_the_report_role_writes_them():
+    engine = load(os.path.join(ROLES, "engine", "defaults", "main.yml"))
+    report = load(os.path.join(ROLES, "report", "defaults", "main.yml"))
+    assert engine["engine_report_dir"] == report["report_dir"]

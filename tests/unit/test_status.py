@@ -106,6 +106,19 @@ def test_a_staged_repo_reports_commit_files_bytes_and_its_last_passes(tmp_path):
                     "verified 2026-11-30T21:00:00Z (sample)")
 
 
+def test_the_nas_blobs_the_node_holds_as_suspects_end_the_repo_line(tmp_path):
+    make_repo(tmp_path, files={"w/model.safetensors": b"x" * 10})
+    write_progress(tmp_path, {"passes": {"verify": figures("verify", "2026-11-30T21:00:00Z", "sample", "failed")},
+                              "nas_corrupt": {"c" * 64: {"paths": ["w/model.safetensors"],
+                                                         "found_at": "2026-11-30T21:00:00Z", "why": "differs"}}})
+    args = {"hub_local_root": str(tmp_path), "repos": [REPO], "receipt_parent": str(tmp_path), "engine_enabled": False}
+    result = check_result("stage_status", args, run_main("stage_status", args))
+    assert result["status"]["repos"][0]["nas_corrupt"] == [
+        {"blob": "c" * 64, "paths": ["w/model.safetensors"], "found_at": "2026-11-30T21:00:00Z"}]
+    assert result["lines"][0].endswith("; NAS blobs found corrupt, not proven since (a roll-back refuses them): "
+                                       "w/model.safetensors (blob cccccccccccc, found 2026-11-30T21:00:00Z)")
+
+
 def test_no_local_repo_is_not_staged_and_a_ref_to_a_missing_snapshot_says_so(tmp_path):
     row = repo_status(str(tmp_path), REPO)
     assert row["state"] == "not staged" and row["commit"] is None

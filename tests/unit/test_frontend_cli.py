@@ -36,6 +36,20 @@ def inventory(tmp_path):
     return str(path)
 
 
+# The tests' stand-in secrets: kept out of a failure message too.
+SECRET = re.compile(r"hf_SECRET\w*|aGZfU0VDUkVU|deadbeefcafe0123")
+
+
+def masked(text):
+    return SECRET.sub("<secret>", text)
+
+
+def refused(argv, capsys):
+    """(exit code, stdout, stderr with the stand-in secrets masked, whether stderr showed one)."""
+    code, out, err = main(argv, capsys)
+    return code, out, masked(err), bool(SECRET.search(err))
+
+
 def main(argv, capsys):
     code = cli.main(argv)
     captured = capsys.readouterr()
@@ -127,6 +141,24 @@ def test_bad_arguments_exit_64(capsys):
     for argv in ([], ["bogus"], ["stage", "--frob"], ["report", "a", "b"]):
         code, _out, err = main(argv, capsys)
         assert code == 64 and err.startswith("dgx-stage: ") and "usage:" in err, (argv, err)
+
+
+def test_argument_errors_never_quote_what_was_given(capsys):
+    """An -e before the command is read as the command: argparse would quote it, and with it any token."""
+    for argv, said in ((["-e", 'engine_env={"HF_TOKEN": "hf_SECRET"}', "verify"],
+                        "argument COMMAND: not a command (what was given is not shown: it may hold a secret); the "
+                        "commands: stage, verify, clean-receipts, serve, status, report; options such as -e go "
+                        "after the command"),
+                       (["verify", "--check=hf_SECRET"], "argument --check: takes no value (what was given is not "
+                                                         "shown"),
+                       (["report", "--markdown=hf_SECRET"], "argument --markdown: takes no value")):
+        code, out, err, leaked = refused(argv, capsys)
+        assert code == 64 and out == "" and err.startswith("dgx-stage: " + said), err
+        assert not leaked, "a value given is shown"
+    assert cli.without_arguments("argument --n: invalid int value: 'hf_SECRET'") == (
+        "argument --n: not a valid int value (what was given is not shown: it may hold a secret)")
+    assert cli.without_arguments("ambiguous option: --x=hf_SECRET could match --xa, --xb") == (
+        "ambiguous option (what was given is not shown: it may hold a secret): it could be --xa, --xb")
 
 
 def test_a_missing_inventory_exits_64_naming_it(tmp_path, capsys):

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import io
 import os
+import re
 import sys
 
 from dgx_stage import REPO, UsageError, extravars, runs, table
@@ -51,7 +52,35 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message):
-        raise UsageError("%s\n%s" % (message, self.format_usage().strip()))
+        raise UsageError("%s\n%s" % (without_arguments(message), self.format_usage().strip()))
+
+
+# argparse's messages that quote what was given, and how they read without it: a value given to an option the
+# parser does not know there (an -e before the command) is read as the command, and may be a token.
+NOT_SHOWN = "what was given is not shown: it may hold a secret"
+QUOTING = (
+    (re.compile(r"^argument COMMAND: invalid choice: .*\(choose from (?P<choices>[^()]*)\)$", re.S),
+     "argument COMMAND: not a command (%s); the commands: {choices}; options such as -e go after the "
+     "command" % NOT_SHOWN),
+    (re.compile(r"^(?P<argument>argument [^:]+): invalid choice: .*\(choose from (?P<choices>[^()]*)\)$", re.S),
+     "{argument}: not one of its choices (%s); choose from {choices}" % NOT_SHOWN),
+    (re.compile(r"^(?P<argument>argument [^:]+): invalid (?P<type>\w+) value: .*$", re.S),
+     "{argument}: not a valid {type} value (%s)" % NOT_SHOWN),
+    (re.compile(r"^(?P<argument>argument [^:]+): ignored explicit argument .*$", re.S),
+     "{argument}: takes no value (%s)" % NOT_SHOWN),
+    (re.compile(r"^ambiguous option: .* could match (?P<choices>[^ ]+(, [^ ]+)*)$", re.S),
+     "ambiguous option (%s): it could be {choices}" % NOT_SHOWN),
+)
+
+
+def without_arguments(message):
+    """argparse's `message` without the argument it quotes (QUOTING), naming the problem and the choices."""
+    for pattern, said in QUOTING:
+        found = pattern.match(message)
+        if found:
+            return said.format(**dict(found.groupdict(), choices=(found.groupdict().get("choices") or "")
+                                      .replace("'", "")))
+    return message
 
 
 def default_runs_dir():

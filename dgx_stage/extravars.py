@@ -5,7 +5,9 @@ Checked: every name is a variable the plays or roles read (the roles' argument_s
 playbooks read themselves, Ansible's own `ansible_*`) or one the inventory defines; a name the playbooks set
 themselves (the lane facts, the roles' inputs the plays fill) is refused, as an extra var would override it;
 a value outside a variable's declared choices, type or form (FORMATS) is refused naming what is allowed. A
-message names an -e by its place and a variable by its name, never by a value: any value may be a token.
+message names an -e by its place and a variable by its name, never by a value: any value may be a token, and so
+may a name the plays do not know unless it is a typo of one they do (a token given alone, or as a YAML key).
+A !vault value is refused anywhere: dgx-stage passes ansible-playbook no vault password.
 
 An inline value on ansible-playbook's command line would land in ansible-runner's `command` artifact, in
 `ps` and in run.json; an -e value can be a token (engine_env), so the command line carries `-e @file`."""
@@ -14,6 +16,7 @@ import difflib
 import glob
 import io
 import json
+import math
 import os
 import re
 
@@ -67,12 +70,43 @@ def _where(exc, text=None):
     return ""
 
 
+def _named(position, path=None):
+    """An -e in a message: by its place, and an @file by its path too."""
+    return "%s (%s)" % (which(position), path) if path else which(position)
+
+
+def _plain_type(data):
+    """What a value is, in plain words (not the class Ansible's loader gives it)."""
+    for kind, said in ((bool, "true or false"), (str, "a string"), (list, "a list"), ((int, float), "a number")):
+        if isinstance(data, kind):
+            return said
+    return "a %s" % type(data).__name__.lstrip("_")
+
+
+def _vault_error(exc):
+    """Whether exc (or what caused it) is Ansible's refusal to read vault-encrypted text without a password."""
+    from ansible.parsing.vault import AnsibleVaultError
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, AnsibleVaultError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+# dgx-stage has no vault option and passes ansible-playbook no vault password: a vaulted value stops the run there,
+# with the line that holds it quoted in the run's log.
+NO_VAULT_PASSWORD = "dgx-stage passes no vault password to ansible-playbook"
+NO_VAULT = NO_VAULT_PASSWORD + ": give the value in plain text in an -e @FILE only you can read"
+
+
 def parsed(value, path=None, position=0):
     """The variables one -e value (the `position`th, from 0) sets, as ansible-playbook reads it
     (ansible.utils.vars.load_extra_vars): @file or inline JSON/YAML through the data loader, anything else as
     key=value pairs; UsageError when it does not parse to a mapping, naming the -e by its place (and a file by
     its path), never by its text."""
-    named = "%s (%s)" % (which(position), path) if path else which(position)
+    named = _named(position, path)
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             if not path and not value.startswith(("{", "[")):
@@ -80,12 +114,13 @@ def parsed(value, path=None, position=0):
                 return parse_kv(value)
             data = _loader().load_from_file(path) if path else _loader().load(value)
     except Exception as exc:   # Ansible's parse errors have no common base worth naming; their text quotes ours
+        if _vault_error(exc):
+            raise UsageError("%s is vault-encrypted; %s" % (named, NO_VAULT))
         raise UsageError("%s does not parse as %s%s; its text is not shown, as it may hold a secret"
                          % (named, "JSON or YAML" if path or value.startswith(("{", "[")) else
                             "NAME=VALUE pairs (a quote or a {{ left open)", _where(exc, None if path else value)))
     if not isinstance(data, dict) and data is not None:
-        raise UsageError("%s is not a mapping of variables (a %s)"
-                         % (named, "list" if isinstance(data, list) else type(data).__name__))
+        raise UsageError("%s is not a mapping of variables (%s)" % (named, _plain_type(data)))
     return data or {}
 
 
@@ -95,7 +130,7 @@ def variables_of(value, position=0):
 
 
 def _unwritable(data):
-    """The names whose value JSON cannot carry (a YAML date, a !vault or other tagged value), sorted."""
+    """The names whose value JSON cannot carry (a YAML date, !!binary), sorted."""
     bad = []
     for name, given in data.items():
         try:
@@ -105,24 +140,40 @@ def _unwritable(data):
     return sorted(bad)
 
 
+def _holds_vault(value):
+    from ansible.parsing.vault import EncryptedString
+    if isinstance(value, dict):
+        return any(_holds_vault(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_holds_vault(item) for item in value)
+    return isinstance(value, EncryptedString)
+
+
+def _listed(names):
+    return "%s %s" % (", ".join(names), "is" if len(names) == 1 else "are")
+
+
 def resolve(values):
     """-e values with @file made absolute; UsageError for a missing file, a file or inline JSON/YAML that does
-    not parse (ansible-playbook would stop with exit 1 and no host result), or an inline value that as_files
-    cannot write as JSON."""
+    not parse (ansible-playbook would stop with exit 1 and no host result), a !vault value anywhere (NO_VAULT),
+    or an inline value that as_files cannot write as JSON."""
     out = []
     for position, value in enumerate(values):
+        path = None
         if value.startswith("@"):
             path = value[1:]
             if not os.path.isfile(path):
                 raise UsageError("extra vars file not found: %s" % path)
             value = "@" + os.path.abspath(path)
-            parsed(value, path, position)
-        else:
-            bad = _unwritable(parsed(value, position=position))
-            if bad:
-                raise UsageError("%s: %s %s a YAML date or tagged value (such as !vault), which an inline -e "
-                                 "cannot pass on: quote it as a string, or give it in an -e @FILE"
-                                 % (which(position), ", ".join(bad), "is" if len(bad) == 1 else "are"))
+        data = parsed(value, path, position)
+        vaulted = sorted(str(name) for name, given in data.items() if _holds_vault(given))
+        if vaulted:
+            raise UsageError("%s: %s %s a !vault value; %s" % (
+                _named(position, path), ", ".join(vaulted), "holds" if len(vaulted) == 1 else "hold", NO_VAULT))
+        bad = [] if path else _unwritable(data)
+        if bad:
+            raise UsageError("%s: %s a YAML date or binary value, which an inline -e cannot pass on: quote it as a "
+                             "string, or give it in an -e @FILE" % (which(position), _listed(bad)))
         out.append(value)
     return out
 
@@ -199,25 +250,50 @@ def playbook_variables():
     return found
 
 
+def _unreadable_vars_file(inventory, exc):
+    """The UsageError for a group_vars or host_vars file of `inventory` that Ansible could not read (exc): the file
+    and where in it, never its text (Ansible's message quotes none, but a file there may hold a token)."""
+    seen, path, parse, merge, cause = set(), None, False, False, exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        path = path or getattr(getattr(cause, "obj", None), "path", None)
+        # A file that parses but is no mapping fails where its variables are merged, which names it only so.
+        merged = re.match(r"Could not process '([^']+)'\.$", getattr(cause, "_original_message", None) or "")
+        path, merge = path or (merged.group(1) if merged else None), merge or bool(merged)
+        parse = parse or hasattr(cause, "problem_mark")
+        cause = cause.__cause__ or cause.__context__
+    why = ("is vault-encrypted, and " + NO_VAULT_PASSWORD if _vault_error(exc) else
+           "is not YAML" + _where(exc) if parse else
+           "is not a mapping of variables" if merge else "does not read as variables")
+    return UsageError("inventory %s does not parse: %s %s; its text is not shown, as it may hold a secret; fix it "
+                      "or pass another with -i" % (inventory, path or "one of its group_vars or host_vars files", why))
+
+
 def inventory_variables(inventory):
-    """(names the inventory defines for any host or group, its group names), read as ansible-playbook reads it
-    (the inventory itself and its group_vars/host_vars; never the run's own extra vars)."""
+    """(names the inventory defines for any host or group, its lanes: the groups with a host but Ansible's own all
+    and ungrouped), read as ansible-playbook reads it (the inventory itself and its group_vars/host_vars; never
+    the run's own extra vars); UsageError naming a group_vars or host_vars file that does not read."""
     os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+    from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
     from ansible.vars.plugins import get_vars_from_inventory_sources
     loader = _loader()
     sources = [inventory] if isinstance(inventory, str) else list(inventory)
     sources = [source if "," in source and not os.path.exists(source) else os.path.abspath(source)
                for source in sources]
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
-        manager = InventoryManager(loader=loader, sources=sources)
-        names = set()
-        for host in manager.get_hosts("all"):
-            entities = [host] + host.get_groups()
-            for entity in entities:
-                names.update(entity.get_vars())
-            names.update(get_vars_from_inventory_sources(loader, sources, entities, "all"))
-    return names, set(manager.groups)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            manager = InventoryManager(loader=loader, sources=sources)
+            names = set()
+            for host in manager.get_hosts("all"):
+                entities = [host] + host.get_groups()
+                for entity in entities:
+                    names.update(entity.get_vars())
+                names.update(get_vars_from_inventory_sources(loader, sources, entities, "all"))
+    except AnsibleError as exc:
+        raise _unreadable_vars_file(inventory, exc)
+    return names, sorted(name for name, group in manager.groups.items()
+                         if name not in ("all", "ungrouped") and group.get_hosts())
 
 
 # --- checking the values ---------------------------------------------------------------------------------------
@@ -226,13 +302,24 @@ def _templated(value):
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def raw_text_problem(text, argument):
-    """Why -e text without NAME= is refused. A name that is the whole -e argument is quoted; anything else is not
-    shown, as it may be part of a value (a token after --api-key, or in a JSON value split at its spaces)."""
-    if NAME.match(text.strip()) and text.strip() == argument.strip():
-        return "-e %s has no value: write NAME=VALUE (e.g. -e stage_verify=full)" % text.strip()
-    return ("-e holds text that is not NAME=VALUE (not shown: it may be part of a secret value). A value with "
-            "spaces is split there: give it as JSON, e.g. -e '{\"engine_env\": {\"KEY\": \"value\"}}'")
+def _close(name, names, cutoff=0.6):
+    """The known name `name` is likely a typo of (difflib's ratio at least `cutoff`), or None."""
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def raw_text_problem(text, argument, place, names):
+    """Why -e text without NAME= is refused. A name that is the whole -e argument is quoted when it is a known
+    name or a typo of one; anything else is not shown, as it may be a value (a token given alone, or after
+    --api-key, or in a JSON value split at its spaces)."""
+    word = text.strip()
+    if NAME.match(word) and word == argument.strip():
+        if word in names or _close(word, names):
+            return "-e %s has no value: write NAME=VALUE (e.g. -e stage_verify=full)" % word
+        return ("%s is a word without =VALUE (not shown: it may be a secret): write NAME=VALUE (e.g. -e "
+                "stage_verify=full)" % place)
+    return ("%s holds text that is not NAME=VALUE (not shown: it may be part of a secret value). A value with "
+            "spaces is split there: give it as JSON, e.g. -e '{\"engine_env\": {\"KEY\": \"value\"}}'" % place)
 
 
 def value_problem(name, value, spec):
@@ -253,8 +340,9 @@ def value_problem(name, value, spec):
         return "-e %s: %s is true or false" % (name, name)
     if kind == "int" and (isinstance(value, bool) or not _is_number(value, int)):
         return "-e %s: %s is a whole number" % (name, name)
-    if kind == "float" and (isinstance(value, bool) or not _is_number(value, float)):
-        return "-e %s: %s is a number" % (name, name)
+    if kind == "float" and (isinstance(value, bool) or not _is_number(value, float)
+                            or not math.isfinite(float(str(value).strip()))):
+        return "-e %s: %s is a finite number" % (name, name)
     if name in FORMATS and not FORMATS[name][0](value):
         return "-e %s: %s is %s" % (name, name, FORMATS[name][1])
     return None
@@ -286,40 +374,48 @@ def _is_number(value, kind):
 
 def problems(values, inventory, allow_unknown=False):
     """The problems of the -e values against the variables there are (each one line naming the variable and
-    the fix); [] when none."""
+    the fix); [] when none. A name is shown only when the plays know it or it is a typo of one they know: any
+    other may be a value given where a name goes."""
     known = dict(role_variables(), **PLAY_VARIABLES)
     derived = playbook_variables()
-    defined, groups = inventory_variables(inventory)
+    defined, lanes = inventory_variables(inventory)
+    names = sorted(set(known) | defined)
     found = []
     for position, value in enumerate(values):
+        place = _named(position, value[1:] if value.startswith("@") else None)
         for name, given in variables_of(value, position).items():
             if name == "_raw_params":
-                found.append(raw_text_problem(given, value))
-            elif name in derived or str(name).startswith("_"):
+                found.append(raw_text_problem(given, value, place, names + sorted(derived)))
+            elif name in derived:
                 found.append("-e %s: the playbooks set %s themselves (it is not an input); leave it out"
                              % (name, name))
+            elif str(name).startswith("_"):
+                found.append("%s sets a name starting with _ (not shown): such names are the roles' own, not "
+                             "inputs; leave it out" % place)
             elif name == "lane" and _templated(given):
                 # Checked against the groups here, where no template is evaluated; in the plays one that does not
                 # resolve falls back to the default lane.
                 found.append("-e lane: lane is an inventory group's name, not a template: give the name itself")
-            elif name == "lane" and str(given) not in groups:
-                found.append("-e lane: lane is an inventory group of %s: %s"
-                             % (inventory, ", ".join(sorted(g for g in groups if g not in ("all", "ungrouped")))))
+            elif name == "lane" and str(given) not in lanes:
+                found.append("-e lane: lane is an inventory group with hosts of %s: %s"
+                             % (inventory, ", ".join(lanes) or "none"))
             elif name in known:
                 problem = value_problem(name, given, known[name])
                 if problem:
                     found.append(problem)
             elif not (str(name).startswith("ansible_") or name in defined):
-                names = sorted(set(known) | defined)
-                close = difflib.get_close_matches(str(name), names, n=1)
-                if not allow_unknown:
-                    found.append("-e %s: no play or role reads %s%s (a site's own variable: --allow-unknown-vars)"
-                                 % (name, name, "; did you mean %s?" % close[0] if close else ""))
-                elif difflib.get_close_matches(str(name), names, n=1, cutoff=TYPO):
+                close = _close(name, names)
+                if not close and not allow_unknown:
+                    found.append("%s sets a name no play or role reads (not shown: it may be a secret; a site's "
+                                 "own variable: --allow-unknown-vars)" % place)
+                elif not allow_unknown:
+                    found.append("-e %s: no play or role reads %s; did you mean %s? (a site's own variable: "
+                                 "--allow-unknown-vars)" % (name, name, close))
+                elif _close(name, names, TYPO):
                     # A site's own name a letter or two from a known one is far likelier a typo of it.
                     found.append("-e %s: no play or role reads %s; did you mean %s? (--allow-unknown-vars takes "
                                  "no name this close to a known one; a site's own variable can be defined in "
-                                 "the inventory)" % (name, name, close[0]))
+                                 "the inventory)" % (name, name, close))
     return found
 
 

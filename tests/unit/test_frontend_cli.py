@@ -36,6 +36,20 @@ def inventory(tmp_path):
     return str(path)
 
 
+# The tests' stand-in secrets: kept out of a failure message too.
+SECRET = re.compile(r"hf_SECRET\w*|aGZfU0VDUkVU|deadbeefcafe0123")
+
+
+def masked(text):
+    return SECRET.sub("<secret>", text)
+
+
+def refused(argv, capsys):
+    """(exit code, stdout, stderr with the stand-in secrets masked, whether stderr showed one)."""
+    code, out, err = main(argv, capsys)
+    return code, out, masked(err), bool(SECRET.search(err))
+
+
 def main(argv, capsys):
     code = cli.main(argv)
     captured = capsys.readouterr()
@@ -129,6 +143,24 @@ def test_bad_arguments_exit_64(capsys):
         assert code == 64 and err.startswith("dgx-stage: ") and "usage:" in err, (argv, err)
 
 
+def test_argument_errors_never_quote_what_was_given(capsys):
+    """An -e before the command is read as the command: argparse would quote it, and with it any token."""
+    for argv, said in ((["-e", 'engine_env={"HF_TOKEN": "hf_SECRET"}', "verify"],
+                        "argument COMMAND: not a command (what was given is not shown: it may hold a secret); the "
+                        "commands: stage, verify, clean-receipts, serve, status, report; options such as -e go "
+                        "after the command"),
+                       (["verify", "--check=hf_SECRET"], "argument --check: takes no value (what was given is not "
+                                                         "shown"),
+                       (["report", "--markdown=hf_SECRET"], "argument --markdown: takes no value")):
+        code, out, err, leaked = refused(argv, capsys)
+        assert code == 64 and out == "" and err.startswith("dgx-stage: " + said), err
+        assert not leaked, "a value given is shown"
+    assert cli.without_arguments("argument --n: invalid int value: 'hf_SECRET'") == (
+        "argument --n: not a valid int value (what was given is not shown: it may hold a secret)")
+    assert cli.without_arguments("ambiguous option: --x=hf_SECRET could match --xa, --xb") == (
+        "ambiguous option (what was given is not shown: it may hold a secret): it could be --xa, --xb")
+
+
 def test_a_missing_inventory_exits_64_naming_it(tmp_path, capsys):
     missing = str(tmp_path / "nope")
     code, out, err = main(["stage", "-i", missing], capsys)
@@ -163,6 +195,8 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
     # The -e is named by its place, never by its text: a token pasted with a missing quote stays unshown.
     (tmp_path / "bad.yml").write_text("a: 1\nb: [hf_SECRET\n")
     (tmp_path / "list.yml").write_text("- hf_SECRET\n")
+    (tmp_path / "scalar.yml").write_text("hf_SECRET\n")
+    (tmp_path / "number.yml").write_text("42\n")
     for value, said in (('{"engine_env": {"HF_TOKEN": "hf_SECRET"}', "the 2nd -e does not parse as JSON or YAML "
                                                                      "(at its end: a bracket or a quote is not closed)"),
                         ('engine_command="--api-key hf_SECRET', "the 2nd -e does not parse as NAME=VALUE pairs"),
@@ -170,25 +204,79 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
                         ("@%s" % (tmp_path / "bad.yml"), "the 2nd -e (%s) does not parse as JSON or YAML (line 3, "
                                                          "column 1)" % (tmp_path / "bad.yml")),
                         ("@%s" % (tmp_path / "list.yml"), "the 2nd -e (%s) is not a mapping of variables (a list)"
-                                                          % (tmp_path / "list.yml"))):
-        code, out, err = main(["stage", "-i", inventory, "-e", "stage_verify=full", "-e", value, "--runs-dir",
-                               str(tmp_path / "runs")], capsys)
-        assert code == 64 and said in err and out == "", (value, err)
-        assert "hf_SECRET" not in err and "[1, 2]" not in err, err
+                                                          % (tmp_path / "list.yml")),
+                        ("@%s" % (tmp_path / "scalar.yml"), "the 2nd -e (%s) is not a mapping of variables (a "
+                                                            "string)" % (tmp_path / "scalar.yml")),
+                        ("@%s" % (tmp_path / "number.yml"), "the 2nd -e (%s) is not a mapping of variables (a "
+                                                            "number)" % (tmp_path / "number.yml"))):
+        code, out, err, leaked = refused(["stage", "-i", inventory, "-e", "stage_verify=full", "-e", value,
+                                          "--runs-dir", str(tmp_path / "runs")], capsys)
+        assert code == 64 and said in err and out == "", (masked(value), err)
+        assert not leaked and "[1, 2]" not in err, err
     assert not (tmp_path / "runs").exists()
     good = ['{"a": "b c", "q": "it\'s"}', 'a=1 b="x y"', ' {key=value for Ansible']
     assert extravars.resolve(good) == good
 
 
 def test_an_inline_extra_var_json_cannot_carry_exits_64_naming_it_not_its_value(inventory, tmp_path, capsys):
-    """An inline -e reaches ansible-playbook as JSON (extravars.as_files): a YAML date or a tagged value there was
+    """An inline -e reaches ansible-playbook as JSON (extravars.as_files): a YAML date or a binary value there was
     a traceback (exit 1) after the run was recorded."""
     for value, name in (("{stage_reserve: 2024-01-01}", "stage_reserve"),
-                        ("{engine_env: {HF_TOKEN: !vault hf_SECRET}}", "engine_env")):
-        code, out, err = main(["serve", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
+                        ("{engine_command: !!binary aGZfU0VDUkVU}", "engine_command")):
+        code, out, err, leaked = refused(["serve", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")],
+                                         capsys)
         assert code == 64 and out == "", err
-        assert err.startswith("dgx-stage: the 1st -e: %s is a YAML date or tagged value (such as !vault)" % name), err
-        assert "hf_SECRET" not in err and "2024" not in err and "Traceback" not in err, err
+        assert err.startswith("dgx-stage: the 1st -e: %s is a YAML date or binary value" % name), err
+        assert not leaked and "2024" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+    # In a file ansible-playbook reads them itself, as it does a tag that needs no secret.
+    (tmp_path / "tagged.yml").write_text("stage_reserve: 2024-01-01\nengine_command: !unsafe '{{ x }}'\n")
+    assert extravars.resolve(["@%s" % (tmp_path / "tagged.yml")]) == ["@%s" % (tmp_path / "tagged.yml")]
+
+
+VAULTED = "$ANSIBLE_VAULT;1.1;AES256\ndeadbeefcafe0123\n"
+
+
+def test_a_vault_value_or_file_exits_64_as_no_vault_password_is_passed(inventory, tmp_path, capsys):
+    """ansible-playbook without a vault password stops on a !vault value and quotes its line in the run's log."""
+    nested, whole = tmp_path / "nested.yml", tmp_path / "whole.yml"
+    nested.write_text("stage_verify: full\nengine_env:\n  HF_TOKEN: !vault |\n    %s" % VAULTED.replace("\n", "\n    "))
+    whole.write_text(VAULTED)
+    for value, said in (("@%s" % nested, "the 2nd -e (%s): engine_env holds a !vault value; dgx-stage passes no "
+                                         "vault password to ansible-playbook: give the value in plain text in an -e "
+                                         "@FILE only you can read" % nested),
+                        ("@%s" % whole, "the 2nd -e (%s) is vault-encrypted; dgx-stage passes no vault password"
+                                        % whole),
+                        ("{engine_env: {HF_TOKEN: !vault hf_SECRET}}", "the 2nd -e: engine_env holds a !vault "
+                                                                       "value; dgx-stage passes no vault password")):
+        code, out, err, leaked = refused(["serve", "-i", inventory, "-e", "stage_verify=full", "-e", value,
+                                          "--runs-dir", str(tmp_path / "runs")], capsys)
+        assert code == 64 and out == "" and err.startswith("dgx-stage: " + said), err
+        assert not leaked, "the vaulted text is shown"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_group_or_host_vars_file_that_does_not_read_exits_64_naming_it_not_its_text(tmp_path, capsys):
+    """Read for the -e check on every subcommand: Ansible's error was a traceback (exit 1)."""
+    for name, text, said in (("broken", "a: 1\nb: [hf_SECRET\n", "is not YAML (line 3, column 1)"),
+                             ("list", "- hf_SECRET\n", "is not a mapping of variables"),
+                             ("scalar", "hf_SECRET\n", "is not a mapping of variables")):
+        folder = tmp_path / name
+        (folder / "group_vars" / "all").mkdir(parents=True)
+        (folder / "hosts.yml").write_text(INVENTORY)
+        (folder / "group_vars" / "all" / "a.yml").write_text("site_tuning: 1\n")
+        (folder / "group_vars" / "all" / "zz.yml").write_text(text)
+        code, out, err, leaked = refused(["status", "-i", str(folder), "--runs-dir", str(tmp_path / "runs")], capsys)
+        assert code == 64 and out == "", err
+        assert err.startswith("dgx-stage: inventory %s does not parse: %s %s; its text is not shown"
+                              % (folder, folder / "group_vars" / "all" / "zz.yml", said)), err
+        assert not leaked and "Traceback" not in err, "the file's text is shown"
+    (tmp_path / "host" / "host_vars").mkdir(parents=True)
+    (tmp_path / "host" / "hosts.yml").write_text(INVENTORY)
+    (tmp_path / "host" / "host_vars" / "rank1.yml").write_text(VAULTED)
+    code, _out, err, _leaked = refused(["verify", "-i", str(tmp_path / "host"), "--runs-dir", str(tmp_path / "runs")],
+                                       capsys)
+    assert code == 64 and "is vault-encrypted, and dgx-stage passes no vault password" in err, err
     assert not (tmp_path / "runs").exists()
 
 
@@ -207,20 +295,28 @@ def test_report_says_why_the_front_end_stopped_a_run(recorded, capsys):
 @pytest.mark.parametrize("value,said", [
     ("stage_verfy=full", "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify?"),
     ("stage_verify", "-e stage_verify has no value: write NAME=VALUE"),
+    ("stage_verfy", "-e stage_verfy has no value: write NAME=VALUE"),
+    ("hf_SECRETX", "the 1st -e is a word without =VALUE (not shown: it may be a secret): write NAME=VALUE"),
+    ("{hf_SECRETK3}", "the 1st -e sets a name no play or role reads (not shown: it may be a secret"),
+    ("_hf_SECRET=1", "the 1st -e sets a name starting with _ (not shown)"),
     ("stage_verify=hf_SECRET", "-e stage_verify: stage_verify is one of sample, full, none"),
     ("engine_bind_form=nas", "-e engine_bind_form: no play or role reads engine_bind_form; did you mean "
                              "engine_bind_from?"),
     ("engine_stop_strays=hf_SECRET", "-e engine_stop_strays: engine_stop_strays is true or false"),
     ("stage_workers=hf_SECRET", "-e stage_workers: stage_workers is a whole number"),
-    ('{"engine_decode_floor": "hf_SECRET"}', "-e engine_decode_floor: engine_decode_floor is a number"),
+    ('{"engine_decode_floor": "hf_SECRET"}', "-e engine_decode_floor: engine_decode_floor is a finite number"),
+    ("engine_decode_floor=nan", "-e engine_decode_floor: engine_decode_floor is a finite number"),
+    ("{engine_decode_floor: -.inf}", "-e engine_decode_floor: engine_decode_floor is a finite number"),
     ("stage_reserve=hf_SECRET", "-e stage_reserve: stage_reserve is bytes, a size such as 500G, or N% of the disk"),
     ("stage_reserve=100%", "-e stage_reserve: stage_reserve is bytes"),
-    ("lane=hf_SECRET", "-e lane: lane is an inventory group of %s: exl3_2x"),
+    ("lane=hf_SECRET", "-e lane: lane is an inventory group with hosts of %s: exl3_2x"),
+    ("lane=ungrouped", "-e lane: lane is an inventory group with hosts of %s: exl3_2x"),
+    ("lane=all", "-e lane: lane is an inventory group with hosts of %s: exl3_2x"),
     ("lane={{ hf_SECRET }}", "-e lane: lane is an inventory group's name, not a template"),
     ("engine_env=hf_SECRET", "-e engine_env: engine_env is a mapping; give it as JSON or YAML"),
-    ("engine_command=--api-key hf_SECRET", "-e holds text that is not NAME=VALUE (not shown: it may be part of a "
+    ("engine_command=--api-key hf_SECRET", "the 1st -e holds text that is not NAME=VALUE (not shown: it may be part of a "
                                            "secret value)"),
-    ('engine_env={"HF_TOKEN": "hf_SECRET"}', "-e holds text that is not NAME=VALUE (not shown: it may be part of a "
+    ('engine_env={"HF_TOKEN": "hf_SECRET"}', "the 1st -e holds text that is not NAME=VALUE (not shown: it may be part of a "
                                             "secret value)"),
     ("lane_rank=1", "-e lane_rank: the playbooks set lane_rank themselves (it is not an input)"),
     ("report_failed=true", "-e report_failed: the playbooks set report_failed themselves"),
@@ -229,11 +325,20 @@ def test_an_extra_var_no_play_reads_or_a_bad_value_exits_64_before_anything_runs
                                                                                   value, said):
     """A typo of stage_verify would otherwise run a sample verify and say ok after a disk swap; one of the
     rollback's engine_bind_from would restart the lane on the suspect disks."""
-    code, out, err = main(["verify", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")], capsys)
+    code, out, err, leaked = refused(["verify", "-i", inventory, "-e", value, "--runs-dir", str(tmp_path / "runs")],
+                                     capsys)
     assert code == 64 and out == "", err
     assert (said % inventory if "%s" in said else said) in err, err
-    assert "hf_SECRET" not in err
+    assert not leaked, "a value given is shown"
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_word_without_a_value_is_not_shown_whichever_spelling_gave_it(inventory, tmp_path, capsys):
+    for spelling in (["-e", "hf_SECRETX"], ["-ve", "hf_SECRETX"], ["-e=hf_SECRETX"], ["-ehf_SECRETX"]):
+        code, _out, err, leaked = refused(["verify", "-i", inventory, "--runs-dir", str(tmp_path / "runs")] + spelling,
+                                          capsys)
+        assert code == 64 and "the 1st -e is a word without =VALUE" in err, err
+        assert not leaked, "a value given is shown"
 
 
 def test_known_extra_vars_pass_and_a_sites_own_needs_allow_unknown_vars(inventory, tmp_path):
@@ -242,7 +347,9 @@ def test_known_extra_vars_pass_and_a_sites_own_needs_allow_unknown_vars(inventor
             "stage_workers={{ 4 * 2 }}", "stage_reserve=2%", "stage_reserve=500G", '{"stage_reserve": 1000000}']
     assert extravars.problems(fine, inventory) == []
     (tmp_path / "vars.yml").write_text("site_tuning: 3\n")
-    assert "no play or role reads site_tuning" in extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory)[0]
+    assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory) == [
+        "the 1st -e (%s) sets a name no play or role reads (not shown: it may be a secret; a site's own variable: "
+        "--allow-unknown-vars)" % (tmp_path / "vars.yml")]
     assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory, allow_unknown=True) == []
     # --allow-unknown-vars takes a site's own name, not a typo of a role's.
     assert extravars.problems(["stage_verfy=full"], inventory, allow_unknown=True) == [

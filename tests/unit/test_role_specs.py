@@ -6,6 +6,7 @@ role's include_tasks and through the definitions in defaults/ and vars/ they use
 import glob
 import os
 import re
+import sys
 
 import pytest
 import yaml
@@ -151,3 +152,89 @@ def test_the_engine_reads_the_host_reports_where_the_report_role_writes_them():
     engine = load(os.path.join(ROLES, "engine", "defaults", "main.yml"))
     report = load(os.path.join(ROLES, "report", "defaults", "main.yml"))
     assert engine["engine_report_dir"] == report["report_dir"]
+
+
+# --- bool inputs are read through | bool ----------------------------------------------------------------------
+
+REPO = os.path.dirname(ROLES)
+# Where the plays and roles read variables in templates: tasks, vars, defaults, playbooks and Jinja templates.
+TEMPLATE_FILES = ("roles/*/tasks/*.yml", "roles/*/handlers/*.yml", "roles/*/vars/*.yml", "roles/*/defaults/*.yml",
+                  "roles/*/templates/*", "playbooks/*.yml", "playbooks/tasks/*.yml", "stage-deepseek.yml")
+
+
+def bool_inputs():
+    """The bool-typed inputs an -e or the inventory can set: the roles' bool options and the plays' own, but not
+    those the playbooks set themselves (computed through | bool where they are set, and above any -e's reach)."""
+    sys.path.insert(0, REPO)
+    from dgx_stage import extravars
+    known = dict(extravars.role_variables(), **extravars.PLAY_VARIABLES)
+    return sorted(set(name for name, spec in known.items() if spec["type"] == "bool")
+                  - extravars.playbook_variables())
+
+
+def raw_bool_reads(template, names):
+    """The names of `names` the Jinja `template` reads without | bool (after any | default(...)): an -e gives text,
+    and the string "false" is true in a condition. A test of whether one is defined reads no truth."""
+    import jinja2
+    tokens = [(token.type, token.value) for token in jinja2.Environment().lexer.tokenize(template)]
+    raw = []
+    for index, (kind, value) in enumerate(tokens):
+        if kind != "name" or value not in names or tokens[index + 1][0] == "assign":
+            continue
+        after = index + 1
+        while tokens[after:after + 3] == [("pipe", "|"), ("name", "default"), ("lparen", "(")] or \
+                tokens[after:after + 3] == [("pipe", "|"), ("name", "d"), ("lparen", "(")]:
+            depth, after = 1, after + 3
+            while depth:
+                depth += {"lparen": 1, "rparen": -1}.get(tokens[after][0], 0)
+                after += 1
+        following = [token[1] for token in tokens[after:after + 4]]
+        if following[:2] == ["|", "bool"] or following[:2] in (["is", "defined"], ["is", "undefined"]) or \
+                following[:3] == ["is", "not", "defined"]:
+            continue
+        raw.append(value)
+    return raw
+
+
+def template_strings(node, bare=False):
+    """Every template in a loaded YAML document, a bare expression (when:, that:, ...) wrapped as one."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            for found in template_strings(value, key in BARE_EXPRESSION_KEYS):
+                yield found
+    elif isinstance(node, list):
+        for item in node:
+            for found in template_strings(item, bare):
+                yield found
+    elif isinstance(node, str) and (bare or "{{" in node or "{%" in node):
+        yield "{{ %s }}" % node if bare and "{{" not in node else node
+
+
+def test_every_bool_input_is_read_through_the_bool_filter():
+    names = bool_inputs()
+    assert {"engine_stop_strays", "engine_allow_corrupt_nas", "receipt_force", "engine_enabled",
+            "stage_peer_fanout", "stage_prune", "become_root"} <= set(names), names
+    raw = []
+    for pattern in TEMPLATE_FILES:
+        for path in sorted(glob.glob(os.path.join(REPO, pattern))):
+            if path.endswith((".yml", ".yaml")):
+                templates = list(template_strings(load(path)))
+            else:
+                with open(path) as handle:
+                    templates = [handle.read()]
+            raw += ["%s: %s" % (os.path.relpath(path, REPO), name)
+                    for template in templates for name in raw_bool_reads(template, names)]
+    assert raw == [], "read without | bool (an -e gives the text 'false', which is true): %s" % ", ".join(raw)
+
+
+def test_the_bool_checker_sees_raw_reads_and_passes_filtered_ones():
+    names = ["flag"]
+    assert raw_bool_reads("{{ flag and x }}", names) == ["flag"]
+    assert raw_bool_reads("{{ 'yes' if flag else 'flag is off' }}", names) == ["flag"]
+    assert raw_bool_reads("{% if hostvars[h].flag %}x{% endif %}", names) == ["flag"]
+    assert raw_bool_reads("{{ flag | default(false) }}", names) == ["flag"]
+    assert raw_bool_reads("{{ flag | default(lookup('env', 'F') | length > 0) | bool and x }}", names) == []
+    assert raw_bool_reads("{{ flag is not defined or flag | bool }}", names) == []
+    assert raw_bool_reads("text naming flag, then {{ other }}", names) == []
+    assert list(template_strings({"when": "flag and x", "msg": "flag", "that": ["flag | bool"]})) == [
+        "{{ flag and x }}", "{{ flag | bool }}"]

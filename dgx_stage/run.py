@@ -331,11 +331,13 @@ class PlaybookRun(object):
 
     def _settle_reports(self, failures):
         """The run is over: a host report of it still `running` never recorded its end (an interrupt, a host
-        failed where no rescue wrote it); it says `failed` with what the events said, else `interrupted`."""
+        failed where no rescue wrote it); it says `failed` with what the events said, else `interrupted`. After an
+        interrupt the events before the recap include failures a rescue handled: every such report reads
+        `interrupted` (a failure no rescue handled wrote no report of its own either way)."""
         state = self.state
         if not state.run_id:
             return
-        seen = dict((f["host"], f) for f in failures)
+        seen = {} if self.interrupts else dict((f["host"], f) for f in failures)
         state.reports.update(runs.settle_unfinished(state.history_paths, state.run_id, seen))
 
     def _print_status(self, display):

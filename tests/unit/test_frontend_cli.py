@@ -523,6 +523,25 @@ def test_a_run_over_with_reports_still_running_settles_them_failed_with_the_fail
             "of: local, nas, got: bogus") in out.splitlines(), out
 
 
+def test_an_interrupted_runs_running_reports_read_interrupted_whatever_failed_before(tmp_path):
+    """Before the recap the events still hold failures a rescue handled (a wait round's): no such failure is
+    written as the end of a run the operator interrupted."""
+    report_dir = tmp_path / "reports"
+    report_dir.mkdir()
+    state = state_with(failures={"rank0": 1})
+    state.stats = None
+    with open(os.path.join(FIXTURES, "report-stage-ok.json")) as handle:
+        report = dict(json.load(handle), host="rank0", status="running")
+    state.reports["rank0"] = report
+    state.history_paths["rank0"] = str(report_dir / ("rank0-%s.json" % report["run_id"]))
+    runs.write_json(state.history_paths["rank0"], report, indent=2)
+    state.failures["rank0"] = {"host": "rank0", "play": "Engine", "task": "Wait | Ask each rank outside the play",
+                               "msg": "rescued"}
+    code, _out, _record = finished(tmp_path, state, 1, interrupts=1)
+    with open(state.history_paths["rank0"]) as handle:
+        assert code == run.EXIT_INTERRUPTED and json.load(handle)["status"] == "interrupted"
+
+
 def test_runners_command_artifact_loses_its_environment_as_soon_as_the_playbook_runs(tmp_path):
     """A front end killed mid-run (SIGKILL) runs no end of its own: the operator's environment that ansible-runner
     wrote with the command (tests/integration/test_frontend.py proves the whole run) goes when it says running."""

@@ -42,28 +42,27 @@ def run_mirror(req, check_mode=False, progress=True):
         return _check_mode_run(req, started, meter)
     early = _refuse_before_locking(req, started, meter)
     tree = LocalTree(req.dest)
-    with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout, req.run_id, req.on_lock_wait):
-        with tree.open_dir(lock_dir_rel(req.folder)) as lock_dir:
-            if progress:
-                meter.attach(lock_dir)
-            writing = []        # set once the run starts writing: only then is peer_dir removed
+    with RepoLock(tree, lock_dir_rel(req.folder), req.lock_timeout, req.run_id, req.on_lock_wait) as lock:
+        if progress:
+            meter.attach(lock.directory, held=lock.check_held)
+        writing = []        # set once the run starts writing: only then is peer_dir removed
+        try:
             try:
-                try:
-                    result = _run_locked(tree, req, meter, started, writing, early)
-                finally:
-                    peer_problems = _clear_peer_dir(tree, req) if writing else []
-            except KeyboardInterrupt as exc:
-                meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
-                raise
-            except MirrorFailed as exc:
-                exc.result["warnings"].extend(peer_problems)
-                meter.close("failed", str(exc))
-                raise
-            except BaseException as exc:
-                meter.close("failed", str(exc) or type(exc).__name__)
-                raise
-            result["warnings"].extend(peer_problems)
-            meter.close("ok")
+                result = _run_locked(tree, req, meter, started, writing, early)
+            finally:
+                peer_problems = _clear_peer_dir(tree, req) if writing else []
+        except KeyboardInterrupt as exc:
+            meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
+            raise
+        except MirrorFailed as exc:
+            exc.result["warnings"].extend(peer_problems)
+            meter.close("failed", str(exc))
+            raise
+        except BaseException as exc:
+            meter.close("failed", str(exc) or type(exc).__name__)
+            raise
+        result["warnings"].extend(peer_problems)
+        meter.close("ok")
     return result
 
 

@@ -192,6 +192,8 @@ def apply_plan(plan, req, outcome, meter=None):
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
     outcome.applied = True
     outcome.nas_corrupt.extend(plan.nas_corrupt)
+    # A lock lost (its directory removed or renamed) stops the run before it removes or links anything.
+    meter.check_held()
     for path in plan.debris + plan.prune:
         _remove_local(tree, path)
     if plan.prune and os.path.isdir(plan.snapshot):
@@ -202,6 +204,7 @@ def apply_plan(plan, req, outcome, meter=None):
     blocked = set(os.path.join(plan.snapshot, *p.split("/")) for p in outcome.unavailable)
     plan.links = [(link, target) for link, target in plan.links
                   if link not in blocked and os.path.normpath(os.path.join(os.path.dirname(link), target)) not in blocked]
+    meter.check_held()
     try:
         _write_links(tree, plan)
         if not outcome.unavailable:

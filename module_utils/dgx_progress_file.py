@@ -157,6 +157,9 @@ class PassMeter(object):
     every pass under `passes` (a verify pass never hides the last stage's); its top-level keys are the
     pass running now or run last, and `nas_corrupt` holds `suspects`: the NAS blobs passes found failing
     their names and none proved good since (dgx_nas_suspects decides which; the meter keeps them).
+    attach's `held` (RepoLock.check_held) runs before every write: once it raises, the meter writes nothing
+    more and the StageError stops the pass (raised from the worker that reported the bytes, which stops
+    the pool), so neither the figures nor the suspects go to a lock directory no other run waits on.
     """
 
     def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None):
@@ -172,6 +175,7 @@ class PassMeter(object):
         self._files = {"done": 0, "total": 0}
         self.step, self.current, self.status, self.error = "planning", None, "running", None
         self._dir_fd = None
+        self._held = None
         self._passes = {}
         self.suspects = {}
         self._last_write = None
@@ -236,11 +240,14 @@ class PassMeter(object):
 
     # -- the progress file --------------------------------------------------------------------------
 
-    def attach(self, lock_dir):
-        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds.
+    def attach(self, lock_dir, held=None):
+        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds;
+        held() is called before each write and raises when lock_dir is no longer the locked one.
         StageError, with nothing written, when the file is there but cannot be read as one: it may hold the
         NAS suspects, and writing over it would forget them (a later roll-back would bind a corrupt blob)."""
         with self._lock:
+            if held is not None:
+                held()
             document, problem = read_document(PROGRESS_NAME, lock_dir.fd)
             if not problem:
                 problem = suspects_in(document)[1]
@@ -255,12 +262,13 @@ class PassMeter(object):
             self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
                 if isinstance(previous, dict) else {}
             self.suspects = suspects_in(document)[0]
-            self._dir_fd = lock_dir.fd
+            self._dir_fd, self._held = lock_dir.fd, held
             self._write_locked()
 
     def close(self, status, error=None):
         """The pass is over: ok, failed or interrupted (Ctrl-C, SIGTERM). Written at once; the meter
-        no longer writes after this (its directory is closed by the caller)."""
+        no longer writes after this (its directory is closed by the caller). A lock lost before raises
+        nothing here: the pass already stopped with that error."""
         with self._lock:
             self.status, self.error = status, error
             self.step, self.current = "done", None
@@ -302,9 +310,25 @@ class PassMeter(object):
             "error": self.error,
         }
 
+    def check_held(self):
+        """StageError when the lock directory this meter writes to is no longer the locked one (see attach):
+        for a step that writes to the local hub without a progress write just before it."""
+        with self._lock:
+            self._check_held_locked()
+
+    def _check_held_locked(self):
+        if self._held is None:
+            return
+        try:
+            self._held()
+        except StageError:
+            self._dir_fd = self._held = None     # nothing more goes to a directory another run may not see
+            raise
+
     def _write_locked(self):
         if self._dir_fd is None:
             return
+        self._check_held_locked()
         self._last_write = self._clock()
         figures = self._figures_locked()
         passes = dict(self._passes)

@@ -45,7 +45,11 @@ class RepoLock(object):
     The holder writes `<pid> <run id> <since>` into `dgx-stage.lock` in it; a run that has to wait calls
     on_wait(holder) once when it starts waiting and on_wait(None) once it holds the lock, so whoever watches
     it can say whom it waits for. The lock is held only on the directory the name points to once flock
-    returns: a directory renamed aside meanwhile is let go and the one named now waited on."""
+    returns: a directory renamed aside meanwhile is let go and the one named now waited on.
+
+    The holder writes into its lock directory (the progress file) through `directory`, the handle it locked,
+    calling check_held() first: a directory removed or renamed while it is held (an operator clearing
+    "stale" locks) lets the next run lock a new one at once, and the holder must stop rather than write on."""
 
     NAME = "dgx-stage.lock"
 
@@ -70,6 +74,21 @@ class RepoLock(object):
         if waited and self.on_wait is not None:
             self.on_wait(None)
         return self
+
+    @property
+    def directory(self):
+        """The locked directory (LocalDir) while held: what the holder writes through, never a second
+        look-up of the name, which may reach another directory by then."""
+        return self._dir
+
+    def check_held(self):
+        """StageError when the locked directory is no longer the one its name points to: removed or renamed
+        while this run held it, so another run can lock the one named now and interleave with this one. A few
+        opens and an fstat: cheap enough before every progress write."""
+        if self._dir is None or not self._still_named():
+            raise StageError("the lock folder %s was removed or renamed while this run held it; another run may be "
+                             "staging this repo now: check with `dgx-stage status`, then re-run"
+                             % os.path.dirname(self.path))
 
     def _still_named(self):
         """Whether the locked directory is still the one the lock's name points to: one renamed aside (and

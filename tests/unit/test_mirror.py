@@ -1738,6 +1738,34 @@ def test_progress_moves_while_a_stage_copies_and_while_a_full_verify_hashes(big_
     assert docs[-1]["finished"] is True and docs[-1]["passes"]["stage"]["finished"] is True
 
 
+def test_a_run_whose_lock_folder_is_cleared_mid_copy_stops_and_writes_nothing_more(big_nas, local, monkeypatch):
+    """`rm -rf .locks` while a stage copies: another run could lock a new folder now, so this one stops at its
+    next progress write, its copy's temp file removed, and writes no blob, link, ref or progress file after."""
+    nas = big_nas
+    _record_progress(monkeypatch)
+    real_copy = dgx_mirror_apply.copy_verified
+    seen = {}
+
+    def clear_locks_then_copy(source, directory, name, size, **kwargs):
+        if not seen:
+            shutil.rmtree(os.path.join(str(local), ".locks"))
+            seen["before"] = _every_path(local)
+        return real_copy(source, directory, name, size, **kwargs)
+
+    monkeypatch.setattr(dgx_mirror_apply, "copy_verified", clear_locks_then_copy)
+    with pytest.raises(StageError, match=r"the lock folder %s was removed or renamed while this run held it; "
+                       r"another run may be staging this repo now: check with `dgx-stage status`, then re-run"
+                       % re.escape(os.path.join(str(local), ".locks", nas.repo()["folder"]))):
+        stage(nas, local, ignore_patterns=PAGE15, workers=1)
+    assert _every_path(local) == seen["before"]        # the copy's temp file came and went, nothing else
+    assert not os.path.exists(os.path.join(str(local), ".locks"))
+
+
+def _every_path(top):
+    return sorted(os.path.relpath(os.path.join(d, n), str(top)) for d, dirs, files in os.walk(str(top))
+                  for n in dirs + files)
+
+
 def test_check_mode_plan_reads_like_a_plan_and_real_runs_say_what_they_did(nas, local):
     blobs = unique_blobs(selected(nas))
     planned = run_mirror(mirror_request(nas, local, ignore_patterns=PAGE15), check_mode=True)

@@ -725,3 +725,39 @@ def test_a_lock_is_taken_on_an_overlay_whose_layers_lie_on_two_filesystems(tmp_p
             assert open(lock.path).read().split()[0] == str(os.getpid())
 
     assert in_private_mount_namespace(lock_on_the_overlay) == 0
+
+
+@pytest.mark.parametrize("how", ["folder renamed aside", "folder removed", ".locks renamed aside"])
+def test_a_holder_whose_lock_folder_is_removed_or_renamed_stops_at_its_next_progress_write(tmp_path, how):
+    """Clearing "stale" locks while a run holds one lets the next run lock a new folder at once: the holder
+    must stop at its next progress write and write nothing more, neither to the folder it still has open nor
+    to the one named now."""
+    tree = dgx_localtree.LocalTree(str(tmp_path))
+    rel = ".locks/models--org--name"
+    folder = tmp_path / ".locks" / "models--org--name"
+    meter = dgx_progress_file.PassMeter("stage", "org/name", "size", interval=0.0)
+    with dgx_repolock.RepoLock(tree, rel, 5, run_id="run-a") as lock_a:
+        meter.attach(lock_a.directory, held=lock_a.check_held)
+        meter.plan("copying", 1, 100)
+        meter.count("copying", nas=10)
+        if how == "folder renamed aside":
+            os.rename(str(folder), str(tmp_path / ".locks" / "aside"))
+            aside = tmp_path / ".locks" / "aside"
+        elif how == "folder removed":
+            dgx_fsutil.remove_path(str(folder))
+            aside = None
+        else:
+            os.rename(str(tmp_path / ".locks"), str(tmp_path / ".locks.old"))
+            aside = tmp_path / ".locks.old" / "models--org--name"
+        before = (aside / dgx_progress_file.PROGRESS_NAME).read_bytes() if aside else None
+        with dgx_repolock.RepoLock(tree, rel, 0, run_id="run-b"):      # the next run is not kept waiting
+            with pytest.raises(StageError) as raised:
+                meter.count("copying", nas=10)
+            assert str(raised.value) == (
+                "the lock folder %s was removed or renamed while this run held it; another run may be staging "
+                "this repo now: check with `dgx-stage status`, then re-run" % folder)
+            meter.count("copying", nas=10)
+            meter.close("failed", str(raised.value))
+            assert sorted(os.listdir(str(folder))) == [dgx_repolock.RepoLock.NAME]   # run B's, nothing of A's
+            if aside:
+                assert (aside / dgx_progress_file.PROGRESS_NAME).read_bytes() == before

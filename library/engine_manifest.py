@@ -31,8 +31,9 @@ description:
     fails the module naming the file, the blob and the NAS file, unless O(allow_corrupt_nas) (then a warning).
     A NAS file changed since it was found is hashed again and bound when its bytes now hash to its name.
   - So does a file bound from the NAS whose blob the host's latest report on the controller (O(host_report))
-    lists under C(nas_corrupt_blobs) of a real stage or verify row of its repo (C(nas_corrupt) at the row's commit,
-    for a row written before rows named blobs), when the node's own record does not hold it - a roll-back onto
+    lists under C(nas_suspects) (every blob a real stage or verify pass found, whatever passes ran since) or
+    C(nas_corrupt_blobs) of a real stage or verify row of its repo (C(nas_corrupt) at the row's commit, for a row
+    written before rows named blobs), the blob a path names being its snapshot link's first hop, when the node's own record does not hold it - a roll-back onto
     a wiped or swapped local hub, or another O(hub_local_root). Such a NAS file is hashed, and bound when its bytes
     hash to its name (re-downloaded since). Check mode decides the same.
   - Before returning, checks that every source exists, no two mounts share a target, no target
@@ -111,10 +112,12 @@ options:
   host_report:
     description:
       - The text (JSON) of this host's latest report on the controller, C(<report dir>/<host>.json); its
-        C(passes.stage) and C(passes.verify) rows (C(repo_id), C(repo_type), C(check_mode), C(commit),
-        C(nas_corrupt_blobs), C(nas_corrupt)) and C(plays) are read. Empty - no report yet - adds no suspect.
-      - A text that is not a JSON object fails the module for every repo, as an unreadable record of the node
-        does, unless O(allow_corrupt_nas).
+        C(nas_suspects), C(passes.stage) and C(passes.verify) rows (C(repo_id), C(repo_type), C(check_mode),
+        C(commit), C(nas_corrupt_blobs), C(nas_corrupt)) and C(plays) are read. Empty - no report yet - adds no
+        suspect.
+      - A text that is not a JSON object, or whose parts read are of another shape (a path that is no relative
+        snapshot path, a blob that is no blob name), fails the module for every repo, as an unreadable record of
+        the node does, unless O(allow_corrupt_nas).
     type: str
     default: ""
   host_report_path:

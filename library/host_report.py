@@ -281,6 +281,13 @@ latest:
   type: dict
   contains:
     <<: *view
+    nas_suspects:
+      description:
+        - Every NAS blob a real stage or verify pass found failing its name (its row's C(nas_corrupt_blobs)), by
+          blob name - C(repo_id), C(repo_type), C(paths), C(nas_file), C(why), C(found_at), C(run_id), C(pass);
+          the latest finding of a blob wins. A later pass never drops one (a green full verify reads no NAS
+          byte); engine_manifest refuses to bind such a blob from the NAS until its NAS file hashes to its name.
+      type: dict
     last_real_run:
       description:
         - The last run that was not a C(--check) run (C(run_id), C(started), C(finished), C(status), C(tags),

@@ -32,6 +32,7 @@ from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_hashing import hash_as_named
 from ansible.module_utils.dgx_hubcache import resolve_snapshot_link
 from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, repo_document, suspects_in
+from ansible.module_utils.dgx_report import NAS_FINDING_PASSES
 
 def nas_identity(path):
     """[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns] of the file at path (links followed), or None: a
@@ -80,19 +81,25 @@ def _nas_origin(mounts_by_target, target):
     return None
 
 
-def _names_another_blob(nas_file, nas_snapshot, blob):
-    """Whether the NAS snapshot path stands for another blob now (a later revision), or for none: the name of
-    its link's first hop into the repo's blobs/ says which (the store file the chain ends at may carry another
-    name). A path that cannot be read so stands for `blob`: its bytes decide."""
+def _named_blob(nas_file, nas_snapshot):
+    """The blob the NAS snapshot path stands for now: the name of its link's first hop into the repo's blobs/ (the
+    store file the chain ends at may carry another name); None for a real file or a chain with no blob hop. Raises
+    StageError or OSError when the link cannot be followed."""
+    if not os.path.islink(nas_file):
+        return None
     snap_dir = os.path.abspath(nas_snapshot)
     repo_dir = os.path.dirname(os.path.dirname(snap_dir))
+    return resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
+                                 os.path.realpath(os.path.dirname(repo_dir)))[0]
+
+
+def _names_another_blob(nas_file, nas_snapshot, blob):
+    """Whether the NAS snapshot path stands for another blob now (a later revision), or for none. A path that
+    cannot be read so stands for `blob`: its bytes decide."""
     try:
-        named = resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
-                                      os.path.realpath(os.path.dirname(repo_dir)))[0] \
-            if os.path.islink(nas_file) else None
+        return _named_blob(nas_file, nas_snapshot) != blob
     except (StageError, OSError):
         return False
-    return named != blob
 
 
 def _still_suspect(nas_file, nas_snapshot, blob, entry):
@@ -139,81 +146,144 @@ def bound_suspects(manifest, hub_local_root):
     return found
 
 
-# The passes whose rows in the host report name NAS blobs found corrupt (preflight is a check-mode plan).
-REPORT_PASSES = ("stage", "verify")
 _BLOB_NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
-def _report_findings(report, record):
-    """[(pass, row commit, {blob or None, paths, why})] the report's real stage and verify rows of the repo found
-    corrupt on the NAS. A row written before rows named blobs gives its paths only (blob None, read at its commit)."""
+def _need(ok, where, what):
+    """Refuse a report part of the wrong shape: a report edited or truncated by hand is unreadable, never a
+    traceback, never a finding skipped."""
+    if not ok:
+        raise ValueError("%s is not %s" % (where, what))
+
+
+def _text(value, where):
+    _need(value is None or (isinstance(value, str) and "\0" not in value), where, "a string")
+    return value
+
+
+def _snapshot_paths(value, where):
+    """A list of snapshot paths: relative, with no empty, '.' or '..' part (joined to the NAS snapshot)."""
+    _need(isinstance(value, list) and all(isinstance(p, str) and "\0" not in p and not set(p.split("/")) &
+                                          {"", ".", ".."} for p in value), where, "a list of snapshot paths")
+    return value
+
+
+def _object(value, where):
+    _need(value is None or isinstance(value, dict), where, "an object")
+    return value or {}
+
+
+def _report_findings(report):
+    """[{repo_id, repo_type, blob or None, commit, paths, why, pass, run_id, when}]: the NAS blobs the report says
+    were found corrupt: its accumulated `nas_suspects` (dgx_report) and its real stage and verify rows (a report
+    written before it kept them). A row written before rows named blobs gives its paths only (blob None, read at
+    its commit). Raises ValueError naming the first part of the wrong shape."""
     found = []
-    for name in REPORT_PASSES:
-        rows = (report.get("passes") or {}).get(name) if isinstance(report.get("passes"), dict) else None
-        for row in rows if isinstance(rows, list) else []:
-            if not isinstance(row, dict) or row.get("check_mode") or row.get("repo_id") != record["repo_id"] \
-                    or row.get("repo_type", "model") != record["repo_type"]:
+    for blob, entry in sorted(_object(report.get("nas_suspects"), "nas_suspects").items()):
+        where = "nas_suspects.%s" % blob
+        _need(_BLOB_NAME.match(blob) and isinstance(entry, dict), where, "a blob name with an object")
+        _need(isinstance(entry.get("repo_id"), str), where + ".repo_id", "a string")
+        found.append({"repo_id": entry["repo_id"], "repo_type": _text(entry.get("repo_type"), where + ".repo_type")
+                      or "model", "blob": blob, "commit": None,
+                      "paths": _snapshot_paths(entry.get("paths"), where + ".paths"),
+                      "why": _text(entry.get("why"), where + ".why"), "pass": _text(entry.get("pass"), where + ".pass"),
+                      "run_id": _text(entry.get("run_id"), where + ".run_id"),
+                      "when": _text(entry.get("found_at"), where + ".found_at")})
+    passes, plays = _object(report.get("passes"), "passes"), _object(report.get("plays"), "plays")
+    for name in NAS_FINDING_PASSES:
+        play = _object(plays.get(name), "plays.%s" % name)
+        run_id = _text(play.get("run_id"), "plays.%s.run_id" % name)
+        when = _text(play.get("finished"), "plays.%s.finished" % name) or \
+            _text(play.get("started"), "plays.%s.started" % name)
+        rows = passes.get(name)
+        _need(rows is None or isinstance(rows, list), "passes.%s" % name, "a list")
+        for i, row in enumerate(rows or []):
+            where = "passes.%s[%d]" % (name, i)
+            _need(isinstance(row, dict), where, "an object")
+            if row.get("check_mode"):
                 continue
-            blobs = row.get("nas_corrupt_blobs")
-            if isinstance(blobs, list):
-                found.extend((name, row.get("commit"), b) for b in blobs if isinstance(b, dict) and b.get("blob"))
-            elif isinstance(row.get("nas_corrupt"), list):
-                found.extend((name, row.get("commit"), {"blob": None, "paths": [p], "why": None})
-                             for p in row["nas_corrupt"] if isinstance(p, str))
+            _need(isinstance(row.get("repo_id"), str), where + ".repo_id", "a string")
+            common = {"repo_id": row["repo_id"], "repo_type": _text(row.get("repo_type"), where + ".repo_type")
+                      or "model", "commit": _text(row.get("commit"), where + ".commit"), "pass": name,
+                      "run_id": run_id, "when": when}
+            blobs, paths = row.get("nas_corrupt_blobs"), row.get("nas_corrupt")
+            _need(blobs is None or isinstance(blobs, list), where + ".nas_corrupt_blobs", "a list")
+            for j, record in enumerate(blobs or []):
+                at = "%s.nas_corrupt_blobs[%d]" % (where, j)
+                _need(isinstance(record, dict), at, "an object")
+                blob = _text(record.get("blob"), at + ".blob")
+                _need(blob is None or _BLOB_NAME.match(blob), at + ".blob", "a blob name")
+                if blob:
+                    found.append(dict(common, blob=blob, paths=_snapshot_paths(record.get("paths"), at + ".paths"),
+                                      why=_text(record.get("why"), at + ".why")))
+            if blobs is None and paths is not None:
+                found.extend(dict(common, blob=None, paths=[p], why=None)
+                             for p in _snapshot_paths(paths, where + ".nas_corrupt"))
     return found
 
 
-def _report_why(report, report_path, name, finding, still):
-    play = ((report.get("plays") or {}) if isinstance(report.get("plays"), dict) else {}).get(name) or {}
-    when = "run %s, %s" % (play.get("run_id") or "unknown", play.get("finished") or play.get("started") or "unknown")
-    return ("the host report on the controller (%s) records it found corrupt by the %s pass (%s)%s; the local hub "
-            "holds no record of it (wiped, swapped, or another hub_local_root), and %s"
-            % (report_path, name, when, ": %s" % finding["why"] if finding.get("why") else "", still))
+def _report_why(report_path, finding, still):
+    return ("the host report on the controller (%s) records it found corrupt by the %s pass (run %s, %s)%s; the "
+            "local hub holds no record of it (wiped, swapped, or another hub_local_root), and %s"
+            % (report_path, finding["pass"] or "stage or verify", finding["run_id"] or "unknown",
+               finding["when"] or "unknown", ": %s" % finding["why"] if finding["why"] else "", still))
+
+
+def _proof(real, blob):
+    """None when the NAS file `real` holds the bytes `blob` names, else why it is still suspect."""
+    try:
+        digest, count = hash_as_named(real, blob)
+        return None if digest == blob and count == os.stat(real).st_size else "its bytes still hash to %s" % digest
+    except OSError as exc:
+        return "it cannot be read to prove it (%s)" % (exc.strerror or exc)
 
 
 def report_suspects(manifest, report_text, report_path, hub_local_root):
     """The files the manifest binds from the NAS that the host's latest report on the controller (report_text,
     its JSON; empty when there is none) says a real stage or verify pass found corrupt: [{repo_id, path, blob,
-    nas_file, why}] as bound_suspects gives. The latest view keeps each pass's last real rows, so a finding lasts
-    until that pass runs again without it. A blob the node's own record holds is left to bound_suspects (the
-    record knows whether the NAS file changed since); any other is hashed now and dropped when its bytes hash to
-    its name (re-downloaded since). A report that cannot be read is a suspect record of every repo."""
+    nas_file, why}] as bound_suspects gives. The report's `nas_suspects` keeps every such finding whatever passes
+    ran since (a green full verify reads no NAS byte). A blob the node's own record holds is left to bound_suspects
+    (the record knows whether the NAS file changed since); any other is hashed now and dropped when its bytes hash
+    to its name (re-downloaded since). Which blob a path names is its link's first hop into the repo's blobs/,
+    never the store file's name. A report that cannot be read, or of the wrong shape, is a suspect record of every
+    repo."""
     if not report_text:
         return []
     try:
         report = json.loads(report_text)
-        problem = None if isinstance(report, dict) else "it holds no JSON object"
+        _need(isinstance(report, dict), "it", "a JSON object")
+        findings = _report_findings(report)
     except ValueError as exc:
-        report, problem = None, str(exc)
-    if problem:
         return [{"repo_id": record["repo_id"], "path": None, "blob": None, "nas_file": None,
                  "why": "the host report on the controller (%s), which records the NAS blobs the stage and verify "
-                        "passes found corrupt, cannot be read: %s" % (report_path, problem)}
+                        "passes found corrupt, cannot be read: %s" % (report_path, exc)}
                 for record in manifest.get("repos") or []]
     mounts_by_target = dict((m["target"], m) for m in manifest.get("mounts") or [])
     found, proven, seen = [], {}, set()
     for record in manifest.get("repos") or []:
         known = suspects_of(hub_local_root, record["folder"])[0] if hub_local_root else {}
-        for name, commit, finding in _report_findings(report, record):
-            for path in finding.get("paths") or []:
-                nas_file = os.path.join(record["nas_snapshot"], path)
-                real = os.path.realpath(nas_file)
-                blob = os.path.basename(real)
-                if (record["repo_id"], path) in seen or blob in known or not _BLOB_NAME.match(blob) \
-                        or blob != (finding["blob"] or (blob if commit == record["commit"] else None)) \
+        for finding in findings:
+            if (finding["repo_id"], finding["repo_type"]) != (record["repo_id"], record["repo_type"]):
+                continue
+            for path in finding["paths"]:
+                if (record["repo_id"], path) in seen \
                         or _nas_origin(mounts_by_target, posixpath.join(record["target"], path)) != "nas":
                     continue
+                nas_file = os.path.join(record["nas_snapshot"], path)
+                try:
+                    named, unresolved = _named_blob(nas_file, record["nas_snapshot"]), False
+                except (StageError, OSError):
+                    named, unresolved = None, True      # its bytes decide
+                blob = finding["blob"] or (named if finding["commit"] == record["commit"] else None)
+                if not blob or blob in known or (named != blob and not unresolved):
+                    continue
                 seen.add((record["repo_id"], path))
-                if real not in proven:
-                    try:
-                        digest, count = hash_as_named(real, blob)
-                        proven[real] = None if digest == blob and count == os.stat(real).st_size else (
-                            "its bytes still hash to %s" % digest)
-                    except OSError as exc:
-                        proven[real] = "it cannot be read to prove it (%s)" % (exc.strerror or exc)
-                if proven[real] is not None:
+                real = os.path.realpath(nas_file)
+                if (real, blob) not in proven:
+                    proven[(real, blob)] = _proof(real, blob)
+                if proven[(real, blob)] is not None:
                     found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
-                                  "why": _report_why(report, report_path, name, finding, proven[real])})
+                                  "why": _report_why(report_path, finding, proven[(real, blob)])})
     return found
 
 

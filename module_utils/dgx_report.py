@@ -16,6 +16,13 @@ and engine results as they were, and puts the check run's plan under `check`. `l
 run the real results come from. A failed play sets status `failed`, `failed_play`, `failed_task` and
 `failed_msg` in both files at once, so a host that fails never keeps an earlier success as its latest.
 
+The latest view also keeps `nas_suspects`, every NAS blob a real stage or verify pass found failing its name
+(its row's `nas_corrupt_blobs`): {blob: {repo_id, repo_type, paths, nas_file, why, found_at, run_id, pass}}, the
+latest finding of a blob winning. Unlike the pass rows, a later pass never drops one: a green full verify reads
+no NAS byte, and a pass with no row (its lock held) or limited to other repos proves nothing about the NAS.
+engine_manifest reads it, so a roll-back onto a wiped local hub refuses such a blob until its NAS file hashes to
+its name (it is hashed on every such roll-back).
+
 Timestamps are ISO 8601 UTC (2026-11-30T20:45:12Z). Everything here is plain data in, plain data out;
 update_reports() reads the existing files and writes both atomically. host_report's options are defined
 here (ARGUMENT_SPEC) and run by write_host_report(): library/host_report.py documents them, and the report
@@ -32,6 +39,8 @@ from ansible.module_utils.dgx_units import utc_text
 # The plays of stage-deepseek.yml, in run order (their tags); PASSES are the stage role's passes.
 PLAYS = ("preflight", "stage", "verify", "receipts", "manifest", "engine", "smoke", "bench")
 PASSES = ("preflight", "stage", "verify")
+# The passes whose real rows name NAS blobs found failing their names (preflight is a check-mode plan).
+NAS_FINDING_PASSES = ("stage", "verify")
 # The host's identity in the lane, recorded as given (select-lane.yml's facts and the hub roots).
 IDENTITY = ("lane", "rank", "world_size", "hub_nas_root", "hub_local_root")
 
@@ -226,12 +235,34 @@ def real_results(previous):
     (real unless it was written by a --check run), and no plays.
     """
     if not isinstance(previous, dict):
-        return {"plays": {}, "passes": {}, "weights": [], "engine": {}, "last_real_run": None}
+        return {"plays": {}, "passes": {}, "weights": [], "engine": {}, "last_real_run": None, "nas_suspects": {}}
     if "run_id" not in previous and previous.get("check_mode"):
         return real_results(None)
     return {"plays": dict(previous.get("plays") or {}), "passes": dict(previous.get("passes") or {}),
             "weights": list(previous.get("weights") or []), "engine": dict(previous.get("engine") or {}),
-            "last_real_run": previous.get("last_real_run")}
+            "last_real_run": previous.get("last_real_run"), "nas_suspects": previous.get("nas_suspects") or {}}
+
+
+def nas_suspects(previous, view):
+    """The latest view's `nas_suspects` after this real run's `view`: the previous ones plus every blob its stage and
+    verify rows found failing its name. A record that is no object is kept as it is: engine_manifest then calls the
+    report unreadable and refuses, rather than this losing what it held."""
+    if not isinstance(previous, dict):
+        return previous
+    kept = dict(previous)
+    for name in NAS_FINDING_PASSES:
+        play = (view.get("plays") or {}).get(name) or {}
+        for row in (view.get("passes") or {}).get(name) or []:
+            if not isinstance(row, dict) or row.get("check_mode"):
+                continue
+            for record in row.get("nas_corrupt_blobs") or []:
+                if isinstance(record, dict) and isinstance(record.get("blob"), str):
+                    kept[record["blob"]] = {
+                        "repo_id": row.get("repo_id"), "repo_type": row.get("repo_type", "model"),
+                        "paths": list(record.get("paths") or []), "nas_file": record.get("nas_source"),
+                        "why": record.get("why"), "found_at": play.get("finished") or view.get("started"),
+                        "run_id": view.get("run_id"), "pass": name}
+    return kept
 
 
 _RUN_KEYS = ("run_id", "started", "finished", "status", "tags", "failed_play", "failed_task", "failed_msg")
@@ -246,7 +277,7 @@ def latest_view(previous, view):
     latest.update((key, view[key]) for key in IDENTITY)
     if view["check_mode"]:
         plays, passes, weights, engine = real["plays"], real["passes"], real["weights"], real["engine"]
-        last_real_run = real["last_real_run"]
+        last_real_run, suspects = real["last_real_run"], real["nas_suspects"]
     else:
         plays = _in_play_order(dict(real["plays"], **view["plays"]))
         passes = _in_pass_order(dict(real["passes"], **view["passes"]))
@@ -254,8 +285,10 @@ def latest_view(previous, view):
         weights = view["weights"] if "verify" in view["plays"] else real["weights"]
         engine = dict(real["engine"], **view["engine"])
         last_real_run = dict((key, view[key]) for key in _RUN_KEYS if key in view)
+        suspects = nas_suspects(real["nas_suspects"], view)
     latest.update(_stage_fields(plays))
-    latest.update(plays=plays, passes=passes, weights=weights, engine=engine, last_real_run=last_real_run)
+    latest.update(plays=plays, passes=passes, weights=weights, engine=engine, last_real_run=last_real_run,
+                  nas_suspects=suspects)
     if view["check_mode"]:
         check = dict((key, view[key]) for key in _RUN_KEYS if key in view)
         check.update((key, view[key]) for key in ("plays", "passes", "weights", "engine"))

@@ -186,20 +186,37 @@ def described(value):
     return "%s (values not recorded)" % ", ".join(names) if names else "(nothing set)"
 
 
+class _UntrustedDumper(yaml.SafeDumper):
+    """YAML whose strings load through Ansible's loader as untrusted (!unsafe), as an inline -e is: Ansible
+    trusts an @file's strings as templates, so a {{ in a value would be templated and its pieces shown in the
+    error. A string that !unsafe would read as another type ("123", "true", "" re-resolve as plain scalars) goes
+    untagged; no such string holds a {."""
+
+
+def _represent_str(dumper, value):
+    text = "tag:yaml.org,2002:str"
+    unsafe = dumper.resolve(yaml.ScalarNode, value, (True, False)) == text
+    return dumper.represent_scalar("!unsafe" if unsafe else text, value, style='"')
+
+
+_UntrustedDumper.add_representer(str, _represent_str)
+
+
 def as_files(values, directory):
-    """The -e values as ansible-playbook gets them: each inline one written as JSON to a file of its own in
-    `directory` (created 0700, each file 0600, in the order given, so later values still win), @file values
-    as they are."""
+    """The -e values as ansible-playbook gets them: each inline one, as JSON carries it, written as YAML with
+    every string !unsafe (_UntrustedDumper) to a file of its own in `directory` (created 0700, each file 0600, in
+    the order given, so later values still win), @file values as they are."""
     out = []
     for number, value in enumerate(values):
         if value.startswith("@"):
             out.append(value)
             continue
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        path = os.path.join(directory, "extra-vars-%d.json" % number)
+        path = os.path.join(directory, "extra-vars-%d.yml" % number)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(descriptor, "w") as handle:
-            json.dump(variables_of(value), handle)
+            yaml.dump(json.loads(json.dumps(variables_of(value))), handle, Dumper=_UntrustedDumper,
+                      allow_unicode=False, default_flow_style=False, sort_keys=False, width=2 ** 31)
         out.append("@" + path)
     return out
 

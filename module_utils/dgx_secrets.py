@@ -8,40 +8,85 @@ from __future__ import absolute_import, division, print_function
 import json
 import re
 import shlex
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote
 
 from ansible.module_utils.dgx_errors import StageError
 
-# A name one of whose words names a credential (HF_TOKEN, --api-key, AWS_SECRET_ACCESS_KEY) or ends with one
-# (--apikey, --hftoken); not --max-total-tokens. A false match only hides a value.
-SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "credential", "credentials", "auth")
+# A name is secret when its last word (split on - _ . and spaces) is a credential word: HF_TOKEN, --api-key,
+# AWS_SECRET_ACCESS_KEY, --apikey, --pw. A credential word elsewhere names a setting about credentials or tokens
+# (--eos-token-id, --token-budget, num_key_value_heads, --api-key-file); a word that only ends like one is
+# another word (--hotkey, --monkey, --oauth). A false match only hides a value, or refuses a short one.
+SECRET_WORDS = frozenset((
+    "token", "key", "secret", "password", "passwd", "passphrase", "pass", "pw", "pwd", "credential", "credentials",
+    "auth", "authorization", "bearer", "apikey", "accesskey", "secretkey", "privatekey", "hftoken", "apitoken",
+    "accesstoken", "authtoken"))
+# A tokenizer's special tokens (pad_token: "<pad>") are vocabulary, not credentials.
+VOCABULARY_TOKENS = frozenset(("pad", "eos", "bos", "unk", "sep", "cls", "mask"))
 # Shorter values (a flag like 1, a device list like 0,1) are settings: hiding them would hide every such digit.
 MIN_HIDDEN = 4
 HIDDEN = "<hidden>"
+# Flags whose value is name:password (curl -u admin:PASSWORD); a numeric part after the colon is a group id.
+USER_FLAGS = ("-u", "--user", "-U", "--proxy-user")
+# The characters a credential inside a longer text runs to: not a space, quote, backslash or a delimiter of the
+# JSON or shell text around it.
+_CREDENTIAL = r"[^\s'\"\\,;()\[\]{}]+"
+# A URL's password: scheme://user:PASSWORD@host.
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'\"]*:([^\s/@'\"]+)@")
+# A header line (Authorization: Bearer X, X-Api-Key: X) and an authorization scheme's credential (Bearer X).
+_HEADER = re.compile(r"\s*([A-Za-z][A-Za-z0-9_-]*)\s*:\s*(\S.*?)\s*")
+_SCHEME = re.compile(r"(?:bearer|basic|token|digest)\s+(%s)" % _CREDENTIAL, re.IGNORECASE)
+# A shell's operators (; && | >) are words of their own, never a flag's value.
+_OPERATOR = re.compile(r"[;&|<>()]+")
 
 
 def secret_name(name):
-    """Whether a variable, flag or JSON key names a credential."""
-    return any(word.endswith(SECRET_WORDS) for word in re.split(r"[-_.\s]+", str(name).lower()) if word)
+    """Whether a variable, flag, header or JSON key names a credential: its last word is a credential word."""
+    words = [word for word in re.split(r"[-_.\s]+", str(name).lower()) if word]
+    if not words or words[-1] not in SECRET_WORDS:
+        return False
+    return not (words[-1] == "token" and len(words) > 1 and words[-2] in VOCABULARY_TOKENS)
+
+
+def _credential_of(value):
+    """A secret value and, when it is an authorization (Bearer X, Basic X), its credential X on its own."""
+    found = [value]
+    scheme = _SCHEME.fullmatch(value.strip())
+    if scheme:
+        found.append(scheme.group(1))
+    return found
+
+
+def _embedded_secrets(text):
+    """The secrets a text carries whatever flag or key it is given under: a URL's password (its raw and decoded
+    forms) and a secret header's value (Authorization: Bearer X gives X)."""
+    found = []
+    for password in _URL_PASSWORD.findall(text):
+        found.extend(set((password, unquote(password))))
+    header = _HEADER.fullmatch(text)
+    if header and secret_name(header.group(1)):
+        found.extend(_credential_of(header.group(2)))
+    return found
 
 
 def _json_secrets(text):
-    """The values of the secret-named keys of a JSON object given as an argument (--config '{"api_key": …}')."""
+    """The values of the secret-named keys of a JSON object given as an argument (--config '{"api_key": …}'),
+    each item of a list under such a key, and what any of its strings carries (_embedded_secrets)."""
     try:
         data = json.loads(text)
     except ValueError:
         return []
-    found, todo = [], [data]
+    found, todo = [], [(data, False)]
     while todo:
-        item = todo.pop()
+        item, secret = todo.pop()
         if isinstance(item, dict):
-            for key, value in item.items():
-                if secret_name(key) and isinstance(value, (str, int)) and not isinstance(value, bool):
-                    found.append(str(value))
-                else:
-                    todo.append(value)
+            todo.extend((value, secret_name(key)) for key, value in item.items())
         elif isinstance(item, list):
-            todo.extend(item)
+            todo.extend((value, secret) for value in item)
+        elif isinstance(item, (str, int)) and not isinstance(item, bool):
+            if secret:
+                found.extend(_credential_of(str(item)))
+            if isinstance(item, str):
+                found.extend(_embedded_secrets(item))
     return found
 
 
@@ -55,10 +100,26 @@ def _shell_words(line):
         return line.split()
 
 
+def _flag_value(flag, word):
+    """The secret in word given after flag, if any: the value of a secret flag (not a next flag or a shell
+    operator: --disable-auth --tp 8), the password of a user flag's name:password."""
+    if not flag.startswith("-") or "=" in flag or word.startswith("-") or _OPERATOR.fullmatch(word):
+        return []
+    if flag in USER_FLAGS:
+        return _user_password(word)
+    return _credential_of(word) if secret_name(flag) else []
+
+
+def _user_password(value):
+    password = value.split(":", 1)[1] if ":" in value else ""
+    return [password] if password and not password.isdigit() else []
+
+
 def command_secrets(command):
     """The values of the command's secret flags (--api-key X, --api-key=X, HF_TOKEN=X), in the arguments, in the
-    words of any argument that is itself a command line (bash -c '… --api-key X; …'), however nested, and in
-    any argument that is a JSON object."""
+    words of any argument that is itself a command line (bash -c '… --api-key X; …'), however nested, in any
+    argument that is a JSON object (also after --flag=), and what any word carries: a URL's password, a secret
+    header's credential, curl -u's password."""
     sequences = [[str(argument) for argument in command or []]]
     lines = list(sequences[0])
     while lines:
@@ -70,12 +131,16 @@ def command_secrets(command):
     found = []
     for words in sequences:
         for before, word in zip([""] + words, words):
-            name = word.split("=", 1)[0]
-            if "=" in word and not any(space in name for space in " \t\n") and secret_name(name):
-                found.append(word.split("=", 1)[1])
-            elif before.startswith("-") and "=" not in before and secret_name(before):
-                found.append(word)
+            name, _, value = word.partition("=")
+            if value and not any(space in name for space in " \t\n"):
+                if secret_name(name):
+                    found.extend(_credential_of(value))
+                elif name in USER_FLAGS:
+                    found.extend(_user_password(value))
+                found.extend(_json_secrets(value))
+            found.extend(_flag_value(before, word))
             found.extend(_json_secrets(word))
+            found.extend(_embedded_secrets(word))
     return found
 
 
@@ -88,10 +153,11 @@ def quoted_forms(value):
 
 
 def secret_values(env, command=None):
-    """What no message may show, longest first: every engine_env value of MIN_HIDDEN characters or more, and the
-    value of every secret flag of the command (--api-key X), each in the forms a message quotes it in. The
-    command's other arguments are settings (--tp 8) and stay readable. A secret-named variable or flag whose
-    value is shorter than MIN_HIDDEN cannot be kept out of a message: StageError, naming it."""
+    """What no message may show, longest first: every engine_env value of MIN_HIDDEN characters or more and the
+    password or credential it carries (a URL's, a header's), and the value of every secret flag of the command
+    (--api-key X, command_secrets), each in the forms a message quotes it in. The command's other arguments are
+    settings (--tp 8) and stay readable. A secret shorter than MIN_HIDDEN cannot be kept out of a message:
+    StageError, naming the variable or engine_command."""
     values = []
     for name, value in sorted((env or {}).items()):
         value = str(value)
@@ -101,10 +167,15 @@ def secret_values(env, command=None):
                                  "set the real value" % (name, len(value)))
             continue
         values.append(value)
+        for embedded in _embedded_secrets(value):
+            if len(embedded) < MIN_HIDDEN:
+                raise StageError("engine_env %s: a password or credential of %d characters in its value cannot "
+                                 "be kept out of messages; set the real value" % (name, len(embedded)))
+            values.append(embedded)
     for value in command_secrets(command):
         if 0 < len(value) < MIN_HIDDEN:
-            raise StageError("engine_command: a secret flag's value of %d characters cannot be kept out of "
-                             "messages; set the real value" % len(value))
+            raise StageError("engine_command: a secret value of %d characters (a secret flag's, a header's or a "
+                             "URL's password) cannot be kept out of messages; set the real value" % len(value))
         values.append(value)
     forms = set()
     for value in values:

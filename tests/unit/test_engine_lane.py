@@ -14,6 +14,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes, local_sources,
                                                  missing_paths, parse_proc_net_tcp, port_holders, read_manifest)
+from ansible.module_utils import dgx_secrets as lane_secrets
 from pluginfile import load_filter
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -611,6 +612,42 @@ def test_secret_values_are_engine_envs_values_and_the_commands_secret_flags_in_e
 def test_a_secret_is_hidden_whatever_shell_operator_json_or_url_form_carries_it(env, command, message, secret):
     shown = lane.dgx_redact(message, lane.dgx_secret_values(env, command))
     assert secret in message and secret not in shown and "<hidden>" in shown, shown
+
+
+@pytest.mark.parametrize("name", ["--api-key", "--hf-token", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY",
+                                  "--apikey", "--pass", "--pw", "--ssl-keyfile-password", "Authorization", "api_key"])
+def test_a_name_whose_last_word_is_a_credential_word_is_secret(name):
+    assert lane_secrets.secret_name(name)
+
+
+@pytest.mark.parametrize("command", [
+    ["serve", "--eos-token-id", "2"], ["serve", "--pad-token-id", "0"], ["serve", "--token-budget", "64"],
+    ["serve", "--monkey", "1"], ["serve", "--hotkey", "a"], ["serve", "--oauth", "1"],
+    ["serve", "--hf-overrides", '{"num_key_value_heads": 8}'],
+    ["serve", "--override-generation-config", '{"bos_token_id": 0}'],
+    ["serve", "--override-tokenizer-config", '{"bos_token": "<s>"}'],
+    ["serve", "--disable-auth", "--tp", "8"], ["sh", "-c", "serve --no-auth && true"],
+    ["docker", "run", "-u", "1000:1000", "img"],
+])
+def test_settings_named_after_tokens_or_keys_are_neither_refused_nor_hidden(command):
+    assert lane.dgx_secret_values({}, command) == []
+
+
+@pytest.mark.parametrize("env, command, message", [
+    ({}, ["serve", "--config", '{"api_key": ["sk-live-1111"]}'], "keys=['sk-live-1111']"),
+    ({}, ["serve", '--hf-overrides={"api_key": "sk-live-2222"}'], "api_key='sk-live-2222'"),
+    ({}, ["serve", "--headers", '{"Authorization": "Bearer sk-live-3333"}'], "bad token sk-live-3333"),
+    ({}, ["serve", "--header", "Authorization: Bearer sk-live-4444"], "bad token sk-live-4444"),
+    ({}, ["bash", "-c", "curl -H 'Authorization: Basic dXNlcjpwYXNz' http://x"], "creds dXNlcjpwYXNz"),
+    ({}, ["bash", "-c", "curl -u admin:sk-live-5555 http://x"], "user admin:sk-live-5555"),
+    ({}, ["serve", "--remote", "https://user:sk-live-6666@host/x"], "password sk-live-6666 refused"),
+    ({"PROXY": "http://me:sk-live-7777@proxy:3128"}, [], "login sk-live-7777 failed"),
+    ({}, ["serve", "--pass", "sk-live-8888"], "pass=sk-live-8888"),
+    ({}, ["serve", "--pw", "sk-live-9999"], "pw=sk-live-9999"),
+])
+def test_a_secret_in_a_json_list_a_header_a_user_flag_or_a_url_is_hidden(env, command, message):
+    shown = lane.dgx_redact(message, lane.dgx_secret_values(env, command))
+    assert "sk-live-" not in shown and "dXNlcjpwYXNz" not in shown and "<hidden>" in shown, shown
 
 
 def test_overlapping_secrets_leave_no_piece_of_either():

@@ -95,8 +95,7 @@ def test_inline_extra_vars_reach_ansible_in_private_files_and_are_recorded_by_na
     for path, expected in zip(files[:2], [{"engine_env": {"HF_TOKEN": secret}},
                                           {"stage_verify": "full", "token": secret}]):
         assert oct(os.stat(path[1:]).st_mode & 0o777) == "0o600"
-        with open(path[1:]) as handle:
-            assert json.load(handle) == expected
+        assert extravars.variables_of(path) == expected
     assert secret not in run.runner_cmdline("serve", None, files, True, 2)
     # Every spelling argparse reads as -e is recorded the same way: stacked, attached, with `=`.
     for given in (["-e", values[0]], ["--extra-vars", values[0]], ["--extra-vars=" + values[0]], ["-e" + values[0]],
@@ -216,6 +215,25 @@ def test_extra_vars_that_do_not_parse_exit_64_naming_them(inventory, tmp_path, c
     assert not (tmp_path / "runs").exists()
     good = ['{"a": "b c", "q": "it\'s"}', 'a=1 b="x y"', ' {key=value for Ansible']
     assert extravars.resolve(good) == good
+
+
+def test_inline_extra_vars_reach_ansible_as_they_were_given_and_untrusted_so_never_templated(tmp_path):
+    """Ansible trusts an @file's strings as templates, an inline -e's not: a {{ in a value written to the run's
+    file would be templated and pieces of a token shown in the error."""
+    from ansible._internal._datatag._tags import TrustedAsTemplate
+    from ansible.template import Templar
+    given = {"engine_env": {"HF_TOKEN": "hf_{{ planted }}", "N": "123", "E": "", "B": "true", "M": "<<",
+                            "U": "\xe9\U0001f600\u2028\x00\t\n  x "},
+             "engine_command": ["serve", "{% raw %}", 8, 2.5, None, True], "1": "a"}
+    path = extravars.as_files([json.dumps(given)], str(tmp_path / "private"))[0][1:]
+    # As ansible.utils.vars.load_extra_vars reads an @file.
+    loader = extravars._loader()
+    data = loader.load_from_file(path, trusted_as_template=True)
+    assert data == given
+    # "123", "true", "" and "<<" go untagged (!unsafe would read them as other types) and hold no {.
+    strings = [data["1"], data["engine_command"][1], data["engine_env"]["HF_TOKEN"], data["engine_env"]["U"]]
+    assert not any(TrustedAsTemplate.is_tagged_on(value) for value in strings)
+    assert Templar(loader=loader, variables={"planted": "x"}).template(data) == given
 
 
 def test_an_inline_extra_var_json_cannot_carry_exits_64_naming_it_not_its_value(inventory, tmp_path, capsys):

@@ -141,7 +141,9 @@ def test_two_runs_of_a_two_host_lane_leave_two_history_files_per_host_and_a_corr
     assert run_id2 != run_id and second["rank1.json"]["run_id"] == run_id2
     for host in hosts:
         latest = second[host + ".json"]
-        assert latest == dict(second["%s-%s.json" % (host, run_id2)], last_real_run=latest["last_real_run"])
+        # The latest view adds what outlives a run: the last real run and the NAS findings kept across runs.
+        assert latest == dict(second["%s-%s.json" % (host, run_id2)], last_real_run=latest["last_real_run"],
+                              nas_suspects={})
         assert latest["last_real_run"]["run_id"] == run_id2 and latest["status"] == "ok"
         assert latest["bytes_from_nas"] == 0 and latest["stage_started"] > first[host + ".json"]["stage_started"]
         assert second["%s-%s.json" % (host, run_id)] == first["%s-%s.json" % (host, run_id)]   # history kept

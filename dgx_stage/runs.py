@@ -61,9 +61,10 @@ def write_record(run_dir, record):
 
 def front_end_alive(record):
     """Whether a run's front end still runs: its record says running and names a live pid."""
-    pid = record.get("pid") if isinstance(record, dict) else None
-    return (record.get("status") == "running" and isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
-            and process_alive(pid)) if isinstance(record, dict) else False
+    if not isinstance(record, dict) or record.get("status") != "running":
+        return False
+    pid = record.get("pid")
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and process_alive(pid)
 
 
 def sweep_extra_vars(runs_dir):

@@ -31,7 +31,7 @@ import re
 from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_hashing import hash_as_named
 from ansible.module_utils.dgx_hubcache import resolve_snapshot_link
-from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, repo_document, suspects_in
+from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, is_snapshot_path, repo_document, suspects_in
 from ansible.module_utils.dgx_report import NAS_FINDING_PASSES
 
 def nas_identity(path):
@@ -162,9 +162,8 @@ def _text(value, where):
 
 
 def _snapshot_paths(value, where):
-    """A list of snapshot paths: relative, with no empty, '.' or '..' part (joined to the NAS snapshot)."""
-    _need(isinstance(value, list) and all(isinstance(p, str) and "\0" not in p and not set(p.split("/")) &
-                                          {"", ".", ".."} for p in value), where, "a list of snapshot paths")
+    """A list of snapshot paths (dgx_progress_file.is_snapshot_path: they are joined to the NAS snapshot)."""
+    _need(isinstance(value, list) and all(is_snapshot_path(p) for p in value), where, "a list of snapshot paths")
     return value
 
 

@@ -123,7 +123,7 @@ def _suspect_problem(blob, entry):
     if not isinstance(entry, dict):
         return "is not a mapping"
     paths = entry.get("paths")
-    if not isinstance(paths, list) or not paths or not all(_is_snapshot_path(p) for p in paths):
+    if not isinstance(paths, list) or not paths or not all(is_snapshot_path(p) for p in paths):
         return "has paths %r, not a list of relative snapshot paths" % (paths,)
     for key in ("nas_source", "found_at", "why"):
         if not isinstance(entry.get(key), (str, type(None))):
@@ -135,9 +135,9 @@ def _suspect_problem(blob, entry):
     return None
 
 
-def _is_snapshot_path(path):
-    """A path inside a snapshot: relative, each part a name (no empty part, no . or ..)."""
-    return isinstance(path, str) and not path.startswith("/") and all(
+def is_snapshot_path(path):
+    """A path inside a snapshot: relative, each part a name (no empty part, no . or .., no NUL)."""
+    return isinstance(path, str) and "\0" not in path and not path.startswith("/") and all(
         part not in ("", ".", "..") for part in path.split("/"))
 
 

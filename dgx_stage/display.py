@@ -4,6 +4,11 @@ import io
 import os
 import sys
 
+from dgx_stage import use_module_utils
+
+use_module_utils()
+from ansible.module_utils.dgx_progress import human_eta, human_rate  # noqa: E402
+
 
 def progress_description(host, progress):
     """'host pass repo' of a bar, and whom it waits for while another run holds the repo."""
@@ -15,19 +20,9 @@ def progress_description(host, progress):
     return " ".join(p for p in parts if p)
 
 
-def format_eta(seconds):
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-    if seconds >= 60:
-        return "%dm%02ds" % (seconds // 60, seconds % 60)
-    return "%ds" % seconds
-
-
-def format_rate(mib_per_s):
-    return "-" if mib_per_s is None else "%.0f MiB/s" % float(mib_per_s)
+def _or_dash(shown, value):
+    """A bar's rate or ETA field: "-" until the poll has a figure (dgx_progress words it)."""
+    return "-" if value is None else shown(value)
 
 
 class PlainDisplay(object):
@@ -98,8 +93,8 @@ class RichDisplay(object):
 
     def progress(self, host, entry):
         prog = entry.get("progress") or {}
-        fields = {"description": progress_description(host, prog), "rate": format_rate(prog.get("mib_per_s")),
-                  "eta": "done" if entry.get("finished") else format_eta(prog.get("eta_s"))}
+        fields = {"description": progress_description(host, prog), "rate": _or_dash(human_rate, prog.get("mib_per_s")),
+                  "eta": "done" if entry.get("finished") else _or_dash(human_eta, prog.get("eta_s"))}
         total = prog.get("bytes_total") or None
         done = prog.get("bytes_done") or 0
         if host not in self.tasks:

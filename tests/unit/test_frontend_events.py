@@ -5,7 +5,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
-from dgx_stage.display import PlainDisplay, RichDisplay, format_eta  # noqa: E402
+from dgx_stage.display import PlainDisplay, RichDisplay  # noqa: E402
 from dgx_stage.events import RunState, result_message  # noqa: E402
 
 REPO_ID = "deepseek-ai/X"
@@ -164,10 +164,6 @@ def test_rich_display_keeps_one_bar_per_host_with_bytes_rate_and_eta():
         assert sorted(tasks) == ["dgx1 stage %s" % REPO_ID, "dgx2 stage %s" % REPO_ID]
         bar = tasks["dgx1 stage %s" % REPO_ID]
         assert (bar.completed, bar.total, bar.fields["rate"], bar.fields["eta"]) == (500, 1000, "812 MiB/s", "6m12s")
-
-
-def test_format_eta():
-    assert [format_eta(s) for s in (None, 5, 372, 7322)] == ["-", "5s", "6m12s", "2h02m"]
 
 
 def test_plain_display_outlives_a_reader_that_went_away():

@@ -160,7 +160,8 @@ molecule: setup system-packages image ## Molecule scenarios side by side (Podman
 # before it failed, and the failed ones are named at the end.
 molecule-scenario:
 	@[ -n "$(SCENARIO)" ] || { echo "make molecule-scenario: set SCENARIO=name[,name...] (molecule/*/), or run make molecule"; exit 2; }
-	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); failed=; \
+	roots=$$($(VENV)/bin/python -c 'import dgx_stage; dgx_stage.use_module_utils(); \
+	from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS; print(",".join(RECEIPT_ROOTS))'); failed=; \
 	for scenario in $(subst $(COMMA), ,$(SCENARIO)); do \
 	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml test -s $$scenario \
 	|| failed="$$failed $$scenario"; done; \

@@ -98,7 +98,7 @@ demo-4x: setup ## four local hosts stage the engram layout: rank templates, 2 NA
 	$(VENV)/bin/python scripts/demo.py --4x
 
 # Nothing the tests start may outlive them. Every step of `make test` gets a run id in its environment, which each
-# process the tests start inherits whatever session it moves to: at the end, tools/leftovers.py names every process
+# process the tests start inherits whatever session it moves to: at the end, tests/leftovers.py names every process
 # still carrying it (a dockerd too), and every mount and container not in the snapshot taken before the first
 # step, and fails the run.
 LEFTOVERS := $(CACHE)/leftovers.json
@@ -107,10 +107,10 @@ test: export DGX_STAGE_TEST_RUN := $(shell od -An -N8 -tx1 /dev/urandom | tr -d 
 test: leftovers-snapshot setup system-packages check integration molecule leftovers-check ## everything CI runs: lint beside unit, integration, Molecule; then fails if anything they started is left
 
 leftovers-snapshot:
-	@$(PYTHON) tools/leftovers.py snapshot $(LEFTOVERS)
+	@$(PYTHON) tests/leftovers.py snapshot $(LEFTOVERS)
 
 leftovers-check:
-	@$(PYTHON) tools/leftovers.py check $(LEFTOVERS)
+	@$(PYTHON) tests/leftovers.py check $(LEFTOVERS)
 
 lint: setup ## yamllint + ansible-lint (production profile, offline)
 	$(VENV)/bin/yamllint -s .

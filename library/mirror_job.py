@@ -265,7 +265,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_jobs import prepare_jobs_dir, prune_jobs_dir, remove_job
 from ansible.module_utils.dgx_lease import end_lease, renew_lease
 from ansible.module_utils.dgx_mirror_result import unfinished_report
-from ansible.module_utils.dgx_progress import poll
+from ansible.module_utils.dgx_job_poll import poll
 
 
 ARGUMENT_SPEC = dict(

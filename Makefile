@@ -98,7 +98,7 @@ demo-4x: setup ## four local hosts stage the engram layout: rank templates, 2 NA
 	$(VENV)/bin/python scripts/demo.py --4x
 
 # Nothing the tests start may outlive them. Every step of `make test` gets a run id in its environment, which each
-# process the tests start inherits whatever session it moves to: at the end, tools/leftovers.py names every process
+# process the tests start inherits whatever session it moves to: at the end, tests/leftovers.py names every process
 # still carrying it (a dockerd too), and every mount and container not in the snapshot taken before the first
 # step, and fails the run.
 LEFTOVERS := $(CACHE)/leftovers.json
@@ -107,10 +107,10 @@ test: export DGX_STAGE_TEST_RUN := $(shell od -An -N8 -tx1 /dev/urandom | tr -d 
 test: leftovers-snapshot setup system-packages check integration molecule leftovers-check ## everything CI runs: lint beside unit, integration, Molecule; then fails if anything they started is left
 
 leftovers-snapshot:
-	@$(PYTHON) tools/leftovers.py snapshot $(LEFTOVERS)
+	@$(PYTHON) tests/leftovers.py snapshot $(LEFTOVERS)
 
 leftovers-check:
-	@$(PYTHON) tools/leftovers.py check $(LEFTOVERS)
+	@$(PYTHON) tests/leftovers.py check $(LEFTOVERS)
 
 lint: setup ## yamllint + ansible-lint (production profile, offline)
 	$(VENV)/bin/yamllint -s .
@@ -160,7 +160,8 @@ molecule: setup system-packages image ## Molecule scenarios side by side (Podman
 # before it failed, and the failed ones are named at the end.
 molecule-scenario:
 	@[ -n "$(SCENARIO)" ] || { echo "make molecule-scenario: set SCENARIO=name[,name...] (molecule/*/), or run make molecule"; exit 2; }
-	roots=$$($(VENV)/bin/python tools/project.py receipt-roots); failed=; \
+	roots=$$($(VENV)/bin/python -c 'import dgx_stage; dgx_stage.use_module_utils(); \
+	from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS; print(",".join(RECEIPT_ROOTS))'); failed=; \
 	for scenario in $(subst $(COMMA), ,$(SCENARIO)); do \
 	$(MOLECULE_ENV) DGX_RECEIPT_ROOTS="$$roots" $(VENV)/bin/molecule --base-config molecule/base.yml test -s $$scenario \
 	|| failed="$$failed $$scenario"; done; \

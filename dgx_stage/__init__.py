@@ -1,5 +1,6 @@
 """dgx-stage: the operator front end of the dgx-stage playbooks (ansible-runner, rich)."""
 import os
+import sys
 
 __version__ = "0.13.0"
 
@@ -8,12 +9,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def use_module_utils():
-    """Make the repo's module_utils importable as `ansible.module_utils.dgx_*`, the names the modules use
-    (Ansible adds that folder for modules only)."""
+    """Make the project's module_utils importable as `ansible.module_utils.dgx_*`, the names the modules use
+    (Ansible adds that folder for modules only). The one place that does it: the front end, the tests, the
+    scripts and every controller plugin call it. Inside Ansible (a controller plugin) the folder its config gives
+    the modules comes first (ansible.cfg's module_utils, ANSIBLE_MODULE_UTILS): the plugins then import the very
+    code the modules run, whichever work tree this package was installed from."""
     import ansible.module_utils
-    path = os.path.join(REPO, "module_utils")
-    if path not in ansible.module_utils.__path__:
-        ansible.module_utils.__path__.append(path)
+    config = sys.modules.get("ansible.constants")
+    for path in list(getattr(config, "DEFAULT_MODULE_UTILS_PATH", None) or []) + [os.path.join(REPO, "module_utils")]:
+        if path not in ansible.module_utils.__path__:
+            ansible.module_utils.__path__.append(path)
 
 
 class UsageError(Exception):

@@ -91,25 +91,17 @@ def _files_on_disk(rows, check):
                    - (_number(_dict(row.get("files")).get("dangling")) or 0)) for row in rows)
 
 
-# The stage role's per-repo mirror tasks (roles/stage/tasks/mirror*.yml) are named so.
-MIRROR_TASK = "Mirror |"
-
-
-def _pass_complete(report, name):
-    """Whether pass `name`'s rows hold every repo it ran: not when its play failed in a mirror task and no row
-    says failed (the repo that failed returned none: its lock held by another run, an error before its figures)."""
-    play = _dict(_dict(report.get("plays")).get(name))
-    task = play.get("failed_task")
-    if play.get("status") != "failed" or not (isinstance(task, str) and task.startswith(MIRROR_TASK)):
-        return True
-    return any(row.get("status") == "failed" for row in _rows(report, name))
+def _pass_complete(rows):
+    """Whether a pass's rows hold every repo's figures: a repo whose run ended without them (its lock held by
+    another run, an error before its plan, a job killed) has a failed row without `files`."""
+    return all(isinstance(row.get("files"), dict) for row in rows)
 
 
 def _files_rows(report):
     """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's
     (verify, else stage); a preflight's plan is not on the disk."""
     ran = [name for name in ("verify", "stage") if _rows(report, name)]
-    complete = [name for name in ran if _pass_complete(report, name)]
+    complete = [name for name in ran if _pass_complete(_rows(report, name))]
     return (_rows(report, complete[0]) if complete else []), bool(ran) and not complete
 
 

@@ -578,8 +578,11 @@ duration_s:
 report:
   description:
     - This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
-      not described here are the module's own results of the same name.
-  returned: success; on failure when the run has a result
+      not described here are the module's own results of the same name. A run that ends without its figures
+      (bad input, the repo lock held past O(lock_timeout), interrupted) returns a row too - V(failed), with only
+      RV(report.repo_id), RV(report.repo_type), RV(report.revision), RV(report.status), RV(report.check_mode),
+      RV(report.verify) and RV(report.phase); a pass with a row lacking RV(report.files) did not finish.
+  returned: always
   type: dict
   contains:
     repo_id:
@@ -598,36 +601,47 @@ report:
       description: The run was in check mode.
       type: bool
     commit:
+      returned: when the run has a result
       description: RV(commit).
       type: str
     snapshot:
+      returned: when the run has a result
       description: RV(snapshot).
       type: str
     files:
+      returned: when the run has a result
       description: RV(files).
       type: dict
     blobs:
+      returned: when the run has a result
       description: RV(blobs).
       type: dict
     bytes_copied:
+      returned: when the run has a result
       description: RV(bytes_copied).
       type: int
     bytes_staged:
+      returned: when the run has a result
       description: RV(bytes_staged).
       type: int
     bytes_from_nas:
+      returned: when the run has a result
       description: RV(bytes_from_nas).
       type: int
     bytes_from_peers:
+      returned: when the run has a result
       description: RV(bytes_from_peers).
       type: int
     peer_rejected:
+      returned: when the run has a result
       description: How many O(peer_dir) candidates were rejected (RV(peer_rejected)).
       type: int
     bytes_read:
+      returned: when the run has a result
       description: RV(bytes_read).
       type: dict
     duration_s:
+      returned: when the run has a result
       description: RV(duration_s).
       type: float
     verify:
@@ -637,35 +651,43 @@ report:
       description: RV(phase).
       type: str
     changed:
+      returned: when the run has a result
       description: Whether the run changed the local hub (or, in check mode, would).
       type: bool
     repaired_paths:
+      returned: when the run has a result
       description: RV(repaired_paths).
       type: list
       elements: str
     repairs:
+      returned: when the run has a result
       description: RV(repairs).
       type: list
       elements: dict
     pruned:
+      returned: when the run has a result
       description: RV(pruned).
       type: list
       elements: str
     excluded_paths:
+      returned: when the run has a result
       description: RV(excluded_paths).
       type: list
       elements: str
     nas_corrupt:
+      returned: when the run has a result
       description: RV(nas_corrupt).
       type: list
       elements: str
     nas_corrupt_blobs:
+      returned: when the run has a result
       description:
         - RV(nas_corrupt_blobs); engine_manifest reads them from the host report on the controller, so a roll-back
           onto a wiped local hub still refuses them.
       type: list
       elements: dict
     unstaged_paths:
+      returned: when the run has a result
       description: RV(unstaged_paths).
       type: list
       elements: str
@@ -695,6 +717,7 @@ from ansible.module_utils.dgx_fsutil import printable_names
 from ansible.module_utils.dgx_lease import LeaseWatch
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorFailed, MirrorRequest
+from ansible.module_utils.dgx_mirror_result import unfinished_report
 from ansible.module_utils.dgx_workers import raise_interrupt_on_sigterm
 
 
@@ -728,6 +751,9 @@ def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     raise_interrupt_on_sigterm()
+    # The row of a run that ends without its figures: every repo asked for has one.
+    unfinished = unfinished_report(params["repo_id"], params["repo_type"], params["revision"], params["phase"],
+                                   params["verify"], module.check_mode)
     lease = None
     try:
         if params["lease_file"] and not module.check_mode:
@@ -753,12 +779,13 @@ def main():
             module.warn(warning)
         module.fail_json(**printable_names(dict(result, msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))))
     except (StageError, OSError) as exc:
-        module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)))
+        module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)),
+                         report=unfinished)
     except KeyboardInterrupt as exc:
         why = lease.message() if lease is not None and lease.fired else exc or "Ctrl-C"
         module.fail_json(msg="hf_hub_mirror %s: interrupted (%s): the copies in flight were stopped and their temp "
                              "files removed; no ref was written for an incomplete snapshot. Re-run to finish"
-                         % (params["repo_id"], why))
+                         % (params["repo_id"], why), report=unfinished)
     finally:
         if lease is not None:
             lease.stop()

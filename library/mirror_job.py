@@ -28,7 +28,9 @@ description:
     one) and returns RV(progress), RV(finished) and one human RV(line) with binary units, rate and ETA.
     Figures an earlier run left in the progress file are not shown as this job's.
   - O(mode=result), once the job ended - returns the job's own result (the hf_hub_mirror keys, documented
-    there, with its C(changed), C(failed) and C(msg) - a failed job fails this task with the mirror's message),
+    there, with its C(changed), C(failed) and C(msg) - a failed job fails this task with the mirror's message;
+    a job that ended without the mirror's result, killed or gone, gets hf_hub_mirror's failed C(report) row of a
+    run without figures),
     adds RV(progress), RV(finished) and RV(line), and removes the job's file (and its lease); a jobs dir under
     O(dest) is removed when that left it empty, and C(.locks) above it when empty too (a pass that wrote nothing
     else leaves the local hub as it found it).
@@ -262,7 +264,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_jobs import prepare_jobs_dir, prune_jobs_dir, remove_job
 from ansible.module_utils.dgx_lease import end_lease, renew_lease
-from ansible.module_utils.dgx_progress import poll
+from ansible.module_utils.dgx_mirror_result import unfinished_report
+from ansible.module_utils.dgx_job_poll import poll
 
 
 ARGUMENT_SPEC = dict(
@@ -310,6 +313,9 @@ def main():
                          % (params["jid"], params["repo_id"]), finished=False, progress=seen["progress"],
                          line=seen["line"])
     result = dict(seen["job"]["result"], finished=True, progress=seen["progress"], line=seen["line"])
+    if result.get("failed") and not isinstance(result.get("report"), dict):
+        result["report"] = unfinished_report(params["repo_id"], params["repo_type"], phase=params["phase"],
+                                             check_mode=module.check_mode)
     for key in ("ansible_job_id", "started", "results_file"):   # the wrapper's keys, not the mirror's
         result.pop(key, None)
     if not module.check_mode:

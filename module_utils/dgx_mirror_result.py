@@ -88,6 +88,16 @@ def with_report(result, req, check_mode=False, failed=False):
     return result
 
 
+def unfinished_report(repo_id, repo_type="model", revision=None, phase=None, verify=None, check_mode=False):
+    """The host-report row of a repo whose run ended without figures (bad input, the repo lock held past
+    lock_timeout, an interruption, a background job killed): status failed and no `files`, so a reader of the
+    rows alone knows the pass did not finish this repo."""
+    row = {"repo_id": repo_id, "repo_type": repo_type or "model", "status": "failed", "check_mode": bool(check_mode)}
+    row.update((key, value) for key, value in (("revision", revision), ("phase", phase), ("verify", verify))
+               if value is not None)
+    return row
+
+
 def summary_line(result, req, check_mode, failed):
     """One line for the operator: what the pass did (or would do: 'would copy N files, X GiB'), what it
     found already right, what it read on each side, how long it took."""

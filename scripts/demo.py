@@ -26,10 +26,13 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path[:0] = [REPO, os.path.join(REPO, "tools")]
 
 import hubgen  # noqa: E402  (the synthetic hub generator the tests use too)
-from project import receipt_roots  # noqa: E402
+from dgx_stage import use_module_utils  # noqa: E402
+
+use_module_utils()
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS  # noqa: E402
 
 DEMO_ROOT = os.path.join(REPO, ".cache", "demo")
 NAS_PARENT = os.path.join(DEMO_ROOT, "nas")
@@ -39,7 +42,7 @@ ANSIBLE_TMP = os.path.join(DEMO_ROOT, "ansible-tmp")
 RUNS_DIR = os.path.join(DEMO_ROOT, "runs")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
-STALE_RECEIPTS = receipt_roots()   # the engine's receipt roots, as the receipts play clears them
+STALE_RECEIPTS = list(RECEIPT_ROOTS)   # the engine's receipt roots, as the receipts play clears them
 
 # `make demo-4x`: the four-host lane (inventory/demo-4x) and its engram NAS hub.
 DEMO_4X_ROOT = os.path.join(REPO, ".cache", "demo-4x")

@@ -4,12 +4,12 @@ import os
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _path in (os.path.join(REPO_ROOT, "tools"), os.path.join(REPO_ROOT, "tests")):
+for _path in (os.path.join(REPO_ROOT, "tools"), os.path.join(REPO_ROOT, "tests"), REPO_ROOT):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
 import pytest  # noqa: E402
-from project import use_module_utils  # noqa: E402
+from dgx_stage import use_module_utils  # noqa: E402
 
 import processes  # noqa: E402
 

@@ -17,13 +17,15 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.dirname(os.path.dirname(HERE))
 NAS_ROOT = os.path.join(PROJECT, ".cache", "molecule", "nas")
-sys.path[:0] = [os.path.join(PROJECT, "tools"), os.path.join(PROJECT, "tests")]  # hubgen, the test oracles
+sys.path[:0] = [PROJECT, os.path.join(PROJECT, "tools"), os.path.join(PROJECT, "tests")]  # hubgen, test oracles
 
+from dgx_stage import use_module_utils  # noqa: E402
 from hubgen import repo_folder  # noqa: E402
-from project import receipt_roots  # noqa: E402
 from treestate import sha256_file  # noqa: E402
 
-RECEIPT_ROOTS = receipt_roots()   # the names the engine writes and the plays clear, from dgx_receipts
+use_module_utils()
+# The names the engine writes and the plays clear.
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS  # noqa: E402
 
 with open(os.path.join(HERE, "probe.py")) as _handle:
     PROBE_SOURCE = _handle.read()

@@ -42,24 +42,21 @@ def test_files_count_what_is_on_the_disk_not_what_a_plan_or_a_failed_pass_claime
     assert table.host_figures(check)["files_local"] == sum(r["files"]["local"] for r in passes["preflight"])
 
 
-def test_files_of_a_pass_a_repo_left_no_row_in_come_from_the_last_complete_pass_or_read_unknown():
-    # A verify whose main repo's lock was held by another run returns the drafter's row alone: FILES said 4/0
-    # with 17/5 on the disk.
+def test_files_of_a_pass_with_a_repo_left_without_figures_come_from_the_last_complete_pass_or_read_unknown():
+    # A verify whose main repo's lock was held by another run: that repo's row is failed, without figures; the
+    # drafter's row alone would say 4/0 with 17/5 on the disk.
     report = fixture("report-stage-ok.json")
     passes = report["passes"]
     drafter = [row for row in passes["verify"] if row["files"]["local"] == 4]
-    lock_held = dict(report["plays"]["verify"], status="failed",
-                     failed_task="Mirror | Each repo from the NAS hub to the local hub, pass verify")
-    failed = dict(report, status="failed", plays=dict(report["plays"], verify=lock_held),
-                  passes=dict(passes, verify=drafter))
+    lock_held = [{"repo_id": "org/main", "repo_type": "model", "status": "failed", "check_mode": False}] + drafter
+    failed = dict(report, status="failed", passes=dict(passes, verify=lock_held))
     assert table.host_row(failed)["files"] == "17/5"            # this run's stage pass
-    verify_only = dict(failed, passes={"verify": drafter})
+    verify_only = dict(failed, passes={"verify": lock_held})
     assert table.host_row(verify_only)["files"] == "?"
-    # A repo's row saying failed is its figures; a failure after the mirror task leaves every row standing.
+    # A repo's row saying failed with its figures counts; so does every row of a pass that failed later.
     unstaged = [dict(row, status="failed", unstaged_paths=["config.json"]) for row in passes["verify"][:1]]
     assert table.host_row(dict(verify_only, passes={"verify": unstaged + drafter}))["files"] == "16/5"
-    weights = dict(lock_held, failed_task="Verify | Check each snapshot's safetensors index against the shard headers")
-    assert table.host_row(dict(verify_only, plays={"verify": weights}))["files"] == "4/0"
+    assert table.host_row(dict(verify_only, passes={"verify": drafter}))["files"] == "4/0"
 
 
 def test_a_staged_hosts_row_has_the_reports_figures():

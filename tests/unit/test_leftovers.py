@@ -1,4 +1,4 @@
-"""tools/leftovers.py: the processes part on real processes; mounts and containers on recorded text (the check must
+"""tests/leftovers.py: the processes part on real processes; mounts and containers on recorded text (the check must
 not depend on what other runs on the machine mount or start meanwhile)."""
 import json
 import os
@@ -13,8 +13,7 @@ import pytest
 import leftovers
 import processes
 
-TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools",
-                    "leftovers.py")
+TOOL = leftovers.__file__
 
 MOUNTINFO = """\
 22 27 0:21 / /proc rw,relatime - proc proc rw

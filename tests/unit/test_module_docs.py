@@ -375,11 +375,30 @@ def test_hf_hub_mirror_verify_pass_with_a_repair_and_one_refused_for_files_not_s
     assert "not staged" in result["msg"] and result["unstaged_paths"] and os.listdir(empty) == []
 
 
-def test_hf_hub_mirror_failure_on_bad_input_has_msg_only(tmp_path):
+def test_hf_hub_mirror_failure_on_bad_input_has_msg_and_a_failed_row_without_figures(tmp_path):
     args = {"src": str(tmp_path / "no-nas"), "dest": str(tmp_path), "repo_id": MAIN}
     result = check_result("hf_hub_mirror", args, run_main("hf_hub_mirror", args), {HAS_RESULT: False},
                           expect_failure=True)
-    assert "is the NAS mounted" in result["msg"] and "report" not in result
+    assert "is the NAS mounted" in result["msg"]
+    assert result["report"] == {"repo_id": MAIN, "repo_type": "model", "revision": "main", "phase": "stage",
+                                "verify": "sample", "status": "failed", "check_mode": False}
+
+
+def test_hf_hub_mirror_lock_timeout_returns_a_failed_row_the_table_reads_as_an_incomplete_pass(staged, tmp_path):
+    from ansible.module_utils.dgx_localtree import LocalTree
+    from ansible.module_utils.dgx_repolock import RepoLock
+    from dgx_stage import table
+    args = dict(staged["args"], phase="verify", verify="none", lock_timeout=0)
+    with RepoLock(LocalTree(staged["local"]), ".locks/" + hubgen.repo_folder(MAIN), 0):
+        result = check_result("hf_hub_mirror", args, run_main("hf_hub_mirror", args), {HAS_RESULT: False},
+                              expect_failure=True)
+    assert "holds" in result["msg"] and result["report"]["status"] == "failed" and "files" not in result["report"]
+    # That row, beside a complete stage pass, leaves FILES to the stage pass; alone, FILES is unknown.
+    stage = staged["real"]["report"]
+    report = {"status": "failed", "passes": {"stage": [stage], "verify": [result["report"]]}}
+    assert table.host_figures(report)["files_local"] == stage["files"]["local"]
+    alone = table.host_figures(dict(report, passes={"verify": [result["report"]]}))
+    assert alone["files_local"] is None and alone["files_unknown"] is True
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Watching a background hf_hub_mirror job (module_utils/dgx_progress.py, dgx_jobs.py, dgx_lease.py,
+"""Watching a background hf_hub_mirror job (module_utils/dgx_job_poll.py, dgx_jobs.py, dgx_lease.py,
 library/mirror_job.py): the job file, the progress file in whatever state it is found, the figures of this job
 only, the human line, and the jobs dir (symlinks refused, only ended jobs' files removed)."""
 import json
@@ -10,9 +10,9 @@ import pytest
 
 import processes
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_jobs, dgx_lease, dgx_progress
+from ansible.module_utils import dgx_job_poll, dgx_jobs, dgx_lease
 from ansible.module_utils.dgx_jobs import ended_job_file, prepare_jobs_dir, read_job, read_json_file
-from ansible.module_utils.dgx_progress import human_eta, job_figures, pass_figures, poll, progress_line, shape_progress
+from ansible.module_utils.dgx_job_poll import human_eta, job_figures, pass_figures, poll, progress_line, shape_progress
 from test_module_docs import check_result, run_main
 
 MIB = 1024 * 1024
@@ -116,7 +116,7 @@ def test_figures_of_an_earlier_run_are_not_this_jobs():
 
 def test_progress_has_every_key_null_or_zero_before_the_first_figures():
     shaped = shape_progress(None, REPO, "verify")
-    assert sorted(shaped) == sorted(dgx_progress.PROGRESS_KEYS)
+    assert sorted(shaped) == sorted(dgx_job_poll.PROGRESS_KEYS)
     assert shaped["repo_id"] == REPO and shaped["pass"] == "verify"
     assert (shaped["bytes_done"], shaped["bytes_total"], shaped["files_done"], shaped["files_total"]) == (0, 0, 0, 0)
     assert shaped["updated_at"] is None and shaped["mib_per_s"] is None and shaped["eta_s"] is None
@@ -187,7 +187,7 @@ def test_a_poll_of_a_running_job_shows_its_figures_and_a_short_job_ends_within_t
 
 
 def test_a_job_waiting_for_another_runs_lock_says_whom_and_never_shows_that_runs_figures(tmp_path, monkeypatch):
-    monkeypatch.setattr(dgx_progress, "lease_process_gone", lambda path: False)    # the test's pid runs no mirror
+    monkeypatch.setattr(dgx_job_poll, "lease_process_gone", lambda path: False)    # the test's pid runs no mirror
     dest, jobs = tmp_path / "hub", tmp_path / "hub" / ".locks" / "jobs"
     now = time.time()
     write_job(jobs, "j1.2", RUNNING, mtime=now - 10)

@@ -54,12 +54,6 @@ def test_a_reserve_past_the_free_space_leaves_a_negative_room():
     assert (total["available"], total["fits"]) == (-2 * MIB, False)
 
 
-@pytest.mark.parametrize("size,text", [(0, "0.0 MiB"), (MIB + MIB // 2, "1.5 MiB"), (GIB - 1, "1024.0 MiB"),
-                                       (GIB, "1.00 GiB"), (300 * GIB + GIB // 4, "300.25 GiB")])
-def test_sizes_read_in_mib_below_a_gib_and_in_gib_from_there(size, text):
-    assert space.size_text(size) == text
-
-
 @pytest.mark.parametrize("results", [[], None, [{"item": {}}], [{"space": {"need": 1, "free": 2}}],
                                      [{"space": {"need": "x", "free": 2, "reserve": 0, "reclaimable": 0}}]])
 def test_results_without_their_space_figures_are_refused(results):

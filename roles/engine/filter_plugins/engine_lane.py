@@ -30,17 +30,13 @@ Labels never carry a secret: env and command are stored as digests.
 
 import hashlib
 import json
-import os
 import re
-
-import ansible.module_utils
 
 from ansible.errors import AnsibleFilterError
 
-# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
-_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../module_utils"))
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from dgx_stage import use_module_utils
+
+use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
 from ansible.module_utils.dgx_secrets import redacted, secret_values  # noqa: E402
 

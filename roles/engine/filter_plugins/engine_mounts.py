@@ -18,16 +18,12 @@ mount_path_problem is module_utils/dgx_mountspec.py's.
 """
 
 import hashlib
-import os
-
-import ansible.module_utils
 
 from ansible.errors import AnsibleFilterError
 
-# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
-_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../module_utils"))
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from dgx_stage import use_module_utils
+
+use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_mountspec import mount_path_problem  # noqa: E402
 
 

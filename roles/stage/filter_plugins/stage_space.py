@@ -13,13 +13,10 @@ repo's measure). available = free + reclaimable - reserve; the repos fit when ne
 
 from ansible.errors import AnsibleFilterError
 
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+from dgx_stage import use_module_utils
 
-
-def size_text(size):
-    """Binary units for the preflight message: GiB from 1 GiB up, else MiB."""
-    return "%.2f GiB" % (size / float(GIB)) if size >= GIB else "%.1f MiB" % (size / float(MIB))
+use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
+from ansible.module_utils.dgx_units import human_bytes  # noqa: E402
 
 
 def _whole(space, key):
@@ -44,7 +41,7 @@ def stage_space_total(results):
     free, reserve = _whole(spaces[0], "free"), _whole(spaces[0], "reserve")
     available = free + reclaimable - reserve
     return {"need": need, "reclaimable": reclaimable, "free": free, "reserve": reserve, "available": available,
-            "fits": need <= available, "need_text": size_text(need), "available_text": size_text(available)}
+            "fits": need <= available, "need_text": human_bytes(need), "available_text": human_bytes(available)}
 
 
 class FilterModule(object):

@@ -15,15 +15,12 @@ every rank shares are read from the NAS once per lane, and each later host reads
 there, taking the shared blobs from a host of an earlier wave (adopted only after a hash match).
 """
 
-import os
 
-import ansible.module_utils
 from ansible.errors import AnsibleFilterError
 
-# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
-_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../module_utils"))
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from dgx_stage import use_module_utils
+
+use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
 from ansible.module_utils.dgx_hubcache import repo_folder_name  # noqa: E402
 

@@ -6,9 +6,9 @@ carry no such mark: they are compared with a snapshot taken before the first ste
 directories in the system temp dir (an Ansible module's code, extracted for its run and removed at its end unless
 the process was killed: a test that kills one gives it a temp dir of its own).
 
-    python3 tools/leftovers.py snapshot FILE   at the start: the mounts (/proc/self/mountinfo) and the Podman and
+    python3 tests/leftovers.py snapshot FILE   at the start: the mounts (/proc/self/mountinfo) and the Podman and
                                                Docker containers there now (`ps -a` of each engine that answers)
-    python3 tools/leftovers.py check FILE      at the end: every process carrying the run's id (but this one and
+    python3 tests/leftovers.py check FILE      at the end: every process carrying the run's id (but this one and
                                                its ancestors), every mount, container and payload directory not
                                                in FILE
 

@@ -7,7 +7,7 @@ import sys
 from dgx_stage import use_module_utils
 
 use_module_utils()
-from ansible.module_utils.dgx_progress import human_eta, human_rate  # noqa: E402
+from ansible.module_utils.dgx_job_poll import human_eta, human_rate  # noqa: E402
 
 
 def progress_description(host, progress):
@@ -21,7 +21,7 @@ def progress_description(host, progress):
 
 
 def _or_dash(shown, value):
-    """A bar's rate or ETA field: "-" until the poll has a figure (dgx_progress words it)."""
+    """A bar's rate or ETA field: "-" until the poll has a figure (dgx_job_poll words it)."""
     return "-" if value is None else shown(value)
 
 

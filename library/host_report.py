@@ -114,7 +114,7 @@ options:
     default: {}
   weights:
     description:
-      - Per repo, the safetensors_check row of this run's verify play (C(stage_weights)).
+      - Per repo, the safetensors_check row of this run's verify play (C(stage_header_checks)).
     type: list
     elements: dict
     default: []

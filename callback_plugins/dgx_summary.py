@@ -58,15 +58,13 @@ import signal
 import sys
 import time
 
-import ansible.module_utils
 from ansible import constants as C
 from ansible import context
 from ansible.plugins.callback import CallbackBase
 
-# Ansible puts the project's module_utils/ on the import path of modules only: a controller plugin adds it itself.
-_MODULE_UTILS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../module_utils"))
-if _MODULE_UTILS not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MODULE_UTILS)
+from dgx_stage import use_module_utils
+
+use_module_utils()
 from ansible.module_utils.dgx_report import PASSES, PLAYS  # noqa: E402
 from ansible.module_utils.dgx_units import human_bytes  # noqa: E402
 
@@ -761,6 +759,8 @@ class CallbackModule(CallbackBase):
             host["engine_runs"] = _truthy(facts["lane_engine_runs"])
         if facts.get("lane_run_id"):
             self.state["run_id"] = str(facts["lane_run_id"])
+        if facts.get("lane_report_dir"):   # where the dgx_report callback writes the host's reports
+            host["report_dir"] = self.state["report_dir"] = str(facts["lane_report_dir"])
         if isinstance(facts.get("stage_window"), dict):   # the stage role's: when this host's wave ran
             host["stage_window"] = dict(facts["stage_window"])
         if PEER_COPY_FAILED in _task_name(result.task) and data.get("msg"):
@@ -782,14 +782,6 @@ class CallbackModule(CallbackBase):
         if action.endswith(STATUS_ACTION) and isinstance(data.get("lines"), list):
             host["status_lines"] = [str(text) for text in data["lines"]]
             self.state["status"] = True
-        if action.endswith("host_report") and "results" not in data:
-            # The report is of the host it names: the end of the run writes every lane host's from one host.
-            args = (data.get("invocation") or {}).get("module_args") or {}
-            about = self._host(str(args["host"])) if args.get("host") else host
-            if data.get("latest_path"):
-                about["report_path"] = self._rel(str(data["latest_path"]), os.getcwd())
-            if args.get("dir"):
-                about["report_dir"] = str(args["dir"])
 
     def _fail(self, result, ignore_errors=False):
         if ignore_errors:
@@ -853,32 +845,18 @@ class CallbackModule(CallbackBase):
         self._ended(result, unreachable=True)
 
     def _report_files(self):
-        """For a failed host with no report from this run: its report under the directory it was given
-        (host_report's dir) or its stage_report_dir, and whether an earlier run left it there."""
+        """For a failed host: its latest report when this run wrote one (report_path), else the one an earlier
+        run left in its report dir (report_file, report_seen); a host without the lane facts has the lane's dir."""
+        run_id = self.state.get("run_id")
         for name, info in self.state["hosts"].items():
-            if not info.get("failed") or info.get("report_path"):
+            directory = info.get("report_dir") or self.state.get("report_dir")
+            if not info.get("failed") or not directory:
                 continue
-            directory = info.get("report_dir") or self._host_var(name, "stage_report_dir")
-            if directory:
-                path = os.path.join(os.path.expanduser(str(directory)), "%s.json" % name)
-                info["report_file"] = self._rel(os.path.abspath(path), os.getcwd())
-                info["report_seen"] = os.path.isfile(path)
-
-    def _host_var(self, name, var):
-        """A host's variable as the plays see it (inventory, group_vars), templated; None if unknown."""
-        try:
-            from ansible.template import Templar
-            manager = self._play.get_variable_manager()
-            host = manager._inventory.get_host(name)
-            if host is None:
-                return None
-            variables = manager.get_vars(play=self._play, host=host)
-            if var not in variables:
-                return None
-            value = Templar(loader=manager._loader, variables=variables).template(variables[var])
-            return str(value) if value not in (None, "") else None
-        except Exception:   # an undefined or broken value: no directory rather than a wrong one
-            return None
+            latest = os.path.join(directory, "%s.json" % name)
+            if run_id and os.path.isfile(os.path.join(directory, "%s-%s.json" % (name, run_id))):
+                info["report_path"] = self._rel(latest, os.getcwd())
+            else:
+                info["report_file"], info["report_seen"] = self._rel(latest, os.getcwd()), os.path.isfile(latest)
 
     def _print(self):
         self._printed = True

@@ -3,8 +3,8 @@
 The events are ansible-runner's (`event`, `event_data` with `host`, `play`, `task`, `task_action`, `res`,
 `stdout`, `pid`). The front end reads:
 - the polls of `mirror_job` tasks (each retry and the final result carry `progress` and `line`);
-- the results of `host_report` (this run's `report` per host and `history_path`), `engine_receipts`
-  (`removed`) and `stage_status` (`lines`);
+- the lane facts that name where the dgx_report callback writes the host reports (`lane_report_dir`, run.py
+  reads this run's reports there), and the results of `engine_receipts` (`removed`) and `stage_status` (`lines`);
 - failures and unreachable hosts (play, task, message), and the final stats.
 """
 
@@ -53,7 +53,8 @@ class RunState(object):
         self.progress = {}           # host -> {"progress": {...}, "line": str, "finished": bool}
         self.failures = {}           # host -> {"host", "play", "task", "msg"}, the last one seen
         self.unreachable = {}        # host -> {"host", "play", "task", "msg"}
-        self.reports = {}            # host -> this run's report (the last host_report result)
+        self.report_dirs = []        # where the dgx_report callback writes the host reports (lane_report_dir)
+        self.reports = {}            # host -> this run's report, as read from its file
         self.history_paths = {}      # host -> <report dir>/<host>-<run_id>.json
         self.receipts_removed = {}   # host -> [paths]
         self.status_lines = {}       # host -> [lines] of stage_status
@@ -107,11 +108,10 @@ class RunState(object):
 
     def _result(self, action, host, res):
         for item in _results(res):
-            if action_is(action, "host_report") and isinstance(item.get("report"), dict):
-                report = item["report"]
-                self.reports[report.get("host") or host] = report
-                self.history_paths[report.get("host") or host] = item.get("history_path")
-            elif action_is(action, "engine_receipts") and host and isinstance(item.get("removed"), list):
+            facts = item.get("ansible_facts") if isinstance(item.get("ansible_facts"), dict) else {}
+            if facts.get("lane_report_dir") and facts["lane_report_dir"] not in self.report_dirs:
+                self.report_dirs.append(str(facts["lane_report_dir"]))
+            if action_is(action, "engine_receipts") and host and isinstance(item.get("removed"), list):
                 self.receipts_removed.setdefault(host, [])
                 self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]
             elif action_is(action, "stage_status") and host and isinstance(item.get("lines"), list):

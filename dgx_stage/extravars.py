@@ -252,7 +252,7 @@ def _names_set(node, found):
                 found.update(name for name in value if name != "cacheable")
             elif key in ROLE_CALLS:
                 found.update((node.get("vars") or {}).keys())
-            elif key == "vars" and "hosts" in node and isinstance(value, dict):
+            elif key == "vars" and ("hosts" in node or "block" in node) and isinstance(value, dict):
                 found.update(value)
             _names_set(value, found)
 

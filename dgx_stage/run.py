@@ -165,6 +165,12 @@ class PlaybookRun(object):
         })
         runs.write_record(self.run_dir, self.record)
 
+    def _read_reports(self):
+        """This run's host reports, from the files the dgx_report callback wrote (the run's id is ours)."""
+        reports, paths = runs.run_reports(self.state.report_dirs, self.ident)
+        self.state.reports.update(reports)
+        self.state.history_paths.update(paths)
+
     def _report_paths(self):
         return dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p)
 
@@ -254,6 +260,8 @@ class PlaybookRun(object):
                     if "_status" in event:
                         continue
                     updates = self.state.handle(event)
+                    if event.get("event") in ("playbook_on_play_start", "playbook_on_stats"):
+                        self._read_reports()   # the callback writes the reports as each play ends
                     if self._report_paths() != self.record["reports"]:
                         self._write_record()   # a killed front end's run.json still leads `report` to them
                     # A play is named once it shows something: progress, a change, a failure (the plays
@@ -275,6 +283,7 @@ class PlaybookRun(object):
                 thread.join(timeout=120)
             if thread is None or not thread.is_alive():
                 with contextlib.suppress(OSError):   # the front end's own error is the one to report
+                    self._read_reports()
                     self._settle_reports(self.state.failed_hosts())
             self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=runs.utc_now(),
                                error="dgx-stage failed: %s: %s" % (type(exc).__name__, exc))
@@ -293,6 +302,7 @@ class PlaybookRun(object):
     # -- the end ----------------------------------------------------------------------------------------
     def _finish(self, runner, display, console):
         state = self.state
+        self._read_reports()
         failures = state.failed_hosts()
         if self.interrupts:
             code, status = EXIT_INTERRUPTED, "interrupted"

@@ -209,3 +209,15 @@ def history_files(report_dir):
         if match:
             out.setdefault(match.group("run_id"), {})[match.group("host")] = os.path.join(report_dir, name)
     return out
+
+
+def run_reports(report_dirs, run_id):
+    """({host: report}, {host: path}) of the history files of run_id in the report dirs (what the dgx_report
+    callback wrote for this run; an unreadable file is left out)."""
+    reports, paths = {}, {}
+    for directory in report_dirs:
+        for host, path in history_files(directory).get(run_id, {}).items():
+            report, _warning = dgx_report.read_report(path)
+            if report is not None:
+                reports[host], paths[host] = report, path
+    return reports, paths

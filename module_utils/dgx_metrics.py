@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """The node_exporter textfile of a host (`<stage_metrics_dir>/dgx_stage.prom`), module stage_metrics.
 
-Rendered from the host's latest report view (host_report's `latest`: this run's status over the last real
+Rendered from the host's latest report view (dgx_report's latest view: this run's status over the last real
 results of every play) and the previous textfile (whose last success and last verify timestamps are kept
 when this run did not renew them). Every metric is a gauge in base units (bytes, seconds since the epoch),
 snake_case, prefixed dgx_stage_; label values are escaped as the text format wants (\\ " and newline).

@@ -1,9 +1,10 @@
 """The host report (DESIGN "Host reports"): one run's view of a host, and its latest complete view.
 
-Each play of stage-deepseek.yml ends by calling host_report on the controller with the run's identity
-(run_id and start time, made once per run in playbooks/select-lane.yml), the play that just ended (its
-name, start, and whether it failed with which task) and the host's results so far in this run (the
-stage role's per-pass mirror rows and weights, the engine role's results). Two files are written:
+The dgx_report callback (callback_plugins/dgx_report.py) calls update_reports at the end of each play of
+stage-deepseek.yml with the run's identity (run_id and start time, made once per run in
+playbooks/select-lane.yml), the play that ended (its name, start, and whether it failed with which task) and
+the host's results so far in this run (the stage role's per-pass mirror rows and weights, the engine role's
+results), and end_reports at the end of the run. Two files are written:
 
   <dir>/<host>-<run_id>.json  this run's view: only what this run did, play after play
   <dir>/<host>.json           the latest complete view: this run's identity and status over the last
@@ -24,9 +25,7 @@ engine_manifest reads it, so a roll-back onto a wiped local hub refuses such a b
 its name (it is hashed on every such roll-back).
 
 Timestamps are ISO 8601 UTC (2026-11-30T20:45:12Z). Everything here is plain data in, plain data out;
-update_reports() reads the existing files and writes both atomically. host_report's options are defined
-here (ARGUMENT_SPEC) and run by write_host_report(): library/host_report.py documents them, and the report
-role's action plugin runs them on the controller, in the process that runs the task.
+update_reports() reads the existing files and writes both atomically.
 """
 import json
 import os
@@ -44,34 +43,6 @@ NAS_FINDING_PASSES = ("stage", "verify")
 # The host's identity in the lane, recorded as given (select-lane.yml's facts and the hub roots).
 IDENTITY = ("lane", "rank", "world_size", "hub_nas_root", "hub_local_root")
 
-# host_report's options, documented in library/host_report.py.
-ARGUMENT_SPEC = dict(
-    dir=dict(type="path", required=True),
-    host=dict(type="str", required=True),
-    run_id=dict(type="str", required=True),
-    run_started=dict(type="str", required=True),
-    tags=dict(type="list", elements="str", default=[]),
-    skip_tags=dict(type="list", elements="str", default=[]),
-    check_run=dict(type="bool", default=False),
-    play=dict(type="str", choices=list(PLAYS)),
-    play_started=dict(type="str"),
-    play_finished=dict(type="str"),
-    run_end=dict(type="bool", default=False),
-    reached_end=dict(type="bool", default=True),
-    play_failed=dict(type="bool", default=False),
-    failed_task=dict(type="str", default=""),
-    failed_result=dict(type="dict", default={}),
-    passes=dict(type="dict", default={}),
-    weights=dict(type="list", elements="dict", default=[]),
-    engine=dict(type="dict", default={}),
-    lane=dict(type="str"),
-    rank=dict(type="int"),
-    world_size=dict(type="int"),
-    hub_nas_root=dict(type="str"),
-    hub_local_root=dict(type="str"),
-)
-REQUIRED_IF = [("run_end", False, ("play", "play_started"))]
-
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -80,18 +51,18 @@ def check_inputs(host, run, play=None):
     """Refuse what would make a wrong file name or an unreadable timestamp, naming the input (play: the
     play being recorded, None for the end of the run)."""
     if not host or "/" in host or "\0" in host or host.startswith(".") or len(host.encode("utf-8")) > 200:
-        raise StageError("host_report: host %r cannot name a report file (empty, a '/', a leading '.', "
+        raise StageError("host report: host %r cannot name a report file (empty, a '/', a leading '.', "
                          "or longer than 200 bytes)" % (host,))
     if not _RUN_ID.match(run["id"] or "") or len(run["id"]) > 64:
-        raise StageError("host_report: run_id %r is not a run id (letters, digits, '.', '_', '-'; at most "
+        raise StageError("host report: run_id %r is not a run id (letters, digits, '.', '_', '-'; at most "
                          "64): it is made once per run in playbooks/select-lane.yml" % (run["id"],))
     stamps = [("run_started", run["started"])] + ([("play_started", play["started"])] if play else []) + (
         [("play_finished", play["finished"])] if play and play.get("finished") else [])
     for what, value in stamps:
         if not _ISO.match(value or ""):
-            raise StageError("host_report: %s %r is not ISO 8601 UTC (like 2026-11-30T20:45:12Z)" % (what, value))
+            raise StageError("host report: %s %r is not ISO 8601 UTC (like 2026-11-30T20:45:12Z)" % (what, value))
     if play and play["name"] not in PLAYS:
-        raise StageError("host_report: play %r is not one of %s" % (play["name"], ", ".join(PLAYS)))
+        raise StageError("host report: play %r is not one of %s" % (play["name"], ", ".join(PLAYS)))
 
 
 def stage_bytes(rows):
@@ -364,7 +335,7 @@ def _record(directory, host, run, make_view, write):
             atomic_write_bytes(history_path, dumps(view))
             atomic_write_bytes(latest_path, dumps(latest))
         except OSError as exc:
-            raise StageError("host_report: cannot write the reports of %s in %s: %s; check stage_report_dir"
+            raise StageError("host report: cannot write the reports of %s in %s: %s; check stage_report_dir"
                              % (host, directory, exc))
     return {"report": view, "latest": latest, "history_path": history_path, "latest_path": latest_path,
             "warnings": [w for w in (warn_run, warn_latest) if w]}
@@ -390,24 +361,3 @@ def update_reports(directory, host, run, play, data, finished=None, write=True):
     check_inputs(host, run, play)
     finished = finished or utc_text()
     return _record(directory, host, run, lambda previous: run_view(previous, host, run, play, data, finished), write)
-
-
-def write_host_report(params, check_mode):
-    """host_report's result for its validated options (ARGUMENT_SPEC): the end of the run recorded
-    (run_end) or the play merged into the host's two files, nothing written in check mode. Returns
-    {"changed", "status", "report", "latest", "history_path", "latest_path", "warnings"}; raises StageError."""
-    run = {"id": params["run_id"], "started": params["run_started"], "tags": params["tags"],
-           "skip_tags": params["skip_tags"], "check": params["check_run"]}
-    identity = dict((key, params[key]) for key in IDENTITY)
-    if params["run_end"]:
-        result = end_reports(params["dir"], params["host"], run, params["reached_end"], params["play"],
-                             identity, write=not check_mode)
-    else:
-        play = {"name": params["play"], "started": params["play_started"], "finished": params["play_finished"],
-                "failed": params["play_failed"],
-                "failed_task": params["failed_task"], "failed_result": params["failed_result"]}
-        data = {"identity": identity, "passes": params["passes"], "weights": params["weights"],
-                "engine": params["engine"]}
-        result = update_reports(params["dir"], params["host"], run, play, data, finished=params["play_finished"],
-                                write=not check_mode)
-    return dict(result, changed=not check_mode, status=result["report"]["status"])

@@ -185,8 +185,7 @@ def test_next_step_names_the_host_task_report_and_command():
 
 
 def test_next_step_names_no_report_file_it_does_not_know():
-    """No report from this run: the host's report directory (stage_report_dir, or the dir host_report was
-    given) is named only when an earlier run left the file there; never reports/<host>.json by guess."""
+    """No report from this run: the host's report directory (the lane's lane_report_dir) is named only when an earlier run left the file there; never reports/<host>.json by guess."""
     failure = {"play": "Lane facts", "tag": None, "task": "Gathering Facts", "msg": "no python"}
     unknown = summary.next_step_lines("dgx4", "failed", failure, None, "inventory/dgx", "stage-deepseek.yml")
     assert unknown[1].startswith("next step: read the error above (this run wrote no host report for dgx4); ")
@@ -364,16 +363,21 @@ def test_the_callback_keeps_a_model_and_a_dataset_apart_and_notes_a_call_without
     assert repos["model:org/y@main"]["stage"]["no_report"] is True
 
 
-def test_a_host_report_is_the_report_of_the_host_it_names():
-    """The end of the run writes every lane host's report from one host (run_once, a loop)."""
+def test_a_failed_hosts_report_is_named_from_the_lane_report_dir(tmp_path):
+    """This run's report of a failed host (the dgx_report callback wrote it) by its latest view; a host without
+    the lane facts (lost before them) is looked for in the lane's report dir, named only when it is there."""
     callback = summary.CallbackModule()
-    for name in ("n1", "n2"):
-        callback.v2_runner_item_on_ok(_result("n1", {
-            "latest_path": "/srv/reports/%s.json" % name,
-            "invocation": {"module_args": {"host": name, "dir": "/srv/reports"}}}, action="host_report"))
+    callback.v2_runner_on_ok(_result("n1", {"ansible_facts": {"lane_report_dir": str(tmp_path),
+                                                              "lane_run_id": "20261130T204512Z-3fa2"}}))
+    (tmp_path / "n1-20261130T204512Z-3fa2.json").write_text("{}")
+    (tmp_path / "n3.json").write_text("{}")
+    for name in ("n1", "n2", "n3"):
+        callback._host(name)["failed"] = True
+    callback._report_files()
     hosts = callback.state["hosts"]
-    assert hosts["n1"]["report_path"] == "/srv/reports/n1.json"
-    assert hosts["n2"]["report_path"] == "/srv/reports/n2.json" and hosts["n2"]["report_dir"] == "/srv/reports"
+    assert hosts["n1"]["report_path"] == str(tmp_path / "n1.json")
+    assert hosts["n2"]["report_seen"] is False and "report_path" not in hosts["n2"]
+    assert hosts["n3"]["report_seen"] is True and hosts["n3"]["report_file"] == str(tmp_path / "n3.json")
 
 
 # ---- progress lines of the background stage and verify jobs -------------------------------------------

@@ -337,7 +337,7 @@ def test_report_says_why_the_front_end_stopped_a_run(recorded, capsys):
     ('engine_env={"HF_TOKEN": "hf_SECRET"}', "the 1st -e holds text that is not NAME=VALUE (not shown: it may be part of a "
                                             "secret value)"),
     ("lane_rank=1", "-e lane_rank: the playbooks set lane_rank themselves (it is not an input)"),
-    ("report_failed=true", "-e report_failed: the playbooks set report_failed themselves"),
+    ("dgx_play_failed=true", "-e dgx_play_failed: the playbooks set dgx_play_failed themselves"),
 ])
 def test_an_extra_var_no_play_reads_or_a_bad_value_exits_64_before_anything_runs(inventory, tmp_path, capsys,
                                                                                   value, said):
@@ -991,15 +991,19 @@ def test_run_json_names_the_host_reports_as_soon_as_they_are_written(tmp_path, m
     import threading
     import ansible_runner
     seen = {}
+    reports = str(tmp_path / "reports")
+    os.makedirs(reports)
 
     def fake_run_async(**kwargs):
         record = os.path.join(kwargs["private_data_dir"], "run.json")
 
         def playbook():
+            # The lane facts name the report dir; the dgx_report callback writes the reports as a play ends.
             kwargs["event_handler"]({"event": "runner_on_ok", "event_data": {
-                "host": "dgx1", "task_action": "host_report", "res": {
-                    "report": {"host": "dgx1", "run_id": "20261201T100609Z-be99", "status": "running"},
-                    "history_path": "/r/dgx1-20261201T100609Z-be99.json"}}})
+                "host": "dgx1", "task_action": "set_fact", "res": {"ansible_facts": {"lane_report_dir": reports}}}})
+            runs.write_json(os.path.join(reports, "dgx1-%s.json" % kwargs["ident"]),
+                            {"host": "dgx1", "run_id": kwargs["ident"], "status": "running"})
+            kwargs["event_handler"]({"event": "playbook_on_play_start", "event_data": {"play": "Stage"}})
             deadline = time.time() + 10
             while time.time() < deadline and not seen.get("reports"):
                 with open(record) as handle:
@@ -1012,9 +1016,10 @@ def test_run_json_names_the_host_reports_as_soon_as_they_are_written(tmp_path, m
     monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
     spec = {"subcommand": "stage", "playbook": "stage-deepseek.yml", "tags": "stage", "inventory": "i",
             "limit": None, "extra_vars": [], "check": False, "verbose": 0, "cmdline": "", "argv": ["stage"]}
-    run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO()).run()
-    assert seen["status"] == "running" and seen["run_id"] == "20261201T100609Z-be99"
-    assert seen["reports"] == {"dgx1": "/r/dgx1-20261201T100609Z-be99.json"}
+    playbook_run = run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO())
+    playbook_run.run()
+    assert seen["status"] == "running" and seen["run_id"] == playbook_run.ident
+    assert seen["reports"] == {"dgx1": os.path.join(reports, "dgx1-%s.json" % playbook_run.ident)}
 
 
 def test_a_ctrl_c_before_the_run_exits_99_and_the_handlers_cover_the_whole_run(tmp_path, monkeypatch, capsys):

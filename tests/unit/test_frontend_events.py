@@ -6,7 +6,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
 from dgx_stage.display import PlainDisplay, RichDisplay  # noqa: E402
+from dgx_stage import runs  # noqa: E402
 from dgx_stage.events import RunState, result_message  # noqa: E402
+from ansible.module_utils import dgx_report  # noqa: E402  (runs puts the project's module_utils on the path)
 
 REPO_ID = "deepseek-ai/X"
 
@@ -59,18 +61,20 @@ def test_looped_mirror_job_items_each_update_their_host():
     assert [u[2]["line"] for u in updates] == [item["line"], "x"]
 
 
-def test_host_reports_receipts_and_status_lines_are_taken_from_their_results():
+def test_report_dirs_receipts_and_status_lines_are_taken_from_their_results(tmp_path):
     state = RunState()
-    report0 = {"host": "rank0", "run_id": "20261201T100609Z-be99", "status": "running"}
-    state.handle(event("runner_on_ok", "rank0", "host_report",
-                       {"report": report0, "history_path": "/r/rank0-20261201T100609Z-be99.json"}))
-    # The end of the run: one looped task on the first host, each item a host's final report.
-    end = [{"report": dict(report0, status="ok"), "history_path": "/r/rank0-20261201T100609Z-be99.json"},
-           {"report": {"host": "rank1", "run_id": "20261201T100609Z-be99", "status": "failed"},
-            "history_path": "/r/rank1-20261201T100609Z-be99.json"}]
-    state.handle(event("runner_on_ok", "rank0", "host_report", {"results": end}))
-    assert state.reports["rank0"]["status"] == "ok" and state.reports["rank1"]["status"] == "failed"
-    assert state.run_id == "20261201T100609Z-be99" and state.report_dir == "/r"
+    # The lane facts name where the dgx_report callback writes the host reports; run.py reads them there.
+    state.handle(event("runner_on_ok", "rank0", "set_fact", {"ansible_facts": {"lane_report_dir": str(tmp_path)}}))
+    state.handle(event("runner_on_ok", "rank1", "set_fact", {"ansible_facts": {"lane_report_dir": str(tmp_path)}}))
+    assert state.report_dirs == [str(tmp_path)]
+    run = {"id": "20261201T100609Z-be99", "started": "2026-12-01T10:06:09Z", "tags": [], "skip_tags": [],
+           "check": False}
+    for host in ("rank0", "rank1"):
+        dgx_report.end_reports(str(tmp_path), host, run, reached_end=host == "rank0")
+    dgx_report.end_reports(str(tmp_path), "rank0", dict(run, id="20261130T100609Z-aa00"), reached_end=True)
+    reports, paths = runs.run_reports(state.report_dirs, run["id"])
+    assert reports["rank0"]["status"] == "ok" and reports["rank1"]["status"] == "failed" and len(reports) == 2
+    assert paths["rank1"] == str(tmp_path / "rank1-20261201T100609Z-be99.json")
     state.handle(event("runner_on_ok", "rank1", "engine_receipts", {"removed": ["/c/a", "/c/b"]}))
     state.handle(event("runner_on_ok", "rank0", "engine_receipts", {"removed": []}))
     assert state.receipts_removed == {"rank1": ["/c/a", "/c/b"], "rank0": []}
@@ -86,9 +90,9 @@ def test_failed_hosts_are_those_the_recap_counts_with_the_reports_task_preferred
     state.handle(event("runner_on_failed", "rank1", "fail", {"msg": "Fail the host"}, play="Stage", task="Fail"))
     state.handle(event("runner_on_unreachable", "rank3", None, {"msg": "ssh: no route"}, play="Preflight",
                        task="Gathering Facts"))
-    state.handle(event("runner_on_ok", "rank1", "host_report", {"report": {
+    state.reports["rank1"] = {   # as run.py reads it from the host report's file
         "host": "rank1", "run_id": "r", "status": "failed", "failed_play": "stage",
-        "failed_task": "Mirror | Each repo", "failed_msg": "blob abc does not hash to its name"}, "history_path": "/r/x"}))
+        "failed_task": "Mirror | Each repo", "failed_msg": "blob abc does not hash to its name"}
     state.handle(stats(failures={"rank0": 0, "rank1": 1}, dark={"rank3": 1}))
     assert state.failed_hosts() == [
         {"host": "rank1", "play": "stage", "task": "Mirror | Each repo", "msg": "blob abc does not hash to its name",
@@ -97,16 +101,15 @@ def test_failed_hosts_are_those_the_recap_counts_with_the_reports_task_preferred
 
 
 def test_an_unreachable_host_keeps_its_connection_error_over_its_report():
-    # A real run (ssh to an unused loopback address): the lane summary writes the host a report that only
+    # A real run (ssh to an unused loopback address): the dgx_report callback writes the host a report that only
     # says it did not reach the end; the operator needs the ssh error and the task it happened in.
     state = RunState()
     state.handle(event("runner_on_unreachable", "dgx2", None,
                        {"msg": "Task failed: Failed to connect to the host via ssh: connection refused"},
                        play="Lane facts", task="Gathering Facts"))
-    state.handle(event("runner_on_ok", "dgx2", "host_report", {"report": {
+    state.reports["dgx2"] = {
         "host": "dgx2", "run_id": "r", "status": "failed", "failed_play": "Lane facts",
-        "failed_task": "(host unreachable)", "failed_msg": "dgx2 did not reach the end of the run"},
-        "history_path": "/r/x"}))
+        "failed_task": "(host unreachable)", "failed_msg": "dgx2 did not reach the end of the run"}
     state.handle(stats(dark={"dgx2": 1}))
     assert state.failed_hosts() == [
         {"host": "dgx2", "play": "Lane facts", "task": "Gathering Facts",

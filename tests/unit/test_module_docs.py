@@ -571,40 +571,6 @@ def test_engine_node_state_results(staged):
 
 
 # ------------------------------------------------------------------------------------------------
-# host_report, in a report directory
-# ------------------------------------------------------------------------------------------------
-
-CHECK_RUN = "the run is a check run"
-
-
-def test_host_report_results(tmp_path):
-    """A real run's stage play, then a --check run's verify play that fails, then a bad run id."""
-    row = {"repo_id": MAIN, "status": "ok", "bytes_copied": 3}
-    args = {"dir": str(tmp_path / "reports"), "host": "dgx1", "run_id": "20261130T204512Z-3fa2",
-            "run_started": "2026-11-30T20:45:12Z", "tags": ["all"], "play": "stage",
-            "play_started": "2026-11-30T20:45:14Z", "passes": {"stage": [row]}, "lane": "exl3_2x",
-            "rank": 0, "world_size": 2, "hub_nas_root": "/nas/hub", "hub_local_root": "/nvme/hub"}
-    result = check_result("host_report", args, run_main("host_report", args), {CHECK_RUN: False})
-    assert result["status"] == "running" and result["latest"]["bytes_from_nas"] == 3
-    assert os.path.isfile(result["history_path"]) and os.path.isfile(result["latest_path"])
-    end = dict((k, v) for k, v in args.items() if k not in ("play_started", "passes"))
-    end.update(run_end=True, reached_end=True)
-    result = check_result("host_report", end, run_main("host_report", end), {CHECK_RUN: False})
-    assert result["status"] == "ok" and result["report"]["finished"] and result["latest"]["bytes_from_nas"] == 3
-    lost = dict(end, host="dgx2", reached_end=False)
-    result = check_result("host_report", lost, run_main("host_report", lost), {CHECK_RUN: False})
-    assert result["status"] == "failed" and result["report"]["failed_play"] == "stage"
-    check = dict(args, run_id="20261130T210000Z-00aa", check_run=True, play="verify", play_failed=True,
-                 failed_task="Verify the local copy", failed_result={"msg": "boom"}, passes={"verify": [row]})
-    result = check_result("host_report", check, run_main("host_report", check), {CHECK_RUN: True})
-    assert result["status"] == "failed" and result["latest"]["check"]["failed_task"] == "Verify the local copy"
-    assert result["latest"]["passes"] == {"stage": [row]}
-    bad = dict(args, run_id="../x")
-    result = check_result("host_report", bad, run_main("host_report", bad), expect_failure=True)
-    assert "run_id" in result["msg"]
-
-
-# ------------------------------------------------------------------------------------------------
 # the checker itself
 # ------------------------------------------------------------------------------------------------
 

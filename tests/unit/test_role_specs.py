@@ -148,10 +148,11 @@ def test_the_checker_sees_indirect_and_bare_reads():
     assert value_names("not lane_engine_runs and become_root", bare=True) == {"lane_engine_runs", "become_root"}
 
 
-def test_the_engine_reads_the_host_reports_where_the_report_role_writes_them():
+def test_the_engine_reads_the_host_reports_where_the_lane_facts_say_they_are_written():
     engine = load(os.path.join(ROLES, "engine", "defaults", "main.yml"))
-    report = load(os.path.join(ROLES, "report", "defaults", "main.yml"))
-    assert engine["engine_report_dir"] == report["report_dir"]
+    assert engine["engine_report_dir"] == "{{ lane_report_dir }}"
+    lane_facts = load(os.path.join(os.path.dirname(ROLES), "playbooks", "select-lane.yml"))[1]["tasks"][1]
+    assert "lane_report_dir" in lane_facts["ansible.builtin.set_fact"]
 
 
 # --- bool inputs are read through | bool ----------------------------------------------------------------------

@@ -1,0 +1,211 @@
+# -*- coding: utf-8 -*-
+"""The one collection point of the host reports: every report of a run is written here, through
+module_utils/dgx_report.py, from the results Ansible already sends its callbacks (as its junit and json
+callbacks do). The plays only set facts; no task passes the report anything.
+
+- set_fact results: the lane facts (lane_*) and the roles' results so far (stage_passes, stage_header_checks,
+  stage_window, engine_report), the latest value of each kept per host;
+- a play marked with `dgx_play: <tag>` in its vars: the host's record of it is written when the play ends (the
+  next play starts, or the run's end), at its first failure at once when the host goes into the play's frame
+  rescue (playbooks/tasks/fail-play.yml sets dgx_play_failed), so the rescue reads the failed view;
+- a failure after which the host runs no other task of the play, or that the play's frame rescue takes (the
+  last one before it, as ansible_failed_task), is the play's failure and puts the host out of the run, as an
+  unreachable host is; an ignored failure never counts, nor one a rescue in a role lets the host go on from;
+- the play marked `dgx_run_end: true` (playbooks/end-run.yml) records the end of the run for every host the
+  run targets, before its first task, so the node_exporter textfiles it writes read the final view; a run that
+  ends before that play (every host failed) records it at the stats. An interrupted run records no end: its
+  reports stay `running` until the front end settles them (dgx_report.settle_unfinished).
+"""
+from __future__ import annotations
+
+
+from ansible import context
+from ansible.plugins.callback import CallbackBase
+
+from dgx_stage import use_module_utils
+
+use_module_utils()
+from ansible.module_utils.dgx_errors import StageError  # noqa: E402
+from ansible.module_utils.dgx_report import PLAYS, end_reports, update_reports  # noqa: E402
+from ansible.module_utils.dgx_units import utc_text  # noqa: E402
+
+DOCUMENTATION = r"""
+name: dgx_report
+type: aggregate
+short_description: Write the dgx-stage host reports from the results of the run
+description:
+  - For each play marked C(dgx_play) and each host that took part in it, merges the play into the host's
+    C(<report dir>/<host>-<run id>.json) and C(<host>.json) (module_utils/dgx_report.py owns their schema), with
+    the lane facts and the stage and engine roles' facts of the host so far.
+  - Records the end of the run (C(ok), C(check), or C(failed) for a host lost on the way) when the play marked
+    C(dgx_run_end) starts, or at the stats when the run never reached it.
+  - Writes nothing for a run without such a play (C(playbooks/status.yml)).
+  - Enabled by the repo's ansible.cfg (C(callbacks_enabled)).
+requirements:
+  - enable it in callbacks_enabled
+"""
+
+# The facts a report is made of: the lane's (playbooks/select-lane.yml) and the roles' results so far.
+REPORT_FACTS = ("lane_name", "lane_rank", "lane_world_size", "lane_hosts", "lane_targets", "lane_run_id",
+                "lane_run_started", "lane_report_dir", "lane_hub_nas_root", "lane_hub_local_root",
+                "stage_passes", "stage_header_checks", "stage_window", "engine_report")
+# Set on one host with run_once, the same for every host: a host without its own takes them from the lane.
+LANE_FACTS = ("lane_name", "lane_hosts", "lane_targets", "lane_run_id", "lane_run_started", "lane_report_dir")
+# Tasks that do not make a host part of a play: the argument checks of roles (tagged always, they run in plays
+# the tags skip) and messages (the engine play says why it starts nothing before it ends the host).
+NOT_TAKING_PART = ("validate_argument_spec", "debug", "meta")
+
+
+def _short(action):
+    return str(action or "").rsplit(".", 1)[-1]
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "dgx_report"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, display=None):
+        super(CallbackModule, self).__init__(display=display)
+        self._hosts = {}        # host -> its facts, its play (started, last result, took part) and failures
+        self._lane = {}         # LANE_FACTS as any host reported them
+        self._play = None       # the dgx_play of the play running, None for others
+        self._reporting = False
+        self._ended = False
+        self._out = set()       # hosts out of the run: failed (not rescued away) or unreachable
+
+    # -- what the run says -------------------------------------------------------------------------------
+    def _host(self, name):
+        return self._hosts.setdefault(name, {"facts": {}, "play": None, "started": None, "last": None,
+                                             "in_play": False, "failure": None, "last_failure": None,
+                                             "pending": False})
+
+    def _take_facts(self, name, result):
+        items = [result] + [item for item in result.get("results") or [] if isinstance(item, dict)]
+        for item in items:
+            facts = item.get("ansible_facts")
+            if not isinstance(facts, dict):
+                continue
+            for key in REPORT_FACTS:
+                if key in facts:
+                    self._host(name)["facts"][key] = facts[key]
+                    if key in LANE_FACTS:
+                        self._lane[key] = facts[key]
+
+    def v2_playbook_on_play_start(self, play):
+        self._close_play()
+        play_vars = play.get_vars()
+        self._play = str(play_vars["dgx_play"]) if str(play_vars.get("dgx_play")) in PLAYS else None
+        self._reporting = self._reporting or self._play is not None
+        if play_vars.get("dgx_run_end") and self._reporting:
+            self._record_end()
+
+    def v2_runner_on_start(self, host, task):
+        info = self._host(host.get_name())
+        if self._play and info["play"] != self._play:
+            info.update(play=self._play, started=utc_text(), in_play=False, failure=None, last_failure=None,
+                        pending=False)
+        if task.get_vars().get("dgx_play_failed"):
+            # The play's frame rescue: the failure it rescues (the last one, as ansible_failed_task) is the
+            # play's, written before the rescue reads it.
+            if info["last_failure"] and not info["failure"]:
+                self._commit(host.get_name(), info)
+        else:
+            info["pending"] = False   # the host went on (a rescue, an always section): not out of the run yet
+
+    def _seen(self, result, took_part=True):
+        info = self._host(result.host.get_name())
+        info["last"] = utc_text()
+        if took_part and self._play and _short(result.task.action) not in NOT_TAKING_PART:
+            info["in_play"] = True
+        return info
+
+    def v2_runner_on_ok(self, result):
+        self._take_facts(result.host.get_name(), result.result)
+        self._seen(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._take_facts(result.host.get_name(), result.result)
+        info = self._seen(result)
+        if ignore_errors or info["failure"]:
+            return
+        name = str(result.task_fields.get("name") or "") or str(result.task.action or "")
+        info["last_failure"], info["pending"] = {"task": name, "result": result.result}, True
+
+    def v2_runner_on_unreachable(self, result):
+        self._seen(result)
+        if not result.task.ignore_unreachable:
+            self._out.add(result.host.get_name())
+
+    # -- writing -----------------------------------------------------------------------------------------
+    def _commit(self, name, info):
+        """The host's last failure is the play's (it did not go on): written now, the host out of the run."""
+        info["failure"], info["pending"] = info["last_failure"], False
+        self._out.add(name)
+        if self._play:
+            self._write_play(name, info)
+
+    def _close_play(self):
+        for name, info in self._hosts.items():
+            if info["pending"]:
+                self._commit(name, info)
+            elif self._play and info["play"] == self._play and info["in_play"] and not info["failure"]:
+                self._write_play(name, info)
+            info["in_play"] = False
+        self._play = None
+
+    def _run(self, facts):
+        args = context.CLIARGS
+        return {"id": str(facts.get("lane_run_id") or self._lane.get("lane_run_id") or ""),
+                "started": str(facts.get("lane_run_started") or self._lane.get("lane_run_started") or ""),
+                "tags": sorted(str(t) for t in args.get("tags") or ("all",)),
+                "skip_tags": sorted(str(t) for t in args.get("skip_tags") or ()), "check": bool(args.get("check"))}
+
+    def _identity(self, name, facts):
+        hosts = list(facts.get("lane_hosts") or self._lane.get("lane_hosts") or [])
+        rank = facts.get("lane_rank", hosts.index(name) if name in hosts else None)
+        world = facts.get("lane_world_size", len(hosts) if hosts else None)
+        return {"lane": facts.get("lane_name") or self._lane.get("lane_name"),
+                "rank": int(rank) if rank is not None else None, "world_size": int(world) if world else None,
+                "hub_nas_root": facts.get("lane_hub_nas_root"), "hub_local_root": facts.get("lane_hub_local_root")}
+
+    def _directory(self, facts):
+        return str(facts.get("lane_report_dir") or self._lane.get("lane_report_dir") or "")
+
+    def _write_play(self, name, info):
+        facts = info["facts"]
+        started, finished = info["started"], info["last"]
+        window = facts.get("stage_window")
+        if self._play == "stage" and isinstance(window, dict):   # the host's own wave, not the play's
+            started, finished = window.get("started") or started, window.get("finished") or finished
+        failure = info["failure"] or {}
+        play = {"name": self._play, "started": started, "finished": finished, "failed": bool(failure),
+                "failed_task": failure.get("task", ""), "failed_result": failure.get("result") or {}}
+        data = {"identity": self._identity(name, facts), "passes": dict(facts.get("stage_passes") or {}),
+                "weights": list(facts.get("stage_header_checks") or []),
+                "engine": dict(facts.get("engine_report") or {})}
+        self._write(name, lambda: update_reports(self._directory(facts), name, self._run(facts), play, data,
+                                                 finished=finished))
+
+    def _record_end(self):
+        """The end of the run for every host it targets: final for those still in it, failed for the others."""
+        self._close_play()
+        self._ended = True
+        finished = utc_text()
+        for name in self._lane.get("lane_targets") or []:
+            info = self._host(name)
+            facts = info["facts"]
+            self._write(name, lambda: end_reports(self._directory(facts), name, self._run(facts),
+                                                  name not in self._out, info["play"],
+                                                  self._identity(name, facts), finished))
+
+    def _write(self, name, write):
+        try:
+            for warning in write()["warnings"]:
+                self._display.warning(warning)
+        except (StageError, OSError) as exc:
+            self._display.error("the host report of %s was not written: %s" % (name, exc))
+
+    def v2_playbook_on_stats(self, stats):
+        if self._reporting and not self._ended:
+            self._record_end()

@@ -44,9 +44,11 @@ options:
     default: never
     choices: [never, missing, always]
   env:
-    description: The environment the engine container would get; its values are never returned or shown.
+    description:
+      - The environment the engine container would get; its values are never returned in RV(containers).
+      - Not marked no_log (Ansible would then mask every occurrence of every value, a rank's C(0) among them, in
+        the whole result); a task that passes it sets C(no_log) and says a failure itself, redacted.
     type: dict
-    no_log: true
   port:
     description: TCP port whose listeners to list in RV(port_holders).
     type: int
@@ -181,7 +183,7 @@ ARGUMENT_SPEC = dict(
     containers=dict(type="bool", default=True),
     image=dict(type="str"),
     pull=dict(type="str", default="never", choices=list(PULL)),
-    env=dict(type="dict", no_log=True),
+    env=dict(type="dict"),
     port=dict(type="int"),
     python_modules=dict(type="list", elements="str", default=[]),
     redact=dict(type="list", elements="str", default=[], no_log=True),

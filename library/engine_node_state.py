@@ -8,7 +8,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: engine_node_state
-short_description: Read the engine's mount manifest, fingerprint the files it binds and find who holds its port, on the node
+short_description: Read the engine's mount manifest and fingerprint the files it binds, on the node
 version_added: "1.0.0"
 description:
   - With O(manifest), reads the mount manifest there and returns it as RV(manifest) (or why it cannot be read,
@@ -20,12 +20,7 @@ description:
     name) or a prune (the file gone) leaves a running container reading the old bytes while the mount
     manifest is unchanged; the fingerprint changes in each case. The engine role stores it on the
     container as a label and restarts the lane when it differs.
-  - With O(port), lists the processes listening on that TCP port (IPv4 or IPv6) in the node's network
-    namespace, with the container each runs in (read from its cgroup), so a container or process outside
-    the lane that holds the engine's port is found before the engine is started into it.
   - With O(directories), says which of those paths do not exist (RV(directories_missing)).
-  - With O(python_modules), says which of those Python modules the node's Python (the one running this
-    module, and every other module of the play) cannot import - C(requests), which community.docker needs.
   - Reads only; changes nothing.
 author: dgx-stage maintainers
 options:
@@ -39,14 +34,6 @@ options:
     description:
       - Paths to look for, as written (a link counts as there), such as the receipt directory;
         RV(directories_missing) lists those not there. One that cannot be looked at fails the module.
-    type: list
-    elements: str
-    default: []
-  port:
-    description: TCP port whose listeners to list in RV(port_holders). Unset, no listener is looked for.
-    type: int
-  python_modules:
-    description: Top-level Python modules to look for in the node's Python; RV(python) lists the missing ones.
     type: list
     elements: str
     default: []
@@ -67,22 +54,21 @@ attributes:
     support: full
     platforms: posix
 notes:
-  - Runs on the node with the system Python; stdlib only. Listing the holders of a port reads every
-    process's C(/proc/<pid>/fd), which needs root for other users' processes.
+  - Runs on the node with the system Python; stdlib only. The container runtime's state (the containers, who
+    holds the engine's port) is what C(engine_containers) says.
 """
 
 EXAMPLES = r"""
-- name: Read the mount manifest, fingerprint the staged files it binds, find who listens on the port
+- name: Read the mount manifest and fingerprint the staged files it binds
   engine_node_state:
     manifest: /etc/dgx-stage/engine-manifest.json
     directories: [/cache]
-    port: 8000
   register: node_state
   become: true
 
-- name: Nothing else holds the port
+- name: The manifest's binds are there
   ansible.builtin.assert:
-    that: node_state.port_holders | length == 0
+    that: node_state.bind_problems | length == 0
 """
 
 RETURN = r"""
@@ -148,41 +134,9 @@ missing:
   type: list
   elements: str
   sample: []
-port_holders:
-  description: The processes listening on O(port), by pid; empty when the port is free.
-  returned: success when O(port) is set
-  type: list
-  elements: dict
-  contains:
-    pid:
-      description: Process id.
-      type: int
-    command:
-      description: The process's command name (C(/proc/<pid>/comm)).
-      type: str
-    container_id:
-      description: The 64-hex id of the container the process runs in (from its cgroup); empty for a host process.
-      type: str
-  sample: [{pid: 4242, command: python3, container_id: adac941fb5f6a1505731ff38e640550f4fbc244e3601e15f964a225fc24f3b54}]
-python:
-  description: The node's Python and the modules of O(python_modules) it cannot import.
-  returned: success when python_modules names a module
-  type: dict
-  contains:
-    executable:
-      description: The Python that ran the module (the node's interpreter for every module of the play).
-      type: str
-    version:
-      description: Its version, major.minor.micro.
-      type: str
-    missing:
-      description: The modules of O(python_modules) it cannot find.
-      type: list
-      elements: str
-  sample: {executable: /usr/bin/python3, version: 3.12.3, missing: [requests]}
 msg:
   description: >-
-    Why the node could not be read (a port out of range, both O(manifest) and O(manifest_content), a path of
+    Why the node could not be read (both O(manifest) and O(manifest_content), a path of
     O(directories) that cannot be looked at).
   returned: failure
   type: str
@@ -190,15 +144,13 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_nodestate import (bind_problems, checked_manifest, files_fingerprint, local_sources,
-                                                missing_paths, port_holders, python_modules, read_manifest)
+                                                missing_paths, read_manifest)
 
 
 ARGUMENT_SPEC = dict(
     manifest=dict(type="path"),
     manifest_content=dict(type="dict"),
     directories=dict(type="list", elements="str", default=[]),
-    port=dict(type="int"),
-    python_modules=dict(type="list", elements="str", default=[]),
 )
 
 
@@ -220,12 +172,6 @@ def main():
                          % (exc.filename, exc.strerror))
     fingerprint, pairs, missing = files_fingerprint(files)
     result.update(fingerprint=fingerprint, files=len(pairs), missing=missing, directories_missing=missing_dirs)
-    if params["port"] is not None:
-        if not 0 < params["port"] < 65536:
-            module.fail_json(msg="port must be 1-65535, got %d" % params["port"])
-        result["port_holders"] = port_holders(params["port"])
-    if params["python_modules"]:
-        result["python"] = python_modules(params["python_modules"])
     module.exit_json(**result)
 
 

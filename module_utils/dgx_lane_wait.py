@@ -1,79 +1,32 @@
 # -*- coding: utf-8 -*-
-"""Waiting for a lane: each rank's container, who serves the API port, the lane's verdict from every rank's
-latest round (pure), and the polling of one round.
+"""Waiting for a lane: the lane's verdict from every rank's latest round (pure), and the polling of one round
+(each rank's container and who serves the API port come from dgx_runtime).
 Stdlib only (modules run on the nodes' system Python).
 """
 from __future__ import absolute_import, division, print_function
 
 import calendar
-import json
 import re
 import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_openai import api_url, http_json
+from ansible.module_utils.dgx_runtime import NOT_EXITED
 from urllib.request import urlopen
 
-
-LOG_LINES = 30           # log lines kept of a container that is not running
 
 MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
 
 WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
 
-# Container statuses (docker: created running paused restarting removing exited dead; podman adds
-# configured initialized stopping stopped) of a container that is not running and has not exited
-# either: its ExitCode is a stale or zero placeholder, not an exit.
-NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
-
-# How describe_down() words them; exited, stopped, dead, restarting (and anything unknown) show the exit.
+# How describe_down() words the statuses of a container that is not running and has not exited; exited, stopped,
+# dead, restarting (and anything unknown) show the exit.
 _NOT_EXITED_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
                     "created": "was created but never started", "configured": "was created but never started",
                     "initialized": "was created but never started"}
 
 _EXITED_TEXT = {"restarting": "is restarting after an exit (not running), last exit code %s",
                 "dead": "is dead (the runtime failed to stop or remove it), exit code %s"}
-
-
-def missing_container(name, why):
-    """A container's facts when the runtime does not know it (or is not there)."""
-    return {"name": name, "exists": False, "id": None, "running": False, "status": "missing", "exit_code": None,
-            "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
-
-
-def unknown_container(name, why):
-    """A container's facts when the runtime did not answer in time: running is None - neither up nor down, so
-    the lane waits on (and at its deadline names why) instead of judging a slow daemon's rank dead."""
-    facts = missing_container(name, why)
-    facts.update(exists=None, running=None, status="unknown")
-    return facts
-
-
-def container_facts(inspect_text, name):
-    """A container's state from `docker|podman inspect --type container NAME` output (a JSON list).
-
-    running: running and neither paused nor restarting. finished_at: None until it has stopped once.
-    """
-    try:
-        info = json.loads(inspect_text)[0]
-        state = info.get("State") or {}
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
-        return missing_container(name, "inspect printed no container: %r" % (inspect_text or "")[:200])
-    running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
-    finished = state.get("FinishedAt") or None
-    if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
-        finished = None
-    status = state.get("Status") or ("running" if running else "stopped")
-    if state.get("Paused"):
-        status = "paused"
-    elif status == "stopped" and not running:
-        # Podman's word for a container whose process ended and whose clean-up has not run yet: it exited.
-        status = "exited"
-    exit_code = None if status in NOT_EXITED else state.get("ExitCode")
-    return {"name": name, "exists": True, "id": info.get("Id"), "running": running, "status": status,
-            "exit_code": exit_code, "started_at": state.get("StartedAt"), "finished_at": finished,
-            "error": state.get("Error") or "", "oom_killed": bool(state.get("OOMKilled")), "logs": ""}
-
 
 _TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d(?::?\d\d)?)?")
 
@@ -92,15 +45,6 @@ def _epoch(text):
         digits = zone[1:].replace(":", "")
         seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:] or 0) * 60)
     return seconds
-
-
-def owner_facts(port, listening, holders, container_id):
-    """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
-    or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
-    ours = None
-    if holders:
-        ours = bool(container_id) and all(h.get("container_id") == container_id for h in holders)
-    return {"port": int(port), "listening": bool(listening), "holders": list(holders), "ours": ours}
 
 
 def describe_holder(holder):

@@ -1,20 +1,96 @@
 # -*- coding: utf-8 -*-
-"""The container runtime's command line (docker or podman), each call under a timeout shorter than the wait
-round: a container's state, its name, and which container owns the API port.
+"""The container runtime on a node (docker or podman, through its command line, which both spell alike): the
+one answer to "what state is this container in" - the containers a host holds, the engine's own, the engine
+image, a pull as engine_pull allows, and which container owns the API port. The engine role's plan and status
+and the lane wait all read it. Each call of a wait round ends within a timeout shorter than the round.
 Stdlib only (modules run on the nodes' system Python).
 """
 from __future__ import absolute_import, division, print_function
 
+import json
 import os
 import signal
 import subprocess
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_lane_wait import (LOG_LINES, container_facts, missing_container, owner_facts,
-                                                unknown_container)
 from ansible.module_utils.dgx_nodestate import listening_inodes, port_holders
 from ansible.module_utils.dgx_secrets import redacted
 from ansible.module_utils.dgx_units import plain_number
+
+RUNTIMES = ("docker", "podman")
+
+PULL = ("never", "missing", "always")
+
+LOG_LINES = 30           # log lines kept of a container that is not running
+
+LIST_TIMEOUT_S = 120     # a runtime call outside the wait (list, inspect) that takes longer fails the task
+
+# Container statuses (docker: created running paused restarting removing exited dead; podman adds
+# configured initialized stopping stopped) of a container that is not running and has not exited
+# either: its ExitCode is a stale or zero placeholder, not an exit.
+NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
+
+
+def missing_container(name, why):
+    """A container's facts when the runtime does not know it (or is not there)."""
+    return {"name": name, "exists": False, "id": None, "running": False, "status": "missing", "exit_code": None,
+            "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
+
+
+def unknown_container(name, why):
+    """A container's facts when the runtime did not answer in time: running is None - neither up nor down, so
+    the lane waits on (and at its deadline names why) instead of judging a slow daemon's rank dead."""
+    facts = missing_container(name, why)
+    facts.update(exists=None, running=None, status="unknown")
+    return facts
+
+
+def _env_changed(entries, env):
+    """The names of env's variables whose value a container's environment (K=V entries) does not hold, sorted;
+    None when either is unknown. Only names leave: the facts the role keeps and shows at -v never hold a value
+    or anything derived from one (an HF_TOKEN among them)."""
+    if entries is None or env is None:
+        return None
+    held = dict(entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
+    return sorted(str(name) for name, value in env.items() if held.get(str(name)) != str(value))
+
+
+def container_facts(info, env=None):
+    """A container's state from one entry of `docker|podman inspect --type container` (a dict), both runtimes
+    alike: running is running and neither paused nor restarting (Docker keeps State.Running true for both);
+    finished_at is None until it has stopped once; env (the engine's environment) names the container's changed
+    variables (env_changed), never a value. Its command and environment are not kept."""
+    state = info.get("State") or {}
+    config = info.get("Config") or {}
+    running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
+    finished = state.get("FinishedAt") or None
+    if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
+        finished = None
+    status = state.get("Status") or ("running" if running else "stopped")
+    if state.get("Paused"):
+        status = "paused"
+    elif state.get("Restarting"):
+        status = "restarting"
+    elif status == "stopped" and not running:
+        # Podman's word for a container whose process ended and whose clean-up has not run yet: it exited.
+        status = "exited"
+    return {"name": (info.get("Name") or "").lstrip("/"), "exists": True, "id": info.get("Id") or "",
+            "running": running, "status": status,
+            "exit_code": None if status in NOT_EXITED else state.get("ExitCode"),
+            "started_at": state.get("StartedAt"), "finished_at": finished, "error": state.get("Error") or "",
+            "oom_killed": bool(state.get("OOMKilled")), "logs": "",
+            "labels": dict(config.get("Labels") or {}), "env_changed": _env_changed(config.get("Env"), env),
+            "image": info.get("ImageName") or config.get("Image") or "",
+            "restart_policy": ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or ""}
+
+
+def owner_facts(port, listening, holders, container_id):
+    """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
+    or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
+    ours = None
+    if holders:
+        ours = bool(container_id) and all(h.get("container_id") == container_id for h in holders)
+    return {"port": int(port), "listening": bool(listening), "holders": list(holders), "ours": ours}
 
 
 class RuntimeSlow(StageError):
@@ -72,7 +148,11 @@ def container_state(runner, runtime, name, secrets=None):
         return unknown_container(name, str(exc))
     if rc != 0:
         return missing_container(name, "%s inspect: %s" % (runtime, redacted((err or out).strip(), secrets)[:300]))
-    facts = container_facts(out, name)
+    try:
+        facts = container_facts(json.loads(out)[0])
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return missing_container(name, "inspect printed no container: %r" % (out or "")[:200])
+    facts["name"] = name
     if facts["exists"] and not facts["running"]:
         try:
             rc, out, err = runner.run_command([binary, "logs", "--tail", str(LOG_LINES), name])
@@ -126,3 +206,75 @@ def api_owner(runner, runtime, port, container, proc="/proc", secrets=None):
             holder["container_name"] = container_name(runner, runtime, holder["container_id"])
         holders.append(holder)
     return owner_facts(port, listening, holders, mine)
+
+
+def _binary(runner, runtime):
+    binary = runner.get_bin_path(runtime)
+    if not binary:
+        raise StageError("%s not found on this host (engine_runtime is %s)" % (runtime, runtime))
+    return binary
+
+
+def _said(runtime, what, err, out, secrets):
+    return "%s %s: %s" % (runtime, what, redacted((err or out or "(no message)").strip(), secrets)[:500])
+
+
+def list_containers(runner, runtime, env=None, secrets=None):
+    """Every container on this host (container_facts(), env naming the changed variables), running or not.
+    A container removed between the list and its inspect is not listed; any other failure raises StageError,
+    its message without the secrets."""
+    binary = _binary(runner, runtime)
+    rc, out, err = runner.run_command([binary, "ps", "--all", "--quiet", "--no-trunc"])
+    if rc != 0:
+        raise StageError(_said(runtime, "ps", err, out, secrets))
+    ids = out.split()
+    if not ids:
+        return []
+    rc, out, err = runner.run_command([binary, "inspect", "--type", "container"] + ids)
+    try:
+        infos = json.loads(out or "[]")
+    except ValueError:
+        infos = None
+    if not isinstance(infos, list) or (rc != 0 and not infos):
+        raise StageError(_said(runtime, "inspect", err, out, secrets))
+    return [container_facts(info, env) for info in infos if isinstance(info, dict)]
+
+
+def image_id(runner, runtime, image, secrets=None):
+    """The id of image on this host, "" when the runtime does not have it (never pulls)."""
+    rc, out, _err = runner.run_command([_binary(runner, runtime), "image", "inspect", "--format", "{{.Id}}", image])
+    return out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
+
+
+def pull_image(runner, runtime, image, pull, secrets=None):
+    """Pull image as pull (PULL) allows: never, missing (only when absent), always. (pulled, image id); pulled
+    is True only when the id changed (a pull of the same image is no change)."""
+    before = image_id(runner, runtime, image, secrets)
+    if pull == "never" or (pull == "missing" and before):
+        return False, before
+    rc, out, err = runner.run_command([_binary(runner, runtime), "pull", image])
+    if rc != 0:
+        raise StageError(_said(runtime, "pull %s" % image, err, out, secrets))
+    after = image_id(runner, runtime, image, secrets)
+    return after != before, after
+
+
+def host_containers(runner, params, check_mode=False):
+    """engine_containers' result for its options: the host's containers, the one named `name` (own, None when
+    there is none; running and container_id say whether it runs), and with `image` its id on this host, pulled
+    first as `pull` allows (not in check mode)."""
+    runtime, secrets = params["runtime"], params.get("redact")
+    result = {"changed": False, "runtime": runtime}
+    if params.get("image"):
+        if check_mode:
+            pulled, found = False, image_id(runner, runtime, params["image"], secrets)
+        else:
+            pulled, found = pull_image(runner, runtime, params["image"], params.get("pull") or "never", secrets)
+        result.update(changed=pulled, image_id=found, image_present=bool(found))
+    if params.get("containers", True):
+        containers = list_containers(RuntimeCli(runner, LIST_TIMEOUT_S), runtime, params.get("env"), secrets)
+        own = [c for c in containers if params.get("name") and c["name"] == params["name"]]
+        result.update(containers=containers, own=own[0] if own else None,
+                      running=bool(own and own[0]["running"]),
+                      container_id=own[0]["id"] if own and own[0]["running"] else "")
+    return result

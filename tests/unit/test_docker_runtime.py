@@ -1,6 +1,6 @@
 """The engine role's Docker path on data captured from a real Docker 20.10 daemon (tests/unit/fixtures/docker/,
-trimmed): community.docker 4.8.5's docker_host_info container list (verbose_output) and docker_container_info,
-`docker inspect --type container` of a running and an exited container, and /proc/<pid>/cgroup of a
+trimmed): community.docker 4.8.5's docker_container_info (the engine's inspect data), `docker inspect --type
+container` of a running and an exited container, and /proc/<pid>/cgroup of a
 container process under cgroup v1 (cgroupfs driver). The playbook-level checks run in
 tests/integration/test_engine_one_rank.py and test_engine_lane.py (docker params).
 
@@ -9,12 +9,11 @@ Captured with two containers of the engine double image:
                        a read-only bind of "/nvme/capture/src a,b:c" at "/hub/x:y, z"
   dgx-stage-capture-2  exited with code 3
 """
-import hashlib
 import json
 import os
 
 from ansible.module_utils.dgx_nodestate import python_modules
-from ansible.module_utils.dgx_lane_wait import container_facts
+from ansible.module_utils.dgx_runtime import container_facts
 from ansible.module_utils.dgx_receipts import container_of
 from pluginfile import load_filter
 
@@ -29,73 +28,51 @@ def fixture(name):
         return handle.read() if name.endswith(".txt") else json.load(handle)
 
 
-def test_the_docker_host_list_is_normalised_like_podmans():
-    containers = dict((c["name"], c) for c in lane.dgx_container_list(fixture("host_info.json"), "docker"))
-    running, exited = containers["dgx-stage-capture-1"], containers["dgx-stage-capture-2"]
-    assert running["id"] == RUNNING and running["running"] is True and running["state"] == "running"
-    assert running["labels"]["dgx-stage.lane"] == "exl3_2x" and running["labels"]["dgx-stage.rank"] == "0"
-    assert running["image"] == "localhost/dgx-stage-engine-double:test"
-    # The API's list carries no environment, and the exit code only inside the status text.
-    assert running["env_changed"] is None and running["exit_code"] is None
-    assert (exited["running"], exited["state"], exited["exit_code"]) == (False, "exited", 3)
-    assert set(running) == set(lane.dgx_container_list({"containers": [{}]}, "podman")[0])
-
-
-def test_the_engine_containers_inspect_data_fills_in_its_environment():
-    details = [fixture("container_info.json")["container"]]
-    held = dict((name, value) for name, value in (entry.split("=", 1) for entry in details[0]["Config"]["Env"]))
+def test_dockers_inspect_data_names_the_changed_environment_variables():
+    info = fixture("container_info.json")["container"]
+    held = dict((name, value) for name, value in (entry.split("=", 1) for entry in info["Config"]["Env"]))
     wanted = dict(held, FOO="c")
-    containers = dict((c["name"], c) for c in lane.dgx_container_list(fixture("host_info.json"), "docker", details,
-                                                                      wanted))
-    running = containers["dgx-stage-capture-1"]
+    running = container_facts(info, wanted)
     # The names of the variables that differ, never a value: enough to say why a rank restarts.
     assert held["FOO"] == "a=b" and running["env_changed"] == ["FOO"]
     assert running["labels"]["dgx-stage.lane"] == "exl3_2x" and running["running"] is True
-    assert containers["dgx-stage-capture-2"]["env_changed"] is None
-    # No container under the engine name (docker_container_info gives container: null -> {}): the list as is.
-    assert lane.dgx_container_list(fixture("host_info.json"), "docker", [{}], wanted) == \
-        lane.dgx_container_list(fixture("host_info.json"), "docker", None, wanted)
+    assert running["image"] == "localhost/dgx-stage-engine-double:test"
+    assert container_facts(info)["env_changed"] is None       # nothing to compare with
     # So the restart reasons name the changed variables on Docker as on Podman.
     labels = dict(running["labels"], **{"dgx-stage.env-sha256": "new"})
     assert lane.dgx_restart_reasons(running, labels) == ["env changed (FOO)"]
-    running = [c for c in lane.dgx_container_list(fixture("host_info.json"), "docker", details, dict(wanted, RANK="1"))
-               if c["name"] == "dgx-stage-capture-1"][0]
+    running = container_facts(info, dict(wanted, RANK="1"))
     assert "env changed (FOO, RANK)" in lane.dgx_restart_reasons(running, labels)
-    assert "a=b" not in repr(running)        # the container's own value is kept as a digest only
+    assert "a=b" not in repr(running)        # the container's own value is not kept
 
 
 def test_a_paused_or_crash_looping_docker_rank_is_not_running_and_restarts():
     """Docker keeps State.Running true while a container is paused or restarting under a restart policy: the
     plan must see a rank that does not run (and a policy that restarts it on its own), as for a stopped one."""
     info = fixture("container_info.json")["container"]
-    labels = lane.dgx_container_list({"containers": [info]}, "podman")[0]["labels"]
+    labels = container_facts(info)["labels"]
     for flag, state in (("Paused", "paused"), ("Restarting", "restarting")):
-        stuck = dict(info, State=dict(info["State"], **{flag: True, "Running": True}))
-        own = lane.dgx_container_list(fixture("host_info.json"), "docker", [stuck])
-        own = [c for c in own if c["id"] == info["Id"]][0]
-        assert (own["running"], own["state"]) == (False, state)
+        own = container_facts(dict(info, State=dict(info["State"], **{flag: True, "Running": True})))
+        assert (own["running"], own["status"]) == (False, state)
         assert "container %s" % state in lane.dgx_restart_reasons(own, labels)
-    looping = dict(info, HostConfig=dict(info.get("HostConfig") or {}, RestartPolicy={"Name": "always"}))
-    own = [c for c in lane.dgx_container_list(fixture("host_info.json"), "docker", [looping])
-           if c["id"] == info["Id"]][0]
+    own = container_facts(dict(info, HostConfig=dict(info.get("HostConfig") or {}, RestartPolicy={"Name": "always"})))
     assert own["running"] and own["restart_policy"] == "always"
     assert lane.dgx_restart_reasons(own, labels) == [
         "restart policy always (a rank must never restart on its own: the lane restarts as one)"]
 
 
 def test_image_ids_in_reasons_drop_dockers_sha256_prefix():
-    info = fixture("container_info.json")["container"]
-    own = lane.dgx_container_list({"containers": [info]}, "docker")[0]
+    own = container_facts(fixture("container_info.json")["container"])
     labels = dict(own["labels"], **{"dgx-stage.image-id": "sha256:" + "7f47a" * 8})
     reasons = lane.dgx_restart_reasons(own, labels)
     assert any("-> 7f47a7f47a7f)" in r for r in reasons), reasons
 
 
 def test_the_wait_reads_dockers_inspect_output():
-    running = container_facts(json.dumps(fixture("inspect_running.json")), "dgx-stage-capture-1")
+    running = container_facts(fixture("inspect_running.json")[0])
     assert (running["exists"], running["running"], running["id"], running["finished_at"]) == (
         True, True, RUNNING, None)
-    exited = container_facts(json.dumps(fixture("inspect_exited.json")), "dgx-stage-capture-2")
+    exited = container_facts(fixture("inspect_exited.json")[0])
     assert (exited["running"], exited["status"], exited["exit_code"], exited["id"]) == (False, "exited", 3, EXITED)
     assert exited["finished_at"].startswith("2026-") and exited["oom_killed"] is False
 

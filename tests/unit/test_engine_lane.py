@@ -15,6 +15,7 @@ from ansible.errors import AnsibleFilterError
 from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes, local_sources,
                                                  missing_paths, parse_proc_net_tcp, port_holders, read_manifest)
 from ansible.module_utils import dgx_secrets as lane_secrets
+from ansible.module_utils.dgx_runtime import container_facts
 from pluginfile import load_filter
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -201,31 +202,21 @@ def labels_for(lane_name="exl3_2x", hosts=("dgx1", "dgx2"), rank=0, **over):
 
 
 def container(cid, name, labels, running=True, env=None, exit_code=0, wanted=None):
-    """One podman container as the role's facts hold it; wanted: the environment the engine would get."""
-    return lane.dgx_container_list({"containers": [podman_info(cid, name, labels, running, exit_code, env)]},
-                                   "podman", env=wanted)[0]
+    """One podman container as engine_containers lists it; wanted: the environment the engine would get."""
+    return container_facts(podman_info(cid, name, labels, running, exit_code, env), wanted)
 
 
-def test_container_lists_of_both_runtimes_are_normalised():
-    podman = lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {"a": "b"}, False, 3,
-                                                                 {"K": "v=w", "L": "same"})]},
-                                     "podman", env={"K": "hf_new", "L": "same"})
-    assert podman == [{"id": ID1, "name": "e1", "running": False, "state": "exited", "exit_code": 3,
-                       "labels": {"a": "b"}, "env_changed": ["K"],
-                       "image": "localhost/engine:1", "restart_policy": ""}]
+def test_container_facts_name_changed_variables_only():
+    podman = container_facts(podman_info(ID1, "e1", {"a": "b"}, False, 3, {"K": "v=w", "L": "same"}),
+                             {"K": "hf_new", "L": "same"})
+    assert dict((k, podman[k]) for k in ("id", "name", "running", "status", "exit_code", "labels", "env_changed",
+                                         "image", "restart_policy")) == {
+        "id": ID1, "name": "e1", "running": False, "status": "exited", "exit_code": 3, "labels": {"a": "b"},
+        "env_changed": ["K"], "image": "localhost/engine:1", "restart_policy": ""}
     # Names only: neither a value nor anything derived from one (a digest of a short value is its value).
     assert "v=w" not in repr(podman) and "hf_new" not in repr(podman)
     assert hashlib.sha256(b"v=w").hexdigest() not in repr(podman)
-    assert lane.dgx_container_list({"containers": [podman_info(ID1, "e1", {}, env={"K": "v"})]},
-                                   "podman")[0]["env_changed"] is None     # nothing to compare with
-    docker = lane.dgx_container_list({"containers": [
-        {"Id": ID2, "Names": ["/e2"], "State": "exited", "Status": "Exited (137) 5 minutes ago", "Labels": None,
-         "Image": "engine:1"}]}, "docker")
-    assert docker[0]["name"] == "e2" and docker[0]["exit_code"] == 137 and docker[0]["env_changed"] is None
-    assert docker[0]["restart_policy"] is None   # the list does not say; the engine's inspect data does
-    assert lane.dgx_container_list({}, "podman") == []
-    with pytest.raises(AnsibleFilterError):
-        lane.dgx_container_list({}, "lxc")
+    assert container_facts(podman_info(ID1, "e1", {}, env={"K": "v"}))["env_changed"] is None  # nothing to compare
 
 
 def test_labels_are_strings_one_per_aspect_and_secrets_are_digests():
@@ -374,15 +365,15 @@ def test_left_strays_are_that_hosts_rank_of_the_dead_world():
                podman_info(ID2, "e1", labels_for("sglang_4x", world, rank=0)),        # another host's rank
                podman_info(ID3, "e9", labels_for("sglang_4x", world, rank=2), running=False),
                podman_info("d" * 64, "x", labels_for("exl3_2x", ("dgx3",), rank=0))]   # another world
-    podman = {"results": [{"item": item, "containers": listing},
+    podman = {"results": [{"item": item, "runtime": "podman", "containers": [container_facts(c) for c in listing]},
                           {"item": dict(item, host="dgx4"), "unreachable": True},
                           {"item": dict(item, host="dgx5"), "skipped": True}]}
-    found = lane.dgx_left_strays(podman, {"results": []})
+    found = lane.dgx_left_strays(podman)
     assert found["unchecked"] == ["dgx4"]
     assert found["strays"] == [{"host": "dgx3", "id": ID1, "name": "e3", "stoppable": True, "runtime": "podman",
                                 "why": "e3 on dgx3, no longer in the lane, is rank 2 of lane sglang_4x "
                                        "(dgx1,dgx2,dgx3,dgx4): a dead world"}]
-    assert lane.dgx_left_strays({}, None) == {"strays": [], "unchecked": []}
+    assert lane.dgx_left_strays({}) == {"strays": [], "unchecked": []}
 
 
 def test_the_lane_restarts_as_one_or_the_one_rank_named():

@@ -526,8 +526,7 @@ def test_engine_probe_results_when_the_api_is_down():
 
 def test_engine_node_state_results(staged):
     """The manifest read on the node: its local binds' sources fingerprinted (a pruned one listed as missing),
-    the receipt directory looked for; a manifest that is not there says why; the port's holders; the node's
-    Python."""
+    the receipt directory looked for; a manifest that is not there says why."""
     blobs = os.path.join(staged["local"], hubgen.repo_folder(MAIN), "blobs")
     files = [os.path.join(blobs, name) for name in sorted(os.listdir(blobs))] + [os.path.join(blobs, "pruned")]
     manifest_path = os.path.join(str(staged["local"]), "engine-manifest.json")
@@ -540,7 +539,7 @@ def test_engine_node_state_results(staged):
         json.dump(manifest, handle)
     args = {"manifest": manifest_path, "directories": [str(staged["local"]), manifest_path + ".d"]}
     result = check_result("engine_node_state", args, run_main("engine_node_state", args))
-    assert result["manifest"] == manifest and result["manifest_error"] == "" and "port_holders" not in result
+    assert result["manifest"] == manifest and result["manifest_error"] == ""
     assert result["files"] == len(files) and result["missing"] == [files[-1]]
     assert result["directories_missing"] == [manifest_path + ".d"]
     given = {"manifest_content": manifest}
@@ -549,25 +548,66 @@ def test_engine_node_state_results(staged):
     args = {"manifest": manifest_path + ".gone"}
     result = check_result("engine_node_state", args, run_main("engine_node_state", args))
     assert result["manifest"] is None and "No such file" in result["manifest_error"] and result["files"] == 0
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        port = sock.getsockname()[1]
-        args = {"port": port}
-        result = check_result("engine_node_state", args, run_main("engine_node_state", args))
-    assert [h["pid"] for h in result["port_holders"]] == [os.getpid()] and result["files"] == 0
-    args = {"python_modules": ["json", "dgx_no_such_module"]}
-    result = check_result("engine_node_state", args, run_main("engine_node_state", args))
-    assert result["python"]["missing"] == ["dgx_no_such_module"] and result["python"]["executable"] == sys.executable
-    bad = {"port": 70000}
-    result = check_result("engine_node_state", bad, run_main("engine_node_state", bad), expect_failure=True)
-    assert "1-65535" in result["msg"]
     unseen = {"directories": ["x" * 5000]}
     result = check_result("engine_node_state", unseen, run_main("engine_node_state", unseen), expect_failure=True)
     assert "cannot look for" in result["msg"]
     both = {"manifest": manifest_path, "manifest_content": manifest}
     result = check_result("engine_node_state", both, run_main("engine_node_state", both), expect_failure=True)
     assert "mutually exclusive" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# engine_containers, with a runtime CLI that prints captured inspect data
+# ------------------------------------------------------------------------------------------------
+
+FAKE_RUNTIME = """#!/bin/sh
+case "$1 $2" in
+  "ps --all") echo %(id)s ;;
+  "inspect --type") cat %(inspect)s ;;
+  "image inspect") [ -e %(image)s ] && cat %(image)s || { echo "no such image: SECRET-VALUE" >&2; exit 1; } ;;
+  "pull "*) echo sha256:%(id)s > %(image)s ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def test_engine_containers_results(tmp_path, monkeypatch):
+    """The containers a runtime lists, the engine's own, an image pulled as allowed (not in check mode), who
+    holds a port, the node's Python; a runtime that fails says so without the secrets."""
+    with open(os.path.join(os.path.dirname(__file__), "fixtures", "docker", "container_info.json")) as handle:
+        info = json.load(handle)["container"]
+    with open(str(tmp_path / "inspect.json"), "w") as handle:
+        json.dump([info], handle)
+    binary = tmp_path / "docker"
+    binary.write_text(FAKE_RUNTIME % {"id": info["Id"], "inspect": tmp_path / "inspect.json",
+                                      "image": tmp_path / "image-id"})
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    name = info["Name"].lstrip("/")
+    args = {"runtime": "docker", "name": name, "image": "localhost/engine:1", "pull": "missing",
+            "env": {"TOKEN": "SECRET-VALUE"}}
+    result = check_result("engine_containers", args, run_main("engine_containers", args, check_mode=True))
+    assert result["own"]["name"] == name and result["running"] and result["container_id"] == info["Id"]
+    assert result["own"]["env_changed"] == ["TOKEN"] and result["image_id"] == "" and not result["changed"]
+    result = check_result("engine_containers", args, run_main("engine_containers", args))
+    assert result["changed"] and result["image_present"] and result["image_id"] == "sha256:" + info["Id"]
+    # The listing holds names only (the invocation holds env: the task that passes it is no_log).
+    assert "SECRET-VALUE" not in json.dumps(dict(result, invocation=None))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        args = {"runtime": "docker", "containers": False, "port": sock.getsockname()[1],
+                "python_modules": ["json", "dgx_no_such_module"]}
+        result = check_result("engine_containers", args, run_main("engine_containers", args))
+    assert [h["pid"] for h in result["port_holders"]] == [os.getpid()] and "containers" not in result
+    assert result["python"]["missing"] == ["dgx_no_such_module"] and result["python"]["executable"] == sys.executable
+    bad = {"runtime": "docker", "port": 70000}
+    assert "1-65535" in check_result("engine_containers", bad, run_main("engine_containers", bad),
+                                     expect_failure=True)["msg"]
+    binary.write_text("#!/bin/sh\necho 'cannot connect: SECRET-VALUE' >&2\nexit 1\n")
+    failed = {"runtime": "docker", "redact": ["SECRET-VALUE"]}
+    result = check_result("engine_containers", failed, run_main("engine_containers", failed), expect_failure=True)
+    assert result["msg"].startswith("docker ps: cannot connect") and "SECRET-VALUE" not in result["msg"]
 
 
 # ------------------------------------------------------------------------------------------------

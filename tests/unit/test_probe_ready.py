@@ -13,10 +13,10 @@ import pytest
 
 from ansible.module_utils import dgx_decode, dgx_errors, dgx_lane_wait, dgx_openai, dgx_runtime, dgx_units
 from ansible.module_utils.dgx_decode import decode_probe, decode_result, decode_verdict
-from ansible.module_utils.dgx_lane_wait import container_facts, lane_verdict, owner_facts, poll_round, wait_probe
+from ansible.module_utils.dgx_lane_wait import lane_verdict, poll_round, wait_probe
 from ansible.module_utils.dgx_openai import parse_sse
 from ansible.module_utils.dgx_probe import run_probe
-from ansible.module_utils.dgx_runtime import api_owner, container_state
+from ansible.module_utils.dgx_runtime import api_owner, container_facts, container_state, owner_facts
 from test_module_docs import engine  # noqa: F401,F811 (the fixture: the engine double on 127.0.0.1)
 from test_probe import FakeClock, FakeResponse, api, finish_chunk, params, token_chunk
 
@@ -255,20 +255,23 @@ def inspect_json(running=True, exit_code=0, status=None, finished="0001-01-01T00
     return json.dumps([{"Id": OURS, "Name": "/ds41-engine", "State": state}])
 
 
+def inspected(text):
+    return container_facts(json.loads(text)[0])
+
+
 def test_container_facts_of_a_running_and_an_exited_container():
-    facts = container_facts(inspect_json(), "ds41-engine")
+    facts = inspected(inspect_json())
     assert facts["running"] and facts["id"] == OURS and facts["finished_at"] is None and facts["exists"]
-    facts = container_facts(inspect_json(False, 3, finished="2026-11-30T20:46:00.5Z", OOMKilled=True), "ds41-engine")
+    facts = inspected(inspect_json(False, 3, finished="2026-11-30T20:46:00.5Z", OOMKilled=True))
     assert (facts["running"], facts["status"], facts["exit_code"], facts["finished_at"], facts["oom_killed"]) == (
         False, "exited", 3, "2026-11-30T20:46:00.5Z", True)
-    assert container_facts(inspect_json(Paused=True), "x")["running"] is False
-    assert container_facts("[]", "x")["exists"] is False
+    assert inspected(inspect_json(Paused=True))["running"] is False
 
 
 def test_a_podman_container_stopped_before_its_clean_up_is_an_exited_one_with_its_exit_code():
     # Podman says "stopped" for a moment between the process's end and its clean-up ("exited"): the same rank
     # must not be described two ways depending on when the probe looked.
-    facts = container_facts(inspect_json(False, 3, status="stopped", finished="2026-11-30T20:46:00Z"), "x")
+    facts = inspected(inspect_json(False, 3, status="stopped", finished="2026-11-30T20:46:00Z"))
     assert (facts["status"], facts["exit_code"]) == ("exited", 3)
 
 
@@ -436,7 +439,7 @@ def test_a_dead_rank_fails_the_lane_even_when_the_api_answers():
 def test_a_paused_rank_is_named_paused_without_an_exit_code():
     # docker: Running and Paused both true; podman: Running false, Status paused. ExitCode 0 is no exit.
     for state in ({"Running": True, "Paused": True, "Status": "paused"}, {"Running": False, "Paused": True}):
-        facts = container_facts(inspect_json(finished="2026-11-30T20:40:00Z", **state), "ds41-engine")
+        facts = inspected(inspect_json(finished="2026-11-30T20:40:00Z", **state))
         assert (facts["running"], facts["status"], facts["exit_code"]) == (False, "paused", None)
     rows = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": {"container": facts}, "dgx3": row(), "dgx4": row()}
     verdict = lane_verdict(HOSTS, rows, URL)
@@ -459,7 +462,7 @@ def test_a_paused_rank_is_named_paused_without_an_exit_code():
 ])
 def test_each_container_state_is_worded_as_it_is(state, text):
     state = dict({"Running": False, "ExitCode": 0}, **state)
-    facts = container_facts(inspect_json(finished="2026-11-30T20:46:00Z", **state), "ds41-engine")
+    facts = inspected(inspect_json(finished="2026-11-30T20:46:00Z", **state))
     assert not facts["running"]
     assert dgx_lane_wait.describe_down(2, "dgx3", facts) == "rank 2 (host dgx3): container ds41-engine " + text
 

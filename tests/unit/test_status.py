@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible.module_utils.dgx_lane_wait import container_facts
+from ansible.module_utils.dgx_runtime import container_facts
 from ansible.module_utils.dgx_progress_file import passes_of, read_document
 from ansible.module_utils.dgx_status import (engine_status, host_status, manifest_lines, manifest_status,
                                              pass_summary, repo_status, status_lines)
@@ -315,7 +315,7 @@ def test_engine_states_from_captured_docker_inspect_output():
 
     def captured(name):
         with open(os.path.join(fixtures, name)) as handle:
-            return container_facts(handle.read(), "ds41-engine")
+            return dict(container_facts(json.load(handle)[0]), name="ds41-engine")
 
     running = engine_status(True, "ds41-engine", probe(captured("inspect_running.json"), True, ["ds41"]))
     assert (running["state"], running["health"], running["exit_code"]) == ("running", "ok", None)

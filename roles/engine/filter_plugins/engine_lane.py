@@ -1,21 +1,15 @@
 # -*- coding: utf-8 -*-
 """Engine role filters for the lane-wide decisions: one engine per rank, restarted together.
 
-dgx_container_list(result, runtime, details)
-                                       -> the containers a runtime listed (podman_container_info, or
-                                          docker_host_info with verbose_output), as
-                                          [{id, name, running, state, exit_code, labels, env_changed (the
-                                          names of env's variables whose value differs, never a value),
-                                          image}]; details: inspect results (docker_container_info's
-                                          `container`) that fill in what Docker's list lacks (the environment)
 dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
                                           runs (lane, rank, image, command, env, mounts, bound files, ...):
                                           comparing them with the running container's says why it restarts
-dgx_lane_survey(containers, ...)       -> on one rank's host: this lane's container (own), the strays (a
+dgx_lane_survey(containers, ...)       -> on one rank's host, from engine_containers' list (module_utils/
+                                          dgx_runtime): this lane's container (own), the strays (a
                                           container outside the lane holding the engine's name or port, a
                                           host process on the port) and the earlier worlds those belong to
 dgx_left_hosts(surveys, ...)           -> hosts of those earlier worlds that are no longer in the lane
-dgx_left_strays(podman, docker)        -> the engines of an earlier world still running on those hosts
+dgx_left_strays(results)               -> the engines of an earlier world still running on those hosts
 dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when it need not
 dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
 dgx_stray_lines(strays)                -> one readable line per stray
@@ -30,7 +24,7 @@ Labels never carry a secret: env and command are stored as digests.
 
 import hashlib
 import json
-import re
+
 
 from ansible.errors import AnsibleFilterError
 
@@ -70,7 +64,6 @@ ASPECTS = (
     (FILES, lambda old, new: "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
     (DEVICES, lambda old, new: "GPU devices changed"),
 )
-_EXITED = re.compile(r"Exited \((-?\d+)\)")
 
 
 def _short_id(image_id):
@@ -80,64 +73,6 @@ def _short_id(image_id):
 
 def _digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
-
-
-def _env_changed(entries, env):
-    """The names of env's variables whose value a container's environment (K=V entries) does not hold, sorted;
-    None when either is unknown. Only names leave: the facts the role keeps and shows at -v never hold a value
-    or anything derived from one (an HF_TOKEN among them)."""
-    if entries is None or env is None:
-        return None
-    held = dict(entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
-    return sorted(str(name) for name, value in env.items() if held.get(str(name)) != str(value))
-
-
-# ------------------------------------------------------------------------------------------------
-# containers
-# ------------------------------------------------------------------------------------------------
-
-def _inspected(info, image, env=None):
-    """An inspect result (podman_container_info, docker_container_info), normalised. Docker keeps
-    State.Running true while a container is paused or restarting (crash-looping under a restart policy):
-    neither is a rank that runs."""
-    state = info.get("State") or {}
-    config = info.get("Config") or {}
-    status = "paused" if state.get("Paused") else "restarting" if state.get("Restarting") else state.get("Status", "")
-    return {"id": info.get("Id", ""), "name": info.get("Name", "").lstrip("/"),
-            "running": bool(state.get("Running")) and status not in ("paused", "restarting"),
-            "state": status, "exit_code": state.get("ExitCode"),
-            "labels": dict(config.get("Labels") or {}), "env_changed": _env_changed(config.get("Env"), env), "image": image,
-            "restart_policy": ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or ""}
-
-
-def _podman_container(info, env=None):
-    return _inspected(info, info.get("ImageName") or (info.get("Config") or {}).get("Image") or "", env)
-
-
-def _docker_container(info, env=None):
-    if "Names" in info:   # the API's container list (docker_host_info)
-        exited = _EXITED.search(info.get("Status") or "")
-        return {"id": info.get("Id", ""), "name": (info.get("Names") or [""])[0].lstrip("/"),
-                "running": info.get("State") == "running", "state": info.get("State", ""),
-                "exit_code": int(exited.group(1)) if exited else None, "labels": dict(info.get("Labels") or {}),
-                "env_changed": None, "image": info.get("Image", ""), "restart_policy": None}
-    return _inspected(info, (info.get("Config") or {}).get("Image", ""), env)   # docker_container_info
-
-
-def dgx_container_list(result, runtime, details=None, env=None):
-    """The containers of a podman_container_info or docker_host_info result, normalised; env (the engine's
-    environment) names each container's changed variables.
-
-    Docker's container list (docker_host_info) carries no environment: an inspect result in details (the
-    engine container's docker_container_info) with the same id replaces the listed entry, so the restart
-    reasons can name the changed variables on Docker too. Details of a container not listed are ignored.
-    """
-    if runtime not in ("podman", "docker"):
-        raise AnsibleFilterError("dgx_container_list: runtime must be podman or docker, not %r" % (runtime,))
-    shape = _podman_container if runtime == "podman" else _docker_container
-    listed = [shape(info, env) for info in (result or {}).get("containers") or []]
-    inspected = dict((c["id"], c) for c in (shape(info, env) for info in details or [] if info) if c["id"])
-    return [inspected.get(c["id"], c) for c in listed]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -168,9 +103,9 @@ def dgx_engine_labels(spec):
 
 
 def _state_text(container):
-    if container.get("exit_code") is not None and container.get("state") in ("exited", "stopped", "dead"):
-        return "container %s (exit code %s)" % (container["state"], container["exit_code"])
-    return "container %s" % (container.get("state") or "not running")
+    if container.get("exit_code") is not None and container.get("status") in ("exited", "stopped", "dead"):
+        return "container %s (exit code %s)" % (container["status"], container["exit_code"])
+    return "container %s" % (container.get("status") or "not running")
 
 
 def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_changed=False, strays=None):
@@ -310,34 +245,30 @@ def dgx_left_hosts(surveys, lane_hosts, inventory_hosts):
     return [out[k] for k in sorted(out)]
 
 
-def dgx_left_strays(podman_results, docker_results):
+def dgx_left_strays(results):
     """{strays, unchecked}: the running engines of an earlier world on hosts that left the lane - a container
-    whose labels say it is that host's rank of that world - from the looped info tasks' results
-    (item = a dgx_left_hosts entry). unchecked: hosts that could not be reached."""
-    strays, unchecked = [], []
-    for runtime, results in (("podman", podman_results), ("docker", docker_results)):
-        for result in (results or {}).get("results") or []:
-            if result.get("skipped"):
+    whose labels say it is that host's rank of that world - from the looped engine_containers results
+    (item = a dgx_left_hosts entry, runtime = the runtime that host was asked with). unchecked: hosts that could
+    not be reached or asked."""
+    strays, unchecked, seen = [], [], set()
+    for result in (results or {}).get("results") or []:
+        if result.get("skipped"):
+            continue
+        item = result["item"]
+        if result.get("unreachable") or result.get("failed"):
+            unchecked.append(item["host"])
+            continue
+        for c in result.get("containers") or []:
+            labels = c["labels"]
+            if not c["running"] or labels.get(LANE) != item["lane"] or labels.get(LANE_HOSTS) != item["lane_hosts"]:
                 continue
-            item = result["item"]
-            if result.get("unreachable") or result.get("failed"):
-                unchecked.append(item["host"])
-                continue
-            for c in dgx_container_list(result, runtime):
-                labels = c["labels"]
-                if not c["running"] or labels.get(LANE) != item["lane"] or labels.get(LANE_HOSTS) != item["lane_hosts"]:
-                    continue
-                if _rank_host(c) == item["host"]:
-                    strays.append({"host": item["host"], "id": c["id"], "name": c["name"], "stoppable": True,
-                                   "runtime": runtime,
-                                   "why": "%s on %s, no longer in the lane, is rank %s of lane %s (%s): a dead world"
-                                   % (c["name"], item["host"], labels.get(RANK), item["lane"], item["lane_hosts"])})
-    seen, unique = set(), []
-    for stray in strays:
-        if (stray["host"], stray["id"]) not in seen:
-            seen.add((stray["host"], stray["id"]))
-            unique.append(stray)
-    return {"strays": unique, "unchecked": sorted(set(unchecked))}
+            if _rank_host(c) == item["host"] and (item["host"], c["id"]) not in seen:
+                seen.add((item["host"], c["id"]))
+                strays.append({"host": item["host"], "id": c["id"], "name": c["name"], "stoppable": True,
+                               "runtime": result.get("runtime"),
+                               "why": "%s on %s, no longer in the lane, is rank %s of lane %s (%s): a dead world"
+                               % (c["name"], item["host"], labels.get(RANK), item["lane"], item["lane_hosts"])})
+    return {"strays": strays, "unchecked": sorted(set(unchecked))}
 
 
 def dgx_secret_values(env, command=None):
@@ -419,7 +350,6 @@ class FilterModule(object):
             "dgx_bind_problem_lines": dgx_bind_problem_lines,
             "dgx_redact": dgx_redact,
             "dgx_secret_values": dgx_secret_values,
-            "dgx_container_list": dgx_container_list,
             "dgx_engine_labels": dgx_engine_labels,
             "dgx_lane_survey": dgx_lane_survey,
             "dgx_left_hosts": dgx_left_hosts,

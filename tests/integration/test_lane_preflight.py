@@ -19,7 +19,7 @@ HOSTS = ["node0", "node1", "node2"]
 TAGS = "preflight,stage,verify,manifest"
 # More than any disk holds: the preflight space check of that host fails.
 IMPOSSIBLE_RESERVE = str(2 ** 60)
-LANE_CHECK = "Every host of the lane passed preflight"
+LANE_CHECK = "Lane gate | Every host of the lane passed preflight"
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def test_an_unreachable_host_fails_the_lane_and_limit_leaves_it_out(tmp_path, sm
     code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
     assert code != 0 and data["stats"]["node1"]["unreachable"] > 0, data["stats"]
     assert_lane_stopped_in_preflight(tmp_path, data, before, ["node0", "node2"], "node1",
-                                     "of lane dgx_lane: node1 unreachable or failed before preflight. ")
+                                     "of lane dgx_lane: node1 unreachable or failed earlier in the run. ")
 
     # Without it, the rest of the lane stages: the check waits only for the hosts this run targets.
     code, data = run_playbook(tmp_path, inventory, "--tags", TAGS, "--limit", "node0,node2")

@@ -334,8 +334,7 @@ def test_swapped_and_flipped_shards_are_repaired_by_verify_and_the_table_and_rep
 def test_a_node_without_its_python_fails_in_preflight_and_its_host_report_says_so(tmp_path, nas_hub, local_hub):
     """The node's Python is missing: the run fails at its first module, in preflight, naming the interpreter. The
     host report is written on the controller all the same (it needs no Python of the node), says where the run
-    failed, and the next step names it. (A run that wrote no report for a host names none by guess:
-    tests/unit/test_dgx_summary.py.)"""
+    failed, and the next step names it."""
     python = str(tmp_path / "no-python")
     inventory = host_inventory(tmp_path, nas_hub["hub"], str(local_hub), ansible_python_interpreter=python)
     code, lines = run_text(tmp_path, inventory)
@@ -352,9 +351,10 @@ def test_a_node_without_its_python_fails_in_preflight_and_its_host_report_says_s
 
 def test_ctrl_c_still_prints_the_table_once_marked_interrupted(tmp_path, make_nas_hub, kill_at_teardown):
     """Ansible sends no stats on Ctrl-C: the table comes all the same, once, saying INTERRUPTED, which
-    host did not finish and how to finish (the lines from a recorded run: test_dgx_summary). Once its first play has ended, the run's host reports say running with no
-    finish time: what a run killed mid-copy (SIGKILL: nothing more is written) leaves, and still so after
-    the Ctrl-C - an interrupted or killed run never reads ok."""
+    host did not finish and how to finish (every case of those lines: test_dgx_summary). Once its first play
+    has ended, the run's host reports say running with no finish time: what a run killed mid-copy (SIGKILL:
+    nothing more is written) leaves, and still so after the Ctrl-C - an interrupted or killed run never
+    reads ok."""
     def run_reports():
         """{file name: parsed host report} of the run's stage_report_dir."""
         return dict((p.name, json.loads(p.read_text())) for p in sorted((tmp_path / "reports").iterdir()))

@@ -15,14 +15,24 @@ callbacks do). The plays only set facts; no task passes the report anything.
   run targets, before its first task, so the node_exporter textfiles it writes read the final view; a run that
   ends before that play (every host failed) records it at the stats. An interrupted run records no end: its
   reports stay `running` until the front end settles them (dgx_report.settle_unfinished).
+
+Once the reports of a run are final it prints the lane summary (dgx_stage/summary.py) from them, after the recap
+(unless the front end drives the run or the stdout is machine-readable): Ansible sends each event to the stdout
+callback first and to the others in no set order, so only the writer knows when its last write is done. A run
+stopped before its stats (Ctrl-C) prints it at exit, its unfinished hosts marked so.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import signal
+import time
 
+from ansible import constants as C
 from ansible import context
 from ansible.plugins.callback import CallbackBase
 
-from dgx_stage import use_module_utils
+from dgx_stage import UsageError, runs, summary, use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
@@ -40,6 +50,8 @@ description:
   - Records the end of the run (C(ok), C(check), or C(failed) for a host lost on the way) when the play marked
     C(dgx_run_end) starts, or at the stats when the run never reached it.
   - Writes nothing for a run without such a play (C(playbooks/status.yml)).
+  - Then prints the lane summary from the reports of the run (dgx_stage/summary.py) - the table, what failed,
+    the next steps - or, for a run stopped before its stats, the same at exit, marked INTERRUPTED.
   - Enabled by the repo's ansible.cfg (C(callbacks_enabled)).
 requirements:
   - enable it in callbacks_enabled
@@ -48,7 +60,8 @@ requirements:
 # The facts a report is made of: the lane's (playbooks/select-lane.yml) and the roles' results so far.
 REPORT_FACTS = ("lane_name", "lane_rank", "lane_world_size", "lane_hosts", "lane_targets", "lane_run_id",
                 "lane_run_started", "lane_report_dir", "lane_hub_nas_root", "lane_hub_local_root",
-                "stage_passes", "stage_header_checks", "stage_window", "engine_report")
+                "stage_passes", "stage_header_checks", "stage_window", "engine_report",
+                "lane_engine_runs")   # the summary's only: why no engine started
 # Set on one host with run_once, the same for every host: a host without its own takes them from the lane.
 LANE_FACTS = ("lane_name", "lane_hosts", "lane_targets", "lane_run_id", "lane_run_started", "lane_report_dir")
 # Tasks that do not make a host part of a play: the argument checks of roles (tagged always, they run in plays
@@ -73,8 +86,30 @@ class CallbackModule(CallbackBase):
         self._reporting = False
         self._ended = False
         self._out = set()       # hosts out of the run: failed (not rescued away) or unreachable
+        self._run_args = None   # the summary's: how the run was started, set when it starts
+        self._interrupted = False
 
     # -- what the run says -------------------------------------------------------------------------------
+    def v2_playbook_on_start(self, playbook):
+        if not summary.summary_wanted(C.config.get_config_value("DEFAULT_STDOUT_CALLBACK")):
+            return
+        self._run_args = dict(summary.run_of(context.CLIARGS, getattr(playbook, "_file_name", None)),
+                              started=time.monotonic(), pid=os.getpid())
+        atexit.register(self._at_exit)
+        try:
+            previous = signal.getsignal(signal.SIGINT)
+
+            def note_sigint(signum, frame):   # then Ansible's own handler: the run stops without its stats
+                self._interrupted = previous != signal.SIG_IGN
+                if callable(previous):
+                    return previous(signum, frame)
+                if previous != signal.SIG_IGN:
+                    raise KeyboardInterrupt()
+
+            signal.signal(signal.SIGINT, note_sigint)
+        except (ValueError, OSError, TypeError):    # not the main thread: the exit hook still prints
+            pass
+
     def _host(self, name):
         return self._hosts.setdefault(name, {"facts": {}, "play": None, "started": None, "last": None,
                                              "in_play": False, "failure": None, "last_failure": None,
@@ -209,3 +244,27 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_stats(self, stats):
         if self._reporting and not self._ended:
             self._record_end()
+        self._print_summary()
+
+    def _at_exit(self):
+        if self._run_args and os.getpid() == self._run_args["pid"]:
+            self._print_summary("INTERRUPTED" if self._interrupted else "STOPPED")
+
+    def _print_summary(self, stopped=None):
+        """The lane summary, once, from what this run wrote."""
+        run, self._run_args = self._run_args, None
+        if not run or not self._reporting:
+            return
+        facts = dict((name, info["facts"]) for name, info in self._hosts.items())
+        run.update(id=self._lane.get("lane_run_id"), wall_s=time.monotonic() - run["started"])
+        engine_runs = dict((name, str(f.get("lane_engine_runs")).lower() == "true") for name, f in facts.items()
+                           if "lane_engine_runs" in f)
+        try:
+            reports, paths = runs.run_reports(sorted(set(self._directory(f) for f in facts.values()) - {""}),
+                                              run["id"])
+            lines = summary.lane_summary(reports, paths, run, stopped, engine_runs)
+            if lines:
+                self._display.display("\n".join(lines))
+                self._display.display("")
+        except (UsageError, OSError) as exc:   # an unreadable report dir; a closed stdout at exit
+            self._display.error("no lane summary: %s" % exc)

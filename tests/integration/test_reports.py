@@ -298,3 +298,18 @@ def test_a_host_lost_during_the_run_never_keeps_yesterdays_ok(staged_hub):
     assert "unreachable" in lost["failed_msg"] and lost["finished"]
     assert found["rank1-%s.json" % ok["run_id"]]["status"] == "failed"
     assert lost["passes"]["stage"] == yesterday["passes"]["stage"]       # the last real results stay
+
+
+def test_a_report_dir_the_controller_cannot_write_stops_the_run_before_a_node_is_written(tmp_path, nas_hub):
+    """The dgx_report callback can only say so when it cannot write a report: the lane selection refuses the
+    run first, naming the dir and the fix, and no node's hub is touched (a path under a file: even root cannot
+    create it)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["node0", "node1"], stage_report_dir=str(blocker / "reports"))
+    code, data, _times = run(tmp_path, inventory)
+    assert code != 0
+    failed = failures(data)
+    assert len(failed) == 2 and all(str(blocker / "reports") in line and "stage_report_dir" in line
+                                    for line in failed), failed
+    assert not (tmp_path / "node0").exists() and not (tmp_path / "node1").exists()

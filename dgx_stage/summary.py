@@ -1,0 +1,236 @@
+"""The lane summary of a run of the playbooks without the front end (pure functions, no I/O).
+
+The dgx_report callback prints it once the host reports of the run are final: a title, the table of
+dgx_stage/table.py from this run's reports (the figures are the reports'), a closing line, and for each
+host that failed or did not finish what to read and what to run. The status playbook, which writes no
+report, gets its hosts' status lines instead (status_lines, printed by the dgx_stdout callback).
+"""
+import os
+import re
+import shlex
+
+from dgx_stage import UsageError, extravars, runs, table, use_module_utils
+
+use_module_utils()
+from ansible.module_utils.dgx_job_poll import human_eta  # noqa: E402
+from ansible.module_utils.dgx_report import PLAYS  # noqa: E402
+from ansible.module_utils.dgx_status import one_line  # noqa: E402
+
+# Machine-readable stdout callbacks: a summary would corrupt their output.
+QUIET_STDOUT = ("json", "jsonl")
+# Set by the front end (runs.run_identity_env) for the playbook runs it drives: its table is the run's one.
+FRONT_END_RUN = "DGX_STAGE_RUN_ID"
+ENGINE_PLAYS = ("engine", "smoke", "bench")
+
+
+def summary_wanted(stdout_callback, environ=None):
+    """Whether a run prints a summary: not under the front end, not into a machine-readable stdout."""
+    environ = os.environ if environ is None else environ
+    return str(stdout_callback or "").split(".")[-1] not in QUIET_STDOUT and not environ.get(FRONT_END_RUN)
+
+
+def plural(count, word):
+    return "%d %s%s" % (count, word, "" if count == 1 else "s")
+
+
+def in_play_order(tags):
+    """--tags in the order stage-deepseek.yml runs the plays (Ansible keeps them as a set)."""
+    return sorted(tags, key=lambda tag: (PLAYS.index(tag), "") if tag in PLAYS else (len(PLAYS), tag))
+
+
+def command(run, hosts, extra=()):
+    """`ansible-playbook -i INVENTORY PLAYBOOK --limit HOSTS ...`, shell-quoted."""
+    cmd = ["ansible-playbook"] + (["-i", run["inventory"]] if run.get("inventory") else [])
+    cmd += [run.get("playbook") or "stage-deepseek.yml", "--limit", ",".join(hosts)] + list(extra)
+    return " ".join(shlex.quote(part) for part in cmd)
+
+
+def tags_asked(msg):
+    """The tags a failure message asks to run, in its order: `--tags stage`, `--tags=stage,verify`, or a front end
+    command (`dgx-stage stage --limit dgx2`: the plays that subcommand runs)."""
+    from dgx_stage.cli import SUBCOMMANDS
+    tags = []
+    for flag, subcommand in re.findall(r"--tags[ =]+([\w,-]+)|dgx-stage ([a-z-]+)", str(msg or "")):
+        group = flag or (SUBCOMMANDS.get(subcommand) or (None, ""))[1] or ""
+        tags += [tag for tag in group.split(",") if tag and tag not in tags]
+    return tags
+
+
+def rerun_command(run, host, play, msg=None, lane=None):
+    """What to run once the cause is fixed: the whole playbook for that host (staged blobs are reused), or
+    only the failed play - with the plays its message asks for first (verify refused for files not staged
+    asks for the stage play: --tags stage,verify). lane: the hosts of a lane whose engine runs; the engine
+    play refuses part of a lane, so a run that reaches it names them all."""
+    whole = list(lane or [host])
+    text = command(run, whole)
+    if play:
+        tags = tags_asked(msg)
+        tags += [play] if play not in tags else []
+        what = "that play" if len(tags) == 1 else "those plays"
+        if whole == [host] or set(tags) & set(ENGINE_PLAYS):
+            text += "  (or only %s: --tags %s)" % (what, ",".join(tags))
+        else:
+            text += "  (or only %s on %s: %s)" % (what, host, command(run, [host], ["--tags", ",".join(tags)]))
+    if whole != [host]:
+        text += "; the whole lane %s, as its engine restarts as one" % ",".join(whole)
+    return text
+
+
+def rerun_extra_vars(values):
+    """The run's -e values as its re-run step names them: an @file by its path, but an inline value, and the
+    file the front end writes for one (removed when its run ends), by the names it sets, as NAME=... (the
+    value may be a secret: never shown)."""
+    out = []
+    for value in values:
+        if value.startswith("@") and os.path.basename(os.path.dirname(value[1:])) != runs.EXTRA_VARS:
+            out.append("-e " + shlex.quote(value))
+            continue
+        try:
+            names = sorted(str(name) for name in extravars.variables_of(value))
+        except UsageError:
+            names = ["..."]
+        out += ["-e %s=..." % name for name in names]
+    return out
+
+
+def extra_var_warnings(values, inventories):
+    """What dgx-stage refuses in -e values (a name no play or role reads, a name without a value, a value
+    outside its choices or type), as warnings for a run without the front end; none without -e."""
+    if not values:
+        return []
+    try:
+        return extravars.problems(list(values), list(inventories))
+    except UsageError as exc:
+        return [str(exc)]
+
+
+def _rank_order(reports):
+    def order(host):
+        rank = reports[host].get("rank")
+        return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
+    return order
+
+
+def engine_lane(reports, host, engine_runs):
+    """The hosts of host's lane in rank order when its engine runs in this run (None otherwise): a re-run
+    that reaches the engine play must name them all."""
+    lane = reports[host].get("lane")
+    if engine_runs.get(host) is not True or not lane:
+        return None
+    hosts = sorted((h for h, report in reports.items() if report.get("lane") == lane), key=_rank_order(reports))
+    return hosts if len(hosts) > 1 else None
+
+
+def failure_steps(report, path, run, lane=None):
+    """For a failed host: what failed and why (table.failure_line, as the front end says it), then what to read
+    (the host's latest report, beside this run's at `path`) and what to run."""
+    host = report.get("host")
+    unreachable = report.get("failed_task") == "(host unreachable)"
+    msg = " ".join(str(report.get("failed_msg") or "").split())
+    lines = [one_line(table.failure_line({"host": host, "unreachable": unreachable, "play": report.get("failed_play"),
+                                          "task": report.get("failed_task"),
+                                          "msg": msg if len(msg) <= 300 else msg[:297] + "..."}))]
+    if unreachable:
+        step = "check that %s answers (ssh, its Python), then re-run: %s" % (host, rerun_command(run, host, None,
+                                                                                                lane=lane))
+    else:
+        latest = os.path.join(os.path.dirname(path), "%s.json" % host)
+        step = "read the error above and the host report %s; fix the cause, then re-run: %s" % (
+            relative(latest), rerun_command(run, host, report.get("failed_play"), msg, lane))
+    return lines + ["next step: " + step]
+
+
+def relative(path, cwd=None):
+    """path relative to the working dir when under it (as the operator typed it), else as it is."""
+    cwd = cwd or os.getcwd()
+    if path and os.path.isabs(path) and os.path.commonpath([path, cwd]) == cwd:
+        return os.path.relpath(path, cwd)
+    return path
+
+
+def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
+    """The summary lines of a run from its host reports ({host: report}, {host: path}, runs.run_reports).
+
+    run: {id, inventory, playbook, check, wall_s, rerun_args, extra_vars}; stopped: INTERRUPTED or STOPPED
+    when the run ended before its recap (its hosts still `running` did not finish); engine_runs: {host:
+    lane_engine_runs}. [] without a report."""
+    if not reports:
+        return []
+    engine_runs = engine_runs or {}
+    order = sorted(reports, key=_rank_order(reports))
+    shown = dict((h, dict(r, status="interrupted") if stopped and r.get("status") == "running" else r)
+                 for h, r in reports.items())
+    check = bool(run.get("check"))
+    lanes = sorted(set(str(r["lane"]) for r in reports.values() if r.get("lane")))
+    title = "DGX-STAGE LANE SUMMARY: lane %s, %s, run %s%s%s" % (
+        ",".join(lanes) or "?", plural(len(reports), "host"), run.get("id") or "?",
+        ", CHECK MODE (nothing was written)" if check else "", ", " + stopped if stopped else "")
+    lines = [title, table.render_plain(table.table_rows(shown))]
+    failed = [h for h in order if shown[h].get("status") == "failed"]
+    unfinished = [h for h in order if shown[h].get("status") == "interrupted"]
+    total = "wall time %s; %d/%d hosts %s" % (human_eta(run.get("wall_s") or 0), len(order) - len(failed)
+                                               - len(unfinished), len(order), "checked" if check else "ok")
+    if failed:
+        total += "; FAILED: %s" % ", ".join(failed)
+    if unfinished:
+        total += "; %s: %s" % (stopped or "INTERRUPTED", ", ".join(unfinished))
+    idle = [h for h in order if engine_runs.get(h) is False]
+    if idle and not check and not stopped:
+        total += "; engine not started%s (engine_enabled is false)" % (
+            "" if len(idle) == len(order) else " on " + ", ".join(idle))
+    lines.append(total)
+    for host in failed:
+        lines += failure_steps(shown[host], paths[host], run, engine_lane(reports, host, engine_runs))
+    if unfinished:
+        text = command(run, unfinished, run.get("rerun_args") or ())
+        if run.get("extra_vars"):
+            text += "  (again with %s)" % " ".join(run["extra_vars"])
+        lines.append("next step: the run was %s before %s finished; what is staged is kept and reused, so re-run: %s"
+                     % ("interrupted" if stopped == "INTERRUPTED" else "stopped", ", ".join(unfinished), text))
+    return lines
+
+
+def run_of(args, playbook, cwd=None):
+    """The run as the summary's re-run commands name it, from ansible's CLI arguments (context.CLIARGS)."""
+    inventories = [i for i in (args.get("inventory") or ()) if i]
+    tags = in_play_order(t for t in (args.get("tags") or ()) if t and t != "all")
+    rerun = (["--tags", ",".join(tags)] if tags else []) + (
+        ["--skip-tags", ",".join(args["skip_tags"])] if args.get("skip_tags") else []) + (
+        ["--check"] if args.get("check") else [])
+    return {"inventory": ",".join(relative(i, cwd) for i in inventories) or None,
+            "playbook": relative(playbook or "", cwd) or None, "check": bool(args.get("check")),
+            "rerun_args": rerun, "extra_vars": rerun_extra_vars(args.get("extra_vars") or ())}
+
+
+def status_lines(hosts, run, stopped=None):
+    """The status playbook's summary: per host in rank order ({host: {lane, rank, lines, failure, unreachable}})
+    its stage_status lines, or why it has none; then the count and a next step for a host not read."""
+    if not hosts:
+        return []
+    order = sorted(hosts, key=_rank_order(hosts))
+    lanes = sorted(set(str(info["lane"]) for info in hosts.values() if info.get("lane")))
+    lines = ["DGX-STAGE STATUS: lane %s, %s%s" % (",".join(lanes) or "?", plural(len(order), "host"),
+                                                ", " + stopped if stopped else "")]
+    bad, steps = [], []
+    for host in order:
+        info = hosts[host]
+        title = host + (" (rank %s)" % info["rank"] if info.get("rank") is not None else "")
+        failure = info.get("failure") or {}
+        msg = one_line(str(failure.get("msg") or ""))
+        if info.get("lines") is not None and not info.get("unreachable"):
+            lines += [title + ":"] + ["  " + one_line(str(text)) for text in info["lines"]]
+            continue
+        bad.append(host)
+        if info.get("unreachable"):
+            why = "unreachable" + (": " + msg if msg else "")
+            steps.append("next step: check that %s answers (ssh, its Python), then re-run: %s"
+                         % (host, command(run, [host])))
+        elif failure:
+            why = "failed: %s: %s%s" % (failure.get("play") or "?", failure.get("task") or "?",
+                                        ": " + msg if msg else "")
+        else:
+            why = "not read (%s)" % (stopped.lower() if stopped else "no status")
+        lines.append("%s: %s" % (title, why))
+    total = "%d/%d hosts read" % (len(order) - len(bad), len(order))
+    return lines + [total + ("; NOT READ: %s" % ", ".join(bad) if bad else "")] + steps
+

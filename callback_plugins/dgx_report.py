@@ -133,9 +133,12 @@ class CallbackModule(CallbackBase):
         info["last_failure"], info["pending"] = {"task": name, "result": result.result}, True
 
     def v2_runner_on_unreachable(self, result):
-        self._seen(result)
+        info = self._seen(result)
         if not result.task.ignore_unreachable:
             self._out.add(result.host.get_name())
+            # The play is not recorded: the host did not finish it, and the end of the run names it as the
+            # play the host was lost in.
+            info["in_play"] = False
 
     # -- writing -----------------------------------------------------------------------------------------
     def _commit(self, name, info):

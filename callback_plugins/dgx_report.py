@@ -10,7 +10,8 @@ callbacks do). The plays only set facts; no task passes the report anything.
   rescue (playbooks/tasks/fail-play.yml sets dgx_play_failed), so the rescue reads the failed view;
 - a failure after which the host runs no other task of the play, or that the play's frame rescue takes (the
   last one before it, as ansible_failed_task), is the play's failure and puts the host out of the run, as an
-  unreachable host is; an ignored failure never counts, nor one a rescue in a role lets the host go on from;
+  unreachable host is; an ignored failure never counts, nor one a rescue in a role lets the host go on from; a
+  run_once task's failure is every host's of the play that goes no further (Ansible fails them all at once);
 - the play marked `dgx_run_end: true` (playbooks/end-run.yml) records the end of the run for every host the
   run targets, before its first task, so the node_exporter textfiles it writes read the final view; a run that
   ends before that play (every host failed) records it at the stats. An interrupted run records no end: its
@@ -73,6 +74,7 @@ class CallbackModule(CallbackBase):
         self._reporting = False
         self._ended = False
         self._out = set()       # hosts out of the run: failed (not rescued away) or unreachable
+        self._play_hosts = set()  # hosts that started a task of the play running
 
     # -- what the run says -------------------------------------------------------------------------------
     def _host(self, name):
@@ -94,6 +96,7 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_play_start(self, play):
         self._close_play()
+        self._play_hosts = set()
         play_vars = play.get_vars()
         self._play = str(play_vars["dgx_play"]) if str(play_vars.get("dgx_play")) in PLAYS else None
         self._reporting = self._reporting or self._play is not None
@@ -102,6 +105,7 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_start(self, host, task):
         info = self._host(host.get_name())
+        self._play_hosts.add(host.get_name())
         if self._play and info["play"] != self._play:
             info.update(play=self._play, started=utc_text(), in_play=False, failure=None, last_failure=None,
                         pending=False)
@@ -130,7 +134,14 @@ class CallbackModule(CallbackBase):
         if ignore_errors or info["failure"]:
             return
         name = str(result.task_fields.get("name") or "") or str(result.task.action or "")
-        info["last_failure"], info["pending"] = {"task": name, "result": result.result}, True
+        failure = {"task": name, "result": result.result}
+        info["last_failure"], info["pending"] = failure, True
+        if getattr(result.task, "run_once", False):
+            # Ansible fails every host of the play at a run_once task's failure, with this one result: each host
+            # that runs no further task (not even a rescue) leaves the play with it.
+            for other in self._play_hosts - self._out - {result.host.get_name()}:
+                if not self._host(other)["failure"]:
+                    self._host(other).update(last_failure=failure, pending=True)
 
     def v2_runner_on_unreachable(self, result):
         info = self._seen(result)

@@ -109,3 +109,31 @@ def test_a_host_lost_in_a_play_never_has_that_play_recorded_ok(tmp_path):
         assert report["status"] == "failed" and report["failed_play"] == "stage"
         assert report["plays"].get("stage", {}).get("status") != "ok"
     assert run.report("b")["status"] == "ok"
+
+
+def test_a_run_once_failure_fails_every_host_of_the_play(tmp_path):
+    # Ansible fails every host of the play at a run_once task's failure, with one result (the first host's):
+    # the other hosts run no further task, not even a rescue.
+    run = Run(tmp_path, ["a", "b"])
+    run.play({"dgx_play": "bench"})
+    run.ok("a", "Every rank is up"), run.ok("b", "Every rank is up")
+    run.fail("a", "Run the bench file", msg="the bench file is missing", run_once=True)
+    run.ok("a", "The failed host's textfile", task_vars={"dgx_play_failed": True})
+    run.fail("a", "Fail the host", msg="The bench play failed", task_vars={"dgx_play_failed": True})
+    run.stats()
+    for host in ("a", "b"):
+        report = run.report(host)
+        assert (report["status"], report["failed_play"]) == ("failed", "bench"), host
+        assert (report["failed_task"], report["failed_msg"]) == ("Run the bench file", "the bench file is missing")
+
+
+def test_a_run_once_failure_a_roles_rescue_takes_is_no_failure(tmp_path):
+    run = Run(tmp_path, ["a", "b"])
+    run.play({"dgx_play": "engine"})
+    run.ok("a", "Start"), run.ok("b", "Start")
+    run.fail("a", "Wait | Ask each rank outside the play", run_once=True)
+    run.ok("a", "Wait | A rank outside the play could not be asked")
+    run.ok("b", "Wait | A rank outside the play could not be asked")
+    run.ok("a", "Wait | Next round"), run.ok("b", "Wait | Next round")
+    run.play({"dgx_run_end": True})
+    assert run.report("a")["status"] == run.report("b")["status"] == "ok"

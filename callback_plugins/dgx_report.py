@@ -195,11 +195,13 @@ class CallbackModule(CallbackBase):
         failure = info["failure"] or {}
         play = {"name": self._play, "started": started, "finished": finished, "failed": bool(failure),
                 "failed_task": failure.get("task", ""), "failed_result": failure.get("result") or {}}
-        data = {"identity": self._identity(name, facts), "passes": dict(facts.get("stage_passes") or {}),
-                "weights": list(facts.get("stage_header_checks") or []),
-                "engine": dict(facts.get("engine_report") or {})}
-        self._write(name, lambda: update_reports(self._directory(facts), name, self._run(facts), play, data,
-                                                 finished=finished))
+
+        def write():
+            data = {"identity": self._identity(name, facts), "passes": dict(facts.get("stage_passes") or {}),
+                    "weights": list(facts.get("stage_header_checks") or []),
+                    "engine": dict(facts.get("engine_report") or {})}
+            return update_reports(self._directory(facts), name, self._run(facts), play, data, finished=finished)
+        self._write(name, write)
 
     def _record_end(self):
         """The end of the run for every host it targets: final for those still in it, failed for the others."""
@@ -219,6 +221,8 @@ class CallbackModule(CallbackBase):
                 self._display.warning(warning)
         except (StageError, OSError) as exc:
             self._display.error("the host report of %s was not written: %s" % (name, exc))
+        except Exception as exc:   # a fact of another shape: this host's report only, never the others' or later plays'
+            self._display.error("the host report of %s was not written: %s: %s" % (name, type(exc).__name__, exc))
 
     def v2_playbook_on_stats(self, stats):
         if self._reporting and not self._ended:

@@ -137,3 +137,29 @@ def test_a_run_once_failure_a_roles_rescue_takes_is_no_failure(tmp_path):
     run.ok("a", "Wait | Next round"), run.ok("b", "Wait | Next round")
     run.play({"dgx_run_end": True})
     assert run.report("a")["status"] == run.report("b")["status"] == "ok"
+
+
+class Display(object):
+    def __init__(self):
+        self.errors, self.warnings = [], []
+
+    def error(self, msg, *args, **kwargs):
+        self.errors.append(msg)
+
+    def warning(self, msg, *args, **kwargs):
+        self.warnings.append(msg)
+
+
+def test_a_report_that_cannot_be_made_is_an_error_and_the_other_hosts_and_plays_are_still_recorded(tmp_path):
+    run = Run(tmp_path, ["a", "b"])
+    run.callback._display = display = Display()
+    run.play({"dgx_play": "stage"})
+    run.ok("a", "Keep the rows", {"ansible_facts": {"stage_passes": ["not", "a", "dict"]}})
+    run.ok("b", "Keep the rows")
+    run.play({"dgx_play": "verify"})
+    run.ok("a", "Verify"), run.ok("b", "Verify")
+    run.play({"dgx_run_end": True})
+    assert any("the host report of a" in error for error in display.errors), display.errors
+    assert list(run.report("b")["plays"]) == ["stage", "verify"]
+    assert run.report("b")["status"] == "ok"
+

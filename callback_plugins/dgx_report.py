@@ -99,6 +99,9 @@ class CallbackModule(CallbackBase):
         self._play_hosts = set()
         play_vars = play.get_vars()
         self._play = str(play_vars["dgx_play"]) if str(play_vars.get("dgx_play")) in PLAYS else None
+        if "dgx_play" in play_vars and self._play is None:
+            self._display.error("dgx_play %r is not one of %s: no host report records this play"
+                                % (play_vars["dgx_play"], ", ".join(PLAYS)))
         self._reporting = self._reporting or self._play is not None
         if play_vars.get("dgx_run_end") and self._reporting:
             self._record_end()

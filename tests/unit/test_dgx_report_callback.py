@@ -163,3 +163,9 @@ def test_a_report_that_cannot_be_made_is_an_error_and_the_other_hosts_and_plays_
     assert list(run.report("b")["plays"]) == ["stage", "verify"]
     assert run.report("b")["status"] == "ok"
 
+
+def test_a_play_marked_with_an_unknown_tag_is_an_error(tmp_path):
+    run = Run(tmp_path, ["a"])
+    run.callback._display = display = Display()
+    run.play({"dgx_play": "stgae"})
+    assert any("stgae" in error for error in display.errors), display.errors

@@ -10,7 +10,8 @@ callbacks do). The plays only set facts; no task passes the report anything.
   rescue (playbooks/tasks/fail-play.yml sets dgx_play_failed), so the rescue reads the failed view;
 - a failure after which the host runs no other task of the play, or that the play's frame rescue takes (the
   last one before it, as ansible_failed_task), is the play's failure and puts the host out of the run, as an
-  unreachable host is; an ignored failure never counts, nor one a rescue in a role lets the host go on from;
+  unreachable host is; an ignored failure never counts, nor one a rescue in a role lets the host go on from; a
+  run_once task's failure is every host's of the play that goes no further (Ansible fails them all at once);
 - the play marked `dgx_run_end: true` (playbooks/end-run.yml) records the end of the run for every host the
   run targets, before its first task, so the node_exporter textfiles it writes read the final view; a run that
   ends before that play (every host failed) records it at the stats. An interrupted run records no end: its
@@ -86,6 +87,7 @@ class CallbackModule(CallbackBase):
         self._reporting = False
         self._ended = False
         self._out = set()       # hosts out of the run: failed (not rescued away) or unreachable
+        self._play_hosts = set()  # hosts that started a task of the play running
         self._run_args = None   # the summary's: how the run was started, set when it starts
         self._interrupted = False
 
@@ -129,14 +131,19 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_play_start(self, play):
         self._close_play()
+        self._play_hosts = set()
         play_vars = play.get_vars()
         self._play = str(play_vars["dgx_play"]) if str(play_vars.get("dgx_play")) in PLAYS else None
+        if "dgx_play" in play_vars and self._play is None:
+            self._display.error("dgx_play %r is not one of %s: no host report records this play"
+                                % (play_vars["dgx_play"], ", ".join(PLAYS)))
         self._reporting = self._reporting or self._play is not None
         if play_vars.get("dgx_run_end") and self._reporting:
             self._record_end()
 
     def v2_runner_on_start(self, host, task):
         info = self._host(host.get_name())
+        self._play_hosts.add(host.get_name())
         if self._play and info["play"] != self._play:
             info.update(play=self._play, started=utc_text(), in_play=False, failure=None, last_failure=None,
                         pending=False)
@@ -165,12 +172,22 @@ class CallbackModule(CallbackBase):
         if ignore_errors or info["failure"]:
             return
         name = str(result.task_fields.get("name") or "") or str(result.task.action or "")
-        info["last_failure"], info["pending"] = {"task": name, "result": result.result}, True
+        failure = {"task": name, "result": result.result}
+        info["last_failure"], info["pending"] = failure, True
+        if getattr(result.task, "run_once", False):
+            # Ansible fails every host of the play at a run_once task's failure, with this one result: each host
+            # that runs no further task (not even a rescue) leaves the play with it.
+            for other in self._play_hosts - self._out - {result.host.get_name()}:
+                if not self._host(other)["failure"]:
+                    self._host(other).update(last_failure=failure, pending=True)
 
     def v2_runner_on_unreachable(self, result):
-        self._seen(result)
+        info = self._seen(result)
         if not result.task.ignore_unreachable:
             self._out.add(result.host.get_name())
+            # The play is not recorded: the host did not finish it, and the end of the run names it as the
+            # play the host was lost in.
+            info["in_play"] = False
 
     # -- writing -----------------------------------------------------------------------------------------
     def _commit(self, name, info):
@@ -216,11 +233,13 @@ class CallbackModule(CallbackBase):
         failure = info["failure"] or {}
         play = {"name": self._play, "started": started, "finished": finished, "failed": bool(failure),
                 "failed_task": failure.get("task", ""), "failed_result": failure.get("result") or {}}
-        data = {"identity": self._identity(name, facts), "passes": dict(facts.get("stage_passes") or {}),
-                "weights": list(facts.get("stage_header_checks") or []),
-                "engine": dict(facts.get("engine_report") or {})}
-        self._write(name, lambda: update_reports(self._directory(facts), name, self._run(facts), play, data,
-                                                 finished=finished))
+
+        def write():
+            data = {"identity": self._identity(name, facts), "passes": dict(facts.get("stage_passes") or {}),
+                    "weights": list(facts.get("stage_header_checks") or []),
+                    "engine": dict(facts.get("engine_report") or {})}
+            return update_reports(self._directory(facts), name, self._run(facts), play, data, finished=finished)
+        self._write(name, write)
 
     def _record_end(self):
         """The end of the run for every host it targets: final for those still in it, failed for the others."""
@@ -240,6 +259,8 @@ class CallbackModule(CallbackBase):
                 self._display.warning(warning)
         except (StageError, OSError) as exc:
             self._display.error("the host report of %s was not written: %s" % (name, exc))
+        except Exception as exc:   # a fact of another shape: this host's report only, never the others' or later plays'
+            self._display.error("the host report of %s was not written: %s: %s" % (name, type(exc).__name__, exc))
 
     def v2_playbook_on_stats(self, stats):
         if self._reporting and not self._ended:

@@ -58,11 +58,14 @@ options:
     elements: str
     default: []
   redact:
-    description: Values no message may show (the engine's secrets), hidden in the runtime's error messages.
+    description:
+      - Values no message may show (the engine's secrets), hidden in the runtime's error messages.
+      - Not marked no_log, as O(env) (Ansible would mask every string of the result equal to one of them, a
+        container label that holds the same text as a secret - a port, a lane name - among them, and the plan
+        would misread that container); a task that passes it sets C(no_log) and says a failure itself, redacted.
     type: list
     elements: str
     default: []
-    no_log: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -186,7 +189,7 @@ ARGUMENT_SPEC = dict(
     env=dict(type="dict"),
     port=dict(type="int"),
     python_modules=dict(type="list", elements="str", default=[]),
-    redact=dict(type="list", elements="str", default=[], no_log=True),
+    redact=dict(type="list", elements="str", default=[]),
 )
 
 

@@ -610,6 +610,38 @@ def test_engine_containers_results(tmp_path, monkeypatch):
     assert result["msg"].startswith("docker ps: cannot connect") and "SECRET-VALUE" not in result["msg"]
 
 
+def test_engine_containers_keeps_a_label_that_equals_a_secret(tmp_path, monkeypatch):
+    """A container label holding the same text as a secret (the lane name here, a port) reads as it is: the
+    plan tells the lane's containers and their settings apart by their labels."""
+    with open(os.path.join(os.path.dirname(__file__), "fixtures", "docker", "container_info.json")) as handle:
+        info = json.load(handle)["container"]
+    with open(str(tmp_path / "inspect.json"), "w") as handle:
+        json.dump([info], handle)
+    binary = tmp_path / "docker"
+    binary.write_text(FAKE_RUNTIME % {"id": info["Id"], "inspect": tmp_path / "inspect.json",
+                                      "image": tmp_path / "image-id"})
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    lane = info["Config"]["Labels"]["dgx-stage.lane"]
+    args = {"runtime": "docker", "name": info["Name"].lstrip("/"), "redact": [lane]}
+    result = check_result("engine_containers", args, run_main("engine_containers", args))
+    assert result["own"]["labels"]["dgx-stage.lane"] == lane
+
+
+def test_every_task_that_hands_engine_containers_secrets_is_no_log():
+    """engine_containers takes env and redact as plain options: the task that passes either hides its
+    arguments (no_log) and says a failure through a task of its own."""
+    found = []
+    for path in glob.glob(os.path.join(REPO_ROOT, "roles", "*", "tasks", "*.yml")):
+        with open(path) as handle:
+            for task in yaml.safe_load(handle) or []:
+                args = task.get("engine_containers") if isinstance(task, dict) else None
+                if isinstance(args, dict) and ("env" in args or "redact" in args):
+                    found.append(os.path.basename(path))
+                    assert task.get("no_log") is True, (path, task.get("name"))
+    assert "plan.yml" in found and "status.yml" in found
+
+
 # ------------------------------------------------------------------------------------------------
 # the checker itself
 # ------------------------------------------------------------------------------------------------

@@ -72,6 +72,10 @@ class CallbackModule(DefaultCallback):
         self._collect(result)
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
+        # A no_log result keeps the exception Ansible raised for it, whose text may be the hidden message
+        # (an action's failure): the default callback would print it.
+        if result.result.get("censored"):
+            result.result.pop("exception", None)
         super(CallbackModule, self).v2_runner_on_failed(result, ignore_errors)
         if not ignore_errors:
             self._status_host(result).setdefault("failure", {

@@ -23,6 +23,8 @@ def result_message(res):
     (the loop's own msg is "One or more items failed", or "All items completed" when an item was unreachable),
     else msg, else stderr."""
     res = res or {}
+    if res.get("censored"):     # no_log: its exception may hold the hidden message
+        return str(res["censored"])
     items = ["%s: %s" % (item.get("_ansible_item_label", item.get("item")), result_message(item))
              for item in res.get("results") or []
              if isinstance(item, dict) and (item.get("failed") or item.get("unreachable"))]

@@ -295,3 +295,16 @@ def test_a_failed_status_host_says_where_and_a_stage_run_prints_no_status_lines(
     callback.v2_runner_on_ok(_result("n1", {"ansible_facts": {"lane_name": "exl3_2x", "lane_rank": "0"}}))
     callback.v2_playbook_on_stats(_Obj(failures={}, dark={}))
     assert display.lines == []
+
+
+def test_a_no_log_failure_reaches_the_default_printer_without_its_exception(stdout, monkeypatch):
+    dgx_stdout, callback, _display, _retried = stdout
+    printed = []
+    monkeypatch.setattr(dgx_stdout.DefaultCallback, "v2_runner_on_failed",
+                        lambda self, result, ignore_errors=False: printed.append(dict(result.result)))
+    hidden = {"censored": "the output has been hidden", "exception": "Action failed: hf_SECRETVALUE", "failed": True}
+    callback.v2_runner_on_failed(_result("n1", hidden, action="ansible.builtin.fail"), ignore_errors=True)
+    shown = {"msg": "no such file", "exception": "Traceback: no such file", "failed": True}
+    callback.v2_runner_on_failed(_result("n1", shown, action="ansible.builtin.file"), ignore_errors=True)
+    assert "SECRETVALUE" not in repr(printed[0]) and printed[0]["censored"]
+    assert printed[1]["exception"] == "Traceback: no such file"       # a result not hidden keeps it

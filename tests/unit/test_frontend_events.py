@@ -122,6 +122,11 @@ def test_without_a_recap_the_failure_events_decide():
     assert [f["host"] for f in state.failed_hosts()] == ["rank1"]
 
 
+def test_result_message_of_a_no_log_result_is_never_its_exception():
+    hidden = {"censored": "the output has been hidden", "exception": "Action failed: hf_SECRETVALUE", "failed": True}
+    assert result_message(hidden) == "the output has been hidden"
+
+
 def test_result_message_of_a_loop_names_the_failed_items():
     res = {"results": [{"failed": True, "_ansible_item_label": "a@main", "msg": "bad a"}, {"failed": False},
                        {"failed": True, "item": "b", "stderr": "x\nlast words"}]}

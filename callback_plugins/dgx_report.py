@@ -27,13 +27,18 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import time
 
 from ansible import constants as C
 from ansible import context
 from ansible.plugins.callback import CallbackBase
 
-from dgx_stage import UsageError, runs, summary, use_module_utils
+# This checkout's front-end package, whether or not the Python running Ansible has it installed.
+_CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+from dgx_stage import UsageError, runs, summary, use_module_utils  # noqa: E402
 
 use_module_utils()
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402

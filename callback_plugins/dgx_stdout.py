@@ -4,10 +4,17 @@ run without the front end needs besides (see DOCUMENTATION). The lane summary is
 it prints it once the reports it is made of are final."""
 from __future__ import annotations
 
+import os
+import sys
+
 from ansible import context
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
-from dgx_stage import summary
+# This checkout's front-end package, whether or not the Python running Ansible has it installed.
+_CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+from dgx_stage import summary  # noqa: E402
 
 DOCUMENTATION = r"""
 name: dgx_stdout

@@ -214,7 +214,8 @@ def test_a_rank_template_matching_no_file_for_one_rank_fails_the_lane_in_preflig
     assert ENGRAM_REPO in messages[0], messages
     with open(str(tmp_path / "reports" / "rank0.json")) as handle:
         rank0 = json.load(handle)
-    assert rank0["status"] == "failed" and rank0["failed_task"].startswith("Every host of the lane passed"), rank0
+    assert rank0["status"] == "failed", rank0
+    assert rank0["failed_task"].startswith("Lane gate | Every host of the lane passed"), rank0
     assert "rank1 failed its checks" in rank0["failed_msg"], rank0
     assert "Nothing was written on any host" in rank0["failed_msg"], rank0
     for host in HOSTS:

@@ -21,14 +21,18 @@ dgx_redact(text, values)               -> text without any of those values (a ru
 
 Labels never carry a secret: env and command are stored as digests.
 """
-
 import hashlib
 import json
-
+import os
+import sys
 
 from ansible.errors import AnsibleFilterError
 
-from dgx_stage import use_module_utils
+# This checkout's front-end package, whether or not the Python running Ansible has it installed.
+_CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../.."))
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+from dgx_stage import use_module_utils  # noqa: E402
 
 use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402

@@ -10,10 +10,16 @@ space less the reserve. The repos share one disk, so a host whose repos each fit
 all: needs and reclaimable bytes add up over the repos; free space and reserve are the disk's (the first
 repo's measure). available = free + reclaimable - reserve; the repos fit when need <= available.
 """
+import os
+import sys
 
 from ansible.errors import AnsibleFilterError
 
-from dgx_stage import use_module_utils
+# This checkout's front-end package, whether or not the Python running Ansible has it installed.
+_CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../.."))
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+from dgx_stage import use_module_utils  # noqa: E402
 
 use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_units import human_bytes  # noqa: E402

@@ -14,11 +14,16 @@ no more than that many hosts read the NAS at once. With fan-out, rank 0 reads th
 every rank shares are read from the NAS once per lane, and each later host reads only its rank's own part
 there, taking the shared blobs from a host of an earlier wave (adopted only after a hash match).
 """
-
+import os
+import sys
 
 from ansible.errors import AnsibleFilterError
 
-from dgx_stage import use_module_utils
+# This checkout's front-end package, whether or not the Python running Ansible has it installed.
+_CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../.."))
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
+from dgx_stage import use_module_utils  # noqa: E402
 
 use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402

@@ -21,8 +21,8 @@ description:
     folder on the way to one - is reported (V(refused), or in RV(status.repos[].problem) and
     RV(status.repos[].progress_problem)) and never read through. A half-written progress file or one whose C(passes) is garbage is reported, not fatal.
   - The receipt roots O(receipt_roots) present under O(receipt_parent).
-  - The engine container's state and API health from O(engine_probe), the result of an C(engine_probe)
-    V(wait) call made with C(container) (the module itself runs no container command).
+  - The engine container's state and API health from O(engine_probe), the result of an C(engine_lane_wait)
+    call made with C(container) (the module itself runs no container command).
   - The mount manifest at O(manifest_path) - whether it binds from the local disk or the NAS, when it was
     written, and per repo whether the NAS C(refs/<revision>) under O(hub_nas_root) moved past the commit it binds.
   - RV(lines) are the human lines for the host; C(playbooks/status.yml) prints them, the front end renders them.
@@ -56,7 +56,7 @@ options:
     default: ds41-engine
   engine_probe:
     description:
-      - The result of C(engine_probe) with C(mode=wait) and C(container) on this host ({} when it did not run).
+      - The result of C(engine_lane_wait) with C(container) on this host ({} when it did not run).
     type: dict
     default: {}
   manifest_path:

@@ -9,7 +9,6 @@ import json
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_lane_wait import wait_report
 from ansible.module_utils.dgx_openai import (api_request, api_url, chat_payload, completion_text, contains_expected,
                                              http_json, open_within, parse_sse, request_failed, stream_tokens,
                                              timed_lines)
@@ -18,7 +17,7 @@ from http import client as http_client
 from urllib.request import urlopen
 
 
-MODES = ("wait", "smoke", "decode", "bench")
+MODES = ("smoke", "decode", "bench")
 
 SMOKE_QUESTION = "What is 127*89? Reply with the number only."
 
@@ -263,14 +262,11 @@ def _floor_value(mode, floor):
 def probe_report(mode, result, floor=None):
     """This probe's row of the host report (the engine role passes it on unchanged).
 
-    wait: {models}, plus the lane's verdict when one was made (wait_report()); smoke: the answer and its
-    verdict; decode: the speed figures, whether the stream was complete and its problems, plus floor and
-    passed (complete, both rates >= floor) when a floor is given; bench: {model, total_items,
-    passed_items, failed_items, duration_s}, plus floor and passed (passed_items >= floor) when a floor is
-    given. `passed` is a verdict (a bool) in every row.
+    smoke: the answer and its verdict; decode: the speed figures, whether the stream was complete and its
+    problems, plus floor and passed (complete, both rates >= floor) when a floor is given; bench: {model,
+    total_items, passed_items, failed_items, duration_s}, plus floor and passed (passed_items >= floor) when a
+    floor is given. `passed` is a verdict (a bool) in every row.
     """
-    if mode == "wait":
-        return wait_report(result)
     if mode == "smoke":
         return dict((key, result[key]) for key in SMOKE_REPORT_KEYS)
     if mode == "decode":

@@ -1,17 +1,20 @@
 # -*- coding: utf-8 -*-
-"""Waiting for a lane: the lane's verdict from every rank's latest round (pure), and the polling of one round
-(each rank's container and who serves the API port come from dgx_runtime).
+"""engine_lane_wait's work, waiting for a lane: the lane's verdict from every rank's latest round (pure), the
+polling of one round (each rank's container and who serves the API port come from dgx_runtime) and run_wait(),
+the module's result for its options, with the secrets the caller names hidden in what it quotes.
 Stdlib only (modules run on the nodes' system Python).
 """
 from __future__ import absolute_import, division, print_function
 
 import calendar
+import functools
 import re
 import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_openai import api_url, http_json
-from ansible.module_utils.dgx_runtime import NOT_EXITED
+from ansible.module_utils.dgx_runtime import NOT_EXITED, api_owner, container_state
+from ansible.module_utils.dgx_secrets import redacted
 from urllib.request import urlopen
 
 
@@ -268,3 +271,27 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
                       running=container.get("running", True) if row["container"] else True,
                       logs=container.get("logs") or "")
     return result
+
+
+def run_wait(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+    """engine_lane_wait's result for its options (module.params): wait_probe()'s result and `report`, the host
+    report's ready row, with every value of params["redact"] hidden.
+
+    runner: what runs the container runtime's CLI (dgx_runtime.RuntimeCli), for params["container"] and
+    params["port"].
+    """
+    runtime = params.get("runtime") or "docker"
+    check = owner = None
+    if params.get("container"):
+        check = functools.partial(container_state, runner, runtime, params["container"], secrets=params.get("redact"))
+    if params.get("port"):
+        owner = functools.partial(api_owner, runner, runtime, params["port"], secrets=params.get("redact"))
+    result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"), params.get("lane"),
+                        bool(params.get("give_up")), params.get("wait_id"), params.get("round") or 1,
+                        opener=opener, clock=clock, sleep=sleep)
+    result["report"] = wait_report(result)
+    # Shaped into the report; the inputs are the caller's own.
+    for key in ("lane_hosts", "lane_rows", "round"):
+        result.pop(key, None)
+    # Engine logs and other processes' command lines may quote a secret (an engine prints its arguments).
+    return redacted(result, params.get("redact"))

@@ -1,22 +1,17 @@
 # -*- coding: utf-8 -*-
 """engine_probe's work: run_probe() takes the module's options and returns its result (the module only parses
-them): the lane wait, or a smoke, decode or bench request with its verdict; secrets the caller names are
-redacted from what a wait quotes.
+them): a smoke, decode or bench request with its verdict.
 Stdlib only (modules run on the nodes' system Python).
 """
 from __future__ import absolute_import, division, print_function
 
-import functools
 import time
 
 from ansible.module_utils.dgx_decode import (DECODE_PROMPT, DEFAULT_MAX_TOKENS, MODES, bench, decode_message,
                                              decode_probe, decode_verdict, floor_verdict, parse_bench_jsonl,
                                              probe_report, smoke)
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_lane_wait import wait_probe
 from ansible.module_utils.dgx_openai import resolve_model
-from ansible.module_utils.dgx_runtime import api_owner, container_state
-from ansible.module_utils.dgx_secrets import redacted
 from urllib.request import urlopen
 
 
@@ -38,30 +33,13 @@ def request_probe(params, opener=urlopen, clock=time.monotonic):
     return result
 
 
-def run_probe(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
+def run_probe(params, opener=urlopen, clock=time.monotonic):
     """engine_probe's result for its options (module.params): the probe's figures, `passed_floor` when
     a floor applies, and `report`, the host report's row. Raises StageError when the API cannot be
     reached or answers nonsense; never on a threshold."""
     mode = params["mode"]
     if mode not in MODES:
         raise StageError("mode must be one of %s, not %r" % (", ".join(MODES), mode))
-    if mode == "wait":
-        runtime = params.get("runtime") or "docker"
-        check = owner = None
-        if params.get("container"):
-            check = functools.partial(container_state, runner, runtime, params["container"],
-                                      secrets=params.get("redact"))
-        if params.get("port"):
-            owner = functools.partial(api_owner, runner, runtime, params["port"], secrets=params.get("redact"))
-        result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"),
-                            params.get("lane"), bool(params.get("give_up")), params.get("wait_id"),
-                            params.get("round") or 1, opener=opener, clock=clock, sleep=sleep)
-        result["report"] = probe_report(mode, result)
-        # Shaped into the report; the inputs are the caller's own.
-        for key in ("lane_hosts", "lane_rows", "round"):
-            result.pop(key, None)
-        # Engine logs and other processes' command lines may quote a secret (an engine prints its arguments).
-        return redacted(result, params.get("redact"))
     result = request_probe(params, opener=opener, clock=clock)
     verdict = floor_verdict(mode, result, params.get("floor"))
     if verdict is not None:

@@ -5,7 +5,7 @@ Per repo of stage_repos: the commit refs/<revision> names in the local hub and w
 there, the files and bytes it holds locally, and when it was last staged and last verified (and how) from
 the progress file hf_hub_mirror keeps in `<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json`
 (its `passes` hold the last figures of each pass). Then the receipt roots present under receipt_parent and
-the engine container's state and API health from an engine_probe wait result. And the mount manifest the engine
+the engine container's state and API health from an engine_lane_wait result. And the mount manifest the engine
 binds: where its files come from (local or nas), when it was written, and, per repo, whether the NAS ref has
 moved past the commit it binds (a new revision on the NAS that the lane does not serve yet).
 
@@ -31,7 +31,7 @@ from ansible.module_utils.dgx_units import human_bytes, utc_text
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 # Container statuses that mean the engine stopped (docker and podman words).
 EXITED = ("exited", "stopped", "dead")
-# What docker and podman (and engine_probe, for a missing runtime) say of a container that is not there.
+# What docker and podman (and engine_lane_wait, for a missing runtime) say of a container that is not there.
 ABSENT_WORDS = ("no such container", "no such object", "not found on this host")
 
 _NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -238,11 +238,11 @@ def receipts_status(parent, names):
 
 
 # ------------------------------------------------------------------------------------------------
-# the engine (from an engine_probe wait result: no container code here)
+# the engine (from an engine_lane_wait result: no container code here)
 # ------------------------------------------------------------------------------------------------
 
 def engine_status(enabled, name, probe):
-    """{enabled, name, state, exit_code, container_id, health, models} from engine_probe's wait result.
+    """{enabled, name, state, exit_code, container_id, health, models} from engine_lane_wait's result.
 
     state: disabled (engine_enabled false), running, exited, absent (the runtime does not know it, or is
     not installed), or the runtime's own word (paused, created, restarting ...); unknown without a probe.

@@ -456,7 +456,7 @@ def test_engine_receipts_results(receipt_roots):
 
 
 # ------------------------------------------------------------------------------------------------
-# engine_probe, against the engine double on 127.0.0.1
+# engine_probe and engine_lane_wait, against the engine double on 127.0.0.1
 # ------------------------------------------------------------------------------------------------
 
 def load_engine_double():
@@ -495,7 +495,6 @@ BENCH = '{"prompt": "What is 6*7?", "expected": "42"}\n{"prompt": "Name a colour
 
 
 @pytest.mark.parametrize("args, check", [
-    ({"mode": "wait", "wait_for": 2}, lambda r: r["ready"] and r["report"] == {"models": ["engine-double"]}),
     ({"mode": "smoke"}, lambda r: r["passed"] is True and r["report"]["passed"] is True),
     ({"mode": "decode", "max_tokens": 20}, lambda r: r["tokens"] == 20 and "floor" not in r["report"]),
     ({"mode": "decode", "max_tokens": 20, "floor": 1.0}, lambda r: r["passed_floor"] and r["report"]["passed"]),
@@ -503,17 +502,23 @@ BENCH = '{"prompt": "What is 6*7?", "expected": "42"}\n{"prompt": "Name a colour
      lambda r: (r["passed_items"], r["total_items"], r["passed_floor"], r["report"]["passed"],
                 r["report"]["passed_items"]) == (1, 2, False, False, 1)),
     ({"mode": "bench", "bench_jsonl": BENCH}, lambda r: "passed_floor" not in r and "floor" not in r["report"]),
-], ids=["wait", "smoke", "decode", "decode-floor", "bench-floor", "bench"])
+], ids=["smoke", "decode", "decode-floor", "bench-floor", "bench"])
 def test_engine_probe_results(engine, args, check):
     args = dict(args, url=engine)
     result = check_result("engine_probe", args, run_main("engine_probe", args))
     assert check(result), result
 
 
-def test_engine_probe_results_when_the_api_is_down():
+def test_engine_lane_wait_results(engine):
+    args = {"url": engine, "wait_for": 2}
+    result = check_result("engine_lane_wait", args, run_main("engine_lane_wait", args))
+    assert result["ready"] and result["report"] == {"models": ["engine-double"]}
+
+
+def test_engine_probe_and_engine_lane_wait_results_when_the_api_is_down():
     url = "http://127.0.0.1:%d" % closed_port()
-    waited = dict(mode="wait", url=url, wait_for=0.2)
-    result = check_result("engine_probe", waited, run_main("engine_probe", waited))
+    waited = dict(url=url, wait_for=0.2)
+    result = check_result("engine_lane_wait", waited, run_main("engine_lane_wait", waited))
     assert result["ready"] is False and result["running"] is True and "unreachable" in result["status"]
     smoke = dict(mode="smoke", url=url)
     result = check_result("engine_probe", smoke, run_main("engine_probe", smoke), expect_failure=True)

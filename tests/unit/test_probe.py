@@ -10,6 +10,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_decode
 from ansible.module_utils.dgx_decode import (DECODE_PROMPT, bench, bench_summary, decode_probe, decode_rate,
                                              decode_result, floor_verdict, parse_bench_jsonl, probe_report, smoke)
+from ansible.module_utils.dgx_lane_wait import wait_report
 from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, contains_expected,
                                              first_model_id, parse_sse)
 from ansible.module_utils.dgx_probe import run_probe
@@ -301,17 +302,15 @@ def test_the_smoke_and_wait_rows():
     smoke_result = {"model": "m", "question": "q", "expected": "11303", "answer": "11303", "passed": True,
                     "duration_s": 0.2}
     assert probe_report("smoke", smoke_result) == smoke_result
-    assert probe_report("wait", {"models": ["ds41"], "ready": True, "polls": 1}) == {"models": ["ds41"]}
+    assert wait_report({"models": ["ds41"], "ready": True, "polls": 1}) == {"models": ["ds41"]}
 
 
 # --- run_probe: the module's whole run -------------------------------------------------------------
 
 def params(**overrides):
-    base = {"mode": "smoke", "url": "http://dgx1:8000", "model": None, "timeout": 300.0, "wait_for": 10.0,
-            "container": None, "runtime": "docker", "port": None, "lane_hosts": None, "lane": None,
-            "give_up": False, "wait_id": None, "round": 1, "question": dgx_decode.SMOKE_QUESTION,
-            "expected": dgx_decode.SMOKE_EXPECTED, "prompt": None, "max_tokens": None, "bench_jsonl": None,
-            "floor": None}
+    base = {"mode": "smoke", "url": "http://dgx1:8000", "model": None, "timeout": 300.0,
+            "question": dgx_decode.SMOKE_QUESTION, "expected": dgx_decode.SMOKE_EXPECTED, "prompt": None,
+            "max_tokens": None, "bench_jsonl": None, "floor": None}
     base.update(overrides)
     return base
 

@@ -1,4 +1,4 @@
-"""dgx_probe, dgx_lane_wait, dgx_runtime: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
+"""dgx_lane_wait, dgx_probe, dgx_runtime: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
 serves the API port, the round verdict) and the decode probe's verdict on broken streams."""
 import http.client
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from ansible.module_utils import dgx_decode, dgx_errors, dgx_lane_wait, dgx_openai, dgx_runtime, dgx_units
 from ansible.module_utils.dgx_decode import decode_probe, decode_result, decode_verdict
-from ansible.module_utils.dgx_lane_wait import lane_verdict, poll_round, wait_probe
+from ansible.module_utils.dgx_lane_wait import lane_verdict, poll_round, run_wait, wait_probe
 from ansible.module_utils.dgx_openai import parse_sse
 from ansible.module_utils.dgx_probe import run_probe
 from ansible.module_utils.dgx_runtime import api_owner, container_facts, container_state, owner_facts
@@ -572,11 +572,19 @@ def test_a_round_that_the_last_round_decides_returns_without_polling():
     assert result["verdict"]["state"] == "timeout" and result["decided"]
 
 
-def test_run_probe_wait_in_a_lane_reports_every_rank():
+def wait_params(**overrides):
+    """engine_lane_wait's options as the module parses them, with overrides."""
+    base = {"url": "http://dgx1:8000", "wait_for": 10.0, "container": None, "runtime": "docker", "port": None,
+            "lane_hosts": None, "lane": None, "give_up": False, "wait_id": None, "round": 1, "redact": []}
+    base.update(overrides)
+    return base
+
+
+def test_run_wait_in_a_lane_reports_every_rank():
     runner = FakeRunner(inspect_json())
     lane = {"dgx1": row(True, owner=OURS_OWNER), "dgx2": row(True)}
-    result = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane, round=2),
-                       runner=runner, opener=refused)
+    result = run_wait(wait_params(container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane, round=2),
+                      runner=runner, opener=refused)
     assert result["ready"] and result["msg"] == "API ready: ds41 - all 2 ranks running"
     assert result["report"] == {"models": ["ds41"], "state": "ready", "rounds": 2, "ranks": [
         {"host": "dgx1", "rank": 0, "status": "running", "exit_code": 0, "id": OURS[:12]},
@@ -585,17 +593,17 @@ def test_run_probe_wait_in_a_lane_reports_every_rank():
     assert "lane_rows" not in result and runner.commands == []
 
 
-def test_run_probe_wait_alone_stops_when_the_container_is_not_running():
+def test_run_wait_alone_stops_when_the_container_is_not_running():
     runner = FakeRunner(inspect_json(False, 3), logs="CUDA error: out of memory\n")
     clock = FakeClock()
-    result = run_probe(params(mode="wait", container="ds41-engine", wait_for=600.0), runner=runner,
-                       opener=refused, clock=clock, sleep=clock.sleep)
+    result = run_wait(wait_params(container="ds41-engine", wait_for=600.0), runner=runner,
+                      opener=refused, clock=clock, sleep=clock.sleep)
     assert result["running"] is False and result["ready"] is False and "out of memory" in result["logs"]
     assert result["verdict"]["state"] == "dead" and result["verdict"]["exit_code"] == 3 and result["polls"] == 1
     assert result["report"] == {"models": []} and "out of memory" in result["msg"]
 
 
-def test_run_probe_wait_shows_no_secret_from_an_engine_log_a_verdict_or_a_strangers_command_line():
+def test_run_wait_shows_no_secret_from_an_engine_log_a_verdict_or_a_strangers_command_line():
     """An engine prints its arguments when it dies (sglang: server_args=... api_key='sk-...'), and an old engine
     on the port runs with its own --api-key: the row, the verdict and the report hide both; the next round's
     verdict, built from the previous rows, has nothing left to hide."""
@@ -604,11 +612,11 @@ def test_run_probe_wait_shows_no_secret_from_an_engine_log_a_verdict_or_a_strang
                                                      "hf_token='hf_TOKENVALUE123')\nRuntimeError: boom\n")
     stranger = {"port": 8000, "listening": True, "ours": False, "holders": [
         {"pid": 9, "cmdline": "python3 old.py --api-key sk-live-4f9a", "container_id": None}]}
-    first = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], redact=secrets),
-                      runner=runner, opener=refused)
+    first = run_wait(wait_params(container="ds41-engine", lane_hosts=HOSTS[:2], redact=secrets),
+                     runner=runner, opener=refused)
     lane = {"dgx1": dict(first["row"], owner=stranger), "dgx2": row(True)}
-    second = run_probe(params(mode="wait", container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane, round=2,
-                              redact=secrets), runner=runner, opener=refused)
+    second = run_wait(wait_params(container="ds41-engine", lane_hosts=HOSTS[:2], lane=lane, round=2,
+                                  redact=secrets), runner=runner, opener=refused)
     assert second["verdict"]["state"] == "dead" and "RuntimeError: boom" in second["msg"]
     assert "api_key='<hidden>'" in second["msg"] and "--api-key <hidden>" in second["msg"]
     for result in (first, second):
@@ -631,8 +639,8 @@ def test_a_secret_straddling_the_cut_of_a_log_tail_or_a_command_line_is_hidden_w
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         port = int(holder.stdout.readline())
-        result = run_probe(params(mode="wait", container="ds41-engine", port=port, redact=[secret]),
-                           runner=runner, opener=refused)
+        result = run_wait(wait_params(container="ds41-engine", port=port, redact=[secret]),
+                          runner=runner, opener=refused)
     finally:
         holder.kill()
         holder.wait()
@@ -642,35 +650,35 @@ def test_a_secret_straddling_the_cut_of_a_log_tail_or_a_command_line_is_hidden_w
     assert secret[:8] not in shown and secret[-8:] not in shown
 
 
-def test_run_probe_wait_alone_without_a_container():
+def test_run_wait_alone_without_a_container():
     clock = FakeClock()
-    result = run_probe(params(mode="wait"), opener=api({}), clock=clock, sleep=clock.sleep)
+    result = run_wait(wait_params(), opener=api({}), clock=clock, sleep=clock.sleep)
     assert result["ready"] is True and result["running"] is True and result["logs"] == ""
     assert result["report"] == {"models": ["ds41"]} and result["msg"] == "API ready: ds41"
 
 
 # --- the module's documented results in a lane's rounds (test_module_docs' checker) ------------------
 
-def test_engine_probe_wait_rounds_return_what_they_document(engine):
+def test_engine_lane_wait_rounds_return_what_they_document(engine):
     from test_module_docs import check_result, run_main
     port = int(engine.rsplit(":", 1)[1])
     # The master's first round: the API (this test process) answers; who holds the port is looked up.
-    first = dict(mode="wait", url=engine, wait_for=2, port=port, lane_hosts=["dgx1"])
-    result = check_result("engine_probe", first, run_main("engine_probe", first))
+    first = dict(url=engine, wait_for=2, port=port, lane_hosts=["dgx1"])
+    result = check_result("engine_lane_wait", first, run_main("engine_lane_wait", first))
     assert result["verdict"]["state"] == "pending" and result["row"]["api"] is True
     assert [h["pid"] for h in result["row"]["owner"]["holders"]] == [os.getpid()]
     # The next round judges it: a process outside the engine's container serves the API.
     second = dict(first, lane={"dgx1": result["row"]})
-    result = check_result("engine_probe", second, run_main("engine_probe", second))
+    result = check_result("engine_lane_wait", second, run_main("engine_lane_wait", second))
     assert result["verdict"]["state"] == "stranger" and "not in a container" in result["msg"]
     assert result["report"]["state"] == "stranger" and "api_served_by" in result["report"]
     # A container the runtime does not know (or no runtime at all): down at once.
-    gone = dict(mode="wait", url=engine, wait_for=2, container="dgx-stage-no-such-container-%d" % os.getpid(),
+    gone = dict(url=engine, wait_for=2, container="dgx-stage-no-such-container-%d" % os.getpid(),
                 runtime="podman", lane_hosts=["dgx1"])
-    result = check_result("engine_probe", gone, run_main("engine_probe", gone))
+    result = check_result("engine_lane_wait", gone, run_main("engine_lane_wait", gone))
     assert result["row"]["container"]["exists"] is False and result["running"] is False
     gone["lane"] = {"dgx1": result["row"]}
-    result = check_result("engine_probe", gone, run_main("engine_probe", gone))
+    result = check_result("engine_lane_wait", gone, run_main("engine_lane_wait", gone))
     assert result["verdict"]["state"] == "dead" and "no container dgx-stage-no-such-container" in result["msg"]
 
 

@@ -55,13 +55,19 @@ def _env_changed(entries, env):
     return sorted(str(name) for name, value in env.items() if held.get(str(name)) != str(value))
 
 
-def container_facts(info, env=None):
+def _mapping(value):
+    """A part of the runtime's inspect data that should be a mapping, or {} when the runtime printed another shape."""
+    return value if isinstance(value, dict) else {}
+
+
+def container_facts(info, env=None, secrets=None):
     """A container's state from one entry of `docker|podman inspect --type container` (a dict), both runtimes
     alike: running is running and neither paused nor restarting (Docker keeps State.Running true for both);
     finished_at is None until it has stopped once; env (the engine's environment) names the container's changed
-    variables (env_changed), never a value. Its command and environment are not kept."""
-    state = info.get("State") or {}
-    config = info.get("Config") or {}
+    variables (env_changed), never a value. Its command and environment are not kept; the runtime's error text is
+    kept without the secrets."""
+    state = _mapping(info.get("State"))
+    config = _mapping(info.get("Config"))
     running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
     finished = state.get("FinishedAt") or None
     if finished and finished.startswith("0001-"):  # Go's zero time: never stopped
@@ -77,11 +83,11 @@ def container_facts(info, env=None):
     return {"name": (info.get("Name") or "").lstrip("/"), "exists": True, "id": info.get("Id") or "",
             "running": running, "status": status,
             "exit_code": None if status in NOT_EXITED else state.get("ExitCode"),
-            "started_at": state.get("StartedAt"), "finished_at": finished, "error": state.get("Error") or "",
+            "started_at": state.get("StartedAt"), "finished_at": finished, "error": redacted(str(state.get("Error") or ""), secrets),
             "oom_killed": bool(state.get("OOMKilled")), "logs": "",
-            "labels": dict(config.get("Labels") or {}), "env_changed": _env_changed(config.get("Env"), env),
+            "labels": dict(_mapping(config.get("Labels"))), "env_changed": _env_changed(config.get("Env"), env),
             "image": info.get("ImageName") or config.get("Image") or "",
-            "restart_policy": ((info.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or ""}
+            "restart_policy": _mapping(_mapping(info.get("HostConfig")).get("RestartPolicy")).get("Name") or ""}
 
 
 def owner_facts(port, listening, holders, container_id):
@@ -149,9 +155,9 @@ def container_state(runner, runtime, name, secrets=None):
     if rc != 0:
         return missing_container(name, "%s inspect: %s" % (runtime, redacted((err or out).strip(), secrets)[:300]))
     try:
-        facts = container_facts(json.loads(out)[0])
-    except (ValueError, IndexError, TypeError, AttributeError):
-        return missing_container(name, "inspect printed no container: %r" % (out or "")[:200])
+        facts = container_facts(json.loads(out)[0], secrets=secrets)
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return missing_container(name, "inspect printed no container: %r" % redacted(out or "", secrets)[:200])
     facts["name"] = name
     if facts["exists"] and not facts["running"]:
         try:
@@ -237,7 +243,7 @@ def list_containers(runner, runtime, env=None, secrets=None):
         infos = None
     if not isinstance(infos, list) or (rc != 0 and not infos):
         raise StageError(_said(runtime, "inspect", err, out, secrets))
-    return [container_facts(info, env) for info in infos if isinstance(info, dict)]
+    return [container_facts(info, env, secrets) for info in infos if isinstance(info, dict)]
 
 
 def image_id(runner, runtime, image, secrets=None):

@@ -104,3 +104,27 @@ def test_python_modules_lists_what_the_node_python_lacks():
     assert found["missing"] == ["dgx_stage_no_such_module", "no.such"]
     assert found["version"].count(".") == 2 and found["executable"]
     assert python_modules(["requests"], finder=lambda name: None)["missing"] == ["requests"]
+
+
+def test_inspect_data_of_an_odd_shape_or_holding_a_secret_gives_facts_without_it():
+    info = {"Id": "c1", "Name": "/e", "State": {"Running": False, "Status": "exited", "ExitCode": 1,
+                                                "Error": "exec failed: --api-key hf_SECRETVALUE"},
+            "Config": {"Labels": ["not", "a", "mapping"]}, "HostConfig": "odd"}
+    facts = container_facts(info, secrets=["hf_SECRETVALUE"])
+    assert "SECRETVALUE" not in facts["error"] and facts["error"].startswith("exec failed")
+    assert facts["labels"] == {} and facts["restart_policy"] == "" and facts["exit_code"] == 1
+    assert container_facts({"Id": "c2", "State": "garbage"})["running"] is False
+
+
+def test_an_inspect_that_prints_no_container_is_said_without_the_secrets():
+    from ansible.module_utils.dgx_runtime import container_state
+
+    class Runner(object):
+        def get_bin_path(self, name):
+            return "/usr/bin/" + name
+
+        def run_command(self, argv):
+            return 0, '{"Args": ["--api-key", "hf_SECRETVALUE"]}', ""
+
+    facts = container_state(Runner(), "docker", "e", secrets=["hf_SECRETVALUE"])
+    assert not facts["exists"] and "SECRETVALUE" not in json.dumps(facts), facts

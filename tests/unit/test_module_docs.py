@@ -576,9 +576,9 @@ esac
 """
 
 
-def test_engine_containers_results(tmp_path, monkeypatch):
-    """The containers a runtime lists, the engine's own, an image pulled as allowed (not in check mode), who
-    holds a port, the node's Python; a runtime that fails says so without the secrets."""
+@pytest.fixture
+def fake_docker(tmp_path, monkeypatch):
+    """(the captured container's inspect data, the fake `docker` first on PATH that prints it)."""
     with open(os.path.join(os.path.dirname(__file__), "fixtures", "docker", "container_info.json")) as handle:
         info = json.load(handle)["container"]
     with open(str(tmp_path / "inspect.json"), "w") as handle:
@@ -588,6 +588,13 @@ def test_engine_containers_results(tmp_path, monkeypatch):
                                       "image": tmp_path / "image-id"})
     binary.chmod(0o755)
     monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    return info, binary
+
+
+def test_engine_containers_results(fake_docker):
+    """The containers a runtime lists, the engine's own, an image pulled as allowed (not in check mode), who
+    holds a port, the node's Python; a runtime that fails says so without the secrets."""
+    info, binary = fake_docker
     name = info["Name"].lstrip("/")
     args = {"runtime": "docker", "name": name, "image": "localhost/engine:1", "pull": "missing",
             "env": {"TOKEN": "SECRET-VALUE"}}
@@ -615,18 +622,10 @@ def test_engine_containers_results(tmp_path, monkeypatch):
     assert result["msg"].startswith("docker ps: cannot connect") and "SECRET-VALUE" not in result["msg"]
 
 
-def test_engine_containers_keeps_a_label_that_equals_a_secret(tmp_path, monkeypatch):
+def test_engine_containers_keeps_a_label_that_equals_a_secret(fake_docker):
     """A container label holding the same text as a secret (the lane name here, a port) reads as it is: the
     plan tells the lane's containers and their settings apart by their labels."""
-    with open(os.path.join(os.path.dirname(__file__), "fixtures", "docker", "container_info.json")) as handle:
-        info = json.load(handle)["container"]
-    with open(str(tmp_path / "inspect.json"), "w") as handle:
-        json.dump([info], handle)
-    binary = tmp_path / "docker"
-    binary.write_text(FAKE_RUNTIME % {"id": info["Id"], "inspect": tmp_path / "inspect.json",
-                                      "image": tmp_path / "image-id"})
-    binary.chmod(0o755)
-    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    info, _binary = fake_docker
     lane = info["Config"]["Labels"]["dgx-stage.lane"]
     args = {"runtime": "docker", "name": info["Name"].lstrip("/"), "redact": [lane]}
     result = check_result("engine_containers", args, run_main("engine_containers", args))

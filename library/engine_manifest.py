@@ -11,48 +11,27 @@ module: engine_manifest
 short_description: Compute the engine container's mount list for staged hub repos
 version_added: "1.0.0"
 description:
-  - For each repo, resolves the commit (local C(refs/<revision>), else a 40-hex revision with a
-    local snapshot, else the same on the NAS) and walks the NAS snapshot, the source of truth for
-    every file.
-  - A file whose local copy resolves to a regular file inside O(hub_local_root), every folder on its local
-    path a real directory there, is bound from that local blob (C(origin=local)).
-  - Everything else is bound read-only from the NAS (C(origin=nas)). A maximal directory with no
-    local file in it (the optional page15 pack) becomes one directory mount; other files get one
-    mount each, with the NAS file as source.
-  - A directory is only bound whole when every file in it is a real file (or a relative link that
-    stays inside it). Snapshot links such as C(../../blobs/<sha>) would dangle inside the
-    container, so such files are bound one by one, resolved on the host.
-  - With O(bind_from=nas) the local hub is not read - its refs, links and blobs are left as they
-    are and ignored, only dgx-stage's own record of NAS blobs found corrupt is read - and every file is bound read-only from the NAS snapshot of the NAS's commit
-    (C(origin=nas)), so a lane whose local disks are suspect serves the NAS weights without anything
-    being removed. V(local) again binds the staged copies.
-  - A file bound from the NAS whose blob a stage or verify pass found failing its name (kept under
-    C(nas_corrupt) in the repo's progress file, C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json))
-    fails the module naming the file, the blob and the NAS file, unless O(allow_corrupt_nas) (then a warning).
-    A NAS file changed since it was found is hashed again and bound when its bytes now hash to its name.
-  - So does a file bound from the NAS whose blob the host's latest report on the controller (O(host_report))
-    lists under C(nas_suspects) (every blob a real stage or verify pass found, whatever passes ran since) or
-    C(nas_corrupt_blobs) of a real stage or verify row of its repo (C(nas_corrupt) at the row's commit, for a row
-    written before rows named blobs), the blob a path names being its snapshot link's first hop, when the node's own record does not hold it - a roll-back onto
-    a wiped or swapped local hub, or another O(hub_local_root). Such a NAS file is hashed, and bound when its bytes
-    hash to its name (re-downloaded since). Check mode decides the same.
-  - Before returning, checks that every source exists, no two mounts share a target, no target
-    is nested in a directory mount, every NAS mount is read-only, and every NAS snapshot file is
-    reachable through exactly one mount.
-  - Changes nothing; a role renders RV(manifest) to C(engine_manifest_path) with a template.
+  - Resolves each repo's commit (the local ref or snapshot, else the NAS's) and walks the NAS snapshot, the source
+    of every file. A file staged locally (a regular file reached through real folders of O(hub_local_root)) is
+    bound from its local blob (C(origin=local)); the rest read-only from the NAS (C(origin=nas)), one mount per
+    maximal directory with nothing local and no link leaving it, else one per file.
+  - A NAS-bound file whose blob a real stage or verify pass found failing its name (the repo's progress file, or
+    C(nas_suspects) and the rows of O(host_report)) fails the module unless its NAS bytes now hash to its name or
+    O(allow_corrupt_nas) is set (then a warning).
+  - Checks the result (every source exists, targets unique and not nested in a directory mount, NAS mounts
+    read-only, every NAS file reachable through exactly one mount). Writes nothing; the role renders RV(manifest).
 author: dgx-stage maintainers
 options:
   hub_local_root:
-    description: Node-local hub cache root (holds C(models--*)). May be missing; then nothing is local.
+    description: Node-local hub cache root; when missing nothing is local.
     type: path
     required: true
   hub_nas_root:
-    description: NAS hub cache root (holds C(models--*)); read only.
+    description: NAS hub cache root; read only.
     type: path
     required: true
   repos:
-    description:
-      - Repos to mount; C(stage_repos) can be passed unchanged.
+    description: Repos to mount; C(stage_repos) as it is.
     type: list
     elements: dict
     required: true
@@ -71,25 +50,18 @@ options:
         choices: [model, dataset, space]
         default: model
       allow_patterns:
-        description: Accepted so C(stage_repos) entries pass validation; not used here.
+        description: Accepted from C(stage_repos); unused.
         type: raw
       ignore_patterns:
-        description: Accepted so C(stage_repos) entries pass validation; not used here.
+        description: Accepted from C(stage_repos); unused.
         type: raw
       rank_patterns:
-        description:
-          - Accepted so C(stage_repos) entries pass validation (a map rank -> patterns, or a list of templates
-            with C({rank}) and C({world_size})); not used here - whatever a rank staged is found on its local
-            disk, and every other file of the NAS snapshot is bound read-only from the NAS.
+        description: Accepted from C(stage_repos); unused (what a rank staged is found on its disk).
         type: raw
   plan:
     description:
-      - Check mode only (ignored otherwise, so a real run binds only what is on disk). The stage pass's
-        plan, its C(hf_hub_mirror) RV(hf_hub_mirror#module:report) rows from check mode passed unchanged;
-        each row's C(repo_id), C(repo_type), C(commit) and C(excluded_paths) are read, other keys ignored.
-      - A file a row's repo and commit select (not in its C(excluded_paths)) and that is not on the local
-        disk yet is bound from where the stage pass will put it (C(origin=local), listed in RV(manifest.planned)), so
-        the manifest predicts what the real run binds. A row for another commit plans nothing.
+      - Check mode only. The stage pass's check-mode C(hf_hub_mirror) RV(hf_hub_mirror#module:report) rows; a file
+        a row selects and not yet local is bound from where the stage pass puts it (RV(manifest.planned)).
     type: list
     elements: dict
   target_root:
@@ -98,26 +70,19 @@ options:
     default: /hub
   bind_from:
     description:
-      - V(local) binds every file staged on the local disk from there and the rest from the NAS.
-      - V(nas) binds every file from the NAS, read-only, ignoring local copies (and O(plan)); the commit is
-        the NAS's for the revision. Nothing local is read, changed or removed.
+      - V(local) binds staged files from the local disk; V(nas) binds every file from the NAS at the NAS's commit,
+        reading nothing local (O(plan) ignored).
     type: str
     choices: [local, nas]
     default: local
   allow_corrupt_nas:
-    description:
-      - Bind NAS files found corrupt anyway, with a warning (C(engine_allow_corrupt_nas)); RV(nas_corrupt) lists them.
+    description: Bind NAS files found corrupt anyway, with a warning.
     type: bool
     default: false
   host_report:
     description:
-      - The text (JSON) of this host's latest report on the controller, C(<report dir>/<host>.json); its
-        C(nas_suspects), C(passes.stage) and C(passes.verify) rows (C(repo_id), C(repo_type), C(check_mode),
-        C(commit), C(nas_corrupt_blobs), C(nas_corrupt)) and C(plays) are read. Empty - no report yet - adds no
-        suspect.
-      - A text that is not a JSON object, or whose parts read are of another shape (a path that is no relative
-        snapshot path, a blob that is no blob name), fails the module for every repo, as an unreadable record of
-        the node does, unless O(allow_corrupt_nas).
+      - The JSON text of this host's latest report on the controller (empty - no report - adds no suspect). One
+        of another shape fails the module unless O(allow_corrupt_nas).
     type: str
     default: ""
   host_report_path:
@@ -129,14 +94,14 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Read-only; in check mode O(plan) adds the files the stage pass would copy.
+    details: O(plan) adds the files the stage pass would copy.
   diff_mode:
     support: none
     details: Nothing changes, so there is no diff.
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: full
-    details: The same staged trees give the same manifest; the module never writes.
+    details: The module never writes.
   platform:
     support: full
     platforms: posix
@@ -198,7 +163,7 @@ manifest:
           description: The repo folder name, C(models--org--name).
           type: str
         local_snapshot:
-          description: The snapshot directory under O(hub_local_root) (it may not exist).
+          description: The snapshot directory under O(hub_local_root) (may not exist).
           type: str
         nas_snapshot:
           description: The snapshot directory under O(hub_nas_root).
@@ -224,20 +189,16 @@ manifest:
           description: V(local) or V(nas).
           type: str
         fallback_reason:
-          description:
-            - On a V(nas) mount only, when a file it covers is staged but not bound from the local disk because a
-              folder on its local path is not a real directory inside O(hub_local_root) (a symlink); says which.
+          description: Why a staged file this V(nas) mount covers is not bound from the local disk.
           type: str
           returned: when such a file is covered
     planned:
-      description:
-        - Check mode with O(plan) only, and not part of the manifest file - the targets of local binds whose
-          file the stage pass has still to copy.
+      description: Targets of local binds the stage pass has still to copy (not in the manifest file).
       type: list
       elements: str
       returned: success when check mode with O(plan)
     counts:
-      description: Mounts by origin (RV(counts) without its C(planned)).
+      description: Mounts by origin.
       type: dict
       contains: &counts
         local:
@@ -250,7 +211,7 @@ manifest:
           description: All mounts.
           type: int
     bind_from:
-      description: O(bind_from), V(local) or V(nas), which C(dgx-stage status) reports.
+      description: O(bind_from).
       type: str
   sample:
     repos:
@@ -285,9 +246,7 @@ counts:
       returned: success when check mode with O(plan)
   sample: {local: 141, nas: 30, total: 171}
 nas_corrupt:
-  description:
-    - The files the manifest binds from the NAS whose blob was found failing its name and not proven since, by the
-      node's own record or by the host report (O(host_report)).
+  description: NAS-bound files whose blob was found failing its name and not proven since.
   returned: success; on failure when the manifest would bind them
   type: list
   elements: dict
@@ -296,7 +255,7 @@ nas_corrupt:
       description: The repo.
       type: str
     path:
-      description: The file's path in the snapshot (null when the repo's record or the host report cannot be read; RV(nas_corrupt[].why) says why).
+      description: The file's snapshot path (null when the record cannot be read).
       type: str
     blob:
       description: The blob's name, the hash its bytes must have.
@@ -305,9 +264,7 @@ nas_corrupt:
       description: The NAS snapshot file bound.
       type: str
     why:
-      description:
-        - When and how it was found corrupt (and, from the host report, its path on the controller), or why the NAS
-          file still does not prove its name.
+      description: When and how it was found corrupt, or why the NAS file still fails its name.
       type: str
   sample:
     - repo_id: org/model
@@ -316,9 +273,7 @@ nas_corrupt:
       nas_file: /mnt/nas/hf/models--org--model/snapshots/1a2b3c/model-00002-of-00006.safetensors
       why: found corrupt 2026-12-01T10:18:45Z (its sampled bytes differ from the local copy's) and unchanged since
 msg:
-  description:
-    - Why no manifest could be computed (a missing NAS root or snapshot, an inconsistent mount list), or the
-      NAS files found corrupt it would bind.
+  description: Why no manifest could be computed, or the corrupt NAS files it would bind.
   returned: failure
   type: str
 """

@@ -11,29 +11,21 @@ module: engine_node_state
 short_description: Read the engine's mount manifest and fingerprint the files it binds, on the node
 version_added: "1.0.0"
 description:
-  - With O(manifest), reads the mount manifest there and returns it as RV(manifest) (or why it cannot be read,
-    in RV(manifest_error)); O(manifest_content) gives the manifest instead (a C(--check) run's, computed and not
-    written).
-  - Stats the source of every local bind of that manifest (following links, as a bind mount does) and returns
-    RV(fingerprint), a sha256 over each path with the identity of what it resolves to - device, inode, size and mtime in
-    nanoseconds. A bind pins an inode, so a verify repair or a re-stage (a new blob file under the same
-    name) or a prune (the file gone) leaves a running container reading the old bytes while the mount
-    manifest is unchanged; the fingerprint changes in each case. The engine role stores it on the
-    container as a label and restarts the lane when it differs.
-  - With O(directories), says which of those paths do not exist (RV(directories_missing)).
-  - Reads only; changes nothing.
+  - Reads the mount manifest (O(manifest), or O(manifest_content) for a C(--check) run's) and checks its binds.
+  - Fingerprints the identity (device, inode, size, mtime, ctime) of what each local bind's source resolves to. A
+    bind pins an inode, so a repair, re-stage or prune changes the fingerprint while the manifest stays the same,
+    and the engine role restarts the lane.
+  - Reads only.
 author: dgx-stage maintainers
 options:
   manifest:
-    description: Path of the mount manifest on the node (C(engine_manifest_path)), read and returned as RV(manifest).
+    description: Path of the mount manifest on the node.
     type: path
   manifest_content:
     description: The mount manifest itself, used instead of reading O(manifest).
     type: dict
   directories:
-    description:
-      - Paths to look for, as written (a link counts as there), such as the receipt directory;
-        RV(directories_missing) lists those not there. One that cannot be looked at fails the module.
+    description: Paths to look for, as written (a link counts as there); one that cannot be looked at fails.
     type: list
     elements: str
     default: []
@@ -42,7 +34,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: Read-only; check mode reads the same.
+    details: Check mode reads the same.
   diff_mode:
     support: none
     details: Nothing changes, so there is no diff.
@@ -54,8 +46,7 @@ attributes:
     support: full
     platforms: posix
 notes:
-  - Runs on the node with the system Python; stdlib only. The container runtime's state (the containers, who
-    holds the engine's port) is what C(engine_containers) says.
+  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""
@@ -73,38 +64,34 @@ EXAMPLES = r"""
 
 RETURN = r"""
 fingerprint:
-  description: >-
-    sha256 hex over the sources of the manifest's local binds (sorted, each once) with the identity of what each
-    resolves to (none without a manifest).
+  description: sha256 hex over each local bind source (sorted, once) with the identity of what it resolves to.
   returned: success
   type: str
   sample: 3b5d5c3712955042212316173ccf37be800c8c4a3c1b5c6e2e1d40fb7ab2d6a1
 files:
-  description: How many distinct paths were fingerprinted (a missing one counts, and is listed in RV(missing)).
+  description: How many distinct paths were fingerprinted.
   returned: success
   type: int
   sample: 141
 manifest:
-  description: The mount manifest read from O(manifest) (or O(manifest_content)); null when it cannot be read.
+  description: The mount manifest; null when it cannot be read.
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: dict
   contains:
     repos:
-      description: The repos the manifest binds, each with its C(target) snapshot directory in the container.
+      description: The repos the manifest binds.
       type: list
       elements: dict
     mounts:
-      description: The binds, each C(source), C(target), C(read_only) and C(origin) (C(local) or C(nas)).
+      description: The binds.
       type: list
       elements: dict
     counts:
-      description: How many binds come from the local disk and from the NAS (C(local), C(nas), C(total)).
+      description: Binds by origin.
       type: dict
   sample: {repos: [{repo_id: org/model, target: /hub/models--org--model/snapshots/0a1b2c}], mounts: [], counts: {}}
 manifest_error:
-  description: >-
-    Why the manifest cannot be used (no file at O(manifest), not JSON, not a manifest - a list of repos, and of
-    mounts with a text source and target); empty when it was read.
+  description: Why the manifest cannot be used; empty when it was read.
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: str
   sample: "cannot read it: No such file or directory"
@@ -116,28 +103,21 @@ directories_missing:
   sample: [/cache]
 bind_problems:
   description:
-    - Why the lane cannot start from the manifest as it is, one text each; empty when it can.
-    - A mount whose source or target no runtime binds as written (a NUL or another control character, a path not
-      in normal form), named by its place in the manifest's mounts; a local bind whose source is outside the local
-      repo folders of the manifest's repos, has a symlink or a mount point on its way from the local hub root,
-      is missing, not a regular file (a link included) or cannot be read; a NAS bind whose source, followed as
-      the hub layout links it, ends outside the NAS hub or is not a readable regular file (a readable folder,
-      for a folder bound whole); or a repo whose local ref cannot be read (a folder, a link) or names another
-      commit than the manifest binds (a revision staged since it was written).
+    - Why the lane cannot start from the manifest, one text each (a path no runtime binds as written, a local source
+      not a readable regular file reached through real folders of its repo, a NAS source not resolving to a
+      readable file in the NAS hub, a local ref unreadable or moved past the commit); empty when it can.
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: list
   elements: str
   sample: ["/raid/hf-local/hub/models--org--model/blobs/9f2c is missing"]
 missing:
-  description: The fingerprinted paths where nothing is (they count in RV(fingerprint) as missing).
+  description: The fingerprinted paths where nothing is.
   returned: success
   type: list
   elements: str
   sample: []
 msg:
-  description: >-
-    Why the node could not be read (both O(manifest) and O(manifest_content), a path of
-    O(directories) that cannot be looked at).
+  description: Why the node could not be read.
   returned: failure
   type: str
 """
@@ -163,8 +143,9 @@ def main():
     if params["manifest"] is not None or params["manifest_content"] is not None:
         manifest, error = (checked_manifest(params["manifest_content"]) if params["manifest_content"] is not None
                            else read_manifest(params["manifest"]))
-        result.update(manifest=manifest, manifest_error=error or "", bind_problems=bind_problems(manifest or {}))
-        files = local_sources(manifest or {})
+        result.update(manifest=manifest, manifest_error=error or "", bind_problems=[])
+        if manifest:
+            result["bind_problems"], files = bind_problems(manifest), local_sources(manifest)
     try:
         missing_dirs = missing_paths(params["directories"])
     except OSError as exc:

@@ -11,34 +11,23 @@ module: engine_receipts
 short_description: Clear the engine's per-run receipt roots before serve
 version_added: "1.0.0"
 description:
-  - The engine writes per-run receipts strict-on-exists (C(mkdir(exist_ok=False)), C(open('xb'))),
-    so a receipt root left over from an earlier run makes every restart fail with C(FileExistsError).
-  - Removes each listed root that is a direct child of O(parent). A root that is a symlink is
-    unlinked; its target is left untouched. Read-only files and directories inside a root are
-    made writable before removal; run with become so ownership is no obstacle.
-  - Refuses, removing nothing, while a root is in use, unless O(force=true). In use is judged as the
-    host sees it, whatever path a container uses - a process whose working directory, open file or
-    mapped file (C(/proc/<pid>/cwd), C(/proc/<pid>/fd/*), C(/proc/<pid>/maps)) is, by device and inode,
-    a root or something under it; or a process in another mount namespace (a container) that has a
-    root, something inside it, or O(parent) mounted, or a directory above O(parent) mounted read-write
-    (C(/proc/<pid>/mountinfo)), since a live engine with the receipt parent bound writes its receipts
-    there, and a container binding an ancestor read-write can make them. The host's own mounts are not
-    holders.
-  - The failure names the roots, each holder (pid, command, the container from C(/proc/<pid>/cgroup)
-    when it runs in one, what it holds and the path it sees) and the fix.
-  - Roots held only by O(live_container) (this host's running engine) belong to the live run; they
-    are left in place and returned in RV(kept) instead of failing.
+  - The engine writes its receipts strict-on-exists, so a receipt root left by an earlier run fails every restart
+    with C(FileExistsError). Removes each listed root under O(parent); a symlink root is unlinked, its target
+    left alone.
+  - Refuses, removing nothing, while a process holds a root (unless O(force=true)), judged by device and inode as
+    the host sees it - its cwd, an open or mapped file under a root, or (another mount namespace) a bind of a
+    root, something in one, O(parent), or read-write a directory above O(parent). The failure names each holder
+    and the fix. Roots held only by O(live_container) are kept (RV(kept)).
 author: dgx-stage maintainers
 options:
   parent:
     description:
-      - Directory holding the receipt roots. Must be absolute and must not be (or resolve to) C(/).
+      - Directory holding the receipt roots; absolute, not (resolving to) C(/).
     type: path
     default: /cache
   names:
     description:
-      - Bare directory names of the receipt roots under O(parent).
-      - Names containing C(/) or C(..), C(.) itself and empty names are refused.
+      - Bare directory names of the receipt roots (no C(/), C(..), C(.) or empty name).
     type: list
     elements: str
     default: [ds41-backend-attestation, ds41-combined-ready, ds41-display-kv]
@@ -50,41 +39,37 @@ options:
     default: absent
   force:
     description:
-      - Remove the roots even if a live process holds one of them (O(live_container) included), or one
-        holds a mount point (the mount and the folders holding it stay, in RV(mounts_kept)).
+      - Remove the roots even while held, or holding a mount point (which stays, RV(mounts_kept)).
     type: bool
     default: false
   live_container:
     description:
-      - Id (full, or a prefix of at least 12 characters) of this host's running engine container.
-        Roots held only by its processes are kept (RV(kept)), not refused - they belong to the live
-        run. Any other holder still makes the task fail. Empty - every holder refuses.
+      - Id (or a prefix of 12 or more characters) of this host's running engine, whose roots belong to the live
+        run.
     type: str
     default: ""
   inventory_hostname:
     description:
-      - This node's name in the inventory, the C(--limit) of the C(dgx-stage) command a refusal gives as the fix
-        (C(dgx-stage clean-receipts --limit dgx2 -e receipt_force=true)); without it the command names the lane.
+      - This node's name, the C(--limit) of the fix command a refusal gives.
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    details: Reports in RV(removed) what would be removed and touches nothing; the in-use check still runs.
+    details: RV(removed) says what would go; the in-use check still runs.
   diff_mode:
     support: full
     details: Each root present before, absent after.
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: full
-    details: Once the roots are gone a second run removes nothing.
+    details: Once the roots are gone nothing is removed.
   platform:
     support: full
     platforms: posix
 notes:
-  - Runs on the node with the system Python; stdlib only.
-  - Missing roots are not an error; the task then reports no change.
+  - Runs on the node with the system Python; stdlib only. Missing roots are no error.
 """
 
 EXAMPLES = r"""
@@ -104,29 +89,25 @@ removed:
   elements: str
   sample: [/cache/ds41-backend-attestation]
 would_remove:
-  description: Receipt roots found present and not kept, i.e. the removal plan.
+  description: The removal plan, the roots present and not kept.
   returned: success
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
 kept:
-  description: Roots left in place because only O(live_container) holds them (the live run's receipts).
+  description: Roots only O(live_container) holds, left in place.
   returned: success
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
 mounts_kept:
-  description:
-    - Mount points inside the roots, left in place with the folders holding them. Non-empty only with
-      O(force=true); without it, a root holding a mount point fails the task and nothing is removed.
+  description: Mount points inside the roots left in place with the folders holding them (O(force=true) only).
   returned: success
   type: list
   elements: str
   sample: [/cache/ds41-combined-ready/models]
 holders:
-  description:
-    - What holds a root - non-empty on success only with O(force=true) (see the warning) or when
-      O(live_container) holds roots (RV(kept)).
+  description: What holds a root (on success only with O(force=true) or RV(kept)).
   returned: success
   type: list
   elements: dict
@@ -141,39 +122,34 @@ holders:
       description: Id of the container the process runs in (from C(/proc/<pid>/cgroup)); empty when none.
       type: str
     how:
-      description:
-        - V(open) (an open file), V(cwd), V(mapped) (a mapped file), V(mount) (a bind of a root, something in
-          one, or O(parent)) or V(ancestor) (a read-write bind of a directory containing O(parent)).
+      description: V(open), V(cwd), V(mapped), V(mount) (a bind of a root, in one, or O(parent)) or V(ancestor).
       type: str
     path:
-      description:
-        - What is held, as a host path - a root, a file under one, for a mount possibly O(parent), for
-          V(ancestor) the bound directory (its path inside its filesystem and device when the host shows it
-          nowhere).
+      description: What is held, as a host path (for V(ancestor) the bound directory).
       type: str
     seen_as:
       description: The path the process sees it by (its fd or cwd link text, or the mount point).
       type: str
     roots:
-      description: The receipt roots this holds (every root for a mount of O(parent) or an ancestor).
+      description: The receipt roots it holds.
       type: list
       elements: str
   sample: [{pid: 4242, name: python3, container: 018a9bfdf3cebcadf93f3007272220059bfe1e622297531dff97fad81746ce62,
             how: open, path: /cache/ds41-combined-ready/worker.json, seen_as: /cache/ds41-combined-ready/worker.json,
             roots: [/cache/ds41-combined-ready]}]
 diff:
-  description: "Each root of RV(would_remove) as C(<path>: present) before and C(<path>: absent) after."
+  description: "Each root of RV(would_remove), C(<path>: present) before, C(<path>: absent) after."
   returned: success
   type: dict
   contains:
     before:
-      description: "One C(<path>: present) line per root found."
+      description: "C(<path>: present) lines."
       type: str
     after:
-      description: "One C(<path>: absent) line per root found."
+      description: "C(<path>: absent) lines."
       type: str
 msg:
-  description: Why nothing was removed (a bad name or parent, a root in use), or which removal failed.
+  description: Why nothing was removed, or which removal failed.
   returned: failure
   type: str
 """

@@ -1,30 +1,6 @@
 # -*- coding: utf-8 -*-
-"""What the engine container would meet on this node, read without changing anything.
-
-read_manifest(path)               -> (the mount manifest, None) or (None, why it cannot be read or used)
-checked_manifest(manifest)        -> (manifest, None) or (None, why it is no mount manifest)
-local_sources(manifest)           -> the host paths of the manifest's binds from the local disk
-bind_problems(manifest)           -> why the lane cannot start from the manifest: a source or target no runtime
-                                     binds as written, a local source outside the manifest's local repos, reached
-                                     through a link or a mount, missing, not a regular file (a link included) or
-                                     unreadable, a NAS source outside the NAS hub or not resolving to a readable
-                                     file, a local ref that cannot be read or moved past its commit
-missing_paths(paths)              -> the paths where nothing is (OSError for one that cannot be looked at)
-files_fingerprint(paths)          -> (sha256 hex, [(path, identity)], [missing paths]): the identity of every
-                                     file the container binds (st_dev, st_ino, st_size, st_mtime_ns and
-                                     st_ctime_ns of what the path resolves to: a rewrite in place that puts
-                                     the old mtime back still moves the ctime). A bind pins an inode: a verify repair or a
-                                     re-stage writes a new inode under the same name, a prune removes it, and
-                                     the running container keeps reading the old bytes. The fingerprint
-                                     changes in each case, so the role restarts the lane.
-listening_inodes(port, proc_root) -> socket inodes listening on TCP `port` (IPv4 and IPv6), from /proc/net
-port_holders(port, proc_root)     -> [{pid, command, container_id}]: the processes holding those sockets,
-                                     with the container a process runs in (its cgroup), "" for a host process
-python_modules(names)             -> {executable, version, missing}: the modules of names this Python cannot
-                                     import (community.docker needs `requests` in the node's Python)
-
-Reads /proc of the node's own network namespace: host-network containers (the engine's) listen there.
-Stdlib only; runs on the nodes' system Python.
+"""What the engine container would meet on this node (the mount manifest, the identity of the files it binds,
+who listens on the API port), read without changing anything. Stdlib only; runs on the nodes' system Python.
 """
 
 import errno
@@ -38,14 +14,13 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_within
 from ansible.module_utils.dgx_localtree import LocalTree
 from ansible.module_utils.dgx_mountspec import mount_path_problem
-from ansible.module_utils.dgx_receipts import container_of
+from ansible.module_utils.dgx_receipts import container_of, read_text
 
 TCP_LISTEN = "0A"
 
 
 def read_manifest(path):
-    """(the mount manifest JSON at path, None), or (None, why it cannot be read): no file there, not JSON, or
-    not a manifest (a list of repos, and of mounts each with a text source and target)."""
+    """(the mount manifest JSON at path, None), or (None, why it cannot be read or used)."""
     try:
         with open(path, "rb") as handle:
             manifest = json.loads(handle.read().decode("utf-8"))
@@ -57,13 +32,14 @@ def read_manifest(path):
 
 
 def checked_manifest(manifest):
-    """(manifest, None) when it is a mount manifest (DESIGN: {"repos": [...], "mounts": [{source, target,
-    read_only, origin}], "counts": {...}}), else (None, what makes it none)."""
+    """(manifest, None) when it is shaped as engine_manifest writes it, else (None, what makes it no manifest)."""
     problem = None
     if not isinstance(manifest, dict):
         problem = "not a JSON object"
     elif not all(isinstance(manifest.get(key), list) for key in ("repos", "mounts")):
         problem = "no list of repos and of mounts"
+    elif not all(isinstance(repo, dict) for repo in manifest["repos"]):
+        problem = "a repo is not an object"
     else:
         for index, mount in enumerate(manifest["mounts"]):
             if not isinstance(mount, dict) or not all(isinstance(mount.get(key), str) for key in ("source", "target")):
@@ -73,59 +49,35 @@ def checked_manifest(manifest):
 
 
 def local_sources(manifest):
-    """The host paths the manifest binds from the local disk (origin local): the files a restage or a repair
-    gives a new inode."""
+    """The host paths the manifest binds from the local disk: a restage or a repair gives them a new inode."""
     return [mount["source"] for mount in manifest.get("mounts") or [] if mount.get("origin") == "local"]
 
 
 def bind_problems(manifest):
-    """Why the manifest cannot be started from as it is, one text each, [] when it can: a mount whose source or
-    target no runtime binds as written (a NUL byte, a path not in normal form: dgx_mountspec), a local bind whose
-    source is outside the local repo folders of the manifest's repos, has a link or a mount on the way, is
-    missing, not a regular file (a link included) or cannot be read (the runtime would fail that rank's start,
-    after the earlier ranks were stopped, or bind other bytes), a NAS bind whose source does not resolve inside
-    the NAS hub to a readable file (or folder), or a repo whose local ref cannot be read or moved past the
-    commit the manifest binds (a revision staged since the manifest was written). A manifest not shaped as
-    engine_manifest writes it is one problem naming what is wrong."""
-    shape = _shape_problem(manifest)
+    """Why the lane cannot start from the manifest as it is, one text each, [] when it can: the runtime would fail
+    a rank's start after the earlier ranks were stopped, or bind other bytes than the staged ones."""
+    manifest, shape = checked_manifest(manifest)
     if shape:
-        return [shape]
+        return ["%s; write it again (the manifest play)" % shape]
     problems, unbindable = [], set()
-    for index, mount in enumerate(manifest.get("mounts") or []):
+    for index, mount in enumerate(manifest["mounts"]):
         for key in ("source", "target"):
-            why = mount_path_problem(mount.get(key)) if key in mount else None
+            why = mount_path_problem(mount[key])
             if why:
                 problems.append("mount %d of the manifest: its %s %s" % (index, key, why))
                 unbindable.add(index)
-    mounts = [mount for index, mount in enumerate(manifest.get("mounts") or []) if index not in unbindable]
-    repo_folders = _local_repo_folders(manifest)
+    mounts = [mount for index, mount in enumerate(manifest["mounts"]) if index not in unbindable]
+    repo_folders = _snapshots(manifest, "local_snapshot")
     for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "local")):
         why = _local_unusable(path, repo_folders)
         if why:
             problems.append("%s %s" % (path, why))
-    snapshots = _nas_snapshots(manifest)
+    snapshots = _snapshots(manifest, "nas_snapshot")
     for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "nas")):
         why = _nas_unusable(path, snapshots)
         if why:
             problems.append("NAS source %s %s" % (path, why))
-    for repo in manifest.get("repos") or []:
-        moved = _ref_moved(repo)
-        if moved:
-            problems.append(moved)
-    return problems
-
-
-def _shape_problem(manifest):
-    if not isinstance(manifest, dict):
-        return "the manifest is not a JSON object; write it again (the manifest play)"
-    for key in ("mounts", "repos"):
-        entries = manifest.get(key) or []
-        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
-            return "the manifest's %s is not a list of objects; write it again (the manifest play)" % key
-    if not all(isinstance(mount.get("source"), str) for mount in manifest.get("mounts") or []
-               if mount.get("origin") in ("local", "nas")):
-        return "a mount of the manifest has no source path; write it again (the manifest play)"
-    return None
+    return problems + [moved for moved in map(_ref_moved, manifest["repos"]) if moved]
 
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -148,8 +100,7 @@ def _regular_problem(fd):
 
 
 def _unusable(path):
-    """Why the file at path cannot be bound, or None: it is missing, cannot be read, or is not a regular file - a
-    link at its last component included, never followed."""
+    """Why the file at path (a link at its end never followed) cannot be bound, or None."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -157,23 +108,22 @@ def _unusable(path):
     return _regular_problem(fd)
 
 
-def _local_repo_folders(manifest):
-    """[(local repo folder, its hub root)] of the manifest's repos, from their local snapshots
+def _snapshots(manifest, key):
+    """[(snapshot, repo folder, hub root)] of the manifest's repos' snapshot under key
     (<hub>/<repo folder>/snapshots/<commit>)."""
     found = []
-    for repo in manifest.get("repos") or []:
-        snapshot = repo.get("local_snapshot")
+    for repo in manifest["repos"]:
+        snapshot = repo.get(key)
         if isinstance(snapshot, str) and snapshot:
-            folder = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))
-            found.append((folder, os.path.dirname(folder)))
+            snapshot = os.path.normpath(snapshot)
+            folder = os.path.dirname(os.path.dirname(snapshot))
+            found.append((snapshot, folder, os.path.dirname(folder)))
     return found
 
 
 def _open_in_local_hub(hub, rel):
-    """(fd, None) of the file rel ('/'-separated) below the local hub root, each folder on the way opened
-    through the local tree (never through a link, never into a mount point) and the file with O_NOFOLLOW; or
-    (None, why not): a folder on the way swapped for a link would show the container other bytes under the
-    staged file's name."""
+    """(fd, None) of the file rel ('/'-separated) below the local hub root, opened through real folders only
+    (a linked folder would show the container other bytes under the staged name), or (None, why not)."""
     folder, name = rel.rsplit("/", 1) if "/" in rel else ("", rel)
     try:
         with LocalTree(hub).open_dir(folder) as parent:
@@ -187,36 +137,21 @@ def _open_in_local_hub(hub, rel):
 
 
 def _local_unusable(path, repo_folders):
-    """Why the local bind source at path cannot be bound as the staged file, or None. It lies in a local repo
-    folder of the manifest's repos and is opened from the local hub root without following any link: a staged
-    file is a regular file reached through real folders, and a link anywhere on its way could show the
-    container anything."""
-    inside = [(folder, hub) for folder, hub in repo_folders if path != folder and is_within(path, folder)]
+    """Why the local bind source at path cannot be bound as the staged file (a regular file in a local repo folder
+    of the manifest, reached through real folders), or None."""
+    inside = [(folder, hub) for _snap, folder, hub in repo_folders if path != folder and is_within(path, folder)]
     if not inside:
         return "is in no local repo folder of the manifest's repos (%s): a local bind is a staged file" % (
-            ", ".join(sorted(set(folder for folder, _hub in repo_folders))) or "none names a local snapshot")
+            ", ".join(sorted(set(folder for _snap, folder, _hub in repo_folders))) or "none names a local snapshot")
     hub = inside[0][1]
     fd, why = _open_in_local_hub(hub, os.path.relpath(path, hub).replace(os.sep, "/"))
     return why or _regular_problem(fd)
 
 
-def _nas_snapshots(manifest):
-    """[(NAS snapshot folder, the real path of its NAS hub)] of the manifest's repos."""
-    found = []
-    for repo in manifest.get("repos") or []:
-        snapshot = repo.get("nas_snapshot")
-        if isinstance(snapshot, str) and snapshot:
-            snapshot = os.path.normpath(snapshot)
-            # <hub>/<repo folder>/snapshots/<commit>
-            found.append((snapshot, os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(snapshot))))))
-    return found
-
-
 def _nas_unusable(path, snapshots):
-    """Why a NAS bind source cannot be bound, or None. It lies in a NAS snapshot the manifest names; a snapshot
-    file is a link into the repo's blobs by design, so what it resolves to is checked: inside the NAS hub, and a
-    readable regular file (or, for a folder bound whole, a readable folder)."""
-    hubs = [hub for snapshot, hub in snapshots if is_within(os.path.normpath(path), snapshot)]
+    """Why a NAS bind source cannot be bound, or None: snapshot files link into the blobs, so what it resolves to
+    must be a readable file (or folder) inside the NAS hub."""
+    hubs = [os.path.realpath(hub) for snap, _folder, hub in snapshots if is_within(os.path.normpath(path), snap)]
     if not hubs:
         return "is in no NAS snapshot of the manifest's repos"
     real = os.path.realpath(path)
@@ -228,9 +163,8 @@ def _nas_unusable(path, snapshots):
 
 
 def _ref_moved(repo):
-    """A text when the local hub's ref for the repo's revision names another commit than the manifest's, or
-    cannot be read (a folder, a link, a link on the way). No ref at all is no problem: the manifest took the
-    NAS's commit then (nothing staged yet, or bound from the NAS)."""
+    """A text when the local ref of the repo's revision names another commit than the manifest's, or cannot be
+    read; no ref is no problem (the manifest took the NAS's commit)."""
     revision, commit, snapshot = repo.get("revision"), repo.get("commit"), repo.get("local_snapshot")
     if not (revision and commit and snapshot) or revision == commit:
         return None
@@ -260,8 +194,8 @@ def _ref_moved(repo):
 
 
 def missing_paths(paths):
-    """The paths of paths where nothing is (a link counts, as it is, dangling or not); a path that cannot be
-    looked at (a parent that cannot be searched) raises OSError rather than passing for missing."""
+    """The paths where nothing is (a link, dangling or not, is something); OSError for one that cannot be looked
+    at, never "missing"."""
     missing = []
     for path in paths:
         try:
@@ -274,8 +208,8 @@ def missing_paths(paths):
 
 
 def file_identity(path):
-    """"dev:ino:size:mtime_ns:ctime_ns" of what path resolves to; "missing" when nothing is there,
-    "error:<errno>"."""
+    """"dev:ino:size:mtime_ns:ctime_ns" of what path resolves to (ctime: a rewrite that puts the old mtime back
+    still moves it), "missing" or "error:<errno>"."""
     try:
         st = os.stat(path)
     except ValueError:
@@ -313,19 +247,11 @@ def parse_proc_net_tcp(text):
     return out
 
 
-def _read(path):
-    try:
-        with open(path, "rb") as handle:
-            return handle.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-
-
 def listening_inodes(port, proc_root="/proc"):
     """Socket inodes listening on TCP `port`, IPv4 and IPv6."""
     inodes = set()
     for table in ("tcp", "tcp6"):
-        for listen_port, inode in parse_proc_net_tcp(_read(os.path.join(proc_root, "net", table))):
+        for listen_port, inode in parse_proc_net_tcp(read_text(os.path.join(proc_root, "net", table))):
             if listen_port == port:
                 inodes.add(inode)
     return inodes
@@ -350,15 +276,15 @@ def port_holders(port, proc_root="/proc"):
                 continue
             if target in wanted:
                 holders.append({"pid": int(pid),
-                                "command": (_read(os.path.join(proc_root, pid, "comm")) or "?").strip() or "?",
-                                "container_id": container_of(_read(os.path.join(proc_root, pid, "cgroup")))})
+                                "command": (read_text(os.path.join(proc_root, pid, "comm")) or "?").strip() or "?",
+                                "container_id": container_of(read_text(os.path.join(proc_root, pid, "cgroup")))})
                 break
     return holders
 
 
 def python_modules(names, finder=None):
-    """{executable, version, missing}: which top-level modules of names this Python cannot find (not imported:
-    finding is enough, and importing could have side effects)."""
+    """{executable, version, missing}: the modules of names this Python cannot find (finding them, since importing
+    could have side effects)."""
     if finder is None:
         import importlib.util
         finder = importlib.util.find_spec

@@ -11,73 +11,50 @@ from ansible.module_utils.dgx_errors import StageError, fix_command
 from ansible.module_utils.dgx_fsutil import is_within, remove_path, walk_tree
 from ansible.module_utils.dgx_mounts import describe_mount, mounts_below, parse_mountinfo
 
-# The engine's per-run receipt roots: the one place in code their names are written. The tests, the
-# demo and the Molecule checks read them from here; the receipt role's defaults and argument spec and
-# engine_receipts' DOCUMENTATION hold them as literal text.
+# The one place in code the receipt roots are named (the role's defaults and the module's docs hold them as text).
 RECEIPT_ROOTS = ("ds41-backend-attestation", "ds41-combined-ready", "ds41-display-kv")
 
-
-def validate_parent(parent):
-    """Return the absolute, normalised parent; refuse empty, relative and '/'."""
-    if not parent or not str(parent).strip():
-        raise StageError("engine_receipts: parent is empty; set receipt_parent to the directory "
-                         "holding the receipt roots (e.g. /cache)")
-    if not os.path.isabs(parent):
-        raise StageError("engine_receipts: parent %r is relative; give an absolute path "
-                         "(e.g. /cache)" % parent)
-    normal = os.path.normpath(parent)
-    if normal == "/" or os.path.realpath(normal) == "/":
-        raise StageError("engine_receipts: parent %r is (or resolves to) '/'; refusing to remove "
-                         "top-level directories, set receipt_parent to e.g. /cache" % parent)
-    return normal
-
-
-def validate_name(name):
-    """Refuse a receipt-root name that could reach outside parent."""
-    if not name or not str(name).strip():
-        raise StageError("engine_receipts: an entry of names is empty; list bare directory names "
-                         "such as ds41-combined-ready")
-    if "/" in name or "\0" in name or name == "." or ".." in name:
-        raise StageError("engine_receipts: name %r must be a bare directory name (no '/', '.', "
-                         "'..'); fix receipt_roots" % name)
-    return name
+_EXAMPLE = "(e.g. /cache)"
 
 
 def plan_removal(parent, names):
-    """Return the receipt-root paths that exist (as anything, symlinks included)."""
-    parent = validate_parent(parent)
-    paths = []
+    """The receipt-root paths that exist (as anything, symlinks included); refuses a parent that is empty,
+    relative or (resolves to) '/', and a name that is not a bare directory name, before anything is removed."""
+    if not parent or not str(parent).strip() or not os.path.isabs(parent):
+        raise StageError("engine_receipts: parent %r is empty or relative; set receipt_parent to the absolute "
+                         "directory holding the receipt roots %s" % (parent, _EXAMPLE))
+    parent = os.path.normpath(parent)
+    if parent == "/" or os.path.realpath(parent) == "/":
+        raise StageError("engine_receipts: parent %r is (or resolves to) '/'; refusing to remove top-level "
+                         "directories, set receipt_parent %s" % (parent, _EXAMPLE))
     for name in names:
-        path = os.path.join(parent, validate_name(name))
+        if not name or not name.strip() or "/" in name or "\0" in name or name == "." or ".." in name:
+            raise StageError("engine_receipts: name %r must be a bare directory name (no '/', '.', '..', not "
+                             "empty) such as ds41-combined-ready; fix receipt_roots" % name)
+    paths = []
+    for path in (os.path.join(parent, name) for name in names):
         try:
             os.lstat(path)
         except FileNotFoundError:
             continue
         except NotADirectoryError:
-            raise StageError("engine_receipts: parent %s is not a directory; fix receipt_parent"
-                             % parent)
+            raise StageError("engine_receipts: parent %s is not a directory; fix receipt_parent" % parent)
         if path not in paths:
             paths.append(path)
     return paths
 
 
-# /proc/<pid>/cgroup paths name a container by its 64-hex id: libpod-<id>.scope, docker-<id>.scope,
-# /docker/<id>, cri-containerd-<id>... Shorter hex runs (other cgroup managers) are not container ids.
+# /proc/<pid>/cgroup paths name a container by its 64-hex id (libpod-<id>.scope, /docker/<id>, cri-containerd-<id>).
 _CONTAINER_ID = re.compile(r"(?:^|[/_:.-])([0-9a-f]{64})(?=\.scope|/|$)")
 
 
-def _read_text(path):
-    """A /proc file as text (paths keep undecodable bytes as surrogates, like os paths); None if unreadable."""
+def read_text(path):
+    """A /proc file as text (undecodable bytes kept as surrogates, as in os paths); None if unreadable."""
     try:
         with open(path, "rb") as handle:
             return os.fsdecode(handle.read())
     except OSError:
         return None
-
-
-def _proc_name(proc_root, pid):
-    text = _read_text(os.path.join(proc_root, pid, "comm"))
-    return (text or "").strip() or "?"
 
 
 def container_of(cgroup_text):
@@ -91,11 +68,8 @@ def container_of(cgroup_text):
 
 
 def mount_source(path, mounts):
-    """(dev, path inside that filesystem) of a real path, by the mounts of the namespace it was seen in.
-
-    The deepest mount point containing the path wins; of mounts stacked on one point, the last.
-    None when no mount contains it.
-    """
+    """(dev, path inside that filesystem) of a real path by the mounts of its namespace (the deepest mount point
+    wins, of stacked mounts the last), or None."""
     best = None
     for mount in mounts:
         point = mount["mount_point"]
@@ -109,9 +83,8 @@ def mount_source(path, mounts):
 
 
 def host_path(source, mounts):
-    """A path that shows source, (dev, path inside that filesystem), in the namespace of mounts (the
-    inverse of mount_source()); None when no mount shows it (it lies above every mount of that dev,
-    or is covered by another mount)."""
+    """The path that shows source, (dev, path inside that filesystem), in the namespace of mounts (the inverse of
+    mount_source), or None when no mount shows it."""
     for mount in mounts:
         if mount["dev"] != source[0] or not is_within(source[1], mount["root"]):
             continue
@@ -122,12 +95,8 @@ def host_path(source, mounts):
 
 
 def tree_identities(root, unlisted=None):
-    """{(st_dev, st_ino): path} for root and every entry below it (links themselves, never followed).
-
-    A folder the cleaning user cannot list, or whose entries it cannot stat (a folder it may read but
-    not search, r--), is recorded in `unlisted`: only its owner meets one (root lists every folder),
-    and the removal gives it u+rwx before it empties it; what is held open in it is found by path
-    (_Targets.unlisted_holds)."""
+    """{(st_dev, st_ino): path} for root and every entry below it (links never followed). A folder that cannot be
+    listed or whose entries cannot be stat'ed goes to `unlisted`: what is held in it is found by path."""
     identities = {}
     skipped = [] if unlisted is None else unlisted
     for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=skipped)]:
@@ -158,11 +127,8 @@ def _parse_maps(text):
 
 
 def _open_things(proc_root, pid):
-    """(how, identity, seen_as) of the cwd and open files of one process, as the kernel resolves them.
-
-    os.stat follows the /proc magic link to the object itself, so the identity is the host's
-    (st_dev, st_ino) whatever path the process used; the link text (its own view) is only shown.
-    """
+    """(how, identity, seen_as) of the cwd and open files of one process: os.stat follows the /proc magic link to
+    the object itself, so the identity is the host's whatever path the process used."""
     base = os.path.join(proc_root, pid)
     entries = [("cwd", os.path.join(base, "cwd"))]
     try:
@@ -190,9 +156,8 @@ def _namespace_key(proc_root, pid, mountinfo):
 
 
 class _Targets(object):
-    """The receipt roots as the host sees them: every (dev, inode) under them, and the filesystem
-    paths a mount would show when it binds a root, something in it, the receipt parent or a directory
-    above it."""
+    """The receipt roots as the host sees them: every (dev, inode) under them, and what a mount would show when it
+    binds a root, something in it, the receipt parent or a directory above it."""
 
     def __init__(self, roots, parent, host_mounts):
         self.roots = list(roots)
@@ -212,18 +177,16 @@ class _Targets(object):
         self.host_mounts = host_mounts
 
     def unlisted_holds(self, how, seen_as):
-        """(how, path, seen_as, roots) when a file a process uses lies, by its path, in a folder under a root
-        that could not be listed (its identity is unknown); None otherwise. A process of another mount
-        namespace whose own path happens to match counts too: a refusal, never a removal, is the error."""
+        """(how, path, seen_as, roots) when a file a process uses lies, by its path, in an unlisted folder under a
+        root, else None (a path of another namespace that happens to match refuses too: the safe error)."""
         for root, folder in self.unlisted:
             if seen_as and is_within(seen_as, folder):
                 return how, seen_as, seen_as, [root]
         return None
 
     def mounted(self, mount):
-        """(how, host path, roots held) when a mount shows a root, something inside one or the parent
-        ("mount"), or a directory above the parent read-write ("ancestor": the roots can be made or
-        changed through it; through a read-only one they cannot, and open files are found by inode)."""
+        """(how, host path, roots held) when a mount shows a root, something in one or the parent ("mount"), or a
+        directory above the parent read-write ("ancestor": the roots can be made through it), else None."""
         source = (mount["dev"], os.path.normpath(mount["root"]))
         if self.parent_source is not None and source == self.parent_source:
             return "mount", self.parent, list(self.roots)
@@ -239,9 +202,8 @@ class _Targets(object):
         return None
 
     def holds(self, mounts):
-        """[(how, host path, seen_as, roots)] of one namespace's mounts: the binds of a root, something in
-        one or the parent, and the closest read-write ancestor only when the parent itself is not bound
-        (one line says how the namespace reaches every root)."""
+        """[(how, host path, seen_as, roots)] of one namespace's mounts; the closest read-write ancestor only when
+        the parent itself is not bound."""
         found, closest = [], None
         for mount in mounts:
             held = self.mounted(mount)
@@ -257,20 +219,14 @@ class _Targets(object):
 
 
 def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
-    """Who holds the receipt roots, judged as the host sees them, whatever paths a container uses.
-
-    A process holds a root when (a) its cwd, an open file or a mapped file is (by st_dev/st_ino)
-    the root or something under it, or (b) its mount namespace (other than ours) binds the root,
-    something inside it, the parent, or read-write a directory above the parent: a live container
-    that can reach the receipt parent may write receipts there at any time. roots are real (not
-    symlinks), parent the directory holding them. Returns [{pid, name, container, how, path, seen_as,
-    roots}] with how one of open, cwd, mapped, mount, ancestor; for a mount, one process (the lowest
-    pid) speaks for its namespace.
-    """
+    """[{pid, name, container, how, path, seen_as, roots}]: who holds the (real) receipt roots as the host sees
+    them: a cwd, open or mapped file under one (by st_dev/st_ino), or another mount namespace binding one, something
+    in one, the parent, or read-write a directory above it (a live container that can reach the parent may write
+    receipts at any time). The lowest pid speaks for its namespace's mounts."""
     if not roots:
         return []
     own = str(os.getpid() if own_pid is None else own_pid)
-    own_mountinfo = _read_text(os.path.join(proc_root, own, "mountinfo"))
+    own_mountinfo = read_text(os.path.join(proc_root, own, "mountinfo"))
     host_mounts = parse_mountinfo(own_mountinfo)
     targets = _Targets(roots, parent, host_mounts)
     # Another namespace's copy of one of our mounts (a systemd service's private namespace) is the
@@ -285,34 +241,27 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
     for pid in pids:
         if pid == own:
             continue
+        uses = [(how, targets.by_identity, identity, seen_as)
+                for how, identity, seen_as in _open_things(proc_root, pid)]
+        uses += [("mapped", targets.by_map_key, major_minor + (inode,), seen_as) for major_minor, inode, seen_as
+                 in _parse_maps(read_text(os.path.join(proc_root, pid, "maps")))]
         found = []
-        for how, identity, seen_as in _open_things(proc_root, pid):
-            if identity in targets.by_identity:
-                root, path = targets.by_identity[identity]
+        for how, table, key, seen_as in uses:
+            if key in table:
+                root, path = table[key]
                 found.append((how, path, seen_as, [root]))
-            elif targets.unlisted_holds(how, seen_as):
-                found.append(targets.unlisted_holds(how, seen_as))
-        for major_minor, inode, seen_as in _parse_maps(_read_text(os.path.join(proc_root, pid, "maps"))):
-            key = major_minor + (inode,)
-            if key in targets.by_map_key:
-                root, path = targets.by_map_key[key]
-                found.append(("mapped", path, seen_as, [root]))
-            elif targets.unlisted_holds("mapped", seen_as):
-                found.append(targets.unlisted_holds("mapped", seen_as))
-        mountinfo = _read_text(os.path.join(proc_root, pid, "mountinfo"))
+            else:
+                found += filter(None, [targets.unlisted_holds(how, seen_as)])
+        container = container_of(read_text(os.path.join(proc_root, pid, "cgroup")))
+        mountinfo = read_text(os.path.join(proc_root, pid, "mountinfo"))
         namespace = _namespace_key(proc_root, pid, mountinfo)
-        container = None
         if mountinfo is not None and namespace not in seen_namespaces:
             seen_namespaces.add(namespace)
-            container = container_of(_read_text(os.path.join(proc_root, pid, "cgroup")))
-            mounts = [m for m in parse_mountinfo(mountinfo)
-                      if container or (m["dev"], m["root"], m["mount_point"]) not in host_copies]
-            found += targets.holds(mounts)
+            found += targets.holds([m for m in parse_mountinfo(mountinfo)
+                                    if container or (m["dev"], m["root"], m["mount_point"]) not in host_copies])
         if not found:
             continue
-        if container is None:
-            container = container_of(_read_text(os.path.join(proc_root, pid, "cgroup")))
-        name = _proc_name(proc_root, pid)
+        name = (read_text(os.path.join(proc_root, pid, "comm")) or "").strip() or "?"
         seen = set()
         for how, path, seen_as, held_roots in found:
             if (how, path) in seen:
@@ -372,16 +321,11 @@ def refusal_message(holders, paths, host=None):
 
 
 def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/proc", live_container="", host=None):
-    """Remove the listed receipt roots under parent.
+    """Remove the listed receipt roots under parent (a symlink root is unlinked, its target left alone).
 
-    A root that is a symlink is unlinked (its target is left alone). Refuses, removing nothing,
-    while a live process holds a real root (find_holders), unless force. A root held only by
-    live_container (this host's running engine) belongs to the live run: it is kept, not refused.
-    A real root holding a mount point (a bind mount of another folder) is refused, removing nothing,
-    unless force, which removes the rest and leaves each mount point and the folders holding it.
-    Returns {"would_remove", "removed", "kept", "holders", "mounts_kept"}; in check mode removed ==
-    would_remove.
-    """
+    Refuses, removing nothing, while a process holds a real root or one holds a mount point, unless force
+    (which leaves each mount point and the folders holding it). Roots held only by live_container (the live
+    run's) are kept. Returns {"would_remove", "removed", "kept", "holders", "mounts_kept"}."""
     paths = plan_removal(parent, names)
     # Holders only matter for real roots: a symlink root's target is never touched.
     real_roots = [p for p in paths if not os.path.islink(p)]
@@ -406,7 +350,9 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
         except (OSError, StageError) as exc:
             raise StageError("engine_receipts: cannot remove %s (part of it may be gone, the rest stays): %s; "
                              "roots removed before it: %s. %s"
-                             % (path, exc, result["removed"] or "nothing", _removal_hint(exc)))
+                             % (path, exc, result["removed"] or "nothing",
+                                "Run the play with become (root) or remove it by hand"
+                                if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM) else "Remove it by hand"))
         result["removed"].append(path)
     return result
 
@@ -421,21 +367,13 @@ def mount_refusal_message(mounted):
 
 
 def remove_root(path, attempts=3, around_mounts=False):
-    """remove_path(path): the mount points it left in place (around_mounts; else one is refused). What
-    vanishes meanwhile (another run removing the same root: ENOENT) is removed, not a failure. The
-    removal is retried so entries the other run has yet to remove go too."""
+    """remove_path(path): the mount points it left in place (around_mounts; else one is refused). An entry another
+    run removes meanwhile (ENOENT) is no failure: the removal is retried for what that run has yet to remove."""
     for attempt in range(attempts):
         try:
-            left = remove_path(path, around_mounts=True) if around_mounts else remove_path(path)
-            return [kept for kept, _why in left or []] if around_mounts else []
+            left = remove_path(path, around_mounts=around_mounts)
+            return [kept for kept, _why in left] if around_mounts and left else []
         except FileNotFoundError:
             if attempt == attempts - 1 and os.path.lexists(path):
                 raise
     return []
-
-
-def _removal_hint(exc):
-    """become helps only when permission was refused."""
-    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM):
-        return "Run the play with become (root) or remove it by hand"
-    return "Remove it by hand"

@@ -437,10 +437,11 @@ def test_bind_problems_name_a_bound_file_missing_or_not_a_file_and_a_ref_moved_p
     manifest["repos"][0]["local_snapshot"] += "/"
     assert "names %s now" % ("d" * 40) in bind_problems(manifest)[-1]
     # A manifest not shaped as engine_manifest writes it is one problem, not a crash.
-    for broken, says in (([], "not a JSON object"), ({"repos": ["org/m"]}, "repos is not a list of objects"),
-                         ({"mounts": {"a": 1}}, "mounts is not a list of objects"),
-                         ({"mounts": [{"origin": "local"}]}, "no source path"),
-                         ({"repos": [{"repo_id": "org/m", "revision": 1, "commit": "c", "local_snapshot": "/s"}]},
+    for broken, says in (([], "not a JSON object"), ({"repos": ["org/m"], "mounts": []}, "a repo is not an object"),
+                         ({"repos": [], "mounts": {"a": 1}}, "no list of repos and of mounts"),
+                         ({"repos": [], "mounts": [{"origin": "local"}]}, "mount 0 has no text source and target"),
+                         ({"repos": [{"repo_id": "org/m", "revision": 1, "commit": "c", "local_snapshot": "/s"}],
+                           "mounts": []},
                           "org/m: the manifest's revision, commit or snapshot is not text")):
         assert len(bind_problems(broken)) == 1 and says in bind_problems(broken)[0], broken
 

@@ -431,13 +431,13 @@ def test_a_root_removed_meanwhile_by_another_run_counts_as_removed(tmp_path, mon
     real_remove = dgx_receipts.remove_path
     calls = []
 
-    def racing(path):
+    def racing(path, around_mounts=False):
         # The other run empties the root first: our removal of an entry it took finds nothing there.
         calls.append(path)
         if len(calls) == 1:
-            real_remove(path)
+            real_remove(path, around_mounts=around_mounts)
             raise FileNotFoundError(2, "No such file or directory", os.path.join(path, "worker.json"))
-        return real_remove(path)
+        return real_remove(path, around_mounts=around_mounts)
 
     monkeypatch.setattr(dgx_receipts, "remove_path", racing)
     assert clear_receipts(str(tmp_path), NAMES)["removed"] == paths
@@ -451,7 +451,7 @@ def test_a_root_removed_meanwhile_by_another_run_counts_as_removed(tmp_path, mon
 def test_only_a_refused_permission_suggests_become(tmp_path, monkeypatch, error, hint):
     make_roots(tmp_path, NAMES[:1])
 
-    def failing(path):
+    def failing(path, around_mounts=False):
         raise error
 
     monkeypatch.setattr(dgx_receipts, "remove_path", failing)

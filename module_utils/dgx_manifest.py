@@ -1,10 +1,5 @@
-"""Compute the engine container's mount list for staged hub repos.
-
-The NAS snapshot is the source of truth for "every file". A file staged on local disk is bound
-from its local blob; what is not staged is bound read-only from the NAS, one mount per maximal
-directory with nothing local in it (page15/), else one mount per file. With bind_from "nas" (a lane
-rolled back to the NAS weights) no local copy is looked at: every file is bound from the NAS.
-"""
+"""The engine container's mount list: every file of the NAS snapshot, a staged one from its local blob, the rest
+read-only from the NAS (one mount per maximal directory with nothing local in it, else one per file)."""
 import os
 import posixpath
 import stat
@@ -18,20 +13,19 @@ from ansible.module_utils.dgx_mountspec import mount_path_problem
 from ansible.module_utils.dgx_mounts import is_mounted_file, mount_point_problem
 from ansible.module_utils.dgx_localtree import linked_dir_problem
 
-# Where the manifest binds staged files from: the local disk (what is staged there) or the NAS only.
 BIND_FROM = ("local", "nas")
 
 
 def resolve_commit(local_repo, nas_repo, revision):
-    """The local copy's commit for revision when it has that ref or snapshot, else the NAS's.
-    A broken local ref is an error, not a silent fall-back."""
+    """The local copy's commit for revision when it has that ref or snapshot (a broken ref is an error), else the
+    NAS's."""
     if revision in list_refs(local_repo) or os.path.isdir(os.path.join(local_repo, "snapshots", revision)):
         return hubcache_resolve_commit(local_repo, revision)
     return hubcache_resolve_commit(nas_repo, revision)
 
 
 def _regular_file(path, size=None):
-    """path itself (never through a link) when it is a regular file (of `size` bytes, when given), else None."""
+    """path when it is itself a regular file (of `size` bytes, when given), else None."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -42,21 +36,15 @@ def _regular_file(path, size=None):
 
 
 def snapshot_path(snapshot, rel):
-    """The path of a snapshot-relative '/'-separated path under a snapshot directory."""
     return os.path.join(snapshot, *rel.split("/"))
 
 
 def local_source(local_repo, local_snapshot, entry, local_root_real):
-    """The staged copy of one NAS snapshot entry, or None (then the NAS is bound).
+    """The staged copy of one NAS snapshot entry, or None (then the NAS is bound), by the mirror's rules.
 
-    The mirror's rules, with the same link-chain walker: a blob link is local only when the local
-    link names the same blob as the NAS entry and `blobs/<name>` is a regular file. The name decides,
-    not the NAS size: a NAS blob that rotted after staging must not displace the proven local copy.
-    When the local blob's size differs from the NAS's, the local blob is hashed against its name
-    (this blob only) to tell which side is wrong. A real NAS file (no name) is local only as a regular file of the NAS size (or a link between
-    snapshot files ending at one). A link to another same-size blob, a blob that is itself a link
-    (into the NAS, or to another blob), or a broken local link all leave the file to the NAS.
-    """
+    A blob link is local when the local link names the same blob and `blobs/<name>` is a regular file: the name
+    decides, so a NAS blob that rotted after staging never displaces the proven copy (sizes that differ are settled
+    by hashing the local blob). A real NAS file is local only as a regular file of the NAS size."""
     path = snapshot_path(local_snapshot, entry.path)
     if not os.path.islink(path):
         return _regular_file(path, entry.size) if entry.kind == "real" else None
@@ -75,11 +63,8 @@ def local_source(local_repo, local_snapshot, entry, local_root_real):
 
 
 def stays_inside(link_path, directory):
-    """True if a file is reachable inside a bind of directory: a real file, or a relative
-    symlink whose target, lexically and resolved, stays inside directory.
-
-    An absolute link, or one leaving the directory (../../blobs/...), dangles in the container.
-    """
+    """True if a file is reachable inside a bind of directory: a real file, or a relative symlink staying inside
+    it lexically and resolved (any other link dangles in the container)."""
     if not os.path.islink(link_path):
         return True
     text = os.readlink(link_path)
@@ -95,14 +80,14 @@ def _mount(source, target, origin):
 
 
 def planned_source(local_repo, local_snapshot, entry):
-    """Where the stage pass puts one selected NAS entry: its blob, or (a real file) the snapshot path."""
+    """Where the stage pass puts one selected NAS entry."""
     if entry.kind == "link":
         return os.path.join(local_repo, "blobs", entry.etag)
     return snapshot_path(local_snapshot, entry.path)
 
 
 def plan_for(plan, repo):
-    """The stage plan's row for this repo and revision, or None (not planned: only what is on disk)."""
+    """The stage plan's row for this repo and revision, or None."""
     for record in plan or []:
         if (record.get("repo_id") == repo["repo_id"]
                 and (record.get("repo_type") or "model") == repo["repo_type"]
@@ -119,8 +104,8 @@ def _below(files, rel_dir):
 
 
 def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot, fallbacks=None):
-    """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local realpath}; fallbacks: {rel: why
-    a staged file is not bound from the local disk}, said on the NAS mount that covers it (fallback_reason)."""
+    """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local source}; fallbacks: {rel: why a staged
+    file is not bound locally}, the fallback_reason of the NAS mount covering it."""
     mounts = []
     fallbacks = fallbacks or {}
 
@@ -176,14 +161,11 @@ def _check_root(name, path, must_exist):
 
 
 def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_from="local"):
-    """Return (repo record, mounts, NAS file paths, planned sources) for one repo.
+    """(repo record, mounts, NAS file paths, planned sources) of one repo.
 
-    plan (check mode): the stage pass's rows {repo_id, repo_type, revision, commit, excluded_paths,
-    pruned}. The row's commit is the one the real run stages (the NAS ref may have moved); a file it
-    selects that is not local yet is bound from where the stage pass will put it (a planned source),
-    and a local file it would prune is bound from the NAS.
-    bind_from "nas": the local hub is not read at all (its refs, links and blobs are suspect): the
-    commit is the NAS's and every file is bound from the NAS; a plan changes nothing."""
+    plan (check mode): the stage pass's rows; a row's commit is the one the real run stages, a file it selects not
+    yet local is bound from where the stage pass puts it, one it prunes from the NAS. bind_from "nas" reads nothing
+    of the local hub."""
     repo = normalise_repo(entry)
     folder = repo_folder_name(repo["repo_id"], repo["repo_type"])
     local_repo = os.path.join(hub_local_root, folder)
@@ -211,8 +193,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
     pruned = set((staging or {}).get("pruned") or [])
     local, planned, fallbacks = {}, set(), {}
     for entry in entries if from_local else ():
-        # Every folder on the way must be a real one inside the local hub: a linked folder could show any
-        # same-size file from elsewhere as the staged copy.
+        # A linked folder on the way could show any same-size file from elsewhere as the staged copy.
         fallbacks_here = _linked_folder(hub_local_root, folder, commit, entry)
         if fallbacks_here:
             fallbacks[entry.path] = fallbacks_here
@@ -237,8 +218,8 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
 
 
 def _linked_folder(hub_local_root, folder, commit, entry):
-    """Why a folder on the local path of entry (its snapshot folders, and blobs/ for a blob) is not a real
-    directory inside the local hub, or None."""
+    """Why a folder on the local path of entry (and blobs/ for a blob) is no real directory of the local hub, or
+    None."""
     rels = [posixpath.join(folder, "snapshots", commit, posixpath.dirname(entry.path))]
     if entry.kind == "link":
         rels.append(posixpath.join(folder, "blobs"))
@@ -259,11 +240,8 @@ def _mounted_reason(what):
 
 
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):
-    """Return (manifest, NAS file paths); raises StageError if the result fails coverage_problems.
-
-    The manifest is exactly what the manifest file holds. With a plan (check mode, see plan_repo) it
-    also lists under `planned` the targets whose local source the stage pass has still to write.
-    bind_from: "local" (staged files from the local disk) or "nas" (every file from the NAS)."""
+    """(manifest, NAS file paths), the manifest being what the file holds (plus `planned` with a plan: the targets
+    the stage pass has still to write); StageError when it fails coverage_problems."""
     if bind_from not in BIND_FROM:
         raise StageError("bind_from %r is neither %s" % (bind_from, " nor ".join(BIND_FROM)))
     hub_local_root = _check_root("hub_local_root", hub_local_root, False)
@@ -315,9 +293,8 @@ def _ancestors(target):
 
 
 def mount_problems(mounts, planned=()):
-    """Problems of the mount list alone: paths no runtime binds exactly as written, missing sources
-    (but a planned one: check mode's source the stage pass has still to write), shared or nested
-    targets, rw NAS."""
+    """Problems of the mount list alone: paths no runtime binds as written, missing sources (but a planned one),
+    shared or nested targets, rw NAS."""
     problems = []
     by_target = {}
     for mount in mounts:
@@ -331,9 +308,6 @@ def mount_problems(mounts, planned=()):
         by_target[mount["target"]] = mount
         if mount["source"] not in planned and not os.path.exists(mount["source"]):
             problems.append("mount source %s does not exist (or is a dangling link)" % mount["source"])
-        if mount.get("origin") not in ("local", "nas"):
-            problems.append("mount %s has origin %r, not local or nas"
-                            % (mount["target"], mount.get("origin")))
         if mount.get("origin") == "nas" and mount.get("read_only") is not True:
             problems.append("NAS mount %s is not read_only" % mount["source"])
     for mount in mounts:
@@ -346,11 +320,8 @@ def mount_problems(mounts, planned=()):
 
 
 def coverage_problems(manifest, nas_files, planned=()):
-    """List every way the manifest breaks the contract; empty means valid.
-
-    Beyond mount_problems: each NAS snapshot file must be reachable through exactly one mount,
-    and a file reached through a NAS directory mount must not be a link leaving that directory.
-    """
+    """Every way the manifest breaks the contract: mount_problems, and a NAS snapshot file not reachable through
+    exactly one mount, or through a directory mount it links out of."""
     mounts = manifest["mounts"]
     problems = mount_problems(mounts, planned)
     by_target = {m["target"]: m for m in mounts}

@@ -1,31 +1,17 @@
 """The host report (DESIGN "Host reports"): one run's view of a host, and its latest complete view.
 
-The dgx_report callback (callback_plugins/dgx_report.py) calls update_reports at the end of each play of
-stage-deepseek.yml with the run's identity (run_id and start time, made once per run in
-playbooks/select-lane.yml), the play that ended (its name, start, and whether it failed with which task) and
-the host's results so far in this run (the stage role's per-pass mirror rows and weights, the engine role's
-results), and end_reports at the end of the run. Two files are written:
+The dgx_report callback calls update_reports at the end of each play and end_reports at the end of the run.
+Two files are written, atomically:
 
   <dir>/<host>-<run_id>.json  this run's view: only what this run did, play after play
   <dir>/<host>.json           the latest complete view: this run's identity and status over the last
-                              real results of every play (a play not run keeps its last values, with
-                              its own run_id and timestamps under `plays`)
+                              real results of every play (each with its own run_id under `plays`)
 
-A --check run changes nothing on a host, so it never replaces real results: the latest view says
-status `check` (or `failed`) with the check run's identity, keeps the last real plays, passes, weights
-and engine results as they were, and puts the check run's plan under `check`. `last_real_run` names the
-run the real results come from. A failed play sets status `failed`, `failed_play`, `failed_task` and
-`failed_msg` in both files at once, so a host that fails never keeps an earlier success as its latest.
-
-The latest view also keeps `nas_suspects`, every NAS blob a real stage or verify pass found failing its name
-(its row's `nas_corrupt_blobs`): {blob: {repo_id, repo_type, paths, nas_file, why, found_at, run_id, pass}}, the
-latest finding of a blob winning. Unlike the pass rows, a later pass never drops one: a green full verify reads
-no NAS byte, and a pass with no row (its lock held) or limited to other repos proves nothing about the NAS.
-engine_manifest reads it, so a roll-back onto a wiped local hub refuses such a blob until its NAS file hashes to
-its name (it is hashed on every such roll-back).
-
-Timestamps are ISO 8601 UTC (2026-11-30T20:45:12Z). Everything here is plain data in, plain data out;
-update_reports() reads the existing files and writes both atomically.
+A --check run never replaces real results: the latest view says status `check` (or `failed`) and puts
+its plan under `check`. A failed play sets status `failed` in both files at once, so a failed host never
+keeps an earlier success as its latest. `nas_suspects` keeps every NAS blob a real stage or verify pass
+found failing its name: no later pass drops one (a green verify reads no NAS byte); engine_manifest hashes
+such a NAS file before binding it.
 """
 import json
 import os
@@ -66,11 +52,7 @@ def check_inputs(host, run, play=None):
 
 
 def stage_bytes(rows):
-    """(bytes_from_nas, bytes_from_peers) of a stage pass, all repos: what the copies read from each source.
-
-    A row may say where its bytes came from (bytes_from_nas / bytes_from_peers, once host-to-host copies
-    exist); otherwise every copied byte came from the NAS.
-    """
+    """(bytes_from_nas, bytes_from_peers) of a stage pass, all repos; a row that does not say copied from the NAS."""
     from_nas = from_peers = 0
     for row in rows or []:
         peers = int(row.get("bytes_from_peers") or 0)
@@ -147,11 +129,8 @@ def run_status(failure, run, ended):
 
 
 def end_view(previous, host, run, reached_end, last_play, finished, identity):
-    """This run's view of the host once the run is over (`previous`: what this run wrote, or None).
-
-    reached_end: the host was still in the run at its last play. A host that was not, and whose view
-    names no failed play, became unreachable (or the run stopped) during last_play: that is a failure.
-    """
+    """This run's view of the host once the run is over (`previous`: what this run wrote, or None). A host that
+    did not reach the end (reached_end) and names no failed play became unreachable during last_play: a failure."""
     same_run = previous if isinstance(previous, dict) and previous.get("run_id") == run["id"] else None
     view = dict(same_run) if same_run else dict(_run_header(host, run), plays={}, passes={}, weights=[], engine={})
     for key in IDENTITY:
@@ -169,11 +148,8 @@ def end_view(previous, host, run, reached_end, last_play, finished, identity):
 
 
 def run_view(previous, host, run, play, data, finished):
-    """This run's view of the host after `play`: `previous` is what this run wrote before (or None).
-
-    data: {"identity": {lane, rank, ...}, "passes": {pass: [rows]}, "weights": [...], "engine": {...}}:
-    the host's results so far in this run (the roles' facts accumulate over the run's plays).
-    """
+    """This run's view of the host after `play` (`previous`: what this run wrote before, or None). data: the host's
+    results so far in this run, {"identity": {lane, rank, ...}, "passes": {pass: [rows]}, "weights", "engine"}."""
     same_run = previous if isinstance(previous, dict) and previous.get("run_id") == run["id"] else {}
     plays = dict(same_run.get("plays") or {})
     plays[play["name"]] = play_record(run, play, data["passes"], finished)
@@ -200,11 +176,8 @@ def _in_pass_order(passes):
 
 
 def real_results(previous):
-    """The real (not --check) results a latest view holds: plays, passes, weights, engine, last_real_run.
-
-    A latest view written before run ids existed holds its passes, weights and engine at the top
-    (real unless it was written by a --check run), and no plays.
-    """
+    """The real (not --check) results a latest view holds: plays, passes, weights, engine, last_real_run (a view
+    without run_id holds them at the top, real unless a --check run wrote it)."""
     if not isinstance(previous, dict):
         return {"plays": {}, "passes": {}, "weights": [], "engine": {}, "last_real_run": None, "nas_suspects": {}}
     if "run_id" not in previous and previous.get("check_mode"):
@@ -215,9 +188,8 @@ def real_results(previous):
 
 
 def nas_suspects(previous, view):
-    """The latest view's `nas_suspects` after this real run's `view`: the previous ones plus every blob its stage and
-    verify rows found failing its name. A record that is no object is kept as it is: engine_manifest then calls the
-    report unreadable and refuses, rather than this losing what it held."""
+    """The previous `nas_suspects` plus every blob this real run's stage and verify rows found failing its name (a
+    record that is no object stays as it is, so engine_manifest refuses it as unreadable rather than losing it)."""
     if not isinstance(previous, dict):
         return previous
     kept = dict(previous)
@@ -287,12 +259,9 @@ def read_report(path):
 
 
 def settle_unfinished(directory, host, run_id, status, failure=None):
-    """A run over whose end the host did not record (end_view): the front end saw it end, interrupted, or
-    with the host failed where no play's rescue wrote it (a role validates its arguments under every tag,
-    so in a play the tags skip, whose rescue is skipped too). host's `running` reports of it take `status`
-    (`interrupted`, `failed`), and `failure` ({"play", "task", "msg"}) as failed_play, failed_task and
-    failed_msg: its history file, and its latest view while that still shows the run (with the entry that
-    names the run, last_real_run or check). Returns the settled history report, else None."""
+    """Settle a run whose end the host did not record (interrupted, or failed where no rescue wrote it): its
+    `running` history file and latest view (with last_real_run or check) take `status` and `failure`
+    ({"play", "task", "msg"}) as failed_*. Returns the settled history report, else None."""
     failed = dict(("failed_" + key, str(value)) for key, value in (failure or {}).items()
                   if key in ("play", "task", "msg") and value is not None)
 
@@ -321,8 +290,8 @@ def dumps(report):
 
 
 def _record(directory, host, run, make_view, write):
-    """Read this run's history file and the latest view, make this run's view from the first
-    (make_view(previous)), merge it into the second, and write both atomically unless write=False."""
+    """Make this run's view from its history file (make_view(previous)), merge it into the latest view, and write
+    both unless write=False."""
     directory = os.path.abspath(directory)
     history_path, latest_path = report_paths(directory, host, run["id"])
     previous_run, warn_run = read_report(history_path)

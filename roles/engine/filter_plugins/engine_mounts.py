@@ -1,20 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Engine role filters: the container's binds, shaped for Docker and Podman, and checked.
-
-dgx_binds(manifest_mounts, extra_binds)  -> [{source, target, read_only}]: the manifest's binds
-                                            (all read-only) followed by extra_binds (the receipt bind)
-dgx_docker_mounts(binds)                 -> community.docker `mounts`: [{type: bind, source, target, read_only}]
-dgx_podman_mount_specs(binds)            -> containers.podman `mount`: ["type=bind,source=...,destination=...,ro=true"]
-dgx_container_env(engine_env, rank_env)  -> the container's environment, every value a string, rank_env winning
-dgx_mounts_digest(specs)                 -> sha256 hex of the specs in order (an exact, case-sensitive
-                                            fingerprint: podman_container compares `mount` lowercased)
-
-Podman >= 4.1 reads a --mount spec with Go's encoding/csv: a field holding a comma, a double quote or
-edge whitespace is written as a CSV-quoted field ("source=/a,b", an inner " doubled); `:`, `=`,
-spaces and non-ASCII need nothing. Every path goes through mount_path_problem first and a path no
-runtime binds exactly as written raises AnsibleFilterError naming it.
-
-mount_path_problem is module_utils/dgx_mountspec.py's.
+"""Engine role filters: the container's binds (the manifest's, read-only, then the receipt bind), checked by
+dgx_mountspec.mount_path_problem and shaped for community.docker `mounts` and containers.podman `mount`; the
+container's environment; a case-sensitive digest of the mount specs (podman_container compares them lowercased).
 """
 import hashlib
 import os
@@ -67,22 +54,18 @@ def dgx_docker_mounts(binds):
 
 
 def _csv_field(field):
-    """One field of a --mount spec as Go's encoding/csv reads it back unchanged."""
+    """One field of a --mount spec as Podman's Go encoding/csv reads it back unchanged (a comma, a quote or edge
+    whitespace needs quoting)."""
     if any(c in field for c in ',"\r\n') or field != field.strip():
         return '"' + field.replace('"', '""') + '"'
     return field
 
 
-def podman_mount_spec(bind):
-    """One `--mount` value for a checked bind."""
-    fields = ["type=bind", "source=" + bind["source"], "destination=" + bind["target"],
-              "ro=true" if bind["read_only"] else "ro=false"]
-    return ",".join(_csv_field(field) for field in fields)
-
-
 def dgx_podman_mount_specs(binds):
-    """containers.podman podman_container `mount` entries, one CSV-quoted spec per bind."""
-    return [podman_mount_spec(b) for b in _checked(binds, "dgx_podman_mount_specs")]
+    """containers.podman podman_container `mount` entries, one --mount spec per bind."""
+    return [",".join(_csv_field(field) for field in ("type=bind", "source=" + b["source"], "destination=" + b["target"],
+                                                     "ro=true" if b["read_only"] else "ro=false"))
+            for b in _checked(binds, "dgx_podman_mount_specs")]
 
 
 def dgx_mounts_digest(specs):

@@ -117,12 +117,6 @@ EXAMPLES = r"""
     repos: "{{ stage_repos }}"
   register: engine_mounts
 
-- name: Write the manifest
-  ansible.builtin.copy:
-    content: "{{ engine_mounts.manifest | to_nice_json(indent=2) }}"
-    dest: "{{ engine_manifest_path }}"
-    mode: "0644"
-
 - name: Serve the NAS weights while the local disk is suspect (the local hub is left as it is)
   engine_manifest:
     hub_local_root: "{{ hub_local_root }}"

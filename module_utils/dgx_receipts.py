@@ -94,26 +94,25 @@ def host_path(source, mounts):
     return None
 
 
-def tree_identities(root, unlisted=None):
+def tree_identities(root, unlisted):
     """{(st_dev, st_ino): path} for root and every entry below it (links never followed). A folder that cannot be
     listed or whose entries cannot be stat'ed goes to `unlisted`: what is held in it is found by path."""
     identities = {}
-    skipped = [] if unlisted is None else unlisted
-    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=skipped)]:
+    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=unlisted)]:
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue        # gone meanwhile: nothing holds what is not there
         except OSError:
-            if os.path.dirname(path) not in skipped:
-                skipped.append(os.path.dirname(path))
+            if os.path.dirname(path) not in unlisted:
+                unlisted.append(os.path.dirname(path))
             continue
         identities.setdefault((st.st_dev, st.st_ino), path)
     return identities
 
 
 def _parse_maps(text):
-    """((major, minor), inode, path) of each file-backed mapping in /proc/<pid>/maps text."""
+    """(st_dev, inode, path) of each file-backed mapping in /proc/<pid>/maps text."""
     for line in (text or "").splitlines():
         fields = line.split(None, 5)
         if len(fields) < 5 or fields[4] == "0":
@@ -123,7 +122,7 @@ def _parse_maps(text):
             inode = int(fields[4])
         except ValueError:
             continue
-        yield (major, minor), inode, (fields[5] if len(fields) > 5 else "")
+        yield os.makedev(major, minor), inode, (fields[5] if len(fields) > 5 else "")
 
 
 def _open_things(proc_root, pid):
@@ -169,8 +168,6 @@ class _Targets(object):
             for identity, path in tree_identities(root, unlisted).items():
                 self.by_identity.setdefault(identity, (root, path))
             self.unlisted += [(root, os.path.realpath(folder)) for folder in unlisted]
-        self.by_map_key = dict(((os.major(dev), os.minor(dev), ino), found)
-                               for (dev, ino), found in self.by_identity.items())
         # Mount points are real paths: a receipt_parent reached through a symlink is resolved first.
         self.sources = [(root, mount_source(os.path.realpath(root), host_mounts)) for root in self.roots]
         self.parent_source = mount_source(os.path.realpath(parent), host_mounts) if parent else None
@@ -241,14 +238,13 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
     for pid in pids:
         if pid == own:
             continue
-        uses = [(how, targets.by_identity, identity, seen_as)
-                for how, identity, seen_as in _open_things(proc_root, pid)]
-        uses += [("mapped", targets.by_map_key, major_minor + (inode,), seen_as) for major_minor, inode, seen_as
+        uses = list(_open_things(proc_root, pid))
+        uses += [("mapped", (dev, inode), seen_as) for dev, inode, seen_as
                  in _parse_maps(read_text(os.path.join(proc_root, pid, "maps")))]
         found = []
-        for how, table, key, seen_as in uses:
-            if key in table:
-                root, path = table[key]
+        for how, identity, seen_as in uses:
+            if identity in targets.by_identity:
+                root, path = targets.by_identity[identity]
                 found.append((how, path, seen_as, [root]))
             else:
                 found += filter(None, [targets.unlisted_holds(how, seen_as)])

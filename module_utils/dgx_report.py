@@ -151,13 +151,10 @@ def run_view(previous, host, run, play, data, finished):
     """This run's view of the host after `play` (`previous`: what this run wrote before, or None). data: the host's
     results so far in this run, {"identity": {lane, rank, ...}, "passes": {pass: [rows]}, "weights", "engine"}."""
     same_run = previous if isinstance(previous, dict) and previous.get("run_id") == run["id"] else {}
-    plays = dict(same_run.get("plays") or {})
-    plays[play["name"]] = play_record(run, play, data["passes"], finished)
-    plays = _in_play_order(plays)
-    passes = dict(same_run.get("passes") or {})
-    passes.update(data["passes"])
-    engine = dict(same_run.get("engine") or {})
-    engine.update(data["engine"])
+    plays = _in_play_order(dict(same_run.get("plays") or {}, **{play["name"]: play_record(run, play, data["passes"],
+                                                                                          finished)}))
+    passes = dict(same_run.get("passes") or {}, **data["passes"])
+    engine = dict(same_run.get("engine") or {}, **data["engine"])
     failure = _failure(plays)
     status = run_status(failure, run, ended=False)
     view = dict(_run_header(host, run), finished=None if status == "running" else finished, status=status)
@@ -209,33 +206,25 @@ def nas_suspects(previous, view):
 
 
 _RUN_KEYS = ("run_id", "started", "finished", "status", "tags", "failed_play", "failed_task", "failed_msg")
+_LATEST_KEYS = ("host", "check_mode", "skip_tags") + _RUN_KEYS + IDENTITY
 
 
 def latest_view(previous, view):
     """The latest complete view after this run's `view`, over the previous latest view (or None)."""
+    latest = dict((key, view[key]) for key in _LATEST_KEYS if key in view)
     real = real_results(previous)
-    latest = dict((key, view[key]) for key in ("host", "run_id", "started", "finished", "status", "check_mode",
-                                               "tags", "skip_tags"))
-    latest.update((key, view[key]) for key in ("failed_play", "failed_task", "failed_msg") if key in view)
-    latest.update((key, view[key]) for key in IDENTITY)
     if view["check_mode"]:
-        plays, passes, weights, engine = real["plays"], real["passes"], real["weights"], real["engine"]
-        last_real_run, suspects = real["last_real_run"], real["nas_suspects"]
+        latest.update(real, check=dict((key, view[key]) for key in _RUN_KEYS + ("plays", "passes", "weights", "engine")
+                                       if key in view))
     else:
-        plays = _in_play_order(dict(real["plays"], **view["plays"]))
-        passes = _in_pass_order(dict(real["passes"], **view["passes"]))
-        # The weights come with the verify play: a run that verified replaces them, even with none.
-        weights = view["weights"] if "verify" in view["plays"] else real["weights"]
-        engine = dict(real["engine"], **view["engine"])
-        last_real_run = dict((key, view[key]) for key in _RUN_KEYS if key in view)
-        suspects = nas_suspects(real["nas_suspects"], view)
-    latest.update(_stage_fields(plays))
-    latest.update(plays=plays, passes=passes, weights=weights, engine=engine, last_real_run=last_real_run,
-                  nas_suspects=suspects)
-    if view["check_mode"]:
-        check = dict((key, view[key]) for key in _RUN_KEYS if key in view)
-        check.update((key, view[key]) for key in ("plays", "passes", "weights", "engine"))
-        latest["check"] = check
+        latest.update(plays=_in_play_order(dict(real["plays"], **view["plays"])),
+                      passes=_in_pass_order(dict(real["passes"], **view["passes"])),
+                      # The weights come with the verify play: a run that verified replaces them, even with none.
+                      weights=view["weights"] if "verify" in view["plays"] else real["weights"],
+                      engine=dict(real["engine"], **view["engine"]),
+                      last_real_run=dict((key, view[key]) for key in _RUN_KEYS if key in view),
+                      nas_suspects=nas_suspects(real["nas_suspects"], view))
+    latest.update(_stage_fields(latest["plays"]))
     return latest
 
 

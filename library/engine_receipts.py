@@ -182,10 +182,9 @@ def main():
     if result["mounts_kept"]:
         module.warn("force: left these mount points and the folders holding them: %s"
                     % ", ".join(result["mounts_kept"]))
-    changed = bool(result["removed"])
     diff = {"before": "".join("%s: present\n" % p for p in result["would_remove"]),
             "after": "".join("%s: absent\n" % p for p in result["would_remove"])}
-    module.exit_json(changed=changed, diff=diff, **result)
+    module.exit_json(changed=bool(result["removed"]), diff=diff, **result)
 
 
 if __name__ == "__main__":

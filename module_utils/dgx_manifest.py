@@ -200,7 +200,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
             continue
         source = local_source(local_repo, local_snapshot, entry, local_root_real)
         if source and is_mounted_file(source):
-            fallbacks[entry.path] = _mounted_reason("%s is a mount point" % source)
+            fallbacks[entry.path] = _not_local("%s is a mount point" % source, _MOUNTED)
             continue
         if staging is not None:
             if entry.path in excluded:
@@ -226,17 +226,18 @@ def _linked_folder(hub_local_root, folder, commit, entry):
     for rel in rels:
         problem = linked_dir_problem(hub_local_root, rel)
         if problem:
-            return "not bound from the local disk: " + problem.split(": the local hub must be", 1)[0] + \
-                " (the local hub must be real directories); bound read-only from the NAS"
+            return _not_local(problem.split(": the local hub must be", 1)[0], "the local hub must be real directories")
         mounted = mount_point_problem(hub_local_root, rel)
         if mounted:
-            return _mounted_reason(mounted.split(":", 1)[0])
+            return _not_local(mounted.split(":", 1)[0], _MOUNTED)
     return None
 
 
-def _mounted_reason(what):
-    return ("not bound from the local disk: %s (a bind mount shows files from elsewhere); bound read-only from "
-            "the NAS" % what)
+_MOUNTED = "a bind mount shows files from elsewhere"
+
+
+def _not_local(what, why):
+    return "not bound from the local disk: %s (%s); bound read-only from the NAS" % (what, why)
 
 
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):

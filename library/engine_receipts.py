@@ -21,36 +21,29 @@ description:
 author: dgx-stage maintainers
 options:
   parent:
-    description:
-      - Directory holding the receipt roots; absolute, not (resolving to) C(/).
+    description: Directory holding the receipt roots; absolute, not (resolving to) C(/).
     type: path
     default: /cache
   names:
-    description:
-      - Bare directory names of the receipt roots (no C(/), C(..), C(.) or empty name).
+    description: Bare directory names of the receipt roots (no C(/), C(..), C(.) or empty name).
     type: list
     elements: str
     default: [ds41-backend-attestation, ds41-combined-ready, ds41-display-kv]
   state:
-    description:
-      - Only V(absent) is supported.
+    description: Only V(absent) is supported.
     type: str
     choices: [absent]
     default: absent
   force:
-    description:
-      - Remove the roots even while held, or holding a mount point (which stays, RV(mounts_kept)).
+    description: Remove the roots even while held, or holding a mount point (which stays, RV(mounts_kept)).
     type: bool
     default: false
   live_container:
-    description:
-      - Id (or a prefix of 12 or more characters) of this host's running engine, whose roots belong to the live
-        run.
+    description: Id (or a 12+ character prefix) of this host's running engine, whose roots are the live run's.
     type: str
     default: ""
   inventory_hostname:
-    description:
-      - This node's name, the C(--limit) of the fix command a refusal gives.
+    description: This node's name, the C(--limit) of the fix command a refusal gives.
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes

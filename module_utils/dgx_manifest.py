@@ -13,9 +13,6 @@ from ansible.module_utils.dgx_mountspec import mount_path_problem
 from ansible.module_utils.dgx_mounts import is_mounted_file, mount_point_problem
 from ansible.module_utils.dgx_localtree import linked_dir_problem
 
-BIND_FROM = ("local", "nas")
-
-
 def resolve_commit(local_repo, nas_repo, revision):
     """The local copy's commit for revision when it has that ref or snapshot (a broken ref is an error), else the
     NAS's."""
@@ -143,9 +140,7 @@ def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot, fallbacks=
 
 
 def normalise_repo(entry):
-    """Defaults for one stage_repos entry; extra keys (allow_patterns, ...) are ignored."""
-    if not isinstance(entry, dict) or not entry.get("repo_id"):
-        raise StageError("every repos entry needs a repo_id; got %r" % (entry,))
+    """Defaults for one stage_repos entry (the module's spec requires repo_id); extra keys are ignored."""
     return {"repo_id": entry["repo_id"],
             "revision": entry.get("revision") or "main",
             "repo_type": entry.get("repo_type") or "model"}
@@ -243,8 +238,6 @@ def _not_local(what, why):
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):
     """(manifest, NAS file paths), the manifest being what the file holds (plus `planned` with a plan: the targets
     the stage pass has still to write); StageError when it fails coverage_problems."""
-    if bind_from not in BIND_FROM:
-        raise StageError("bind_from %r is neither %s" % (bind_from, " nor ".join(BIND_FROM)))
     hub_local_root = _check_root("hub_local_root", hub_local_root, False)
     hub_nas_root = _check_root("hub_nas_root", hub_nas_root, True)
     if not target_root or not posixpath.isabs(target_root):

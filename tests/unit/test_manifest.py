@@ -616,12 +616,6 @@ def test_bind_from_nas_ignores_the_stage_plan_in_check_mode(tmp_path, hubs):
     assert manifest["planned"] == [] and manifest["counts"]["local"] == 0
 
 
-def test_an_unknown_bind_from_is_refused(hubs):
-    local, nas = hubs
-    with pytest.raises(StageError, match="bind_from 'disk' is neither local nor nas"):
-        build(local, nas, bind_from="disk")
-
-
 def test_switching_bind_from_restarts_the_lane_through_the_mounts_digest(hubs):
     """The engine role labels each container with the digest of its binds (vars/main.yml: _engine_binds |
     dgx_podman_mount_specs | dgx_mounts_digest); a change of engine_bind_from changes it both ways, so the next

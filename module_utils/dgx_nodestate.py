@@ -38,8 +38,6 @@ def checked_manifest(manifest):
         problem = "not a JSON object"
     elif not all(isinstance(manifest.get(key), list) for key in ("repos", "mounts")):
         problem = "no list of repos and of mounts"
-    elif not all(isinstance(repo, dict) for repo in manifest["repos"]):
-        problem = "a repo is not an object"
     else:
         for index, mount in enumerate(manifest["mounts"]):
             if not isinstance(mount, dict) or not all(isinstance(mount.get(key), str) for key in ("source", "target")):
@@ -57,6 +55,8 @@ def bind_problems(manifest):
     """Why the lane cannot start from the manifest as it is, one text each, [] when it can: the runtime would fail
     a rank's start after the earlier ranks were stopped, or bind other bytes than the staged ones."""
     manifest, shape = checked_manifest(manifest)
+    if manifest and not all(isinstance(repo, dict) for repo in manifest["repos"]):
+        shape = "not a mount manifest: a repo is not an object"
     if shape:
         return ["%s; write it again (the manifest play)" % shape]
     problems, unbindable = [], set()

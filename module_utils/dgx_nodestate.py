@@ -14,7 +14,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import is_within
 from ansible.module_utils.dgx_localtree import LocalTree
 from ansible.module_utils.dgx_mountspec import mount_path_problem
-from ansible.module_utils.dgx_receipts import container_of, read_text
+from ansible.module_utils.dgx_receipts import container_of, fd_links, process_name, read_text
 
 TCP_LISTEN = "0A"
 
@@ -264,21 +264,9 @@ def port_holders(port, proc_root="/proc"):
     if not wanted:
         return holders
     for pid in sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int):
-        fd_dir = os.path.join(proc_root, pid, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue   # gone, or not ours to read
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target in wanted:
-                holders.append({"pid": int(pid),
-                                "command": (read_text(os.path.join(proc_root, pid, "comm")) or "?").strip() or "?",
-                                "container_id": container_of(read_text(os.path.join(proc_root, pid, "cgroup")))})
-                break
+        if any(text in wanted for _link, text in fd_links(proc_root, pid)):
+            holders.append({"pid": int(pid), "command": process_name(proc_root, pid),
+                            "container_id": container_of(read_text(os.path.join(proc_root, pid, "cgroup")))})
     return holders
 
 

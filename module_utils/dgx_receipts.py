@@ -125,24 +125,37 @@ def _parse_maps(text):
         yield os.makedev(major, minor), inode, (fields[5] if len(fields) > 5 else "")
 
 
+def fd_links(proc_root, pid):
+    """[(link, its text)] of the open files of one process; none when they cannot be listed (gone, not ours)."""
+    fd_dir = os.path.join(proc_root, pid, "fd")
+    try:
+        links = [os.path.join(fd_dir, fd) for fd in os.listdir(fd_dir)]
+    except OSError:
+        return []
+    return [(link, text) for link, text in ((link, _readlink(link)) for link in links) if text is not None]
+
+
+def _readlink(link):
+    try:
+        return os.readlink(link)
+    except OSError:
+        return None
+
+
+def process_name(proc_root, pid):
+    return (read_text(os.path.join(proc_root, pid, "comm")) or "").strip() or "?"
+
+
 def _open_things(proc_root, pid):
     """(how, identity, seen_as) of the cwd and open files of one process: os.stat follows the /proc magic link to
     the object itself, so the identity is the host's whatever path the process used."""
-    base = os.path.join(proc_root, pid)
-    entries = [("cwd", os.path.join(base, "cwd"))]
-    try:
-        entries += [("open", os.path.join(base, "fd", fd)) for fd in os.listdir(os.path.join(base, "fd"))]
-    except OSError:
-        pass
-    for how, link in entries:
+    cwd = os.path.join(proc_root, pid, "cwd")
+    for how, link, seen_as in [("cwd", cwd, _readlink(cwd) or "")] + [
+            ("open", link, text) for link, text in fd_links(proc_root, pid)]:
         try:
             st = os.stat(link)
-        except OSError:  # gone, hidden from us, or a pipe/socket/anon inode
+        except OSError:  # gone, or hidden from us
             continue
-        try:
-            seen_as = os.readlink(link)
-        except OSError:
-            seen_as = ""
         yield how, (st.st_dev, st.st_ino), seen_as
 
 
@@ -257,7 +270,7 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
                                     if container or (m["dev"], m["root"], m["mount_point"]) not in host_copies])
         if not found:
             continue
-        name = (read_text(os.path.join(proc_root, pid, "comm")) or "").strip() or "?"
+        name = process_name(proc_root, pid)
         seen = set()
         for how, path, seen_as, held_roots in found:
             if (how, path) in seen:

@@ -93,13 +93,6 @@ def plan_for(plan, repo):
     return None
 
 
-def _below(files, rel_dir):
-    if not rel_dir:
-        return files
-    prefix = rel_dir + "/"
-    return [f for f in files if f.startswith(prefix)]
-
-
 def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot, fallbacks=None):
     """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local source}; fallbacks: {rel: why a staged
     file is not bound locally}, the fallback_reason of the NAS mount covering it."""
@@ -114,7 +107,7 @@ def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot, fallbacks=
         mounts.append(mount)
 
     def visit(rel_dir):
-        below = _below(files, rel_dir)
+        below = [f for f in files if not rel_dir or f.startswith(rel_dir + "/")]
         nas_dir = os.path.join(nas_snapshot, rel_dir) if rel_dir else nas_snapshot
         if not any(f in local for f in below) and all(
                 stays_inside(os.path.join(nas_snapshot, f), nas_dir) for f in below):

@@ -195,36 +195,34 @@ class _Targets(object):
         return None
 
     def mounted(self, mount):
-        """(how, host path, roots held) when a mount shows a root, something in one or the parent ("mount"), or a
-        directory above the parent read-write ("ancestor": the roots can be made through it), else None."""
+        """(how, host path, mount point, roots held) when a mount shows a root, something in one or the parent
+        ("mount"), or a directory above the parent read-write ("ancestor": the roots can be made through it)."""
         source = (mount["dev"], os.path.normpath(mount["root"]))
         if self.parent_source is not None and source == self.parent_source:
-            return "mount", self.parent, list(self.roots)
+            return "mount", self.parent, mount["mount_point"], list(self.roots)
         for root, root_source in self.sources:
             if root_source is None or root_source[0] != source[0] or not is_within(source[1], root_source[1]):
                 continue
             rel = os.path.relpath(source[1], root_source[1])
-            return "mount", (root if rel == "." else os.path.join(root, rel)), [root]
+            return "mount", (root if rel == "." else os.path.join(root, rel)), mount["mount_point"], [root]
         if self.parent_source is not None and not mount["read_only"] and source[0] == self.parent_source[0] \
                 and is_within(self.parent_source[1], source[1]):
             shown = host_path(source, self.host_mounts) or "%s of device %d:%d" % ((source[1],) + source[0])
-            return "ancestor", shown, list(self.roots)
+            return "ancestor", shown, mount["mount_point"], list(self.roots)
         return None
 
     def holds(self, mounts):
         """[(how, host path, seen_as, roots)] of one namespace's mounts; the closest read-write ancestor only when
         the parent itself is not bound."""
-        found, closest = [], None
+        found, ancestors = [], []
         for mount in mounts:
             held = self.mounted(mount)
             if held and held[0] == "ancestor":
-                if closest is None or len(mount["root"]) > len(closest[0]["root"]):
-                    closest = (mount, held)
+                ancestors.append((len(mount["root"]), held))
             elif held:
-                found.append((held[0], held[1], mount["mount_point"], held[2]))
-        if closest and not any(path == self.parent for _how, path, _seen, _roots in found):
-            mount, held = closest
-            found.append((held[0], held[1], mount["mount_point"], held[2]))
+                found.append(held)
+        if ancestors and not any(held[1] == self.parent for held in found):
+            found.append(max(ancestors, key=lambda pair: pair[0])[1])
         return found
 
 

@@ -305,22 +305,12 @@ def format_holders(holders):
     return "; ".join(format_holder(h) for h in holders)
 
 
-def _in_container(holder, container_id):
-    """Whether holder runs in the container with this id (full, or a prefix of 12 or more)."""
-    cid = (container_id or "").strip().lower()
-    return len(cid) >= 12 and holder["container"].startswith(cid)
-
-
 def refusal_message(holders, paths, host=None):
     """The refusal: which roots, who holds them (and how), and what to do about it."""
     held = [p for p in paths if any(p in h["roots"] for h in holders)]
     # The holder may be an engine, a shell, a backup job...: name what to stop, not what it is.
-    stop = []
-    for holder in holders:
-        what = ("container %s" % holder["container"][:12] if holder["container"] else
-                "process pid %d (command %s)" % (holder["pid"], holder["name"]))
-        if what not in stop:
-            stop.append(what)
+    stop = list(dict.fromkeys("container %s" % h["container"][:12] if h["container"] else
+                              "process pid %d (command %s)" % (h["pid"], h["name"]) for h in holders))
     return ("engine_receipts: refusing to remove receipt roots in use: %s. Held by %s. Stop %s first, "
             "or remove them anyway: %s"
             % (", ".join(held), format_holders(holders), " and ".join(stop),
@@ -338,7 +328,8 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
     real_roots = [p for p in paths if not os.path.islink(p)]
     holders = find_holders(real_roots, parent=os.path.dirname(paths[0]) if paths else None,
                            proc_root=proc_root)
-    strangers = [h for h in holders if not _in_container(h, live_container)]
+    live = (live_container or "").strip().lower()     # the full id, or a prefix of 12 or more
+    strangers = [h for h in holders if not (len(live) >= 12 and h["container"].startswith(live))]
     if strangers and not force:
         raise StageError(refusal_message(strangers, paths, host))
     kept = [] if force else [p for p in paths if any(p in h["roots"] for h in holders)]

@@ -308,14 +308,10 @@ def end_reports(directory, host, run, reached_end, last_play=None, identity=None
 
 
 def update_reports(directory, host, run, play, data, finished=None, write=True):
-    """Merge this play into the host's history file of this run and its latest view, and write both.
-
-    run:  {"id", "started", "tags", "skip_tags", "check"}   (check: this is a --check run; tags are sorted,
-          as Ansible keeps them as a set)
-    play: {"name", "started", "failed", "failed_task", "failed_result"} (failed_result: the failed task's result)
-    data: see run_view.
-    Returns {"report", "latest", "history_path", "latest_path", "warnings"}; write=False writes nothing.
-    """
+    """Merge this play into the host's history file of this run and its latest view, and write both (unless
+    write=False). run: {"id", "started", "tags", "skip_tags", "check"}; play: {"name", "started", "failed",
+    "failed_task", "failed_result"}; data: see run_view. Returns {"report", "latest", "history_path",
+    "latest_path", "warnings"}."""
     check_inputs(host, run, play)
     finished = finished or utc_text()
     return _record(directory, host, run, lambda previous: run_view(previous, host, run, play, data, finished), write)

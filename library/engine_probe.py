@@ -262,7 +262,7 @@ failed_items:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_decode, dgx_probe
+from ansible.module_utils import dgx_decode
 
 ARGUMENT_SPEC = dict(
     mode=dict(type="str", required=True, choices=list(dgx_decode.MODES)),
@@ -282,7 +282,7 @@ REQUIRED_IF = [("mode", "bench", ["bench_jsonl"])]
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
     try:
-        result = dgx_probe.run_probe(module.params)
+        result = dgx_decode.run_probe(module.params)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)

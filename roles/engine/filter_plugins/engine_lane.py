@@ -1,25 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Engine role filters for the lane-wide decisions: one engine per rank, restarted together.
-
-dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
-                                          runs (lane, rank, image, command, env, mounts, bound files, ...):
-                                          comparing them with the running container's says why it restarts
-dgx_lane_survey(containers, ...)       -> on one rank's host, from engine_containers' list (module_utils/
-                                          dgx_runtime): this lane's container (own), the strays (a
-                                          container outside the lane holding the engine's name or port, a
-                                          host process on the port) and the earlier worlds those belong to
-dgx_left_hosts(surveys, ...)           -> hosts of those earlier worlds that are no longer in the lane
-dgx_left_strays(results)               -> the engines of an earlier world still running on those hosts
-dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when it need not
-dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
-dgx_stray_lines(strays)                -> one readable line per stray
-dgx_stop_outcomes(results)             -> the strays the stop tasks could not stop: failed, and unreached hosts
-dgx_bind_problem_lines(states, hosts)  -> 'host: problem' per stale bind of the hosts' manifests
-dgx_secret_values(env, command)        -> what no message may show: engine_env's values and the values of the
-                                          command's secret flags, with the forms a message quotes them in
-dgx_redact(text, values)               -> text without any of those values (a runtime's message, shown)
-
-Labels never carry a secret: env and command are stored as digests.
+"""Engine role filters for the lane-wide decisions - one engine per rank, restarted together: the container's
+labels, each rank's survey of its host (own container, strays, earlier worlds), the restart reasons and the lane's
+plan, and the secrets no message may show. Labels never carry a secret: env and command are stored as digests.
 """
 import hashlib
 import json
@@ -113,12 +95,8 @@ def _state_text(container):
 
 
 def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_changed=False, strays=None):
-    """Why this rank must (re)start: [] when the running container already is what `labels` describe.
-
-    own: this lane's container under the engine name (None when there is none, or a stray holds the name);
-    labels: dgx_engine_labels of the container that would start (own's env_changed names the changed variables
-    when the runtime showed its environment); strays: this host's strays.
-    """
+    """Why this rank must (re)start, [] when own (this lane's container, None when there is none) already is what
+    labels (dgx_engine_labels) describe; strays: this host's strays, stopped first."""
     reasons = ["%s: it is stopped first" % s["why"] for s in strays or []]
     if not image_present:
         reasons.append("image %s is not on this host (engine_pull=%s)" % (labels.get(IMAGE), pull))
@@ -177,16 +155,10 @@ def _world(container):
 
 
 def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, host, port=None, port_holders=None):
-    """On one rank's host: {own, run_id, strays, worlds}.
-
-    own: the container named engine_name when it is this lane's (lane label = lane and its name one of
-    lane_engines, the ranks' engine names; an unlabelled one with the mounts label is an earlier dgx-stage's);
-    run_id: the run that started it ("" when none).
-    strays: containers outside the lane that hold engine_name or listen on port, running engines whose labels
-    make them this host's rank of a lane (an earlier engine of this host under another name or port), and host
-    processes on port; each {host, id, name, why, stoppable}. worlds: the earlier worlds ({lane, lane_hosts}) of own and the
-    strays, whose other ranks may still run on hosts that left the lane.
-    """
+    """{own, run_id, strays, worlds} on one rank's host. own: the container named engine_name when it is this
+    lane's; run_id: the run that started it. strays ({host, id, name, why, stoppable}): what holds engine_name
+    or port outside the lane, and running engines labelled as this host's rank of another lane. worlds: the
+    earlier worlds ({lane, lane_hosts}) of own and the strays, whose ranks may run on hosts that left the lane."""
     by_id = dict((c["id"], c) for c in containers)
 
     def ours(c):
@@ -250,10 +222,8 @@ def dgx_left_hosts(surveys, lane_hosts, inventory_hosts):
 
 
 def dgx_left_strays(results):
-    """{strays, unchecked}: the running engines of an earlier world on hosts that left the lane - a container
-    whose labels say it is that host's rank of that world - from the looped engine_containers results
-    (item = a dgx_left_hosts entry, runtime = the runtime that host was asked with). unchecked: hosts that could
-    not be reached or asked."""
+    """{strays, unchecked} from the looped engine_containers results over dgx_left_hosts: the running engines
+    labelled as that host's rank of that earlier world, and the hosts that could not be asked."""
     strays, unchecked, seen = [], [], set()
     for result in (results or {}).get("results") or []:
         if result.get("skipped"):
@@ -276,8 +246,7 @@ def dgx_left_strays(results):
 
 
 def dgx_secret_values(env, command=None):
-    """dgx_secrets.secret_values: what no message may show (engine_env's values, the command's secret flags'),
-    in the forms a message quotes them in, longest first."""
+    """dgx_secrets.secret_values, its refusal a filter error."""
     try:
         return secret_values(env, command)
     except StageError as exc:
@@ -296,8 +265,7 @@ def dgx_bind_problem_lines(states, hosts):
 
 
 def dgx_stop_outcomes(results):
-    """{failed, unreached}: one line per stray a looped stop task (results: its registered results) could not
-    stop - its message, or that its host could not be reached (a host that left the lane: its engine stays)."""
+    """{failed, unreached}: one line per stray the looped stop tasks' registered results could not stop."""
     failed, unreached = [], []
     for registered in results or []:
         for result in (registered or {}).get("results") or []:
@@ -323,12 +291,8 @@ def dgx_stray_lines(strays):
 
 def dgx_lane_plan(plans, restart_only=""):
     """{restart: hosts in rank order, reasons: {host: [why]}, held: {host: [why]}} from every rank's
-    {host, rank, reasons}.
-
-    A lane restarts as one: when any rank has a reason, every rank restarts, the others for the lane's sake.
-    restart_only (an operator's forced single-rank restart) restarts that host alone, whatever the plans say;
-    held names the other ranks that have reasons of their own, left running.
-    """
+    {host, rank, reasons}. A lane restarts as one; restart_only restarts that host alone, and held names the
+    other ranks with reasons of their own, left running."""
     plans = sorted(plans, key=lambda p: int(p["rank"]))
     if restart_only:
         mine = [p for p in plans if p["host"] == restart_only]

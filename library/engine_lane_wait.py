@@ -135,10 +135,7 @@ ready:
   description: RV(verdict.state) is V(ready) - every rank's container running, the API answering from the master's.
   returned: success
   type: bool
-decided:
-  description: RV(verdict.decided) - stop the rounds.
-  returned: success
-  type: bool
+decided: {description: RV(verdict.decided) - stop the rounds., returned: success, type: bool}
 verdict:
   description: What the lane's last round (or, alone, this call) shows.
   returned: success
@@ -216,18 +213,12 @@ models:
   type: list
   elements: str
   sample: [coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw]
-polls:
-  description: Requests made in this call.
-  returned: success when this call polled
-  type: int
+polls: {description: Requests made in this call., returned: success when this call polled, type: int}
 logs:
   description: Last lines of this host's container log when it is not running, else empty.
   returned: success when this call polled
   type: str
-elapsed_s:
-  description: Seconds polled in this call.
-  returned: success when this call polled
-  type: float
+elapsed_s: {description: Seconds polled in this call., returned: success when this call polled, type: float}
 msg:
   description: RV(verdict.msg); on failure, what went wrong.
   returned: always

@@ -153,22 +153,13 @@ msg:
   returned: success when O(mode=decode); failure
   type: str
   sample: "400 tokens, 35.0 tok/s decode, 34.2 tok/s end to end, first token after 0.3 s (finish_reason length)"
-question:
-  description: The question asked.
-  returned: success when O(mode=smoke)
-  type: str
-expected:
-  description: The string the answer must contain.
-  returned: success when O(mode=smoke)
-  type: str
+question: {description: The question asked., returned: success when O(mode=smoke), type: str}
+expected: {description: The string the answer must contain., returned: success when O(mode=smoke), type: str}
 answer:
   description: The answer text (reasoning then content, first 500 characters).
   returned: success when O(mode=smoke)
   type: str
-passed:
-  description: The answer contains O(expected).
-  returned: success when O(mode=smoke)
-  type: bool
+passed: {description: The answer contains O(expected)., returned: success when O(mode=smoke), type: bool}
 tokens:
   description:
     - Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks (a count that can
@@ -227,14 +218,8 @@ finish_reason:
   description: The stream's finish reason, or null.
   returned: success when O(mode=decode)
   type: str
-max_tokens:
-  description: Tokens asked for.
-  returned: success when O(mode=decode)
-  type: int
-prompt_chars:
-  description: Characters of the prompt streamed.
-  returned: success when O(mode=decode)
-  type: int
+max_tokens: {description: Tokens asked for., returned: success when O(mode=decode), type: int}
+prompt_chars: {description: Characters of the prompt streamed., returned: success when O(mode=decode), type: int}
 done:
   description: "The stream ended with C(data: [DONE])."
   returned: success when O(mode=decode)

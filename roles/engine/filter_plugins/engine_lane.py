@@ -167,37 +167,32 @@ def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, hos
             return labels[LANE] == lane and c["name"] in lane_engines
         return c["name"] == engine_name and MOUNTS in labels
 
+    def stray(key, cid, name, why, stoppable=True):
+        return strays.setdefault(key, {"host": host, "id": cid, "name": name, "stoppable": stoppable, "why": why})
+
     own, strays = None, {}
     for c in containers:
-        if c["name"] != engine_name:
-            continue
-        if ours(c):
+        if c["name"] == engine_name and ours(c):
             own = c
-        else:
-            strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
-                               "why": "%s holds the engine name %s (%s)" % (c["name"], engine_name, _describe(c))}
+        elif c["name"] == engine_name:
+            stray(c["id"], c["id"], c["name"],
+                  "%s holds the engine name %s (%s)" % (c["name"], engine_name, _describe(c)))
     for c in containers:
-        if c["running"] and c["id"] not in strays and c is not own and c["name"] not in lane_engines \
-                and _rank_host(c) == host:
-            strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
-                               "why": "%s is still running as this host's engine (%s)" % (c["name"], _describe(c))}
+        if c["running"] and c is not own and c["name"] not in lane_engines and _rank_host(c) == host:
+            stray(c["id"], c["id"], c["name"],
+                  "%s is still running as this host's engine (%s)" % (c["name"], _describe(c)))
     for holder in port_holders or []:
         cid = holder.get("container_id") or ""
         c = by_id.get(cid)
-        if c is not None and ours(c):
-            continue
-        if c is not None:
-            stray = strays.setdefault(cid, {"host": host, "id": cid, "name": c["name"], "stoppable": True,
-                                            "why": "%s (%s)" % (c["name"], _describe(c))})
-            stray["why"] += " listens on port %s" % port
-        elif cid:
-            strays.setdefault(cid, {"host": host, "id": cid, "name": "container %s" % cid[:12], "stoppable": False,
-                                    "why": "container %s of another runtime listens on port %s" % (cid[:12], port)})
-        else:
-            key = "pid %s" % holder.get("pid")
-            strays.setdefault(key, {"host": host, "id": "", "name": "%s (%s)" % (key, holder.get("command")),
-                                    "stoppable": False, "why": "host process %s (%s) listens on port %s"
-                                    % (key, holder.get("command"), port)})
+        if c is not None and not ours(c):
+            stray(cid, cid, c["name"], "%s (%s)" % (c["name"], _describe(c)))["why"] += " listens on port %s" % port
+        elif c is None and cid:
+            stray(cid, cid, "container %s" % cid[:12], "container %s of another runtime listens on port %s"
+                  % (cid[:12], port), stoppable=False)
+        elif c is None:
+            key, command = "pid %s" % holder.get("pid"), holder.get("command")
+            stray(key, "", "%s (%s)" % (key, command), "host process %s (%s) listens on port %s" % (key, command, port),
+                  stoppable=False)
     current = {"lane": lane, "lane_hosts": ",".join(lane_hosts)}
     worlds = []
     for c in ([own] if own else []) + [by_id[s["id"]] for s in strays.values() if s["id"] in by_id]:

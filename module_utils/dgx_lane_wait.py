@@ -19,15 +19,12 @@ from urllib.request import urlopen
 
 MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
 
-WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
-
-# describe_down()'s words for a container that is not running and has not exited; the others show the exit.
-_NOT_EXITED_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
-                    "created": "was created but never started", "configured": "was created but never started",
-                    "initialized": "was created but never started"}
-
-_EXITED_TEXT = {"restarting": "is restarting after an exit (not running), last exit code %s",
-                "dead": "is dead (the runtime failed to stop or remove it), exit code %s"}
+# describe_down()'s words for a container that is not running ({} its exit code); another status shows it plainly.
+_NEVER_STARTED = "was created but never started"
+_DOWN_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
+              "created": _NEVER_STARTED, "configured": _NEVER_STARTED, "initialized": _NEVER_STARTED,
+              "restarting": "is restarting after an exit (not running), last exit code {}",
+              "dead": "is dead (the runtime failed to stop or remove it), exit code {}"}
 
 _TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d(?::?\d\d)?)?")
 
@@ -68,12 +65,10 @@ def _log_tail(text, lines=MESSAGE_LOG_LINES):
 
 
 def _down_state(container):
-    status = container.get("status")
-    if status in _NOT_EXITED_TEXT:
-        return _NOT_EXITED_TEXT[status]
-    if status in _EXITED_TEXT:
-        return _EXITED_TEXT[status] % container.get("exit_code")
-    return "is not running (%s), exit code %s" % (status, container.get("exit_code"))
+    status, code = container.get("status"), container.get("exit_code")
+    if status in _DOWN_TEXT:
+        return _DOWN_TEXT[status].format(code)
+    return "is not running (%s), exit code %s" % (status, code)
 
 
 def describe_down(rank, host, container):

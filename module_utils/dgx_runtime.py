@@ -101,10 +101,7 @@ class RuntimeCli(object):
     hung daemon cannot hold a wait round past its time. finder: anything with get_bin_path() (the AnsibleModule)."""
 
     def __init__(self, finder, timeout):
-        self.finder, self.timeout = finder, float(timeout)
-
-    def get_bin_path(self, name):
-        return self.finder.get_bin_path(name)
+        self.get_bin_path, self.timeout = finder.get_bin_path, float(timeout)
 
     def run_command(self, argv):
         """(rc, stdout, stderr); RuntimeSlow when the call does not end in time (its process group is killed)."""

@@ -66,7 +66,7 @@ def _digest(value):
 # ------------------------------------------------------------------------------------------------
 
 def dgx_engine_labels(spec):
-    """The engine container's labels from the values the role computed (see the module docstring)."""
+    """The engine container's labels, one per aspect of what it runs, from the values the role computed."""
     missing = sorted(set(("lane", "lane_hosts", "rank", "world_size", "port", "run_id", "image", "image_id",
                           "command", "env", "mounts", "files", "devices")) - set(spec))
     if missing:

@@ -119,10 +119,7 @@ own:
   returned: success when O(containers)
   type: dict
   contains: *container
-running:
-  description: Whether RV(own) runs.
-  returned: success when O(containers)
-  type: bool
+running: {description: Whether RV(own) runs., returned: success when O(containers), type: bool}
 container_id:
   description: The id of RV(own) when it runs, else "".
   returned: success when O(containers)
@@ -131,10 +128,7 @@ image_id:
   description: The id of O(image) on the node; "" when it is not there.
   returned: success when O(image) is set
   type: str
-image_present:
-  description: Whether O(image) is on the node.
-  returned: success when O(image) is set
-  type: bool
+image_present: {description: Whether O(image) is on the node., returned: success when O(image) is set, type: bool}
 port_holders:
   description: The processes listening on O(port).
   returned: success when O(port) is set
@@ -156,10 +150,7 @@ runtime:
   description: O(runtime), the runtime that was asked.
   returned: success
   type: str
-changed:
-  description: Whether a pull brought a new image id.
-  returned: success
-  type: bool
+changed: {description: Whether a pull brought a new image id., returned: success, type: bool}
 msg:
   description: Why the runtime could not be asked (without the secrets of O(env) and O(redact)).
   returned: failure

@@ -128,12 +128,11 @@ def stream_tokens(stream):
 
 
 def api_request(url, payload=None):
-    data = None
-    headers = {"Accept": "application/json"}
-    if payload is not None:
-        data = json.dumps(payload).encode("utf-8")
-        headers["Content-Type"] = "application/json"
-    return Request(url, data=data, headers=headers, method="POST" if payload is not None else "GET")
+    """A GET, or with payload a POST of it as JSON."""
+    if payload is None:
+        return Request(url, headers={"Accept": "application/json"})
+    return Request(url, data=json.dumps(payload).encode("utf-8"),
+                   headers={"Accept": "application/json", "Content-Type": "application/json"})
 
 
 def _describe(exc):

@@ -61,10 +61,6 @@ def _digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-# ------------------------------------------------------------------------------------------------
-# labels and reasons
-# ------------------------------------------------------------------------------------------------
-
 def dgx_engine_labels(spec):
     """The engine container's labels, one per aspect of what it runs, from the values the role computed."""
     missing = sorted(set(("lane", "lane_hosts", "rank", "world_size", "port", "run_id", "image", "image_id",
@@ -123,10 +119,6 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
         reasons.append("the runtime would recreate it (a container setting changed)")
     return reasons
 
-
-# ------------------------------------------------------------------------------------------------
-# strays and earlier worlds
-# ------------------------------------------------------------------------------------------------
 
 def _describe(container):
     labels = container.get("labels") or {}
@@ -279,10 +271,6 @@ def dgx_stray_lines(strays):
     return ["%s: %s%s" % (s["host"], s["why"], "" if s.get("stoppable") else " (not ours to stop: stop it yourself)")
             for s in strays]
 
-
-# ------------------------------------------------------------------------------------------------
-# the lane's plan
-# ------------------------------------------------------------------------------------------------
 
 def dgx_lane_plan(plans, restart_only=""):
     """{restart: hosts in rank order, reasons: {host: [why]}, held: {host: [why]}} from every rank's

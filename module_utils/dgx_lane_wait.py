@@ -164,20 +164,18 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
     return _verdict("pending", last)
 
 
-def wait_report(result):
-    """The ready row of the host report: the models, and in a lane the state, round, ranks and API holders."""
-    row = {"models": list(result.get("models") or [])}
-    lane = result.get("lane_rows")
+def wait_report(models, verdict=None, lane_hosts=None, lane=None, round_no=None):
+    """The ready row of the host report: the models, and with a lane's rows the state, round, ranks and who
+    holds the API port."""
+    row = {"models": list(models)}
     if lane is None:
         return row
-    row["state"] = result["verdict"]["state"]
-    row["rounds"] = result["round"]
-    row["ranks"] = []
-    for rank, host in enumerate(result["lane_hosts"]):
+    row.update(state=verdict["state"], rounds=round_no, ranks=[])
+    for rank, host in enumerate(lane_hosts):
         container = (lane.get(host) or {}).get("container") or {}
         row["ranks"].append({"host": host, "rank": rank, "status": container.get("status"),
                              "exit_code": container.get("exit_code"), "id": (container.get("id") or "")[:12]})
-    owner = (lane.get(result["lane_hosts"][0]) or {}).get("owner")
+    owner = (lane.get(lane_hosts[0]) or {}).get("owner")
     if owner and owner.get("holders"):
         row["api_served_by"] = "; ".join(describe_holder(h) for h in owner["holders"])
     return row
@@ -219,8 +217,9 @@ def poll_round(base, wait_for, container_check=None, owner_check=None, interval=
 
 def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_hosts=None, lane=None, give_up=False,
                wait_id=None, round_no=1, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """One call of a wait. In a lane (lane_hosts in rank order) judge lane, the previous round's rows, first and
-    poll only when that does not decide; alone, poll and judge this host as a one-rank lane."""
+    """One call of a wait and its report row. In a lane (lane_hosts in rank order) judge lane, the previous
+    round's rows, first and poll only when that does not decide; alone, poll and judge this host as a one-rank
+    lane."""
     verdict = row = None
     if lane_hosts and lane is not None:
         lane = fresh_rows(lane, wait_id, round_no)
@@ -237,9 +236,10 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
     if lane_hosts:
         master_row = (lane or {}).get(lane_hosts[0]) or {}
         result["models"] = list(master_row.get("models") or (row or {}).get("models") or [])
-        result["lane_hosts"], result["lane_rows"], result["round"] = list(lane_hosts), lane, round_no
+        result["report"] = wait_report(result["models"], verdict, lane_hosts, lane, round_no)
     else:
         result["models"] = list(row["models"])
+        result["report"] = wait_report(result["models"])
     if row is not None:
         container = row["container"] or {}
         result.update(row=row, status=row["status"], polls=row["polls"], elapsed_s=row["elapsed_s"],
@@ -248,8 +248,8 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
 
 
 def run_wait(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """engine_lane_wait's result for its options: wait_probe()'s and `report`, every params["redact"] value
-    hidden. runner: the runtime's CLI (dgx_runtime.RuntimeCli)."""
+    """engine_lane_wait's result for its options: wait_probe()'s, every params["redact"] value hidden.
+    runner: the runtime's CLI (dgx_runtime.RuntimeCli)."""
     runtime = params.get("runtime") or "docker"
     check = owner = None
     if params.get("container"):
@@ -259,9 +259,5 @@ def run_wait(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=ti
     result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"), params.get("lane"),
                         bool(params.get("give_up")), params.get("wait_id"), params.get("round") or 1,
                         opener=opener, clock=clock, sleep=sleep)
-    result["report"] = wait_report(result)
-    # Shaped into the report; the inputs are the caller's own.
-    for key in ("lane_hosts", "lane_rows", "round"):
-        result.pop(key, None)
     # Engine logs and other processes' command lines may quote a secret (an engine prints its arguments).
     return redacted(result, params.get("redact"))

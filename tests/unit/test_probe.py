@@ -301,7 +301,7 @@ def test_the_smoke_and_wait_rows():
     smoke_result = {"model": "m", "question": "q", "expected": "11303", "answer": "11303", "passed": True,
                     "duration_s": 0.2}
     assert probe_report("smoke", smoke_result) == smoke_result
-    assert wait_report({"models": ["ds41"], "ready": True, "polls": 1}) == {"models": ["ds41"]}
+    assert wait_report(["ds41"]) == {"models": ["ds41"]}
 
 
 # --- run_probe: the module's whole run -------------------------------------------------------------

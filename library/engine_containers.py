@@ -146,10 +146,7 @@ python:
     executable: {description: The interpreter., type: str}
     version: {description: Its version., type: str}
     missing: {description: The modules it cannot import., type: list, elements: str}
-runtime:
-  description: O(runtime), the runtime that was asked.
-  returned: success
-  type: str
+runtime: {description: "O(runtime), the runtime that was asked.", returned: success, type: str}
 changed: {description: Whether a pull brought a new image id., returned: success, type: bool}
 msg:
   description: Why the runtime could not be asked (without the secrets of O(env) and O(redact)).

@@ -210,14 +210,8 @@ problems:
   type: list
   elements: str
   sample: ["the stream stopped after 50 of 400 tokens without a finish reason: the connection broke (IncompleteRead)"]
-cut:
-  description: How the connection broke mid-stream, or null.
-  returned: success when O(mode=decode)
-  type: str
-finish_reason:
-  description: The stream's finish reason, or null.
-  returned: success when O(mode=decode)
-  type: str
+cut: {description: "How the connection broke mid-stream, or null.", returned: success when O(mode=decode), type: str}
+finish_reason: {description: "The stream's finish reason, or null.", returned: success when O(mode=decode), type: str}
 max_tokens: {description: Tokens asked for., returned: success when O(mode=decode), type: int}
 prompt_chars: {description: Characters of the prompt streamed., returned: success when O(mode=decode), type: int}
 done:

@@ -98,10 +98,8 @@ def _verdict(state, msg, host=None, rank=None, exit_code=None):
 def fresh_rows(rows, wait_id, round_no):
     """The rows (host -> row) made in round round_no - 1 of wait wait_id: an older row (its host left the play
     since) is no report."""
-    if wait_id is None:
-        return dict((host, row) for host, row in (rows or {}).items() if row)
-    return dict((host, row) for host, row in (rows or {}).items()
-                if row and row.get("wait_id") == wait_id and row.get("round") == round_no - 1)
+    return dict((host, row) for host, row in (rows or {}).items() if row and (
+        wait_id is None or (row.get("wait_id"), row.get("round")) == (wait_id, round_no - 1)))
 
 
 def lane_verdict(lane_hosts, rows, url, give_up=False):

@@ -156,14 +156,12 @@ class _Deadline(object):
     on a server trickling its headers or body (a socket timeout bounds each read only). check() looks at the
     clock between reads (responses without a socket, in tests)."""
 
-    def __init__(self, timeout, clock, started):
-        self.timeout, self.clock, self.deadline = timeout, clock, started + timeout
-        self.fired = False
-        self._socks = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, self.deadline - clock()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+    def __init__(self, timeout, clock):
+        self.timeout, self.clock, self.deadline = timeout, clock, clock() + timeout
+        self.fired, self._socks, self._lock = False, [], threading.Lock()
+        self.timer = threading.Timer(timeout, self._fire)
+        self.timer.daemon = True
+        self.timer.start()
 
     def watch(self, sock):
         """Shut sock down at the deadline (at once when it has passed)."""
@@ -192,9 +190,6 @@ class _Deadline(object):
         if self.fired or self.clock() >= self.deadline:
             self.fired = True
             raise socket.timeout(_too_long(self.timeout))
-
-    def cancel(self):
-        self._timer.cancel()
 
 
 def _watched(connection, deadline):
@@ -225,7 +220,7 @@ class _WatchedHandler(HTTPHandler, HTTPSHandler):
 def open_within(opener, request, timeout, clock):
     """(response, its _Deadline) of request, the deadline counting from now; urllib's own opener is watched
     from its connect, so a server slow to send its headers is cut too."""
-    limit = _Deadline(timeout, clock, clock())
+    limit = _Deadline(timeout, clock)
     try:
         try:
             if opener is urlopen:
@@ -239,7 +234,7 @@ def open_within(opener, request, timeout, clock):
         with resp:
             yield resp, limit
     finally:
-        limit.cancel()
+        limit.timer.cancel()
 
 
 def request_failed(method, url, exc):

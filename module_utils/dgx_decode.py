@@ -69,13 +69,6 @@ def decode_rate(tokens, t_first, t_last):
     return (tokens - 1) / float(t_last - t_first)
 
 
-def e2e_rate(tokens, t_sent, t_last):
-    """End-to-end tok/s, tokens / (t_last - t_sent), prefill and stalls included; None when no token came."""
-    if not tokens or t_last is None or t_last <= t_sent:
-        return None
-    return tokens / float(t_last - t_sent)
-
-
 def count_untrusted(tokens, token_source, chunks):
     """Whether a usage count claims more tokens than its content chunks can have carried."""
     return token_source == "usage" and chunks is not None and tokens > chunks * MAX_TOKENS_PER_CHUNK
@@ -95,7 +88,9 @@ def decode_result(stream, t_sent, t_end):
         "ttft_s": None if t_first is None else round(t_first - t_sent, 4),
         "decode_s": None if t_first is None else round(t_last - t_first, 4),
         "decode_tok_s": decode_rate(tokens, t_first, t_last) if trusted else None,
-        "e2e_tok_s": e2e_rate(tokens, t_sent, t_last) if trusted else None,
+        # End to end: prefill and every stall included.
+        "e2e_tok_s": tokens / float(t_last - t_sent) if trusted and tokens and t_last is not None
+        and t_last > t_sent else None,
         "duration_s": round(t_end - t_sent, 4),
         "finish_reason": stream["finish_reason"],
         "done": bool(stream.get("done")),

@@ -33,14 +33,6 @@ def missing_container(name, why):
             "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
 
 
-def unknown_container(name, why):
-    """A container's facts when the runtime did not answer in time: running None, neither up nor down, so a slow
-    daemon's rank is waited on, not judged dead."""
-    facts = missing_container(name, why)
-    facts.update(exists=None, running=None, status="unknown")
-    return facts
-
-
 def _env_changed(entries, env):
     """The sorted names of env's variables whose value the container's K=V entries do not hold (None when either
     is unknown): only names, never a value or anything derived from one, leave."""
@@ -137,7 +129,8 @@ def container_state(runner, runtime, name, secrets=None):
     try:
         rc, out, err = runner.run_command([binary, "inspect", "--type", "container", name])
     except RuntimeSlow as exc:
-        return unknown_container(name, str(exc))
+        # running None: neither up nor down, so a slow daemon's rank is waited on, not judged dead.
+        return dict(missing_container(name, str(exc)), exists=None, running=None, status="unknown")
     if rc != 0:
         return missing_container(name, "%s inspect: %s" % (runtime, redacted((err or out).strip(), secrets)[:300]))
     try:

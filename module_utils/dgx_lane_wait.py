@@ -59,11 +59,6 @@ def describe_holder(holder):
     return text
 
 
-def _log_tail(text, lines=MESSAGE_LOG_LINES):
-    tail = (text or "").rstrip().splitlines()[-lines:]
-    return "\n".join(tail) if tail else "(empty)"
-
-
 def _down_state(container):
     status, code = container.get("status"), container.get("exit_code")
     if status in _DOWN_TEXT:
@@ -123,8 +118,9 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
     if down:
         # The first to end is the cause; the others often die of it (a lost peer, a closed store).
         rank, host, container = min(down, key=lambda d: (_epoch(d[2].get("finished_at")), d[0]))
+        tail = (container.get("logs") or "").rstrip().splitlines()[-MESSAGE_LOG_LINES:]
         msg = "Rank %d of the lane is down - %s. Its log ends:\n%s" % (
-            rank, describe_down(rank, host, container), _log_tail(container.get("logs")))
+            rank, describe_down(rank, host, container), "\n".join(tail) or "(empty)")
         others = [describe_down(*d) for d in down if d[0] != rank]
         if others:
             msg += "\nAlso down: %s." % "; ".join(others)

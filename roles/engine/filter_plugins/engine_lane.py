@@ -139,13 +139,6 @@ def _rank_host(container):
         return None
 
 
-def _world(container):
-    labels = container.get("labels") or {}
-    if LANE in labels and LANE_HOSTS in labels:
-        return {"lane": labels[LANE], "lane_hosts": labels[LANE_HOSTS]}
-    return None
-
-
 def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, host, port=None, port_holders=None):
     """{own, run_id, strays, worlds} on one rank's host. own: the container named engine_name when it is this
     lane's; run_id: the run that started it. strays ({host, id, name, why, stoppable}): what holds engine_name
@@ -188,8 +181,9 @@ def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, hos
     current = {"lane": lane, "lane_hosts": ",".join(lane_hosts)}
     worlds = []
     for c in ([own] if own else []) + [by_id[s["id"]] for s in strays.values() if s["id"] in by_id]:
-        world = _world(c)
-        if world and world != current and world not in worlds:
+        labels = c.get("labels") or {}
+        world = {"lane": labels.get(LANE), "lane_hosts": labels.get(LANE_HOSTS)}
+        if LANE in labels and LANE_HOSTS in labels and world != current and world not in worlds:
             worlds.append(world)
     return {"own": own, "run_id": (own or {}).get("labels", {}).get(RUN_ID, ""),
             "strays": [strays[k] for k in sorted(strays)], "worlds": worlds}

@@ -9,7 +9,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_openai import (api_request, api_url, chat_payload, completion_text, contains_expected,
-                                             http_json, open_within, parse_sse, request_failed, resolve_model,
+                                             first_model_id, http_json, open_within, parse_sse, request_failed,
                                              stream_tokens, timed_lines)
 from ansible.module_utils.dgx_units import plain_number
 from http import client as http_client
@@ -276,7 +276,8 @@ def run_probe(params, opener=urlopen, clock=time.monotonic):
     mode, url, floor = params["mode"], params["url"], params.get("floor")
     max_tokens = params.get("max_tokens") or DEFAULT_MAX_TOKENS[mode]
     items = parse_bench_jsonl(params.get("bench_jsonl")) if mode == "bench" else None
-    model = resolve_model(url, params.get("model"), timeout=min(params["timeout"], 30.0), opener=opener)
+    model = params.get("model") or first_model_id(
+        http_json(api_url(url, "/v1/models"), timeout=min(params["timeout"], 30.0), opener=opener))
     http = dict(timeout=params["timeout"], opener=opener, clock=clock)
     if mode == "smoke":
         result = smoke(url, model, params["question"], params["expected"], max_tokens, **http)

@@ -266,13 +266,6 @@ def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monot
         raise StageError("%s answered with non-JSON: %r" % (url, raw[:200]))
 
 
-def resolve_model(base, model, timeout=30.0, opener=urlopen):
-    """The model name to put in requests: the given one, else the first id of /v1/models."""
-    if model:
-        return model
-    return first_model_id(http_json(api_url(base, "/v1/models"), timeout=timeout, opener=opener))
-
-
 def timed_lines(resp, clock, cut, limit):
     """(arrival time, line) of a streamed response; a connection that breaks or a stream still going at limit's
     deadline ends the lines, noted in cut["reason"]."""

@@ -11,16 +11,11 @@ module: engine_containers
 short_description: Say what the container runtime holds on the node - its containers, the engine's, the engine image
 version_added: "1.0.0"
 description:
-  - Asks the container runtime (O(runtime), C(docker) or C(podman), through its command line) for every container
-    on the node, running or not, each as the same facts whichever runtime listed it (RV(containers)); the one
-    named O(name) is RV(own). The engine role's plan, its status and the hosts that left the lane read this.
-  - With O(env), names the variables of O(env) whose value each container's environment does not hold
-    (C(env_changed)), never a value; a container's command and environment are not returned.
-  - With O(image), returns its id on the node (RV(image_id)), pulled first as O(pull) allows (not in check mode).
-  - With O(port), lists the processes listening on that TCP port in the node's network namespace, with the
-    container each runs in (RV(port_holders)).
-  - With O(python_modules), says which of those Python modules the node's Python (the one running every module
-    of the play) cannot import - C(requests), which community.docker needs.
+  - Lists every container on the node, running or not, as the same facts whichever runtime (O(runtime), through
+    its command line) listed it (RV(containers)); the one named O(name) is RV(own). The engine role's plan, its
+    status and the hosts that left the lane read this.
+  - Optionally the id of O(image), pulled first as O(pull) allows; the listeners of O(port); the
+    O(python_modules) the node's Python cannot import (C(requests), which community.docker needs).
 author: dgx-stage maintainers
 options:
   runtime:
@@ -45,9 +40,8 @@ options:
     choices: [never, missing, always]
   env:
     description:
-      - The environment the engine container would get; its values are never returned in RV(containers).
-      - Not marked no_log (Ansible would then mask every occurrence of every value, a rank's C(0) among them, in
-        the whole result); a task that passes it sets C(no_log) and says a failure itself, redacted.
+      - The environment the engine container would get; each container's C(env_changed) names the variables it
+        does not hold, never a value (a container's command and environment are not returned).
     type: dict
   port:
     description: TCP port whose listeners to list in RV(port_holders).
@@ -58,11 +52,7 @@ options:
     elements: str
     default: []
   redact:
-    description:
-      - Values no message may show (the engine's secrets), hidden in the runtime's error messages.
-      - Not marked no_log, as O(env) (Ansible would mask every string of the result equal to one of them, a
-        container label that holds the same text as a secret - a port, a lane name - among them, and the plan
-        would misread that container); a task that passes it sets C(no_log) and says a failure itself, redacted.
+    description: Values no message may show (the engine's secrets), hidden in the runtime's error messages.
     type: list
     elements: str
     default: []
@@ -83,8 +73,10 @@ attributes:
     support: full
     platforms: posix
 notes:
-  - Needs the runtime's command line on the node (C(docker) or C(podman)). Listing the holders of a port reads
-    every process's C(/proc/<pid>/fd), which needs root for other users' processes.
+  - Needs the runtime's command line on the node. Listing the holders of a port reads every process's
+    C(/proc/<pid>/fd), which needs root for other users' processes.
+  - O(env) and O(redact) are not no_log (Ansible would mask every equal string of the result, a label such as a
+    port or a lane name among them); a task that passes them sets C(no_log) and says a failure itself, redacted.
 """
 
 EXAMPLES = r"""
@@ -127,10 +119,7 @@ own:
   returned: success when O(containers)
   type: dict
   contains: *container
-running:
-  description: Whether RV(own) runs.
-  returned: success when O(containers)
-  type: bool
+running: {description: Whether RV(own) runs., returned: success when O(containers), type: bool}
 container_id:
   description: The id of RV(own) when it runs, else "".
   returned: success when O(containers)
@@ -139,10 +128,7 @@ image_id:
   description: The id of O(image) on the node; "" when it is not there.
   returned: success when O(image) is set
   type: str
-image_present:
-  description: Whether O(image) is on the node.
-  returned: success when O(image) is set
-  type: bool
+image_present: {description: Whether O(image) is on the node., returned: success when O(image) is set, type: bool}
 port_holders:
   description: The processes listening on O(port).
   returned: success when O(port) is set
@@ -160,14 +146,8 @@ python:
     executable: {description: The interpreter., type: str}
     version: {description: Its version., type: str}
     missing: {description: The modules it cannot import., type: list, elements: str}
-runtime:
-  description: O(runtime), the runtime that was asked.
-  returned: success
-  type: str
-changed:
-  description: Whether a pull brought a new image id.
-  returned: success
-  type: bool
+runtime: {description: "O(runtime), the runtime that was asked.", returned: success, type: str}
+changed: {description: Whether a pull brought a new image id., returned: success, type: bool}
 msg:
   description: Why the runtime could not be asked (without the secrets of O(env) and O(redact)).
   returned: failure

@@ -11,20 +11,14 @@ module: engine_lane_wait
 short_description: One round of the lane-wide wait for the engine - judge every rank, poll the API, watch the container
 version_added: "1.0.0"
 description:
-  - A lane-wide wait is rounds of calls of this module, one per host per round (the engine role's C(wait.yml)).
-    With O(lane_hosts), a call first judges O(lane), every rank's RV(row) of the previous round, and
-    returns at once when that decides - a rank that did not report, a rank's container down (the first
-    to end, with host, rank, exit code and log), the API port held by someone else, the API ready
-    with every rank running, or O(give_up). Every host judges the same rows, so every host gets the
-    same RV(verdict) in the same round.
-  - Else it polls C(/v1/models) for up to O(wait_for) seconds and returns early when the API answers.
-    With O(container), every poll first inspects this host's engine container and stops when it is not
-    running (its exit code and log tail in RV(row)). With O(port) (on the master host), it then finds
-    who holds that port (C(/proc/net/tcp) and C(tcp6), the socket's process, its cgroup) and proves it
-    runs in O(container); a process outside it (an old engine under another name) is named.
+  - A lane-wide wait is rounds of calls, one per host per round (the engine role's C(wait.yml)). With
+    O(lane_hosts), a call first judges O(lane), every rank's RV(row) of the previous round, and returns at once
+    when that decides (RV(verdict.state)); every host judges the same rows, so all get the same verdict.
+  - Else it polls C(/v1/models) for up to O(wait_for) seconds, first inspecting O(container) on every poll, and
+    stops when the API answers or the container is not running. With O(port) (the master), it then proves that
+    whoever holds the port (C(/proc/net/tcp) and C(tcp6), the socket's process, its cgroup) runs in O(container).
   - Without O(lane_hosts), one call judges this host alone (the C(status) play's look at the engine).
-  - Returns RV(report), the ready row of the host report, shaped by the module.
-  - Never fails on a verdict; it returns RV(verdict) and the role asserts on it.
+  - Returns RV(report), the ready row of the host report. Never fails on a verdict; the role asserts on it.
 author: dgx-stage maintainers
 options:
   url:
@@ -32,38 +26,28 @@ options:
     type: str
     required: true
   wait_for:
-    description:
-      - Seconds to poll in this call.
-      - Each call of the container runtime in it (inspect, logs) is stopped after half of it (1 to 10 s).
+    description: Seconds to poll in this call; each runtime call in it is stopped after half of it (1 to 10 s).
     type: float
     default: 10
   container:
     description: Name of this host's engine container; polling stops when it is not running.
     type: str
   port:
-    description:
-      - The API port on this host (the master's C(engine_port)). When the API answers or O(container) is down,
-        the processes listening on it are found and must run in O(container).
+    description: The API port on this host (the master's C(engine_port)), whose listeners must run in O(container).
     type: int
   lane_hosts:
-    description:
-      - The lane's hosts in rank order (the first is the master, which serves the API); this call is one round
-        of a lane-wide wait. Without it the call judges this host alone.
+    description: The lane's hosts in rank order (the first is the master, which serves the API).
     type: list
     elements: str
   lane:
-    description:
-      - With O(lane_hosts), every rank's RV(row) of the previous round, by host (a host missing here did not
-        report). Judged before polling; not given in the first round.
+    description: Every rank's RV(row) of the previous round, by host (a host missing did not report); not in round 1.
     type: dict
   give_up:
     description: With O(lane), the wait's time is up - an undecided lane is judged V(timeout), not polled.
     type: bool
     default: false
   wait_id:
-    description:
-      - Names this wait (the same on every host), echoed in RV(row). With O(lane), only rows of this wait made
-        in round O(round) - 1 count; an older row (a host that left the play since) is missing.
+    description: Names this wait on every host; with O(lane), only rows of this wait made in round O(round) - 1 count.
     type: str
   round:
     description: This round's number (1 for the first), echoed in RV(row).
@@ -76,9 +60,8 @@ options:
     default: docker
   redact:
     description:
-      - Strings no part of the result may show, longest first (the engine role's secret values). Each is
-        replaced by C(<hidden>) in the containers' logs and errors, the verdict and the port holders' command
-        lines. This run's own engine is named by its container, never by its command line.
+      - Strings no part of the result may show (the engine role's secret values), each replaced by C(<hidden>).
+        This run's own engine is named by its container, never by its command line.
     type: list
     elements: str
     default: []
@@ -126,58 +109,33 @@ EXAMPLES = r"""
 
 RETURN = r"""
 report:
-  description:
-    - The ready row of the host report; the engine role passes it on unchanged (under C(ready)).
+  description: The ready row of the host report; the engine role passes it on unchanged (under C(ready)).
   returned: success
   type: dict
   contains:
-    models:
-      description: Model ids the API listed.
-      type: list
-      elements: str
-    state:
-      description: The lane verdict's state (RV(verdict.state)).
-      returned: when O(lane) is set
-      type: str
-    rounds:
-      description: O(round) - the round that judged it (the wait's rounds so far when it decided).
-      returned: when O(lane) is set
-      type: int
+    models: {description: RV(models)., type: list, elements: str}
+    state: {description: RV(verdict.state)., returned: when O(lane) is set, type: str}
+    rounds: {description: O(round) - the round that judged it., returned: when O(lane) is set, type: int}
     ranks:
       description: Every rank's container as the last round saw it.
       returned: when O(lane) is set
       type: list
       elements: dict
       contains:
-        host:
-          description: The rank's host.
-          type: str
-        rank:
-          description: The rank.
-          type: int
-        status:
-          description: The container's status (V(running), V(exited), V(missing)...).
-          type: str
-        exit_code:
-          description: The container's exit code; null while it is paused, stopping or was never started.
-          type: int
-        id:
-          description: The container id (12 characters), empty when there is none.
-          type: str
+        host: {description: The rank's host., type: str}
+        rank: {description: The rank., type: int}
+        status: {description: The container's status (V(running), V(exited), V(missing)...)., type: str}
+        exit_code: {description: The container's exit code; null when it has not exited., type: int}
+        id: {description: The container id (12 characters); empty when there is none., type: str}
     api_served_by:
-      description: The processes holding the API port on the master, as RV(verdict.msg) names them.
+      description: The processes holding the API port on the master.
       returned: when O(lane) is set and someone holds the port
       type: str
 ready:
-  description:
-    - The lane is up - every rank's container running and the API answering from the master's container
-      (RV(verdict.state) V(ready)). Alone (no O(lane_hosts)) - this host's container and the API.
+  description: RV(verdict.state) is V(ready) - every rank's container running, the API answering from the master's.
   returned: success
   type: bool
-decided:
-  description: RV(verdict.decided) - stop the rounds.
-  returned: success
-  type: bool
+decided: {description: RV(verdict.decided) - stop the rounds., returned: success, type: bool}
 verdict:
   description: What the lane's last round (or, alone, this call) shows.
   returned: success
@@ -189,23 +147,11 @@ verdict:
           did not report), V(stranger) (the API port is held outside the master's container), V(unproven)
           (the API answered but nobody could be seen on the port) or V(timeout) (O(give_up)).
       type: str
-    decided:
-      description: Anything but V(pending).
-      type: bool
-    msg:
-      description:
-        - What an operator reads - for V(dead) the first rank to end, its host, container, exit code and
-          log tail.
-      type: str
-    host:
-      description: The host the verdict names (the down rank's, the master's), or null.
-      type: str
-    rank:
-      description: That host's rank, or null.
-      type: int
-    exit_code:
-      description: V(dead) - the down container's exit code, else null (also for a paused or never started one).
-      type: int
+    decided: {description: Anything but V(pending)., type: bool}
+    msg: {description: What an operator reads (for V(dead) the first rank to end and its log tail)., type: str}
+    host: {description: The host the verdict names (the down rank's or the master's); or null., type: str}
+    rank: {description: That host's rank; or null., type: int}
+    exit_code: {description: V(dead) - the down container's exit code; else null., type: int}
   sample: {state: dead, decided: true, host: dgx2, rank: 1, exit_code: 3,
            msg: "Rank 1 of the lane is down - rank 1 (host dgx2): container ds41-engine is not running (exited) ..."}
 row:
@@ -213,75 +159,34 @@ row:
   returned: success when this call polled
   type: dict
   contains:
-    api:
-      description: The API listed its models.
-      type: bool
-    models:
-      description: Model ids listed.
-      type: list
-      elements: str
-    status:
-      description: V(ready), or why not (the last poll's error, the container's status).
-      type: str
-    polls:
-      description: Polls made.
-      type: int
-    elapsed_s:
-      description: Seconds polled.
-      type: float
-    wait_id:
-      description: O(wait_id).
-      type: str
-    round:
-      description: O(round).
-      type: int
+    api: {description: The API listed its models., type: bool}
+    models: {description: Model ids listed., type: list, elements: str}
+    status: {description: RV(status)., type: str}
+    polls: {description: RV(polls)., type: int}
+    elapsed_s: {description: RV(elapsed_s)., type: float}
+    wait_id: {description: O(wait_id)., type: str}
+    round: {description: O(round)., type: int}
     container:
       description: O(container) as the runtime shows it, or null without O(container).
       type: dict
       contains:
-        name:
-          description: Container name.
-          type: str
-        exists:
-          description: The runtime knows it.
-          type: bool
-        id:
-          description: Container id.
-          type: str
-        running:
-          description: Running (and neither paused nor restarting).
-          type: bool
-        status:
-          description: The runtime's status, V(missing) when it does not exist.
-          type: str
-        exit_code:
-          description: Exit code (0 while it runs; null while it is paused, stopping or was never started).
-          type: int
-        started_at:
-          description: When it started (the runtime's timestamp).
-          type: str
-        finished_at:
-          description: When it last ended, or null.
-          type: str
-        error:
-          description: The runtime's error for it, or why it was not found.
-          type: str
-        oom_killed:
-          description: Killed out of memory.
-          type: bool
-        logs:
-          description: The last 30 lines of its log when it is not running, else empty.
-          type: str
+        name: {description: Container name., type: str}
+        exists: {description: The runtime knows it., type: bool}
+        id: {description: Container id., type: str}
+        running: {description: Running (and neither paused nor restarting)., type: bool}
+        status: {description: The runtime's status; V(missing) when it does not exist., type: str}
+        exit_code: {description: Exit code; null when it has not exited., type: int}
+        started_at: {description: When it started (the runtime's timestamp)., type: str}
+        finished_at: {description: When it last ended; or null., type: str}
+        error: {description: The runtime's error for it; or why it was not found., type: str}
+        oom_killed: {description: Killed out of memory., type: bool}
+        logs: {description: The last 30 lines of its log when it is not running; else empty., type: str}
     owner:
       description: Who holds O(port), when O(port) is set and the API answered or O(container) is down; else null.
       type: dict
       contains:
-        port:
-          description: O(port).
-          type: int
-        listening:
-          description: A socket listens on it (tcp or tcp6).
-          type: bool
+        port: {description: O(port)., type: int}
+        listening: {description: A socket listens on it (tcp or tcp6)., type: bool}
         ours:
           description: Every holder runs in O(container); false when one does not; null when none could be seen.
           type: bool
@@ -290,18 +195,10 @@ row:
           type: list
           elements: dict
           contains:
-            pid:
-              description: Process id.
-              type: int
-            cmdline:
-              description: Its command line (200 characters).
-              type: str
-            container_id:
-              description: The container its cgroup names, or null.
-              type: str
-            container_name:
-              description: That container's name when it is not O(container) and a runtime knows it, else null.
-              type: str
+            pid: {description: Process id., type: int}
+            cmdline: {description: Its command line (200 characters)., type: str}
+            container_id: {description: The container its cgroup names; or null., type: str}
+            container_name: {description: That container's name when another and known; else null., type: str}
 running:
   description: False when O(container) was found not running in this call, else true.
   returned: success when this call polled
@@ -316,18 +213,12 @@ models:
   type: list
   elements: str
   sample: [coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw]
-polls:
-  description: Requests made in this call.
-  returned: success when this call polled
-  type: int
+polls: {description: Requests made in this call., returned: success when this call polled, type: int}
 logs:
   description: Last lines of this host's container log when it is not running, else empty.
   returned: success when this call polled
   type: str
-elapsed_s:
-  description: Seconds polled in this call.
-  returned: success when this call polled
-  type: float
+elapsed_s: {description: Seconds polled in this call., returned: success when this call polled, type: float}
 msg:
   description: RV(verdict.msg); on failure, what went wrong.
   returned: always

@@ -12,24 +12,13 @@ short_description: Probe the engine's OpenAI-style API - smoke test, decode spee
 version_added: "1.0.0"
 description:
   - V(smoke) asks O(question) at temperature 0; RV(passed) when the answer contains O(expected).
-  - V(decode) streams a fixed ~487-token prompt at temperature 0 for O(max_tokens) tokens and
-    measures decode tok/s from the stream as (tokens - 1) / (t_last - t_first), where t_first and
-    t_last are the arrival times of the first and last token-bearing chunks, and end-to-end tok/s as
-    tokens / (t_last - t_sent), t_sent when the request was sent. The token count is the
-    server's C(usage.completion_tokens) when it sends one, else O(max_tokens) when the stream ends with
-    finish reason C(length), else the number of token-bearing chunks. The stream is RV(complete) only
-    when it ends with finish reason C(length) or C(stop) after exactly O(max_tokens) tokens, and a usage
-    count is no more than 16 tokens per token-bearing chunk (a cut stream, a short or abandoned answer,
-    an engine that ignores O(max_tokens) or a usage count the stream does not bear out measures
-    nothing); with O(floor), both rates must reach it (a stall followed by a burst has a huge decode
-    rate and a tiny end-to-end one).
-  - V(bench) runs each JSONL item of O(bench_jsonl) at temperature 0; an item passes when the
-    answer contains its C(expected) string. RV(passed_items) counts them.
-  - Every mode returns RV(report), this probe's row of the host report, shaped by the module.
-  - Never fails on a threshold or a verdict. With O(floor), V(decode) and V(bench) return RV(passed_floor) and
-    put the floor and the verdict in RV(report); the role asserts on them.
-    Fails when the API cannot be reached or answers nonsense.
-  - The engine's readiness wait is M(engine_lane_wait).
+  - V(decode) streams a fixed ~487-token prompt for O(max_tokens) tokens and measures decode and end-to-end
+    tok/s (RV(decode_tok_s), RV(e2e_tok_s)); the stream must be RV(complete) to prove anything.
+  - V(bench) runs each JSONL item of O(bench_jsonl) at temperature 0; an item passes when the answer contains its
+    C(expected) string.
+  - Returns RV(report), this probe's row of the host report. Never fails on a verdict (the role asserts on
+    RV(report)); fails when the API cannot be reached or answers nonsense. The readiness wait is
+    M(engine_lane_wait).
 author: dgx-stage maintainers
 options:
   mode:
@@ -45,9 +34,7 @@ options:
     description: Model name for requests; default the first id listed by C(/v1/models).
     type: str
   timeout:
-    description:
-      - Seconds one HTTP request may take as a whole, from sending it to the last byte of the answer (a
-        stream still going then is cut there and fails the probe); not per read.
+    description: Seconds one HTTP request may take as a whole, to the last byte (a stream still going is cut).
     type: float
     default: 300
   question:
@@ -69,9 +56,8 @@ options:
     type: str
   floor:
     description:
-      - V(decode) and V(bench) only. The figure the result must reach - decode tok/s (the role's
-        C(engine_decode_floor)) or the number of bench items passed (C(engine_bench_floor)).
-      - Only reported (RV(passed_floor), RV(report)); the module does not fail below it.
+      - V(decode) and V(bench) only. The figure to reach - decode tok/s (C(engine_decode_floor)) or bench items
+        passed (C(engine_bench_floor)). Only reported (RV(passed_floor), RV(report)).
     type: float
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -121,134 +107,63 @@ duration_s:
   sample: 12.41
 report:
   description:
-    - This probe's row of the host report; the engine role passes it on unchanged (under C(ready),
-      C(smoke), C(decode) or C(bench)).
-    - The keys are the module's own results of the same name, except where said below.
+    - This probe's row of the host report, passed on unchanged by the role. Each key is the result of the same
+      name (rates rounded to two decimals), except RV(report.passed) and RV(report.floor).
   returned: success
   type: dict
   contains:
-    model:
-      description: Model name used.
-      type: str
-    question:
-      description: The question asked.
-      returned: when O(mode=smoke)
-      type: str
-    expected:
-      description: The string the answer must contain.
-      returned: when O(mode=smoke)
-      type: str
-    answer:
-      description: The answer (first 500 characters).
-      returned: when O(mode=smoke)
-      type: str
+    model: {description: RV(model)., type: str}
+    duration_s: {description: RV(duration_s)., type: float}
+    question: {description: RV(question)., returned: when O(mode=smoke), type: str}
+    expected: {description: RV(expected)., returned: when O(mode=smoke), type: str}
+    answer: {description: RV(answer)., returned: when O(mode=smoke), type: str}
     passed:
       description:
-        - The row's verdict. V(smoke) - the answer contains the expected string.
-        - V(decode) - the stream is RV(complete) and both rates reached O(floor); V(bench) - items passed
-          reached O(floor) (RV(passed_floor)).
+        - The row's verdict - V(smoke) RV(passed); V(decode) RV(complete) and RV(passed_floor); V(bench)
+          RV(passed_floor).
       returned: when O(mode=smoke); when O(mode=decode) or O(mode=bench) and O(floor) is set
       type: bool
-    duration_s:
-      description: Seconds the probe's requests took.
-      type: float
-    tokens:
-      description: Tokens generated.
-      returned: when O(mode=decode)
-      type: int
-    token_source:
-      description: Where RV(tokens) came from.
-      returned: when O(mode=decode)
-      type: str
-    prompt_tokens:
-      description: Prompt tokens as the server counted them, or null.
-      returned: when O(mode=decode)
-      type: int
-    ttft_s:
-      description: Seconds to the first token.
-      returned: when O(mode=decode)
-      type: float
-    decode_s:
-      description: Seconds from the first to the last token.
-      returned: when O(mode=decode)
-      type: float
-    decode_tok_s:
-      description: Decode tok/s, or null when fewer than 2 tokens came.
-      returned: when O(mode=decode)
-      type: float
-    e2e_tok_s:
-      description: End-to-end tok/s (RV(e2e_tok_s)).
-      returned: when O(mode=decode)
-      type: float
-    complete:
-      description: RV(complete).
-      returned: when O(mode=decode)
-      type: bool
-    problems:
-      description: RV(problems).
-      returned: when O(mode=decode)
-      type: list
-      elements: str
-    finish_reason:
-      description: The stream's finish reason.
-      returned: when O(mode=decode)
-      type: str
-    max_tokens:
-      description: Tokens asked for.
-      returned: when O(mode=decode)
-      type: int
+    tokens: {description: RV(tokens)., returned: when O(mode=decode), type: int}
+    token_source: {description: RV(token_source)., returned: when O(mode=decode), type: str}
+    prompt_tokens: {description: RV(prompt_tokens)., returned: when O(mode=decode), type: int}
+    ttft_s: {description: RV(ttft_s)., returned: when O(mode=decode), type: float}
+    decode_s: {description: RV(decode_s)., returned: when O(mode=decode), type: float}
+    decode_tok_s: {description: RV(decode_tok_s)., returned: when O(mode=decode), type: float}
+    e2e_tok_s: {description: RV(e2e_tok_s)., returned: when O(mode=decode), type: float}
+    complete: {description: RV(complete)., returned: when O(mode=decode), type: bool}
+    problems: {description: RV(problems)., returned: when O(mode=decode), type: list, elements: str}
+    finish_reason: {description: RV(finish_reason)., returned: when O(mode=decode), type: str}
+    max_tokens: {description: RV(max_tokens)., returned: when O(mode=decode), type: int}
     floor:
       description: O(floor) - a float for V(decode), an int when whole for V(bench).
       returned: when O(mode=decode) or O(mode=bench) and O(floor) is set
       type: raw
-    total_items:
-      description: Number of bench items (RV(total_items)).
-      returned: when O(mode=bench)
-      type: int
-    passed_items:
-      description: Number of bench items passed (RV(passed_items)).
-      returned: when O(mode=bench)
-      type: int
-    failed_items:
-      description: The failed bench items (RV(failed_items)), C({line, expected, answer}).
-      returned: when O(mode=bench)
-      type: list
-      elements: dict
+    total_items: {description: RV(total_items)., returned: when O(mode=bench), type: int}
+    passed_items: {description: RV(passed_items)., returned: when O(mode=bench), type: int}
+    failed_items: {description: RV(failed_items)., returned: when O(mode=bench), type: list, elements: dict}
   sample: {model: ds41, tokens: 400, token_source: usage, prompt_tokens: 487, ttft_s: 0.3, decode_s: 11.4,
            decode_tok_s: 35.0, e2e_tok_s: 34.2, duration_s: 11.8, finish_reason: length, max_tokens: 400,
            complete: true, problems: [], floor: 30.78, passed: true}
 passed_floor:
-  description:
-    - The result reached O(floor) - decode and end-to-end tok/s both >= O(floor), or bench items passed >= O(floor).
+  description: Decode and end-to-end tok/s both reached O(floor), or bench items passed did.
   returned: success when O(mode=decode) or O(mode=bench) and O(floor) is set
   type: bool
 msg:
-  description:
-    - V(decode) - one line, the RV(problems) or the figures that passed.
-    - On failure, what could not be reached or what the API answered.
+  description: V(decode) - the RV(problems), or the figures that passed, on one line; on failure, what went wrong.
   returned: success when O(mode=decode); failure
   type: str
   sample: "400 tokens, 35.0 tok/s decode, 34.2 tok/s end to end, first token after 0.3 s (finish_reason length)"
-question:
-  description: The question asked.
-  returned: success when O(mode=smoke)
-  type: str
-expected:
-  description: The string the answer must contain.
-  returned: success when O(mode=smoke)
-  type: str
+question: {description: The question asked., returned: success when O(mode=smoke), type: str}
+expected: {description: The string the answer must contain., returned: success when O(mode=smoke), type: str}
 answer:
   description: The answer text (reasoning then content, first 500 characters).
   returned: success when O(mode=smoke)
   type: str
-passed:
-  description: The answer contains O(expected).
-  returned: success when O(mode=smoke)
-  type: bool
+passed: {description: The answer contains O(expected)., returned: success when O(mode=smoke), type: bool}
 tokens:
   description:
-    - Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks that
-      arrived (a count that can only be low; a finish reason C(length) is never taken for O(max_tokens)).
+    - Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks (a count that can
+      only be low; finish reason C(length) is never taken for O(max_tokens)).
   returned: success when O(mode=decode)
   type: int
   sample: 400
@@ -274,9 +189,7 @@ decode_s:
   returned: success when O(mode=decode)
   type: float
 decode_tok_s:
-  description:
-    - (tokens - 1) / (t_last - t_first), or null when fewer than 2 tokens came.
-    - Not rounded, as compared with the floor; the host report's row shows it to two decimals.
+  description: (tokens - 1) / (t_last - t_first), unrounded; null when fewer than 2 tokens came.
   returned: success when O(mode=decode)
   type: float
   sample: 35.0
@@ -287,33 +200,20 @@ e2e_tok_s:
   sample: 34.2
 complete:
   description:
-    - The stream ended with finish reason C(length) or C(stop) after O(max_tokens) tokens, no more, and
-      any usage count is borne out by the chunks streamed.
+    - The stream ended with finish reason C(length) or C(stop) after O(max_tokens) tokens, no more, and a usage
+      count is at most 16 tokens per token-bearing chunk.
   returned: success when O(mode=decode)
   type: bool
 problems:
-  description:
-    - Why the probe proves nothing or fails - an incomplete stream, a rate below O(floor); empty when it passed.
+  description: Why the probe proves nothing or fails (an incomplete stream, a rate below O(floor)); empty on a pass.
   returned: success when O(mode=decode)
   type: list
   elements: str
   sample: ["the stream stopped after 50 of 400 tokens without a finish reason: the connection broke (IncompleteRead)"]
-cut:
-  description: How the connection broke mid-stream, or null.
-  returned: success when O(mode=decode)
-  type: str
-finish_reason:
-  description: The stream's finish reason (V(length) when O(max_tokens) was reached), or null.
-  returned: success when O(mode=decode)
-  type: str
-max_tokens:
-  description: Tokens asked for.
-  returned: success when O(mode=decode)
-  type: int
-prompt_chars:
-  description: Characters of the prompt streamed.
-  returned: success when O(mode=decode)
-  type: int
+cut: {description: "How the connection broke mid-stream, or null.", returned: success when O(mode=decode), type: str}
+finish_reason: {description: "The stream's finish reason, or null.", returned: success when O(mode=decode), type: str}
+max_tokens: {description: Tokens asked for., returned: success when O(mode=decode), type: int}
+prompt_chars: {description: Characters of the prompt streamed., returned: success when O(mode=decode), type: int}
 done:
   description: "The stream ended with C(data: [DONE])."
   returned: success when O(mode=decode)
@@ -334,20 +234,14 @@ failed_items:
   type: list
   elements: dict
   contains:
-    line:
-      description: Line number in O(bench_jsonl).
-      type: int
-    expected:
-      description: The string the answer had to contain.
-      type: str
-    answer:
-      description: The answer (first 300 characters).
-      type: str
+    line: {description: Line number in O(bench_jsonl)., type: int}
+    expected: {description: The string the answer had to contain., type: str}
+    answer: {description: The answer (first 300 characters)., type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils import dgx_decode, dgx_probe
+from ansible.module_utils import dgx_decode
 
 ARGUMENT_SPEC = dict(
     mode=dict(type="str", required=True, choices=list(dgx_decode.MODES)),
@@ -367,7 +261,7 @@ REQUIRED_IF = [("mode", "bench", ["bench_jsonl"])]
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
     try:
-        result = dgx_probe.run_probe(module.params)
+        result = dgx_decode.run_probe(module.params)
     except StageError as exc:
         module.fail_json(msg=str(exc))
     module.exit_json(changed=False, **result)

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""The probes of a serving engine: the smoke test, the decode probe and the bench, their figures, the verdicts
-against the floors (unrounded rates compared; rounded only for display) and the host report's rows.
-Stdlib only (modules run on the nodes' system Python).
+"""engine_probe's work: the smoke test, the decode probe and the bench, their verdicts against the floors
+(unrounded rates compared, rounded only for display) and the host report's rows. Stdlib only (runs on the nodes).
 """
 from __future__ import absolute_import, division, print_function
 
@@ -10,29 +9,30 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_openai import (api_request, api_url, chat_payload, completion_text, contains_expected,
-                                             http_json, open_within, parse_sse, request_failed, stream_tokens,
-                                             timed_lines)
+                                             first_model_id, http_json, open_within, parse_sse, request_failed,
+                                             stream_tokens, timed_lines)
 from ansible.module_utils.dgx_units import plain_number
 from http import client as http_client
 from urllib.request import urlopen
 
 
 MODES = ("smoke", "decode", "bench")
-
 SMOKE_QUESTION = "What is 127*89? Reply with the number only."
-
 SMOKE_EXPECTED = "11303"
-
 DEFAULT_MAX_TOKENS = {"smoke": 256, "decode": 400, "bench": 512}
 
-# The host report's rows (one per mode), shaped by probe_report().
 SMOKE_REPORT_KEYS = ("model", "question", "expected", "answer", "passed", "duration_s")
-
 DECODE_REPORT_KEYS = ("model", "tokens", "token_source", "prompt_tokens", "ttft_s", "decode_s", "decode_tok_s",
                       "e2e_tok_s", "duration_s", "finish_reason", "max_tokens", "complete", "problems")
+BENCH_REPORT_KEYS = ("model", "total_items", "passed_items", "failed_items", "duration_s")
 
-# The decode probe's fixed prompt: ~487 tokens with the Llama/DeepSeek BPE tokenizers (about 2,050
-# characters of English prose). Fixed, so tok/s figures of different runs and lanes compare.
+# finish_reason values of a stream that ran to its end; abort, content_filter, error... mean the engine gave up.
+FINISHED = ("length", "stop")
+
+# Tokens one chunk may carry: generous for speculative decoding (a few drafted tokens per step).
+MAX_TOKENS_PER_CHUNK = 16
+
+# ~487 tokens with the Llama/DeepSeek BPE tokenizers; fixed, so tok/s of different runs and lanes compare.
 DECODE_PROMPT = (
     "You are helping an operations team write the handbook for a small inference cluster. "
     "The cluster has two nodes, each with eight accelerators, a local NVMe array of several "
@@ -63,52 +63,34 @@ DECODE_PROMPT = (
 
 
 def decode_rate(tokens, t_first, t_last):
-    """Decode tok/s from first to last token: (tokens - 1) / (t_last - t_first)."""
-    if tokens is None or tokens < 2 or t_first is None or t_last is None or t_last <= t_first:
-        raise StageError("cannot measure decode speed: %s token(s) streamed between t=%s and t=%s; "
-                         "the engine must stream at least 2 tokens" % (tokens, t_first, t_last))
+    """Decode tok/s from first to last token, (tokens - 1) / (t_last - t_first); None below 2 tokens."""
+    if not tokens or tokens < 2 or t_first is None or t_last is None or t_last <= t_first:
+        return None
     return (tokens - 1) / float(t_last - t_first)
 
 
-def e2e_rate(tokens, t_sent, t_last):
-    """End-to-end tok/s: tokens / (t_last - t_sent), prefill and every stall included; None when no
-    token came."""
-    if not tokens or t_last is None or t_last <= t_sent:
-        return None
-    return tokens / float(t_last - t_sent)
-
-
-def _rounded(value, digits):
-    return None if value is None else round(value, digits)
+def count_untrusted(tokens, token_source, chunks):
+    """Whether a usage count claims more tokens than its content chunks can have carried."""
+    return token_source == "usage" and chunks is not None and tokens > chunks * MAX_TOKENS_PER_CHUNK
 
 
 def decode_result(stream, t_sent, t_end):
-    """The decode probe's numbers from parse_sse() output and the request's send/end times.
-
-    decode_tok_s (first to last token) is None when fewer than 2 tokens came; e2e_tok_s (request sent to
-    last token) is None when none came. The rates are not rounded: the verdicts compare them with the
-    floor as measured (30.7751 does not reach 30.78); the report rounds them for display. Never raises:
-    decode_verdict() judges what is missing.
-    """
-    usage = stream.get("usage") or {}
+    """The decode probe's figures from parse_sse() output. Rates stay unrounded (30.7751 does not reach 30.78)
+    and are None when an untrusted usage count would make them up. Never raises: decode_verdict() judges."""
     tokens, token_source = stream_tokens(stream)
     t_first, t_last = stream["t_first"], stream["t_last"]
-    # A usage count the chunks cannot have carried gives no rate: stream_problems() names it, and no figure
-    # built on it (10**30 tok/s, or one too large for a float) reaches the report or the metrics.
     trusted = not count_untrusted(tokens, token_source, stream["chunks"])
-    try:
-        rate = decode_rate(tokens, t_first, t_last) if trusted else None
-    except StageError:
-        rate = None
     return {
         "tokens": tokens,
         "token_source": token_source,
         "chunks": stream["chunks"],
-        "prompt_tokens": usage.get("prompt_tokens"),
+        "prompt_tokens": (stream.get("usage") or {}).get("prompt_tokens"),
         "ttft_s": None if t_first is None else round(t_first - t_sent, 4),
         "decode_s": None if t_first is None else round(t_last - t_first, 4),
-        "decode_tok_s": rate,
-        "e2e_tok_s": e2e_rate(tokens, t_sent, t_last) if trusted else None,
+        "decode_tok_s": decode_rate(tokens, t_first, t_last) if trusted else None,
+        # End to end: prefill and every stall included.
+        "e2e_tok_s": tokens / float(t_last - t_sent) if trusted and tokens and t_last is not None
+        and t_last > t_sent else None,
         "duration_s": round(t_end - t_sent, 4),
         "finish_reason": stream["finish_reason"],
         "done": bool(stream.get("done")),
@@ -122,22 +104,9 @@ def _below(rate, floor):
     return ("%.4f" % float(rate)).rstrip("0").rstrip(".") if text == plain_number(floor) else text
 
 
-# finish_reason values of a stream that ran to its end (OpenAI, vLLM, SGLang); abort, content_filter,
-# error or anything else means the engine gave up on the answer.
-FINISHED = ("length", "stop")
-
-# Tokens one chunk may carry: generous for speculative decoding (a few drafted tokens per step).
-MAX_TOKENS_PER_CHUNK = 16
-
-
-def count_untrusted(tokens, token_source, chunks):
-    """Whether a usage count claims more tokens than its content chunks can have carried."""
-    return token_source == "usage" and chunks is not None and tokens > chunks * MAX_TOKENS_PER_CHUNK
-
-
 def stream_problems(result, max_tokens):
     """Why a decode_result() does not prove max_tokens tokens were streamed: [] when it does."""
-    tokens, reason = result["tokens"], result["finish_reason"]
+    tokens, reason, source = result["tokens"], result["finish_reason"], result.get("token_source")
     count = "%d of %d tokens" % (tokens, max_tokens)
     if reason is None:
         how = "the connection broke (%s)" % result["cut"] if result.get("cut") else (
@@ -147,69 +116,64 @@ def stream_problems(result, max_tokens):
     if reason not in FINISHED:
         problems.append("the engine ended the answer with finish_reason %s after %s: only length or stop mean "
                         "the answer ran to its end" % (reason, count))
-    elif tokens < max_tokens and reason == "length" and result.get("token_source") == "chunks":
+    elif tokens < max_tokens and reason == "length" and source == "chunks":
         problems.append("the engine ended with finish_reason length after %d content chunk(s) for max_tokens=%d "
                         "and sent no usage count (asked for with stream_options.include_usage): %d chunks prove "
                         "only %d tokens, too few to measure decode speed" % (tokens, max_tokens, tokens, tokens))
     elif tokens < max_tokens and reason == "length":
         problems.append("the engine ended with finish_reason length but %s counts only %s: it hit another "
-                        "length limit (the context window?) or miscounts" % (result.get("token_source"), count))
+                        "length limit (the context window?) or miscounts" % (source, count))
     elif tokens < max_tokens:
         problems.append("the engine ended the answer after %s (finish_reason %s): too short to measure decode "
                         "speed" % (count, reason))
     if tokens > max_tokens:
         problems.append("the engine streamed %d tokens for max_tokens=%d: it ignored max_tokens"
                         % (tokens, max_tokens))
-    chunks = result.get("chunks")
-    if count_untrusted(tokens, result.get("token_source"), chunks):
+    if count_untrusted(tokens, source, result.get("chunks")):
         problems.append("usage claims %d tokens but only %d chunk(s) carried content (at most %d tokens a chunk "
                         "even with speculative decoding): the count cannot be trusted"
-                        % (tokens, chunks, MAX_TOKENS_PER_CHUNK))
+                        % (tokens, result["chunks"], MAX_TOKENS_PER_CHUNK))
     return problems
 
 
 def decode_verdict(result, max_tokens, floor=None):
-    """(complete, problems) of a decode_result() plus its max_tokens: the problems an operator must
-    read, [] when the probe proves the speed.
-
-    A stream proves nothing unless it ends with finish_reason length or stop after max_tokens tokens, no
-    more, counted believably (stream_problems()): a cut stream, a short or abandoned answer and an
-    inflated usage count must not pass, nor a stall followed by a burst (a huge first-to-last rate, a tiny
-    end-to-end one). With floor, both rates must reach it.
-    """
-    tokens, max_tokens = result["tokens"], int(max_tokens)
-    problems = stream_problems(result, max_tokens)
+    """(complete, problems): complete when the stream proves max_tokens tokens (stream_problems()); problems,
+    [] when the probe proves the speed. With floor both rates must reach it: a stall then a burst has a huge
+    first-to-last rate and a tiny end-to-end one."""
+    tokens = result["tokens"]
+    problems = stream_problems(result, int(max_tokens))
     complete = not problems
-    if result["decode_tok_s"] is None and not count_untrusted(tokens, result.get("token_source"), result.get("chunks")):
+    decode, e2e = result["decode_tok_s"], result["e2e_tok_s"]
+    if decode is None and not count_untrusted(tokens, result.get("token_source"), result.get("chunks")):
         problems.append("decode speed cannot be measured from %d token(s)" % tokens)
-    if floor is not None:
-        floor_text = plain_number(floor)
-        decode, e2e = result["decode_tok_s"], result["e2e_tok_s"]
-        if decode is not None and decode < float(floor):
-            problems.append("%s tok/s decode is below engine_decode_floor=%s (%d tokens in %s s from the first "
-                            "token)" % (_below(decode, floor), floor_text, tokens, plain_number(result["decode_s"])))
-        if e2e is None or e2e < float(floor):
-            stall = ""
-            if decode is not None and decode >= float(floor):
-                stall = " (%s tok/s decode, but the first token came only after %s s)" % (
-                    plain_number(decode), plain_number(result["ttft_s"]))
-            shown = "no" if e2e is None else _below(e2e, floor)
-            problems.append("%s tok/s end to end (%d tokens / (last token - request sent)) is below "
-                            "engine_decode_floor=%s%s" % (shown, tokens, floor_text, stall))
+    if floor is None:
+        return complete, problems
+    floor_text = plain_number(floor)
+    if decode is not None and decode < float(floor):
+        problems.append("%s tok/s decode is below engine_decode_floor=%s (%d tokens in %s s from the first token)"
+                        % (_below(decode, floor), floor_text, tokens, plain_number(result["decode_s"])))
+    if e2e is None or e2e < float(floor):
+        stall = ""
+        if decode is not None and decode >= float(floor):
+            stall = " (%s tok/s decode, but the first token came only after %s s)" % (
+                plain_number(decode), plain_number(result["ttft_s"]))
+        problems.append("%s tok/s end to end (%d tokens / (last token - request sent)) is below "
+                        "engine_decode_floor=%s%s" % ("no" if e2e is None else _below(e2e, floor), tokens,
+                                                      floor_text, stall))
     return complete, problems
 
 
-def decode_message(result, complete, problems):
+def decode_message(result, problems):
     """One line: the problems, or the figures that passed."""
     if problems:
         return "; ".join(problems)
     return "%d tokens, %s tok/s decode, %s tok/s end to end, first token after %s s (finish_reason %s)" % (
-        result["tokens"], plain_number(result["decode_tok_s"]), plain_number(result["e2e_tok_s"]), plain_number(result["ttft_s"]),
-        result["finish_reason"])
+        result["tokens"], plain_number(result["decode_tok_s"]), plain_number(result["e2e_tok_s"]),
+        plain_number(result["ttft_s"]), result["finish_reason"])
 
 
 def parse_bench_jsonl(text, source="bench file"):
-    """[{"prompt", "expected"}] from JSONL text; blank lines and # comments are skipped."""
+    """[{"prompt", "expected", "line"}] from JSONL text; blank lines and # comments are skipped."""
     items = []
     for number, line in enumerate((text or "").splitlines(), 1):
         line = line.strip()
@@ -231,54 +195,34 @@ def parse_bench_jsonl(text, source="bench file"):
 
 
 def bench_summary(outcomes):
-    """outcomes: [{"line", "expected", "answer", "passed"}] -> item counts and the failed items.
-
-    (Not `passed`/`failed`: `passed` is the smoke test's bool, and a module result's `failed` key is
-    Ansible's task status, so a non-empty list there would fail the task.)
-    """
+    """Item counts and the failed items of [{"line", "expected", "answer", "passed"}]. (Not passed/failed:
+    `passed` is the smoke test's bool, and a non-empty `failed` in a module result fails the task.)"""
     failed = [{"line": o["line"], "expected": o["expected"], "answer": (o["answer"] or "")[:300]}
               for o in outcomes if not o["passed"]]
     return {"total_items": len(outcomes), "passed_items": len(outcomes) - len(failed), "failed_items": failed}
 
 
 def floor_verdict(mode, result, floor):
-    """Whether a decode (tok/s) or bench (items passed) result reaches floor; None without a floor or
-    in the modes that have none."""
+    """Whether a decode (both rates) or bench (items passed) result reaches floor; None without one."""
     if floor is None or mode not in ("decode", "bench"):
         return None
     if mode == "bench":
         return float(result["passed_items"]) >= float(floor)
-    # Both rates: a stall then a burst has a huge first-to-last rate and a tiny end-to-end one.
     rates = (result["decode_tok_s"], result["e2e_tok_s"])
     return all(rate is not None and float(rate) >= float(floor) for rate in rates)
 
 
-def _floor_value(mode, floor):
-    """The floor as the report shows it: tok/s as a float, an item count as an int when whole."""
-    floor = float(floor)
-    return int(floor) if mode == "bench" and floor.is_integer() else floor
-
-
 def probe_report(mode, result, floor=None):
-    """This probe's row of the host report (the engine role passes it on unchanged).
-
-    smoke: the answer and its verdict; decode: the speed figures, whether the stream was complete and its
-    problems, plus floor and passed (complete, both rates >= floor) when a floor is given; bench: {model,
-    total_items, passed_items, failed_items, duration_s}, plus floor and passed (passed_items >= floor) when a
-    floor is given. `passed` is a verdict (a bool) in every row.
-    """
+    """This probe's row of the host report; with a floor (decode, bench) also floor and passed, a bool."""
     if mode == "smoke":
         return dict((key, result[key]) for key in SMOKE_REPORT_KEYS)
+    row = dict((key, result[key]) for key in (DECODE_REPORT_KEYS if mode == "decode" else BENCH_REPORT_KEYS))
     if mode == "decode":
-        row = dict((key, result[key]) for key in DECODE_REPORT_KEYS)
-        row.update((key, _rounded(row[key], 2)) for key in ("decode_tok_s", "e2e_tok_s"))
-        if floor is not None:
-            row.update(floor=_floor_value(mode, floor),
-                       passed=bool(result["complete"] and floor_verdict(mode, result, floor)))
-        return row
-    row = dict((key, result[key]) for key in ("model", "total_items", "passed_items", "failed_items", "duration_s"))
+        row.update((key, None if row[key] is None else round(row[key], 2)) for key in ("decode_tok_s", "e2e_tok_s"))
     if floor is not None:
-        row.update(floor=_floor_value(mode, floor), passed=floor_verdict(mode, result, floor))
+        passed = floor_verdict(mode, result, floor)
+        row.update(floor=int(floor) if mode == "bench" and float(floor).is_integer() else float(floor),
+                   passed=bool(result["complete"] and passed) if mode == "decode" else passed)
     return row
 
 
@@ -295,14 +239,13 @@ def smoke(base, model, question=SMOKE_QUESTION, expected=SMOKE_EXPECTED, max_tok
 
 def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.0, opener=urlopen,
                  clock=time.monotonic):
-    """Stream one temperature-0 completion and measure decode tok/s from first to last token and end to
-    end tok/s from the request to the last token."""
+    """Stream one temperature-0 completion and measure it (decode_result())."""
     url = api_url(base, "/v1/chat/completions")
     cut = {"reason": None}
     t_sent = clock()
+    request = api_request(url, chat_payload(model, prompt, max_tokens, stream=True))
     try:
-        with open_within(opener, api_request(url, chat_payload(model, prompt, max_tokens, stream=True)), timeout,
-                          clock) as (resp, limit):
+        with open_within(opener, request, timeout, clock) as (resp, limit):
             stream = parse_sse(timed_lines(resp, clock, cut, limit))
     except (http_client.HTTPException, OSError) as exc:
         raise request_failed("POST", url + " (stream)", exc)
@@ -325,3 +268,28 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
     summary = bench_summary(outcomes)
     summary["duration_s"] = round(clock() - t0, 3)
     return summary
+
+
+def run_probe(params, opener=urlopen, clock=time.monotonic):
+    """engine_probe's result for its options: the probe's figures, `passed_floor` when a floor applies and
+    `report`. Raises StageError when the API cannot be reached or answers nonsense; never on a threshold."""
+    mode, url, floor = params["mode"], params["url"], params.get("floor")
+    max_tokens = params.get("max_tokens") or DEFAULT_MAX_TOKENS[mode]
+    items = parse_bench_jsonl(params.get("bench_jsonl")) if mode == "bench" else None
+    model = params.get("model") or first_model_id(
+        http_json(api_url(url, "/v1/models"), timeout=min(params["timeout"], 30.0), opener=opener))
+    http = dict(timeout=params["timeout"], opener=opener, clock=clock)
+    if mode == "smoke":
+        result = smoke(url, model, params["question"], params["expected"], max_tokens, **http)
+    elif mode == "decode":
+        result = decode_probe(url, model, params.get("prompt") or DECODE_PROMPT, max_tokens, **http)
+        result["complete"], result["problems"] = decode_verdict(result, max_tokens, floor)
+        result["msg"] = decode_message(result, result["problems"])
+    else:
+        result = bench(url, model, items, max_tokens, **http)
+    result["model"] = model
+    verdict = floor_verdict(mode, result, floor)
+    if verdict is not None:
+        result["passed_floor"] = verdict
+    result["report"] = probe_report(mode, result, floor)
+    return result

@@ -1,8 +1,7 @@
 # -*- coding: utf-8 -*-
-"""engine_lane_wait's work, waiting for a lane: the lane's verdict from every rank's latest round (pure), the
-polling of one round (each rank's container and who serves the API port come from dgx_runtime) and run_wait(),
-the module's result for its options, with the secrets the caller names hidden in what it quotes.
-Stdlib only (modules run on the nodes' system Python).
+"""engine_lane_wait's work: the lane's verdict from every rank's last round (pure), one host's polling of a round
+(its container and the API port's holders from dgx_runtime) and run_wait(), the module's result, secrets hidden.
+Stdlib only (runs on the nodes).
 """
 from __future__ import absolute_import, division, print_function
 
@@ -20,23 +19,19 @@ from urllib.request import urlopen
 
 MESSAGE_LOG_LINES = 15   # of which a failure message quotes the last ones
 
-WAIT_STATES = ("pending", "ready", "dead", "missing", "stranger", "unproven", "timeout")
-
-# How describe_down() words the statuses of a container that is not running and has not exited; exited, stopped,
-# dead, restarting (and anything unknown) show the exit.
-_NOT_EXITED_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
-                    "created": "was created but never started", "configured": "was created but never started",
-                    "initialized": "was created but never started"}
-
-_EXITED_TEXT = {"restarting": "is restarting after an exit (not running), last exit code %s",
-                "dead": "is dead (the runtime failed to stop or remove it), exit code %s"}
+# describe_down()'s words for a container that is not running ({} its exit code); another status shows it plainly.
+_NEVER_STARTED = "was created but never started"
+_DOWN_TEXT = {"paused": "is paused (not running)", "stopping": "is stopping (not running)",
+              "created": _NEVER_STARTED, "configured": _NEVER_STARTED, "initialized": _NEVER_STARTED,
+              "restarting": "is restarting after an exit (not running), last exit code {}",
+              "dead": "is dead (the runtime failed to stop or remove it), exit code {}"}
 
 _TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?\s*(Z|[+-]\d\d(?::?\d\d)?)?")
 
 
 def _epoch(text):
-    """Seconds since the epoch of a runtime's timestamp (docker: ...Z, podman: ...+01:00 or ... +0000 UTC),
-    so ranks on hosts in other time zones compare as times; infinity when there is none (never stopped)."""
+    """Seconds since the epoch of a runtime's timestamp (docker ...Z, podman ...+01:00 or ... +0000 UTC), so ranks
+    in other time zones compare; infinity when there is none (never stopped)."""
     match = _TIMESTAMP.match(text or "")
     if not match:
         return float("inf")
@@ -51,8 +46,7 @@ def _epoch(text):
 
 
 def describe_holder(holder):
-    """'pid 4242 (python3 -m http.server 8000) in container 1a2b3c4d5e6f (old-engine)'; this run's own engine
-    is named by its container alone."""
+    """'pid 4242 (python3 -m http.server 8000) in container 1a2b3c4d5e6f (old-engine)'."""
     text = "pid %s" % holder.get("pid")
     if holder.get("cmdline"):
         text += " (%s)" % holder["cmdline"]
@@ -65,24 +59,15 @@ def describe_holder(holder):
     return text
 
 
-def _log_tail(text, lines=MESSAGE_LOG_LINES):
-    tail = [line for line in (text or "").rstrip().splitlines()][-lines:]
-    return "\n".join(tail) if tail else "(empty)"
-
-
 def _down_state(container):
-    """What a container that is not running is doing, in words: paused, never started... or its exit."""
-    status = container.get("status")
-    if status in _NOT_EXITED_TEXT:
-        return _NOT_EXITED_TEXT[status]
-    if status in _EXITED_TEXT:
-        return _EXITED_TEXT[status] % container.get("exit_code")
-    return "is not running (%s), exit code %s" % (status, container.get("exit_code"))
+    status, code = container.get("status"), container.get("exit_code")
+    if status in _DOWN_TEXT:
+        return _DOWN_TEXT[status].format(code)
+    return "is not running (%s), exit code %s" % (status, code)
 
 
 def describe_down(rank, host, container):
-    """One rank that is not up: its host, container, what state it is in and, when it exited, the exit code
-    and when it ended."""
+    """One rank that is not up: host, container, state and, when it exited, the exit code and when."""
     if not container.get("exists"):
         return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
     text = "rank %d (host %s): container %s %s" % (rank, host, container.get("name"), _down_state(container))
@@ -96,8 +81,8 @@ def describe_down(rank, host, container):
 
 
 def _port_note(host, owner):
-    holders = [h for h in owner.get("holders") or []]
-    return "port %s on %s is held by %s" % (owner.get("port"), host, "; ".join(describe_holder(h) for h in holders))
+    return "port %s on %s is held by %s" % (owner.get("port"), host,
+                                            "; ".join(describe_holder(h) for h in owner.get("holders") or []))
 
 
 def _verdict(state, msg, host=None, rank=None, exit_code=None):
@@ -106,23 +91,17 @@ def _verdict(state, msg, host=None, rank=None, exit_code=None):
 
 
 def fresh_rows(rows, wait_id, round_no):
-    """The rows of rows (host -> row) made in round round_no - 1 of wait wait_id; a host's row from an
-    earlier round or wait (it left the play since: it failed, or became unreachable) is not its report."""
-    if wait_id is None:
-        return dict((host, row) for host, row in (rows or {}).items() if row)
-    return dict((host, row) for host, row in (rows or {}).items()
-                if row and row.get("wait_id") == wait_id and row.get("round") == round_no - 1)
+    """The rows (host -> row) made in round round_no - 1 of wait wait_id: an older row (its host left the play
+    since) is no report."""
+    return dict((host, row) for host, row in (rows or {}).items() if row and (
+        wait_id is None or (row.get("wait_id"), row.get("round")) == (wait_id, round_no - 1)))
 
 
 def lane_verdict(lane_hosts, rows, url, give_up=False):
-    """The lane's state from every rank's last round (rows: host -> the row a wait call returned, fresh_rows()).
-
-    Decided, in this order: a rank that did not report (missing); a rank whose container is not running
-    (dead - the first to end, its exit code and log, and who holds the master's port when someone
-    else does); the API port on the master held by a process outside this run's container (stranger);
-    the API answered but nobody could be seen on the port (unproven); the API answered from the
-    master's container with every rank running (ready); give_up (timeout). Else pending.
-    """
+    """The lane's verdict from every rank's last row (host -> row, fresh_rows()), decided in this order: a rank
+    did not report (missing); a container is not running (dead: the first to end); the master's API port is
+    held outside its container (stranger); the API answered but nobody could be seen on the port (unproven);
+    the API answered with every rank running (ready); give_up (timeout). Else pending."""
     master = lane_hosts[0]
     ranked = [(rank, host, rows.get(host)) for rank, host in enumerate(lane_hosts)]
     missing = [(rank, host) for rank, host, row in ranked if not row]
@@ -139,8 +118,9 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
     if down:
         # The first to end is the cause; the others often die of it (a lost peer, a closed store).
         rank, host, container = min(down, key=lambda d: (_epoch(d[2].get("finished_at")), d[0]))
+        tail = (container.get("logs") or "").rstrip().splitlines()[-MESSAGE_LOG_LINES:]
         msg = "Rank %d of the lane is down - %s. Its log ends:\n%s" % (
-            rank, describe_down(rank, host, container), _log_tail(container.get("logs")))
+            rank, describe_down(rank, host, container), "\n".join(tail) or "(empty)")
         others = [describe_down(*d) for d in down if d[0] != rank]
         if others:
             msg += "\nAlso down: %s." % "; ".join(others)
@@ -178,21 +158,18 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
     return _verdict("pending", last)
 
 
-def wait_report(result):
-    """The ready row of the host report: the models served, and with a lane verdict its state, the round
-    that decided it, every rank's container (host, rank, status, exit code, id) and who served the API port."""
-    row = {"models": list(result.get("models") or [])}
-    lane = result.get("lane_rows")
+def wait_report(models, verdict=None, lane_hosts=None, lane=None, round_no=None):
+    """The ready row of the host report: the models, and with a lane's rows the state, round, ranks and who
+    holds the API port."""
+    row = {"models": list(models)}
     if lane is None:
         return row
-    row["state"] = result["verdict"]["state"]
-    row["rounds"] = result["round"]
-    row["ranks"] = []
-    for rank, host in enumerate(result["lane_hosts"]):
+    row.update(state=verdict["state"], rounds=round_no, ranks=[])
+    for rank, host in enumerate(lane_hosts):
         container = (lane.get(host) or {}).get("container") or {}
         row["ranks"].append({"host": host, "rank": rank, "status": container.get("status"),
                              "exit_code": container.get("exit_code"), "id": (container.get("id") or "")[:12]})
-    owner = (lane.get(result["lane_hosts"][0]) or {}).get("owner")
+    owner = (lane.get(lane_hosts[0]) or {}).get("owner")
     if owner and owner.get("holders"):
         row["api_served_by"] = "; ".join(describe_holder(h) for h in owner["holders"])
     return row
@@ -200,13 +177,10 @@ def wait_report(result):
 
 def poll_round(base, wait_for, container_check=None, owner_check=None, interval=1.0, opener=urlopen,
                clock=time.monotonic, sleep=time.sleep):
-    """One host's share of a wait round: for up to wait_for seconds, every poll first looks at this host's
-    container (container_check() -> container facts), then asks /v1/models. Stops when the container is
-    not running or the API answers. Then owner_check(container facts) (the master only) says who holds
-    the API port, when the API answered or the container is down (someone else may hold its port).
-
-    Returns the round's row {"api", "models", "status", "polls", "elapsed_s", "container", "owner"}.
-    """
+    """One host's row of a wait round: for up to wait_for seconds each poll looks at the container
+    (container_check()) then asks /v1/models, until the container is down or the API answers; then
+    owner_check(container) (the master) says who holds the API port (someone else may, when the container is
+    down)."""
     url = api_url(base, "/v1/models")
     start = clock()
     row = {"api": False, "models": [], "status": "not polled", "polls": 0, "container": None, "owner": None}
@@ -237,19 +211,13 @@ def poll_round(base, wait_for, container_check=None, owner_check=None, interval=
 
 def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_hosts=None, lane=None, give_up=False,
                wait_id=None, round_no=1, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """One call of a wait.
-
-    Alone (no lane_hosts): poll_round(), then judge this host's row as a one-rank lane.
-    In a lane's rounds (lane_hosts, the lane in rank order): first judge lane, every rank's row of the
-    previous round (none in the first round); when that decides (a rank down or missing, a stranger on
-    the port, ready, or give_up) return at once, else poll_round() and return this host's row for the
-    next round. Rows carry wait_id and round_no: only the previous round's rows of this wait count.
-    """
-    verdict = None
+    """One call of a wait and its report row. In a lane (lane_hosts in rank order) judge lane, the previous
+    round's rows, first and poll only when that does not decide; alone, poll and judge this host as a one-rank
+    lane."""
+    verdict = row = None
     if lane_hosts and lane is not None:
         lane = fresh_rows(lane, wait_id, round_no)
         verdict = lane_verdict(lane_hosts, lane, base, give_up)
-    row = None
     if verdict is None or not verdict["decided"]:
         row = poll_round(base, wait_for, container_check, owner_check, opener=opener, clock=clock, sleep=sleep)
         row.update(wait_id=wait_id, round=round_no)
@@ -262,24 +230,20 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
     if lane_hosts:
         master_row = (lane or {}).get(lane_hosts[0]) or {}
         result["models"] = list(master_row.get("models") or (row or {}).get("models") or [])
-        result["lane_hosts"], result["lane_rows"], result["round"] = list(lane_hosts), lane, round_no
+        result["report"] = wait_report(result["models"], verdict, lane_hosts, lane, round_no)
     else:
         result["models"] = list(row["models"])
+        result["report"] = wait_report(result["models"])
     if row is not None:
         container = row["container"] or {}
         result.update(row=row, status=row["status"], polls=row["polls"], elapsed_s=row["elapsed_s"],
-                      running=container.get("running", True) if row["container"] else True,
-                      logs=container.get("logs") or "")
+                      running=container.get("running", True), logs=container.get("logs") or "")
     return result
 
 
 def run_wait(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """engine_lane_wait's result for its options (module.params): wait_probe()'s result and `report`, the host
-    report's ready row, with every value of params["redact"] hidden.
-
-    runner: what runs the container runtime's CLI (dgx_runtime.RuntimeCli), for params["container"] and
-    params["port"].
-    """
+    """engine_lane_wait's result for its options: wait_probe()'s, every params["redact"] value hidden.
+    runner: the runtime's CLI (dgx_runtime.RuntimeCli)."""
     runtime = params.get("runtime") or "docker"
     check = owner = None
     if params.get("container"):
@@ -289,9 +253,5 @@ def run_wait(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=ti
     result = wait_probe(params["url"], params["wait_for"], check, owner, params.get("lane_hosts"), params.get("lane"),
                         bool(params.get("give_up")), params.get("wait_id"), params.get("round") or 1,
                         opener=opener, clock=clock, sleep=sleep)
-    result["report"] = wait_report(result)
-    # Shaped into the report; the inputs are the caller's own.
-    for key in ("lane_hosts", "lane_rows", "round"):
-        result.pop(key, None)
     # Engine logs and other processes' command lines may quote a secret (an engine prints its arguments).
     return redacted(result, params.get("redact"))

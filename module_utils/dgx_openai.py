@@ -1,12 +1,10 @@
 # -*- coding: utf-8 -*-
-"""A client of the engine's OpenAI-style API: URLs and payloads, answers and server-sent events read, and
-requests with a whole-request deadline (a stream trickling a token at a time cannot outlive it).
-Stdlib only (modules run on the nodes' system Python); the opener and the clock are arguments, so tests drive them.
+"""A client of the engine's OpenAI-style API: payloads, answers, server-sent events, and requests with a
+whole-request deadline. Stdlib only (runs on the nodes); the opener and the clock are arguments, so tests drive them.
 """
 from __future__ import absolute_import, division, print_function
 
 import contextlib
-import functools
 import json
 import socket
 import threading
@@ -30,9 +28,8 @@ def api_url(base, path):
 
 
 def chat_payload(model, prompt, max_tokens, stream=False):
-    """A temperature-0 chat completion request body. The streamed (decode) request asks for usage and
-    for ignore_eos (SGLang and vLLM take it): a model that ends its answer early would otherwise make a
-    healthy engine fail the max_tokens check."""
+    """A temperature-0 chat completion body. A stream asks for usage and ignore_eos (SGLang, vLLM): a model that
+    ends its answer early would make a healthy engine fail the max_tokens check."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": int(max_tokens), "temperature": 0, "stream": bool(stream)}
     if stream:
@@ -65,8 +62,7 @@ def contains_expected(text, expected):
 
 
 def _first_choice(event, data):
-    """The event's choice of index 0 ([] when it has none): the probe asks for one answer, and a server that
-    streams more choices must not count them as that answer's tokens."""
+    """The event's choice of index 0 ([] when none): other choices' tokens are not the answer's."""
     choices = event.get("choices") or []
     if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
         raise StageError("stream event has choices that are not a list of objects: %r" % data[:200])
@@ -82,14 +78,9 @@ def _delta_text(choice, data):
 
 
 def parse_sse(timed_lines):
-    """Digest a streamed completion: timed_lines yields (arrival time, raw line bytes/str).
-
-    Returns {"chunks": token-bearing chunks, "t_first", "t_last": their arrival times,
-    "usage": the usage object if the server sent one, "text", "finish_reason", "done"}.
-    A chunk bears tokens when the delta of choice 0 has non-empty content or reasoning_content before that
-    choice's finish reason. An event that is not a JSON object, or whose choices or delta are malformed,
-    raises StageError quoting it.
-    """
+    """{"chunks", "t_first", "t_last", "usage", "text", "finish_reason", "done"} of a streamed completion from
+    (arrival time, raw line) pairs. A chunk bears tokens when choice 0's delta has text before its finish reason;
+    a malformed event raises StageError quoting it."""
     out = {"chunks": 0, "t_first": None, "t_last": None, "usage": None, "text": "",
            "finish_reason": None, "done": False}
     pieces = []
@@ -128,10 +119,8 @@ def parse_sse(timed_lines):
 
 
 def stream_tokens(stream):
-    """(tokens, token_source) of a parse_sse() stream: the server's usage count when it sends one (with
-    speculative decoding a chunk may carry several tokens), else the token-bearing chunks that arrived,
-    a count that can only be low (never max_tokens on the engine's word: finish_reason length after a
-    short answer proves nothing). A count that is not a whole positive number is no count."""
+    """(tokens, token_source) of a parse_sse() stream: the server's usage count when it is a whole positive
+    number (a chunk may carry several tokens), else the token-bearing chunks, a count that can only be low."""
     completion_tokens = (stream.get("usage") or {}).get("completion_tokens")
     if isinstance(completion_tokens, int) and not isinstance(completion_tokens, bool) and completion_tokens > 0:
         return completion_tokens, "usage"
@@ -139,12 +128,11 @@ def stream_tokens(stream):
 
 
 def api_request(url, payload=None):
-    data = None
-    headers = {"Accept": "application/json"}
-    if payload is not None:
-        data = json.dumps(payload).encode("utf-8")
-        headers["Content-Type"] = "application/json"
-    return Request(url, data=data, headers=headers, method="POST" if payload is not None else "GET")
+    """A GET, or with payload a POST of it as JSON."""
+    if payload is None:
+        return Request(url, headers={"Accept": "application/json"})
+    return Request(url, data=json.dumps(payload).encode("utf-8"),
+                   headers={"Accept": "application/json", "Content-Type": "application/json"})
 
 
 def _describe(exc):
@@ -164,32 +152,24 @@ def _too_long(timeout):
 
 
 class _Deadline(object):
-    """A request's whole time, from connecting to the last byte: at its deadline the connection's socket is
-    shut down, which ends a read blocked on a server that trickles a byte at a time - in the status line and
-    headers as in the body (a socket timeout only bounds each read). Between reads the clock is looked at
-    too (responses without a socket, in tests)."""
+    """A request's whole time: at its deadline the connection's sockets are shut down, which ends a read blocked
+    on a server trickling its headers or body (a socket timeout bounds each read only). check() looks at the
+    clock between reads (responses without a socket, in tests)."""
 
-    def __init__(self, timeout, clock, started):
-        self.timeout, self.clock, self.deadline = timeout, clock, started + timeout
-        self.fired = False
-        self._socks = []
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, self.deadline - clock()), self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+    def __init__(self, timeout, clock):
+        self.timeout, self.clock, self.deadline = timeout, clock, clock() + timeout
+        self.fired, self._socks, self._lock = False, [], threading.Lock()
+        self.timer = threading.Timer(timeout, self._fire)
+        self.timer.daemon = True
+        self.timer.start()
 
     def watch(self, sock):
         """Shut sock down at the deadline (at once when it has passed)."""
         with self._lock:
-            if sock is None or sock in self._socks:
-                return
             self._socks.append(sock)
             fired = self.fired
         if fired:
             self._shut(sock)
-
-    def watch_response(self, resp):
-        self.watch(getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None))
 
     def _fire(self):
         with self._lock:
@@ -211,53 +191,36 @@ class _Deadline(object):
             self.fired = True
             raise socket.timeout(_too_long(self.timeout))
 
-    def cancel(self):
-        self._timer.cancel()
 
-
-class _Watched(object):
-    """An HTTP or HTTPS connection whose socket a _Deadline watches from the moment it connects (for HTTPS,
-    once the TLS handshake is done: until then each read is bounded by the socket timeout)."""
-
-    def __init__(self, *args, **kwargs):
-        self._deadline = kwargs.pop("deadline")
-        super(_Watched, self).__init__(*args, **kwargs)
-
-    def connect(self):
-        super(_Watched, self).connect()
-        self._deadline.watch(self.sock)
-
-
-class _WatchedConnection(_Watched, http_client.HTTPConnection):
-    pass
-
-
-class _WatchedHTTPSConnection(_Watched, http_client.HTTPSConnection):
-    pass
+def _watched(connection, deadline):
+    """connection (an HTTP or HTTPS connection class) whose socket deadline watches from its connect (HTTPS: once
+    its handshake is done)."""
+    class Watched(connection):
+        def connect(self):
+            connection.connect(self)
+            deadline.watch(self.sock)
+    return Watched
 
 
 class _WatchedHandler(HTTPHandler, HTTPSHandler):
-    """urllib's handler of http and https URLs with the watched connections: being both, it takes the place of
-    the default handlers, so an https URL cannot slip past the deadline."""
+    """Both handlers in one, so it replaces urllib's defaults and no https URL slips past the deadline."""
 
     def __init__(self, deadline):
         HTTPSHandler.__init__(self)
         self._deadline = deadline
 
     def http_open(self, req):
-        return self.do_open(functools.partial(_WatchedConnection, deadline=self._deadline), req)
+        return self.do_open(_watched(http_client.HTTPConnection, self._deadline), req)
 
     def https_open(self, req):
-        return self.do_open(functools.partial(_WatchedHTTPSConnection, deadline=self._deadline), req,
-                            context=self._context)
+        return self.do_open(_watched(http_client.HTTPSConnection, self._deadline), req, context=self._context)
 
 
 @contextlib.contextmanager
 def open_within(opener, request, timeout, clock):
-    """(response, its _Deadline) of request, the deadline counting from now. With urllib's own opener the
-    connection is watched from its connect, so a server slow to send its headers is cut too; an opener of
-    a test is watched from its response."""
-    limit = _Deadline(timeout, clock, clock())
+    """(response, its _Deadline) of request, the deadline counting from now; urllib's own opener is watched
+    from its connect, so a server slow to send its headers is cut too."""
+    limit = _Deadline(timeout, clock)
     try:
         try:
             if opener is urlopen:
@@ -269,10 +232,9 @@ def open_within(opener, request, timeout, clock):
                 raise socket.timeout(_too_long(timeout))
             raise
         with resp:
-            limit.watch_response(resp)
             yield resp, limit
     finally:
-        limit.cancel()
+        limit.timer.cancel()
 
 
 def request_failed(method, url, exc):
@@ -280,24 +242,21 @@ def request_failed(method, url, exc):
 
 
 def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monotonic):
-    """GET (payload None) or POST JSON; return the decoded body or raise StageError. timeout is the whole
-    request's, from connecting to the last byte of the answer."""
+    """GET (payload None) or POST JSON, the decoded body; StageError otherwise. timeout is the whole request's."""
     method = "POST" if payload is not None else "GET"
     try:
         with open_within(opener, api_request(url, payload), timeout, clock) as (resp, limit):
             parts = []
             read = getattr(resp, "read1", resp.read)     # read1: at most one read of the socket per call
-            while True:
-                limit.check()
-                try:
+            try:
+                while True:
+                    limit.check()
                     part = read(65536)
-                except (http_client.HTTPException, OSError):
-                    limit.check()
-                    raise
-                if not part:
-                    limit.check()
-                    break
-                parts.append(part)
+                    if not part:
+                        break
+                    parts.append(part)
+            finally:                                      # a read the deadline cut says so
+                limit.check()
             raw = b"".join(parts)
     except (http_client.HTTPException, OSError) as exc:
         raise request_failed(method, url, exc)
@@ -307,17 +266,9 @@ def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monot
         raise StageError("%s answered with non-JSON: %r" % (url, raw[:200]))
 
 
-def resolve_model(base, model, timeout=30.0, opener=urlopen):
-    """The model name to put in requests: the given one, else the first id of /v1/models."""
-    if model:
-        return model
-    return first_model_id(http_json(api_url(base, "/v1/models"), timeout=timeout, opener=opener))
-
-
 def timed_lines(resp, clock, cut, limit):
-    """(arrival time, line) of a streamed response; a connection that breaks mid-stream (the engine
-    died, a proxy cut it, the read timed out) or a stream still going at the request's deadline (limit,
-    a _Deadline) ends the lines and is noted in cut["reason"]."""
+    """(arrival time, line) of a streamed response; a connection that breaks or a stream still going at limit's
+    deadline ends the lines, noted in cut["reason"]."""
     while True:
         try:
             limit.check()
@@ -328,8 +279,7 @@ def timed_lines(resp, clock, cut, limit):
             cut["reason"] = _too_long(limit.timeout) if limit.fired else _describe(exc)
             return
         if not line:
-            # http.client swallows a chunked body that ends without its last chunk (peek() hides the
-            # IncompleteRead); chunk_left is None only after the terminating chunk.
+            # http.client hides a chunked body cut before its last chunk; chunk_left is None only after it.
             if getattr(resp, "chunked", False) and getattr(resp, "chunk_left", None) is not None:
                 cut["reason"] = "closed before the end of the chunked body"
             return

@@ -1,9 +1,7 @@
 # -*- coding: utf-8 -*-
-"""The container runtime on a node (docker or podman, through its command line, which both spell alike): the
-one answer to "what state is this container in" - the containers a host holds, the engine's own, the engine
-image, a pull as engine_pull allows, and which container owns the API port. The engine role's plan and status
-and the lane wait all read it. Each call of a wait round ends within a timeout shorter than the round.
-Stdlib only (modules run on the nodes' system Python).
+"""The container runtime on a node (docker or podman, through their common command line): the one answer to "what
+state is this container in" - a host's containers, the engine image and its pull, who owns the API port.
+Stdlib only (runs on the nodes).
 """
 from __future__ import absolute_import, division, print_function
 
@@ -25,9 +23,7 @@ LOG_LINES = 30           # log lines kept of a container that is not running
 
 LIST_TIMEOUT_S = 120     # a runtime call outside the wait (list, inspect) that takes longer fails the task
 
-# Container statuses (docker: created running paused restarting removing exited dead; podman adds
-# configured initialized stopping stopped) of a container that is not running and has not exited
-# either: its ExitCode is a stale or zero placeholder, not an exit.
+# Statuses (docker's and podman's) of a container neither running nor exited: its ExitCode is a placeholder.
 NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
 
 
@@ -37,18 +33,9 @@ def missing_container(name, why):
             "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
 
 
-def unknown_container(name, why):
-    """A container's facts when the runtime did not answer in time: running is None - neither up nor down, so
-    the lane waits on (and at its deadline names why) instead of judging a slow daemon's rank dead."""
-    facts = missing_container(name, why)
-    facts.update(exists=None, running=None, status="unknown")
-    return facts
-
-
 def _env_changed(entries, env):
-    """The names of env's variables whose value a container's environment (K=V entries) does not hold, sorted;
-    None when either is unknown. Only names leave: the facts the role keeps and shows at -v never hold a value
-    or anything derived from one (an HF_TOKEN among them)."""
+    """The sorted names of env's variables whose value the container's K=V entries do not hold (None when either
+    is unknown): only names, never a value or anything derived from one, leave."""
     if entries is None or env is None:
         return None
     held = dict(entry.split("=", 1) if "=" in entry else (entry, "") for entry in entries)
@@ -61,11 +48,9 @@ def _mapping(value):
 
 
 def container_facts(info, env=None, secrets=None):
-    """A container's state from one entry of `docker|podman inspect --type container` (a dict), both runtimes
-    alike: running is running and neither paused nor restarting (Docker keeps State.Running true for both);
-    finished_at is None until it has stopped once; env (the engine's environment) names the container's changed
-    variables (env_changed), never a value. Its command and environment are not kept; the runtime's error text is
-    kept without the secrets."""
+    """A container's facts from one `inspect --type container` entry, both runtimes alike: running and neither
+    paused nor restarting (Docker's State.Running is true for both); finished_at None until it stopped once;
+    env_changed (_env_changed). Its command and environment are not kept, its error text without the secrets."""
     state = _mapping(info.get("State"))
     config = _mapping(info.get("Config"))
     running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
@@ -104,15 +89,11 @@ class RuntimeSlow(StageError):
 
 
 class RuntimeCli(object):
-    """The container runtime's CLI as a wait round calls it (inspect, logs, the holder's name): each call
-    ends within `timeout` seconds, killed otherwise, so a hung daemon cannot hold a round past its time.
-    finder: anything with get_bin_path() (the AnsibleModule)."""
+    """The runtime's CLI whose every call ends within `timeout` seconds, its process group killed otherwise, so a
+    hung daemon cannot hold a wait round past its time. finder: anything with get_bin_path() (the AnsibleModule)."""
 
     def __init__(self, finder, timeout):
-        self.finder, self.timeout = finder, float(timeout)
-
-    def get_bin_path(self, name):
-        return self.finder.get_bin_path(name)
+        self.get_bin_path, self.timeout = finder.get_bin_path, float(timeout)
 
     def run_command(self, argv):
         """(rc, stdout, stderr); RuntimeSlow when the call does not end in time (its process group is killed)."""
@@ -140,18 +121,16 @@ def runtime_call_timeout(wait_for):
 
 
 def container_state(runner, runtime, name, secrets=None):
-    """This host's engine container (container_facts()), with the tail of its log when it is not running;
-    secrets are hidden in the runtime's texts before they are cut.
-
-    runner: the AnsibleModule (anything with get_bin_path() and run_command()).
-    """
+    """This host's engine container (container_facts()), with its log's tail when it is not running; secrets
+    hidden before any cut. runner: anything with get_bin_path() and run_command()."""
     binary = runner.get_bin_path(runtime)
     if not binary:
         return missing_container(name, "%s not found on this host" % runtime)
     try:
         rc, out, err = runner.run_command([binary, "inspect", "--type", "container", name])
     except RuntimeSlow as exc:
-        return unknown_container(name, str(exc))
+        # running None: neither up nor down, so a slow daemon's rank is waited on, not judged dead.
+        return dict(missing_container(name, str(exc)), exists=None, running=None, status="unknown")
     if rc != 0:
         return missing_container(name, "%s inspect: %s" % (runtime, redacted((err or out).strip(), secrets)[:300]))
     try:
@@ -169,8 +148,7 @@ def container_state(runner, runtime, name, secrets=None):
 
 
 def _cmdline(pid, proc="/proc", secrets=None):
-    """A process's command line (its first 200 characters, secrets hidden first), or "" when it is gone or
-    not readable."""
+    """A process's command line (200 characters, secrets hidden first), "" when it is gone or not readable."""
     try:
         with open(os.path.join(proc, str(pid), "cmdline"), "rb") as handle:
             text = handle.read().decode("utf-8", "replace").replace("\0", " ").strip()
@@ -196,11 +174,9 @@ def container_name(runner, runtime, container_id):
 
 
 def api_owner(runner, runtime, port, container, proc="/proc", secrets=None):
-    """owner_facts() of the API port for this host's container facts: the processes holding a socket
-    listening on it (dgx_nodestate reads /proc/net/tcp{,6}, the fds and the cgroups), each with its command
-    line - except this run's engine, whose command line holds its secrets (--api-key) and says nothing the
-    container's name does not; a holder in another container is named by the runtime. secrets are hidden in
-    the command lines before they are cut."""
+    """owner_facts() of the API port: the processes listening on it (dgx_nodestate), each with its command line
+    (secrets hidden) - except this run's engine, whose command line holds its secrets and says nothing its
+    container's name does not; a holder in another container is named by the runtime."""
     mine = (container or {}).get("id")
     listening = bool(listening_inodes(int(port), proc))
     holders = []
@@ -226,9 +202,8 @@ def _said(runtime, what, err, out, secrets):
 
 
 def list_containers(runner, runtime, env=None, secrets=None):
-    """Every container on this host (container_facts(), env naming the changed variables), running or not.
-    A container removed between the list and its inspect is not listed; any other failure raises StageError,
-    its message without the secrets."""
+    """Every container on this host (container_facts()); one removed between the list and its inspect is left
+    out; any other failure raises StageError, without the secrets."""
     binary = _binary(runner, runtime)
     rc, out, err = runner.run_command([binary, "ps", "--all", "--quiet", "--no-trunc"])
     if rc != 0:
@@ -246,34 +221,31 @@ def list_containers(runner, runtime, env=None, secrets=None):
     return [container_facts(info, env, secrets) for info in infos if isinstance(info, dict)]
 
 
-def image_id(runner, runtime, image, secrets=None):
+def image_id(runner, runtime, image):
     """The id of image on this host, "" when the runtime does not have it (never pulls)."""
     rc, out, _err = runner.run_command([_binary(runner, runtime), "image", "inspect", "--format", "{{.Id}}", image])
     return out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
 
 
 def pull_image(runner, runtime, image, pull, secrets=None):
-    """Pull image as pull (PULL) allows: never, missing (only when absent), always. (pulled, image id); pulled
-    is True only when the id changed (a pull of the same image is no change)."""
-    before = image_id(runner, runtime, image, secrets)
+    """(pulled, image id) after a pull as pull (PULL) allows; pulled only when the id changed."""
+    before = image_id(runner, runtime, image)
     if pull == "never" or (pull == "missing" and before):
         return False, before
     rc, out, err = runner.run_command([_binary(runner, runtime), "pull", image])
     if rc != 0:
         raise StageError(_said(runtime, "pull %s" % image, err, out, secrets))
-    after = image_id(runner, runtime, image, secrets)
+    after = image_id(runner, runtime, image)
     return after != before, after
 
 
 def host_containers(runner, params, check_mode=False):
-    """engine_containers' result for its options: the host's containers, the one named `name` (own, None when
-    there is none; running and container_id say whether it runs), and with `image` its id on this host, pulled
-    first as `pull` allows (not in check mode)."""
+    """engine_containers' result for its options (the image is not pulled in check mode)."""
     runtime, secrets = params["runtime"], params.get("redact")
     result = {"changed": False, "runtime": runtime}
     if params.get("image"):
         if check_mode:
-            pulled, found = False, image_id(runner, runtime, params["image"], secrets)
+            pulled, found = False, image_id(runner, runtime, params["image"])
         else:
             pulled, found = pull_image(runner, runtime, params["image"], params.get("pull") or "never", secrets)
         result.update(changed=pulled, image_id=found, image_present=bool(found))

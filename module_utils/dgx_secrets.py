@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""What no output may show, and hiding it: the values of engine_env and of the engine command's secret flags
-(secret_values), removed from any text, dict or list before it is cut or shown (redacted).
-Stdlib only (modules run on the nodes' system Python; the engine role's filters import it on the controller).
+"""What no output may show (secret_values: engine_env's values, the engine command's secret flags') and hiding it
+in any text, dict or list before it is cut or shown (redacted). Stdlib only (nodes and the role's filters).
 """
 from __future__ import absolute_import, division, print_function
 
@@ -27,8 +26,7 @@ MIN_HIDDEN = 4
 HIDDEN = "<hidden>"
 # Flags whose value is name:password (curl -u admin:PASSWORD); a numeric part after the colon is a group id.
 USER_FLAGS = ("-u", "--user", "-U", "--proxy-user")
-# The characters a credential inside a longer text runs to: not a space, quote, backslash or a delimiter of the
-# JSON or shell text around it.
+# A credential inside a longer text runs to a space, quote, backslash or JSON/shell delimiter.
 _CREDENTIAL = r"[^\s'\"\\,;()\[\]{}]+"
 # A URL's password: scheme://user:PASSWORD@host.
 _URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:'\"]*:([^\s/@'\"]+)@")
@@ -57,8 +55,8 @@ def _credential_of(value):
 
 
 def _embedded_secrets(text):
-    """The secrets a text carries whatever flag or key it is given under: a URL's password (its raw and decoded
-    forms) and a secret header's value (Authorization: Bearer X gives X)."""
+    """The secrets a text carries under any flag or key: a URL's password (raw and decoded), a secret header's
+    value (Authorization: Bearer X gives X)."""
     found = []
     for password in _URL_PASSWORD.findall(text):
         found.extend(set((password, unquote(password))))
@@ -69,8 +67,8 @@ def _embedded_secrets(text):
 
 
 def _json_secrets(text):
-    """The values of the secret-named keys of a JSON object given as an argument (--config '{"api_key": …}'),
-    each item of a list under such a key, and what any of its strings carries (_embedded_secrets)."""
+    """The values (list items too) of a JSON argument's secret-named keys (--config '{"api_key": …}') and what any
+    of its strings carries (_embedded_secrets)."""
     try:
         data = json.loads(text)
     except ValueError:
@@ -101,8 +99,8 @@ def _shell_words(line):
 
 
 def _flag_value(flag, word):
-    """The secret in word given after flag, if any: the value of a secret flag (not a next flag or a shell
-    operator: --disable-auth --tp 8), the password of a user flag's name:password."""
+    """The secret in word after flag: a secret flag's value (not a next flag or an operator: --disable-auth --tp 8),
+    a user flag's password."""
     if not flag.startswith("-") or "=" in flag or word.startswith("-") or _OPERATOR.fullmatch(word):
         return []
     if flag in USER_FLAGS:
@@ -116,10 +114,9 @@ def _user_password(value):
 
 
 def command_secrets(command):
-    """The values of the command's secret flags (--api-key X, --api-key=X, HF_TOKEN=X), in the arguments, in the
-    words of any argument that is itself a command line (bash -c '… --api-key X; …'), however nested, in any
-    argument that is a JSON object (also after --flag=), and what any word carries: a URL's password, a secret
-    header's credential, curl -u's password."""
+    """The values of the command's secret flags (--api-key X, --api-key=X, HF_TOKEN=X) in its arguments, in any
+    argument that is itself a command line (bash -c '…'), however nested, or a JSON object, and what any word
+    carries (a URL's password, a secret header's credential, curl -u's password)."""
     sequences = [[str(argument) for argument in command or []]]
     lines = list(sequences[0])
     while lines:
@@ -153,11 +150,9 @@ def quoted_forms(value):
 
 
 def secret_values(env, command=None):
-    """What no message may show, longest first: every engine_env value of MIN_HIDDEN characters or more and the
-    password or credential it carries (a URL's, a header's), and the value of every secret flag of the command
-    (--api-key X, command_secrets), each in the forms a message quotes it in. The command's other arguments are
-    settings (--tp 8) and stay readable. A secret shorter than MIN_HIDDEN cannot be kept out of a message:
-    StageError, naming the variable or engine_command."""
+    """What no message may show, longest first, in every quoted form: each engine_env value of MIN_HIDDEN
+    characters or more and the credential it carries, and the command's secret values (command_secrets); its
+    other arguments (--tp 8) stay readable. A shorter secret cannot be hidden: StageError naming its source."""
     values = []
     for name, value in sorted((env or {}).items()):
         value = str(value)
@@ -184,8 +179,8 @@ def secret_values(env, command=None):
 
 
 def _hidden_text(text, secrets):
-    """text with every stretch that any secret covers, overlapping ones merged, replaced by one <hidden>: two
-    secrets that overlap (abcdXYZ and XYZ123 in abcdXYZ123) leave no piece of either."""
+    """text with each stretch secrets cover, overlaps merged, replaced by one <hidden>: no piece of either of two
+    overlapping secrets (abcdXYZ, XYZ123 in abcdXYZ123) is left."""
     spans = []
     for secret in secrets:
         start = text.find(secret)
@@ -204,8 +199,8 @@ def _hidden_text(text, secrets):
 
 
 def redacted(value, secrets):
-    """value (dicts, lists, strings) with every one of secrets in its strings hidden. Callers run it on whole
-    texts, before any cut: a piece of a secret cut at an edge no longer matches."""
+    """value (dicts, lists, strings) with secrets hidden in its strings; run on whole texts before any cut (a cut
+    piece of a secret no longer matches)."""
     if isinstance(value, dict):
         return dict((key, redacted(item, secrets)) for key, item in value.items())
     if isinstance(value, (list, tuple)):

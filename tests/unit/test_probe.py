@@ -13,7 +13,7 @@ from ansible.module_utils.dgx_decode import (DECODE_PROMPT, bench, bench_summary
 from ansible.module_utils.dgx_lane_wait import wait_report
 from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, contains_expected,
                                              first_model_id, parse_sse)
-from ansible.module_utils.dgx_probe import run_probe
+from ansible.module_utils.dgx_decode import run_probe
 
 
 class FakeClock(object):
@@ -114,9 +114,8 @@ def test_decode_rate_is_tokens_minus_one_over_first_to_last():
 
 
 @pytest.mark.parametrize("tokens, first, last", [(1, 0.0, 1.0), (0, None, None), (5, 2.0, 2.0), (5, None, 1.0)])
-def test_decode_rate_refuses_what_cannot_be_measured(tokens, first, last):
-    with pytest.raises(StageError, match="at least 2 tokens"):
-        decode_rate(tokens, first, last)
+def test_decode_rate_is_none_for_what_cannot_be_measured(tokens, first, last):
+    assert decode_rate(tokens, first, last) is None
 
 
 def test_parse_sse_times_only_token_bearing_chunks_and_reads_usage():
@@ -302,7 +301,7 @@ def test_the_smoke_and_wait_rows():
     smoke_result = {"model": "m", "question": "q", "expected": "11303", "answer": "11303", "passed": True,
                     "duration_s": 0.2}
     assert probe_report("smoke", smoke_result) == smoke_result
-    assert wait_report({"models": ["ds41"], "ready": True, "polls": 1}) == {"models": ["ds41"]}
+    assert wait_report(["ds41"]) == {"models": ["ds41"]}
 
 
 # --- run_probe: the module's whole run -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""dgx_lane_wait, dgx_probe, dgx_runtime: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
+"""dgx_lane_wait, dgx_decode, dgx_runtime: probes that cannot be fooled - the lane-wide readiness wait (every rank's container, who
 serves the API port, the round verdict) and the decode probe's verdict on broken streams."""
 import http.client
 import json
@@ -15,7 +15,7 @@ from ansible.module_utils import dgx_decode, dgx_errors, dgx_lane_wait, dgx_open
 from ansible.module_utils.dgx_decode import decode_probe, decode_result, decode_verdict
 from ansible.module_utils.dgx_lane_wait import lane_verdict, poll_round, run_wait, wait_probe
 from ansible.module_utils.dgx_openai import parse_sse
-from ansible.module_utils.dgx_probe import run_probe
+from ansible.module_utils.dgx_decode import run_probe
 from ansible.module_utils.dgx_runtime import api_owner, container_facts, container_state, owner_facts
 from test_module_docs import engine  # noqa: F401,F811 (the fixture: the engine double on 127.0.0.1)
 from test_probe import FakeClock, FakeResponse, api, finish_chunk, params, token_chunk

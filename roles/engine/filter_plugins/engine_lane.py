@@ -1,25 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Engine role filters for the lane-wide decisions: one engine per rank, restarted together.
-
-dgx_engine_labels(spec)                -> the labels the engine container carries, one per aspect of what it
-                                          runs (lane, rank, image, command, env, mounts, bound files, ...):
-                                          comparing them with the running container's says why it restarts
-dgx_lane_survey(containers, ...)       -> on one rank's host, from engine_containers' list (module_utils/
-                                          dgx_runtime): this lane's container (own), the strays (a
-                                          container outside the lane holding the engine's name or port, a
-                                          host process on the port) and the earlier worlds those belong to
-dgx_left_hosts(surveys, ...)           -> hosts of those earlier worlds that are no longer in the lane
-dgx_left_strays(results)               -> the engines of an earlier world still running on those hosts
-dgx_restart_reasons(own, labels, ...)  -> why this rank must (re)start, [] when it need not
-dgx_lane_plan(plans, restart_only)     -> which ranks restart (all of them, or the one named) and why
-dgx_stray_lines(strays)                -> one readable line per stray
-dgx_stop_outcomes(results)             -> the strays the stop tasks could not stop: failed, and unreached hosts
-dgx_bind_problem_lines(states, hosts)  -> 'host: problem' per stale bind of the hosts' manifests
-dgx_secret_values(env, command)        -> what no message may show: engine_env's values and the values of the
-                                          command's secret flags, with the forms a message quotes them in
-dgx_redact(text, values)               -> text without any of those values (a runtime's message, shown)
-
-Labels never carry a secret: env and command are stored as digests.
+"""Engine role filters for the lane-wide decisions - one engine per rank, restarted together: the container's
+labels, each rank's survey of its host (own container, strays, earlier worlds), the restart reasons and the lane's
+plan, and the secrets no message may show. Labels never carry a secret: env and command are stored as digests.
 """
 import hashlib
 import json
@@ -79,12 +61,8 @@ def _digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-# ------------------------------------------------------------------------------------------------
-# labels and reasons
-# ------------------------------------------------------------------------------------------------
-
 def dgx_engine_labels(spec):
-    """The engine container's labels from the values the role computed (see the module docstring)."""
+    """The engine container's labels, one per aspect of what it runs, from the values the role computed."""
     missing = sorted(set(("lane", "lane_hosts", "rank", "world_size", "port", "run_id", "image", "image_id",
                           "command", "env", "mounts", "files", "devices")) - set(spec))
     if missing:
@@ -113,12 +91,8 @@ def _state_text(container):
 
 
 def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_changed=False, strays=None):
-    """Why this rank must (re)start: [] when the running container already is what `labels` describe.
-
-    own: this lane's container under the engine name (None when there is none, or a stray holds the name);
-    labels: dgx_engine_labels of the container that would start (own's env_changed names the changed variables
-    when the runtime showed its environment); strays: this host's strays.
-    """
+    """Why this rank must (re)start, [] when own (this lane's container, None when there is none) already is what
+    labels (dgx_engine_labels) describe; strays: this host's strays, stopped first."""
     reasons = ["%s: it is stopped first" % s["why"] for s in strays or []]
     if not image_present:
         reasons.append("image %s is not on this host (engine_pull=%s)" % (labels.get(IMAGE), pull))
@@ -146,10 +120,6 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
     return reasons
 
 
-# ------------------------------------------------------------------------------------------------
-# strays and earlier worlds
-# ------------------------------------------------------------------------------------------------
-
 def _describe(container):
     labels = container.get("labels") or {}
     if LANE in labels:
@@ -169,24 +139,11 @@ def _rank_host(container):
         return None
 
 
-def _world(container):
-    labels = container.get("labels") or {}
-    if LANE in labels and LANE_HOSTS in labels:
-        return {"lane": labels[LANE], "lane_hosts": labels[LANE_HOSTS]}
-    return None
-
-
 def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, host, port=None, port_holders=None):
-    """On one rank's host: {own, run_id, strays, worlds}.
-
-    own: the container named engine_name when it is this lane's (lane label = lane and its name one of
-    lane_engines, the ranks' engine names; an unlabelled one with the mounts label is an earlier dgx-stage's);
-    run_id: the run that started it ("" when none).
-    strays: containers outside the lane that hold engine_name or listen on port, running engines whose labels
-    make them this host's rank of a lane (an earlier engine of this host under another name or port), and host
-    processes on port; each {host, id, name, why, stoppable}. worlds: the earlier worlds ({lane, lane_hosts}) of own and the
-    strays, whose other ranks may still run on hosts that left the lane.
-    """
+    """{own, run_id, strays, worlds} on one rank's host. own: the container named engine_name when it is this
+    lane's; run_id: the run that started it. strays ({host, id, name, why, stoppable}): what holds engine_name
+    or port outside the lane, and running engines labelled as this host's rank of another lane. worlds: the
+    earlier worlds ({lane, lane_hosts}) of own and the strays, whose ranks may run on hosts that left the lane."""
     by_id = dict((c["id"], c) for c in containers)
 
     def ours(c):
@@ -195,42 +152,38 @@ def dgx_lane_survey(containers, engine_name, lane, lane_hosts, lane_engines, hos
             return labels[LANE] == lane and c["name"] in lane_engines
         return c["name"] == engine_name and MOUNTS in labels
 
+    def stray(key, cid, name, why, stoppable=True):
+        return strays.setdefault(key, {"host": host, "id": cid, "name": name, "stoppable": stoppable, "why": why})
+
     own, strays = None, {}
     for c in containers:
-        if c["name"] != engine_name:
-            continue
-        if ours(c):
+        if c["name"] == engine_name and ours(c):
             own = c
-        else:
-            strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
-                               "why": "%s holds the engine name %s (%s)" % (c["name"], engine_name, _describe(c))}
+        elif c["name"] == engine_name:
+            stray(c["id"], c["id"], c["name"],
+                  "%s holds the engine name %s (%s)" % (c["name"], engine_name, _describe(c)))
     for c in containers:
-        if c["running"] and c["id"] not in strays and c is not own and c["name"] not in lane_engines \
-                and _rank_host(c) == host:
-            strays[c["id"]] = {"host": host, "id": c["id"], "name": c["name"], "stoppable": True,
-                               "why": "%s is still running as this host's engine (%s)" % (c["name"], _describe(c))}
+        if c["running"] and c is not own and c["name"] not in lane_engines and _rank_host(c) == host:
+            stray(c["id"], c["id"], c["name"],
+                  "%s is still running as this host's engine (%s)" % (c["name"], _describe(c)))
     for holder in port_holders or []:
         cid = holder.get("container_id") or ""
         c = by_id.get(cid)
-        if c is not None and ours(c):
-            continue
-        if c is not None:
-            stray = strays.setdefault(cid, {"host": host, "id": cid, "name": c["name"], "stoppable": True,
-                                            "why": "%s (%s)" % (c["name"], _describe(c))})
-            stray["why"] += " listens on port %s" % port
-        elif cid:
-            strays.setdefault(cid, {"host": host, "id": cid, "name": "container %s" % cid[:12], "stoppable": False,
-                                    "why": "container %s of another runtime listens on port %s" % (cid[:12], port)})
-        else:
-            key = "pid %s" % holder.get("pid")
-            strays.setdefault(key, {"host": host, "id": "", "name": "%s (%s)" % (key, holder.get("command")),
-                                    "stoppable": False, "why": "host process %s (%s) listens on port %s"
-                                    % (key, holder.get("command"), port)})
+        if c is not None and not ours(c):
+            stray(cid, cid, c["name"], "%s (%s)" % (c["name"], _describe(c)))["why"] += " listens on port %s" % port
+        elif c is None and cid:
+            stray(cid, cid, "container %s" % cid[:12], "container %s of another runtime listens on port %s"
+                  % (cid[:12], port), stoppable=False)
+        elif c is None:
+            key, command = "pid %s" % holder.get("pid"), holder.get("command")
+            stray(key, "", "%s (%s)" % (key, command), "host process %s (%s) listens on port %s" % (key, command, port),
+                  stoppable=False)
     current = {"lane": lane, "lane_hosts": ",".join(lane_hosts)}
     worlds = []
     for c in ([own] if own else []) + [by_id[s["id"]] for s in strays.values() if s["id"] in by_id]:
-        world = _world(c)
-        if world and world != current and world not in worlds:
+        labels = c.get("labels") or {}
+        world = {"lane": labels.get(LANE), "lane_hosts": labels.get(LANE_HOSTS)}
+        if LANE in labels and LANE_HOSTS in labels and world != current and world not in worlds:
             worlds.append(world)
     return {"own": own, "run_id": (own or {}).get("labels", {}).get(RUN_ID, ""),
             "strays": [strays[k] for k in sorted(strays)], "worlds": worlds}
@@ -250,10 +203,8 @@ def dgx_left_hosts(surveys, lane_hosts, inventory_hosts):
 
 
 def dgx_left_strays(results):
-    """{strays, unchecked}: the running engines of an earlier world on hosts that left the lane - a container
-    whose labels say it is that host's rank of that world - from the looped engine_containers results
-    (item = a dgx_left_hosts entry, runtime = the runtime that host was asked with). unchecked: hosts that could
-    not be reached or asked."""
+    """{strays, unchecked} from the looped engine_containers results over dgx_left_hosts: the running engines
+    labelled as that host's rank of that earlier world, and the hosts that could not be asked."""
     strays, unchecked, seen = [], [], set()
     for result in (results or {}).get("results") or []:
         if result.get("skipped"):
@@ -276,8 +227,7 @@ def dgx_left_strays(results):
 
 
 def dgx_secret_values(env, command=None):
-    """dgx_secrets.secret_values: what no message may show (engine_env's values, the command's secret flags'),
-    in the forms a message quotes them in, longest first."""
+    """dgx_secrets.secret_values, its refusal a filter error."""
     try:
         return secret_values(env, command)
     except StageError as exc:
@@ -296,8 +246,7 @@ def dgx_bind_problem_lines(states, hosts):
 
 
 def dgx_stop_outcomes(results):
-    """{failed, unreached}: one line per stray a looped stop task (results: its registered results) could not
-    stop - its message, or that its host could not be reached (a host that left the lane: its engine stays)."""
+    """{failed, unreached}: one line per stray the looped stop tasks' registered results could not stop."""
     failed, unreached = [], []
     for registered in results or []:
         for result in (registered or {}).get("results") or []:
@@ -317,18 +266,10 @@ def dgx_stray_lines(strays):
             for s in strays]
 
 
-# ------------------------------------------------------------------------------------------------
-# the lane's plan
-# ------------------------------------------------------------------------------------------------
-
 def dgx_lane_plan(plans, restart_only=""):
     """{restart: hosts in rank order, reasons: {host: [why]}, held: {host: [why]}} from every rank's
-    {host, rank, reasons}.
-
-    A lane restarts as one: when any rank has a reason, every rank restarts, the others for the lane's sake.
-    restart_only (an operator's forced single-rank restart) restarts that host alone, whatever the plans say;
-    held names the other ranks that have reasons of their own, left running.
-    """
+    {host, rank, reasons}. A lane restarts as one; restart_only restarts that host alone, and held names the
+    other ranks with reasons of their own, left running."""
     plans = sorted(plans, key=lambda p: int(p["rank"]))
     if restart_only:
         mine = [p for p in plans if p["host"] == restart_only]

@@ -17,11 +17,8 @@ NAME_MAX = 255
 
 
 def temp_name_for(name):
-    """A unique temp name for `name`, recognisable as debris and never longer than NAME_MAX bytes.
-
-    A final name close to NAME_MAX keeps only its head plus a digest of the whole name, so the
-    temp name of a 250-byte file name still fits (instead of failing with ENAMETOOLONG).
-    """
+    """A unique temp name for `name`, recognisable as debris; a long name keeps its head plus a digest of the
+    whole, so the temp name never exceeds NAME_MAX bytes."""
     tail = ".%d.%s" % (os.getpid(), os.urandom(4).hex())
     room = NAME_MAX - len(TEMP_PREFIX) - len(tail)
     encoded = os.fsencode(name)
@@ -51,12 +48,8 @@ def fsync_dir(path=None, dir_fd=None):
 
 
 def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
-    """Write data to path atomically: temp file in the same dir, fsync, os.replace, fsync dir.
-
-    With dir_fd, path is a plain name inside that open directory: nothing on the way is resolved
-    again, and neither the temp file nor the final name is ever followed if it is a symlink.
-    Readers see either the old file or the new one, never a partial write.
-    """
+    """Write data to path atomically (temp file in the same dir, fsync, os.replace, fsync dir). With dir_fd, path
+    is a plain name in that open directory: nothing on the way is resolved again and no link is followed."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -83,10 +76,8 @@ def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
 
 
 def open_regular(name, dir_fd, flags, mode=0o644, create=False):
-    """An fd (flags, never following a link) of the regular file `name` of the open directory dir_fd, or
-    None when it is missing (and not create) or something else is there. It is looked at through an
-    O_PATH handle first, so a FIFO or a device planted there is never opened; with create, a missing
-    file is made (O_EXCL: a file appearing meanwhile is opened as found)."""
+    """An fd (flags, no link followed) of the regular file `name` in dir_fd, or None when missing (unless create:
+    made with O_EXCL) or not a regular file; looked at through O_PATH first, so a FIFO or device is never opened."""
     for _attempt in range(2):
         try:
             handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -123,11 +114,9 @@ def not_own_file(fd, dir_fd):
 
 
 def open_own_file(name, dir_fd, mode=0o644):
-    """An O_RDWR fd of the regular file `name` of the open directory dir_fd that is its alone
-    (not_own_file), created when missing, never opened through a link, a FIFO or a device. One that is
-    not (a hard link or a bind mount planted in its place, another kind of file) is first replaced by
-    a new empty file, by rename: what is written through the fd (truncated, a pid, a new mtime)
-    reaches no other file. A mount there cannot be renamed over: StageError."""
+    """An O_RDWR fd of the regular file `name` in dir_fd that is its alone (not_own_file), created when missing.
+    A hard link or other file planted there is first replaced by an empty file, by rename, so what is written
+    through the fd reaches no other file; a mount there cannot be: StageError."""
     why = None
     for _attempt in range(2):
         fd = open_regular(name, dir_fd, os.O_RDWR, mode=mode, create=True)
@@ -170,16 +159,10 @@ def is_within(path, root):
 
 
 def walk_tree(top, unlisted=None):
-    """Every entry below top as (path, rel, is_dir): the one way the modules walk a tree.
-
-    Parents come before their contents and names are sorted, so the order is the same on every run.
-    `rel` is relative to top and '/'-separated. A link is never entered: a link to a directory is
-    listed with is_dir true (as os.walk sorts it), any other link with is_dir false. A top that is
-    missing or not a directory yields nothing. A directory below top that cannot be listed, or an
-    entry whose kind cannot be told, raises StageError naming it (a partial listing makes its files
-    look absent, and absent files look unwanted), unless unlisted is a list: the folders not listed
-    are added to it and skipped. Any depth: no recursion.
-    """
+    """Every entry below top as (path, rel, is_dir), parents first, names sorted, rel '/'-separated; links are
+    never entered (a link to a directory has is_dir true). A missing top yields nothing. A folder that cannot be
+    listed raises StageError naming it (absent files would look unwanted), unless `unlisted` is a list that
+    collects it. No recursion."""
     pending = [(top, "")]
     while pending:
         dirpath, rel_dir = pending.pop()
@@ -218,24 +201,13 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None, enter=None):
-    """Remove a file, a symlink (never its target) or a whole directory tree; False if nothing was there.
-
-    With dir_fd, path is a plain name inside that open directory; without, the directory holding
-    path is opened once and nothing above it is looked at again. Nothing is followed: a tree is
-    emptied through file descriptors, each directory opened without following a link relative to
-    its parent and checked to be the directory that was listed (st_dev, st_ino), so a link or
-    another directory swapped in while it is removed never leads the removal outside. A directory
-    the owner may not read or write gets u+rwx on that same directory (never by name) first, so an
-    unprivileged owner removes a tree with read-only parts as root would.
-
-    A mount point is never entered (dgx_mounts.mount_problem): StageError naming it and what is
-    mounted there, or with around_mounts, it and the directories holding it stay and everything else
-    goes. enter: when given, a folder below the top is entered only when enter(its path relative to
-    the top, '/'-separated) is true; one it refuses stays with the folders holding it.
-    Returns True when something was removed, False when nothing was there; with around_mounts or
-    enter, the folders left in place instead of True, as (path, why) pairs: why is the mount's
-    description for a mount point, None for a folder not entered. Messages name shown_as (default: path).
-    """
+    """Remove a file, a symlink (never its target) or a directory tree (path, or a name in the open dir_fd),
+    through descriptors: each directory opened relative to its parent without following a link and checked to
+    be the one listed, so nothing swapped in leads outside; one lacking u+rwx gets it through its handle.
+    A mount point is never entered: StageError, or with around_mounts it stays with the folders holding it.
+    With enter, a folder below the top is entered only when enter(its '/'-separated rel) is true.
+    Returns False when nothing was there, else True, or with around_mounts/enter the (path, why) pairs left
+    (why: the mount, or None for a folder not entered). Messages name shown_as (default path)."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -319,8 +291,7 @@ def _unlink_entry(name, dir_fd, path, kept):
 
 
 class _Level(object):
-    """One directory of a removal in progress: its name in its parent, lstat result, shown path, the
-    entries still to handle, and whether something in it stays (a mount point, or a file the sweep keeps)."""
+    """One directory of a removal in progress: its entries still to handle, and whether something in it stays."""
 
     def __init__(self, name, listed, path, rel, fd):
         self.name, self.listed, self.path, self.rel, self.keeps = name, listed, path, rel, False
@@ -330,15 +301,11 @@ class _Level(object):
 
 
 def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, not_entered=None):
-    """Remove the directory `name` (lstat result `listed`) of parent_fd and everything in it; mount
-    points met are refused, or with a `kept` list, recorded there as (path, why) and left with what
-    holds them. With files false, only empty directories go: a file keeps the directories holding it.
-    A folder below the top that enter(rel) refuses stays, recorded in not_entered as (path, None).
-
-    One directory is open at a time, whatever the depth: the walk goes down by opening a child
-    relative to its parent and back up by opening ".." checked to be the parent it came from, so a
-    deep tree neither exhausts the fd limit nor the recursion limit, and a folder moved elsewhere
-    mid-walk stops it (the way fts does it for rm -r)."""
+    """Remove the directory `name` (lstat `listed`) of parent_fd and its contents; mount points are refused or,
+    with a `kept` list, recorded there and left; with files false only empty directories go; a folder enter(rel)
+    refuses stays, recorded in not_entered. One directory is open at a time: down by opening a child, up by
+    ".." checked to be the parent it came from (as fts does for rm -r), so depth costs no fds or recursion and
+    a folder moved mid-walk stops it."""
     fd = _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=files)
     if fd is None:
         return True
@@ -414,8 +381,7 @@ def remove_empty_dirs(dir_fd, path):
 
 
 def printable_names(value):
-    """value with every str made valid UTF-8 for Ansible's JSON result: file names with undecodable
-    bytes (surrogate escapes) show U+FFFD instead of failing the whole result on the controller."""
+    """value with every str valid UTF-8 for Ansible's JSON: undecodable file name bytes show as U+FFFD."""
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     if isinstance(value, dict):

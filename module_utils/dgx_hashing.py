@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
 """Content checks for hub blobs: a blob's name is its hash, and sampled comparison against the NAS.
-
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -53,12 +52,8 @@ class Cancelled(BaseException):
 
 
 class ChunkBuffer(object):
-    """One reusable read buffer (a worker's): constant memory whatever the file size.
-
-    Large chunks keep an NFS mount streaming; hashlib releases the GIL on large updates, so
-    workers hashing different files at once use every core. The memory is taken on first use
-    (proving by samples needs none), and `check()` raises Cancelled once the run is stopping.
-    """
+    """A worker's reusable read buffer, taken on first use: large chunks keep NFS streaming and let hashlib
+    release the GIL. check() raises Cancelled once the run is stopping."""
 
     def __init__(self, size=READ_CHUNK, stop=None):
         self.size = size
@@ -92,36 +87,26 @@ def advise(fd, advice, offset=0, length=0):
 
 
 def feed_file(path, consumer, buf=None, on_read=None):
-    """Stream a file into consumer.update() through a reused buffer; returns the byte count.
-
-    Each chunk's pages are dropped from the page cache once hashed: re-proving 300 GB must not evict
-    the running engine's cache (and on a VM, recycling pages is much cheaper than growing the cache).
-    on_read(count) is called after each chunk (the run's byte tally and progress file).
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    try:
-        return feed_fd(fd, consumer, buf, on_read)
-    finally:
-        os.close(fd)
-
-
-def feed_fd(fd, consumer, buf=None, on_read=None):
-    """feed_file on a file already open (read from its current offset to its end; the caller closes it):
-    for a file opened without following links, whose bytes must be the ones later renamed."""
+    """Stream a file into consumer.update() through a reused buffer; returns the byte count. Each chunk's pages
+    are dropped once hashed, so re-proving 300 GB never evicts the running engine's page cache;
+    on_read(count) follows each chunk."""
     buf = buf or ChunkBuffer()
     total = 0
-    advise(fd, "POSIX_FADV_SEQUENTIAL")
-    while True:
-        buf.check()
-        got = os.readv(fd, [buf.data])
-        if not got:
-            break
-        consumer.update(buf.view[:got])
-        advise(fd, "POSIX_FADV_DONTNEED", total, got)
-        total += got
-        if on_read is not None:
-            on_read(got)
-    return total
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        advise(fd, "POSIX_FADV_SEQUENTIAL")
+        while True:
+            buf.check()
+            got = os.readv(fd, [buf.data])
+            if not got:
+                return total
+            consumer.update(buf.view[:got])
+            advise(fd, "POSIX_FADV_DONTNEED", total, got)
+            total += got
+            if on_read is not None:
+                on_read(got)
+    finally:
+        os.close(fd)
 
 
 def hash_as_named(path, name, size=None, buf=None, on_read=None):
@@ -134,16 +119,12 @@ def hash_as_named(path, name, size=None, buf=None, on_read=None):
     return hasher.hexdigest(), count
 
 
-def file_matches_name(path, name, size, buf=None):
-    """True when the file's content hashes to its blob name (no source read needed)."""
+def file_matches_own_name(path, name, buf=None):
+    """Whether the file's bytes hash to its blob name at its own size: which side is right when the NAS and
+    the local copy disagree on the size, without reading the NAS."""
+    size = os.lstat(path).st_size
     digest, count = hash_as_named(path, name, size, buf)
     return count == size and digest == name
-
-
-def file_matches_own_name(path, name, buf=None):
-    """file_matches_name at the file's own size: when the NAS and the local copy disagree on the size,
-    this tells whether the local copy is the right one without reading the NAS."""
-    return file_matches_name(path, name, os.lstat(path).st_size, buf)
 
 
 def file_sha256(path, buf=None, on_read=None):
@@ -170,13 +151,8 @@ def sampled_bytes(size):
 
 
 def samples_match(local_path, source_path, size, on_read=None):
-    """Same bytes at the sampled ranges of both files (caller has checked both sizes equal `size`).
-
-    Raw bytes are compared, not hashed: a warm re-run of 141 blobs reads 1 MiB a side per blob
-    and compares them at memory speed. The samples sit between untouched stretches: a byte changed
-    between two of them is not seen (verify=full hashes every byte). on_read(local, nas) counts the
-    bytes read on each side.
-    """
+    """Same raw bytes at the sampled ranges of both files (both of `size` bytes), compared at memory speed;
+    a byte changed between two samples is not seen (verify=full is). on_read(local, nas) counts the reads."""
     fds = []
     try:
         for path in (local_path, source_path):

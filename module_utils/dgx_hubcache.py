@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
 """Reading a Hugging Face hub cache: repo folders, refs, snapshot entries and their link chains.
-
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -34,9 +33,6 @@ class SnapshotEntry(object):
         self.alias_of = alias_of    # real files only: the snapshot path a link chain led to (else None)
         self.problem = problem      # kind "bad": why this entry can be neither staged nor bound
 
-    def __repr__(self):
-        return "SnapshotEntry(%r, %r, %r, %d)" % (self.path, self.kind, self.etag, self.size)
-
 
 def repo_folder_name(repo_id, repo_type="model"):
     """`org/name` -> `models--org--name`, refusing ids that could leave the hub root."""
@@ -63,19 +59,13 @@ def list_refs(repo_dir):
     return refs
 
 
-def list_snapshots(repo_dir):
-    snap_dir = os.path.join(repo_dir, "snapshots")
-    if not os.path.isdir(snap_dir):
-        return []
-    return sorted(os.listdir(snap_dir))
-
-
 def resolve_commit(repo_dir, revision):
     """The commit a branch, tag or commit hash names, or a StageError listing what exists."""
     if not revision or revision.startswith("/") or ".." in revision.split("/"):
         raise StageError("invalid revision %r" % (revision,))
     refs = list_refs(repo_dir)
-    snapshots = list_snapshots(repo_dir)
+    snap_dir = os.path.join(repo_dir, "snapshots")
+    snapshots = sorted(os.listdir(snap_dir)) if os.path.isdir(snap_dir) else []
     if revision in refs:
         commit = refs[revision]
         if not COMMIT_RE.match(commit):
@@ -97,14 +87,10 @@ MAX_LINK_HOPS = 40
 
 
 def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
-    """Follow one snapshot link hop by hop to the content it stands for.
-
-    Returns (etag, alias_of, source): etag is the name of the first hop into `<repo>/blobs/` (what the
-    content is checked against, whatever hub-level store the chain then passes); alias_of is the
-    snapshot path of the real snapshot file a chain without a blob hop ends at. Raises StageError
-    naming the link for dangling chains, loops, chains that end outside `hub_real`, and links that
-    lead anywhere else (another repo, another snapshot).
-    """
+    """(etag, alias_of, source) of one snapshot link, followed hop by hop: etag names the first hop into
+    `<repo>/blobs/` (what the content is checked against); alias_of is the snapshot path a chain with no blob
+    hop ends at. StageError naming the link for dangling chains, loops, and chains leaving `hub_real`, the
+    repo's blobs/ or its own snapshot."""
     source = content_of(link_path, hub_real)
     blobs_dir = os.path.join(repo_dir, "blobs")
     current = link_path
@@ -141,15 +127,10 @@ def content_of(link_path, hub_real):
 
 
 def scan_snapshot(repo_dir, commit, hub_root, strict=True):
-    """Every file of `snapshots/<commit>` as SnapshotEntry, following link chains to real content.
-
-    The one snapshot walker: the mirror plans from it and the manifest binds from it. Refuses
-    (StageError naming the entry) a snapshot directory outside `hub_root`, symlinked directories
-    inside it, entries that are not regular files (a FIFO would hang a copy), dangling links, link
-    loops and links whose chain ends outside `hub_root`: staging and binding must never reach
-    something the hub does not own. With strict=False a bad entry is returned with kind "bad" and
-    its `problem` instead, so a caller can leave entries it does not need to the NAS.
-    """
+    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed (the mirror plans from it, the
+    manifest binds from it). StageError naming the entry for a snapshot outside `hub_root`, symlinked
+    directories, non-regular files, dangling or looping links and chains leaving `hub_root`; with
+    strict=False a bad entry comes back as kind "bad" with its `problem`, for the caller to leave to the NAS."""
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
     snap_dir = os.path.join(repo_dir, "snapshots", commit)

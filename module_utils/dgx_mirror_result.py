@@ -19,8 +19,7 @@ def _count(number, what):
 
 
 def plan_headline(plan, check_mode):
-    """'would copy 13 files, 47.9 GiB; would repair 1 file, 3.0 GiB; ...' (check mode) or 'copied ...':
-    the plan in one line, sizes in binary units; '' when there is nothing to do."""
+    """The plan in one line: 'would copy 13 files, 47.9 GiB; ...' (check mode) or 'copied ...'; '' for nothing."""
     verbs = ("would copy", "would repair", "would prune", "would remove", "would write") if check_mode else (
         "copied", "repaired", "pruned", "removed", "wrote")
     copies = [w for w in plan.writes if not w.is_repair]
@@ -47,8 +46,7 @@ def plan_headline(plan, check_mode):
 
 
 def describe_plan(plan, check_mode=False):
-    """Human diff text, what --diff shows: the plan's headline, then one line per copy, repair, prune,
-    ref and link (a link that comes with a copy is said by the copy's line)."""
+    """What --diff shows: the headline, then a line per copy, repair, prune, ref and link not said by a copy."""
     headline = plan_headline(plan, check_mode)
     if not headline:
         return ""
@@ -89,9 +87,7 @@ def with_report(result, req, check_mode=False, failed=False):
 
 
 def unfinished_report(repo_id, repo_type="model", revision=None, phase=None, verify=None, check_mode=False):
-    """The host-report row of a repo whose run ended without figures (bad input, the repo lock held past
-    lock_timeout, an interruption, a background job killed): status failed and no `files`, so a reader of the
-    rows alone knows the pass did not finish this repo."""
+    """The host-report row of a run that ended without figures: failed, no `files` (the pass did not finish)."""
     row = {"repo_id": repo_id, "repo_type": repo_type or "model", "status": "failed", "check_mode": bool(check_mode)}
     row.update((key, value) for key, value in (("revision", revision), ("phase", phase), ("verify", verify))
                if value is not None)
@@ -99,8 +95,7 @@ def unfinished_report(repo_id, repo_type="model", revision=None, phase=None, ver
 
 
 def summary_line(result, req, check_mode, failed):
-    """One line for the operator: what the pass did (or would do: 'would copy N files, X GiB'), what it
-    found already right, what it read on each side, how long it took."""
+    """One line for the operator: what the pass did or would do, what it found right, what it read, how long."""
     blobs, real = result["blobs"], result["real_files"]
     copied, repaired = blobs["copied"] + real["copied"], blobs["repaired"] + real["repaired"]
     repaired_bytes = sum(r["size"] for r in result["repairs"])
@@ -187,8 +182,8 @@ def peer_warning(record, req):
 
 
 def _done(plan, outcome):
-    """(written Work items, links, refs, prune, debris, tree listing written): what the plan would do
-    (outcome None), did, or nothing (a refused run)."""
+    """(written Work items, links, refs, prune, debris, tree listing written): what the plan would do (outcome
+    None), did, or nothing (a refused run)."""
     if outcome is None:
         return plan.writes, plan.links, sorted(plan.refs), plan.prune, plan.debris, plan.tree_listing is not None
     if not outcome.applied:

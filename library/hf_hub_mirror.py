@@ -544,100 +544,38 @@ report:
   returned: always
   type: dict
   contains:
-    repo_id:
-      description: O(repo_id).
-      type: str
-    repo_type:
-      description: O(repo_type).
-      type: str
-    revision:
-      description: O(revision).
-      type: str
+    repo_id: {description: O(repo_id)., type: str}
+    repo_type: {description: O(repo_type)., type: str}
+    revision: {description: O(revision)., type: str}
     status:
       description: V(ok), V(failed) or V(check) (check mode).
       type: str
-    check_mode:
-      description: The run was in check mode.
-      type: bool
-    commit:
-      returned: when the run has a result
-      description: RV(commit).
-      type: str
-    snapshot:
-      returned: when the run has a result
-      description: RV(snapshot).
-      type: str
-    files:
-      returned: when the run has a result
-      description: RV(files).
-      type: dict
-    blobs:
-      returned: when the run has a result
-      description: RV(blobs).
-      type: dict
-    bytes_copied:
-      returned: when the run has a result
-      description: RV(bytes_copied).
-      type: int
-    bytes_staged:
-      returned: when the run has a result
-      description: RV(bytes_staged).
-      type: int
-    bytes_from_nas:
-      returned: when the run has a result
-      description: RV(bytes_from_nas).
-      type: int
-    bytes_from_peers:
-      returned: when the run has a result
-      description: RV(bytes_from_peers).
-      type: int
+    check_mode: {description: The run was in check mode., type: bool}
+    commit: {returned: when the run has a result, description: RV(commit)., type: str}
+    snapshot: {returned: when the run has a result, description: RV(snapshot)., type: str}
+    files: {returned: when the run has a result, description: RV(files)., type: dict}
+    blobs: {returned: when the run has a result, description: RV(blobs)., type: dict}
+    bytes_copied: {returned: when the run has a result, description: RV(bytes_copied)., type: int}
+    bytes_staged: {returned: when the run has a result, description: RV(bytes_staged)., type: int}
+    bytes_from_nas: {returned: when the run has a result, description: RV(bytes_from_nas)., type: int}
+    bytes_from_peers: {returned: when the run has a result, description: RV(bytes_from_peers)., type: int}
     peer_rejected:
       returned: when the run has a result
       description: How many O(peer_dir) candidates were rejected (RV(peer_rejected)).
       type: int
-    bytes_read:
-      returned: when the run has a result
-      description: RV(bytes_read).
-      type: dict
-    duration_s:
-      returned: when the run has a result
-      description: RV(duration_s).
-      type: float
-    verify:
-      description: RV(verify).
-      type: str
-    phase:
-      description: RV(phase).
-      type: str
+    bytes_read: {returned: when the run has a result, description: RV(bytes_read)., type: dict}
+    duration_s: {returned: when the run has a result, description: RV(duration_s)., type: float}
+    verify: {description: RV(verify)., type: str}
+    phase: {description: RV(phase)., type: str}
     changed:
       returned: when the run has a result
       description: Whether the run changed the local hub (or, in check mode, would).
       type: bool
-    repaired_paths:
-      returned: when the run has a result
-      description: RV(repaired_paths).
-      type: list
-      elements: str
-    repairs:
-      returned: when the run has a result
-      description: RV(repairs).
-      type: list
-      elements: dict
-    pruned:
-      returned: when the run has a result
-      description: RV(pruned).
-      type: list
-      elements: str
-    excluded_paths:
-      returned: when the run has a result
-      description: RV(excluded_paths).
-      type: list
-      elements: str
-    nas_corrupt:
-      returned: when the run has a result
-      description: RV(nas_corrupt).
-      type: list
-      elements: str
+    repaired_paths: {returned: when the run has a result, description: RV(repaired_paths)., type: list, elements: str}
+    repairs: {returned: when the run has a result, description: RV(repairs)., type: list, elements: dict}
+    pruned: {returned: when the run has a result, description: RV(pruned)., type: list, elements: str}
+    excluded_paths: {returned: when the run has a result, description: RV(excluded_paths)., type: list, elements: str}
+    nas_corrupt: {returned: when the run has a result, description: RV(nas_corrupt)., type: list, elements: str}
     nas_corrupt_blobs:
       returned: when the run has a result
       description:
@@ -645,11 +583,7 @@ report:
           onto a wiped local hub still refuses them.
       type: list
       elements: dict
-    unstaged_paths:
-      returned: when the run has a result
-      description: RV(unstaged_paths).
-      type: list
-      elements: str
+    unstaged_paths: {returned: when the run has a result, description: RV(unstaged_paths)., type: list, elements: str}
 diff:
   description: What the run did (or would do) - the plan in one line, then one line per copy, repair, prune and ref.
   returned: success when in diff mode and something changes

@@ -639,6 +639,9 @@ ARGUMENT_SPEC = dict(
     inventory_hostname=dict(type="str"),
 )
 
+# The options the module itself handles; the others are MirrorRequest's own.
+NOT_REQUEST = ("lease_file", "lease_timeout", "time_limit", "inventory_hostname")
+
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
@@ -647,7 +650,7 @@ def main():
     # The row of a run that ends without its figures: every repo asked for has one.
     unfinished = unfinished_report(params["repo_id"], params["repo_type"], params["revision"], params["phase"],
                                    params["verify"], module.check_mode)
-    lease = None
+    lease = failure = None
     try:
         if params["lease_file"] and not module.check_mode:
             try:
@@ -655,22 +658,12 @@ def main():
                                    time_limit=params["time_limit"]).start()
             except StageError as exc:
                 raise StageError("lease_file %s: %s" % (params["lease_file"], exc))
-        request = MirrorRequest(
-            src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
-            revision=params["revision"], allow_patterns=params["allow_patterns"],
-            ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
-            prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
-            copy_missing=params["copy_missing"], phase=params["phase"], peer_dir=params["peer_dir"],
-            require_match=params["require_match"], other_rank_patterns=params["other_rank_patterns"],
-            host=params["inventory_hostname"], run_id=params["run_id"],
-            on_lock_wait=lease.note_waiting if lease is not None else None)
+        request = MirrorRequest(host=params["inventory_hostname"],
+                                on_lock_wait=lease.note_waiting if lease is not None else None,
+                                **dict((key, params[key]) for key in ARGUMENT_SPEC if key not in NOT_REQUEST))
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
-        result = exc.result
-        result.pop("diff_text")
-        for warning in result.pop("warnings"):
-            module.warn(warning)
-        module.fail_json(**printable_names(dict(result, msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))))
+        result, failure = exc.result, "hf_hub_mirror %s: %s" % (params["repo_id"], exc)
     except (StageError, OSError) as exc:
         module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)),
                          report=unfinished)
@@ -684,9 +677,10 @@ def main():
             lease.stop()
     result = printable_names(result)
     diff_text = result.pop("diff_text")
-    warnings = result.pop("warnings")
-    for warning in warnings:
+    for warning in result.pop("warnings"):
         module.warn(warning)
+    if failure:
+        module.fail_json(msg=printable_names(failure), **result)
     if module._diff and diff_text:
         result["diff"] = {"before_header": "%s (local)" % result["snapshot"],
                           "after_header": "%s (staged)" % result["snapshot"], "prepared": diff_text}

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Name-checked copies onto the local disk: a file only ever appears under its final name complete and fsynced,
-and a blob only when the bytes that were written hash to its name; a peer's candidate is adopted only after
-the same proof. Anything a killed copy left behind carries TEMP_PREFIX and is removed by the next run.
+"""Name-checked copies onto the local disk: a file appears under its final name only complete and fsynced, a blob
+only when the bytes written hash to its name (a peer's candidate too); a killed copy leaves TEMP_PREFIX debris.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function

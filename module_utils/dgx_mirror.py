@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Mirror one revision of one repo from a NAS hub cache to a local hub cache, verified: run_mirror plans
-(dgx_mirror_plan), refuses what the disk cannot hold (dgx_space), takes the repo lock and applies the plan
-(dgx_mirror_apply), and returns what dgx_mirror_result says.
+"""Mirror one revision of one repo from a NAS hub cache to a local hub cache, verified: plan, refuse what the
+disk cannot hold, apply under the repo lock, return the result.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function

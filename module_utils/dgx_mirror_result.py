@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
-"""What a mirror run says: the plan's headline and lines, the summary, the warnings, and the result and report
-the module returns.
+"""What a mirror run says: the plan's headline and diff, the summary, the warnings, the result and report row.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -22,13 +21,11 @@ def plan_headline(plan, check_mode):
     """The plan in one line: 'would copy 13 files, 47.9 GiB; ...' (check mode) or 'copied ...'; '' for nothing."""
     verbs = ("would copy", "would repair", "would prune", "would remove", "would write") if check_mode else (
         "copied", "repaired", "pruned", "removed", "wrote")
-    copies = [w for w in plan.writes if not w.is_repair]
-    repairs = [w for w in plan.writes if w.is_repair]
     parts = []
-    if copies:
-        parts.append("%s %s, %s" % (verbs[0], _count(len(copies), "file"), human_bytes(sum(w.size for w in copies))))
-    if repairs:
-        parts.append("%s %s, %s" % (verbs[1], _count(len(repairs), "file"), human_bytes(sum(w.size for w in repairs))))
+    for verb, works in ((verbs[0], [w for w in plan.writes if not w.is_repair]),
+                        (verbs[1], [w for w in plan.writes if w.is_repair])):
+        if works:
+            parts.append("%s %s, %s" % (verb, _count(len(works), "file"), human_bytes(sum(w.size for w in works))))
     if plan.prune:
         parts.append("%s %s (%s freed)" % (verbs[2], _count(len(plan.prune), "path"), human_bytes(plan.freed_bytes)))
     if plan.debris:

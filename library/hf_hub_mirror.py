@@ -46,37 +46,18 @@ description:
     RV(msg) and a RV(report) row without figures.
 author: dgx-stage maintainers
 options:
-  src:
-    description: NAS hub cache root (the directory holding C(models--*)). Only read.
-    type: path
-    required: true
-  dest:
-    description: Local hub cache root on the node's NVMe. Must exist.
-    type: path
-    required: true
-  repo_id:
-    description: Repo id, C(org/name).
-    type: str
-    required: true
-  repo_type:
-    description: Kind of repo.
-    type: str
-    choices: [model, dataset, space]
-    default: model
-  revision:
-    description: Branch, tag or 40-hex commit to stage.
-    type: str
-    default: main
+  src: {description: NAS hub cache root (the directory holding C(models--*)). Only read., type: path, required: true}
+  dest: {description: Local hub cache root on the node's NVMe. Must exist., type: path, required: true}
+  repo_id: {description: "Repo id, C(org/name).", type: str, required: true}
+  repo_type: {description: Kind of repo., type: str, default: model, choices: [model, dataset, space]}
+  revision: {description: "Branch, tag or 40-hex commit to stage.", type: str, default: main}
   allow_patterns:
     description:
       - Only paths matching one of these are staged (huggingface_hub semantics, fnmatch on the snapshot-relative
         path; a pattern ending in C(/) matches everything below it).
     type: list
     elements: str
-  ignore_patterns:
-    description: Paths matching one of these are not staged.
-    type: list
-    elements: str
+  ignore_patterns: {description: Paths matching one of these are not staged., type: list, elements: str}
   copy_missing:
     description:
       - Copy selected files that have no local copy (a missing blob, a link where the copy should be).
@@ -263,18 +244,10 @@ files:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    total:
-      description: Files of the NAS snapshot.
-      type: int
-    local:
-      description: Files the patterns select (staged).
-      type: int
-    excluded:
-      description: Files the patterns leave out (RV(excluded_paths)).
-      type: int
-    dangling:
-      description: Local entries that do not resolve to a local file after the run.
-      type: int
+    total: {description: Files of the NAS snapshot., type: int}
+    local: {description: Files the patterns select (staged)., type: int}
+    excluded: {description: Files the patterns leave out (RV(excluded_paths))., type: int}
+    dangling: {description: Local entries that do not resolve to a local file after the run., type: int}
     rank:
       description: Staged files that O(require_match) selects - this host's rank files; V(0) without it.
       type: int
@@ -287,27 +260,17 @@ blobs:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    copied:
-      description: Blobs copied from the NAS (missing locally).
-      type: int
-    reused:
-      description: Local blobs proven right and kept.
-      type: int
-    repaired:
-      description: Local blobs replaced because wrong (size or content).
-      type: int
+    copied: {description: Blobs copied from the NAS (missing locally)., type: int}
+    reused: {description: Local blobs proven right and kept., type: int}
+    repaired: {description: Local blobs replaced because wrong (size or content)., type: int}
   sample: {copied: 7, reused: 0, repaired: 0}
 real_files:
   description: Real files inside the snapshot (no blob name), such as a selected page15 pack.
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    copied:
-      description: Real files copied.
-      type: int
-    repaired:
-      description: Real files replaced because wrong.
-      type: int
+    copied: {description: Real files copied., type: int}
+    repaired: {description: Real files replaced because wrong., type: int}
   sample: {copied: 0, repaired: 0}
 repaired_paths:
   description: Snapshot paths whose local content was wrong and was replaced.
@@ -322,9 +285,7 @@ repairs:
   type: list
   elements: dict
   contains:
-    blob:
-      description: The blob name (the hash its bytes should have); null for a real snapshot file.
-      type: str
+    blob: {description: The blob name (the hash its bytes should have); null for a real snapshot file., type: str}
     reason:
       description: V(size) (its size differs from the NAS copy's), V(content) (it failed its content check),
         V(link) (a symlink where the copy should be) or V(not-a-file).
@@ -334,16 +295,9 @@ repairs:
         - What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
           sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
       type: str
-    path:
-      description: The snapshot path the warning names (the blob's first).
-      type: str
-    paths:
-      description: All snapshot paths served by this file.
-      type: list
-      elements: str
-    size:
-      description: The file's size on the NAS (the bytes the repair copies).
-      type: int
+    path: {description: The snapshot path the warning names (the blob's first)., type: str}
+    paths: {description: All snapshot paths served by this file., type: list, elements: str}
+    size: {description: The file's size on the NAS (the bytes the repair copies)., type: int}
 links_written:
   description: Snapshot links written (or, in check mode, that would be written).
   returned: success; on failure when the run has a result
@@ -378,13 +332,8 @@ peer_rejected:
   type: list
   elements: dict
   contains:
-    blob:
-      description: The blob name the candidate had.
-      type: str
-    paths:
-      description: The snapshot paths served by that blob.
-      type: list
-      elements: str
+    blob: {description: The blob name the candidate had., type: str}
+    paths: {description: The snapshot paths served by that blob., type: list, elements: str}
     why:
       description: >-
         Why it was rejected (its hash, its size, not a regular file, it could not be opened or read - with the
@@ -411,12 +360,8 @@ bytes_read:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    local:
-      description: Bytes read from the local disk (content checks of present files).
-      type: int
-    nas:
-      description: Bytes read from the NAS (copies, sampled reads, hashes of real files).
-      type: int
+    local: {description: Bytes read from the local disk (content checks of present files)., type: int}
+    nas: {description: "Bytes read from the NAS (copies, sampled reads, hashes of real files).", type: int}
   sample: {local: 0, nas: 50331648}
 excluded_paths:
   description: Snapshot paths not staged (the NAS-fallback manifest binds them from the NAS).
@@ -450,19 +395,10 @@ nas_corrupt_blobs:
   type: list
   elements: dict
   contains:
-    path:
-      description: First snapshot path of the blob.
-      type: str
-    paths:
-      description: Every snapshot path of the blob.
-      type: list
-      elements: str
-    blob:
-      description: The blob name (the expected hash).
-      type: str
-    nas_source:
-      description: The NAS file that was read.
-      type: str
+    path: {description: First snapshot path of the blob., type: str}
+    paths: {description: Every snapshot path of the blob., type: list, elements: str}
+    blob: {description: The blob name (the expected hash)., type: str}
+    nas_source: {description: The NAS file that was read., type: str}
     nas_hash:
       description: What the NAS bytes hashed to; null when the NAS copy was found wrong by comparison with a
         local copy that passes its name.
@@ -470,9 +406,7 @@ nas_corrupt_blobs:
     local:
       description: V(kept) (the local copy hashes to its name), V(removed) (it did not) or V(absent).
       type: str
-    why:
-      description: How the NAS copy was found wrong.
-      type: str
+    why: {description: How the NAS copy was found wrong., type: str}
 unstaged_paths:
   description:
     - Selected snapshot paths with no good local content after this run (links to them are not written); with
@@ -508,15 +442,9 @@ space:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    free:
-      description: Free bytes on the local disk before the run.
-      type: int
-    reserve:
-      description: Bytes O(reserve) keeps free.
-      type: int
-    need:
-      description: Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).
-      type: int
+    free: {description: Free bytes on the local disk before the run., type: int}
+    reserve: {description: Bytes O(reserve) keeps free., type: int}
+    need: {description: "Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).", type: int}
     peers:
       description:
         - Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
@@ -527,9 +455,7 @@ space:
         - The largest of those candidates, one per worker (O(workers)) - still on the disk while their copies are
           written. 0 without O(peer_dir).
       type: int
-    reclaimable:
-      description: Bytes the plan frees (prune, debris).
-      type: int
+    reclaimable: {description: "Bytes the plan frees (prune, debris).", type: int}
 duration_s:
   description: The module's own run time in seconds.
   returned: success; on failure when the run has a result
@@ -547,9 +473,7 @@ report:
     repo_id: {description: O(repo_id)., type: str}
     repo_type: {description: O(repo_type)., type: str}
     revision: {description: O(revision)., type: str}
-    status:
-      description: V(ok), V(failed) or V(check) (check mode).
-      type: str
+    status: {description: "V(ok), V(failed) or V(check) (check mode).", type: str}
     check_mode: {description: The run was in check mode., type: bool}
     commit: {returned: when the run has a result, description: RV(commit)., type: str}
     snapshot: {returned: when the run has a result, description: RV(snapshot)., type: str}
@@ -589,12 +513,8 @@ diff:
   returned: success when in diff mode and something changes
   type: dict
   contains:
-    before_header:
-      description: C(<snapshot> (local)).
-      type: str
-    after_header:
-      description: C(<snapshot> (staged)).
-      type: str
+    before_header: {description: C(<snapshot> (local))., type: str}
+    after_header: {description: C(<snapshot> (staged))., type: str}
     prepared:
       description: The lines, the first one the plan (V(would copy 13 files, 47.9 GiB; ...) in check mode).
       type: str

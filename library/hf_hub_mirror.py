@@ -161,9 +161,8 @@ options:
     type: list
     elements: str
   inventory_hostname:
-    description:
-      - This node's inventory name, the C(--limit) of the C(dgx-stage) commands the messages give as the fix;
-        without it they name the whole lane.
+    description: This node's inventory name, the C(--limit) of the C(dgx-stage) commands the messages give as the fix;
+      without it they name the whole lane.
     type: str
   time_limit:
     description:
@@ -291,9 +290,8 @@ repairs:
         V(link) (a symlink where the copy should be) or V(not-a-file).
       type: str
     local_hash:
-      description:
-        - What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
-          sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
+      description: What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
+        sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
       type: str
     path: {description: The snapshot path the warning names (the blob's first)., type: str}
     paths: {description: All snapshot paths served by this file., type: list, elements: str}
@@ -408,9 +406,8 @@ nas_corrupt_blobs:
       type: str
     why: {description: How the NAS copy was found wrong., type: str}
 unstaged_paths:
-  description:
-    - Selected snapshot paths with no good local content after this run (links to them are not written); with
-      O(copy_missing=false), the files found not staged (the run then wrote nothing).
+  description: Selected snapshot paths with no good local content after this run (links to them are not written); with
+    O(copy_missing=false), the files found not staged (the run then wrote nothing).
   returned: success; on failure when the run has a result
   type: list
   elements: str
@@ -432,9 +429,8 @@ progress_file:
   type: str
   sample: /raid/hf-local/hub/.locks/models--org--name/dgx-stage.progress.json
 summary:
-  description:
-    - One line for the operator - what the pass did (in check mode, V(would copy N files, X GiB)), what it
-      proved, the bytes read on each side, the time.
+  description: One line for the operator - what the pass did (in check mode, V(would copy N files, X GiB)), what it
+    proved, the bytes read on each side, the time.
   returned: success; on failure when the run has a result
   type: str
 space:
@@ -446,9 +442,8 @@ space:
     reserve: {description: Bytes O(reserve) keeps free., type: int}
     need: {description: "Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).", type: int}
     peers:
-      description:
-        - Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
-          size on the filesystem of C(blobs/), their allocated blocks covering that size. 0 without O(peer_dir).
+      description: Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
+        size on the filesystem of C(blobs/), their allocated blocks covering that size. 0 without O(peer_dir).
       type: int
     peers_peak:
       description:
@@ -461,12 +456,11 @@ duration_s:
   returned: success; on failure when the run has a result
   type: float
 report:
-  description:
-    - This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
-      not described here are the module's own results of the same name. A run that ends without its figures
-      (bad input, the repo lock held past O(lock_timeout), interrupted) returns a row too - V(failed), with only
-      RV(report.repo_id), RV(report.repo_type), RV(report.revision), RV(report.status), RV(report.check_mode),
-      RV(report.verify) and RV(report.phase); a pass with a row lacking RV(report.files) did not finish.
+  description: This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
+    not described here are the module's own results of the same name. A run that ends without its figures
+    (bad input, the repo lock held past O(lock_timeout), interrupted) returns a row too - V(failed), with only
+    RV(report.repo_id), RV(report.repo_type), RV(report.revision), RV(report.status), RV(report.check_mode),
+    RV(report.verify) and RV(report.phase); a pass with a row lacking RV(report.files) did not finish.
   returned: always
   type: dict
   contains:

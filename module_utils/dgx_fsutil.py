@@ -283,9 +283,7 @@ def _unlink_entry(name, dir_fd, path, kept):
         mounted = [m for m in mounts_below(path) if m["mount_point"] == os.path.realpath(path)]
         problem = ("%s is a mount point (%s): dgx-stage never removes anything on another mount; unmount it, "
                    "then run again" % (path, describe_mount(mounted[-1]) if mounted else "a file bind mount"))
-        if kept is None:
-            raise StageError(problem)
-        kept.append((path, problem))
+        _leave(path, problem, kept)
         return False
     return True
 
@@ -361,13 +359,18 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
 
 
 def _refuse_mount(parent_fd, fd, path, kept):
-    """True when fd is a mount point to leave (recorded in kept); StageError when kept is None."""
+    """True when fd is a mount point to leave (_leave)."""
     problem = mount_problem(parent_fd, fd, path)
-    if problem and kept is None:
-        raise StageError(problem)
     if problem:
-        kept.append((path, problem))
+        _leave(path, problem, kept)
     return bool(problem)
+
+
+def _leave(path, problem, kept):
+    """Record a mount point left in place in kept; StageError when kept is None."""
+    if kept is None:
+        raise StageError(problem)
+    kept.append((path, problem))
 
 
 def remove_empty_dirs(dir_fd, path):

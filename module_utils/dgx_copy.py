@@ -117,8 +117,7 @@ def _create_temp(directory, temp, final):
 
 
 def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
-    """Read, hash and write chunk by chunk; returns bytes copied. Reads stop one chunk past `size`: a source
-    that grew is noticed without reading all of it."""
+    """Read, hash and write chunk by chunk; reading stops one chunk past `size` (a source that grew)."""
     copied = flushed = 0
     while copied <= size:
         buf.check()
@@ -230,8 +229,7 @@ def _kind_of(mode):
 
 
 def _drop_candidate(peer, name, st):
-    """Remove peer/name when it is still the entry `st` describes and not a directory (a later file
-    there is the clean-up's; a directory is named by the clean-up, never entered)."""
+    """Remove peer/name if still the non-directory `st` describes (anything else is the clean-up's)."""
     try:
         now = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except OSError:

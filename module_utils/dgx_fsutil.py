@@ -99,8 +99,7 @@ def open_regular(name, dir_fd, flags, mode=0o644, create=False):
 
 
 def not_own_file(fd, dir_fd):
-    """Why the open file fd is not a file of the directory dir_fd alone, or None: another name (a hard
-    link), another kind of file, or another mount (a file bind-mounted over the name)."""
+    """Why the open fd is not dir_fd's file alone (a hard link, another kind of file, a bind mount), or None."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"
@@ -135,8 +134,7 @@ def open_own_file(name, dir_fd, mode=0o644):
 
 
 def open_to_read(path, follow=True):
-    """A binary file object of the regular file at path (a link followed, unless not follow): opened
-    without blocking, so a FIFO or a device put there fails (OSError EINVAL) instead of hanging the run."""
+    """A binary file object of the regular file at path, opened without blocking (a FIFO fails, EINVAL)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -236,8 +234,7 @@ def _same(st, listed):
 
 
 def _listed_handle(name, parent_fd, listed, path):
-    """An O_PATH handle of the directory `name` of parent_fd, never through a link, checked to be the one
-    listed (lstat result `listed`)."""
+    """An O_PATH handle of the directory `name` of parent_fd (no link followed), checked to be `listed`."""
     replaced = StageError("%s was replaced while it was being removed (by a link or another folder): nothing "
                           "below it was touched; run again once nothing else writes there" % path)
     try:
@@ -273,8 +270,7 @@ def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
 
 
 def _unlink_entry(name, dir_fd, path, kept):
-    """Unlink a non-directory; False when it is a file mount point left in place (recorded in kept; with
-    kept None, StageError): unlink says EBUSY there."""
+    """Unlink a non-directory; False for a file mount point left in place (_leave; unlink says EBUSY)."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except OSError as exc:
@@ -374,8 +370,7 @@ def _leave(path, problem, kept):
 
 
 def remove_empty_dirs(dir_fd, path):
-    """Remove the empty directories below the open directory dir_fd (at `path`, for messages), deepest
-    first, a parent emptied by that too; through handles, never into a link or a mount point."""
+    """Remove the empty directories below the open dir_fd (at `path`), through handles, never across a mount."""
     with os.scandir(dir_fd) as entries:
         children = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
     for child, child_st in sorted(children):

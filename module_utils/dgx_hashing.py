@@ -47,8 +47,7 @@ def name_is_hash(name):
 
 
 class Cancelled(BaseException):
-    """The run is stopping (Ctrl-C, SIGTERM, a fatal error in another worker): a long read stops at its
-    next chunk, and whoever holds a temp file removes it on the way out."""
+    """The run is stopping: a long read stops at its next chunk and its temp file is removed."""
 
 
 class ChunkBuffer(object):
@@ -77,8 +76,7 @@ class ChunkBuffer(object):
 
 
 def advise(fd, advice, offset=0, length=0):
-    """posix_fadvise hint (POSIX_FADV_SEQUENTIAL, ..._DONTNEED, ...) on a range, the whole file by default;
-    ignored where unsupported."""
+    """posix_fadvise `advice` on a range (the whole file by default), where supported."""
     if hasattr(os, "posix_fadvise"):
         try:
             os.posix_fadvise(fd, offset, length, getattr(os, advice))
@@ -110,8 +108,7 @@ def feed_file(path, consumer, buf=None, on_read=None):
 
 
 def hash_as_named(path, name, size=None, buf=None, on_read=None):
-    """(hex digest, bytes read) of the file hashed the way blob `name` is named (sha256, or git blob
-    sha1 with a header of `size`, the file's own size when None): what its bytes would be named."""
+    """(hex digest, bytes read) of the file hashed as blob `name` is named, at `size` (default its own)."""
     if size is None:
         size = os.lstat(path).st_size
     hasher = NameHasher(name, size)
@@ -120,8 +117,7 @@ def hash_as_named(path, name, size=None, buf=None, on_read=None):
 
 
 def file_matches_own_name(path, name, buf=None):
-    """Whether the file's bytes hash to its blob name at its own size: which side is right when the NAS and
-    the local copy disagree on the size, without reading the NAS."""
+    """Whether the file hashes to its blob name at its own size: which side is right, without a NAS read."""
     size = os.lstat(path).st_size
     digest, count = hash_as_named(path, name, size, buf)
     return count == size and digest == name

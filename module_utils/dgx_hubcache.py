@@ -108,8 +108,7 @@ def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
 
 
 def content_of(link_path, hub_real):
-    """The real file a path (a link chain, or a file itself) ends at: a regular file inside the hub
-    `hub_real` (a real path), else StageError saying why not."""
+    """The real path of the regular file a path (or its link chain) ends at inside `hub_real`, else StageError."""
     real = os.path.realpath(link_path)
     if not is_within(real, hub_real):
         raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
@@ -170,8 +169,7 @@ def _directory_pattern(pattern):
 
 
 def first_match(path, patterns):
-    """The first of the patterns that selects the path (huggingface_hub's rule: fnmatchcase, `*` crosses '/',
-    'dir/' means below dir), or None."""
+    """The first pattern selecting path (fnmatchcase, `*` crosses '/', 'dir/' means below dir), or None."""
     for pattern in patterns or []:
         if fnmatch.fnmatchcase(path, _directory_pattern(pattern)):
             return pattern
@@ -179,8 +177,7 @@ def first_match(path, patterns):
 
 
 def path_selected(path, allow_patterns, ignore_patterns):
-    """huggingface_hub's filter_repo_objects rule: allow_patterns (when given) must select the path,
-    ignore_patterns must not."""
+    """huggingface_hub's rule: allow_patterns (when given) select the path, ignore_patterns do not."""
     if allow_patterns and first_match(path, allow_patterns) is None:
         return False
     return first_match(path, ignore_patterns) is None

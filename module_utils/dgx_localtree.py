@@ -69,8 +69,7 @@ class LocalTree(object):
         self.root = os.path.abspath(root)
 
     def refuse_unsafe_dirs(self, rel_dirs):
-        """StageError for the first directory on the way to any of rel_dirs that is a symlink, not a
-        directory, or a mount point."""
+        """StageError for the first directory towards any of rel_dirs that is a link, a non-directory or a mount."""
         for rel in rel_dirs:
             problem = linked_dir_problem(self.root, rel) or mount_point_problem(self.root, rel)
             if problem:

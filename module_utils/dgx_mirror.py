@@ -99,8 +99,7 @@ def _run_locked(tree, req, meter, started, writing, early=None):
 
 
 def _check_mode_run(req, started, meter):
-    """What the run would do, changing nothing; known corrupt NAS blobs and files not staged fail it as they
-    would the real run."""
+    """What the run would do, changing nothing; corrupt NAS blobs known and files not staged fail it."""
     try:
         plan = plan_mirror(req, check_mode=True, meter=meter)
     except NotStaged as exc:
@@ -164,6 +163,5 @@ def _apply_locked(tree, plan, req, space, started, meter):
 
 
 def _remember(meter, found, proven):
-    """Keep the corrupt NAS blobs `found` in the meter's suspects, less the `proven` ones: a NAS blob stays
-    suspect until a copy from the NAS proves its name (a full verify reads no NAS byte)."""
+    """Keep the corrupt NAS blobs `found` as suspects, less the `proven` (a NAS copy proved them)."""
     meter.suspects = remembered(meter.suspects, found, proven, utc_text(time.time()))

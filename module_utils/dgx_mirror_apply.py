@@ -52,8 +52,7 @@ def _remove_local(tree, path):
 
 
 def _disk_error(error, what, req, plan, outcome, written=None):
-    """A local write error as the operator needs it: the file, the disk, the bytes still needed (to write, less
-    what is already under its name) and free."""
+    """A local write error with the file, the disk, the bytes still needed and the bytes free."""
     free, _total = disk_space(existing_ancestor(req.dest))
     still_needed = max(plan.write_bytes - sum(w.size for w in list(outcome.written)), 0)
     cause = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the disk quota is exhausted",

@@ -328,8 +328,7 @@ def _plan_files(plan):
 
 
 def _plan_content(plan, work):
-    """A missing file, link or non-file is written; a present one (even of another size: the NAS may be the
-    wrong side) is proven by prove_present."""
+    """A missing file, link or non-file is written; a present one (any size) is proven by prove_present."""
     problem = presence_problem(work.final, work.size)
     if problem in (None, "size"):
         work.reason = problem or "content"

@@ -179,8 +179,7 @@ def peer_warning(record, req):
 
 
 def _done(plan, outcome):
-    """(written Work items, links, refs, prune, debris, tree listing written): what the plan would do (outcome
-    None), did, or nothing (a refused run)."""
+    """(written, links, refs, prune, debris, listing): what the plan would do, did, or nothing (refused)."""
     if outcome is None:
         return plan.writes, plan.links, sorted(plan.refs), plan.prune, plan.debris, plan.tree_listing is not None
     if not outcome.applied:

@@ -27,8 +27,7 @@ def _read_only(fields):
 
 
 def parse_mountinfo(text):
-    """[{id, dev: (major, minor), root, mount_point, read_only, fstype, source}] from /proc/<pid>/mountinfo;
-    root is the path inside the filesystem the mount shows (a bind mount's bound directory)."""
+    """[{id, dev, root, mount_point, read_only, fstype, source}] of a mountinfo text (root: what a bind shows)."""
     mounts = []
     for line in (text or "").splitlines():
         fields = line.split(" ")

@@ -74,8 +74,7 @@ class RepoLock(object):
         return self._dir
 
     def check_held(self):
-        """StageError when the locked directory was removed or renamed while held (another run may lock the one
-        named now); cheap enough before every progress write."""
+        """StageError when the locked directory was removed or renamed while held; cheap before every write."""
         if self._dir is None or not self._still_named():
             raise StageError("the lock folder %s was removed or renamed while this run held it; another run may be "
                              "staging this repo now: check with `dgx-stage status`, then re-run"

@@ -61,11 +61,9 @@ def _identity(st):
 
 
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
-    """Copy `source` (or the caller's open source_fd, read from its start; `source` then names it) to
-    `directory/name` through a fsynced temp file and one rename; returns bytes copied. Each chunk is hashed as
-    blob_name is named and written from the same buffer; the temp file gets `name` only when the source held
-    still and the bytes hash to blob_name, else SourceProblem. The rename breaks any hard link the old file
-    had. Local write failures raise LocalWriteError; every failure removes the temp file."""
+    """Copy `source` (or the open source_fd; `source` then names it) to `directory/name` through a fsynced temp
+    file and one rename (breaking any hard link), hashing each chunk as blob_name is named; returns bytes copied.
+    A source that changed or hashes wrong is a SourceProblem, a local failure a LocalWriteError; no temp file stays."""
     buf = buf or ChunkBuffer()
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)
@@ -163,10 +161,8 @@ _CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
-    """Copy the candidate `peer/name` (another host's copy) to `directory/name` through copy_verified; True when
-    the blob got its name from it, False when there is none, CandidateRejected otherwise. Never moved or
-    linked, so nothing a handle on it or a hard link to it does later reaches the blob; lstat-ed first and
-    opened only as that same regular file; removed right after (a directory is left to clear_peer_dir)."""
+    """Copy the candidate `peer/name` (lstat-ed, opened only as that regular file, never moved or linked) through
+    copy_verified; True when it gave the blob its name, False when absent, else CandidateRejected. Removed after."""
     try:
         st = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except FileNotFoundError:

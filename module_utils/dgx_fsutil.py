@@ -157,10 +157,9 @@ def is_within(path, root):
 
 
 def walk_tree(top, unlisted=None):
-    """Every entry below top as (path, rel, is_dir), parents first, names sorted, rel '/'-separated; links are
-    never entered (a link to a directory has is_dir true). A missing top yields nothing. A folder that cannot be
-    listed raises StageError naming it (absent files would look unwanted), unless `unlisted` is a list that
-    collects it. No recursion."""
+    """Every entry below top as (path, rel, is_dir), parents first, sorted, never entering a link (a link to a dir
+    has is_dir true); a missing top yields nothing. An unlistable folder raises StageError (absent files would look
+    unwanted) unless `unlisted` collects it."""
     pending = [(top, "")]
     while pending:
         dirpath, rel_dir = pending.pop()
@@ -199,13 +198,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None, enter=None):
-    """Remove a file, a symlink (never its target) or a directory tree (path, or a name in the open dir_fd),
-    through descriptors: each directory opened relative to its parent without following a link and checked to
-    be the one listed, so nothing swapped in leads outside; one lacking u+rwx gets it through its handle.
-    A mount point is never entered: StageError, or with around_mounts it stays with the folders holding it.
-    With enter, a folder below the top is entered only when enter(its '/'-separated rel) is true.
-    Returns False when nothing was there, else True, or with around_mounts/enter the (path, why) pairs left
-    (why: the mount, or None for a folder not entered). Messages name shown_as (default path)."""
+    """Remove a file, a symlink (never its target) or a tree (path, or a name in dir_fd) through descriptors, each
+    directory opened from its parent without following a link and checked to be the one listed (u+rwx given through
+    its handle when lacking). A mount point is never entered: StageError, or with around_mounts it stays with its
+    parents; with enter, a folder is entered only when enter(its '/'-separated rel). Returns False for nothing there,
+    else True, or with around_mounts/enter the (path, why) pairs left (why None: not entered). Messages say shown_as."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

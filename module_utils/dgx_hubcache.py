@@ -87,10 +87,8 @@ MAX_LINK_HOPS = 40
 
 
 def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
-    """(etag, alias_of, source) of one snapshot link, followed hop by hop: etag names the first hop into
-    `<repo>/blobs/` (what the content is checked against); alias_of is the snapshot path a chain with no blob
-    hop ends at. StageError naming the link for dangling chains, loops, and chains leaving `hub_real`, the
-    repo's blobs/ or its own snapshot."""
+    """(etag, alias_of, source) of a snapshot link followed hop by hop: etag names its first hop into blobs/,
+    alias_of the snapshot file a chain with no blob hop ends at. StageError for dangling, looping or escaping chains."""
     source = content_of(link_path, hub_real)
     blobs_dir = os.path.join(repo_dir, "blobs")
     current = link_path
@@ -126,10 +124,9 @@ def content_of(link_path, hub_real):
 
 
 def scan_snapshot(repo_dir, commit, hub_root, strict=True):
-    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed (the mirror plans from it, the
-    manifest binds from it). StageError naming the entry for a snapshot outside `hub_root`, symlinked
-    directories, non-regular files, dangling or looping links and chains leaving `hub_root`; with
-    strict=False a bad entry comes back as kind "bad" with its `problem`, for the caller to leave to the NAS."""
+    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed; StageError naming the entry for
+    anything escaping `hub_root`, symlinked directories, non-regular files, dangling or looping links (strict=False:
+    a bad entry is returned as kind "bad" with its `problem`, for the caller to leave to the NAS)."""
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
     snap_dir = os.path.join(repo_dir, "snapshots", commit)

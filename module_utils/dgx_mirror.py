@@ -24,11 +24,9 @@ from ansible.module_utils.dgx_units import utc_text
 
 
 def run_mirror(req, check_mode=False, progress=True):
-    """Plan, check space, apply (unless check_mode) and return the module result. StageError: bad input,
-    nothing written; MirrorFailed (with the result): files not staged or a NAS blob failing its name. Under the
-    repo lock the progress file says how the pass ended; once it started writing, peer_dir is removed at its
-    end, whatever the end. A refusal before the lock that found corrupt NAS blobs is raised under the lock,
-    once the progress file keeps them."""
+    """Plan, check space, apply (unless check_mode) and return the result; StageError for bad input, MirrorFailed
+    (with the result) for files not staged or corrupt NAS blobs. Under the lock the progress file says how the pass
+    ended, and a pass that started writing removes peer_dir at its end."""
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
     if check_mode:
@@ -121,9 +119,8 @@ def _refused(exc, req, meter, started, check_mode=False):
 
 
 def _refuse_before_locking(req, started, meter):
-    """Refuse bad input, files not staged and a disk too small for the missing files before the lock file is
-    created, by a plan with verify none (what it reads counts in meter). None, or (refusal, nas_corrupt
-    records) when it also found corrupt NAS blobs: only the lock holder records them, so the caller raises."""
+    """Refuse bad input, files not staged and too little space before the lock, by a verify-none plan. None, or
+    (refusal, nas_corrupt records) when it found corrupt NAS blobs, for the lock holder to record and raise."""
     quick = copy.copy(req)
     quick.verify = "none"
     quick_meter = PassMeter(req.phase, req.repo_id, quick.verify)

@@ -1,7 +1,6 @@
 """The mount table, read one way (stdlib only, Python 3.8+). Nothing is written or removed across a mount point
-below the local hub root (a bind mount would expose a folder from elsewhere): an open directory is one when its
-mount id (/proc/self/fdinfo, bound to the opened directory, not its name) or st_dev differs from its parent's.
-Without /proc a same-filesystem bind mount cannot be told: StageError, never a guess.
+(a bind mount shows a folder from elsewhere): an open directory is one when its mount id (/proc/self/fdinfo, bound
+to the opened directory) or st_dev differs from its parent's; without /proc: StageError, never a guess.
 """
 import os
 import re

@@ -37,12 +37,10 @@ def holder_text(holder):
 
 
 class RepoLock(object):
-    """An exclusive flock on the lock directory `<dest>/.locks/<folder>`, opened through the local tree. The
-    directory is locked, not a file in it: a file can be removed or replaced under a holder, letting the next
-    run lock a fresh one beside it. The holder writes `<pid> <run id> <since>` into `dgx-stage.lock`; a waiting
-    run calls on_wait(holder) when it starts waiting and on_wait(None) once it holds the lock. A directory
-    renamed aside while waited on is let go for the one named now; the holder writes through `directory`
-    after check_held(), so a lock folder removed under it stops the run rather than letting two interleave."""
+    """An exclusive flock on the lock directory `<dest>/.locks/<folder>` (a file in it could be replaced under the
+    holder); the holder writes `<pid> <run id> <since>` into `dgx-stage.lock`. A waiting run calls on_wait(holder), then
+    on_wait(None) once it holds the lock; a directory renamed aside while waited on is let go for the one named now.
+    The holder writes through `directory` after check_held(), so a lock folder removed under it stops the run."""
 
     NAME = "dgx-stage.lock"
 

@@ -39,8 +39,7 @@ def _whole(value, what, least):
 
 
 def readers_of(readers, world_size):
-    """stage_nas_readers as a number of hosts: empty, None or 0 mean the whole lane; more than the lane is
-    the whole lane."""
+    """stage_nas_readers as a number of hosts: empty, None, 0 or more than the lane mean the whole lane."""
     world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
     if readers is None or (isinstance(readers, str) and readers.strip() in ("", "0")) or readers == 0:
         return world_size
@@ -65,8 +64,7 @@ def stage_wave_count(world_size, readers, fanout):
 
 
 def stage_peer(rank, lane_hosts, live_hosts, readers, fanout):
-    """A host of an earlier wave still in the play (failed and unreachable hosts have left it); the hosts of
-    one wave are spread over the earlier ones. '' without fan-out, in the first wave, or when none is alive."""
+    """A live host of an earlier wave, a wave's hosts spread over them; '' without fan-out or such a host."""
     if not fanout:
         return ""
     lane_hosts = list(lane_hosts)

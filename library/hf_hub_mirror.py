@@ -11,118 +11,72 @@ module: hf_hub_mirror
 short_description: Mirror one revision of a Hugging Face hub cache repo from a NAS hub to a local hub, verified
 version_added: "1.0.0"
 description:
-  - Copies the files of one revision of one repo, selected by C(allow_patterns)/C(ignore_patterns), from the
-    NAS hub cache C(src) into the local hub cache C(dest), and leaves a valid hub cache that
-    C(huggingface_hub) loads offline (C(refs/), relative C(snapshots/) links, real C(blobs/), a
-    C(trees/<commit>.json) listing only what was staged).
-  - Follows link chains through the NAS's hub-level C(blobs/<sha[:2]>/<sha>) store; every local blob is a
-    real file and nothing local resolves into the NAS.
-  - Real files inside the NAS snapshot (the optional page15 pack) are staged only when the patterns
-    select them; excluded paths are returned for the NAS-fallback mount manifest.
-  - Every blob written under C(blobs/<name>) (a copy or a repair, whatever C(verify) says) is hashed against
-    its name (sha256, or git blob sha1 for 40-hex names) on the same read pass that writes it, and is renamed
-    to its name only when it matches. A NAS blob that fails is listed in C(nas_corrupt) and the module
-    fails for the repo; a local copy that hashes to its name is kept, one that does not is removed.
-  - Real files inside a snapshot have no name to check; their copy is refused when the NAS file changes
-    size or mtime during the copy.
-  - Existing local blobs are checked as C(verify) says, never trusted by size alone unless C(verify=none); a
-    wrong one (for example another shard of the same size hardlinked in its place) is replaced atomically.
+  - Copies the files of one revision of one repo that C(allow_patterns)/C(ignore_patterns) select from the NAS
+    hub cache C(src) into the local hub cache C(dest), leaving a hub cache C(huggingface_hub) loads offline
+    (C(refs/), relative C(snapshots/) links, real C(blobs/), a C(trees/<commit>.json) of what was staged).
+  - Follows link chains through the NAS's hub-level C(blobs/<sha[:2]>/<sha>) store; every local blob is a real
+    file and nothing local resolves into the NAS. A link between snapshot files resolves to the blob its chain
+    reaches; a link to a real snapshot file stays a link when both are staged. Real snapshot files (the optional
+    page15 pack) are staged only when selected; excluded paths are returned for the NAS-fallback manifest.
+  - Every blob written (copy or repair) is hashed against its name (sha256, or git blob sha1 for 40-hex names)
+    on the pass that writes it and renamed to that name only when it matches. A NAS blob that fails is listed in
+    RV(nas_corrupt) and fails the repo; a local copy of it that hashes to its name is kept, any other removed. A
+    real snapshot file has no name to check; its copy is refused when the NAS file changes size or mtime meanwhile.
+  - Existing local blobs are proven as O(verify) says (sizes alone only with V(none)); a wrong one (say another
+    shard of the same size hardlinked in its place) is replaced atomically, returned in RV(repairs) and warned
+    about, naming the snapshot path, the blob and what the local bytes hashed to.
   - Every directory it writes or removes in (repo folder, C(blobs/), C(snapshots/<commit>/...), C(refs/),
-    C(trees/), C(.locks/)) must be a real directory inside C(dest); a symlinked one is refused, naming the
-    link and its target, before anything is written (in check mode too). Writes never follow links.
-  - A link between snapshot files resolves to the blob its chain reaches; a link to a real snapshot file
-    stays a link when both are staged.
-  - Refuses before writing anything when the disk cannot hold the copy plus C(reserve), and on bad
-    input (missing roots, an empty NAS root (is it mounted?), unknown repo or revision, dangling or escaping
-    links, blobs not named by a hash, patterns selecting nothing). A local disk that fills up or fails
-    mid-copy is reported with the file, the disk, the bytes still needed and free; no temp file is left.
-  - Writes go to a temp file, are fsynced and renamed; a killed run leaves no torn blob and the next
-    run removes its debris. A per-repo lock keeps two runs from interleaving.
-  - Existing local blobs are proven as C(verify) says. A wrong one is repaired; each repair is returned in
-    RV(repairs) and is a module warning naming the snapshot path, the blob name and what the local bytes hashed
-    to. With C(copy_missing=false) (the stage role's verify pass) a selected file with no local copy fails the
-    run before anything is written, naming the files not staged and saying to run the stage play first.
-  - Each run returns the bytes it read on each side in RV(bytes_read) (sampled reads, full hashes, copies).
-  - Every run past the input checks (not in check mode) keeps the progress file
-    C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) next to the repo lock, rewritten atomically about
-    once a second by the pass named by O(phase) - C(updated_at), C(pid), C(pass), C(current), C(step),
-    C(files_done)/C(files_total), C(bytes_done)/C(bytes_total), C(mib_per_s), C(eta_s) (null until a rate is
-    known), C(bytes_read), the C(hashing) (content checks of present files) and C(copying) figures, C(status)
-    (V(running), V(ok), V(failed), V(interrupted)), C(finished), C(aborted) (the run stopped on an error,
-    Ctrl-C or SIGTERM) and C(error) - and keeps the latest figures of each pass under C(passes), so a verify
-    pass never hides the last stage's. A SIGKILLed run leaves C(status=running), its C(pid) gone and
-    C(updated_at) stops moving.
-  - With O(peer_dir), a blob the run would copy from the NAS is first looked for in that directory, where another
-    host of the lane put it (the stage role's host-to-host fan-out). A regular file named by the blob (lstat-ed
-    first; opened only when it is one, without following links and without blocking, and only when the open
-    file is the one lstat-ed - a FIFO or device node is never opened) is copied into C(blobs/) like a NAS copy -
-    a new file, hashed while it is written, given the blob's name only when the bytes written hash to it at
-    the NAS size. The candidate itself is never moved or linked (nothing a handle on it or a hard link to it
-    does later reaches the blob) and is removed right after its copy or its rejection. That costs one local
-    write per blob taken from a peer. Anything else (other bytes, another size, a symlink, a FIFO, a
-    directory, a file that cannot be opened or read, one changing while copied) is rejected in
-    RV(peer_rejected), with the reason, and the blob is copied from the NAS as usual. RV(bytes_from_nas) and
-    RV(bytes_from_peers) say where the bytes came from.
-  - A run that fails once content is being proven or copied (a NAS blob failing its name, a local disk
-    failing or filling mid-copy, a NAS file changing during its copy, files left unstaged or dangling)
-    returns its whole result with RV(msg) - what was staged, RV(nas_corrupt), RV(report) with
-    C(status=failed). Bad input, a repo lock held too long, a disk too small for the plan and an interrupted
-    run fail with RV(msg) only.
+    C(trees/), C(.locks/)) must be a real directory inside C(dest); a symlinked one is refused, naming the link
+    and its target, before anything is written (in check mode too). Writes never follow links.
+  - Refuses before writing when the disk cannot hold the copy plus O(reserve), and on bad input (missing roots,
+    an empty NAS root (is it mounted?), unknown repo or revision, dangling or escaping links, blobs not named by a
+    hash, patterns selecting nothing). A local disk failing or filling mid-copy is reported with the file, the
+    disk, the bytes still needed and free.
+  - Writes go to a temp file, fsynced and renamed; a killed run leaves no torn blob and the next run removes its
+    debris. A per-repo lock keeps two runs from interleaving.
+  - Past the input checks (not in check mode) the run keeps C(<dest>/.locks/<repo folder>/dgx-stage.progress.json),
+    rewritten atomically about once a second by the pass O(phase) names - C(updated_at), C(pid), C(pass),
+    C(current), C(step), C(files_done)/C(files_total), C(bytes_done)/C(bytes_total), C(mib_per_s), C(eta_s) (null
+    until a rate is known), C(bytes_read), the C(hashing) and C(copying) figures, C(status) (V(running), V(ok),
+    V(failed), V(interrupted)), C(finished), C(aborted) (stopped on an error, Ctrl-C or SIGTERM), C(error) - and
+    each pass's latest figures under C(passes). A SIGKILLed run leaves C(status=running) with its C(pid) gone.
+  - A run that fails once content is being proven or copied (a corrupt NAS blob, a local disk failing, a NAS file
+    changing during its copy, files left unstaged or dangling) returns its whole result with RV(msg) and
+    RV(report) C(status=failed); bad input, a lock held too long, too little space or an interrupt return
+    RV(msg) and a RV(report) row without figures.
 author: dgx-stage maintainers
 options:
-  src:
-    description: NAS hub cache root (the directory holding C(models--*)). Only read.
-    type: path
-    required: true
-  dest:
-    description: Local hub cache root on the node's NVMe. Must exist.
-    type: path
-    required: true
-  repo_id:
-    description: Repo id, C(org/name).
-    type: str
-    required: true
-  repo_type:
-    description: Kind of repo.
-    type: str
-    choices: [model, dataset, space]
-    default: model
-  revision:
-    description: Branch, tag or 40-hex commit to stage.
-    type: str
-    default: main
+  src: {description: NAS hub cache root (the directory holding C(models--*)). Only read., type: path, required: true}
+  dest: {description: Local hub cache root on the node's NVMe. Must exist., type: path, required: true}
+  repo_id: {description: "Repo id, C(org/name).", type: str, required: true}
+  repo_type: {description: Kind of repo., type: str, default: model, choices: [model, dataset, space]}
+  revision: {description: "Branch, tag or 40-hex commit to stage.", type: str, default: main}
   allow_patterns:
     description:
-      - Only paths matching one of these are staged (huggingface_hub semantics, fnmatch on the
-        snapshot-relative path; a pattern ending in C(/) matches everything below it).
+      - Only paths matching one of these are staged (huggingface_hub semantics, fnmatch on the snapshot-relative
+        path; a pattern ending in C(/) matches everything below it).
     type: list
     elements: str
-  ignore_patterns:
-    description: Paths matching one of these are not staged.
-    type: list
-    elements: str
+  ignore_patterns: {description: Paths matching one of these are not staged., type: list, elements: str}
   copy_missing:
     description:
       - Copy selected files that have no local copy (a missing blob, a link where the copy should be).
-      - V(false) (the stage role's verify pass) proves what is staged and copies nothing new - a present copy
-        that fails its check is still repaired - and fails the run, before anything is written (in check mode
-        too), when selected files are not staged, naming the first few and their count.
+      - V(false) (the stage role's verify pass) copies nothing new (a present copy failing its check is still
+        repaired) and fails before anything is written (in check mode too) when selected files are not staged,
+        naming the first few and their count and saying to run the stage play first.
     type: bool
     default: true
   phase:
-    description:
-      - The pass this run is, as named in the progress file and the results (the stage role passes its own).
-      - The progress file keeps the latest figures of each pass under C(passes).
+    description: The pass this run is, as named in the progress file and the results.
     type: str
     choices: [stage, verify]
     default: stage
   verify:
     description:
       - How local blobs are proven right.
-      - C(sample) compares size plus sampled content (head, tail, spread middle blocks) of the local copy and
-        the NAS file; it survives stale NFS mtimes. It reads about 1 MiB a side per blob, so it does not see a
-        byte changed between two samples (a flip in the middle of a shard); only C(full) does.
-      - C(full) hashes every local blob against its own name (sha256 or git blob sha1), with no NAS read.
+      - C(sample) compares size plus head, tail and spread middle blocks (about 1 MiB a side) of the local copy and
+        the NAS file; it survives stale NFS mtimes but misses a byte changed between two samples.
+      - C(full) hashes every local blob against its own name, with no NAS read.
       - C(none) trusts sizes.
     type: str
     choices: [sample, full, none]
@@ -133,15 +87,14 @@ options:
     default: 2%
   prune:
     description:
-      - Remove local files of this repo that are not part of the wanted state (stale copies of excluded
-        files, blobs no local snapshot links to). Other local snapshots and their blobs are kept.
+      - Remove local files of this repo outside the wanted state (stale copies of excluded files, blobs no local
+        snapshot links to). Other local snapshots and their blobs are kept.
     type: bool
     default: false
   lock_timeout:
     description:
-      - Seconds to wait for another run holding the repo lock before failing; the failure names that run (its
-        O(run_id), pid and since when). With O(lease_file), while it waits the lease file says for whom, and the
-        mirror_job polls print it.
+      - Seconds to wait for another run holding the repo lock before failing, naming that run (its O(run_id), pid,
+        since when). With O(lease_file), the lease file says meanwhile for whom it waits, for the mirror_job polls.
     type: int
     default: 60
   run_id:
@@ -149,23 +102,20 @@ options:
     type: str
   workers:
     description:
-      - Files in flight at once, for copies and for content checks. Each worker reads its file in chunks
-        (up to 8 MiB) into one reused buffer, so memory stays constant whatever the file size.
-      - When unset, the node's CPU count, at least 2 and at most 8; at most 32. The read buffers of all
-        workers together stay within 32 MiB (a worker's chunk shrinks as workers are added).
+      - Files in flight at once, for copies and content checks; each reads in chunks into one reused buffer, all
+        buffers together within 32 MiB, whatever the file size.
+      - Unset - the node's CPU count, between 2 and 8; at most 32.
     type: int
   lease_file:
     description:
-      - For a background run (C(async)) - a file whose mtime the controller renews while it watches the run (the
-        stage role's mirror_job polls touch it). The run writes its process id into it when it starts (a poll
-        that finds that process gone without a result ends the job as failed) and checks it every few
-        seconds; when it was not renewed for O(lease_timeout) seconds, or was removed, the run stops as on
-        Ctrl-C (the copies in flight stopped within a chunk, their temp files removed, no ref written for an
-        incomplete snapshot, the repo lock released) and fails saying so. Unset - no lease (a background run
-        whose controller was killed runs to its end, holding the repo lock).
-      - Refused (before anything is written) when its directory is a symlink or has one on its way inside O(dest),
-        or is inside O(dest) but not under its C(.locks).
-      - Ignored in check mode.
+      - For a background run (C(async)) - a file whose mtime the controller renews while it watches (the stage
+        role's mirror_job polls touch it). The run writes its pid into it (a poll finding that process gone without
+        a result fails the job) and checks it every few seconds; unrenewed for O(lease_timeout) seconds, or
+        removed, it stops as on Ctrl-C (copies in flight stopped within a chunk, temp files removed, no ref for an
+        incomplete snapshot, lock released) and fails saying so. Unset - a run whose controller died runs to its
+        end.
+      - Refused before anything is written when its directory is or passes a symlink inside O(dest), or is inside
+        O(dest) but not under its C(.locks). Ignored in check mode.
     type: path
   lease_timeout:
     description: Seconds O(lease_file) may go unrenewed before the run stops itself.
@@ -173,62 +123,51 @@ options:
     default: 120
   peer_dir:
     description:
-      - A scratch directory inside O(dest), by convention C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding
-        candidate blobs named by their blob names (etags), copied there from another host of the lane. Missing -
-        no candidates.
-      - For every blob the run copies, a regular file C(<peer_dir>/<blob>) is copied into C(blobs/) and given the
-        blob's name when the bytes written hash to it (sha256 or git blob sha1, at the NAS size); one that does not
-        is listed in RV(peer_rejected) and the blob is fetched from the NAS. Either way the candidate is removed
-        right after. Each candidate taken costs one local write (its copy).
-      - In the space check a candidate counts only when it is a regular file of the blob's size on the
-        filesystem of C(blobs/) whose allocated blocks cover its size (a sparse file frees nothing) -
-        RV(space.peers). Its space comes back only once its copy is made, so the need is the bytes to write,
-        less RV(space.peers), plus RV(space.peers_peak) (the largest counted candidates, one per worker, that
-        are still there while their copies are in flight).
-      - Once a run (not in check mode) has started writing - ok, failed or interrupted - O(peer_dir) is
-        removed with what is left directly in it (files, links, never a link's target; rsync's delay-updates
-        folder C(.~tmp~) with the files in it); any other directory inside it is not entered but named in a
-        warning, and a directory on another mount (O(peer_dir) or C(.~tmp~)) is never emptied. A run refused
-        before it writes (bad input, O(require_match), space, files not staged - before or under the repo lock)
-        leaves it as it is for the next run; check mode never touches it.
-      - Refused before anything is written (in check mode too) when it is not an absolute path without C(..)
-        components, is O(dest), is not inside O(dest), is or is inside a repo folder, the lock root or a repo's
-        lock directory, is not this repo's candidate folder (its name must be the repo folder,
-        C(models--org--name), and its parent's C(dgx-stage-peer), so another repo's candidates are never removed),
-        is reached through a symlink, or is - or has on its way below O(dest) - a mount point. Mount points are
-        found by C(st_dev) differing from the parent's (another filesystem, or a bind mount of one) and by the
-        mount points of C(/proc/self/mountinfo) (a bind mount of the same filesystem).
+      - This repo's candidate folder C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding blobs another host of
+        the lane copied there, named by their blob names (the stage role's fan-out). Missing - no candidates.
+      - A blob the run would copy is first looked for there. A regular file C(<peer_dir>/<blob>) (lstat-ed first,
+        opened without following links or blocking and only when the open file is the one lstat-ed, so a FIFO or
+        device is never opened) is copied into C(blobs/) like a NAS copy and named only when the bytes written hash
+        to the blob at the NAS size; it is never moved or linked, and is removed right after its copy or rejection.
+        Anything else (other bytes or size, a link, FIFO or directory, unreadable, changing meanwhile) is listed in
+        RV(peer_rejected) and the blob comes from the NAS.
+      - The space check counts a candidate (RV(space.peers)) only when it is a regular file of the blob's size on
+        the filesystem of C(blobs/) whose allocated blocks cover it; the largest ones still there while their
+        copies are in flight (one per worker) are added back as RV(space.peers_peak).
+      - Once a run (not in check mode) has started writing - ok, failed or interrupted - O(peer_dir) is removed with
+        what is directly in it (files, links, never a link's target; rsync's C(.~tmp~) and its files); another
+        directory in it is named in a warning and not entered, and one on another mount is never emptied. A run
+        refused before writing, and check mode, leave it as it is.
+      - Refused before anything is written (in check mode too) when not absolute or with C(..), O(dest) itself or
+        outside it, in or at a repo folder, the lock root or a repo's lock directory, not named as this repo's
+        folder under C(dgx-stage-peer) (so another repo's candidates are never removed), reached through a symlink,
+        or a mount point or below one inside O(dest) (C(st_dev) differing from its parent's, or listed in
+        C(/proc/self/mountinfo)).
     type: path
   require_match:
     description:
-      - Patterns (the host's rank patterns, as the stage role expands C(rank_patterns)) each of which must match at
-        least one file this run selects - the NAS snapshot's files after O(allow_patterns) and O(ignore_patterns)
-        (fnmatch on the snapshot-relative path like O(allow_patterns), a pattern ending in C(/) matching
-        everything below it).
-      - A pattern matching no selected file fails the run before anything is written (in check mode too), naming
-        the pattern, the repo and the commit, and saying so when it matches only files the patterns exclude.
-      - The selected files it matches are this host's rank files, RV(files.rank); the others RV(files.shared).
+      - This host's rank patterns (the stage role's expanded C(rank_patterns)), each of which must match at least
+        one selected file (matched like O(allow_patterns)); one that matches none fails the run before anything is
+        written (in check mode too), naming the pattern, the repo and the commit, and whether it matches only
+        excluded files.
+      - The selected files they match are RV(files.rank); the others RV(files.shared).
     type: list
     elements: str
   other_rank_patterns:
     description:
-      - The lane's other ranks' patterns (as the stage role expands C(rank_patterns)); the role also lists them in
-        O(ignore_patterns), so their files are not staged here.
-      - A file of the snapshot that one of them and one of O(require_match) both select fails the run before
-        anything is written (in check mode too), naming the file and both patterns - rank files partition the
-        repo, and such a file would be staged by neither rank.
+      - The lane's other ranks' patterns (the role also lists them in O(ignore_patterns)). A snapshot file that one
+        of them and one of O(require_match) both select fails the run before anything is written (in check mode
+        too), naming the file and both patterns, since rank files partition the repo.
     type: list
     elements: str
   inventory_hostname:
-    description:
-      - This node's name in the inventory, the C(--limit) of the C(dgx-stage) commands the messages give as the
-        fix (C(dgx-stage stage --limit dgx2)); without it they name the whole lane.
+    description: This node's inventory name, the C(--limit) of the C(dgx-stage) commands the messages give as the fix;
+      without it they name the whole lane.
     type: str
   time_limit:
     description:
-      - With O(lease_file) - seconds after which the run stops itself the same way (temp files removed, no ref
-        for an incomplete snapshot, the lock released) and fails saying so; set it below the task's C(async)
-        time limit, at which Ansible's async wrapper kills the run with SIGKILL instead. V(0) - none.
+      - With O(lease_file) - seconds after which the run stops itself the same way and fails saying so; set it below
+        the task's C(async) limit, where Ansible kills the run with SIGKILL instead. V(0) - none.
     type: int
     default: 0
 extends_documentation_fragment:
@@ -304,18 +243,10 @@ files:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    total:
-      description: Files of the NAS snapshot.
-      type: int
-    local:
-      description: Files the patterns select (staged).
-      type: int
-    excluded:
-      description: Files the patterns leave out (RV(excluded_paths)).
-      type: int
-    dangling:
-      description: Local entries that do not resolve to a local file after the run.
-      type: int
+    total: {description: Files of the NAS snapshot., type: int}
+    local: {description: Files the patterns select (staged)., type: int}
+    excluded: {description: Files the patterns leave out (RV(excluded_paths))., type: int}
+    dangling: {description: Local entries that do not resolve to a local file after the run., type: int}
     rank:
       description: Staged files that O(require_match) selects - this host's rank files; V(0) without it.
       type: int
@@ -328,27 +259,17 @@ blobs:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    copied:
-      description: Blobs copied from the NAS (missing locally).
-      type: int
-    reused:
-      description: Local blobs proven right and kept.
-      type: int
-    repaired:
-      description: Local blobs replaced because wrong (size or content).
-      type: int
+    copied: {description: Blobs copied from the NAS (missing locally)., type: int}
+    reused: {description: Local blobs proven right and kept., type: int}
+    repaired: {description: Local blobs replaced because wrong (size or content)., type: int}
   sample: {copied: 7, reused: 0, repaired: 0}
 real_files:
   description: Real files inside the snapshot (no blob name), such as a selected page15 pack.
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    copied:
-      description: Real files copied.
-      type: int
-    repaired:
-      description: Real files replaced because wrong.
-      type: int
+    copied: {description: Real files copied., type: int}
+    repaired: {description: Real files replaced because wrong., type: int}
   sample: {copied: 0, repaired: 0}
 repaired_paths:
   description: Snapshot paths whose local content was wrong and was replaced.
@@ -363,28 +284,18 @@ repairs:
   type: list
   elements: dict
   contains:
-    blob:
-      description: The blob name (the hash its bytes should have); null for a real snapshot file.
-      type: str
+    blob: {description: The blob name (the hash its bytes should have); null for a real snapshot file., type: str}
     reason:
       description: V(size) (its size differs from the NAS copy's), V(content) (it failed its content check),
         V(link) (a symlink where the copy should be) or V(not-a-file).
       type: str
     local_hash:
-      description:
-        - What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
-          sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
+      description: What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
+        sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
       type: str
-    path:
-      description: The snapshot path the warning names (the blob's first).
-      type: str
-    paths:
-      description: All snapshot paths served by this file.
-      type: list
-      elements: str
-    size:
-      description: The file's size on the NAS (the bytes the repair copies).
-      type: int
+    path: {description: The snapshot path the warning names (the blob's first)., type: str}
+    paths: {description: All snapshot paths served by this file., type: list, elements: str}
+    size: {description: The file's size on the NAS (the bytes the repair copies)., type: int}
 links_written:
   description: Snapshot links written (or, in check mode, that would be written).
   returned: success; on failure when the run has a result
@@ -419,13 +330,8 @@ peer_rejected:
   type: list
   elements: dict
   contains:
-    blob:
-      description: The blob name the candidate had.
-      type: str
-    paths:
-      description: The snapshot paths served by that blob.
-      type: list
-      elements: str
+    blob: {description: The blob name the candidate had., type: str}
+    paths: {description: The snapshot paths served by that blob., type: list, elements: str}
     why:
       description: >-
         Why it was rejected (its hash, its size, not a regular file, it could not be opened or read - with the
@@ -452,12 +358,8 @@ bytes_read:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    local:
-      description: Bytes read from the local disk (content checks of present files).
-      type: int
-    nas:
-      description: Bytes read from the NAS (copies, sampled reads, hashes of real files).
-      type: int
+    local: {description: Bytes read from the local disk (content checks of present files)., type: int}
+    nas: {description: "Bytes read from the NAS (copies, sampled reads, hashes of real files).", type: int}
   sample: {local: 0, nas: 50331648}
 excluded_paths:
   description: Snapshot paths not staged (the NAS-fallback manifest binds them from the NAS).
@@ -491,19 +393,10 @@ nas_corrupt_blobs:
   type: list
   elements: dict
   contains:
-    path:
-      description: First snapshot path of the blob.
-      type: str
-    paths:
-      description: Every snapshot path of the blob.
-      type: list
-      elements: str
-    blob:
-      description: The blob name (the expected hash).
-      type: str
-    nas_source:
-      description: The NAS file that was read.
-      type: str
+    path: {description: First snapshot path of the blob., type: str}
+    paths: {description: Every snapshot path of the blob., type: list, elements: str}
+    blob: {description: The blob name (the expected hash)., type: str}
+    nas_source: {description: The NAS file that was read., type: str}
     nas_hash:
       description: What the NAS bytes hashed to; null when the NAS copy was found wrong by comparison with a
         local copy that passes its name.
@@ -511,13 +404,10 @@ nas_corrupt_blobs:
     local:
       description: V(kept) (the local copy hashes to its name), V(removed) (it did not) or V(absent).
       type: str
-    why:
-      description: How the NAS copy was found wrong.
-      type: str
+    why: {description: How the NAS copy was found wrong., type: str}
 unstaged_paths:
-  description:
-    - Selected snapshot paths with no good local content after this run (links to them are not written); with
-      O(copy_missing=false), the files found not staged (the run then wrote nothing).
+  description: Selected snapshot paths with no good local content after this run (links to them are not written); with
+    O(copy_missing=false), the files found not staged (the run then wrote nothing).
   returned: success; on failure when the run has a result
   type: list
   elements: str
@@ -539,9 +429,8 @@ progress_file:
   type: str
   sample: /raid/hf-local/hub/.locks/models--org--name/dgx-stage.progress.json
 summary:
-  description:
-    - One line for the operator - what the pass did (in check mode, V(would copy N files, X GiB)), what it
-      proved, the bytes read on each side, the time.
+  description: One line for the operator - what the pass did (in check mode, V(would copy N files, X GiB)), what it
+    proved, the bytes read on each side, the time.
   returned: success; on failure when the run has a result
   type: str
 space:
@@ -549,136 +438,62 @@ space:
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    free:
-      description: Free bytes on the local disk before the run.
-      type: int
-    reserve:
-      description: Bytes O(reserve) keeps free.
-      type: int
-    need:
-      description: Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).
-      type: int
+    free: {description: Free bytes on the local disk before the run., type: int}
+    reserve: {description: Bytes O(reserve) keeps free., type: int}
+    need: {description: "Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).", type: int}
     peers:
-      description:
-        - Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
-          size on the filesystem of C(blobs/), their allocated blocks covering that size. 0 without O(peer_dir).
+      description: Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
+        size on the filesystem of C(blobs/), their allocated blocks covering that size. 0 without O(peer_dir).
       type: int
     peers_peak:
       description:
         - The largest of those candidates, one per worker (O(workers)) - still on the disk while their copies are
           written. 0 without O(peer_dir).
       type: int
-    reclaimable:
-      description: Bytes the plan frees (prune, debris).
-      type: int
+    reclaimable: {description: "Bytes the plan frees (prune, debris).", type: int}
 duration_s:
   description: The module's own run time in seconds.
   returned: success; on failure when the run has a result
   type: float
 report:
-  description:
-    - This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
-      not described here are the module's own results of the same name. A run that ends without its figures
-      (bad input, the repo lock held past O(lock_timeout), interrupted) returns a row too - V(failed), with only
-      RV(report.repo_id), RV(report.repo_type), RV(report.revision), RV(report.status), RV(report.check_mode),
-      RV(report.verify) and RV(report.phase); a pass with a row lacking RV(report.files) did not finish.
+  description: This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
+    not described here are the module's own results of the same name. A run that ends without its figures
+    (bad input, the repo lock held past O(lock_timeout), interrupted) returns a row too - V(failed), with only
+    RV(report.repo_id), RV(report.repo_type), RV(report.revision), RV(report.status), RV(report.check_mode),
+    RV(report.verify) and RV(report.phase); a pass with a row lacking RV(report.files) did not finish.
   returned: always
   type: dict
   contains:
-    repo_id:
-      description: O(repo_id).
-      type: str
-    repo_type:
-      description: O(repo_type).
-      type: str
-    revision:
-      description: O(revision).
-      type: str
-    status:
-      description: V(ok), V(failed) or V(check) (check mode).
-      type: str
-    check_mode:
-      description: The run was in check mode.
-      type: bool
-    commit:
-      returned: when the run has a result
-      description: RV(commit).
-      type: str
-    snapshot:
-      returned: when the run has a result
-      description: RV(snapshot).
-      type: str
-    files:
-      returned: when the run has a result
-      description: RV(files).
-      type: dict
-    blobs:
-      returned: when the run has a result
-      description: RV(blobs).
-      type: dict
-    bytes_copied:
-      returned: when the run has a result
-      description: RV(bytes_copied).
-      type: int
-    bytes_staged:
-      returned: when the run has a result
-      description: RV(bytes_staged).
-      type: int
-    bytes_from_nas:
-      returned: when the run has a result
-      description: RV(bytes_from_nas).
-      type: int
-    bytes_from_peers:
-      returned: when the run has a result
-      description: RV(bytes_from_peers).
-      type: int
+    repo_id: {description: O(repo_id)., type: str}
+    repo_type: {description: O(repo_type)., type: str}
+    revision: {description: O(revision)., type: str}
+    status: {description: "V(ok), V(failed) or V(check) (check mode).", type: str}
+    check_mode: {description: The run was in check mode., type: bool}
+    commit: {returned: when the run has a result, description: RV(commit)., type: str}
+    snapshot: {returned: when the run has a result, description: RV(snapshot)., type: str}
+    files: {returned: when the run has a result, description: RV(files)., type: dict}
+    blobs: {returned: when the run has a result, description: RV(blobs)., type: dict}
+    bytes_copied: {returned: when the run has a result, description: RV(bytes_copied)., type: int}
+    bytes_staged: {returned: when the run has a result, description: RV(bytes_staged)., type: int}
+    bytes_from_nas: {returned: when the run has a result, description: RV(bytes_from_nas)., type: int}
+    bytes_from_peers: {returned: when the run has a result, description: RV(bytes_from_peers)., type: int}
     peer_rejected:
       returned: when the run has a result
       description: How many O(peer_dir) candidates were rejected (RV(peer_rejected)).
       type: int
-    bytes_read:
-      returned: when the run has a result
-      description: RV(bytes_read).
-      type: dict
-    duration_s:
-      returned: when the run has a result
-      description: RV(duration_s).
-      type: float
-    verify:
-      description: RV(verify).
-      type: str
-    phase:
-      description: RV(phase).
-      type: str
+    bytes_read: {returned: when the run has a result, description: RV(bytes_read)., type: dict}
+    duration_s: {returned: when the run has a result, description: RV(duration_s)., type: float}
+    verify: {description: RV(verify)., type: str}
+    phase: {description: RV(phase)., type: str}
     changed:
       returned: when the run has a result
       description: Whether the run changed the local hub (or, in check mode, would).
       type: bool
-    repaired_paths:
-      returned: when the run has a result
-      description: RV(repaired_paths).
-      type: list
-      elements: str
-    repairs:
-      returned: when the run has a result
-      description: RV(repairs).
-      type: list
-      elements: dict
-    pruned:
-      returned: when the run has a result
-      description: RV(pruned).
-      type: list
-      elements: str
-    excluded_paths:
-      returned: when the run has a result
-      description: RV(excluded_paths).
-      type: list
-      elements: str
-    nas_corrupt:
-      returned: when the run has a result
-      description: RV(nas_corrupt).
-      type: list
-      elements: str
+    repaired_paths: {returned: when the run has a result, description: RV(repaired_paths)., type: list, elements: str}
+    repairs: {returned: when the run has a result, description: RV(repairs)., type: list, elements: dict}
+    pruned: {returned: when the run has a result, description: RV(pruned)., type: list, elements: str}
+    excluded_paths: {returned: when the run has a result, description: RV(excluded_paths)., type: list, elements: str}
+    nas_corrupt: {returned: when the run has a result, description: RV(nas_corrupt)., type: list, elements: str}
     nas_corrupt_blobs:
       returned: when the run has a result
       description:
@@ -686,22 +501,14 @@ report:
           onto a wiped local hub still refuses them.
       type: list
       elements: dict
-    unstaged_paths:
-      returned: when the run has a result
-      description: RV(unstaged_paths).
-      type: list
-      elements: str
+    unstaged_paths: {returned: when the run has a result, description: RV(unstaged_paths)., type: list, elements: str}
 diff:
   description: What the run did (or would do) - the plan in one line, then one line per copy, repair, prune and ref.
   returned: success when in diff mode and something changes
   type: dict
   contains:
-    before_header:
-      description: C(<snapshot> (local)).
-      type: str
-    after_header:
-      description: C(<snapshot> (staged)).
-      type: str
+    before_header: {description: C(<snapshot> (local))., type: str}
+    after_header: {description: C(<snapshot> (staged))., type: str}
     prepared:
       description: The lines, the first one the plan (V(would copy 13 files, 47.9 GiB; ...) in check mode).
       type: str
@@ -746,6 +553,9 @@ ARGUMENT_SPEC = dict(
     inventory_hostname=dict(type="str"),
 )
 
+# The options the module itself handles; the others are MirrorRequest's own.
+NOT_REQUEST = ("lease_file", "lease_timeout", "time_limit", "inventory_hostname")
+
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
@@ -754,7 +564,7 @@ def main():
     # The row of a run that ends without its figures: every repo asked for has one.
     unfinished = unfinished_report(params["repo_id"], params["repo_type"], params["revision"], params["phase"],
                                    params["verify"], module.check_mode)
-    lease = None
+    lease = failure = None
     try:
         if params["lease_file"] and not module.check_mode:
             try:
@@ -762,22 +572,12 @@ def main():
                                    time_limit=params["time_limit"]).start()
             except StageError as exc:
                 raise StageError("lease_file %s: %s" % (params["lease_file"], exc))
-        request = MirrorRequest(
-            src=params["src"], dest=params["dest"], repo_id=params["repo_id"], repo_type=params["repo_type"],
-            revision=params["revision"], allow_patterns=params["allow_patterns"],
-            ignore_patterns=params["ignore_patterns"], verify=params["verify"], reserve=params["reserve"],
-            prune=params["prune"], lock_timeout=params["lock_timeout"], workers=params["workers"],
-            copy_missing=params["copy_missing"], phase=params["phase"], peer_dir=params["peer_dir"],
-            require_match=params["require_match"], other_rank_patterns=params["other_rank_patterns"],
-            host=params["inventory_hostname"], run_id=params["run_id"],
-            on_lock_wait=lease.note_waiting if lease is not None else None)
+        request = MirrorRequest(host=params["inventory_hostname"],
+                                on_lock_wait=lease.note_waiting if lease is not None else None,
+                                **dict((key, params[key]) for key in ARGUMENT_SPEC if key not in NOT_REQUEST))
         result = run_mirror(request, check_mode=module.check_mode)
     except MirrorFailed as exc:
-        result = exc.result
-        result.pop("diff_text")
-        for warning in result.pop("warnings"):
-            module.warn(warning)
-        module.fail_json(**printable_names(dict(result, msg="hf_hub_mirror %s: %s" % (params["repo_id"], exc))))
+        result, failure = exc.result, "hf_hub_mirror %s: %s" % (params["repo_id"], exc)
     except (StageError, OSError) as exc:
         module.fail_json(msg=printable_names("hf_hub_mirror %s: %s" % (params["repo_id"], exc)),
                          report=unfinished)
@@ -791,9 +591,10 @@ def main():
             lease.stop()
     result = printable_names(result)
     diff_text = result.pop("diff_text")
-    warnings = result.pop("warnings")
-    for warning in warnings:
+    for warning in result.pop("warnings"):
         module.warn(warning)
+    if failure:
+        module.fail_json(msg=printable_names(failure), **result)
     if module._diff and diff_text:
         result["diff"] = {"before_header": "%s (local)" % result["snapshot"],
                           "after_header": "%s (staged)" % result["snapshot"], "prepared": diff_text}

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Name-checked copies onto the local disk: a file only ever appears under its final name complete and fsynced,
-and a blob only when the bytes that were written hash to its name; a peer's candidate is adopted only after
-the same proof. Anything a killed copy left behind carries TEMP_PREFIX and is removed by the next run.
+"""Name-checked copies onto the local disk: a file appears under its final name only complete and fsynced, a blob
+only when the bytes written hash to its name (a peer's candidate too); a killed copy leaves TEMP_PREFIX debris.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -46,9 +45,10 @@ def _write_all(fd, view):
 FLUSH_EVERY = 64 * 1024 * 1024
 
 
-def _flush(dst_fd, final, flushed, copied):
+def _sync(dst_fd, final, copied, flushed=0, data_only=False):
+    """Sync the copy up to `copied` bytes and drop those pages: the engine's page cache is worth more than ours."""
     try:
-        os.fdatasync(dst_fd)
+        (os.fdatasync if data_only else os.fsync)(dst_fd)
     except OSError as exc:
         raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
     advise(dst_fd, "POSIX_FADV_DONTNEED", flushed, copied - flushed)
@@ -61,18 +61,9 @@ def _identity(st):
 
 
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
-    """Copy `source` to `directory/name` through a fsynced temp file and one rename; returns bytes copied.
-
-    With source_fd (an open file of the caller's, read from its start and left open), that file is
-    read and `source` only names it in messages.
-
-    The source is read once, in large chunks: each chunk is hashed (when blob_name is given: sha256 or
-    git blob sha1, as the hub named the blob) and written from the same buffer. The temp file gets
-    `name` only when the source kept its size and mtime during the copy and the bytes hash to
-    blob_name; otherwise SourceProblem, and no file by that name is created or replaced.
-    Replacing by rename also breaks any hardlink the old file had (a wrong shard is never written through).
-    Local write failures raise LocalWriteError; every failure removes the temp file.
-    """
+    """Copy `source` (or the open source_fd; `source` then names it) to `directory/name` through a fsynced temp
+    file and one rename (breaking any hard link), hashing each chunk as blob_name is named; returns bytes copied.
+    A source that changed or hashes wrong is a SourceProblem, a local failure a LocalWriteError; no temp file stays."""
     buf = buf or ChunkBuffer()
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)
@@ -97,7 +88,7 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
         try:
             copied = _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress)
             _refuse_changed_source(src_fd, before, source, copied, size)
-            _sync_to_disk(dst_fd, final, copied)
+            _sync(dst_fd, final, copied)
         finally:
             os.close(dst_fd)
         if hasher is not None and not hasher.matches():
@@ -124,11 +115,7 @@ def _create_temp(directory, temp, final):
 
 
 def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
-    """The copy loop: read a chunk, hash it, write it from the same buffer; returns bytes copied.
-
-    Reads stop one chunk past the expected size, so a source that grew is noticed without reading
-    all of it.
-    """
+    """Read, hash and write chunk by chunk; reading stops one chunk past `size` (a source that grew)."""
     copied = flushed = 0
     while copied <= size:
         buf.check()
@@ -150,19 +137,10 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
         advise(src_fd, "POSIX_FADV_DONTNEED", copied, got)
         copied += got
         if copied - flushed >= FLUSH_EVERY:
-            flushed = _flush(dst_fd, final, flushed, copied)
+            flushed = _sync(dst_fd, final, copied, flushed, data_only=True)
         if progress is not None:
             progress(got)
     return copied
-
-
-def _sync_to_disk(dst_fd, final, copied):
-    """fsync the copy, then drop its pages: the engine's page cache is worth more than ours."""
-    try:
-        os.fsync(dst_fd)
-    except OSError as exc:
-        raise LocalWriteError("flushing %s to disk failed: %s" % (final, exc), final, copied, exc.errno)
-    advise(dst_fd, "POSIX_FADV_DONTNEED")
 
 
 def _refuse_changed_source(src_fd, before, source, copied, size):
@@ -183,16 +161,8 @@ _CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
-    """Copy the candidate `peer/name` (a copy another host sent) to `directory/name` through
-    copy_verified: a new file, hashed while it is written, given the name only when its bytes hash to
-    `name` at `size`. True when the blob got its name from the candidate, False when there is none.
-
-    The candidate is never moved or linked: whatever a handle opened on it, or a hard link made to
-    it, does later cannot reach the blob. It is lstat-ed first and opened only when it is a regular
-    file (never a link, FIFO or device), and the open file must be the one lstat-ed. Anything else
-    raises CandidateRejected. The candidate is removed right after its copy or its rejection (a
-    directory is left for the peer_dir clean-up to report). `progress(count)` gets the bytes read.
-    """
+    """Copy the candidate `peer/name` (lstat-ed, opened only as that regular file, never moved or linked) through
+    copy_verified; True when it gave the blob its name, False when absent, else CandidateRejected. Removed after."""
     try:
         st = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -255,8 +225,7 @@ def _kind_of(mode):
 
 
 def _drop_candidate(peer, name, st):
-    """Remove peer/name when it is still the entry `st` describes and not a directory (a later file
-    there is the clean-up's; a directory is named by the clean-up, never entered)."""
+    """Remove peer/name if still the non-directory `st` describes (anything else is the clean-up's)."""
     try:
         now = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except OSError:
@@ -271,10 +240,9 @@ RSYNC_DELAY_DIR = ".~tmp~"
 
 
 def clear_peer_dir(tree, rel):
-    """Remove the scratch directory root/rel and what is directly in it (files, temp files, links -
-    never a link's target) and rsync's delay-updates folder with the files directly in it, through
-    fsutil.remove_path; any other directory inside it, and a mount point, is not entered but named
-    and stays with what holds it. Returns the problems (texts), [] when it is gone or was never there."""
+    """Remove the scratch directory root/rel with the files and links (never their targets) directly in it and in
+    rsync's delay-updates folder; another directory or a mount point in it stays and is named. Returns the
+    problems as texts."""
     path = os.path.join(tree.root, rel)
     parent_rel, leaf = os.path.split(rel.rstrip("/"))
     try:

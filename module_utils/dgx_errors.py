@@ -6,8 +6,7 @@ class StageError(Exception):
 
 
 def fix_command(subcommand, host=None, *extra_vars):
-    """The front end's command an operator pastes to fix what a message is about: its subcommand, this host's
-    --limit (when the module was told the host's inventory name) and the -e values it needs."""
+    """The `dgx-stage` command a message gives as the fix: subcommand, this host's --limit (when known), -e values."""
     words = ["dgx-stage", subcommand]
     if host:
         words += ["--limit", host]

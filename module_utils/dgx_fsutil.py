@@ -17,11 +17,8 @@ NAME_MAX = 255
 
 
 def temp_name_for(name):
-    """A unique temp name for `name`, recognisable as debris and never longer than NAME_MAX bytes.
-
-    A final name close to NAME_MAX keeps only its head plus a digest of the whole name, so the
-    temp name of a 250-byte file name still fits (instead of failing with ENAMETOOLONG).
-    """
+    """A unique temp name for `name`, recognisable as debris; a long name keeps its head plus a digest of the
+    whole, so the temp name never exceeds NAME_MAX bytes."""
     tail = ".%d.%s" % (os.getpid(), os.urandom(4).hex())
     room = NAME_MAX - len(TEMP_PREFIX) - len(tail)
     encoded = os.fsencode(name)
@@ -51,12 +48,8 @@ def fsync_dir(path=None, dir_fd=None):
 
 
 def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
-    """Write data to path atomically: temp file in the same dir, fsync, os.replace, fsync dir.
-
-    With dir_fd, path is a plain name inside that open directory: nothing on the way is resolved
-    again, and neither the temp file nor the final name is ever followed if it is a symlink.
-    Readers see either the old file or the new one, never a partial write.
-    """
+    """Write data to path atomically (temp file in the same dir, fsync, os.replace, fsync dir). With dir_fd, path
+    is a plain name in that open directory: nothing on the way is resolved again and no link is followed."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -83,10 +76,8 @@ def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
 
 
 def open_regular(name, dir_fd, flags, mode=0o644, create=False):
-    """An fd (flags, never following a link) of the regular file `name` of the open directory dir_fd, or
-    None when it is missing (and not create) or something else is there. It is looked at through an
-    O_PATH handle first, so a FIFO or a device planted there is never opened; with create, a missing
-    file is made (O_EXCL: a file appearing meanwhile is opened as found)."""
+    """An fd (flags, no link followed) of the regular file `name` in dir_fd, or None when missing (unless create:
+    made with O_EXCL) or not a regular file; looked at through O_PATH first, so a FIFO or device is never opened."""
     for _attempt in range(2):
         try:
             handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -108,8 +99,7 @@ def open_regular(name, dir_fd, flags, mode=0o644, create=False):
 
 
 def not_own_file(fd, dir_fd):
-    """Why the open file fd is not a file of the directory dir_fd alone, or None: another name (a hard
-    link), another kind of file, or another mount (a file bind-mounted over the name)."""
+    """Why the open fd is not dir_fd's file alone (a hard link, another kind of file, a bind mount), or None."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         return "it is not a regular file"
@@ -123,11 +113,9 @@ def not_own_file(fd, dir_fd):
 
 
 def open_own_file(name, dir_fd, mode=0o644):
-    """An O_RDWR fd of the regular file `name` of the open directory dir_fd that is its alone
-    (not_own_file), created when missing, never opened through a link, a FIFO or a device. One that is
-    not (a hard link or a bind mount planted in its place, another kind of file) is first replaced by
-    a new empty file, by rename: what is written through the fd (truncated, a pid, a new mtime)
-    reaches no other file. A mount there cannot be renamed over: StageError."""
+    """An O_RDWR fd of the regular file `name` in dir_fd that is its alone (not_own_file), created when missing.
+    A hard link or other file planted there is first replaced by an empty file, by rename, so what is written
+    through the fd reaches no other file; a mount there cannot be: StageError."""
     why = None
     for _attempt in range(2):
         fd = open_regular(name, dir_fd, os.O_RDWR, mode=mode, create=True)
@@ -146,8 +134,7 @@ def open_own_file(name, dir_fd, mode=0o644):
 
 
 def open_to_read(path, follow=True):
-    """A binary file object of the regular file at path (a link followed, unless not follow): opened
-    without blocking, so a FIFO or a device put there fails (OSError EINVAL) instead of hanging the run."""
+    """A binary file object of the regular file at path, opened without blocking (a FIFO fails, EINVAL)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -170,16 +157,9 @@ def is_within(path, root):
 
 
 def walk_tree(top, unlisted=None):
-    """Every entry below top as (path, rel, is_dir): the one way the modules walk a tree.
-
-    Parents come before their contents and names are sorted, so the order is the same on every run.
-    `rel` is relative to top and '/'-separated. A link is never entered: a link to a directory is
-    listed with is_dir true (as os.walk sorts it), any other link with is_dir false. A top that is
-    missing or not a directory yields nothing. A directory below top that cannot be listed, or an
-    entry whose kind cannot be told, raises StageError naming it (a partial listing makes its files
-    look absent, and absent files look unwanted), unless unlisted is a list: the folders not listed
-    are added to it and skipped. Any depth: no recursion.
-    """
+    """Every entry below top as (path, rel, is_dir), parents first, sorted, never entering a link (a link to a dir
+    has is_dir true); a missing top yields nothing. An unlistable folder raises StageError (absent files would look
+    unwanted) unless `unlisted` collects it."""
     pending = [(top, "")]
     while pending:
         dirpath, rel_dir = pending.pop()
@@ -218,24 +198,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None, enter=None):
-    """Remove a file, a symlink (never its target) or a whole directory tree; False if nothing was there.
-
-    With dir_fd, path is a plain name inside that open directory; without, the directory holding
-    path is opened once and nothing above it is looked at again. Nothing is followed: a tree is
-    emptied through file descriptors, each directory opened without following a link relative to
-    its parent and checked to be the directory that was listed (st_dev, st_ino), so a link or
-    another directory swapped in while it is removed never leads the removal outside. A directory
-    the owner may not read or write gets u+rwx on that same directory (never by name) first, so an
-    unprivileged owner removes a tree with read-only parts as root would.
-
-    A mount point is never entered (dgx_mounts.mount_problem): StageError naming it and what is
-    mounted there, or with around_mounts, it and the directories holding it stay and everything else
-    goes. enter: when given, a folder below the top is entered only when enter(its path relative to
-    the top, '/'-separated) is true; one it refuses stays with the folders holding it.
-    Returns True when something was removed, False when nothing was there; with around_mounts or
-    enter, the folders left in place instead of True, as (path, why) pairs: why is the mount's
-    description for a mount point, None for a folder not entered. Messages name shown_as (default: path).
-    """
+    """Remove a file, a symlink (never its target) or a tree (path, or a name in dir_fd) through descriptors, each
+    directory opened from its parent without following a link and checked to be the one listed (u+rwx given through
+    its handle when lacking). A mount point is never entered: StageError, or with around_mounts it stays with its
+    parents; with enter, a folder is entered only when enter(its '/'-separated rel). Returns False for nothing there,
+    else True, or with around_mounts/enter the (path, why) pairs left (why None: not entered). Messages say shown_as."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -264,8 +231,7 @@ def _same(st, listed):
 
 
 def _listed_handle(name, parent_fd, listed, path):
-    """An O_PATH handle of the directory `name` of parent_fd, never through a link, checked to be the one
-    listed (lstat result `listed`)."""
+    """An O_PATH handle of the directory `name` of parent_fd (no link followed), checked to be `listed`."""
     replaced = StageError("%s was replaced while it was being removed (by a link or another folder): nothing "
                           "below it was touched; run again once nothing else writes there" % path)
     try:
@@ -301,8 +267,7 @@ def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
 
 
 def _unlink_entry(name, dir_fd, path, kept):
-    """Unlink a non-directory; False when it is a file mount point left in place (recorded in kept; with
-    kept None, StageError): unlink says EBUSY there."""
+    """Unlink a non-directory; False for a file mount point left in place (_leave; unlink says EBUSY)."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except OSError as exc:
@@ -311,16 +276,13 @@ def _unlink_entry(name, dir_fd, path, kept):
         mounted = [m for m in mounts_below(path) if m["mount_point"] == os.path.realpath(path)]
         problem = ("%s is a mount point (%s): dgx-stage never removes anything on another mount; unmount it, "
                    "then run again" % (path, describe_mount(mounted[-1]) if mounted else "a file bind mount"))
-        if kept is None:
-            raise StageError(problem)
-        kept.append((path, problem))
+        _leave(path, problem, kept)
         return False
     return True
 
 
 class _Level(object):
-    """One directory of a removal in progress: its name in its parent, lstat result, shown path, the
-    entries still to handle, and whether something in it stays (a mount point, or a file the sweep keeps)."""
+    """One directory of a removal in progress: its entries still to handle, and whether something in it stays."""
 
     def __init__(self, name, listed, path, rel, fd):
         self.name, self.listed, self.path, self.rel, self.keeps = name, listed, path, rel, False
@@ -330,15 +292,11 @@ class _Level(object):
 
 
 def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, not_entered=None):
-    """Remove the directory `name` (lstat result `listed`) of parent_fd and everything in it; mount
-    points met are refused, or with a `kept` list, recorded there as (path, why) and left with what
-    holds them. With files false, only empty directories go: a file keeps the directories holding it.
-    A folder below the top that enter(rel) refuses stays, recorded in not_entered as (path, None).
-
-    One directory is open at a time, whatever the depth: the walk goes down by opening a child
-    relative to its parent and back up by opening ".." checked to be the parent it came from, so a
-    deep tree neither exhausts the fd limit nor the recursion limit, and a folder moved elsewhere
-    mid-walk stops it (the way fts does it for rm -r)."""
+    """Remove the directory `name` (lstat `listed`) of parent_fd and its contents; mount points are refused or,
+    with a `kept` list, recorded there and left; with files false only empty directories go; a folder enter(rel)
+    refuses stays, recorded in not_entered. One directory is open at a time: down by opening a child, up by
+    ".." checked to be the parent it came from (as fts does for rm -r), so depth costs no fds or recursion and
+    a folder moved mid-walk stops it."""
     fd = _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=files)
     if fd is None:
         return True
@@ -394,18 +352,22 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
 
 
 def _refuse_mount(parent_fd, fd, path, kept):
-    """True when fd is a mount point to leave (recorded in kept); StageError when kept is None."""
+    """True when fd is a mount point to leave (_leave)."""
     problem = mount_problem(parent_fd, fd, path)
-    if problem and kept is None:
-        raise StageError(problem)
     if problem:
-        kept.append((path, problem))
+        _leave(path, problem, kept)
     return bool(problem)
 
 
+def _leave(path, problem, kept):
+    """Record a mount point left in place in kept; StageError when kept is None."""
+    if kept is None:
+        raise StageError(problem)
+    kept.append((path, problem))
+
+
 def remove_empty_dirs(dir_fd, path):
-    """Remove the empty directories below the open directory dir_fd (at `path`, for messages), deepest
-    first, a parent emptied by that too; through handles, never into a link or a mount point."""
+    """Remove the empty directories below the open dir_fd (at `path`), through handles, never across a mount."""
     with os.scandir(dir_fd) as entries:
         children = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
     for child, child_st in sorted(children):
@@ -414,8 +376,7 @@ def remove_empty_dirs(dir_fd, path):
 
 
 def printable_names(value):
-    """value with every str made valid UTF-8 for Ansible's JSON result: file names with undecodable
-    bytes (surrogate escapes) show U+FFFD instead of failing the whole result on the controller."""
+    """value with every str valid UTF-8 for Ansible's JSON: undecodable file name bytes show as U+FFFD."""
     if isinstance(value, str):
         return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
     if isinstance(value, dict):

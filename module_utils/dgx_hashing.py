@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
 """Content checks for hub blobs: a blob's name is its hash, and sampled comparison against the NAS.
-
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -48,17 +47,12 @@ def name_is_hash(name):
 
 
 class Cancelled(BaseException):
-    """The run is stopping (Ctrl-C, SIGTERM, a fatal error in another worker): a long read stops at its
-    next chunk, and whoever holds a temp file removes it on the way out."""
+    """The run is stopping: a long read stops at its next chunk and its temp file is removed."""
 
 
 class ChunkBuffer(object):
-    """One reusable read buffer (a worker's): constant memory whatever the file size.
-
-    Large chunks keep an NFS mount streaming; hashlib releases the GIL on large updates, so
-    workers hashing different files at once use every core. The memory is taken on first use
-    (proving by samples needs none), and `check()` raises Cancelled once the run is stopping.
-    """
+    """A worker's reusable read buffer, taken on first use: large chunks keep NFS streaming and let hashlib
+    release the GIL. check() raises Cancelled once the run is stopping."""
 
     def __init__(self, size=READ_CHUNK, stop=None):
         self.size = size
@@ -82,8 +76,7 @@ class ChunkBuffer(object):
 
 
 def advise(fd, advice, offset=0, length=0):
-    """posix_fadvise hint (POSIX_FADV_SEQUENTIAL, ..._DONTNEED, ...) on a range, the whole file by default;
-    ignored where unsupported."""
+    """posix_fadvise `advice` on a range (the whole file by default), where supported."""
     if hasattr(os, "posix_fadvise"):
         try:
             os.posix_fadvise(fd, offset, length, getattr(os, advice))
@@ -92,41 +85,30 @@ def advise(fd, advice, offset=0, length=0):
 
 
 def feed_file(path, consumer, buf=None, on_read=None):
-    """Stream a file into consumer.update() through a reused buffer; returns the byte count.
-
-    Each chunk's pages are dropped from the page cache once hashed: re-proving 300 GB must not evict
-    the running engine's cache (and on a VM, recycling pages is much cheaper than growing the cache).
-    on_read(count) is called after each chunk (the run's byte tally and progress file).
-    """
+    """Stream a file into consumer.update() through a reused buffer; returns the byte count. Each chunk's pages
+    are dropped once hashed, so re-proving 300 GB never evicts the running engine's page cache;
+    on_read(count) follows each chunk."""
+    buf = buf or ChunkBuffer()
+    total = 0
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        return feed_fd(fd, consumer, buf, on_read)
+        advise(fd, "POSIX_FADV_SEQUENTIAL")
+        while True:
+            buf.check()
+            got = os.readv(fd, [buf.data])
+            if not got:
+                return total
+            consumer.update(buf.view[:got])
+            advise(fd, "POSIX_FADV_DONTNEED", total, got)
+            total += got
+            if on_read is not None:
+                on_read(got)
     finally:
         os.close(fd)
 
 
-def feed_fd(fd, consumer, buf=None, on_read=None):
-    """feed_file on a file already open (read from its current offset to its end; the caller closes it):
-    for a file opened without following links, whose bytes must be the ones later renamed."""
-    buf = buf or ChunkBuffer()
-    total = 0
-    advise(fd, "POSIX_FADV_SEQUENTIAL")
-    while True:
-        buf.check()
-        got = os.readv(fd, [buf.data])
-        if not got:
-            break
-        consumer.update(buf.view[:got])
-        advise(fd, "POSIX_FADV_DONTNEED", total, got)
-        total += got
-        if on_read is not None:
-            on_read(got)
-    return total
-
-
 def hash_as_named(path, name, size=None, buf=None, on_read=None):
-    """(hex digest, bytes read) of the file hashed the way blob `name` is named (sha256, or git blob
-    sha1 with a header of `size`, the file's own size when None): what its bytes would be named."""
+    """(hex digest, bytes read) of the file hashed as blob `name` is named, at `size` (default its own)."""
     if size is None:
         size = os.lstat(path).st_size
     hasher = NameHasher(name, size)
@@ -134,16 +116,11 @@ def hash_as_named(path, name, size=None, buf=None, on_read=None):
     return hasher.hexdigest(), count
 
 
-def file_matches_name(path, name, size, buf=None):
-    """True when the file's content hashes to its blob name (no source read needed)."""
+def file_matches_own_name(path, name, buf=None):
+    """Whether the file hashes to its blob name at its own size: which side is right, without a NAS read."""
+    size = os.lstat(path).st_size
     digest, count = hash_as_named(path, name, size, buf)
     return count == size and digest == name
-
-
-def file_matches_own_name(path, name, buf=None):
-    """file_matches_name at the file's own size: when the NAS and the local copy disagree on the size,
-    this tells whether the local copy is the right one without reading the NAS."""
-    return file_matches_name(path, name, os.lstat(path).st_size, buf)
 
 
 def file_sha256(path, buf=None, on_read=None):
@@ -170,13 +147,8 @@ def sampled_bytes(size):
 
 
 def samples_match(local_path, source_path, size, on_read=None):
-    """Same bytes at the sampled ranges of both files (caller has checked both sizes equal `size`).
-
-    Raw bytes are compared, not hashed: a warm re-run of 141 blobs reads 1 MiB a side per blob
-    and compares them at memory speed. The samples sit between untouched stretches: a byte changed
-    between two of them is not seen (verify=full hashes every byte). on_read(local, nas) counts the
-    bytes read on each side.
-    """
+    """Same raw bytes at the sampled ranges of both files (both of `size` bytes), compared at memory speed;
+    a byte changed between two samples is not seen (verify=full is). on_read(local, nas) counts the reads."""
     fds = []
     try:
         for path in (local_path, source_path):

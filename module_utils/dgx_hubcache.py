@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
 """Reading a Hugging Face hub cache: repo folders, refs, snapshot entries and their link chains.
-
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -34,9 +33,6 @@ class SnapshotEntry(object):
         self.alias_of = alias_of    # real files only: the snapshot path a link chain led to (else None)
         self.problem = problem      # kind "bad": why this entry can be neither staged nor bound
 
-    def __repr__(self):
-        return "SnapshotEntry(%r, %r, %r, %d)" % (self.path, self.kind, self.etag, self.size)
-
 
 def repo_folder_name(repo_id, repo_type="model"):
     """`org/name` -> `models--org--name`, refusing ids that could leave the hub root."""
@@ -63,19 +59,13 @@ def list_refs(repo_dir):
     return refs
 
 
-def list_snapshots(repo_dir):
-    snap_dir = os.path.join(repo_dir, "snapshots")
-    if not os.path.isdir(snap_dir):
-        return []
-    return sorted(os.listdir(snap_dir))
-
-
 def resolve_commit(repo_dir, revision):
     """The commit a branch, tag or commit hash names, or a StageError listing what exists."""
     if not revision or revision.startswith("/") or ".." in revision.split("/"):
         raise StageError("invalid revision %r" % (revision,))
     refs = list_refs(repo_dir)
-    snapshots = list_snapshots(repo_dir)
+    snap_dir = os.path.join(repo_dir, "snapshots")
+    snapshots = sorted(os.listdir(snap_dir)) if os.path.isdir(snap_dir) else []
     if revision in refs:
         commit = refs[revision]
         if not COMMIT_RE.match(commit):
@@ -97,14 +87,8 @@ MAX_LINK_HOPS = 40
 
 
 def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
-    """Follow one snapshot link hop by hop to the content it stands for.
-
-    Returns (etag, alias_of, source): etag is the name of the first hop into `<repo>/blobs/` (what the
-    content is checked against, whatever hub-level store the chain then passes); alias_of is the
-    snapshot path of the real snapshot file a chain without a blob hop ends at. Raises StageError
-    naming the link for dangling chains, loops, chains that end outside `hub_real`, and links that
-    lead anywhere else (another repo, another snapshot).
-    """
+    """(etag, alias_of, source) of a snapshot link followed hop by hop: etag names its first hop into blobs/,
+    alias_of the snapshot file a chain with no blob hop ends at. StageError for dangling, looping or escaping chains."""
     source = content_of(link_path, hub_real)
     blobs_dir = os.path.join(repo_dir, "blobs")
     current = link_path
@@ -122,8 +106,7 @@ def resolve_snapshot_link(link_path, repo_dir, snap_dir, hub_real):
 
 
 def content_of(link_path, hub_real):
-    """The real file a path (a link chain, or a file itself) ends at: a regular file inside the hub
-    `hub_real` (a real path), else StageError saying why not."""
+    """The real path of the regular file a path (or its link chain) ends at inside `hub_real`, else StageError."""
     real = os.path.realpath(link_path)
     if not is_within(real, hub_real):
         raise StageError("%s resolves to %s, outside the source hub root %s: refusing to follow it"
@@ -141,15 +124,9 @@ def content_of(link_path, hub_real):
 
 
 def scan_snapshot(repo_dir, commit, hub_root, strict=True):
-    """Every file of `snapshots/<commit>` as SnapshotEntry, following link chains to real content.
-
-    The one snapshot walker: the mirror plans from it and the manifest binds from it. Refuses
-    (StageError naming the entry) a snapshot directory outside `hub_root`, symlinked directories
-    inside it, entries that are not regular files (a FIFO would hang a copy), dangling links, link
-    loops and links whose chain ends outside `hub_root`: staging and binding must never reach
-    something the hub does not own. With strict=False a bad entry is returned with kind "bad" and
-    its `problem` instead, so a caller can leave entries it does not need to the NAS.
-    """
+    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed; StageError naming the entry for
+    anything escaping `hub_root`, symlinked directories, non-regular files, dangling or looping links (strict=False:
+    a bad entry is returned as kind "bad" with its `problem`, for the caller to leave to the NAS)."""
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
     snap_dir = os.path.join(repo_dir, "snapshots", commit)
@@ -189,8 +166,7 @@ def _directory_pattern(pattern):
 
 
 def first_match(path, patterns):
-    """The first of the patterns that selects the path (huggingface_hub's rule: fnmatchcase, `*` crosses '/',
-    'dir/' means below dir), or None."""
+    """The first pattern selecting path (fnmatchcase, `*` crosses '/', 'dir/' means below dir), or None."""
     for pattern in patterns or []:
         if fnmatch.fnmatchcase(path, _directory_pattern(pattern)):
             return pattern
@@ -198,8 +174,7 @@ def first_match(path, patterns):
 
 
 def path_selected(path, allow_patterns, ignore_patterns):
-    """huggingface_hub's filter_repo_objects rule: allow_patterns (when given) must select the path,
-    ignore_patterns must not."""
+    """huggingface_hub's rule: allow_patterns (when given) select the path, ignore_patterns do not."""
     if allow_patterns and first_match(path, allow_patterns) is None:
         return False
     return first_match(path, ignore_patterns) is None

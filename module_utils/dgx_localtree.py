@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""The local hub as a tree of real directories: every write and removal happens relative to a directory opened
-without following symlinks, so nothing outside the local hub is ever touched; links replaced in one rename; the
-temp files a killed run left behind.
+"""The local hub as a tree of real directories, written and emptied only through directories opened without
+following symlinks; links replaced in one rename; the temp files a killed run left behind.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -42,11 +41,8 @@ def _split(rel):
 
 
 def linked_dir_problem(root, rel):
-    """Why `root/rel` cannot be written through (a component is a symlink or not a directory), or None.
-
-    Missing components are fine (they will be created as real directories). The root itself may be
-    a symlink: that is where the operator put the hub.
-    """
+    """Why `root/rel` cannot be written through (a component is a symlink or not a directory), or None; missing
+    components are made later, and root itself may be a link (where the operator put the hub)."""
     path = root
     for part in _split(rel):
         if part == "..":
@@ -73,8 +69,7 @@ class LocalTree(object):
         self.root = os.path.abspath(root)
 
     def refuse_unsafe_dirs(self, rel_dirs):
-        """StageError for the first directory on the way to any of rel_dirs that is a symlink, not a
-        directory, or a mount point."""
+        """StageError for the first directory towards any of rel_dirs that is a link, a non-directory or a mount."""
         for rel in rel_dirs:
             problem = linked_dir_problem(self.root, rel) or mount_point_problem(self.root, rel)
             if problem:

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Mirror one revision of one repo from a NAS hub cache to a local hub cache, verified: run_mirror plans
-(dgx_mirror_plan), refuses what the disk cannot hold (dgx_space), takes the repo lock and applies the plan
-(dgx_mirror_apply), and returns what dgx_mirror_result says.
+"""Mirror one revision of one repo from a NAS hub cache to a local hub cache, verified: plan, refuse what the
+disk cannot hold, apply under the repo lock, return the result.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -25,17 +24,9 @@ from ansible.module_utils.dgx_units import utc_text
 
 
 def run_mirror(req, check_mode=False, progress=True):
-    """Plan, check space, apply (unless check_mode) and return the module result.
-
-    Raises StageError for bad input (nothing written), MirrorFailed (with the result) when some
-    selected file could not be staged or a NAS blob fails its name, or when copy_missing is off and
-    selected files have no local copy (nothing written). Under the repo lock the pass keeps the
-    progress file (unless progress=False), which says how it ended: ok, failed or interrupted, and
-    once it started writing, at its end (ok, failed or interrupted) removes peer_dir with what is left in
-    it; a run refused before writing (bad input, require_match, space, files not staged; before or after
-    taking the lock) leaves peer_dir alone. A refusal before the lock whose plan found NAS blobs failing their
-    names is raised under the lock, once the progress file keeps them.
-    """
+    """Plan, check space, apply (unless check_mode) and return the result; StageError for bad input, MirrorFailed
+    (with the result) for files not staged or corrupt NAS blobs. Under the lock the progress file says how the pass
+    ended, and a pass that started writing removes peer_dir at its end."""
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
     if check_mode:
@@ -67,8 +58,7 @@ def run_mirror(req, check_mode=False, progress=True):
 
 
 def _clear_peer_dir(tree, req):
-    """Remove peer_dir (scratch) and what is left in it; the problems, as warnings. Never raises: it runs
-    on the way out of a failed or interrupted run too."""
+    """Remove peer_dir and what is left in it; the problems as warnings. Never raises (it runs on failure too)."""
     if not req.peer_dir:
         return []
     try:
@@ -78,10 +68,8 @@ def _clear_peer_dir(tree, req):
 
 
 def _run_locked(tree, req, meter, started, writing, early=None):
-    """The locked run; `writing` gets an item when it starts writing. A refusal before that (bad input,
-    require_match, space, files not staged) leaves peer_dir as it is: its message says nothing was
-    written, and the next run uses or removes the candidates. `early` is the quick plan's refusal with what
-    it found corrupt on the NAS (_refuse_before_locking): kept, then raised."""
+    """The locked run; `writing` gets an item once it writes (a refusal before leaves peer_dir for the next run).
+    `early`: _refuse_before_locking's refusal with the corrupt NAS blobs it found, kept, then raised."""
     if early is not None:
         refusal, found = early
         _remember(meter, found, [])
@@ -109,8 +97,7 @@ def _run_locked(tree, req, meter, started, writing, early=None):
 
 
 def _check_mode_run(req, started, meter):
-    """What the run would do, changing nothing; NAS blobs already known to fail their names fail it, as
-    the real run would, and so do files not staged when copy_missing is off."""
+    """What the run would do, changing nothing; corrupt NAS blobs known and files not staged fail it."""
     try:
         plan = plan_mirror(req, check_mode=True, meter=meter)
     except NotStaged as exc:
@@ -132,11 +119,8 @@ def _refused(exc, req, meter, started, check_mode=False):
 
 
 def _refuse_before_locking(req, started, meter):
-    """Bad input, files not staged (copy_missing off) and a disk that cannot even hold the missing files
-    are refused before the lock file is created: a read-only pass that stats but reads no content
-    (verify none; what it reads to judge a copy of the wrong size counts in meter's bytes read).
-    None when nothing is refused; (refusal, nas_corrupt records) when the pass found NAS blobs failing their
-    names too: only a run holding the lock writes the record that keeps them, so the caller raises it there."""
+    """Refuse bad input, files not staged and too little space before the lock, by a verify-none plan. None, or
+    (refusal, nas_corrupt records) when it found corrupt NAS blobs, for the lock holder to record and raise."""
     quick = copy.copy(req)
     quick.verify = "none"
     quick_meter = PassMeter(req.phase, req.repo_id, quick.verify)
@@ -176,6 +160,5 @@ def _apply_locked(tree, plan, req, space, started, meter):
 
 
 def _remember(meter, found, proven):
-    """Keep the NAS blobs `found` failing their names in the meter's suspects, less the `proven` ones: a NAS blob
-    stays suspect until a copy from the NAS proves its name (a green full verify reads no NAS byte)."""
+    """Keep the corrupt NAS blobs `found` as suspects, less the `proven` (a NAS copy proved them)."""
     meter.suspects = remembered(meter.suspects, found, proven, utc_text(time.time()))

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Applying a plan in a crash-safe order: debris and prune first, then blobs, then snapshot links, refs and the
-tree listing last, so a killed run never leaves a ref pointing at an incomplete snapshot or a torn file under
-a final name.
+"""Applying a plan in a crash-safe order (debris and prune, blobs, snapshot links, then refs and the tree listing):
+a killed run never leaves a ref to an incomplete snapshot or a torn file under a final name.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -47,16 +46,13 @@ def _rel(tree, path):
 
 
 def _remove_local(tree, path):
-    """Remove a file, a link (never its target) or a directory tree below the local hub root, through
-    its parent directory opened without following any link."""
+    """Remove a path below the local hub root through its parent opened without following any link."""
     with tree.open_dir(os.path.dirname(_rel(tree, path))) as parent:
         remove_path(os.path.basename(path), dir_fd=parent.fd, shown_as=path)
 
 
 def _disk_error(error, what, req, plan, outcome, written=None):
-    """A local write error turned into what the operator needs: file, disk, bytes needed and free.
-    Still needed: the bytes to write less those already under their names (bytes read from a rejected
-    candidate, or copied to a temp file that was removed, wrote nothing that stays)."""
+    """A local write error with the file, the disk, the bytes still needed and the bytes free."""
     free, _total = disk_space(existing_ancestor(req.dest))
     still_needed = max(plan.write_bytes - sum(w.size for w in list(outcome.written)), 0)
     cause = {errno.ENOSPC: "the local disk is full", errno.EDQUOT: "the disk quota is exhausted",
@@ -72,10 +68,8 @@ def _disk_error(error, what, req, plan, outcome, written=None):
 
 
 def _place(directory, work, meter, buf, outcome, peer=None):
-    """Copy one Work item into `directory` with its name check; a NAS-side problem is recorded, not raised.
-    A blob whose candidate in `peer` (peer_dir, open) hashes to its name while copied is copied from it
-    instead (a new file, the candidate then removed), reading nothing from the NAS; a candidate that does
-    not is removed, recorded in outcome.peer_rejected and the NAS copy is made as usual."""
+    """Copy one Work item into `directory` with its name check, from its `peer` candidate when that proves its
+    name (a rejected one is recorded), else from the NAS; a NAS-side problem is recorded, not raised."""
     name = os.path.basename(work.final)
     meter.working_on(work.paths[0])
     if peer is not None and work.etag:
@@ -181,13 +175,9 @@ def _write_small_file(tree, path, data):
 
 
 def apply_plan(plan, req, outcome, meter=None):
-    """Carry the plan out; debris and prune first so their space is free for the copies (`meter`
-    counts them and feeds the progress file).
-
-    Fills `outcome` as it goes (so a run that fails half-way still reports what it did). NAS-side problems of single blobs do not stop the other copies; while any
-    selected path has no good local content, no link to it is written and refs/ and trees/ stay as
-    they were, so no ref ever points at an incomplete snapshot.
-    """
+    """Carry the plan out, debris and prune first so their space is free for the copies, filling `outcome` as it
+    goes. A NAS problem of one blob does not stop the others; while any selected path lacks good local content,
+    no link to it is written and refs/ and trees/ stay as they were."""
     tree = LocalTree(req.dest)
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
     outcome.applied = True

@@ -23,8 +23,7 @@ from ansible.module_utils.dgx_workers import run_workers
 
 
 def check_roots(req, check_mode=False):
-    """Both hub roots exist and do not overlap. In check mode a dest not created yet is fine
-    (a fresh node: the stage play creates it), measured as empty."""
+    """Both hub roots exist and do not overlap; in check mode a dest not created yet (a fresh node) is empty."""
     if not os.path.isdir(req.src):
         raise StageError("src hub root %s does not exist or is not a directory: is the NAS mounted? "
                          "(hub_nas_root)" % req.src)
@@ -38,8 +37,7 @@ def check_roots(req, check_mode=False):
 
 
 def presence_problem(local, size):
-    """Why an existing local file cannot be a good copy without reading it, or None (then its
-    content decides, as `verify` says). A link is never a copy: e.g. a link into the NAS store."""
+    """Why a local file cannot be a good copy without reading it (a link never is), or None: its content decides."""
     try:
         st = os.lstat(local)
     except FileNotFoundError:
@@ -52,9 +50,8 @@ def presence_problem(local, size):
 
 
 def content_matches(work, verify, buf, meter):
-    """Prove one present file: sampled raw compare with the NAS (sample), or every byte against the
-    blob's name (full; a real snapshot file has no name and is compared with the NAS by sha256).
-    A full check keeps what the local bytes hashed to in work.local_hash."""
+    """Prove one present file: sampled compare with the NAS, or (full) every byte against the blob's name, a
+    real snapshot file by sha256 against the NAS; a full check keeps the local hash in work.local_hash."""
     if verify == "sample":
         return samples_match(work.final, work.source, work.size,
                              on_read=lambda local, nas: meter.count("hashing", local=local, nas=nas))
@@ -83,12 +80,8 @@ def _check_bytes(work, verify):
 
 
 def prove_present(plan, req, meter):
-    """Content checks of every present file, `req.workers` at a time.
-
-    A file that fails becomes a repair. A blob whose local copy disagrees with the NAS (sampled bytes,
-    or size) is first hashed against its own name: when the local copy passes, the NAS copy is the
-    corrupt one; it is reported in `nas_corrupt` and the good local copy is kept, in check mode too.
-    """
+    """Content checks of every present file, `req.workers` at a time; a file that fails becomes a repair, unless
+    it hashes to its own name: then the NAS copy is the corrupt one, reported and the local copy kept."""
     verdicts = {}        # id(work) -> content_verdict(); dict writes are atomic across workers
     meter.plan("copying", len(plan.writes), plan.write_bytes)
     checked = [w for w in plan.to_prove if reads_content(w, req.verify)]
@@ -117,9 +110,8 @@ def prove_present(plan, req, meter):
 
 
 def content_verdict(work, verify, buf, meter):
-    """"ok", "nas-corrupt" (the local copy passes its name, the NAS disagrees) or why to repair it.
-    Whenever the local copy is wrong, work.local_hash says what its bytes hash to (as the blob is
-    named, at the local size; sha256 for a real file)."""
+    """"ok", "nas-corrupt" (the local copy passes its name, the NAS disagrees) or why to repair it; a wrong local
+    copy leaves what its bytes hash to in work.local_hash."""
     try:
         if work.reason != "size" and (verify == "none" or content_matches(work, verify, buf, meter)):
             return "ok"
@@ -174,10 +166,8 @@ def _freed_by_removal(path):
 
 
 def plan_mirror(req, check_mode=False, meter=None):
-    """Read the source and the local copy and decide every action. Writes nothing.
-
-    The content checks of present files come last (`meter` counts what they read); before them, with
-    copy_missing off, selected files with no local copy refuse the run (NotStaged)."""
+    """Read both hubs and decide every action, writing nothing; with copy_missing off, selected files with no
+    local copy refuse the run (NotStaged) before and after the content checks (which `meter` counts)."""
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
     check_roots(req, check_mode)
     plan = Plan()
@@ -231,9 +221,7 @@ def source_snapshot(plan):
 
 
 def refuse_overlapping_ranks(plan, req):
-    """StageError when a file of the snapshot is selected both by this host's rank patterns (require_match) and
-    by another rank's (other_rank_patterns): rank files partition the repo, and such a file is ignored on both
-    hosts, so neither stages it and the lane reads it from the NAS."""
+    """StageError when a file is selected by this host's rank patterns and another rank's: neither would stage it."""
     for entry in plan.entries:
         own = first_match(entry.path, req.require_match)
         other = first_match(entry.path, req.other_rank_patterns) if own is not None else None
@@ -245,9 +233,7 @@ def refuse_overlapping_ranks(plan, req):
 
 
 def refuse_unmatched_required(plan, req):
-    """StageError when a require_match pattern (the host's rank patterns) matches no file this run selects
-    (after allow_patterns and ignore_patterns): a lane larger than the checkpoint was cut for, a typo, or
-    patterns that exclude the rank's files would otherwise stage the shared files only."""
+    """StageError when a rank pattern matches no selected file (a lane larger than the checkpoint's cut, a typo)."""
     for pattern in unmatched_patterns([e.path for e in plan.selected], req.require_match):
         excluded_only = not unmatched_patterns([e.path for e in plan.excluded], [pattern])
         raise StageError("rank pattern %r matches no file of %s@%s %s: check rank_patterns and the lane's size "
@@ -302,9 +288,7 @@ def _refuse_in_the_way(plan):
 
 
 def refuse_unsafe_local_dirs(req, commit):
-    """Every directory the run may write or remove in must be a real directory inside dest, on dest's
-    own mount (check mode too): a symlinked or mounted repo folder, blobs/, snapshot or lock dir is
-    refused, naming it."""
+    """Every directory the run may write or remove in is a real directory on dest's own mount (check mode too)."""
     if not os.path.isdir(req.dest):
         return
     tree = LocalTree(req.dest)
@@ -344,8 +328,7 @@ def _plan_files(plan):
 
 
 def _plan_content(plan, work):
-    """A missing file, a link or a non-file is written; a present one (even of another size: the NAS
-    may be the wrong side) is proven by prove_present."""
+    """A missing file, link or non-file is written; a present one (any size) is proven by prove_present."""
     problem = presence_problem(work.final, work.size)
     if problem in (None, "size"):
         work.reason = problem or "content"
@@ -355,30 +338,24 @@ def _plan_content(plan, work):
         plan.writes.append(work)
 
 
+def _local_bytes(path):
+    """The bytes of a local regular file, or None (missing, or not a regular file: it is written again)."""
+    try:
+        with open_to_read(path, follow=False) as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
 def _plan_metadata(plan):
     for name, commit in sorted(list_refs(plan.src_repo).items()):
-        if commit != plan.commit:
-            continue
         local_ref = os.path.join(plan.dest_repo, "refs", *name.split("/"))
-        current = None
-        try:
-            with open_to_read(local_ref, follow=False) as handle:
-                current = handle.read().decode("utf-8", "replace").strip()
-        except OSError:
-            pass            # missing, or not a regular file: the ref is written again (by rename)
-        if current != commit:
+        if commit == plan.commit and (_local_bytes(local_ref) or b"").decode("utf-8", "replace").strip() != commit:
             plan.refs[name] = commit
     listing = read_tree_listing(plan.src_repo, plan.commit)
     if listing is not None:
         wanted = tree_listing_for(listing, [e.path for e in plan.selected])
-        local_tree = os.path.join(plan.dest_repo, "trees", plan.commit + ".json")
-        current = None
-        try:
-            with open_to_read(local_tree, follow=False) as handle:
-                current = handle.read()
-        except OSError:
-            pass
-        if current != wanted:
+        if _local_bytes(os.path.join(plan.dest_repo, "trees", plan.commit + ".json")) != wanted:
             plan.tree_listing = wanted
 
 

@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
-"""What one mirror run is asked (MirrorRequest, validated once) and what it decided (Plan, its Work items),
-and the failures that carry them.
+"""What one mirror run is asked (MirrorRequest), what it decided (Plan, Work) and the failures carrying them.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -11,10 +10,6 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hubcache import repo_folder_name
 from ansible.module_utils.dgx_workers import default_workers
 
-
-VERIFY_MODES = ("sample", "full", "none")
-
-PHASES = ("stage", "verify")
 
 # Why a selected file has no local copy at all (copy_missing=false refuses these); a present regular
 # file that fails its check ("size", "content") is a repair.
@@ -27,16 +22,12 @@ MAX_WORKERS_PARAM = 32
 
 
 class MirrorRequest(object):
-    """The module's parameters, validated once."""
+    """The module's parameters (verify and phase among the module's choices), validated once."""
 
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
                  copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None,
                  host=None, run_id=None, on_lock_wait=None):
-        if verify not in VERIFY_MODES:
-            raise StageError("verify must be one of %s, not %r" % (", ".join(VERIFY_MODES), verify))
-        if phase not in PHASES:
-            raise StageError("phase must be one of %s, not %r" % (", ".join(PHASES), phase))
         self.src = os.path.abspath(src)
         self.dest = os.path.abspath(dest)
         self.repo_id = repo_id

@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
-"""What a mirror run says: the plan's headline and lines, the summary, the warnings, and the result and report
-the module returns.
+"""What a mirror run says: the plan's headline and diff, the summary, the warnings, the result and report row.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -19,17 +18,14 @@ def _count(number, what):
 
 
 def plan_headline(plan, check_mode):
-    """'would copy 13 files, 47.9 GiB; would repair 1 file, 3.0 GiB; ...' (check mode) or 'copied ...':
-    the plan in one line, sizes in binary units; '' when there is nothing to do."""
+    """The plan in one line: 'would copy 13 files, 47.9 GiB; ...' (check mode) or 'copied ...'; '' for nothing."""
     verbs = ("would copy", "would repair", "would prune", "would remove", "would write") if check_mode else (
         "copied", "repaired", "pruned", "removed", "wrote")
-    copies = [w for w in plan.writes if not w.is_repair]
-    repairs = [w for w in plan.writes if w.is_repair]
     parts = []
-    if copies:
-        parts.append("%s %s, %s" % (verbs[0], _count(len(copies), "file"), human_bytes(sum(w.size for w in copies))))
-    if repairs:
-        parts.append("%s %s, %s" % (verbs[1], _count(len(repairs), "file"), human_bytes(sum(w.size for w in repairs))))
+    for verb, works in ((verbs[0], [w for w in plan.writes if not w.is_repair]),
+                        (verbs[1], [w for w in plan.writes if w.is_repair])):
+        if works:
+            parts.append("%s %s, %s" % (verb, _count(len(works), "file"), human_bytes(sum(w.size for w in works))))
     if plan.prune:
         parts.append("%s %s (%s freed)" % (verbs[2], _count(len(plan.prune), "path"), human_bytes(plan.freed_bytes)))
     if plan.debris:
@@ -47,8 +43,7 @@ def plan_headline(plan, check_mode):
 
 
 def describe_plan(plan, check_mode=False):
-    """Human diff text, what --diff shows: the plan's headline, then one line per copy, repair, prune,
-    ref and link (a link that comes with a copy is said by the copy's line)."""
+    """What --diff shows: the headline, then a line per copy, repair, prune, ref and link not said by a copy."""
     headline = plan_headline(plan, check_mode)
     if not headline:
         return ""
@@ -89,9 +84,7 @@ def with_report(result, req, check_mode=False, failed=False):
 
 
 def unfinished_report(repo_id, repo_type="model", revision=None, phase=None, verify=None, check_mode=False):
-    """The host-report row of a repo whose run ended without figures (bad input, the repo lock held past
-    lock_timeout, an interruption, a background job killed): status failed and no `files`, so a reader of the
-    rows alone knows the pass did not finish this repo."""
+    """The host-report row of a run that ended without figures: failed, no `files` (the pass did not finish)."""
     row = {"repo_id": repo_id, "repo_type": repo_type or "model", "status": "failed", "check_mode": bool(check_mode)}
     row.update((key, value) for key, value in (("revision", revision), ("phase", phase), ("verify", verify))
                if value is not None)
@@ -99,8 +92,7 @@ def unfinished_report(repo_id, repo_type="model", revision=None, phase=None, ver
 
 
 def summary_line(result, req, check_mode, failed):
-    """One line for the operator: what the pass did (or would do: 'would copy N files, X GiB'), what it
-    found already right, what it read on each side, how long it took."""
+    """One line for the operator: what the pass did or would do, what it found right, what it read, how long."""
     blobs, real = result["blobs"], result["real_files"]
     copied, repaired = blobs["copied"] + real["copied"], blobs["repaired"] + real["repaired"]
     repaired_bytes = sum(r["size"] for r in result["repairs"])
@@ -187,8 +179,7 @@ def peer_warning(record, req):
 
 
 def _done(plan, outcome):
-    """(written Work items, links, refs, prune, debris, tree listing written): what the plan would do
-    (outcome None), did, or nothing (a refused run)."""
+    """(written, links, refs, prune, debris, listing): what the plan would do, did, or nothing (refused)."""
     if outcome is None:
         return plan.writes, plan.links, sorted(plan.refs), plan.prune, plan.debris, plan.tree_listing is not None
     if not outcome.applied:

@@ -1,11 +1,6 @@
-"""The mount table, read the one way the dgx-stage modules read it (stdlib only, Python 3.8+).
-
-Nothing is written or removed across a mount point below the local hub root: a bind mount of a
-folder from elsewhere (same filesystem, same st_dev) would otherwise have that folder's contents
-written or removed. An open directory is a mount point when its mount id (/proc/self/fdinfo), or
-its st_dev, differs from its parent's; the mount id belongs to the directory that was opened, so a
-path swapped afterwards cannot fool it, and a mount hidden under a later one is never met. Without
-/proc a same-filesystem bind mount cannot be told apart: StageError, never a guess.
+"""The mount table, read one way (stdlib only, Python 3.8+). Nothing is written or removed across a mount point
+(a bind mount shows a folder from elsewhere): an open directory is one when its mount id (/proc/self/fdinfo, bound
+to the opened directory) or st_dev differs from its parent's; without /proc: StageError, never a guess.
 """
 import os
 import re
@@ -22,8 +17,7 @@ def _unescape(field):
 
 
 def _read_only(fields):
-    """Whether a mountinfo line's mount options (field 6) or super options (the last field after the
-    "-" that ends the optional fields) say ro."""
+    """Whether a mountinfo line's mount options (field 6) or super options (after the "-") say ro."""
     options = [fields[5]] if len(fields) > 5 else []
     if "-" in fields[6:]:
         end = fields.index("-", 6)
@@ -32,12 +26,7 @@ def _read_only(fields):
 
 
 def parse_mountinfo(text):
-    """[{id, dev: (major, minor), root, mount_point, read_only, fstype, source}] from /proc/<pid>/mountinfo.
-
-    root is the path inside the mounted filesystem that the mount shows: for a bind mount, the
-    bound directory as the filesystem knows it, whatever the mount point is called. read_only: the
-    mount (a ro bind) or its whole filesystem (the super options after " - ") is read-only.
-    """
+    """[{id, dev, root, mount_point, read_only, fstype, source}] of a mountinfo text (root: what a bind shows)."""
     mounts = []
     for line in (text or "").splitlines():
         fields = line.split(" ")
@@ -61,8 +50,7 @@ def _proc_missing(what, exc):
 
 
 def read_mounts():
-    """parse_mountinfo of this process's mount namespace; StageError when /proc cannot be read (without
-    it a bind mount of the same filesystem cannot be told apart)."""
+    """parse_mountinfo of this process's mount namespace; StageError when /proc cannot be read."""
     try:
         with open(MOUNTINFO, "rb") as handle:
             # Mount points keep undecodable bytes as surrogates, as os paths do.
@@ -72,14 +60,12 @@ def read_mounts():
 
 
 def mount_points():
-    """The mount points of this process's mount namespace: it names a bind mount of the same
-    filesystem too, whose st_dev does not differ."""
+    """This namespace's mount points, same-filesystem bind mounts (same st_dev) included."""
     return set(mount["mount_point"] for mount in read_mounts())
 
 
 def mount_id(fd):
-    """The id of the mount an open file lies on (/proc/self/fdinfo), or None where the kernel does not
-    say (before Linux 3.15); StageError when /proc cannot be read."""
+    """The mount id of an open file (/proc/self/fdinfo), None before Linux 3.15; StageError without /proc."""
     path = "/proc/self/fdinfo/%d" % fd
     try:
         with open(path) as handle:
@@ -94,8 +80,7 @@ def mount_id(fd):
 
 
 def reopen(handle, flags, path):
-    """The file of an O_PATH handle opened with flags through its /proc link (the very file the handle
-    holds, whatever its name points to by now); errors name `path`, not the /proc link."""
+    """The very file an O_PATH handle holds, opened with flags through its /proc link; errors name `path`."""
     return _through_handle(os.open, handle, path, flags | os.O_CLOEXEC)
 
 
@@ -120,8 +105,7 @@ def describe_mount(mount):
 
 
 def mount_problem(parent_fd, child_fd, path):
-    """Why the open directory child_fd (at `path`, for the message) is a mount point below the open
-    directory parent_fd, or None."""
+    """Why the open directory child_fd (at `path`) is a mount point below the open directory parent_fd, or None."""
     child_id, parent_id = mount_id(child_fd), mount_id(parent_fd)
     if os.fstat(child_fd).st_dev == os.fstat(parent_fd).st_dev:
         if child_id is not None and parent_id is not None:
@@ -137,11 +121,8 @@ def mount_problem(parent_fd, child_fd, path):
 
 
 def mount_point_problem(root, rel):
-    """Why a directory on the way from `root` (excluded; reached as the run reaches it, through a link
-    too) down to `root/rel` is a mount point, or None: each is opened without following a link and
-    checked against its parent by mount_problem (mount id, or st_dev), so only the mounts
-    the run would meet count, never one hidden under a later mount. Missing ones and links are fine
-    here (linked_dir_problem names links)."""
+    """Why a directory below `root` on the way to `root/rel` is a mount point (mount_problem against its parent,
+    each opened without following a link), or None; missing ones and links are linked_dir_problem's."""
     try:
         fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
@@ -158,16 +139,12 @@ def mount_point_problem(root, rel):
             os.close(fd)
             fd = child
             if mounted:
-                return _mounted_message(path)
+                return ("%s is a mount point: dgx-stage never writes or removes on another mount below the local "
+                        "hub root (it could be a bind mount of a folder outside the hub). Unmount it, or use a "
+                        "plain directory; nothing was written or removed" % path)
         return None
     finally:
         os.close(fd)
-
-
-def _mounted_message(path):
-    return ("%s is a mount point: dgx-stage never writes or removes on another mount below the local hub root "
-            "(it could be a bind mount of a folder outside the hub). Unmount it, or use a plain directory; "
-            "nothing was written or removed" % path)
 
 
 def mounts_below(path):
@@ -178,8 +155,7 @@ def mounts_below(path):
 
 
 def is_mounted_file(path):
-    """Whether the file at path (a final link not followed) lies on another mount than the folder
-    holding it: a file bind-mounted there. By mount id, so a mount hidden under a later one never counts."""
+    """Whether the file at path (a final link not followed) is bind-mounted there: by mount id, else st_dev."""
     folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         handle = os.open(os.path.basename(path), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)

@@ -1,19 +1,11 @@
 # -*- coding: utf-8 -*-
 """dgx_mountspec: can a path be bound into the engine container exactly as written?
 
-Docker takes binds as API fields; Podman takes `--mount type=bind,source=...,destination=...` specs,
-which Podman >= 4.1 reads with Go's encoding/csv, so a `:`, `,`, `"`, `=` or space in a name is
-fine once the field is CSV-quoted (roles/engine/filter_plugins/engine_mounts.py does that). What
-neither runtime binds exactly as written is refused here, before a manifest names it:
-
-- invalid UTF-8 (a surrogate-escaped byte): Podman replaces it with U+FFFD and binds another path;
-- a carriage return: encoding/csv turns CR LF into LF, so another path is bound; any other control
-  character (newline, tab, NUL...) is refused with it: one rule, no name that breaks line-based tools;
-- a relative path, or one not in normal form (`//`, `/./`, `/../`, a trailing `/`): both runtimes
-  clean mount paths, so the container's mount table would not say what the manifest says, and two
-  spellings of one target would pass a string-based uniqueness check;
-- a path of PATH_MAX (4096) bytes or more: no system call takes it.
-
+Docker takes binds as API fields; Podman >= 4.1 reads `--mount` specs with Go's encoding/csv, so `:`, `,`, `"`,
+`=` or a space is fine once CSV-quoted (engine_mounts.py does that). Refused here, before a manifest names it:
+invalid UTF-8 (Podman binds U+FFFD instead), any control character (encoding/csv turns CR LF into LF; the
+others break line-based tools), a relative path or one not in normal form (both runtimes clean mount paths,
+so the container would not show what the manifest says), and a path of PATH_MAX (4096) bytes or more.
 Stdlib only, Python 3.8 syntax: runs on the nodes inside engine_manifest.
 """
 
@@ -37,12 +29,8 @@ def _control_char(path):
 
 
 def mount_path_problem(path):
-    """Why `path` cannot be a container bind source or target exactly as written, or None if it can.
-
-    The answer is a sentence that starts with the path (repr-quoted, so control characters show),
-    e.g. "'/hub/a\\nb' contains a newline (U+000A): ...". Callers prefix what the path is:
-    problems.append("mount source %s" % problem).
-    """
+    """Why `path` cannot be a bind source or target exactly as written, or None: a sentence starting with the
+    repr-quoted path, for the caller to prefix ("mount source %s")."""
     if not isinstance(path, str):
         return "%r is not a text path (%s)" % (path, type(path).__name__)
     if not path:

@@ -21,52 +21,42 @@ def peer_dir_rel(req):
     return os.path.relpath(req.peer_dir, req.dest).replace(os.sep, "/")
 
 
-def peer_dir_problem(req):
-    """Why peer_dir cannot be the run's scratch directory, or None. The run removes it and what is
-    left in it, so it must be a directory of its own inside dest: not dest, not in a repo folder or a
-    repo's lock directory, reached through no symlink."""
+def refuse_bad_peer_dir(req):
+    """StageError when peer_dir cannot be the run's scratch directory (the run removes it and its files)."""
     if not req.peer_dir:
-        return None
+        return
     convention = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
     fix = ("the run removes peer_dir and what is left in it, so it must be a scratch directory of its own inside "
            "dest, by convention %s; nothing was written" % convention)
-    given = getattr(req, "peer_dir_given", None) or req.peer_dir
+    given = req.peer_dir_given
     if not os.path.isabs(given) or ".." in given.replace(os.sep, "/").split("/"):
-        return "peer_dir %s is not an absolute path without '..' components: %s" % (given, fix)
+        raise StageError("peer_dir %s is not an absolute path without '..' components: %s" % (given, fix))
     if req.peer_dir == req.dest:
-        return "peer_dir %s is dest: %s" % (req.peer_dir, fix)
+        raise StageError("peer_dir %s is dest: %s" % (req.peer_dir, fix))
     if not is_within(req.peer_dir, req.dest):
-        return "peer_dir %s is not inside dest %s: %s" % (req.peer_dir, req.dest, fix)
+        raise StageError("peer_dir %s is not inside dest %s: %s" % (req.peer_dir, req.dest, fix))
     parts = peer_dir_rel(req).split("/")
     if "--" in parts[0] or parts == [".locks"] or (parts[0] == ".locks" and "--" in parts[1]):
-        return "peer_dir %s is %s: %s" % (
+        raise StageError("peer_dir %s is %s: %s" % (
             req.peer_dir, "a repo's lock directory (or inside one)" if parts[0] == ".locks" and len(parts) > 1
-            else "the lock root" if parts == [".locks"] else "inside the repo folder %s" % parts[0], fix)
+            else "the lock root" if parts == [".locks"] else "inside the repo folder %s" % parts[0], fix))
     if parts[-1] != req.folder or len(parts) < 2 or parts[-2] != PEER_PARENT:
         # the clean-up deletes what peer_dir holds: it must be this repo's, never another repo's candidates
-        return ("peer_dir %s is not this repo's candidate folder: its name must be %s and its parent's %s: %s"
-                % (req.peer_dir, req.folder, PEER_PARENT, fix))
+        raise StageError("peer_dir %s is not this repo's candidate folder: its name must be %s and its parent's "
+                         "%s: %s" % (req.peer_dir, req.folder, PEER_PARENT, fix))
     if os.path.isdir(req.dest):
         problem = linked_dir_problem(req.dest, peer_dir_rel(req)) or mount_point_problem(req.dest, peer_dir_rel(req))
         if problem:
-            return "peer_dir %s: %s" % (req.peer_dir, problem)
-    return None
+            raise StageError("peer_dir %s: %s" % (req.peer_dir, problem))
 
 
 # peer_dir's parent folder (by convention <dest>/.locks/dgx-stage-peer/<repo folder>)
 PEER_PARENT = "dgx-stage-peer"
 
 
-def refuse_bad_peer_dir(req):
-    problem = peer_dir_problem(req)
-    if problem:
-        raise StageError(problem)
-
-
 def candidate_present(req, work, blobs_dev=None):
-    """Whether peer_dir holds a regular file named like this Work's blob at its size (not yet hashed) that
-    occupies its bytes on the disk of blobs/ (device blobs_dev; st_blocks cover its size, so a sparse
-    file does not count): the space its removal gives back."""
+    """Whether peer_dir holds a regular file named like this Work's blob at its size whose blocks on the disk of
+    blobs/ (blobs_dev) cover it (a sparse file frees nothing): the space its removal gives back."""
     if not req.peer_dir or not work.etag:
         return False
     try:
@@ -78,9 +68,7 @@ def candidate_present(req, work, blobs_dev=None):
 
 
 def count_candidates(plan, req):
-    """plan.peer_bytes and plan.peer_peak. Each candidate is copied (a new file) and then removed: while
-    `workers` copies are in flight their candidates are still there, so the need is the bytes to write,
-    minus the candidates' bytes, plus the largest candidates one per worker (the peak)."""
+    """plan.peer_bytes, and plan.peer_peak: the largest candidates, one per worker, still there while copied."""
     if not req.peer_dir:
         return
     blobs_dev = os.lstat(existing_ancestor(os.path.join(plan.dest_repo, "blobs"))).st_dev

@@ -19,9 +19,8 @@ RUN_ID = re.compile(r"^[A-Za-z0-9_.:+-]{1,80}$")
 
 
 def lock_holder(text):
-    """{pid, run_id, since} of the run a lock file names (`<pid> <run id> <since>`; a bare pid from an older
-    release); unknown parts are None. Anyone who can write the file writes what it says: a word that is not
-    one of ours (a control character, a terminal escape) is unknown, never quoted in a message."""
+    """{pid, run_id, since} of the run a lock file names (`<pid> <run id> <since>`, or a bare pid); a part that
+    is not one of ours (a control character, a terminal escape) is None, never quoted in a message."""
     words = (text or "").split()
     pid = int(words[0]) if words and words[0].isdigit() and words[0].isascii() else None
     run_id = words[1] if len(words) > 1 and words[1] != "-" and RUN_ID.match(words[1]) else None
@@ -38,18 +37,10 @@ def holder_text(holder):
 
 
 class RepoLock(object):
-    """An exclusive flock on the lock directory `<dest>/.locks/<folder>`; two runs on one local repo never
-    interleave. The directory is opened through the local tree (never through a symlink) and locked, not the
-    file in it: a file can be deleted, renamed aside or replaced by a link while a run holds it, and the next
-    run would lock a fresh file beside it; the directory holds that file, so nothing can be renamed over it.
-    The holder writes `<pid> <run id> <since>` into `dgx-stage.lock` in it; a run that has to wait calls
-    on_wait(holder) once when it starts waiting and on_wait(None) once it holds the lock, so whoever watches
-    it can say whom it waits for. The lock is held only on the directory the name points to once flock
-    returns: a directory renamed aside meanwhile is let go and the one named now waited on.
-
-    The holder writes into its lock directory (the progress file) through `directory`, the handle it locked,
-    calling check_held() first: a directory removed or renamed while it is held (an operator clearing
-    "stale" locks) lets the next run lock a new one at once, and the holder must stop rather than write on."""
+    """An exclusive flock on the lock directory `<dest>/.locks/<folder>` (a file in it could be replaced under the
+    holder); the holder writes `<pid> <run id> <since>` into `dgx-stage.lock`. A waiting run calls on_wait(holder), then
+    on_wait(None) once it holds the lock; a directory renamed aside while waited on is let go for the one named now.
+    The holder writes through `directory` after check_held(), so a lock folder removed under it stops the run."""
 
     NAME = "dgx-stage.lock"
 
@@ -77,22 +68,18 @@ class RepoLock(object):
 
     @property
     def directory(self):
-        """The locked directory (LocalDir) while held: what the holder writes through, never a second
-        look-up of the name, which may reach another directory by then."""
+        """The locked directory (LocalDir) while held: the holder writes through it, never through the name."""
         return self._dir
 
     def check_held(self):
-        """StageError when the locked directory is no longer the one its name points to: removed or renamed
-        while this run held it, so another run can lock the one named now and interleave with this one. A few
-        opens and an fstat: cheap enough before every progress write."""
+        """StageError when the locked directory was removed or renamed while held; cheap before every write."""
         if self._dir is None or not self._still_named():
             raise StageError("the lock folder %s was removed or renamed while this run held it; another run may be "
                              "staging this repo now: check with `dgx-stage status`, then re-run"
                              % os.path.dirname(self.path))
 
     def _still_named(self):
-        """Whether the locked directory is still the one the lock's name points to: one renamed aside (and
-        another made in its place) while this run waited on it locks nothing another run would wait on."""
+        """Whether the locked directory is still the one the lock's name points to."""
         try:
             with self.tree.open_dir(self.lock_dir_rel) as named:
                 now = os.fstat(named.fd)

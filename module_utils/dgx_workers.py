@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
-"""The copy workers: a bounded pool of threads sharing a constant buffer budget, stopped together by a
-failure, Ctrl-C or SIGTERM so that none outlives the call.
+"""The copy workers: a bounded thread pool within a constant buffer budget, stopped together by a failure,
+Ctrl-C or SIGTERM so that none outlives the call.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -30,15 +30,10 @@ def chunk_size(workers):
 
 
 def run_workers(items, task, workers):
-    """Call task(item, buf) for every item, `workers` at a time, in the order given (biggest first
-    keeps the tail short). Each worker owns one ChunkBuffer, so memory is constant.
-
-    task handles per-item problems itself. An exception it raises (a full disk) stops the pool: no
-    new item starts, the items in flight stop at their next chunk (Cancelled, removing their temp
-    files), and the exception is raised here. Ctrl-C or SIGTERM in the caller's thread does the same
-    before it propagates, so no worker outlives the call. With one worker (or one item) everything
-    runs in the caller's thread.
-    """
+    """Call task(item, buf) for every item in order, `workers` at a time, each worker owning one ChunkBuffer.
+    An exception from task (a full disk), Ctrl-C or SIGTERM stops the pool: no new item starts, those in
+    flight stop at their next chunk (Cancelled) and the exception is raised here once no worker runs.
+    One worker or one item runs in the caller's thread."""
     pending = collections.deque(items)
     size = chunk_size(workers)
     if workers <= 1 or len(pending) <= 1:
@@ -79,10 +74,9 @@ def _work_until_done(pending, lock, stop, errors, task, buf):
 
 
 def _start_and_wait(worker, count, stop):
-    """Start `count` worker threads and wait until each is done; Ctrl-C or SIGTERM meanwhile (even
-    while they are still being started) stops all that started, each within one chunk, removing its
-    temp file, before it propagates. Completion is an Event of our own: a Thread.join interrupted by
-    Ctrl-C can leave that thread marked finished while it still runs."""
+    """Start `count` worker threads and wait for each; Ctrl-C or SIGTERM meanwhile stops all that started before
+    it propagates. Completion is an Event of our own: a Thread.join interrupted by Ctrl-C can leave a thread
+    marked finished while it still runs."""
     done = []
     try:
         # Ctrl-C or SIGTERM held back while the threads start: one delivered between a thread's start and
@@ -107,8 +101,7 @@ def _start_and_wait(worker, count, stop):
 
 @contextlib.contextmanager
 def signals_held(*signums):
-    """Delay these signals for the calling thread until the block ends (threads started inside inherit
-    the mask, so the signals then reach this thread only); delivered, if any came, on the way out."""
+    """Delay these signals for the calling thread (and threads started inside) until the block ends."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
         yield

@@ -13,10 +13,10 @@ def test_name_hasher_sha256_and_git_sha1(tmp_path):
     data = os.urandom(5000)
     path = tmp_path / "f"
     path.write_bytes(data)
-    assert hs.file_matches_name(str(path), hashlib.sha256(data).hexdigest(), len(data))
-    assert hs.file_matches_name(str(path), git_sha1(data), len(data))
-    assert not hs.file_matches_name(str(path), hashlib.sha256(b"other").hexdigest(), len(data))
-    assert not hs.file_matches_name(str(path), git_sha1(data), len(data) + 1)
+    assert hs.file_matches_own_name(str(path), hashlib.sha256(data).hexdigest())
+    assert hs.file_matches_own_name(str(path), git_sha1(data))
+    assert not hs.file_matches_own_name(str(path), hashlib.sha256(b"other").hexdigest())
+    assert hs.hash_as_named(str(path), git_sha1(data), len(data) + 1)[0] != git_sha1(data)
 
 
 def test_name_is_hash():

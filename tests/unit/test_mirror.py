@@ -887,11 +887,6 @@ def test_refusals_name_the_problem_and_write_nothing(request, local, tmp_path, c
     assert not os.path.exists(str(tmp_path / "no-local"))
 
 
-def test_refuses_unknown_verify_mode(nas, local):
-    with pytest.raises(StageError, match="verify must be one of"):
-        mirror_request(nas, local, verify="fast")
-
-
 # ------------------------------------------------------------------------------------------------
 # lesson 12: check mode
 # ------------------------------------------------------------------------------------------------
@@ -1780,11 +1775,6 @@ def test_check_mode_plan_reads_like_a_plan_and_real_runs_say_what_they_did(nas, 
     assert done["summary"].startswith("%s@%s stage pass: copied %d files" % (MAIN, nas.repo()["commit"][:12],
                                                                               len(blobs)))
     assert stage(nas, local, ignore_patterns=PAGE15)["diff_text"] == ""
-
-
-def test_refuses_unknown_phase(nas, local):
-    with pytest.raises(StageError, match="phase must be one of stage, verify"):
-        mirror_request(nas, local, phase="prove")
 
 
 def test_a_nas_folder_the_node_cannot_list_fails_the_repo_and_nothing_local_is_pruned(tmp_path):

@@ -1,34 +1,20 @@
 # -*- coding: utf-8 -*-
 """Stage role filter: which files of a stage_repos entry this host of the lane stages.
 
-Rank files partition the repo: the files any rank's patterns select (every template expanded for every rank
-of the lane, or every key of the map) are rank files; a host stages its own rank files plus every file
-allow_patterns/ignore_patterns select, exactly as without rank_patterns; other ranks' files are ignored there
-(the manifest binds them read-only from the NAS).
+Rank files (what any rank's patterns select) partition the repo: a host stages its own plus what
+allow_patterns/ignore_patterns select; other ranks' files are ignored here (bound read-only from the NAS).
 
-dgx_stage_allow(repo, rank, world_size)   -> allow_patterns followed by the rank's own patterns; [] without
-                                             allow_patterns (the whole repo, as hf_hub_mirror reads no patterns)
-dgx_stage_ignore(repo, rank, world_size)  -> ignore_patterns followed by every other rank's patterns
-dgx_stage_rank_patterns(repo, rank, world_size)       -> the rank's own patterns alone ([] when it has none):
-                                             hf_hub_mirror require_match, so a rank pattern matching nothing
-                                             fails instead of leaving that rank without its part
-dgx_stage_other_rank_patterns(repo, rank, world_size) -> the other ranks' patterns alone: hf_hub_mirror
-                                             other_rank_patterns, which refuses a file both select
+dgx_stage_allow(repo, rank, world_size)  -> allow_patterns + the rank's own patterns ([]: the whole repo)
+dgx_stage_ignore(repo, rank, world_size) -> ignore_patterns + every other rank's patterns
+dgx_stage_rank_patterns(...)             -> the rank's own patterns (hf_hub_mirror require_match)
+dgx_stage_other_rank_patterns(...)       -> the other ranks' patterns (hf_hub_mirror other_rank_patterns)
 
-rank_patterns takes two forms:
-  - a list of templates, expanded on every rank: `{rank}` and `{world_size}` are replaced by the host's
-    position in the lane and the lane's size (`engram/rank-{rank}-of-{world_size}/*`), so one list serves a
-    lane of any size; every template has `{rank}` (one without it would give every rank the same files: those
-    belong in allow_patterns); an integer width is allowed as format spec (`{rank:02d}`, `{rank:d}`), nothing
-    else;
-  - a map rank -> patterns (keys int or their text), taken literally: a key that is not a rank number is
-    refused, as a typo there would silently leave a rank with nothing of its own, and so is a map without a
-    key for every rank of the lane (a rank with no files of its own says so with an explicit `N: []`); a key
-    past the lane's size is skipped (one map serves lanes of different sizes).
-One pattern given to two ranks is refused here (neither host would stage its files); different patterns
-that select one file are refused by hf_hub_mirror, which has the file list.
-
-Every problem raises AnsibleFilterError naming the repo and the pattern (or key), on every host alike.
+rank_patterns is either a list of templates expanded on every rank (`{rank}`, required, and `{world_size}`,
+with at most an integer width: `engram/rank-{rank:02d}-of-{world_size}/*`), or a map rank -> patterns taken
+literally, with a key for every rank of the lane (`N: []` for none; keys past the lane are skipped, a key that
+is no rank number refused). One pattern given to two ranks is refused here; different patterns selecting one
+file are refused by hf_hub_mirror, which has the file list. Every problem raises AnsibleFilterError naming the
+repo and the pattern or key.
 """
 
 import re
@@ -37,16 +23,10 @@ import string
 from ansible.errors import AnsibleFilterError
 
 PLACEHOLDERS = ("rank", "world_size")
-# The format specs a placeholder may carry: none, `d`, or a width with an optional zero pad (`02d`, `3`).
-# A float, string, hex or grouping spec would name files no rank layout uses, or fail only on some ranks.
+# A placeholder's spec: none, `d`, or a width with an optional zero pad; others name files no rank layout uses.
 INTEGER_SPEC = re.compile(r"(0?([0-9]+))?d?\Z")
-# The widest a placeholder may be padded: rank numbers of any lane fit, and a width of millions would build a
-# pattern of that many characters on every rank.
+# The widest pad: any lane's ranks fit, and a huge width would build a pattern that long on every rank.
 MAX_WIDTH = 6
-
-
-def _is_text(value):
-    return isinstance(value, str)
 
 
 def _repo_name(repo):
@@ -68,16 +48,15 @@ def _pattern_list(value, repo_name, where):
         raise AnsibleFilterError("stage_repos entry %s: %s must be a list of patterns, got %s %r"
                                  % (repo_name, where, type(value).__name__, value))
     for pattern in value:
-        if not _is_text(pattern):
+        if not isinstance(pattern, str):
             raise AnsibleFilterError("stage_repos entry %s: %s holds %r, which is not a text pattern"
                                      % (repo_name, where, pattern))
     return list(value)
 
 
 def expand_template(template, rank, world_size, repo_name="<repo>"):
-    """One rank template with `{rank}` / `{world_size}` replaced; refuses a template without `{rank}`, any
-    other placeholder, a conversion (`{rank!r}`), a field access (`{rank.real}`), a format spec other than an
-    integer width and an unbalanced brace."""
+    """One rank template with `{rank}` / `{world_size}` replaced; anything else in braces, a spec other than an
+    integer width, or no `{rank}` is refused."""
     values = {"rank": rank, "world_size": world_size}
     out = []
     try:
@@ -115,17 +94,15 @@ def expand_template(template, rank, world_size, repo_name="<repo>"):
 
 
 def _map_table(rank_patterns, world_size, repo_name):
-    """The map form as {rank: patterns} for the ranks of this lane. Keys are rank numbers (int or ASCII
-    digits); a key past this lane's size is skipped, so one map written for the 4x lane serves the 2x lane
-    too; every rank of the lane needs its key (an explicit [] for a rank with no files of its own), as a
-    forgotten key would leave that rank serving its part from the NAS."""
+    """The map form as {rank: patterns} for this lane's ranks: a forgotten key would leave a rank reading its
+    part from the NAS, so every rank needs one; keys past the lane are skipped (one map serves lane sizes)."""
     table = {}
     for key, patterns in rank_patterns.items():
         if isinstance(key, bool):
             key_rank = None
         elif isinstance(key, int):
             key_rank = key
-        elif _is_text(key) and re.match(r"^[0-9]+$", key.strip()):
+        elif isinstance(key, str) and re.match(r"^[0-9]+$", key.strip()):
             key_rank = int(key.strip())
         else:
             key_rank = None
@@ -200,15 +177,13 @@ def _entry_parts(repo, rank, world_size, caller):
 
 
 def stage_allow(repo, rank, world_size):
-    """The allow patterns of one stage_repos entry on the host of `rank` in a lane of `world_size` hosts:
-    allow_patterns, then the rank's own (expanded templates, or the map's entry), duplicates dropped."""
+    """allow_patterns, then the rank's own patterns, duplicates dropped ([] without allow_patterns)."""
     allow, own, _others = _entry_parts(repo, rank, world_size, "dgx_stage_allow")
     return _unique(allow + own) if allow else []
 
 
 def stage_ignore(repo, rank, world_size):
-    """The ignore patterns of one stage_repos entry on the host of `rank`: ignore_patterns, then every other
-    rank's patterns (their files are theirs: bound from the NAS here), duplicates dropped."""
+    """ignore_patterns, then every other rank's patterns, duplicates dropped."""
     _allow, _own, others = _entry_parts(repo, rank, world_size, "dgx_stage_ignore")
     ignore = repo.get("ignore_patterns")
     ignore = [] if ignore is None else _pattern_list(ignore, _repo_name(repo), "ignore_patterns")
@@ -216,16 +191,12 @@ def stage_ignore(repo, rank, world_size):
 
 
 def stage_rank_patterns(repo, rank, world_size):
-    """Only the rank's own patterns of one stage_repos entry (duplicates dropped; [] without rank_patterns or
-    with an empty map entry for this rank), the same checks as stage_allow: what hf_hub_mirror's require_match
-    wants matched, so a template naming a layout the snapshot lacks fails preflight instead of staging
-    nothing of that rank."""
+    """The rank's own patterns, for require_match: a layout the snapshot lacks fails preflight."""
     return _entry_parts(repo, rank, world_size, "dgx_stage_rank_patterns")[1]
 
 
 def stage_other_rank_patterns(repo, rank, world_size):
-    """The other ranks' patterns of one stage_repos entry (hf_hub_mirror other_rank_patterns): a file one of
-    them and one of this rank's patterns both select is refused there, with the file list in hand."""
+    """The other ranks' patterns, for other_rank_patterns: a file both select is refused there."""
     return _entry_parts(repo, rank, world_size, "dgx_stage_other_rank_patterns")[2]
 
 

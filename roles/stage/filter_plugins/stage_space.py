@@ -1,14 +1,10 @@
 # -*- coding: utf-8 -*-
 """Stage role filter: the space all repos of a host need together on its one local disk (preflight).
 
-dgx_stage_space_total(results) -> {"need", "reclaimable", "free", "reserve", "available", "fits",
-                                   "need_text", "available_text"} of the preflight pass's hf_hub_mirror
-                                   results (the registered loop's `results`, one per repo)
-
-hf_hub_mirror measures each repo alone: its own need and what pruning it would free, against the disk's free
-space less the reserve. The repos share one disk, so a host whose repos each fit alone may still not hold them
-all: needs and reclaimable bytes add up over the repos; free space and reserve are the disk's (the first
-repo's measure). available = free + reclaimable - reserve; the repos fit when need <= available.
+dgx_stage_space_total(results) -> {need, reclaimable, free, reserve, available, fits, need_text, available_text}
+of the preflight's hf_hub_mirror loop results. hf_hub_mirror measures each repo alone; repos that each fit may
+not fit together, so needs and reclaimable bytes add up, free and reserve are the disk's (the first repo's),
+and they fit when need <= free + reclaimable - reserve.
 """
 import os
 import sys

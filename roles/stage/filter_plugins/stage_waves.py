@@ -6,13 +6,11 @@ dgx_stage_wave(rank, world_size, readers, fanout)     -> the wave (0, 1, ...) of
 dgx_stage_wave_count(world_size, readers, fanout)     -> how many waves the lane's stage pass has
 dgx_stage_peer(rank, lane_hosts, live_hosts, readers, fanout) -> the host of an earlier wave this host copies
                                                          proven blobs from, or '' (none alive: the NAS)
-dgx_stage_repo_folder(repo)                           -> a stage_repos entry's folder in a hub (models--org--name):
-                                                         module_utils/dgx_hubcache.repo_folder_name
+dgx_stage_repo_folder(repo)                           -> a stage_repos entry's hub folder (models--org--name)
 
-Waves go in rank order and hold at most `readers` hosts (stage_nas_readers; empty or 0: the whole lane), so
-no more than that many hosts read the NAS at once. With fan-out, rank 0 reads the NAS alone first: the files
-every rank shares are read from the NAS once per lane, and each later host reads only its rank's own part
-there, taking the shared blobs from a host of an earlier wave (adopted only after a hash match).
+Waves go in rank order and hold at most `readers` hosts (stage_nas_readers; empty or 0: the whole lane). With
+fan-out, rank 0 reads the NAS alone first, so shared files are read from the NAS once per lane; later hosts
+read only their rank's part there and take shared blobs from an earlier wave (adopted after a hash match).
 """
 import os
 import sys
@@ -41,8 +39,7 @@ def _whole(value, what, least):
 
 
 def readers_of(readers, world_size):
-    """stage_nas_readers as a number of hosts: empty, None or 0 mean the whole lane; more than the lane is
-    the whole lane."""
+    """stage_nas_readers as a number of hosts: empty, None, 0 or more than the lane mean the whole lane."""
     world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
     if readers is None or (isinstance(readers, str) and readers.strip() in ("", "0")) or readers == 0:
         return world_size
@@ -67,8 +64,7 @@ def stage_wave_count(world_size, readers, fanout):
 
 
 def stage_peer(rank, lane_hosts, live_hosts, readers, fanout):
-    """A host of an earlier wave still in the play (failed and unreachable hosts have left it); the hosts of
-    one wave are spread over the earlier ones. '' without fan-out, in the first wave, or when none is alive."""
+    """A live host of an earlier wave, a wave's hosts spread over them; '' without fan-out or such a host."""
     if not fanout:
         return ""
     lane_hosts = list(lane_hosts)

@@ -60,6 +60,7 @@ class RunState(object):
         self.history_paths = {}      # host -> <report dir>/<host>-<run_id>.json
         self.receipts_removed = {}   # host -> [paths]
         self.status_lines = {}       # host -> [lines] of stage_status
+        self.lanes = {}              # host -> {"lane", "rank"}: its lane facts, for the status lines
         self.stats = None            # playbook_on_stats event_data
 
     @property
@@ -113,6 +114,9 @@ class RunState(object):
             facts = item.get("ansible_facts") if isinstance(item.get("ansible_facts"), dict) else {}
             if facts.get("lane_report_dir") and facts["lane_report_dir"] not in self.report_dirs:
                 self.report_dirs.append(str(facts["lane_report_dir"]))
+            if host and "lane_name" in facts:
+                rank = str(facts.get("lane_rank"))
+                self.lanes[host] = {"lane": facts["lane_name"], "rank": int(rank) if rank.isdigit() else None}
             if action_is(action, "engine_receipts") and host and isinstance(item.get("removed"), list):
                 self.receipts_removed.setdefault(host, [])
                 self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]

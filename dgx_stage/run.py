@@ -12,7 +12,7 @@ import shutil
 import signal
 import sys
 
-from dgx_stage import REPO, UsageError, extravars, runs, table
+from dgx_stage import REPO, UsageError, extravars, runs, summary, table
 from dgx_stage.display import PlainDisplay, RichDisplay
 from dgx_stage.events import RunState
 
@@ -351,12 +351,10 @@ class PlaybookRun(object):
         state.reports.update(runs.settle_unfinished(state.history_paths, state.run_id, seen))
 
     def _print_status(self, display):
-        if not self.state.status_lines:
-            display.print("no host reported its status")
-        for host in sorted(self.state.status_lines):
-            display.print("%s:" % host)
-            for line in self.state.status_lines[host]:
-                display.print("  %s" % line)
+        hosts = dict((host, dict(self.state.lanes.get(host, {}), lines=lines))
+                     for host, lines in self.state.status_lines.items())
+        run = {"inventory": self.spec["inventory"], "playbook": self.spec["playbook"]}
+        display.print("\n".join(summary.status_lines(hosts, run)) or "no host reported its status")
 
     def _log_tail(self):
         try:

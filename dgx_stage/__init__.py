@@ -21,5 +21,10 @@ def use_module_utils():
             ansible.module_utils.__path__.append(path)
 
 
+# dgx-stage's exit codes: every host ok; ansible-playbook failed with no host result; a host failed or was
+# unreachable; a usage error; interrupted.
+EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 64, 99
+
+
 class UsageError(Exception):
     """Bad arguments: the front end exits 64 naming them."""

@@ -17,13 +17,7 @@ import os
 import re
 import sys
 
-from dgx_stage import REPO, UsageError, extravars, runs, table
-
-EXIT_OK = 0
-EXIT_ANSIBLE = 1
-EXIT_FAILED = 2
-EXIT_USAGE = 64
-EXIT_INTERRUPTED = 99
+from dgx_stage import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, REPO, UsageError, extravars, runs, table
 
 PLAYBOOK = "stage-deepseek.yml"
 SUBCOMMANDS = {

@@ -55,18 +55,24 @@ def which(position):
     return "the %d%s -e" % (number, suffix)
 
 
-def _where(exc, text=None):
-    """Where the text (given for an inline -e) breaks, after the YAML error behind exc, without the text around
-    it: ' (line L, column C)', ' (at its end: ...)', or ''."""
+def _causes(exc):
+    """exc and what caused it, each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        mark = getattr(exc, "problem_mark", None)
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _where(exc, text=None):
+    """Where the text (given for an inline -e) breaks, after the YAML error behind exc, without the text around
+    it: ' (line L, column C)', ' (at its end: ...)', or ''."""
+    for cause in _causes(exc):
+        mark = getattr(cause, "problem_mark", None)
         if mark is not None and text is not None and mark.index >= len(text.rstrip()):
             return " (at its end: a bracket or a quote is not closed)"
         if mark is not None:
             return " (line %d, column %d)" % (mark.line + 1, mark.column + 1)
-        exc = exc.__cause__ or exc.__context__
     return ""
 
 
@@ -86,13 +92,7 @@ def _plain_type(data):
 def _vault_error(exc):
     """Whether exc (or what caused it) is Ansible's refusal to read vault-encrypted text without a password."""
     from ansible.parsing.vault import AnsibleVaultError
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, AnsibleVaultError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(cause, AnsibleVaultError) for cause in _causes(exc))
 
 
 # dgx-stage has no vault option and passes ansible-playbook no vault password: a vaulted value stops the run there,
@@ -270,15 +270,13 @@ def playbook_variables():
 def _unreadable_vars_file(inventory, exc):
     """The UsageError for a group_vars or host_vars file of `inventory` that Ansible could not read (exc): the file
     and where in it, never its text (Ansible's message quotes none, but a file there may hold a token)."""
-    seen, path, parse, merge, cause = set(), None, False, False, exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    path, parse, merge = None, False, False
+    for cause in _causes(exc):
         path = path or getattr(getattr(cause, "obj", None), "path", None)
         # A file that parses but is no mapping fails where its variables are merged, which names it only so.
         merged = re.match(r"Could not process '([^']+)'\.$", getattr(cause, "_original_message", None) or "")
         path, merge = path or (merged.group(1) if merged else None), merge or bool(merged)
         parse = parse or hasattr(cause, "problem_mark")
-        cause = cause.__cause__ or cause.__context__
     why = ("is vault-encrypted, and " + NO_VAULT_PASSWORD if _vault_error(exc) else
            "is not YAML" + _where(exc) if parse else
            "is not a mapping of variables" if merge else "does not read as variables")

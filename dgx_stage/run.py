@@ -12,11 +12,11 @@ import shutil
 import signal
 import sys
 
-from dgx_stage import REPO, UsageError, extravars, runs, summary, table
+from dgx_stage import (EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, REPO, UsageError, extravars, runs,
+                       summary, table)
 from dgx_stage.display import PlainDisplay, RichDisplay
 from dgx_stage.events import RunState
 
-EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 99
 LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no host result
 
 

@@ -1,12 +1,6 @@
-"""What a run's ansible-runner events say, gathered as they arrive (pure: event dicts in, state out).
-
-The events are ansible-runner's (`event`, `event_data` with `host`, `play`, `task`, `task_action`, `res`,
-`stdout`, `pid`). The front end reads:
-- the polls of `mirror_job` tasks (each retry and the final result carry `progress` and `line`);
-- the lane facts that name where the dgx_report callback writes the host reports (`lane_report_dir`, run.py
-  reads this run's reports there), and the results of `engine_receipts` (`removed`) and `stage_status` (`lines`);
-- failures and unreachable hosts (play, task, message), and the final stats.
-"""
+"""What a run's ansible-runner events say, gathered as they arrive (pure: event dicts in, state out): the
+`mirror_job` polls, the lane facts (where the host reports are written, each host's lane and rank), the
+`engine_receipts` and `stage_status` results, failures, unreachable hosts and the final stats."""
 
 PROGRESS_EVENTS = ("runner_retry", "runner_on_ok", "runner_on_failed", "runner_item_on_ok", "runner_item_on_failed")
 RESULT_EVENTS = ("runner_on_ok", "runner_item_on_ok")

@@ -1,16 +1,7 @@
-"""The operator's -e values: checked before a run, handed to ansible-playbook in files that only the run can
-read and that are removed when it ends, and recorded by name only.
-
-Checked: every name is a variable the plays or roles read (the roles' argument_specs and defaults, the few the
-playbooks read themselves, Ansible's own `ansible_*`) or one the inventory defines; a name the playbooks set
-themselves (the lane facts, the roles' inputs the plays fill) is refused, as an extra var would override it;
-a value outside a variable's declared choices, type or form (FORMATS) is refused naming what is allowed. A
-message names an -e by its place and a variable by its name, never by a value: any value may be a token, and so
-may a name the plays do not know unless it is a typo of one they do (a token given alone, or as a YAML key).
-A !vault value is refused anywhere: dgx-stage passes ansible-playbook no vault password.
-
-An inline value on ansible-playbook's command line would land in ansible-runner's `command` artifact, in
-`ps` and in run.json; an -e value can be a token (engine_env), so the command line carries `-e @file`."""
+"""The operator's -e values: checked before a run against the variables the plays, roles and inventory know
+(name, choices, type, FORMATS), handed to ansible-playbook as files only the run can read (an inline value would
+be in `ps`, ansible-runner's `command` artifact and run.json, and may be a token), recorded by name only.
+Messages name an -e by its place, never by its text; a !vault value is refused (no vault password is passed)."""
 import contextlib
 import difflib
 import glob

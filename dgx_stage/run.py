@@ -1,10 +1,7 @@
 """One playbook run through ansible-runner: events to the display, signals to ansible-playbook, run.json.
 
-ansible-runner starts ansible-playbook in its own session (a pseudo-terminal), so a Ctrl-C at the
-operator's terminal reaches only this process: the first Ctrl-C (or SIGTERM) is forwarded as SIGINT to
-ansible-playbook's process group, which stops the run and prints its summary; a second one cancels the
-run (ansible-runner kills the process group).
-"""
+ansible-playbook runs in its own session, so a Ctrl-C reaches only us: the first one (or SIGTERM) is forwarded as
+SIGINT to its process group (it stops after its summary), a second one cancels the run."""
 import contextlib
 import os
 import queue

@@ -1,10 +1,5 @@
-"""The lane summary of a run of the playbooks without the front end (pure functions, no I/O).
-
-The dgx_report callback prints it once the host reports of the run are final: a title, the table of
-dgx_stage/table.py from this run's reports (the figures are the reports'), a closing line, and for each
-host that failed or did not finish what to read and what to run. The status playbook, which writes no
-report, gets its hosts' status lines instead (status_lines, printed by the dgx_stdout callback).
-"""
+"""The lane summary of a run of the playbooks without the front end, and the status play's lines (pure
+functions, no I/O): the dgx_report callback prints the summary, dgx_stdout and the front end the status lines."""
 import os
 import re
 import shlex

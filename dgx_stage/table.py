@@ -1,15 +1,7 @@
 """The final table: one row per host from its host report of the run (pure functions, no I/O).
 
-A host report (module_utils/dgx_report.py) holds this run's passes (per repo mirror results), the engine's
-rows (manifest counts, ready state, smoke, decode with its floor). Receipts removed are not in the report:
-the front end takes them from the engine_receipts results of the run (recorded in run.json).
-
-Below the table, a "Stage pass" block (stage_lines) gives each host's own stage window and the bytes it read
-from the NAS and took from peers (the lane stages in waves of stage_nas_readers hosts; with fan-out, later
-hosts take proven blobs from earlier ones). It is shown for a lane (more than one host) or when any host took
-or rejected peer blobs, so a single host's output stays as it was. Each row carries its host's part of it
-under the key "stage_pass" (not a column), so every renderer can print it from the rows alone.
-"""
+Each row also carries its host's "stage_pass" (window, bytes from the NAS and from peers), shown below the table
+as the "Stage pass" block for a lane or when a host took or rejected peer blobs (stage_lines)."""
 import datetime
 import re
 import shlex

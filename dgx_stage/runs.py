@@ -180,16 +180,6 @@ def find_record(records, wanted):
     return found[-1] if found else None
 
 
-def report_records(records):
-    """The records of runs that wrote host reports (status runs write none)."""
-    return [r for r in records if r.get("run_id")]
-
-
-def change_records(records):
-    """The records of runs that could change the lane (every subcommand but status), whatever happened to them."""
-    return [r for r in records if r.get("subcommand") != "status"]
-
-
 def history_files(report_dir):
     """{run_id: {host: path}} of the <host>-<run_id>.json files in a report dir (run ids end -xxxx)."""
     import re

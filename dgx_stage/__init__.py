@@ -9,11 +9,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def use_module_utils():
-    """Make the project's module_utils importable as `ansible.module_utils.dgx_*`, the names the modules use
-    (Ansible adds that folder for modules only). The one place that does it: the front end, the tests, the
-    scripts and every controller plugin call it. Inside Ansible (a controller plugin) the folder its config gives
-    the modules comes first (ansible.cfg's module_utils, ANSIBLE_MODULE_UTILS): the plugins then import the very
-    code the modules run, whichever work tree this package was installed from."""
+    """Make module_utils importable as `ansible.module_utils.dgx_*`, as the modules name it (Ansible adds it for
+    modules only); inside Ansible its configured module_utils comes first, so plugins run the modules' very code."""
     import ansible.module_utils
     config = sys.modules.get("ansible.constants")
     for path in list(getattr(config, "DEFAULT_MODULE_UTILS_PATH", None) or []) + [os.path.join(REPO, "module_utils")]:

@@ -46,9 +46,8 @@ def write_guard(bin_dir, parent=None, playbook=None):
 
 
 def runner_env(guard_dir=None):
-    """The repo's ansible.cfg and callback plugins (ansible-runner adds its own callback dir after ours and
-    replaces the stdout callback with its event-emitting one), this interpreter's ansible-playbook first
-    (behind the guard of guard_dir when given)."""
+    """The repo's ansible.cfg and callback plugins (ansible-runner adds its own after them), this interpreter's
+    ansible-playbook first (behind the guard of guard_dir when given)."""
     plugins = [os.path.join(REPO, "callback_plugins")]
     if os.environ.get("ANSIBLE_CALLBACK_PLUGINS"):
         plugins.append(os.environ["ANSIBLE_CALLBACK_PLUGINS"])
@@ -172,9 +171,8 @@ class PlaybookRun(object):
         return dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p)
 
     def _make_run_dir(self):
-        """A new dir for this run: a run started in the same second with the same random suffix (another
-        dgx-stage on this runs dir) gets another ident rather than sharing the dir. An unusable runs dir is a
-        usage error naming it."""
+        """A new dir for this run (another ident when a concurrent run took this one); UsageError naming an
+        unusable runs dir."""
         for _attempt in range(20):
             try:
                 os.makedirs(self.runs_dir, exist_ok=True)
@@ -337,10 +335,8 @@ class PlaybookRun(object):
         return code
 
     def _settle_reports(self, failures):
-        """The run is over: a host report of it still `running` never recorded its end (an interrupt, a host
-        failed where no rescue wrote it); it says `failed` with what the events said, else `interrupted`. After an
-        interrupt the events before the recap include failures a rescue handled: every such report reads
-        `interrupted` (a failure no rescue handled wrote no report of its own either way)."""
+        """A report of this run still `running` says `failed` with what the events said, else `interrupted`
+        (always after an interrupt: its events include failures a rescue handled)."""
         state = self.state
         if not state.run_id:
             return

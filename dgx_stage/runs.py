@@ -59,9 +59,8 @@ def front_end_alive(record):
 
 
 def sweep_extra_vars(runs_dir):
-    """Remove the -e files of every run under runs_dir whose front end is gone: a run ends by removing its own,
-    one killed (SIGKILL, a lost session) cannot. A run whose record says running with a live pid keeps them.
-    Returns the run idents swept."""
+    """Remove the -e files of every run under runs_dir whose front end is gone (a killed one could not); returns
+    the run idents swept."""
     swept = []
     try:
         names = sorted(os.listdir(runs_dir))
@@ -84,9 +83,8 @@ def sweep_extra_vars(runs_dir):
 
 
 def scrub_command(run_dir):
-    """ansible-runner's `command` artifact without its `env`: runner records there the whole environment it
-    started ansible-playbook with, the operator's own included (tokens, passwords), and never removes it. The
-    command and its working dir stay. Returns whether it was rewritten."""
+    """ansible-runner's `command` artifact without its `env` (the operator's whole environment, tokens included);
+    returns whether it was rewritten."""
     path = os.path.join(run_dir, "command")
     try:
         with open(path) as handle:

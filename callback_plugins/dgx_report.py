@@ -33,6 +33,7 @@ _CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file
 if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 from dgx_stage import UsageError, runs, summary, use_module_utils  # noqa: E402
+from dgx_stage.events import short_action  # noqa: E402
 
 use_module_utils()
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
@@ -67,10 +68,6 @@ LANE_FACTS = ("lane_name", "lane_hosts", "lane_targets", "lane_run_id", "lane_ru
 # Tasks that do not make a host part of a play: the argument checks of roles (tagged always, they run in plays
 # the tags skip) and messages (the engine play says why it starts nothing before it ends the host).
 NOT_TAKING_PART = ("validate_argument_spec", "debug", "meta")
-
-
-def _short(action):
-    return str(action or "").rsplit(".", 1)[-1]
 
 
 class CallbackModule(CallbackBase):
@@ -157,7 +154,7 @@ class CallbackModule(CallbackBase):
     def _seen(self, result, took_part=True):
         info = self._host(result.host.get_name())
         info["last"] = utc_text()
-        if took_part and self._play and _short(result.task.action) not in NOT_TAKING_PART:
+        if took_part and self._play and short_action(result.task.action) not in NOT_TAKING_PART:
             info["in_play"] = True
         return info
 

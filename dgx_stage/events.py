@@ -7,9 +7,9 @@ RESULT_EVENTS = ("runner_on_ok", "runner_item_on_ok")
 FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed")
 
 
-def action_is(task_action, name):
-    """True when the task's action is `name`, short or fully qualified (ns.coll.name)."""
-    return task_action == name or (task_action or "").endswith("." + name)
+def short_action(action):
+    """A task's action without its collection (ns.coll.name -> name)."""
+    return str(action or "").rsplit(".", 1)[-1]
 
 
 def result_message(res):
@@ -83,10 +83,10 @@ class RunState(object):
             self.task = data.get("task") or data.get("name")
         elif name == "playbook_on_stats":
             self.stats = data
-        action = data.get("task_action")
+        action = short_action(data.get("task_action"))
         host = data.get("host")
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
-        if action_is(action, "mirror_job") and name in PROGRESS_EVENTS and host:
+        if action == "mirror_job" and name in PROGRESS_EVENTS and host:
             for item in _results(res):
                 if item.get("progress") is not None or item.get("line"):
                     entry = {"progress": item.get("progress") or {}, "line": item.get("line") or "",
@@ -111,10 +111,10 @@ class RunState(object):
             if host and "lane_name" in facts:
                 rank = str(facts.get("lane_rank"))
                 self.lanes[host] = {"lane": facts["lane_name"], "rank": int(rank) if rank.isdigit() else None}
-            if action_is(action, "engine_receipts") and host and isinstance(item.get("removed"), list):
+            if action == "engine_receipts" and host and isinstance(item.get("removed"), list):
                 self.receipts_removed.setdefault(host, [])
                 self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]
-            elif action_is(action, "stage_status") and host and isinstance(item.get("lines"), list):
+            elif action == "stage_status" and host and isinstance(item.get("lines"), list):
                 self.status_lines[host] = list(item["lines"])
 
     def failed_hosts(self):

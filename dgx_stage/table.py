@@ -256,13 +256,11 @@ def stage_figures(report):
 
 
 def stage_cells(report):
-    """The host's "stage_pass" of its row: the block's cells and the figures that decide whether it shows."""
+    """The host's "stage_pass" of its row: stage_figures with the block's cells."""
     f = stage_figures(report)
-    return {"window": stage_window(f["started"], f["finished"], report.get("started")),
-            "from_nas": human_bytes(f["bytes_from_nas"]), "from_peers": human_bytes(f["bytes_from_peers"]),
-            "rejected": str(f["peer_rejected"]), "staged": f["staged"],
-            "bytes_from_nas": f["bytes_from_nas"], "bytes_from_peers": f["bytes_from_peers"],
-            "peer_rejected": f["peer_rejected"]}
+    return dict(f, window=stage_window(f["started"], f["finished"], report.get("started")),
+                from_nas=human_bytes(f["bytes_from_nas"]), from_peers=human_bytes(f["bytes_from_peers"]),
+                rejected=str(f["peer_rejected"]))
 
 
 def table_rows(reports, receipts=None):

@@ -99,20 +99,13 @@ def extra_var_warnings(values, inventories):
         return [str(exc)]
 
 
-def _rank_order(reports):
-    def order(host):
-        rank = reports[host].get("rank")
-        return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
-    return order
-
-
 def engine_lane(reports, host, engine_runs):
     """The hosts of host's lane in rank order when its engine runs in this run (None otherwise): a re-run
     that reaches the engine play must name them all."""
     lane = reports[host].get("lane")
     if engine_runs.get(host) is not True or not lane:
         return None
-    hosts = sorted((h for h, report in reports.items() if report.get("lane") == lane), key=_rank_order(reports))
+    hosts = sorted((h for h, report in reports.items() if report.get("lane") == lane), key=table.rank_order(reports))
     return hosts if len(hosts) > 1 else None
 
 
@@ -152,7 +145,7 @@ def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
     if not reports:
         return []
     engine_runs = engine_runs or {}
-    order = sorted(reports, key=_rank_order(reports))
+    order = sorted(reports, key=table.rank_order(reports))
     shown = dict((h, dict(r, status="interrupted") if stopped and r.get("status") == "running" else r)
                  for h, r in reports.items())
     check = bool(run.get("check"))
@@ -202,7 +195,7 @@ def status_lines(hosts, run, stopped=None):
     its stage_status lines, or why it has none; then the count and a next step for a host not read."""
     if not hosts:
         return []
-    order = sorted(hosts, key=_rank_order(hosts))
+    order = sorted(hosts, key=table.rank_order(hosts))
     lanes = sorted(set(str(info["lane"]) for info in hosts.values() if info.get("lane")))
     lines = ["DGX-STAGE STATUS: lane %s, %s%s" % (",".join(lanes) or "?", plural(len(order), "host"),
                                                 ", " + stopped if stopped else "")]

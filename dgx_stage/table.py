@@ -263,14 +263,21 @@ def stage_cells(report):
                 rejected=str(f["peer_rejected"]))
 
 
+def rank_order(reports):
+    """A sort key of the hosts of {host: report or info}: by rank, the hosts without one last, then by name."""
+    def order(host):
+        rank = reports[host].get("rank")
+        return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
+    return order
+
+
 def table_rows(reports, receipts=None):
     """Rows in host order (rank order when the reports have ranks) from {host: report}; each row also
     carries its host's stage pass under "stage_pass" (see stage_lines)."""
     receipts = receipts or {}
     reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
                    for h, r in reports.items())
-    order = sorted(reports, key=lambda h: (reports[h].get("rank") if isinstance(reports[h].get("rank"), int)
-                                           else 1 << 30, h))
+    order = sorted(reports, key=rank_order(reports))
     rows = []
     for h in order:
         report = dict(reports[h], host=reports[h].get("host") or h)

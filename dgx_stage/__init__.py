@@ -18,6 +18,16 @@ def use_module_utils():
             ansible.module_utils.__path__.append(path)
 
 
+# The subcommands that run a playbook: (playbook, its --tags, help).
+PLAYBOOK = "stage-deepseek.yml"
+SUBCOMMANDS = {
+    "stage": (PLAYBOOK, "preflight,stage,verify,manifest", "stage every repo, verify it, write the mount manifest"),
+    "verify": (PLAYBOOK, "verify", "verify the staged repos (e.g. -e stage_verify=full)"),
+    "clean-receipts": (PLAYBOOK, "receipts", "clear the engine's stale receipt roots"),
+    "serve": (PLAYBOOK, "preflight,receipts,manifest,engine,smoke", "start the engine lane and smoke-test it"),
+    "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
+}
+
 # dgx-stage's exit codes: every host ok; ansible-playbook failed with no host result; a host failed or was
 # unreachable; a usage error; interrupted.
 EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 64, 99

@@ -17,16 +17,7 @@ import os
 import re
 import sys
 
-from dgx_stage import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, REPO, UsageError, extravars, runs, table
-
-PLAYBOOK = "stage-deepseek.yml"
-SUBCOMMANDS = {
-    "stage": (PLAYBOOK, "preflight,stage,verify,manifest", "stage every repo, verify it, write the mount manifest"),
-    "verify": (PLAYBOOK, "verify", "verify the staged repos (e.g. -e stage_verify=full)"),
-    "clean-receipts": (PLAYBOOK, "receipts", "clear the engine's stale receipt roots"),
-    "serve": (PLAYBOOK, "preflight,receipts,manifest,engine,smoke", "start the engine lane and smoke-test it"),
-    "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
-}
+from dgx_stage import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, REPO, SUBCOMMANDS, UsageError, extravars, runs, table
 
 
 class Parser(argparse.ArgumentParser):

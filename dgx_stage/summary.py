@@ -4,7 +4,7 @@ import os
 import re
 import shlex
 
-from dgx_stage import UsageError, extravars, runs, table, use_module_utils
+from dgx_stage import SUBCOMMANDS, UsageError, extravars, runs, table, use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_job_poll import human_eta  # noqa: E402
@@ -43,7 +43,6 @@ def command(run, hosts, extra=()):
 def tags_asked(msg):
     """The tags a failure message asks to run, in its order: `--tags stage`, `--tags=stage,verify`, or a front end
     command (`dgx-stage stage --limit dgx2`: the plays that subcommand runs)."""
-    from dgx_stage.cli import SUBCOMMANDS
     tags = []
     for flag, subcommand in re.findall(r"--tags[ =]+([\w,-]+)|dgx-stage ([a-z-]+)", str(msg or "")):
         group = flag or (SUBCOMMANDS.get(subcommand) or (None, ""))[1] or ""

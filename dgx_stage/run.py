@@ -216,14 +216,9 @@ class PlaybookRun(object):
                            check=spec["check"],
                            status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,
                            artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"))
-        tty = self.out.isatty()
-        if tty:
-            from rich.console import Console
-            console = Console(file=self.out)
-            display = RichDisplay(console, verbose=spec["verbose"] > 0)
-        else:
-            console = None
-            display = PlainDisplay(self.out, verbose=spec["verbose"] > 0)
+        from rich.console import Console
+        console = Console(file=self.out) if self.out.isatty() else None
+        display = RichDisplay(console, spec["verbose"] > 0) if console is not None else PlainDisplay(self.out, spec["verbose"] > 0)
         display.print("dgx-stage %s: %s%s on %s%s (run %s)" % (
             spec["subcommand"], spec["playbook"], " --tags " + spec["tags"] if spec["tags"] else "",
             spec["inventory"], " --limit " + spec["limit"] if spec["limit"] else "", self.ident))

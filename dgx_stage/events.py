@@ -108,9 +108,10 @@ class RunState(object):
             facts = item.get("ansible_facts") if isinstance(item.get("ansible_facts"), dict) else {}
             if facts.get("lane_report_dir") and facts["lane_report_dir"] not in self.report_dirs:
                 self.report_dirs.append(str(facts["lane_report_dir"]))
-            if host and "lane_name" in facts:
-                rank = str(facts.get("lane_rank"))
-                self.lanes[host] = {"lane": facts["lane_name"], "rank": int(rank) if rank.isdigit() else None}
+            if host and "lane_name" in facts:   # the lane facts come in more than one result
+                self.lanes.setdefault(host, {})["lane"] = facts["lane_name"]
+            if host and str(facts.get("lane_rank")).isdigit():
+                self.lanes.setdefault(host, {})["rank"] = int(facts["lane_rank"])
             if action == "engine_receipts" and host and isinstance(item.get("removed"), list):
                 self.receipts_removed.setdefault(host, [])
                 self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]

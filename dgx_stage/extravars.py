@@ -344,10 +344,10 @@ def value_problem(name, value, spec):
         return "-e %s: %s is one of %s" % (name, name, ", ".join(str(c) for c in choices))
     if kind == "bool" and not (isinstance(value, bool) or str(value).lower() in BOOLEAN_WORDS):
         return "-e %s: %s is true or false" % (name, name)
-    if kind == "int" and (isinstance(value, bool) or not _is_number(value, int)):
+    if kind == "int" and _number(value, int) is None:
         return "-e %s: %s is a whole number" % (name, name)
-    if kind == "float" and (isinstance(value, bool) or not _is_number(value, float)
-                            or not math.isfinite(float(str(value).strip()))):
+    number = _number(value, float)
+    if kind == "float" and (number is None or not math.isfinite(number)):
         return "-e %s: %s is a finite number" % (name, name)
     if name in FORMATS and not FORMATS[name][0](value):
         return "-e %s: %s is %s" % (name, name, FORMATS[name][1])
@@ -370,12 +370,12 @@ def _reserve(value):
 FORMATS = {"stage_reserve": (_reserve, "bytes, a size such as 500G, or N% of the disk (below 100%)")}
 
 
-def _is_number(value, kind):
+def _number(value, kind):
+    """value as kind (int, float) as Ansible converts text; None for a bool or text that is no such number."""
     try:
-        kind(str(value).strip())
-        return True
+        return None if isinstance(value, bool) else kind(str(value).strip())
     except ValueError:
-        return False
+        return None
 
 
 def problems(values, inventory, allow_unknown=False):

@@ -1,26 +1,20 @@
 # -*- coding: utf-8 -*-
-"""The one collection point of the host reports: every report of a run is written here, through
-module_utils/dgx_report.py, from the results Ansible already sends its callbacks (as its junit and json
-callbacks do). The plays only set facts; no task passes the report anything.
+"""The one writer of the host reports (module_utils/dgx_report.py owns their schema), from the results Ansible
+already sends its callbacks; the plays only set facts.
 
-- set_fact results: the lane facts (lane_*) and the roles' results so far (stage_passes, stage_header_checks,
-  stage_window, engine_report), the latest value of each kept per host;
-- a play marked with `dgx_play: <tag>` in its vars: the host's record of it is written when the play ends (the
-  next play starts, or the run's end), at its first failure at once when the host goes into the play's frame
-  rescue (playbooks/tasks/fail-play.yml sets dgx_play_failed), so the rescue reads the failed view;
-- a failure after which the host runs no other task of the play, or that the play's frame rescue takes (the
-  last one before it, as ansible_failed_task), is the play's failure and puts the host out of the run, as an
-  unreachable host is; an ignored failure never counts, nor one a rescue in a role lets the host go on from; a
-  run_once task's failure is every host's of the play that goes no further (Ansible fails them all at once);
-- the play marked `dgx_run_end: true` (playbooks/end-run.yml) records the end of the run for every host the
-  run targets, before its first task, so the node_exporter textfiles it writes read the final view; a run that
-  ends before that play (every host failed) records it at the stats. An interrupted run records no end: its
-  reports stay `running` until the front end settles them (dgx_report.settle_unfinished).
+- set_fact results give the lane facts (lane_*) and the roles' results so far, the latest of each per host;
+- a play marked `dgx_play: <tag>` is written into the host's report when it ends, or at its first failure when the
+  host enters the play's frame rescue (dgx_play_failed), so the rescue reads the failed view;
+- a failure after which the host runs no other task of the play (or that the frame rescue takes) puts the host out
+  of the run, as an unreachable host is; ignored failures and ones a role's rescue recovers never count; a run_once
+  task's failure is that of every host of the play that goes no further;
+- the play marked `dgx_run_end: true` records the run's end for every targeted host before its first task (its
+  node_exporter textfiles read the final view); a run that never reaches it records it at the stats; an
+  interrupted run records none (the front end settles its `running` reports).
 
-Once the reports of a run are final it prints the lane summary (dgx_stage/summary.py) from them, after the recap
-(unless the front end drives the run or the stdout is machine-readable): Ansible sends each event to the stdout
-callback first and to the others in no set order, so only the writer knows when its last write is done. A run
-stopped before its stats (Ctrl-C) prints it at exit, its unfinished hosts marked so.
+It then prints the lane summary (dgx_stage/summary.py) after the recap, or at exit for a run stopped before its
+stats, unless the front end drives the run or stdout is machine-readable: Ansible sends events to the other
+callbacks in no set order, so only the writer knows its last write.
 """
 from __future__ import annotations
 
@@ -39,6 +33,7 @@ _CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file
 if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 from dgx_stage import UsageError, runs, summary, use_module_utils  # noqa: E402
+from dgx_stage.events import short_action  # noqa: E402
 
 use_module_utils()
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
@@ -73,10 +68,6 @@ LANE_FACTS = ("lane_name", "lane_hosts", "lane_targets", "lane_run_id", "lane_ru
 # Tasks that do not make a host part of a play: the argument checks of roles (tagged always, they run in plays
 # the tags skip) and messages (the engine play says why it starts nothing before it ends the host).
 NOT_TAKING_PART = ("validate_argument_spec", "debug", "meta")
-
-
-def _short(action):
-    return str(action or "").rsplit(".", 1)[-1]
 
 
 class CallbackModule(CallbackBase):
@@ -163,7 +154,7 @@ class CallbackModule(CallbackBase):
     def _seen(self, result, took_part=True):
         info = self._host(result.host.get_name())
         info["last"] = utc_text()
-        if took_part and self._play and _short(result.task.action) not in NOT_TAKING_PART:
+        if took_part and self._play and short_action(result.task.action) not in NOT_TAKING_PART:
             info["in_play"] = True
         return info
 

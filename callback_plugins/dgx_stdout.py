@@ -15,6 +15,7 @@ _CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file
 if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 from dgx_stage import summary  # noqa: E402
+from dgx_stage.events import short_action  # noqa: E402
 
 DOCUMENTATION = r"""
 name: dgx_stdout
@@ -37,10 +38,6 @@ requirements:
 """
 
 STATUS_ACTION = "stage_status"
-
-
-def _short(action):
-    return str(action or "").rsplit(".", 1)[-1]
 
 
 class CallbackModule(DefaultCallback):
@@ -67,7 +64,7 @@ class CallbackModule(DefaultCallback):
 
     def v2_runner_retry(self, result):
         """A background copy's poll: its progress line, where the default callback says FAILED - RETRYING."""
-        if _short(result.task.action) == "mirror_job" and result.result.get("line"):
+        if short_action(result.task.action) == "mirror_job" and result.result.get("line"):
             self._display.display("[%s] %s" % (result.host.get_name(), result.result["line"]))
         else:
             super(CallbackModule, self).v2_runner_retry(result)
@@ -105,7 +102,7 @@ class CallbackModule(DefaultCallback):
             self._status_host(result)["lane"] = facts["lane_name"]
         if str(facts.get("lane_rank")).isdigit():
             self._status_host(result)["rank"] = int(facts["lane_rank"])
-        if _short(result.task.action) == STATUS_ACTION and isinstance(result.result.get("lines"), list):
+        if short_action(result.task.action) == STATUS_ACTION and isinstance(result.result.get("lines"), list):
             self._status_host(result)["lines"] = result.result["lines"]
 
     def v2_playbook_on_stats(self, stats):

@@ -9,16 +9,28 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def use_module_utils():
-    """Make the project's module_utils importable as `ansible.module_utils.dgx_*`, the names the modules use
-    (Ansible adds that folder for modules only). The one place that does it: the front end, the tests, the
-    scripts and every controller plugin call it. Inside Ansible (a controller plugin) the folder its config gives
-    the modules comes first (ansible.cfg's module_utils, ANSIBLE_MODULE_UTILS): the plugins then import the very
-    code the modules run, whichever work tree this package was installed from."""
+    """Make module_utils importable as `ansible.module_utils.dgx_*`, as the modules name it (Ansible adds it for
+    modules only); inside Ansible its configured module_utils comes first, so plugins run the modules' very code."""
     import ansible.module_utils
     config = sys.modules.get("ansible.constants")
     for path in list(getattr(config, "DEFAULT_MODULE_UTILS_PATH", None) or []) + [os.path.join(REPO, "module_utils")]:
         if path not in ansible.module_utils.__path__:
             ansible.module_utils.__path__.append(path)
+
+
+# The subcommands that run a playbook: (playbook, its --tags, help).
+PLAYBOOK = "stage-deepseek.yml"
+SUBCOMMANDS = {
+    "stage": (PLAYBOOK, "preflight,stage,verify,manifest", "stage every repo, verify it, write the mount manifest"),
+    "verify": (PLAYBOOK, "verify", "verify the staged repos (e.g. -e stage_verify=full)"),
+    "clean-receipts": (PLAYBOOK, "receipts", "clear the engine's stale receipt roots"),
+    "serve": (PLAYBOOK, "preflight,receipts,manifest,engine,smoke", "start the engine lane and smoke-test it"),
+    "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
+}
+
+# dgx-stage's exit codes: every host ok; ansible-playbook failed with no host result; a host failed or was
+# unreachable; a usage error; interrupted.
+EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 64, 99
 
 
 class UsageError(Exception):

@@ -17,22 +17,7 @@ import os
 import re
 import sys
 
-from dgx_stage import REPO, UsageError, extravars, runs, table
-
-EXIT_OK = 0
-EXIT_ANSIBLE = 1
-EXIT_FAILED = 2
-EXIT_USAGE = 64
-EXIT_INTERRUPTED = 99
-
-PLAYBOOK = "stage-deepseek.yml"
-SUBCOMMANDS = {
-    "stage": (PLAYBOOK, "preflight,stage,verify,manifest", "stage every repo, verify it, write the mount manifest"),
-    "verify": (PLAYBOOK, "verify", "verify the staged repos (e.g. -e stage_verify=full)"),
-    "clean-receipts": (PLAYBOOK, "receipts", "clear the engine's stale receipt roots"),
-    "serve": (PLAYBOOK, "preflight,receipts,manifest,engine,smoke", "start the engine lane and smoke-test it"),
-    "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
-}
+from dgx_stage import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, REPO, SUBCOMMANDS, UsageError, extravars, runs, table
 
 
 class Parser(argparse.ArgumentParser):
@@ -260,17 +245,18 @@ def load_run_reports(args):
     runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
     records = runs.read_records(runs_dir)
     history = runs.history_files(args.report_dir) if args.report_dir else {}
+    changes = [r for r in records if r["subcommand"] != "status"]
     if args.run_id:
         record = runs.find_record(records, args.run_id)
         run_id = record.get("run_id") if record else (args.run_id if args.run_id in history else None)
         if record and not run_id and record.get("subcommand") == "status":
             raise UsageError("run %s wrote no host reports (a status run)" % args.run_id)
         if not record and not run_id:
-            known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in runs.report_records(records)]
+            known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in records if r["run_id"]]
                                + list(history)))
             raise UsageError("unknown run %s; known runs: %s" % (args.run_id, ", ".join(known) or "none"))
-    elif runs.change_records(records):
-        record = runs.change_records(records)[-1]
+    elif changes:   # the latest run that could change the lane (any but status)
+        record = changes[-1]
         run_id = record.get("run_id")
     elif history:
         record, run_id = None, sorted(history)[-1]

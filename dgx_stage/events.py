@@ -1,21 +1,15 @@
-"""What a run's ansible-runner events say, gathered as they arrive (pure: event dicts in, state out).
-
-The events are ansible-runner's (`event`, `event_data` with `host`, `play`, `task`, `task_action`, `res`,
-`stdout`, `pid`). The front end reads:
-- the polls of `mirror_job` tasks (each retry and the final result carry `progress` and `line`);
-- the lane facts that name where the dgx_report callback writes the host reports (`lane_report_dir`, run.py
-  reads this run's reports there), and the results of `engine_receipts` (`removed`) and `stage_status` (`lines`);
-- failures and unreachable hosts (play, task, message), and the final stats.
-"""
+"""What a run's ansible-runner events say, gathered as they arrive (pure: event dicts in, state out): the
+`mirror_job` polls, the lane facts (where the host reports are written, each host's lane and rank), the
+`engine_receipts` and `stage_status` results, failures, unreachable hosts and the final stats."""
 
 PROGRESS_EVENTS = ("runner_retry", "runner_on_ok", "runner_on_failed", "runner_item_on_ok", "runner_item_on_failed")
 RESULT_EVENTS = ("runner_on_ok", "runner_item_on_ok")
 FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed")
 
 
-def action_is(task_action, name):
-    """True when the task's action is `name`, short or fully qualified (ns.coll.name)."""
-    return task_action == name or (task_action or "").endswith("." + name)
+def short_action(action):
+    """A task's action without its collection (ns.coll.name -> name)."""
+    return str(action or "").rsplit(".", 1)[-1]
 
 
 def result_message(res):
@@ -60,6 +54,7 @@ class RunState(object):
         self.history_paths = {}      # host -> <report dir>/<host>-<run_id>.json
         self.receipts_removed = {}   # host -> [paths]
         self.status_lines = {}       # host -> [lines] of stage_status
+        self.lanes = {}              # host -> {"lane", "rank"}: its lane facts, for the status lines
         self.stats = None            # playbook_on_stats event_data
 
     @property
@@ -88,10 +83,10 @@ class RunState(object):
             self.task = data.get("task") or data.get("name")
         elif name == "playbook_on_stats":
             self.stats = data
-        action = data.get("task_action")
+        action = short_action(data.get("task_action"))
         host = data.get("host")
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
-        if action_is(action, "mirror_job") and name in PROGRESS_EVENTS and host:
+        if action == "mirror_job" and name in PROGRESS_EVENTS and host:
             for item in _results(res):
                 if item.get("progress") is not None or item.get("line"):
                     entry = {"progress": item.get("progress") or {}, "line": item.get("line") or "",
@@ -113,10 +108,14 @@ class RunState(object):
             facts = item.get("ansible_facts") if isinstance(item.get("ansible_facts"), dict) else {}
             if facts.get("lane_report_dir") and facts["lane_report_dir"] not in self.report_dirs:
                 self.report_dirs.append(str(facts["lane_report_dir"]))
-            if action_is(action, "engine_receipts") and host and isinstance(item.get("removed"), list):
+            if host and "lane_name" in facts:   # the lane facts come in more than one result
+                self.lanes.setdefault(host, {})["lane"] = facts["lane_name"]
+            if host and str(facts.get("lane_rank")).isdigit():
+                self.lanes.setdefault(host, {})["rank"] = int(facts["lane_rank"])
+            if action == "engine_receipts" and host and isinstance(item.get("removed"), list):
                 self.receipts_removed.setdefault(host, [])
                 self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]
-            elif action_is(action, "stage_status") and host and isinstance(item.get("lines"), list):
+            elif action == "stage_status" and host and isinstance(item.get("lines"), list):
                 self.status_lines[host] = list(item["lines"])
 
     def failed_hosts(self):

@@ -1,16 +1,7 @@
-"""The operator's -e values: checked before a run, handed to ansible-playbook in files that only the run can
-read and that are removed when it ends, and recorded by name only.
-
-Checked: every name is a variable the plays or roles read (the roles' argument_specs and defaults, the few the
-playbooks read themselves, Ansible's own `ansible_*`) or one the inventory defines; a name the playbooks set
-themselves (the lane facts, the roles' inputs the plays fill) is refused, as an extra var would override it;
-a value outside a variable's declared choices, type or form (FORMATS) is refused naming what is allowed. A
-message names an -e by its place and a variable by its name, never by a value: any value may be a token, and so
-may a name the plays do not know unless it is a typo of one they do (a token given alone, or as a YAML key).
-A !vault value is refused anywhere: dgx-stage passes ansible-playbook no vault password.
-
-An inline value on ansible-playbook's command line would land in ansible-runner's `command` artifact, in
-`ps` and in run.json; an -e value can be a token (engine_env), so the command line carries `-e @file`."""
+"""The operator's -e values: checked before a run against the variables the plays, roles and inventory know
+(name, choices, type, FORMATS), handed to ansible-playbook as files only the run can read (an inline value would
+be in `ps`, ansible-runner's `command` artifact and run.json, and may be a token), recorded by name only.
+Messages name an -e by its place, never by its text; a !vault value is refused (no vault password is passed)."""
 import contextlib
 import difflib
 import glob
@@ -55,18 +46,24 @@ def which(position):
     return "the %d%s -e" % (number, suffix)
 
 
-def _where(exc, text=None):
-    """Where the text (given for an inline -e) breaks, after the YAML error behind exc, without the text around
-    it: ' (line L, column C)', ' (at its end: ...)', or ''."""
+def _causes(exc):
+    """exc and what caused it, each once."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        mark = getattr(exc, "problem_mark", None)
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _where(exc, text=None):
+    """Where the text (given for an inline -e) breaks, after the YAML error behind exc, without the text around
+    it: ' (line L, column C)', ' (at its end: ...)', or ''."""
+    for cause in _causes(exc):
+        mark = getattr(cause, "problem_mark", None)
         if mark is not None and text is not None and mark.index >= len(text.rstrip()):
             return " (at its end: a bracket or a quote is not closed)"
         if mark is not None:
             return " (line %d, column %d)" % (mark.line + 1, mark.column + 1)
-        exc = exc.__cause__ or exc.__context__
     return ""
 
 
@@ -86,13 +83,7 @@ def _plain_type(data):
 def _vault_error(exc):
     """Whether exc (or what caused it) is Ansible's refusal to read vault-encrypted text without a password."""
     from ansible.parsing.vault import AnsibleVaultError
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, AnsibleVaultError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(cause, AnsibleVaultError) for cause in _causes(exc))
 
 
 # dgx-stage has no vault option and passes ansible-playbook no vault password: a vaulted value stops the run there,
@@ -270,15 +261,13 @@ def playbook_variables():
 def _unreadable_vars_file(inventory, exc):
     """The UsageError for a group_vars or host_vars file of `inventory` that Ansible could not read (exc): the file
     and where in it, never its text (Ansible's message quotes none, but a file there may hold a token)."""
-    seen, path, parse, merge, cause = set(), None, False, False, exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    path, parse, merge = None, False, False
+    for cause in _causes(exc):
         path = path or getattr(getattr(cause, "obj", None), "path", None)
         # A file that parses but is no mapping fails where its variables are merged, which names it only so.
         merged = re.match(r"Could not process '([^']+)'\.$", getattr(cause, "_original_message", None) or "")
         path, merge = path or (merged.group(1) if merged else None), merge or bool(merged)
         parse = parse or hasattr(cause, "problem_mark")
-        cause = cause.__cause__ or cause.__context__
     why = ("is vault-encrypted, and " + NO_VAULT_PASSWORD if _vault_error(exc) else
            "is not YAML" + _where(exc) if parse else
            "is not a mapping of variables" if merge else "does not read as variables")
@@ -355,10 +344,10 @@ def value_problem(name, value, spec):
         return "-e %s: %s is one of %s" % (name, name, ", ".join(str(c) for c in choices))
     if kind == "bool" and not (isinstance(value, bool) or str(value).lower() in BOOLEAN_WORDS):
         return "-e %s: %s is true or false" % (name, name)
-    if kind == "int" and (isinstance(value, bool) or not _is_number(value, int)):
+    if kind == "int" and _number(value, int) is None:
         return "-e %s: %s is a whole number" % (name, name)
-    if kind == "float" and (isinstance(value, bool) or not _is_number(value, float)
-                            or not math.isfinite(float(str(value).strip()))):
+    number = _number(value, float)
+    if kind == "float" and (number is None or not math.isfinite(number)):
         return "-e %s: %s is a finite number" % (name, name)
     if name in FORMATS and not FORMATS[name][0](value):
         return "-e %s: %s is %s" % (name, name, FORMATS[name][1])
@@ -381,12 +370,12 @@ def _reserve(value):
 FORMATS = {"stage_reserve": (_reserve, "bytes, a size such as 500G, or N% of the disk (below 100%)")}
 
 
-def _is_number(value, kind):
+def _number(value, kind):
+    """value as kind (int, float) as Ansible converts text; None for a bool or text that is no such number."""
     try:
-        kind(str(value).strip())
-        return True
+        return None if isinstance(value, bool) else kind(str(value).strip())
     except ValueError:
-        return False
+        return None
 
 
 def problems(values, inventory, allow_unknown=False):

@@ -1,10 +1,7 @@
 """One playbook run through ansible-runner: events to the display, signals to ansible-playbook, run.json.
 
-ansible-runner starts ansible-playbook in its own session (a pseudo-terminal), so a Ctrl-C at the
-operator's terminal reaches only this process: the first Ctrl-C (or SIGTERM) is forwarded as SIGINT to
-ansible-playbook's process group, which stops the run and prints its summary; a second one cancels the
-run (ansible-runner kills the process group).
-"""
+ansible-playbook runs in its own session, so a Ctrl-C reaches only us: the first one (or SIGTERM) is forwarded as
+SIGINT to its process group (it stops after its summary), a second one cancels the run."""
 import contextlib
 import os
 import queue
@@ -12,11 +9,11 @@ import shutil
 import signal
 import sys
 
-from dgx_stage import REPO, UsageError, extravars, runs, table
+from dgx_stage import (EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, REPO, UsageError, extravars, runs,
+                       summary, table)
 from dgx_stage.display import PlainDisplay, RichDisplay
 from dgx_stage.events import RunState
 
-EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 99
 LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no host result
 
 
@@ -49,9 +46,8 @@ def write_guard(bin_dir, parent=None, playbook=None):
 
 
 def runner_env(guard_dir=None):
-    """The repo's ansible.cfg and callback plugins (ansible-runner adds its own callback dir after ours and
-    replaces the stdout callback with its event-emitting one), this interpreter's ansible-playbook first
-    (behind the guard of guard_dir when given)."""
+    """The repo's ansible.cfg and callback plugins (ansible-runner adds its own after them), this interpreter's
+    ansible-playbook first (behind the guard of guard_dir when given)."""
     plugins = [os.path.join(REPO, "callback_plugins")]
     if os.environ.get("ANSIBLE_CALLBACK_PLUGINS"):
         plugins.append(os.environ["ANSIBLE_CALLBACK_PLUGINS"])
@@ -175,9 +171,8 @@ class PlaybookRun(object):
         return dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p)
 
     def _make_run_dir(self):
-        """A new dir for this run: a run started in the same second with the same random suffix (another
-        dgx-stage on this runs dir) gets another ident rather than sharing the dir. An unusable runs dir is a
-        usage error naming it."""
+        """A new dir for this run (another ident when a concurrent run took this one); UsageError naming an
+        unusable runs dir."""
         for _attempt in range(20):
             try:
                 os.makedirs(self.runs_dir, exist_ok=True)
@@ -221,14 +216,9 @@ class PlaybookRun(object):
                            check=spec["check"],
                            status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,
                            artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"))
-        tty = self.out.isatty()
-        if tty:
-            from rich.console import Console
-            console = Console(file=self.out)
-            display = RichDisplay(console, verbose=spec["verbose"] > 0)
-        else:
-            console = None
-            display = PlainDisplay(self.out, verbose=spec["verbose"] > 0)
+        from rich.console import Console
+        console = Console(file=self.out) if self.out.isatty() else None
+        display = RichDisplay(console, spec["verbose"] > 0) if console is not None else PlainDisplay(self.out, spec["verbose"] > 0)
         display.print("dgx-stage %s: %s%s on %s%s (run %s)" % (
             spec["subcommand"], spec["playbook"], " --tags " + spec["tags"] if spec["tags"] else "",
             spec["inventory"], " --limit " + spec["limit"] if spec["limit"] else "", self.ident))
@@ -340,10 +330,8 @@ class PlaybookRun(object):
         return code
 
     def _settle_reports(self, failures):
-        """The run is over: a host report of it still `running` never recorded its end (an interrupt, a host
-        failed where no rescue wrote it); it says `failed` with what the events said, else `interrupted`. After an
-        interrupt the events before the recap include failures a rescue handled: every such report reads
-        `interrupted` (a failure no rescue handled wrote no report of its own either way)."""
+        """A report of this run still `running` says `failed` with what the events said, else `interrupted`
+        (always after an interrupt: its events include failures a rescue handled)."""
         state = self.state
         if not state.run_id:
             return
@@ -351,12 +339,10 @@ class PlaybookRun(object):
         state.reports.update(runs.settle_unfinished(state.history_paths, state.run_id, seen))
 
     def _print_status(self, display):
-        if not self.state.status_lines:
-            display.print("no host reported its status")
-        for host in sorted(self.state.status_lines):
-            display.print("%s:" % host)
-            for line in self.state.status_lines[host]:
-                display.print("  %s" % line)
+        hosts = dict((host, dict(self.state.lanes.get(host, {}), lines=lines))
+                     for host, lines in self.state.status_lines.items())
+        run = {"inventory": self.spec["inventory"], "playbook": self.spec["playbook"]}
+        display.print("\n".join(summary.status_lines(hosts, run)) or "no host reported its status")
 
     def _log_tail(self):
         try:

@@ -1,18 +1,17 @@
 """The record of each run: <runs dir>/<ident>/run.json (written atomically), next to ansible-runner's
 artifacts of the run (stdout: the full log, job_events/, rc, status, command)."""
-import contextlib
 import datetime
 import json
 import os
 import secrets
 import shutil
 import stat
-import tempfile
 
 from dgx_stage import UsageError, use_module_utils
 
 use_module_utils()
 from ansible.module_utils import dgx_report  # noqa: E402
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes  # noqa: E402
 from ansible.module_utils.dgx_process import process_alive  # noqa: E402
 
 # The folder of a run's inline -e values (files ansible-playbook reads; they may hold secrets).
@@ -37,21 +36,13 @@ def run_identity_env(ident):
 
 
 def write_json(path, data, indent=1):
-    """A JSON file, replaced atomically (temp file in the same dir, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=os.path.dirname(path))
+    """A JSON file, replaced atomically; a file replaced keeps its mode (a new one is 0600)."""
     try:
-        with os.fdopen(fd, "w") as handle:
-            with contextlib.suppress(FileNotFoundError):   # a file replaced keeps its mode (mkstemp's is 0600)
-                os.fchmod(handle.fileno(), stat.S_IMODE(os.stat(path).st_mode))
-            json.dump(data, handle, indent=indent, sort_keys=True, ensure_ascii=False)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = 0o600
+    text = json.dumps(data, indent=indent, sort_keys=True, ensure_ascii=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
 def write_record(run_dir, record):
@@ -68,9 +59,8 @@ def front_end_alive(record):
 
 
 def sweep_extra_vars(runs_dir):
-    """Remove the -e files of every run under runs_dir whose front end is gone: a run ends by removing its own,
-    one killed (SIGKILL, a lost session) cannot. A run whose record says running with a live pid keeps them.
-    Returns the run idents swept."""
+    """Remove the -e files of every run under runs_dir whose front end is gone (a killed one could not); returns
+    the run idents swept."""
     swept = []
     try:
         names = sorted(os.listdir(runs_dir))
@@ -93,9 +83,8 @@ def sweep_extra_vars(runs_dir):
 
 
 def scrub_command(run_dir):
-    """ansible-runner's `command` artifact without its `env`: runner records there the whole environment it
-    started ansible-playbook with, the operator's own included (tokens, passwords), and never removes it. The
-    command and its working dir stay. Returns whether it was rewritten."""
+    """ansible-runner's `command` artifact without its `env` (the operator's whole environment, tokens included);
+    returns whether it was rewritten."""
     path = os.path.join(run_dir, "command")
     try:
         with open(path) as handle:
@@ -187,16 +176,6 @@ def find_record(records, wanted):
     """The record whose ident or lane run_id is `wanted` (the latest such), else None."""
     found = [r for r in records if wanted in (r.get("ident"), r.get("run_id"))]
     return found[-1] if found else None
-
-
-def report_records(records):
-    """The records of runs that wrote host reports (status runs write none)."""
-    return [r for r in records if r.get("run_id")]
-
-
-def change_records(records):
-    """The records of runs that could change the lane (every subcommand but status), whatever happened to them."""
-    return [r for r in records if r.get("subcommand") != "status"]
 
 
 def history_files(report_dir):

@@ -1,15 +1,10 @@
-"""The lane summary of a run of the playbooks without the front end (pure functions, no I/O).
-
-The dgx_report callback prints it once the host reports of the run are final: a title, the table of
-dgx_stage/table.py from this run's reports (the figures are the reports'), a closing line, and for each
-host that failed or did not finish what to read and what to run. The status playbook, which writes no
-report, gets its hosts' status lines instead (status_lines, printed by the dgx_stdout callback).
-"""
+"""The lane summary of a run of the playbooks without the front end, and the status play's lines (pure
+functions, no I/O): the dgx_report callback prints the summary, dgx_stdout and the front end the status lines."""
 import os
 import re
 import shlex
 
-from dgx_stage import UsageError, extravars, runs, table, use_module_utils
+from dgx_stage import SUBCOMMANDS, UsageError, extravars, runs, table, use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_job_poll import human_eta  # noqa: E402
@@ -48,7 +43,6 @@ def command(run, hosts, extra=()):
 def tags_asked(msg):
     """The tags a failure message asks to run, in its order: `--tags stage`, `--tags=stage,verify`, or a front end
     command (`dgx-stage stage --limit dgx2`: the plays that subcommand runs)."""
-    from dgx_stage.cli import SUBCOMMANDS
     tags = []
     for flag, subcommand in re.findall(r"--tags[ =]+([\w,-]+)|dgx-stage ([a-z-]+)", str(msg or "")):
         group = flag or (SUBCOMMANDS.get(subcommand) or (None, ""))[1] or ""
@@ -104,20 +98,13 @@ def extra_var_warnings(values, inventories):
         return [str(exc)]
 
 
-def _rank_order(reports):
-    def order(host):
-        rank = reports[host].get("rank")
-        return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
-    return order
-
-
 def engine_lane(reports, host, engine_runs):
     """The hosts of host's lane in rank order when its engine runs in this run (None otherwise): a re-run
     that reaches the engine play must name them all."""
     lane = reports[host].get("lane")
     if engine_runs.get(host) is not True or not lane:
         return None
-    hosts = sorted((h for h, report in reports.items() if report.get("lane") == lane), key=_rank_order(reports))
+    hosts = sorted((h for h, report in reports.items() if report.get("lane") == lane), key=table.rank_order(reports))
     return hosts if len(hosts) > 1 else None
 
 
@@ -157,7 +144,7 @@ def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
     if not reports:
         return []
     engine_runs = engine_runs or {}
-    order = sorted(reports, key=_rank_order(reports))
+    order = sorted(reports, key=table.rank_order(reports))
     shown = dict((h, dict(r, status="interrupted") if stopped and r.get("status") == "running" else r)
                  for h, r in reports.items())
     check = bool(run.get("check"))
@@ -207,7 +194,7 @@ def status_lines(hosts, run, stopped=None):
     its stage_status lines, or why it has none; then the count and a next step for a host not read."""
     if not hosts:
         return []
-    order = sorted(hosts, key=_rank_order(hosts))
+    order = sorted(hosts, key=table.rank_order(hosts))
     lanes = sorted(set(str(info["lane"]) for info in hosts.values() if info.get("lane")))
     lines = ["DGX-STAGE STATUS: lane %s, %s%s" % (",".join(lanes) or "?", plural(len(order), "host"),
                                                 ", " + stopped if stopped else "")]

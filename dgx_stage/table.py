@@ -1,15 +1,8 @@
 """The final table: one row per host from its host report of the run (pure functions, no I/O).
 
-A host report (module_utils/dgx_report.py) holds this run's passes (per repo mirror results), the engine's
-rows (manifest counts, ready state, smoke, decode with its floor). Receipts removed are not in the report:
-the front end takes them from the engine_receipts results of the run (recorded in run.json).
-
-Below the table, a "Stage pass" block (stage_lines) gives each host's own stage window and the bytes it read
-from the NAS and took from peers (the lane stages in waves of stage_nas_readers hosts; with fan-out, later
-hosts take proven blobs from earlier ones). It is shown for a lane (more than one host) or when any host took
-or rejected peer blobs, so a single host's output stays as it was. Each row carries its host's part of it
-under the key "stage_pass" (not a column), so every renderer can print it from the rows alone.
-"""
+Each row also carries its host's "stage_pass" (window, bytes from the NAS and from peers), shown below the table
+as the "Stage pass" block for a lane or when a host took or rejected peer blobs (stage_lines)."""
+import contextlib
 import datetime
 import re
 import shlex
@@ -17,6 +10,7 @@ import shlex
 from dgx_stage import use_module_utils
 
 use_module_utils()
+from ansible.module_utils.dgx_report import stage_bytes  # noqa: E402
 from ansible.module_utils.dgx_units import human_bytes as units_human_bytes  # noqa: E402
 
 COLUMNS = (
@@ -248,14 +242,10 @@ def stage_figures(report):
     rows = _rows(report, "stage")
     check = report.get("check_mode") is True or report.get("status") == "check"
     staged = bool(rows) or _utc(report.get("stage_started")) is not None
-    peers = _number(report.get("bytes_from_peers"))
-    nas = _number(report.get("bytes_from_nas"))
+    peers, nas = _number(report.get("bytes_from_peers")), _number(report.get("bytes_from_nas"))
     if peers is None and rows:   # a report older than these keys: its stage rows, as dgx_report sums them
-        peers = _sum(rows, "bytes_from_peers")
-    if nas is None and rows:
-        nas = sum(_number(r.get("bytes_from_nas")) if _number(r.get("bytes_from_nas")) is not None
-                  else (_number(r.get("bytes_copied")) or 0) - (_number(r.get("bytes_from_peers")) or 0)
-                  for r in rows)
+        with contextlib.suppress(TypeError, ValueError):   # a hand-edited row's text reads as not given
+            nas, peers = stage_bytes(rows)
     return {
         "started": report.get("stage_started"), "finished": report.get("stage_finished"),
         "bytes_from_nas": None if check or not staged else (nas or 0),
@@ -266,13 +256,19 @@ def stage_figures(report):
 
 
 def stage_cells(report):
-    """The host's "stage_pass" of its row: the block's cells and the figures that decide whether it shows."""
+    """The host's "stage_pass" of its row: stage_figures with the block's cells."""
     f = stage_figures(report)
-    return {"window": stage_window(f["started"], f["finished"], report.get("started")),
-            "from_nas": human_bytes(f["bytes_from_nas"]), "from_peers": human_bytes(f["bytes_from_peers"]),
-            "rejected": str(f["peer_rejected"]), "staged": f["staged"],
-            "bytes_from_nas": f["bytes_from_nas"], "bytes_from_peers": f["bytes_from_peers"],
-            "peer_rejected": f["peer_rejected"]}
+    return dict(f, window=stage_window(f["started"], f["finished"], report.get("started")),
+                from_nas=human_bytes(f["bytes_from_nas"]), from_peers=human_bytes(f["bytes_from_peers"]),
+                rejected=str(f["peer_rejected"]))
+
+
+def rank_order(reports):
+    """A sort key of the hosts of {host: report or info}: by rank, the hosts without one last, then by name."""
+    def order(host):
+        rank = reports[host].get("rank")
+        return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
+    return order
 
 
 def table_rows(reports, receipts=None):
@@ -281,8 +277,7 @@ def table_rows(reports, receipts=None):
     receipts = receipts or {}
     reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
                    for h, r in reports.items())
-    order = sorted(reports, key=lambda h: (reports[h].get("rank") if isinstance(reports[h].get("rank"), int)
-                                           else 1 << 30, h))
+    order = sorted(reports, key=rank_order(reports))
     rows = []
     for h in order:
         report = dict(reports[h], host=reports[h].get("host") or h)
@@ -379,30 +374,24 @@ def markdown_escape(text):
     return "".join("\\" + ch if ch in MARKDOWN_SPECIALS else ch for ch in text)
 
 
+def _markdown_table(header, lines):
+    return (["| " + " | ".join(markdown_escape(cell) for cell in header) + " |", "|" + "|".join("---" for _ in header)
+             + "|"] + ["| " + " | ".join(markdown_escape(cell) for cell in line) + " |" for line in lines])
+
+
 def render_markdown(rows, title=None, failures=(), inventory=None):
     """A Markdown table for a change log (optionally a title line and the failures as a list, the fixes they
     give with -i inventory)."""
-    lines = []
-    if title:
-        lines += ["### " + markdown_escape(title), ""]
+    lines = ["### " + markdown_escape(title), ""] if title else []
     if rows:
-        lines.append("| " + " | ".join(markdown_escape(title) for _key, title in COLUMNS) + " |")
-        lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
-    for row in rows:
-        lines.append("| " + " | ".join(markdown_escape(row[key]) for key, _title in COLUMNS) + " |")
+        lines += _markdown_table([title for _key, title in COLUMNS], [[row[key] for key, _t in COLUMNS] for row in rows])
     if rows and stage_pass_shown(rows):
         cells = _stage_table(rows)
-        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""]
-        lines += ["| " + " | ".join(markdown_escape(cell) for cell in line) + " |" for line in cells[:1]]
-        lines.append("|" + "|".join("---" for _ in cells[0]) + "|")
-        lines += ["| " + " | ".join(markdown_escape(cell) for cell in line) + " |" for line in cells[1:]]
+        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""] + _markdown_table(cells[0], cells[1:])
         total = _lane_total(rows)
-        if total:
-            lines += ["", markdown_escape(total)]
+        lines += ["", markdown_escape(total)] if total else []
     if failures:
-        lines.append("")
-        for failure in failures:
-            lines.append("- " + markdown_escape(failure_line(failure, inventory)))
+        lines += [""] + ["- " + markdown_escape(failure_line(failure, inventory)) for failure in failures]
     return "\n".join(lines)
 
 

@@ -259,7 +259,7 @@ def test_status_renders_each_hosts_lines_once(staged_hub):
             lines[data["host"]] = data["res"]["lines"]
     assert sorted(lines) == ["rank0", "rank1"]
     # Each host once, its lines under it, in order, each once.
-    sections = re.split(r"^(rank[01]):$", out, flags=re.M)
+    sections = re.split(r"^(rank[01]) \(rank [01]\):$", out, flags=re.M)
     assert sections.count("rank0") == 1 and sections.count("rank1") == 1, out
     for host, host_lines in lines.items():
         shown = sections[sections.index(host) + 1].strip("\n").splitlines()[:len(host_lines)]

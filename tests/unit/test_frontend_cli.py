@@ -581,6 +581,7 @@ def test_runners_command_artifact_loses_its_environment_as_soon_as_the_playbook_
 def test_status_prints_each_hosts_lines_once(tmp_path):
     state = RunState()
     state.status_lines = {"rank1": ["same line"], "rank0": ["same line", "receipts: none"]}
+    state.lanes = {"rank0": {"lane": "l", "rank": 1}, "rank1": {"lane": "l", "rank": 0}}
     out = io.StringIO()
     spec = {"subcommand": "status", "playbook": "p", "tags": None, "inventory": "i", "limit": None,
             "extra_vars": [], "check": False, "verbose": 0, "cmdline": ""}
@@ -589,7 +590,8 @@ def test_status_prints_each_hosts_lines_once(tmp_path):
     playbook_run.state = state
     state.stats = {}
     assert playbook_run._finish(FakeRunner(0), run.PlainDisplay(out), None) == 0
-    assert out.getvalue().splitlines()[:5] == ["rank0:", "  same line", "  receipts: none", "rank1:", "  same line"]
+    assert out.getvalue().splitlines()[:7] == ["DGX-STAGE STATUS: lane l, 2 hosts", "rank1 (rank 0):", "  same line",
+                                               "rank0 (rank 1):", "  same line", "  receipts: none", "2/2 hosts read"]
 
 
 # --- Ctrl-C ----------------------------------------------------------------------------------------------------

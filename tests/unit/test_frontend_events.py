@@ -65,8 +65,10 @@ def test_report_dirs_receipts_and_status_lines_are_taken_from_their_results(tmp_
     state = RunState()
     # The lane facts name where the dgx_report callback writes the host reports; run.py reads them there.
     state.handle(event("runner_on_ok", "rank0", "set_fact", {"ansible_facts": {"lane_report_dir": str(tmp_path)}}))
-    state.handle(event("runner_on_ok", "rank1", "set_fact", {"ansible_facts": {"lane_report_dir": str(tmp_path)}}))
-    assert state.report_dirs == [str(tmp_path)]
+    state.handle(event("runner_on_ok", "rank1", "set_fact", {"ansible_facts": {"lane_report_dir": str(tmp_path),
+                                                                                "lane_name": "l"}}))
+    state.handle(event("runner_on_ok", "rank1", "set_fact", {"ansible_facts": {"lane_rank": 1}}))
+    assert state.report_dirs == [str(tmp_path)] and state.lanes == {"rank1": {"lane": "l", "rank": 1}}
     run = {"id": "20261201T100609Z-be99", "started": "2026-12-01T10:06:09Z", "tags": [], "skip_tags": [],
            "check": False}
     for host in ("rank0", "rank1"):

@@ -8,8 +8,7 @@ from __future__ import absolute_import, division, print_function
 import time
 
 from ansible.module_utils.dgx_hubcache import repo_folder_name
-from ansible.module_utils.dgx_jobs import (DEAD_JOB_GRACE_S, explain_wrapper_result, full_disk_note,
-                                           wait_for_a_dead_jobs_result, wait_while_young)
+from ansible.module_utils.dgx_jobs import DEAD_JOB_GRACE_S, explain_wrapper_result, full_disk_note, wait_for_job
 from ansible.module_utils.dgx_lease import lease_process_gone, read_lease
 from ansible.module_utils.dgx_progress_file import repo_document
 from ansible.module_utils.dgx_repolock import holder_text
@@ -134,12 +133,8 @@ def _ended_text(job_result, failed, progress=None):
 
 
 def job_figures(doc, phase, job, own_pid=None):
-    """This job's figures of pass `phase` from the progress document, or None (none yet, or another run's).
-    own_pid (the job's process, from its lease): figures another process wrote are never its own - a run
-    waiting for the repo lock, or one that took it after this job ended, writes the same file. Besides, while
-    the job runs its file's time is its start: figures started since then are its own. Once it ended the
-    file's time is its end: figures that started within the module's own run time before it (its result's
-    duration_s), else that were last written by then, are its own."""
+    """This job's figures of pass `phase`, or None (none yet, or another run's: another process wrote them, or
+    they started before the job - its file's time is its start while it runs, its end, less duration_s, after)."""
     if job["started"] is None:
         return None
     if own_pid is not None and isinstance(doc, dict):
@@ -161,14 +156,14 @@ def job_figures(doc, phase, job, own_pid=None):
 
 def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_wait=0, clock=time.time,
          sleep=time.sleep, async_timeout=None, lease_file=None):
-    """One poll of a job: {finished, progress, line, job} (job: read_job's dict, with the module's result
-    once it ended; a missing job file is an ended job whose result says so; a result of the async wrapper's own
-    is worded by explain_wrapper_result). first_wait: see wait_while_young. lease_file: the job's lease, which
-    names its process: a job still "running" whose process is gone (its async wrapper was killed with it, or
-    could not write its result) ends here, failed, instead of being polled until the async time limit."""
-    job = wait_while_young(async_dir, jid, first_wait, clock, sleep)
+    """One poll of a job: {finished, progress, line, job (read_job's, with the result once it ended)}. A missing
+    job file, or a running job whose process (named in lease_file) is gone, ends failed, saying why."""
+    # A job younger than first_wait is waited for: a short one ends within its first poll.
+    job = wait_for_job(async_dir, jid, lambda job: job["started"] + float(first_wait or 0), clock, sleep)
     if job["state"] == "running" and lease_file and lease_process_gone(lease_file):
-        job = wait_for_a_dead_jobs_result(async_dir, jid, DEAD_JOB_GRACE_S, clock, sleep)
+        # Its wrapper writes the result right after the process ended; none by then: it died with it.
+        grace_end = clock() + DEAD_JOB_GRACE_S
+        job = wait_for_job(async_dir, jid, lambda _job: grace_end, clock, sleep)
         if job["state"] == "running":
             job["state"] = "ended"
             job["result"] = {"failed": True, "msg": (

@@ -14,6 +14,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
+from ansible.module_utils.dgx_progress_file import read_small
 
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
@@ -36,17 +37,9 @@ def read_json_file(path):
     """The JSON object in `path` (never through a final symlink), or None when the file is missing, not
     a regular file, empty, half-written or not a JSON object."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = json.loads(os.read(fd, READ_LIMIT).decode("utf-8"))
+        data = json.loads((read_small(path, READ_LIMIT) or b"").decode("utf-8"))
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
@@ -233,15 +226,12 @@ def _ended_jobs(path, dir_fd, async_timeout, now):
     return ended
 
 
-def wait_while_young(async_dir, jid, first_wait, clock=time.time, sleep=time.sleep):
-    """read_job, after waiting for the job to end while it is younger than first_wait seconds (its job file's
-    time is its start): a job shorter than that ends within its first poll, with no retry and no delay."""
+def wait_for_job(async_dir, jid, deadline, clock=time.time, sleep=time.sleep):
+    """read_job once the job ended or at deadline(job) (epoch seconds), whichever comes first."""
     pause = 0.05
     while True:
         job = read_job(async_dir, jid)
-        if job["state"] != "running":
-            return job
-        left = job["started"] + float(first_wait or 0) - clock()
+        left = deadline(job) - clock() if job["state"] == "running" else 0
         if left <= 0:
             return job
         sleep(min(pause, left))
@@ -290,13 +280,3 @@ def full_disk_note(async_dir):
             "mirror's own message is lost. Free space on that disk and re-run (or set stage_async_dir to a directory "
             "on another disk)." % (async_dir, free))
 
-
-def wait_for_a_dead_jobs_result(async_dir, jid, grace_s, clock=time.time, sleep=time.sleep):
-    """read_job for a job whose process is gone, after waiting up to grace_s for its wrapper to write the result
-    (it does so right after the module's process ended): still running then, its wrapper died with it."""
-    deadline = clock() + grace_s
-    while True:
-        job = read_job(async_dir, jid)
-        if job["state"] != "running" or clock() >= deadline:
-            return job
-        sleep(0.25)

@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import signal
-import stat
 import threading
 import time
 
@@ -17,6 +16,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_there
 from ansible.module_utils.dgx_process import process_alive
+from ansible.module_utils.dgx_progress_file import read_small
 
 
 def renew_lease(dest, path, pid=None, waiting=None, renewal=True):
@@ -45,17 +45,9 @@ def renew_lease(dest, path, pid=None, waiting=None, renewal=True):
 def read_lease(path):
     """(pid, waiting) from the lease file (see renew_lease): None for what it does not say (no file yet, garbage)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        lines = (read_small(path, 4096) or b"").decode("ascii", "replace").split("\n")
     except OSError:
         return None, None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, None
-        lines = os.read(fd, 4096).decode("ascii", "replace").split("\n")
-    except OSError:
-        return None, None
-    finally:
-        os.close(fd)
     first = lines[0].strip()
     pid = int(first) if first.isdigit() and int(first) > 1 else None
     try:

@@ -16,6 +16,7 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, unlink_quietly
 from ansible.module_utils.dgx_process import process_alive
+from ansible.module_utils.dgx_progress_file import read_small
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
@@ -251,16 +252,8 @@ def open_metrics_dir(directory):
 
 def read_previous(dir_fd):
     """The previous textfile's text (never through a link), or None."""
-    try:
-        fd = os.open(FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, PREVIOUS_MAX_BYTES).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
+    raw = read_small(FILE_NAME, PREVIOUS_MAX_BYTES, dir_fd)
+    return None if raw is None else raw.decode("utf-8", "replace")
 
 
 def dead_temp_files(dir_fd):

@@ -61,6 +61,18 @@ def read_document(name, dir_fd=None):
     return document, None
 
 
+def read_small(name, limit, dir_fd=None):
+    """At most limit bytes of the regular file name (never through a final link), or None when there is none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return _read_up_to(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
 def _read_up_to(fd, limit):
     chunks, size = [], 0
     while size < limit:

@@ -13,7 +13,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_progress_file import passes_of, repo_document, suspects_in
+from ansible.module_utils.dgx_progress_file import passes_of, read_small, repo_document, suspects_in
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
@@ -21,8 +21,6 @@ MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 EXITED = ("exited", "stopped", "dead")
 # What docker and podman (and engine_lane_wait, for a missing runtime) say of a container that is not there.
 ABSENT_WORDS = ("no such container", "no such object", "not found on this host")
-
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 
@@ -46,20 +44,6 @@ def _lstat(path):
         return os.lstat(path)
     except OSError:
         return None
-
-
-def read_small(path, limit):
-    """The bytes of a regular file at path (not through a final link), or None."""
-    try:
-        fd = os.open(path, _NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
 
 
 def link_problem(path, what):

@@ -110,23 +110,14 @@ def prune_jobs_dir(dest, async_dir):
     return removed
 
 
-def ended_job_file(name, data, age_s, async_timeout):
-    """Whether a file of the jobs dir is a job file of an ended job, safe to remove.
-
-    Only async_wrapper's names count, and only once older than the async time limit (plus TMP_STALE_S). One
-    still saying running (or not readable yet) is that old only when its wrapper was killed (a live wrapper
-    kills its job at the limit and writes a result). One holding a result is kept as long: another run on
-    this hub may still be at work on its next repos and collect it at the end of its pass (its result step
-    reads it then), so a fresh result is never taken from it. A temp file ended after TMP_STALE_S.
-    """
-    if LEASE_FILE.match(name):      # a lease nobody renewed for that long: its job stopped, or ended
-        return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+def ended_job_file(name, age_s, async_timeout):
+    """Whether a file of the jobs dir is a job file (or lease) of an ended job, safe to remove: async_wrapper's
+    names only, once older than the async time limit plus TMP_STALE_S - a running one that old had its wrapper
+    killed, and a fresher result may be another run's on this hub, not collected yet. A temp after TMP_STALE_S."""
     match = JOB_FILE.match(name)
-    if not match:
-        return False
-    if match.group(1):
+    if match and match.group(1):
         return age_s > TMP_STALE_S
-    return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+    return bool(match or LEASE_FILE.match(name)) and age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
 
 
 def jobs_dir_problem(dest, async_dir):
@@ -193,17 +184,17 @@ def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None)
     inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
     if check_mode:
         ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
-        return {"created": created, "removed": [name for name, _st in ended]}
+        return {"created": created, "removed": ended}
     with open_jobs_dir(dest, async_dir, create=True) as jobs:
         # Outside the local hub (stage_async_dir) the jobs dir is never cleared: its other files (Ansible's own
         # async jobs among them) are not this run's to remove. The result step removes this run's files.
-        removed = [name for name, _st in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
+        removed = [name for name in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
                    if unlink_if_there(name, jobs.fd)]
     return {"created": created, "removed": removed}
 
 
 def _ended_jobs(path, dir_fd, async_timeout, now):
-    """(name, lstat) of the regular files in the jobs dir that are job files of ended jobs."""
+    """The names of the regular files in the jobs dir that are job files of ended jobs."""
     now = time.time() if now is None else now
     try:
         names = sorted(os.listdir(dir_fd if dir_fd is not None else path))
@@ -211,18 +202,12 @@ def _ended_jobs(path, dir_fd, async_timeout, now):
         return []
     ended = []
     for name in names:
-        if not (JOB_FILE.match(name) or LEASE_FILE.match(name)):
-            continue
         try:
-            st = os.lstat(name, dir_fd=dir_fd) if dir_fd is not None else os.lstat(os.path.join(path, name))
+            st = os.lstat(name if dir_fd is not None else os.path.join(path, name), dir_fd=dir_fd)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        data = read_json_file(os.path.join(path, name)) if JOB_FILE.match(name) and not name.endswith(".tmp") \
-            else None
-        if ended_job_file(name, data, now - st.st_mtime, async_timeout):
-            ended.append((name, st))
+        if stat.S_ISREG(st.st_mode) and ended_job_file(name, now - st.st_mtime, async_timeout):
+            ended.append(name)
     return ended
 
 

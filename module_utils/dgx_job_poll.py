@@ -10,7 +10,7 @@ import time
 from ansible.module_utils.dgx_hubcache import repo_folder_name
 from ansible.module_utils.dgx_jobs import DEAD_JOB_GRACE_S, explain_wrapper_result, full_disk_note, wait_for_job
 from ansible.module_utils.dgx_lease import lease_process_gone, read_lease
-from ansible.module_utils.dgx_progress_file import repo_document
+from ansible.module_utils.dgx_progress_file import passes_of, repo_document
 from ansible.module_utils.dgx_repolock import holder_text
 from ansible.module_utils.dgx_units import human_bytes, utc_epoch
 
@@ -22,18 +22,10 @@ PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_tota
 
 
 def pass_figures(doc, phase, not_before=None):
-    """The figures of pass `phase` in a progress document: its `passes` entry (else the top level when it is
-    that pass), or None. not_before: epoch seconds the job started; figures of an earlier run are not this
-    job's (the file keeps the last run's figures until the job writes its own)."""
-    if not isinstance(doc, dict):
-        return None
-    passes = doc.get("passes")
-    figures = passes.get(phase) if isinstance(passes, dict) else None
-    if not isinstance(figures, dict):
-        figures = doc if doc.get("pass") == phase else None
-    if figures is None:
-        return None
-    if not_before is not None:
+    """The figures of pass `phase` in a progress document, or None. not_before: epoch seconds the job started;
+    figures of an earlier run are not this job's (the file keeps them until the job writes its own)."""
+    figures = passes_of(doc if isinstance(doc, dict) else None)[0].get(phase)
+    if figures is not None and not_before is not None:
         started = utc_epoch(figures.get("started_at"))
         if started is None or started < int(not_before):
             return None
@@ -50,11 +42,14 @@ def _number(value, kind=int):
 def shape_progress(figures, repo_id, phase):
     """The `progress` dict of a poll: the PROGRESS_KEYS, null or 0 when there are no figures yet."""
     figures = figures if isinstance(figures, dict) else {}
+
+    def text(key):
+        return figures.get(key) if isinstance(figures.get(key), str) else None
+
     done = _number(figures.get("bytes_done")) or 0
     total = _number(figures.get("bytes_total")) or 0
     files_done = _number(figures.get("files_done")) or 0
     files_total = _number(figures.get("files_total")) or 0
-    status = figures.get("status") if isinstance(figures.get("status"), str) else None
     finished = figures.get("finished") is True
     if total > 0:
         percent = 100.0 if finished else min(99.9, 100.0 * done / total)
@@ -62,19 +57,13 @@ def shape_progress(figures, repo_id, phase):
         percent = 100.0 * files_done / files_total
     else:
         percent = 100.0 if finished else 0.0
-    current = figures.get("current")
     return {
-        "repo_id": repo_id, "pass": phase,
-        "step": figures.get("step") if isinstance(figures.get("step"), str) else None,
-        "current": current if isinstance(current, str) else None,
+        "repo_id": repo_id, "pass": phase, "step": text("step"), "current": text("current"),
         "files_done": files_done, "files_total": files_total, "bytes_done": done, "bytes_total": total,
         "percent": round(percent, 1), "mib_per_s": _number(figures.get("mib_per_s"), float),
-        "eta_s": _number(figures.get("eta_s"), float), "status": status, "finished": finished,
-        "aborted": figures.get("aborted") is True,
-        "error": figures.get("error") if isinstance(figures.get("error"), str) else None,
-        "started_at": figures.get("started_at") if isinstance(figures.get("started_at"), str) else None,
-        "updated_at": figures.get("updated_at") if isinstance(figures.get("updated_at"), str) else None,
-        "waiting": None,
+        "eta_s": _number(figures.get("eta_s"), float), "status": text("status"), "finished": finished,
+        "aborted": figures.get("aborted") is True, "error": text("error"), "started_at": text("started_at"),
+        "updated_at": text("updated_at"), "waiting": None,
     }
 
 

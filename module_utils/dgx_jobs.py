@@ -34,8 +34,7 @@ READ_LIMIT = 1024 * 1024
 
 
 def read_json_file(path):
-    """The JSON object in `path` (never through a final symlink), or None when the file is missing, not
-    a regular file, empty, half-written or not a JSON object."""
+    """The JSON object in the regular file `path` (never through a final symlink), or None."""
     try:
         data = json.loads((read_small(path, READ_LIMIT) or b"").decode("utf-8"))
     except (OSError, ValueError):
@@ -44,8 +43,7 @@ def read_json_file(path):
 
 
 def job_state(data):
-    """`running` or `ended` from a job file's JSON (None: empty or unreadable, as while it is first written).
-    async_wrapper writes {started, finished: false} when the job starts and the module's result at the end."""
+    """`running` or `ended` from a job file's JSON (None, unreadable: as while it is first written)."""
     if data is None:
         return "running"
     if "started" in data and not data.get("finished"):
@@ -54,8 +52,7 @@ def job_state(data):
 
 
 def read_job(async_dir, jid):
-    """The job's state: {state: running|ended|missing, result: the module's result once ended, started:
-    epoch seconds the job file was written at (the job's start while it runs), path}."""
+    """{state: running|ended|missing, result (once ended), started (the job file's mtime), path}."""
     path = os.path.join(async_dir, jid)
     try:
         st = os.lstat(path)
@@ -89,10 +86,8 @@ def unlink_if_there(name, dir_fd):
 
 
 def prune_jobs_dir(dest, async_dir):
-    """Remove the jobs dir when it is empty, and `.locks` above it when that is empty too (a pass that wrote
-    nothing else leaves the local hub as it found it); the dirs removed. rmdir only, each relative to its
-    parent opened without following a link: never anything that holds a file, never the local hub root, never
-    a jobs dir outside the local hub (the operator's). Ansible's async_wrapper creates it again for a job."""
+    """rmdir the jobs dir, then `.locks` above it, when empty (a pass leaves the local hub as it found it); the
+    dirs removed. Never the hub root, never a jobs dir outside the local hub (the operator's)."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     locks = os.path.join(dest, ".locks")
     if os.path.dirname(async_dir) != locks and async_dir != locks:
@@ -121,8 +116,7 @@ def ended_job_file(name, age_s, async_timeout):
 
 
 def jobs_dir_problem(dest, async_dir):
-    """Why the jobs dir cannot be used (it or a directory on its way inside the local hub is a symlink, or
-    not a directory), or None. Outside the local hub only the jobs dir itself is checked."""
+    """Why the jobs dir cannot be used (a symlink or no directory, on its way too inside the local hub), or None."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     if async_dir == dest:
         return ("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a directory of its "
@@ -144,9 +138,8 @@ def jobs_dir_problem(dest, async_dir):
 
 
 def open_jobs_dir(dest, async_dir, create=False):
-    """The jobs dir as a LocalDir: inside the local hub opened component by component from it (no link, no mount
-    point: LocalTree), outside it (the operator's folder, a mount point itself maybe) opened without following
-    a link; StageError for a link or a folder the jobs dir cannot be (jobs_dir_problem)."""
+    """The jobs dir as a LocalDir, never through a link (inside the local hub: LocalTree, no mount point either);
+    StageError for one the jobs dir cannot be (jobs_dir_problem)."""
     problem = jobs_dir_problem(dest, async_dir)
     if problem:
         raise StageError(problem)
@@ -175,8 +168,7 @@ def _jobs_dir_root(dest, async_dir):
 
 
 def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
-    """Refuse a symlinked jobs dir (or `.locks` on its way), create it, and remove the job files ended jobs
-    of earlier runs left there. Returns {created, removed (names)}; any other file is left alone."""
+    """Refuse a symlinked jobs dir, create it, and remove the files ended jobs of earlier runs left: {created, removed}."""
     problem = jobs_dir_problem(dest, async_dir)
     if problem:
         raise StageError(problem)
@@ -186,8 +178,7 @@ def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None)
         ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
         return {"created": created, "removed": ended}
     with open_jobs_dir(dest, async_dir, create=True) as jobs:
-        # Outside the local hub (stage_async_dir) the jobs dir is never cleared: its other files (Ansible's own
-        # async jobs among them) are not this run's to remove. The result step removes this run's files.
+        # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
         removed = [name for name in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
                    if unlink_if_there(name, jobs.fd)]
     return {"created": created, "removed": removed}
@@ -224,10 +215,8 @@ def wait_for_job(async_dir, jid, deadline, clock=time.time, sleep=time.sleep):
 
 
 def explain_wrapper_result(result, repo_id, phase, async_timeout=None):
-    """The result of a job that ended without the mirror's own result, worded for the operator; any other result
-    unchanged. Ansible's async_wrapper writes one of its own when it killed the job at the async time limit
-    ("Timeout exceeded"), or when the module's process died without printing a result (SIGKILL, the OOM
-    killer: a Python traceback of its JSON parsing)."""
+    """A result async_wrapper wrote itself (a job killed at the time limit, or a process that died without a
+    result) worded for the operator; any other result unchanged."""
     if not isinstance(result, dict) or not result.get("failed"):
         return result
     head = "hf_hub_mirror %s: the background %s job" % (repo_id, phase)
@@ -252,8 +241,7 @@ FULL_DISK_BYTES = 1024 * 1024
 
 
 def full_disk_note(async_dir):
-    """' The disk of the jobs dir is full ...' when the filesystem holding async_dir has (almost) no free space
-    left for the async wrapper's job file (which then holds no result, and no mirror message), else ''."""
+    """A sentence saying the jobs dir's disk is full (so the wrapper's job file lost the result), else ''."""
     try:
         st = os.statvfs(async_dir)
     except OSError:

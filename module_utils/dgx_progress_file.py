@@ -222,10 +222,6 @@ class PassMeter(object):
             if file_done:
                 self._files["done"] += 1
 
-    def bytes_done(self, step):
-        with self._lock:
-            return self._steps[step]["bytes_done"]
-
     def bytes_read(self):
         with self._lock:
             return dict(self._read)

@@ -376,10 +376,6 @@ def one_line(text):
 
 def status_lines(status):
     """Human lines for one host, each one line."""
-    return [one_line(line) for line in _status_lines(status)]
-
-
-def _status_lines(status):
     if status["problem"]:
         lines = ["local hub %s: %s" % (status["hub_local_root"], status["problem"])]
     else:
@@ -400,5 +396,4 @@ def _status_lines(status):
             text += " (%s)" % ", ".join(engine["models"])
         if engine["problem"] and engine["state"] in ("unknown", "absent"):
             text += " - %s" % engine["problem"]
-    lines.append(text)
-    return lines
+    return [one_line(line) for line in lines + [text]]

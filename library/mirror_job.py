@@ -11,29 +11,17 @@ module: mirror_job
 short_description: Watch a background hf_hub_mirror job - ready its jobs dir, poll its progress, return its result
 version_added: "1.0.0"
 description:
-  - The stage role runs each repo's stage and verify pass as an Ansible async job (C(async), C(poll=0)) and
-    watches it with this module, in three steps given by O(mode).
-  - O(mode=prepare), before the first job starts - refuses a jobs dir O(async_dir) that is a symlink, or has
-    a symlink on its way inside O(dest) (C(.locks)), or is inside O(dest) but not under its C(.locks) (the rest of
-    the hub is the mirror's), naming the link and the fix; creates it. A jobs dir outside O(dest) is never cleared
-    nor removed (its other files are not the stage role's). Inside C(.locks) it removes the job
-    files ended jobs of earlier runs left there (only the names Ansible's async_wrapper gives its files,
-    C(j<digits>.<digits>) and their C(.tmp)), only once older than O(async_timeout) - a job file still saying
-    running then had its wrapper killed, and a result nobody collected by then had its run killed (a fresher
-    result may belong to another run on this hub, still at work on its next repo, that collects it at the end of
-    its pass) - and the stage role's lease files (C(dgx-lease.*)) older than that. No other file in
-    that directory is touched.
-  - O(mode=poll), under C(until)/C(retries)/C(delay) - reads the job file and the repo's progress file
-    C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) (tolerating a missing, half-written or garbled
-    one) and returns RV(progress), RV(finished) and one human RV(line) with binary units, rate and ETA.
-    Figures an earlier run left in the progress file are not shown as this job's.
-  - O(mode=result), once the job ended - returns the job's own result (the hf_hub_mirror keys, documented
-    there, with its C(changed), C(failed) and C(msg) - a failed job fails this task with the mirror's message;
-    a job that ended without the mirror's result, killed or gone, gets hf_hub_mirror's failed C(report) row of a
-    run without figures),
-    adds RV(progress), RV(finished) and RV(line), and removes the job's file (and its lease); a jobs dir under
-    O(dest) is removed when that left it empty, and C(.locks) above it when empty too (a pass that wrote nothing
-    else leaves the local hub as it found it).
+  - Watches the stage role's async hf_hub_mirror jobs (C(async), C(poll=0)) in three steps, O(mode).
+  - O(mode=prepare) - creates the jobs dir O(async_dir), refusing a symlink (or one on its way inside O(dest)) and
+    a place inside O(dest) not under its C(.locks). Under C(.locks) it removes the async_wrapper job files
+    (C(j<digits>.<digits>), their C(.tmp)) and lease files (C(dgx-lease.*)) older than O(async_timeout) - a fresher
+    result may be another run's, not collected yet. A jobs dir outside O(dest) is never cleared.
+  - O(mode=poll), under C(until) - reads the job file and the repo's progress file
+    C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) (garbage tolerated; an earlier run's figures are not
+    this job's) and returns RV(progress), RV(finished) and a human RV(line).
+  - O(mode=result), once the job ended - returns the job's own hf_hub_mirror result (a failed job fails the task
+    with its message; one that ended without it gets a failed C(report) row), adds RV(progress), RV(finished) and
+    RV(line), removes the job's file and lease, and prunes the jobs dir and C(.locks) when they are left empty.
 author: dgx-stage maintainers
 options:
   mode:
@@ -66,30 +54,19 @@ options:
     choices: [stage, verify]
     default: stage
   first_wait:
-    description:
-      - O(mode=poll) - while the job is younger than this many seconds, wait for it to end (its job file is
-        checked every quarter second at most) before answering. A job shorter than that ends within its first
-        poll, with no retry and no poll interval lost; an older job is answered at once.
+    description: O(mode=poll) - while the job is younger than this many seconds, wait for it to end before answering.
     type: float
     default: 0
   async_timeout:
-    description:
-      - The async time limit the jobs run with, in seconds. O(mode=prepare) removes a job file still saying
-        running, or a lease file (C(dgx-lease.*)), only once it is older than this (its wrapper or its
-        controller was killed). O(mode=poll) and O(mode=result) name it when Ansible's async wrapper killed a job
-        that ran past it (its own result says only C(Timeout exceeded)).
+    description: The jobs' async time limit in seconds; the age of a stale job or lease file, and named when the wrapper
+      killed a job at it.
     type: int
     default: 86400
   lease_file:
     description:
-      - The job's lease (hf_hub_mirror's C(lease_file)) - O(mode=poll) renews it (touches it) at each poll, so the
-        job goes on while it is watched; O(mode=result) removes it.
-      - The job writes its process id into it when it starts, and whom it waits for while another run holds the
-        repo lock (RV(progress.waiting)). Only figures that process wrote are this job's. A poll that finds the job file still saying running
-        while that process is gone (its async wrapper killed with it, or unable to write its result) waits a few
-        seconds for the result, then ends the job as failed, saying so, instead of polling until O(async_timeout).
-      - A poll fails, writing nothing, when the lease's directory has become a symlink (or has one on its way
-        inside O(dest)); the job, no longer renewed, then stops itself.
+      - The job's lease (hf_hub_mirror's C(lease_file)), naming its process and whom it waits for - O(mode=poll)
+        renews it, O(mode=result) removes it. Only figures that process wrote are this job's; a job whose process
+        is gone without a result ends failed. A lease dir that became a symlink fails the poll.
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -103,10 +80,7 @@ attributes:
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: full
-    details: >-
-      Polls never change anything. O(mode=prepare) reports a change when it created the jobs dir or removed
-      job files (the stage role does not count its own scratch space as a change); O(mode=result) reports the
-      job's own C(changed).
+    details: Polls change nothing; O(mode=prepare) reports creating or clearing the jobs dir; O(mode=result) the job's C(changed).
   platform:
     support: full
     platforms: posix
@@ -210,8 +184,7 @@ progress:
       description: When the figures were written, ISO 8601 UTC (null before the first figures).
       type: str
     waiting:
-      description:
-        - While the job waits for the repo lock another dgx-stage run holds (its lease says so), that run - else null.
+      description: The other dgx-stage run whose repo lock the job waits for, else null.
       type: dict
       contains:
         pid:

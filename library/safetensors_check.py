@@ -11,35 +11,15 @@ module: safetensors_check
 short_description: Check a staged snapshot's safetensors index against its shard headers
 version_added: "1.0.0"
 description:
-  - Reads the index's C(weight_map) and the header of every shard it names (an 8-byte
-    little-endian length N, then N bytes of JSON); tensor data is never read, so a 300 GB checkpoint
-    is checked in seconds.
-  - A shard passes exactly when the C(safetensors) loader would load it (the rules of the Rust
-    crate's C(read_metadata) and C(validate), checked against the Python package safetensors 0.8.0
-    by the unit tests), with one deliberate difference - a tensor name given twice in one header is
-    refused here, where the loader silently keeps the last entry.
-  - So a passing shard is proven to have a header length N of at most 100,000,000 bytes that fits
-    in the file, and a header that is UTF-8 JSON (no NaN/Infinity, no number beyond a double's
-    range, no unpaired surrogate escape), nested at most 127 levels deep (measured before parsing,
-    so no header can exhaust the stack), and a JSON object whose C(__metadata__), if present, maps
-    strings to strings.
-  - Every tensor in it has a known dtype (BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16,
-    F32, F64, C64, F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, and the sub-byte F4,
-    F6_E2M3, F6_E3M2), a shape of non-negative integers and C(data_offsets) [begin, end] with
-    begin <= end spanning exactly shape times element size (a whole number of bytes).
-  - Sorted by offset, its tensors cover the data section exactly, from offset 0 to the end of the
-    file, with no gap, no overlap and no trailing byte.
-  - Tensor values are not read, so they are not proven here; hf_hub_mirror proves every staged
-    byte against its blob name.
-  - Across shards it fails when a tensor is mapped to a shard that lacks it or a tensor is in two
-    shards (C(Duplicate mapped checkpoint key), the error the engine raises when a shard link points
-    at the wrong blob), or a shard named by the index is missing.
-  - One broken shard does not stop the others being checked. The failure message names the failing
-    shards first, then key problems (ten entries at most, with the count of the rest);
-    RV(problems) lists every problem found.
-  - Shards are normally symlinks into C(../../blobs); they are followed.
-  - Without an index, every top-level C(*.safetensors) file (usually the single
-    C(model.safetensors)) is checked. A snapshot without safetensors files passes with RV(shards=0).
+  - Reads the index's C(weight_map) and the header of every shard it names (shard links are followed); tensor
+    data is never read, so a 300 GB checkpoint is checked in seconds (hf_hub_mirror proves the bytes).
+  - A shard passes exactly when the C(safetensors) 0.8.0 loader would load it (header length, JSON, dtypes,
+    shapes, C(data_offsets) tiling the data section exactly), except that a tensor name given twice in one
+    header is refused.
+  - Across shards it fails when the index maps a tensor to a shard that lacks it, a tensor is in two shards
+    (C(Duplicate mapped checkpoint key), as the engine says when a shard link points at the wrong blob), or an
+    indexed shard is missing. Every shard is checked; the message names ten problems at most, RV(problems) all.
+  - Without an index, every top-level C(*.safetensors) file is checked; none at all passes with RV(shards=0).
 author: dgx-stage maintainers
 options:
   path:
@@ -61,13 +41,9 @@ options:
     default: []
   nas_path:
     description:
-      - The NAS snapshot directory the local one was staged from, C(<NAS hub>/models--org--name/snapshots/<commit>).
-      - When given, the header of every shard left out on purpose (O(absent_ok)) and not on the local disk is read
-        there and checked like a local one - against the index's C(weight_map) and for keys in two shards - so a
-        rank's sparse copy is checked against the whole checkpoint it serves. RV(nas_shards) lists those shards.
-      - Its files are found through the hub's snapshot walker, C(nas_path)'s parents being the repo folder and the
-        NAS hub root - a shard is read only where its link chain ends at a regular file inside that NAS hub; one
-        that does not, or is missing there, fails the check naming it. Only headers are read (no tensor data).
+      - The NAS snapshot the local one was staged from, C(<NAS hub>/models--org--name/snapshots/<commit>). The
+        header of each O(absent_ok) shard not on the local disk is read there (only where its link chain ends at a
+        regular file inside that NAS hub) and checked like a local one; RV(nas_shards) lists them.
       - When omitted, such shards are skipped - listed in RV(absent), their keys not looked for.
     type: path
   repo_id:

@@ -11,24 +11,17 @@ module: stage_metrics
 short_description: Write the host's node_exporter textfile dgx_stage.prom from its report view
 version_added: "1.0.0"
 description:
-  - Runs on the node at the end of a run (and from a failed play's rescue) with the host's latest report
-    view (C(host_report)'s RV(latest)) and writes C(<dir>/dgx_stage.prom) for node_exporter's textfile
-    collector - atomically (a temp file in O(dir), then a rename), mode 0644.
-  - Gauges - C(dgx_stage_last_run_success) (1 ok, 0 failed), C(dgx_stage_last_success_timestamp_seconds)
-    (kept from the previous file when the run failed), C(dgx_stage_repo_staged_bytes{repo,repo_type,commit}),
-    C(dgx_stage_last_verify_timestamp_seconds{repo,mode}) (a repo whose verify did not end ok keeps its
-    previous sample; one no longer in the view's stage and verify passes, dropped from stage_repos, loses it), C(dgx_stage_blobs_repaired) and C(dgx_stage_nas_corrupt_blobs) (the last stage and
-    verify passes), C(dgx_stage_decode_tokens_per_second) (when a decode probe ran).
-  - The file's first line is a comment naming the host (the report's C(host)). O(dir) is the node's own
-    directory - a file of another host there (a directory shared between hosts, e.g. on NFS) is refused,
-    naming both hosts, rather than overwritten (each host would take the other's last success as its own).
-  - O(dir) must be an existing, writable directory; a symlink to one is followed (node_exporter setups link
-    their textfile directory), the file itself never is (a link named C(dgx_stage.prom) is replaced, not
-    written through).
+  - Writes C(<dir>/dgx_stage.prom) for node_exporter's textfile collector from the host's latest report view,
+    atomically, mode 0644; the file itself is never written through a link.
+  - Gauges - C(dgx_stage_last_run_success), C(dgx_stage_last_success_timestamp_seconds) (kept from the previous
+    file when the run failed), C(dgx_stage_repo_staged_bytes{repo,repo_type,commit}),
+    C(dgx_stage_last_verify_timestamp_seconds{repo,mode}) (kept while the repo is staged),
+    C(dgx_stage_blobs_repaired), C(dgx_stage_nas_corrupt_blobs), C(dgx_stage_decode_tokens_per_second).
+  - The first line names the host; another host's file in O(dir) (a shared directory) is refused, not overwritten.
 author: dgx-stage maintainers
 options:
   dir:
-    description: The textfile collector's directory (C(stage_metrics_dir)).
+    description: The textfile collector's existing, writable directory (C(stage_metrics_dir)); a link to one is followed.
     type: path
     required: true
   report:
@@ -47,10 +40,7 @@ attributes:
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: partial
-    details: >-
-      Identical content is not rewritten. A file whose only difference is the run's timestamps (a re-run that
-      changed nothing on the node still succeeded, later) is rewritten, so freshness alerts see it, but
-      reported C(changed=false): the node's state did not change (RV(change) says V(timestamps)).
+    details: A file whose only difference is the run's timestamps is rewritten (for freshness alerts) but not a change.
   platform:
     support: full
     platforms: posix
@@ -77,9 +67,7 @@ content:
   returned: success
   type: str
 change:
-  description:
-    - V(none) (the file already holds it; not rewritten), V(timestamps) (only the run's timestamps moved;
-      rewritten, not a change) or V(content).
+  description: V(none) (not rewritten), V(timestamps) (only the run's timestamps moved) or V(content).
   returned: success
   type: str
 written:
@@ -87,9 +75,7 @@ written:
   returned: success
   type: bool
 debris:
-  description:
-    - Temp files of dgx_stage.prom a killed run left in O(dir) (their writing process is gone) - removed
-      in this call, or in check mode would be. Only this module's own temp names.
+  description: Temp files of dgx_stage.prom a killed run left in O(dir), removed (in check mode, would be).
   returned: success
   type: list
   elements: str

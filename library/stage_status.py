@@ -11,21 +11,12 @@ module: stage_status
 short_description: Say what a node holds - staged commits, local files, last stage and verify, receipts, engine
 version_added: "1.0.0"
 description:
-  - Reads, and never changes, the node's local hub. For each repo of O(repos) - the commit
-    C(refs/<revision>) names in O(hub_local_root) and whether its snapshot is there (V(snapshot missing)
-    when a ref points at a missing snapshot, V(not staged) when there is no local repo or ref), the
-    files and bytes the snapshot holds locally, and when it was last staged and last verified and how
-    (the verify mode), from the C(passes) of the progress file
-    C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json) hf_hub_mirror writes.
-  - A repo folder, snapshot or lock folder that is a symlink - or a C(refs), C(snapshots) or C(.locks)
-    folder on the way to one - is reported (V(refused), or in RV(status.repos[].problem) and
-    RV(status.repos[].progress_problem)) and never read through. A half-written progress file or one whose C(passes) is garbage is reported, not fatal.
-  - The receipt roots O(receipt_roots) present under O(receipt_parent).
-  - The engine container's state and API health from O(engine_probe), the result of an C(engine_lane_wait)
-    call made with C(container) (the module itself runs no container command).
-  - The mount manifest at O(manifest_path) - whether it binds from the local disk or the NAS, when it was
-    written, and per repo whether the NAS C(refs/<revision>) under O(hub_nas_root) moved past the commit it binds.
-  - RV(lines) are the human lines for the host; C(playbooks/status.yml) prints them, the front end renders them.
+  - Reads, never changes, the node. Per repo of O(repos) - the commit C(refs/<revision>) names in
+    O(hub_local_root), its local files and bytes, and the last stage and verify pass from the progress file
+    C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json).
+  - No symlink in the local hub is read through; it and a garbage progress file are reported, not fatal.
+  - Also the receipt roots present under O(receipt_parent), the engine from O(engine_probe), and the mount
+    manifest at O(manifest_path). RV(lines) are the human lines C(playbooks/status.yml) prints.
 author: dgx-stage maintainers
 options:
   hub_local_root:
@@ -114,7 +105,7 @@ status:
       description: Why the local hub could not be read (then RV(status.repos) is empty), else null.
       type: str
     repos:
-      description: One row per repo of O(repos), in their order.
+      description: One row per repo of O(repos), in their order; a field not known is null.
       type: list
       elements: dict
       contains:
@@ -128,57 +119,54 @@ status:
           description: The revision asked for (default main).
           type: str
         folder:
-          description: The repo folder (C(models--org--name)), null when the repo id is invalid.
+          description: The repo folder (C(models--org--name)); null for an invalid repo id.
           type: str
         state:
           description:
-            - V(staged) (the ref and its snapshot are there), V(not staged) (no local repo folder or no
-              ref), V(snapshot missing) (the ref points at a snapshot that is not there), V(refused) (a
-              symlink where a directory must be; not followed), V(error) (an invalid repo id).
+            - V(staged), V(not staged) (no repo folder or ref), V(snapshot missing) (the ref's snapshot is not
+              there), V(refused) (a symlink where a directory must be) or V(error) (an invalid repo id).
           type: str
         problem:
-          description: What is wrong, for every state but V(staged); null when nothing is.
+          description: What is wrong, for every state but V(staged).
           type: str
         commit:
-          description: The staged commit (C(refs/<revision>)), null when there is none.
+          description: The staged commit (C(refs/<revision>)).
           type: str
         snapshot:
-          description: The local snapshot directory, null without a commit.
+          description: The local snapshot directory.
           type: str
         files_local:
           description: Files of the snapshot whose content is in the local repo.
           type: int
         bytes_local:
-          description: Bytes of their distinct contents (a blob two files share counts once).
+          description: Bytes of their distinct contents.
           type: int
         dangling:
           description: Snapshot links whose content is missing or outside the repo folder.
           type: int
         last_staged:
-          description: When the last stage pass last wrote its figures, ISO 8601 UTC, or null.
+          description: When the last stage pass last wrote its figures, ISO 8601 UTC.
           type: str
         last_stage_status:
-          description: How it ended - V(ok), V(failed), V(interrupted), V(running) - or null.
+          description: How it ended - V(ok), V(failed), V(interrupted) or V(running).
           type: str
         last_verified:
-          description: When the last verify pass last wrote its figures, ISO 8601 UTC, or null.
+          description: When the last verify pass last wrote its figures, ISO 8601 UTC.
           type: str
         verify_mode:
-          description: Its verify mode, V(sample), V(full) or V(none), or null.
+          description: Its verify mode, V(sample), V(full) or V(none).
           type: str
         last_verify_status:
-          description: How it ended, or null.
+          description: How it ended.
           type: str
         verified_commit:
-          description: The commit the last verify pass proved, or null.
+          description: The commit the last verify pass proved.
           type: str
         progress_problem:
-          description: Why the progress file could not be read (wholly or partly), else null.
+          description: Why the progress file could not be read (wholly or partly).
           type: str
         nas_corrupt:
-          description:
-            - The NAS blobs the progress file keeps as found failing their names and not proven since (a roll-back
-              refuses to bind them from the NAS); the repo's line names them.
+          description: The NAS blobs found failing their names and not proven since (a roll-back refuses them).
           type: list
           elements: dict
           contains:
@@ -218,15 +206,14 @@ status:
           type: str
         state:
           description:
-            - V(disabled), V(running), V(exited), V(absent) (no such container, or no runtime on the node),
-              V(unknown) (not looked up, or the runtime could not answer - its daemon down), or the runtime's
-              word for another state (V(paused), V(created), V(restarting)).
+            - V(disabled), V(running), V(exited), V(absent) (no such container, or no runtime), V(unknown) (not
+              looked up, or the runtime could not answer) or the runtime's word (V(paused), V(created) ...).
           type: str
         exit_code:
           description: The exit code of a container that is not running, else null.
           type: int
         container_id:
-          description: The container id, null when there is none.
+          description: The container id, or null.
           type: str
         health:
           description: V(not checked) unless the container runs, V(ok) when the API listed its models, else V(unhealthy) and why.
@@ -246,22 +233,17 @@ status:
           description: O(manifest_path).
           type: str
         problem:
-          description: V(not written yet), V(not a regular file), why it is not JSON or not a mount manifest; else null.
+          description: V(not written yet), V(not a regular file), or why it is not a JSON mount manifest; else null.
           type: str
         written:
-          description: When it was last written (its mtime), ISO 8601 UTC.
+          description: Its mtime, ISO 8601 UTC.
           type: str
         bind_from:
-          description:
-            - V(local) (staged files from the local disk, the rest from the NAS) or V(nas) (every file from the NAS,
-              a roll-back); null for a manifest written before the mode was recorded, or one whose C(bind_from) is
-              neither (named in RV(status.manifest.field_problems)).
+          description: V(local) or V(nas) (a roll-back); null when unrecorded or invalid.
           type: str
         field_problems:
-          description:
-            - Each field of the manifest of the wrong type (C(bind_from), a C(repos) entry or its C(repo_id),
-              C(revision), C(commit) or C(folder)), named with its value; the field is not read, the rest is.
-              Absent when the manifest could not be read at all.
+          description: Each manifest field of the wrong type, with its value (not read; the rest is). Absent when
+            the manifest could not be read at all.
           type: list
           elements: str
         repos:
@@ -279,23 +261,22 @@ status:
               description: The commit the manifest binds.
               type: str
             nas_commit:
-              description: The commit the NAS C(refs/<revision>) names now, null when it cannot be read.
+              description: The commit the NAS C(refs/<revision>) under O(hub_nas_root) names now, or null.
               type: str
             moved:
-              description: The NAS ref names another commit than the one bound - a revision the lane does not serve yet.
+              description: The NAS ref names another commit than the bound one (a revision not served yet).
               type: bool
             problem:
               description: Why the NAS ref could not be read, else null.
               type: str
 lines:
-  description: Human lines for this host - one per repo, the receipts, the engine.
+  description: Human lines for this host - one per repo, the receipts, the manifest, the engine.
   returned: success
   type: list
   elements: str
   sample:
     - "coolbho3k/DSpark-drafter@main: commit 1a2b3c4d5e6f, 5 files, 1.2 GiB local; staged 2026-11-30T20:45:12Z; verified 2026-11-30T21:02:40Z (full)"
     - "receipts under /cache: none"
-    - "manifest /raid/hf-local/engine-mounts.json: binds from local (written 2026-11-30T21:03:05Z)"
     - "engine ds41-engine: disabled"
 """
 
@@ -320,9 +301,10 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
-    status = host_status(params["hub_local_root"], params["repos"], params["receipt_parent"],
-                         params["receipt_roots"] if params["receipt_roots"] is not None else list(RECEIPT_ROOTS), params["engine_enabled"], params["engine_name"],
-                         params["engine_probe"], params["manifest_path"], params["hub_nas_root"])
+    roots = params["receipt_roots"] if params["receipt_roots"] is not None else list(RECEIPT_ROOTS)
+    status = host_status(params["hub_local_root"], params["repos"], params["receipt_parent"], roots,
+                         params["engine_enabled"], params["engine_name"], params["engine_probe"],
+                         params["manifest_path"], params["hub_nas_root"])
     module.exit_json(changed=False, status=printable_names(status), lines=printable_names(status_lines(status)))
 
 

@@ -8,10 +8,9 @@ from __future__ import absolute_import, division, print_function
 import time
 
 from ansible.module_utils.dgx_hubcache import repo_folder_name
-from ansible.module_utils.dgx_jobs import (DEAD_JOB_GRACE_S, explain_wrapper_result, full_disk_note,
-                                           wait_for_a_dead_jobs_result, wait_while_young)
+from ansible.module_utils.dgx_jobs import DEAD_JOB_GRACE_S, explain_wrapper_result, full_disk_note, wait_for_job
 from ansible.module_utils.dgx_lease import lease_process_gone, read_lease
-from ansible.module_utils.dgx_progress_file import repo_document
+from ansible.module_utils.dgx_progress_file import passes_of, repo_document
 from ansible.module_utils.dgx_repolock import holder_text
 from ansible.module_utils.dgx_units import human_bytes, utc_epoch
 
@@ -23,18 +22,10 @@ PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_tota
 
 
 def pass_figures(doc, phase, not_before=None):
-    """The figures of pass `phase` in a progress document: its `passes` entry (else the top level when it is
-    that pass), or None. not_before: epoch seconds the job started; figures of an earlier run are not this
-    job's (the file keeps the last run's figures until the job writes its own)."""
-    if not isinstance(doc, dict):
-        return None
-    passes = doc.get("passes")
-    figures = passes.get(phase) if isinstance(passes, dict) else None
-    if not isinstance(figures, dict):
-        figures = doc if doc.get("pass") == phase else None
-    if figures is None:
-        return None
-    if not_before is not None:
+    """The figures of pass `phase` in a progress document, or None. not_before: epoch seconds the job started;
+    figures of an earlier run are not this job's (the file keeps them until the job writes its own)."""
+    figures = passes_of(doc if isinstance(doc, dict) else None)[0].get(phase)
+    if figures is not None and not_before is not None:
         started = utc_epoch(figures.get("started_at"))
         if started is None or started < int(not_before):
             return None
@@ -51,11 +42,14 @@ def _number(value, kind=int):
 def shape_progress(figures, repo_id, phase):
     """The `progress` dict of a poll: the PROGRESS_KEYS, null or 0 when there are no figures yet."""
     figures = figures if isinstance(figures, dict) else {}
+
+    def text(key):
+        return figures.get(key) if isinstance(figures.get(key), str) else None
+
     done = _number(figures.get("bytes_done")) or 0
     total = _number(figures.get("bytes_total")) or 0
     files_done = _number(figures.get("files_done")) or 0
     files_total = _number(figures.get("files_total")) or 0
-    status = figures.get("status") if isinstance(figures.get("status"), str) else None
     finished = figures.get("finished") is True
     if total > 0:
         percent = 100.0 if finished else min(99.9, 100.0 * done / total)
@@ -63,19 +57,13 @@ def shape_progress(figures, repo_id, phase):
         percent = 100.0 * files_done / files_total
     else:
         percent = 100.0 if finished else 0.0
-    current = figures.get("current")
     return {
-        "repo_id": repo_id, "pass": phase,
-        "step": figures.get("step") if isinstance(figures.get("step"), str) else None,
-        "current": current if isinstance(current, str) else None,
+        "repo_id": repo_id, "pass": phase, "step": text("step"), "current": text("current"),
         "files_done": files_done, "files_total": files_total, "bytes_done": done, "bytes_total": total,
         "percent": round(percent, 1), "mib_per_s": _number(figures.get("mib_per_s"), float),
-        "eta_s": _number(figures.get("eta_s"), float), "status": status, "finished": finished,
-        "aborted": figures.get("aborted") is True,
-        "error": figures.get("error") if isinstance(figures.get("error"), str) else None,
-        "started_at": figures.get("started_at") if isinstance(figures.get("started_at"), str) else None,
-        "updated_at": figures.get("updated_at") if isinstance(figures.get("updated_at"), str) else None,
-        "waiting": None,
+        "eta_s": _number(figures.get("eta_s"), float), "status": text("status"), "finished": finished,
+        "aborted": figures.get("aborted") is True, "error": text("error"), "started_at": text("started_at"),
+        "updated_at": text("updated_at"), "waiting": None,
     }
 
 
@@ -134,12 +122,8 @@ def _ended_text(job_result, failed, progress=None):
 
 
 def job_figures(doc, phase, job, own_pid=None):
-    """This job's figures of pass `phase` from the progress document, or None (none yet, or another run's).
-    own_pid (the job's process, from its lease): figures another process wrote are never its own - a run
-    waiting for the repo lock, or one that took it after this job ended, writes the same file. Besides, while
-    the job runs its file's time is its start: figures started since then are its own. Once it ended the
-    file's time is its end: figures that started within the module's own run time before it (its result's
-    duration_s), else that were last written by then, are its own."""
+    """This job's figures of pass `phase`, or None (none yet, or another run's: another process wrote them, or
+    they started before the job - its file's time is its start while it runs, its end, less duration_s, after)."""
     if job["started"] is None:
         return None
     if own_pid is not None and isinstance(doc, dict):
@@ -161,14 +145,14 @@ def job_figures(doc, phase, job, own_pid=None):
 
 def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_wait=0, clock=time.time,
          sleep=time.sleep, async_timeout=None, lease_file=None):
-    """One poll of a job: {finished, progress, line, job} (job: read_job's dict, with the module's result
-    once it ended; a missing job file is an ended job whose result says so; a result of the async wrapper's own
-    is worded by explain_wrapper_result). first_wait: see wait_while_young. lease_file: the job's lease, which
-    names its process: a job still "running" whose process is gone (its async wrapper was killed with it, or
-    could not write its result) ends here, failed, instead of being polled until the async time limit."""
-    job = wait_while_young(async_dir, jid, first_wait, clock, sleep)
+    """One poll of a job: {finished, progress, line, job (read_job's, with the result once it ended)}. A missing
+    job file, or a running job whose process (named in lease_file) is gone, ends failed, saying why."""
+    # A job younger than first_wait is waited for: a short one ends within its first poll.
+    job = wait_for_job(async_dir, jid, lambda job: job["started"] + float(first_wait or 0), clock, sleep)
     if job["state"] == "running" and lease_file and lease_process_gone(lease_file):
-        job = wait_for_a_dead_jobs_result(async_dir, jid, DEAD_JOB_GRACE_S, clock, sleep)
+        # Its wrapper writes the result right after the process ended; none by then: it died with it.
+        grace_end = clock() + DEAD_JOB_GRACE_S
+        job = wait_for_job(async_dir, jid, lambda _job: grace_end, clock, sleep)
         if job["state"] == "running":
             job["state"] = "ended"
             job["result"] = {"failed": True, "msg": (

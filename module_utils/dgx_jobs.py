@@ -14,6 +14,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
+from ansible.module_utils.dgx_progress_file import read_small
 
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
@@ -33,26 +34,16 @@ READ_LIMIT = 1024 * 1024
 
 
 def read_json_file(path):
-    """The JSON object in `path` (never through a final symlink), or None when the file is missing, not
-    a regular file, empty, half-written or not a JSON object."""
+    """The JSON object in the regular file `path` (never through a final symlink), or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = json.loads(os.read(fd, READ_LIMIT).decode("utf-8"))
+        data = json.loads((read_small(path, READ_LIMIT) or b"").decode("utf-8"))
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     return data if isinstance(data, dict) else None
 
 
 def job_state(data):
-    """`running` or `ended` from a job file's JSON (None: empty or unreadable, as while it is first written).
-    async_wrapper writes {started, finished: false} when the job starts and the module's result at the end."""
+    """`running` or `ended` from a job file's JSON (None, unreadable: as while it is first written)."""
     if data is None:
         return "running"
     if "started" in data and not data.get("finished"):
@@ -61,8 +52,7 @@ def job_state(data):
 
 
 def read_job(async_dir, jid):
-    """The job's state: {state: running|ended|missing, result: the module's result once ended, started:
-    epoch seconds the job file was written at (the job's start while it runs), path}."""
+    """{state: running|ended|missing, result (once ended), started (the job file's mtime), path}."""
     path = os.path.join(async_dir, jid)
     try:
         st = os.lstat(path)
@@ -96,10 +86,8 @@ def unlink_if_there(name, dir_fd):
 
 
 def prune_jobs_dir(dest, async_dir):
-    """Remove the jobs dir when it is empty, and `.locks` above it when that is empty too (a pass that wrote
-    nothing else leaves the local hub as it found it); the dirs removed. rmdir only, each relative to its
-    parent opened without following a link: never anything that holds a file, never the local hub root, never
-    a jobs dir outside the local hub (the operator's). Ansible's async_wrapper creates it again for a job."""
+    """rmdir the jobs dir, then `.locks` above it, when empty (a pass leaves the local hub as it found it); the
+    dirs removed. Never the hub root, never a jobs dir outside the local hub (the operator's)."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     locks = os.path.join(dest, ".locks")
     if os.path.dirname(async_dir) != locks and async_dir != locks:
@@ -117,28 +105,18 @@ def prune_jobs_dir(dest, async_dir):
     return removed
 
 
-def ended_job_file(name, data, age_s, async_timeout):
-    """Whether a file of the jobs dir is a job file of an ended job, safe to remove.
-
-    Only async_wrapper's names count, and only once older than the async time limit (plus TMP_STALE_S). One
-    still saying running (or not readable yet) is that old only when its wrapper was killed (a live wrapper
-    kills its job at the limit and writes a result). One holding a result is kept as long: another run on
-    this hub may still be at work on its next repos and collect it at the end of its pass (its result step
-    reads it then), so a fresh result is never taken from it. A temp file ended after TMP_STALE_S.
-    """
-    if LEASE_FILE.match(name):      # a lease nobody renewed for that long: its job stopped, or ended
-        return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+def ended_job_file(name, age_s, async_timeout):
+    """Whether a file of the jobs dir is a job file (or lease) of an ended job, safe to remove: async_wrapper's
+    names only, once older than the async time limit plus TMP_STALE_S - a running one that old had its wrapper
+    killed, and a fresher result may be another run's on this hub, not collected yet. A temp after TMP_STALE_S."""
     match = JOB_FILE.match(name)
-    if not match:
-        return False
-    if match.group(1):
+    if match and match.group(1):
         return age_s > TMP_STALE_S
-    return age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
+    return bool(match or LEASE_FILE.match(name)) and age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
 
 
 def jobs_dir_problem(dest, async_dir):
-    """Why the jobs dir cannot be used (it or a directory on its way inside the local hub is a symlink, or
-    not a directory), or None. Outside the local hub only the jobs dir itself is checked."""
+    """Why the jobs dir cannot be used (a symlink or no directory, on its way too inside the local hub), or None."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     if async_dir == dest:
         return ("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a directory of its "
@@ -160,9 +138,8 @@ def jobs_dir_problem(dest, async_dir):
 
 
 def open_jobs_dir(dest, async_dir, create=False):
-    """The jobs dir as a LocalDir: inside the local hub opened component by component from it (no link, no mount
-    point: LocalTree), outside it (the operator's folder, a mount point itself maybe) opened without following
-    a link; StageError for a link or a folder the jobs dir cannot be (jobs_dir_problem)."""
+    """The jobs dir as a LocalDir, never through a link (inside the local hub: LocalTree, no mount point either);
+    StageError for one the jobs dir cannot be (jobs_dir_problem)."""
     problem = jobs_dir_problem(dest, async_dir)
     if problem:
         raise StageError(problem)
@@ -191,8 +168,7 @@ def _jobs_dir_root(dest, async_dir):
 
 
 def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
-    """Refuse a symlinked jobs dir (or `.locks` on its way), create it, and remove the job files ended jobs
-    of earlier runs left there. Returns {created, removed (names)}; any other file is left alone."""
+    """Refuse a symlinked jobs dir, create it, and remove the files ended jobs of earlier runs left: {created, removed}."""
     problem = jobs_dir_problem(dest, async_dir)
     if problem:
         raise StageError(problem)
@@ -200,17 +176,16 @@ def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None)
     inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
     if check_mode:
         ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
-        return {"created": created, "removed": [name for name, _st in ended]}
+        return {"created": created, "removed": ended}
     with open_jobs_dir(dest, async_dir, create=True) as jobs:
-        # Outside the local hub (stage_async_dir) the jobs dir is never cleared: its other files (Ansible's own
-        # async jobs among them) are not this run's to remove. The result step removes this run's files.
-        removed = [name for name, _st in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
+        # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
+        removed = [name for name in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
                    if unlink_if_there(name, jobs.fd)]
     return {"created": created, "removed": removed}
 
 
 def _ended_jobs(path, dir_fd, async_timeout, now):
-    """(name, lstat) of the regular files in the jobs dir that are job files of ended jobs."""
+    """The names of the regular files in the jobs dir that are job files of ended jobs."""
     now = time.time() if now is None else now
     try:
         names = sorted(os.listdir(dir_fd if dir_fd is not None else path))
@@ -218,30 +193,21 @@ def _ended_jobs(path, dir_fd, async_timeout, now):
         return []
     ended = []
     for name in names:
-        if not (JOB_FILE.match(name) or LEASE_FILE.match(name)):
-            continue
         try:
-            st = os.lstat(name, dir_fd=dir_fd) if dir_fd is not None else os.lstat(os.path.join(path, name))
+            st = os.lstat(name if dir_fd is not None else os.path.join(path, name), dir_fd=dir_fd)
         except OSError:
             continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        data = read_json_file(os.path.join(path, name)) if JOB_FILE.match(name) and not name.endswith(".tmp") \
-            else None
-        if ended_job_file(name, data, now - st.st_mtime, async_timeout):
-            ended.append((name, st))
+        if stat.S_ISREG(st.st_mode) and ended_job_file(name, now - st.st_mtime, async_timeout):
+            ended.append(name)
     return ended
 
 
-def wait_while_young(async_dir, jid, first_wait, clock=time.time, sleep=time.sleep):
-    """read_job, after waiting for the job to end while it is younger than first_wait seconds (its job file's
-    time is its start): a job shorter than that ends within its first poll, with no retry and no delay."""
+def wait_for_job(async_dir, jid, deadline, clock=time.time, sleep=time.sleep):
+    """read_job once the job ended or at deadline(job) (epoch seconds), whichever comes first."""
     pause = 0.05
     while True:
         job = read_job(async_dir, jid)
-        if job["state"] != "running":
-            return job
-        left = job["started"] + float(first_wait or 0) - clock()
+        left = deadline(job) - clock() if job["state"] == "running" else 0
         if left <= 0:
             return job
         sleep(min(pause, left))
@@ -249,10 +215,8 @@ def wait_while_young(async_dir, jid, first_wait, clock=time.time, sleep=time.sle
 
 
 def explain_wrapper_result(result, repo_id, phase, async_timeout=None):
-    """The result of a job that ended without the mirror's own result, worded for the operator; any other result
-    unchanged. Ansible's async_wrapper writes one of its own when it killed the job at the async time limit
-    ("Timeout exceeded"), or when the module's process died without printing a result (SIGKILL, the OOM
-    killer: a Python traceback of its JSON parsing)."""
+    """A result async_wrapper wrote itself (a job killed at the time limit, or a process that died without a
+    result) worded for the operator; any other result unchanged."""
     if not isinstance(result, dict) or not result.get("failed"):
         return result
     head = "hf_hub_mirror %s: the background %s job" % (repo_id, phase)
@@ -277,8 +241,7 @@ FULL_DISK_BYTES = 1024 * 1024
 
 
 def full_disk_note(async_dir):
-    """' The disk of the jobs dir is full ...' when the filesystem holding async_dir has (almost) no free space
-    left for the async wrapper's job file (which then holds no result, and no mirror message), else ''."""
+    """A sentence saying the jobs dir's disk is full (so the wrapper's job file lost the result), else ''."""
     try:
         st = os.statvfs(async_dir)
     except OSError:
@@ -290,13 +253,3 @@ def full_disk_note(async_dir):
             "mirror's own message is lost. Free space on that disk and re-run (or set stage_async_dir to a directory "
             "on another disk)." % (async_dir, free))
 
-
-def wait_for_a_dead_jobs_result(async_dir, jid, grace_s, clock=time.time, sleep=time.sleep):
-    """read_job for a job whose process is gone, after waiting up to grace_s for its wrapper to write the result
-    (it does so right after the module's process ended): still running then, its wrapper died with it."""
-    deadline = clock() + grace_s
-    while True:
-        job = read_job(async_dir, jid)
-        if job["state"] != "running" or clock() >= deadline:
-            return job
-        sleep(0.25)

@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import signal
-import stat
 import threading
 import time
 
@@ -17,15 +16,13 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_there
 from ansible.module_utils.dgx_process import process_alive
+from ansible.module_utils.dgx_progress_file import read_small
 
 
 def renew_lease(dest, path, pid=None, waiting=None, renewal=True):
-    """Touch the lease file in the jobs dir (opened as open_jobs_dir does; the file created when missing, never
-    through a symlink or a hard link: open_own_file): its mtime is the last renewal.
-    pid: the job's own process id, written as the file's first line when the job starts (polls keep it);
-    with it, waiting: the lock holder the job waits for (RepoLock's), its second line as JSON.
-    renewal=False: the job's own note, which is no renewal: the mtime is put back as it was. Each call holds the
-    file's flock throughout, so a poll's renewal never lands between a note's write and its putting back."""
+    """Touch the lease file in the jobs dir (open_own_file: never through a link): its mtime is the last renewal.
+    pid (the job's, first line) and waiting (the lock holder it waits for, second line, JSON) are the job's own
+    note, written with renewal=False: its mtime is put back, under the file's flock so no poll's renewal is lost."""
     with open_jobs_dir(dest, os.path.dirname(os.path.abspath(path))) as jobs:
         fd = open_own_file(_lease_name(path), jobs.fd)
     try:
@@ -45,17 +42,9 @@ def renew_lease(dest, path, pid=None, waiting=None, renewal=True):
 def read_lease(path):
     """(pid, waiting) from the lease file (see renew_lease): None for what it does not say (no file yet, garbage)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        lines = (read_small(path, 4096) or b"").decode("ascii", "replace").split("\n")
     except OSError:
         return None, None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, None
-        lines = os.read(fd, 4096).decode("ascii", "replace").split("\n")
-    except OSError:
-        return None, None
-    finally:
-        os.close(fd)
     first = lines[0].strip()
     pid = int(first) if first.isdigit() and int(first) > 1 else None
     try:
@@ -66,9 +55,8 @@ def read_lease(path):
 
 
 def lease_process_gone(path):
-    """Whether the job process named in the lease file (its content, see renew_lease) is gone: no such process,
-    or one whose command line no longer names hf_hub_mirror (its pid was reused). False when the lease names no
-    process (the job has not started yet) or the process cannot be seen."""
+    """Whether the job process the lease names is gone (or its pid reused by another program); False when the
+    lease names none or the process cannot be seen."""
     pid = read_lease(path)[0]
     if pid is None:
         return False
@@ -101,7 +89,7 @@ def end_lease(dest, path):
 
 
 def _lease_name(path):
-    """The lease file's name: one of the lease names (LEASE_FILE), whatever lease_file the play passed."""
+    """The lease file's name, refused unless it is a lease name (LEASE_FILE)."""
     name = os.path.basename(path)
     if not LEASE_FILE.match(name):
         raise StageError("lease_file %s is not a lease file (its name must start with dgx-lease.): nothing was "
@@ -110,17 +98,14 @@ def _lease_name(path):
 
 
 class LeaseWatch(object):
-    """Stop this process the way Ctrl-C or SIGTERM does when its lease is not renewed for `timeout` seconds
-    (or its file is gone): a background job whose controller was killed stops within about a lease time,
-    through its own interrupted path (workers stopped within a chunk, temp files removed, the repo lock
-    released), instead of running on to the end holding the repo lock."""
+    """SIGTERM this process when its lease is not renewed for `timeout` seconds (or is gone), or at time_limit:
+    a job whose controller was killed stops through its interrupted path, releasing the repo lock."""
 
     def __init__(self, dest, path, timeout, every=None, stop_process=None, clock=time.time, time_limit=None):
         self.dest, self.path, self.timeout = dest, path, float(timeout)
         self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0))
         self.fired = None
-        # time_limit: seconds after which the run stops itself the same way, before Ansible's async wrapper
-        # would SIGKILL it at its own limit (leaving temp files and the mirror's message unsaid).
+        # time_limit: stop before Ansible's async wrapper SIGKILLs the job (temp files left, no message).
         self.time_limit = float(time_limit) if time_limit else None
         self.deadline = clock() + self.time_limit if self.time_limit else None
         if self.time_limit and every is None:       # a short limit is looked at often enough to beat the wrapper

@@ -1,20 +1,8 @@
 # -*- coding: utf-8 -*-
-"""The node_exporter textfile of a host (`<stage_metrics_dir>/dgx_stage.prom`), module stage_metrics.
-
-Rendered from the host's latest report view (dgx_report's latest view: this run's status over the last real
-results of every play) and the previous textfile (whose last success and last verify timestamps are kept
-when this run did not renew them). Every metric is a gauge in base units (bytes, seconds since the epoch),
-snake_case, prefixed dgx_stage_; label values are escaped as the text format wants (\\ " and newline).
-
-A re-run that changes nothing on the node still moves the run's timestamps: the file is rewritten then
-(a freshness alert needs the new last success), but that is not a change of the node's state, so
-content_change() tells the two apart and the module reports changed only for the second.
-
-The file's first line, a comment, names the host it is of: a directory shared between hosts (one NFS
-directory for the lane) is refused instead of each host overwriting the other's file and taking its last
-success as its own. stage_metrics_dir is node-local, like node_exporter's textfile directory.
-
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
+"""The node_exporter textfile of a host, `<stage_metrics_dir>/dgx_stage.prom` (module stage_metrics): gauges
+in base units rendered from the host's latest report view, keeping the previous file's last success and
+verify timestamps this run did not renew. Its first line names the host, so a directory shared between
+hosts is refused. Stdlib only, Python 3.8.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -28,14 +16,14 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, unlink_quietly
 from ansible.module_utils.dgx_process import process_alive
+from ansible.module_utils.dgx_progress_file import read_small
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
 MAX_TIMESTAMP = 95617584000.0     # 5000-01-01T00:00:00Z
-# The first line of the file: the host it is of (inventory_hostname, as the report names it).
 HOST_COMMENT = "# dgx-stage textfile of host "
 
-# name -> help; every metric is a gauge. In the order they are written.
+# name -> help, in the order they are written.
 METRICS = (
     ("dgx_stage_last_run_success", "1 when the last dgx-stage run on this host ended ok, 0 when it failed."),
     ("dgx_stage_last_success_timestamp_seconds", "When the last successful dgx-stage run on this host ended."),
@@ -62,7 +50,7 @@ def unescape_label(text):
 
 
 def iso_seconds(text):
-    """Seconds since the epoch of an ISO 8601 UTC stamp (2026-11-30T20:45:12Z), or None."""
+    """Seconds since the epoch of an ISO 8601 UTC stamp, or None."""
     if not isinstance(text, str):
         return None
     try:
@@ -72,7 +60,7 @@ def iso_seconds(text):
 
 
 def format_value(value):
-    """A sample value: integers without a fraction, floats as repr (the parser reads both)."""
+    """A sample value: integers without a fraction, floats as repr."""
     value = float(value)
     if math.isnan(value):
         return "NaN"
@@ -81,9 +69,6 @@ def format_value(value):
     return str(int(value)) if value == int(value) and abs(value) < 1e15 else repr(value)
 
 
-# ------------------------------------------------------------------------------------------------
-# the previous file
-# ------------------------------------------------------------------------------------------------
 
 def parse_samples(text):
     """[(name, {label: value}, float)] of a textfile; comments and unreadable lines are skipped."""
@@ -104,16 +89,13 @@ def parse_samples(text):
 
 
 def plausible_timestamp(value):
-    """A previous file's timestamp worth keeping: finite, after the epoch, before the year 5000 (a garbage
-    file's NaN, +Inf, negative or absurd value is dropped, never carried into the next file)."""
+    """A previous file's timestamp worth keeping (a garbage file's value is never carried on)."""
     return isinstance(value, float) and math.isfinite(value) and 0 < value < MAX_TIMESTAMP
 
 
 def previous_state(text):
-    """{"last_success": seconds or None, "last_verify": {repo: (mode, seconds)}} kept by the previous file.
-
-    Only samples this module writes are kept - the right labels and a plausible timestamp: the last
-    success of a file someone else wrote, or garbage, must not become the host's last success."""
+    """{"last_success": seconds or None, "last_verify": {repo: (mode, seconds)}} of the previous file: only
+    samples this module writes (its labels, a plausible value), so garbage never becomes the last success."""
     state = {"last_success": None, "last_verify": {}}
     for name, labels, value in parse_samples(text):
         if not plausible_timestamp(value):
@@ -126,9 +108,6 @@ def previous_state(text):
     return state
 
 
-# ------------------------------------------------------------------------------------------------
-# the samples of a report view
-# ------------------------------------------------------------------------------------------------
 
 def _rows(report, name):
     rows = (report.get("passes") or {}).get(name) if isinstance(report.get("passes"), dict) else None
@@ -142,7 +121,7 @@ def _play_finished(report, name):
 
 
 def run_outcome(report):
-    """(status, finished) of the last real run the view speaks for (a --check run's view: its last real run)."""
+    """(status, finished) of the last real (not --check) run of the view."""
     if report.get("check_mode"):
         last = report.get("last_real_run") if isinstance(report.get("last_real_run"), dict) else {}
         return last.get("status"), last.get("finished")
@@ -182,9 +161,8 @@ def samples_of(report, previous):
 
     verified = iso_seconds(_play_finished(report, "verify"))
     verify_rows = dict((row["repo_id"], row) for row in _rows(report, "verify"))
-    # A previous sample is kept for a repo this view still stages (its verify failed, or did not run): one
-    # dropped from stage_repos is gone from the view's passes and its series ends, instead of aging forever
-    # into a stale-verify alert. A view with no stage or verify rows at all says nothing: keep them all.
+    # A previous sample is kept for a repo the view still stages; one dropped from stage_repos ends its series
+    # (no stale-verify alert forever). A view without stage or verify rows says nothing: keep them all.
     known = set(verify_rows) | set(row["repo_id"] for row in _rows(report, "stage"))
     kept = set(previous["last_verify"]) & known if known else set(previous["last_verify"])
     repos = sorted(set(verify_rows) | kept)
@@ -213,8 +191,7 @@ def samples_of(report, previous):
 
 
 def render(samples, host=None):
-    """The textfile: the host it is of (a comment), then per metric HELP, TYPE gauge and its samples, in
-    METRICS order; ends with a newline."""
+    """The textfile: the host comment, then per metric HELP, TYPE gauge and its samples."""
     lines = [HOST_COMMENT + escape_label(host)] if host else []
     for name, help_text in METRICS:
         mine = [s for s in samples if s[0] == name]
@@ -229,7 +206,7 @@ def render(samples, host=None):
 
 
 def previous_host(text):
-    """The host a previous textfile says it is of (render's comment), or None (none, or an older file)."""
+    """The host a previous textfile names (render's comment), or None."""
     for line in (text or "").splitlines():
         if line.startswith(HOST_COMMENT):
             return unescape_label(line[len(HOST_COMMENT):])
@@ -237,30 +214,20 @@ def previous_host(text):
 
 
 def content_change(old, new):
-    """none (identical), timestamps (only the run's timestamp samples differ) or content."""
+    """none (identical), timestamps (only the timestamp samples' values differ) or content."""
     if old == new:
         return "none"
     if old is None:
         return "content"
 
-    def without_timestamps(text):
-        return [line for line in text.splitlines() if not any(line.startswith(n + " ") or line.startswith(n + "{")
-                                                             for n in TIMESTAMP_METRICS)]
+    def masked(text):     # a timestamp sample without its value: its name and labels
+        return [line.rsplit(" ", 1)[0] if line.startswith(TIMESTAMP_METRICS) else line for line in text.splitlines()]
 
-    def repos_of_timestamps(text):
-        return sorted((n, tuple(sorted(l.items()))) for n, l, _v in parse_samples(text) if n in TIMESTAMP_METRICS)
+    return "timestamps" if masked(old) == masked(new) else "content"
 
-    same = without_timestamps(old) == without_timestamps(new) and repos_of_timestamps(old) == repos_of_timestamps(new)
-    return "timestamps" if same else "content"
-
-
-# ------------------------------------------------------------------------------------------------
-# the directory and the file (the module's I/O)
-# ------------------------------------------------------------------------------------------------
 
 def open_metrics_dir(directory):
-    """An fd of the metrics directory (a symlink to a directory is followed: node_exporter setups use
-    them), or a StageError naming the directory and the fix."""
+    """An fd of the metrics directory (a symlink to one is followed: node_exporter setups use them)."""
     if not directory or not os.path.isabs(directory):
         raise StageError("stage_metrics_dir %r is not an absolute path: set it to node_exporter's "
                          "--collector.textfile.directory, or leave it unset for no metrics" % (directory,))
@@ -278,22 +245,13 @@ def open_metrics_dir(directory):
 
 
 def read_previous(dir_fd):
-    """The previous textfile's text (never through a link; a link or non-file counts as none), or None."""
-    try:
-        fd = os.open(FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, PREVIOUS_MAX_BYTES).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
+    """The previous textfile's text (never through a link), or None."""
+    raw = read_small(FILE_NAME, PREVIOUS_MAX_BYTES, dir_fd)
+    return None if raw is None else raw.decode("utf-8", "replace")
 
 
 def dead_temp_files(dir_fd):
-    """The temp files of this textfile a killed run left (the writing pid is gone): only our own names
-    (TEMP_PREFIX + dgx_stage.prom + .<pid>.<8 hex>), never a file of another exporter."""
+    """This textfile's temp files whose writing process is gone (a killed run's); never another exporter's."""
     head = TEMP_PREFIX + FILE_NAME + "."
     found = []
     for name in os.listdir(dir_fd):
@@ -305,8 +263,7 @@ def dead_temp_files(dir_fd):
 
 
 def write_metrics(directory, report, write=True):
-    """Render the textfile from `report` (a latest view) and the previous file, and write it atomically
-    (mode 0644) when its content differs. Returns {path, content, previous, change, written}."""
+    """Render the textfile from `report` and the previous file; write it atomically (0644) when it differs."""
     fd = open_metrics_dir(directory)
     try:
         try:
@@ -314,15 +271,13 @@ def write_metrics(directory, report, write=True):
         except OSError:
             is_dir = False
         if is_dir:
-            # rename() cannot replace a directory: say so before anything is rendered or written.
+            # rename() cannot replace a directory.
             raise StageError("%s in stage_metrics_dir %s is a directory, not the textfile: remove it (dgx-stage "
                              "writes the file itself)" % (FILE_NAME, directory))
         previous = read_previous(fd)
         host = report.get("host") if isinstance(report, dict) and isinstance(report.get("host"), str) else None
         other = previous_host(previous)
         if host and other and other != host:
-            # One name per directory: a directory shared by several nodes (NFS) would have each host take the
-            # other's last success as its own and overwrite its file.
             raise StageError("%s in stage_metrics_dir %s is the textfile of host %s, not %s: stage_metrics_dir must "
                              "be this node's own directory (node_exporter's --collector.textfile.directory on "
                              "its local disk), not one shared between hosts. If %s was renamed to %s, remove the "
@@ -330,8 +285,6 @@ def write_metrics(directory, report, write=True):
         content = render(samples_of(report, previous_state(previous)), host)
         change = content_change(previous, content)
         written = False
-        # A run killed while writing left its temp file (node_exporter reads only *.prom, but it stays):
-        # the next write removes it.
         debris = dead_temp_files(fd)
         if write:
             for name in debris:

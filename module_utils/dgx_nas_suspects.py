@@ -1,26 +1,10 @@
 # -*- coding: utf-8 -*-
 """NAS blobs found failing their names, remembered per repo until the NAS proves them good again.
 
-A stage or verify pass that finds a NAS blob whose bytes do not hash to its name keeps the good local copy
-and fails. Such a blob stays suspect after the run: a full verify hashes only the local copies, so a later
-green verify says nothing about the NAS. The repo's progress file keeps the suspects under `nas_corrupt`
-(PassMeter writes it); a pass that copies the blob from the NAS and proves its name drops it. Binding a
-suspect from the NAS (a roll-back, engine_bind_from nas) is refused before the lane is stopped.
-
-remembered(previous, found, proven, now) -> the suspects to keep: {blob: {paths, nas_source, identity, found_at, why}}
-nas_identity(path)                       -> what must hold still for a suspect to stay suspect, or None
-suspects_of(hub_local_root, folder)      -> (the repo's suspects, why they cannot be read or None)
-bound_suspects(manifest, hub_local_root) -> [{repo_id, path, blob, nas_file, why}]: the suspects the manifest
-                                            binds from the NAS; one whose NAS file changed since it was found is
-                                            hashed again and dropped when it now holds its name's bytes
-report_suspects(manifest, report_text, report_path, hub_local_root)
-                                         -> the same, from the host's latest report on the controller: what its
-                                            stage and verify rows found corrupt and the node's record does not
-                                            hold (a wiped or swapped local hub lost it); hashed, dropped when the
-                                            NAS file now holds its name's bytes
-suspect_text(suspects, allowed, bind_from) -> the refusal (or, allowed, the warning) naming each file and blob
-
-Stdlib only; runs on the nodes' system Python.
+A pass that finds a NAS blob whose bytes do not hash to its name keeps the good local copy and fails; a later
+full verify hashes only local copies, so the repo's progress file keeps the suspects under `nas_corrupt` until
+a pass copies the blob from the NAS and proves its name. Binding a suspect from the NAS (a roll-back, or a file
+with no local copy) is refused before the lane is stopped. Stdlib only; runs on the nodes' system Python.
 """
 
 import json
@@ -35,9 +19,8 @@ from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, is_snapshot_pa
 from ansible.module_utils.dgx_report import NAS_FINDING_PASSES
 
 def nas_identity(path):
-    """[st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns] of the file at path (links followed), or None: a
-    re-download on the NAS, even one that restores the mtime, moves one of them. A record written before st_dev
-    was part of it holds four numbers, which match no file: such a suspect is hashed again before it is bound."""
+    """What must hold still for a suspect to stay suspect (links followed), or None: a re-download on the NAS,
+    even one that restores the mtime, moves one of these."""
     try:
         st = os.stat(path)
     except OSError:
@@ -60,8 +43,7 @@ def remembered(previous, found, proven, now):
 
 
 def suspects_of(hub_local_root, folder):
-    """(suspects, problem) from the progress file in <hub_local_root>/.locks/<folder>, read without following a
-    link; no file (nothing staged there yet, a swapped disk) is no suspect and no problem."""
+    """(suspects, problem) from the repo's progress file; no file is no suspect and no problem."""
     document, problem = repo_document(hub_local_root, folder)
     if problem:
         return {}, problem
@@ -104,9 +86,7 @@ def _names_another_blob(nas_file, nas_snapshot, blob):
 
 def _still_suspect(nas_file, nas_snapshot, blob, entry):
     """Why the NAS file behind a suspect still cannot be bound, or None when the path stands for another blob
-    now, or the file it resolves to changed since it was found corrupt and now hashes to the blob's name.
-    The file found corrupt is known by its identity (nas_identity), never by its name: a store file may be
-    named by another hash."""
+    now, or its file changed (nas_identity: a store file may carry another hash's name) and hashes to the blob."""
     real = os.path.realpath(nas_file)
     identity = nas_identity(real)
     if identity is None:
@@ -115,13 +95,8 @@ def _still_suspect(nas_file, nas_snapshot, blob, entry):
         return "found corrupt %s (%s) and unchanged since" % (entry.get("found_at") or "earlier", entry.get("why"))
     if _names_another_blob(nas_file, nas_snapshot, blob):
         return None
-    try:
-        digest, count = hash_as_named(real, blob)
-    except OSError as exc:
-        return "changed since it was found corrupt, and cannot be read to prove it (%s)" % (exc.strerror or exc)
-    if count == identity[2] and digest == blob:
-        return None
-    return "changed since it was found corrupt, and its bytes still hash to %s" % digest
+    why = _proof(real, blob)
+    return why and "changed since it was found corrupt, and %s" % why
 
 
 def bound_suspects(manifest, hub_local_root):
@@ -150,8 +125,7 @@ _BLOB_NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 def _need(ok, where, what):
-    """Refuse a report part of the wrong shape: a report edited or truncated by hand is unreadable, never a
-    traceback, never a finding skipped."""
+    """Refuse a report part of the wrong shape (unreadable, never a traceback, never a finding skipped)."""
     if not ok:
         raise ValueError("%s is not %s" % (where, what))
 
@@ -173,10 +147,9 @@ def _object(value, where):
 
 
 def _report_findings(report):
-    """[{repo_id, repo_type, blob or None, commit, paths, why, pass, run_id, when}]: the NAS blobs the report says
-    were found corrupt: its accumulated `nas_suspects` (dgx_report) and its real stage and verify rows (a report
-    written before it kept them). A row written before rows named blobs gives its paths only (blob None, read at
-    its commit). Raises ValueError naming the first part of the wrong shape."""
+    """[{repo_id, repo_type, blob or None, commit, paths, why, pass, run_id, when}]: the NAS blobs the report's
+    `nas_suspects` and real stage and verify rows say were found corrupt (a row naming paths only: blob None).
+    Raises ValueError naming the first part of the wrong shape."""
     found = []
     for blob, entry in sorted(_object(report.get("nas_suspects"), "nas_suspects").items()):
         where = "nas_suspects.%s" % blob
@@ -238,14 +211,9 @@ def _proof(real, blob):
 
 
 def report_suspects(manifest, report_text, report_path, hub_local_root):
-    """The files the manifest binds from the NAS that the host's latest report on the controller (report_text,
-    its JSON; empty when there is none) says a real stage or verify pass found corrupt: [{repo_id, path, blob,
-    nas_file, why}] as bound_suspects gives. The report's `nas_suspects` keeps every such finding whatever passes
-    ran since (a green full verify reads no NAS byte). A blob the node's own record holds is left to bound_suspects
-    (the record knows whether the NAS file changed since); any other is hashed now and dropped when its bytes hash
-    to its name (re-downloaded since). Which blob a path names is its link's first hop into the repo's blobs/,
-    never the store file's name. A report that cannot be read, or of the wrong shape, is a suspect record of every
-    repo."""
+    """As bound_suspects, from the host's latest report on the controller (report_text, its JSON): findings the
+    node's record lost (a wiped or swapped hub). A blob the record holds is left to bound_suspects; any other is
+    hashed now and dropped when its bytes hash to its name. An unreadable report is a suspect record of every repo."""
     if not report_text:
         return []
     try:
@@ -287,11 +255,8 @@ def report_suspects(manifest, report_text, report_path, hub_local_root):
 
 
 def suspect_text(suspects, allowed, bind_from):
-    """What the operator reads when the manifest would bind suspects from the NAS: each file, its blob, the NAS
-    file and why, and each repo whose record of them cannot be read (no count of files: it is not known); then
-    how to go on, which depends on bind_from: a roll-back (nas) can serve the local copies instead, while binding
-    from the local disk (local) binds from the NAS only files with no usable local copy, which a stage copies once
-    the NAS holds their right bytes."""
+    """The refusal (or, allowed, the warning) naming each suspect file, its blob, NAS file and why, and each repo
+    whose record cannot be read; then the fix for bind_from (nas can serve the local copies; local has none)."""
     files = [s for s in suspects if s["path"]]
     shown = ["%s %s (blob %s, NAS file %s): %s" % (s["repo_id"], s["path"], s["blob"], s["nas_file"], s["why"])
              for s in files[:10]]

@@ -33,9 +33,8 @@ PROGRESS_EVERY_S = 1.0
 
 
 def read_document(name, dir_fd=None):
-    """(document, problem) of the progress file `name` (relative to dir_fd, or a path), never read through a
-    final link: (None, None) when there is none; (None, why) when it is not a regular file, larger than a
-    progress file grows, or not the JSON object of one (a half-written file cannot be: it is renamed into place)."""
+    """(document, problem) of the progress file `name` (relative to dir_fd), never read through a final link:
+    (None, None) when there is none; (None, why) when it is not a regular file holding one JSON object."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -59,6 +58,18 @@ def read_document(name, dir_fd=None):
     if not isinstance(document, dict):
         return None, "%s holds no JSON object: not a progress file dgx-stage wrote" % name
     return document, None
+
+
+def read_small(name, limit, dir_fd=None):
+    """At most limit bytes of the regular file name (never through a final link), or None when there is none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return _read_up_to(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
 
 
 def _read_up_to(fd, limit):
@@ -102,10 +113,8 @@ def passes_of(document):
 
 
 def suspects_in(document):
-    """(the NAS blobs found corrupt, problem) a progress document records under SUSPECTS_KEY: {blob: entry},
-    each entry {paths: [snapshot path, ...], nas_source: str or null, identity: [int, ...] or null, found_at: str
-    or null, why: str or null} (paths required). Anything else is not what dgx-stage writes, and which blobs it
-    means cannot be known: the problem says which entry and why, and no suspect is returned."""
+    """(the NAS blobs found corrupt, problem) under SUSPECTS_KEY: {blob: {paths (required), nas_source, identity,
+    found_at, why}}. Any other shape is not dgx-stage's: the problem names the entry and no suspect is returned."""
     suspects = (document or {}).get(SUSPECTS_KEY, {})
     if not isinstance(suspects, dict):
         return {}, "its %s is not a mapping of blobs" % SUSPECTS_KEY
@@ -142,24 +151,14 @@ def is_snapshot_path(path):
 
 
 class PassMeter(object):
-    """The figures of one pass of one repo, kept by every worker at once (thread-safe): bytes read on
-    each side, files and bytes done and to do, the file in hand, how it ended.
+    """The figures of one pass of one repo, kept by every worker at once (thread-safe), in two steps: `hashing`
+    (content checks of local files) and `copying` (copies and repairs). bytes_total grows when a check reads more
+    than planned and equals bytes_done once finished; a file counts once, when all its work is over.
 
-    Its work comes in two steps: `hashing` (content checks of files present locally: a full hash, or
-    sampled reads of both sides) and `copying` (copies and repairs; a copy's bytes are NAS reads).
-    bytes_done is every byte a step read; bytes_total grows when a check reads more than planned
-    (a disagreeing copy hashed), and equals bytes_done once the pass finished. A file counts once in
-    files_done/files_total, when all its work is over (a repaired one after its copy).
-    eta_s is null until a rate is known (RATE_AFTER_S of work and a byte read), 0 once finished.
-
-    With attach(lock_dir), the figures go to the progress file in that directory: at each step, at
-    the end, and in between at most once per `interval` seconds. The file keeps the latest figures of
-    every pass under `passes` (a verify pass never hides the last stage's); its top-level keys are the
-    pass running now or run last, and `nas_corrupt` holds `suspects`: the NAS blobs passes found failing
-    their names and none proved good since (dgx_nas_suspects decides which; the meter keeps them).
-    attach's `held` (RepoLock.check_held) runs before every write: once it raises, the meter writes nothing
-    more and the StageError stops the pass (raised from the worker that reported the bytes, which stops
-    the pool), so neither the figures nor the suspects go to a lock directory no other run waits on.
+    With attach(lock_dir) the figures go to the progress file there (at each step, at the end, else at most once
+    per `interval`): every pass's latest under `passes`, the current one at the top level, and `suspects` under
+    `nas_corrupt`. attach's `held` runs before every write; once it raises the meter writes nothing more and the
+    StageError stops the pass, so nothing goes to a lock directory no other run waits on.
     """
 
     def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None):
@@ -223,10 +222,6 @@ class PassMeter(object):
             if file_done:
                 self._files["done"] += 1
 
-    def bytes_done(self, step):
-        with self._lock:
-            return self._steps[step]["bytes_done"]
-
     def bytes_read(self):
         with self._lock:
             return dict(self._read)
@@ -241,10 +236,9 @@ class PassMeter(object):
     # -- the progress file --------------------------------------------------------------------------
 
     def attach(self, lock_dir, held=None):
-        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds;
-        held() is called before each write and raises when lock_dir is no longer the locked one.
-        StageError, with nothing written, when the file is there but cannot be read as one: it may hold the
-        NAS suspects, and writing over it would forget them (a later roll-back would bind a corrupt blob)."""
+        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds. A file
+        there that cannot be read as one is a StageError, nothing written: writing over it would forget its
+        NAS suspects."""
         with self._lock:
             if held is not None:
                 held()

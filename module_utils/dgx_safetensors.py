@@ -63,11 +63,11 @@ _SURROGATE = re.compile(u"[\ud800-\udfff]")
 
 
 class ShardError(StageError):
-    """One shard breaks the format; ``problems`` lists every way it does."""
+    """One shard breaks the format; ``problems`` (a list, or one text) lists every way it does."""
 
     def __init__(self, path, problems):
         self.path = path
-        self.problems = list(problems)
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
         shown = self.problems[:_MAX_SHARD_PROBLEMS_SHOWN]
         more = len(self.problems) - len(shown)
         StageError.__init__(self, "%s: malformed safetensors header: %s%s; re-stage this shard" % (
@@ -184,10 +184,6 @@ def parse_header_json(text):
 
 # --- one header ----------------------------------------------------------------------------------
 
-def _malformed(path, why):
-    return ShardError(path, [why])
-
-
 def read_header(path, max_bytes=MAX_HEADER_BYTES):
     """Return (header object, header bytes read incl. the 8-byte length, file size)."""
     try:
@@ -195,31 +191,31 @@ def read_header(path, max_bytes=MAX_HEADER_BYTES):
         with open_to_read(path) as handle:
             prefix = handle.read(8)
             if len(prefix) != 8:
-                raise _malformed(path, "file is %d bytes, shorter than the 8-byte header length"
+                raise ShardError(path, "file is %d bytes, shorter than the 8-byte header length"
                                  % size)
             (length,) = struct.unpack("<Q", prefix)
             if length > max_bytes:
-                raise _malformed(path, "header length %d is over the format's cap %d"
+                raise ShardError(path, "header length %d is over the format's cap %d"
                                  % (length, max_bytes))
             if 8 + length > size:
-                raise _malformed(path, "header length %d runs past the end of the %d-byte file"
+                raise ShardError(path, "header length %d runs past the end of the %d-byte file"
                                  % (length, size))
             raw = handle.read(length)
     except OSError as exc:
         raise StageError("%s: cannot read shard header: %s; check the file and its blob link"
                          % (path, exc))
     if len(raw) != length:
-        raise _malformed(path, "short read (%d of %d bytes)" % (len(raw), length))
+        raise ShardError(path, "short read (%d of %d bytes)" % (len(raw), length))
     if not length:
-        raise _malformed(path, "header length 0 leaves no room for the JSON header")
+        raise ShardError(path, "header length 0 leaves no room for the JSON header")
     try:
         header = parse_header_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise _malformed(path, "invalid JSON (not UTF-8: %s)" % exc)
+        raise ShardError(path, "invalid JSON (not UTF-8: %s)" % exc)
     except ValueError as exc:
-        raise _malformed(path, str(exc))
+        raise ShardError(path, str(exc))
     if not isinstance(header, dict):
-        raise _malformed(path, "not a JSON object")
+        raise ShardError(path, "not a JSON object")
     return header, 8 + length, size
 
 
@@ -350,19 +346,13 @@ def _inspect(header, data_size):
     return problems, spans
 
 
-def check_header(path, header, header_bytes, file_size):
-    """Return the tensor names of one shard header in data order; raise ShardError listing
-    every problem."""
-    problems, spans = _inspect(header, file_size - header_bytes)
+def read_shard(path):
+    """(tensor names in data order, header bytes read) of one shard; ShardError lists every problem."""
+    header, header_bytes, size = read_header(path)
+    problems, spans = _inspect(header, size - header_bytes)
     if problems:
         raise ShardError(path, problems)
-    return [name for _begin, _end, name in spans]
-
-
-def read_shard(path):
-    """Return (tensor names, header bytes read) of one shard."""
-    header, header_bytes, size = read_header(path)
-    return check_header(path, header, header_bytes, size), header_bytes
+    return [name for _begin, _end, name in spans], header_bytes
 
 
 # --- index and snapshot ------------------------------------------------------------------------
@@ -396,8 +386,7 @@ def _summarise(problems):
 
 
 class _ShardTally(object):
-    """What check_shards found so far: one summary line per broken shard, the key problems, every
-    problem in the order found (``details``), and the tensor names of each shard read."""
+    """What check_shards found so far: summary lines, every problem in order (``details``), each shard's keys."""
 
     def __init__(self):
         self.shard_problems, self.key_problems, self.details = [], [], []
@@ -455,12 +444,8 @@ def _check_weight_map(tally, weight_map, index_path):
 
 
 class NasSnapshot(object):
-    """The NAS snapshot a rank's sparse copy was staged from, for the shards it left there.
-
-    `nas_path` is `<NAS hub>/<repo folder>/snapshots/<commit>`; its files are found through the hub's
-    snapshot walker (dgx_hubcache.scan_snapshot), so a shard is read only where its link chain ends at a
-    regular file inside that NAS hub. The walk is made once, on the first shard asked for.
-    """
+    """The NAS snapshot a rank's sparse copy was staged from, walked once (scan_snapshot: a shard is read only
+    where its link chain ends at a regular file inside that NAS hub)."""
 
     def __init__(self, nas_path, local_snapshot):
         self.path = os.path.abspath(nas_path)
@@ -493,13 +478,9 @@ class NasSnapshot(object):
 def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=(), nas=None):
     """Read every shard header; check keys against weight_map and for cross-shard duplicates.
 
-    absent_ok: absolute paths of shards left out on purpose (a rank's sparse copy). Without `nas` their
-    absence is not a problem and their keys are not looked for; with `nas` (a NasSnapshot) their headers
-    are read from the NAS snapshot instead and checked like the local ones.
-    Returns {shards (headers checked), tensors, checked_bytes, absent, nas_shards}. A broken shard does
-    not stop the others being checked: raises SafetensorsCheckError whose message names the failing
-    shards first (up to ten entries in all), then key problems, and whose ``problems`` lists every
-    problem found.
+    absent_ok: absolute paths of shards left out on purpose, read from `nas` (a NasSnapshot) when given, else
+    skipped. Returns {shards, tensors, checked_bytes, absent, nas_shards}; SafetensorsCheckError names the
+    failing shards, then key problems, and lists every problem.
     """
     tally = _ShardTally()
     for shard in shards:
@@ -524,12 +505,8 @@ def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=(), n
 
 
 def check_snapshot(path, index=None, absent_ok=(), nas_path=None):
-    """Check a snapshot dir: through its index if any, else its top-level *.safetensors files.
-
-    absent_ok: snapshot-relative paths the staging patterns left out (they may be missing).
-    nas_path: the NAS snapshot those were left in; the headers of the absent shards are read there.
-    Returns {shards, tensors, checked_bytes, absent, nas_shards, index, msg}.
-    """
+    """Check a snapshot dir through its index if any, else its top-level *.safetensors files (absent_ok:
+    snapshot-relative paths left out, read from nas_path when given). Returns check_shards' dict, index, msg."""
     absent_ok = set(os.path.normpath(os.path.join(path, p)) for p in absent_ok)
     if not os.path.isdir(path):
         raise StageError("%s is not a directory; point path at a local snapshot dir "

@@ -1,19 +1,7 @@
 # -*- coding: utf-8 -*-
-"""What a node holds, read without changing anything (playbooks/status.yml, module stage_status).
-
-Per repo of stage_repos: the commit refs/<revision> names in the local hub and whether its snapshot is
-there, the files and bytes it holds locally, and when it was last staged and last verified (and how) from
-the progress file hf_hub_mirror keeps in `<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json`
-(its `passes` hold the last figures of each pass). Then the receipt roots present under receipt_parent and
-the engine container's state and API health from an engine_lane_wait result. And the mount manifest the engine
-binds: where its files come from (local or nas), when it was written, and, per repo, whether the NAS ref has
-moved past the commit it binds (a new revision on the NAS that the lane does not serve yet).
-
-Nothing here follows a symlink out of the local hub: a repo folder, snapshot or lock folder that is a link
-(or a refs/, snapshots/ or .locks folder on the way to one) is reported as such and not read through. Garbage (a half-written progress file, `passes` that is not a
-mapping, a ref that is no commit, a ref naming a missing snapshot) is reported, never raised.
-
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax. Pure functions except the read_* ones.
+"""What a node holds, read without changing anything (module stage_status): per repo its staged commit, local
+files and last passes, the receipt roots, the engine (from an engine_lane_wait result) and the mount manifest.
+No symlink in the local hub is followed; garbage is reported, never raised. Stdlib only, Python 3.8.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -25,7 +13,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_progress_file import passes_of, repo_document, suspects_in
+from ansible.module_utils.dgx_progress_file import passes_of, read_small, repo_document, suspects_in
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
@@ -34,19 +22,14 @@ EXITED = ("exited", "stopped", "dead")
 # What docker and podman (and engine_lane_wait, for a missing runtime) say of a container that is not there.
 ABSENT_WORDS = ("no such container", "no such object", "not found on this host")
 
-_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
-
-# ------------------------------------------------------------------------------------------------
-# the progress file
-# ------------------------------------------------------------------------------------------------
 
 def _text(value):
     return value if isinstance(value, str) and value else None
 
 
 def pass_summary(figures):
-    """{when, status, verify, commit} of one pass's figures (when: its last update, ISO 8601 UTC)."""
+    """{when, status, verify, commit} of one pass's figures."""
     figures = figures if isinstance(figures, dict) else {}
     status = _text(figures.get("status"))
     if status is None and "finished" in figures:
@@ -55,29 +38,12 @@ def pass_summary(figures):
             "commit": _text(figures.get("commit"))}
 
 
-# ------------------------------------------------------------------------------------------------
-# reading the local hub (never through a link)
-# ------------------------------------------------------------------------------------------------
 
 def _lstat(path):
     try:
         return os.lstat(path)
     except OSError:
         return None
-
-
-def read_small(path, limit):
-    """The bytes of a regular file at path (not through a final link), or None when absent."""
-    try:
-        fd = os.open(path, _NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
 
 
 def link_problem(path, what):
@@ -95,9 +61,8 @@ def link_problem(path, what):
 
 
 def path_problem(base, parts, what):
-    """Why base/parts[0]/parts[1]/... cannot be reached without following a link: the first component that
-    is a symlink or not a directory (the last one included), else None (also when a component is absent).
-    lstat() and open() follow a link anywhere on the way; each step is checked on its own."""
+    """Why base/parts[0]/... cannot be reached without following a link (each step checked: lstat follows
+    links on the way), else None (also when a component is absent)."""
     path = base
     for index, part in enumerate(parts):
         path = os.path.join(path, part)
@@ -110,9 +75,8 @@ def path_problem(base, parts, what):
 
 
 def snapshot_content(repo_dir, snap_dir):
-    """(files, bytes, dangling) of a local snapshot: files whose content is in the repo (a link into
-    its blobs/, or a real file), the bytes of their distinct contents, links whose content is missing
-    or outside the repo folder (not counted)."""
+    """(files, bytes, dangling) of a local snapshot: files with content in the repo, the bytes of their distinct
+    contents, links whose content is missing or outside the repo folder."""
     repo_real = os.path.realpath(repo_dir)
     files, dangling, seen, total = 0, 0, set(), 0
     for path, _rel, is_dir in walk_tree(snap_dir):
@@ -138,8 +102,7 @@ def snapshot_content(repo_dir, snap_dir):
 
 
 def staged_commit(repo_dir, revision, hub="the local hub"):
-    """(commit, problem): the commit refs/<revision> names (or the revision itself when it is a commit
-    hash with a snapshot), or None with why; hub says where repo_dir is."""
+    """(commit, problem): the commit refs/<revision> names (or a commit hash revision itself), or None and why."""
     if not revision or revision.startswith("/") or ".." in revision.split("/"):
         return None, "revision %r cannot name a ref" % (revision,)
     ref_path = os.path.join(repo_dir, "refs", revision)
@@ -206,8 +169,7 @@ def repo_status(hub_root, repo):
 
 
 def progress_of(hub_root, folder):
-    """The last-staged / last-verified fields of a repo from the progress file in its lock folder
-    (<hub_root>/.locks/<folder>; neither .locks nor the folder is read through a link)."""
+    """The last-pass and nas_corrupt fields of a repo from its progress file."""
     fields = {}
     document, problem = repo_document(hub_root, folder)
     passes, shape_problem = passes_of(document)
@@ -216,7 +178,6 @@ def progress_of(hub_root, folder):
     stage, verify = pass_summary(passes.get("stage")), pass_summary(passes.get("verify"))
     fields.update(last_staged=stage["when"], last_stage_status=stage["status"], last_verified=verify["when"],
                   verify_mode=verify["verify"], last_verify_status=verify["status"], verified_commit=verify["commit"])
-    # The NAS blobs the node holds as suspects (dgx_nas_suspects): a roll-back refuses to bind them.
     suspects, suspects_problem = suspects_in(document if isinstance(document, dict) else {})
     fields["nas_corrupt"] = [{"blob": blob, "paths": sorted(p for p in entry.get("paths") or [] if isinstance(p, str)),
                               "found_at": entry.get("found_at")} for blob, entry in sorted(suspects.items())]
@@ -229,25 +190,14 @@ def receipts_status(parent, names):
     """{parent, present, problem}: the receipt roots (bare names) present under parent."""
     if not parent:
         return {"parent": parent, "present": [], "problem": "receipt_parent is not set"}
-    st = _lstat(parent)
-    if st is None:
-        return {"parent": parent, "present": [], "problem": None}
     present = [name for name in names or [] if name and "/" not in name and name not in (".", "..")
                and _lstat(os.path.join(parent, name)) is not None]
     return {"parent": parent, "present": present, "problem": None}
 
 
-# ------------------------------------------------------------------------------------------------
-# the engine (from an engine_lane_wait result: no container code here)
-# ------------------------------------------------------------------------------------------------
 
 def engine_status(enabled, name, probe):
-    """{enabled, name, state, exit_code, container_id, health, models} from engine_lane_wait's result.
-
-    state: disabled (engine_enabled false), running, exited, absent (the runtime does not know it, or is
-    not installed), or the runtime's own word (paused, created, restarting ...); unknown without a probe.
-    health: not checked unless the container runs; ok when the API listed its models; else why not.
-    """
+    """status.engine (stage_status's RETURN) from engine_lane_wait's result."""
     status = {"enabled": bool(enabled), "name": name, "state": "disabled", "exit_code": None, "container_id": None,
               "health": "not checked", "models": [], "problem": None}
     if not enabled:
@@ -260,8 +210,7 @@ def engine_status(enabled, name, probe):
         return status
     word = container.get("status") or "unknown"
     if not container.get("exists"):
-        # absent: the runtime said there is no such container, or there is no runtime at all; a runtime
-        # that could not answer (its daemon down) leaves the state unknown.
+        # A runtime that could not answer (its daemon down) leaves the state unknown.
         error = container.get("error") or ""
         state = "absent" if not error or any(w in error.lower() for w in ABSENT_WORDS) else "unknown"
         status["problem"] = error or None
@@ -280,13 +229,9 @@ def engine_status(enabled, name, probe):
     return status
 
 
-# ------------------------------------------------------------------------------------------------
-# the mount manifest
-# ------------------------------------------------------------------------------------------------
 
 def manifest_status(manifest_path, hub_nas_root):
-    """What the manifest at manifest_path binds (see stage_status's RETURN: status.manifest); None without a
-    path."""
+    """status.manifest (stage_status's RETURN); None without a path."""
     if not manifest_path:
         return None
     out = {"path": manifest_path, "problem": None, "written": None, "bind_from": None, "repos": []}
@@ -362,9 +307,6 @@ def manifest_lines(manifest):
     return lines
 
 
-# ------------------------------------------------------------------------------------------------
-# the whole host and its lines
-# ------------------------------------------------------------------------------------------------
 
 def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, engine_name, engine_probe,
                 manifest_path=None, hub_nas_root=None):
@@ -428,17 +370,12 @@ def _suspects_text(suspects):
 
 
 def one_line(text):
-    """text with its control characters escaped (\\n, \\x1b): a repo id, path or message holding a newline
-    or a terminal escape stays on its own line and cannot pass for another line or recolour the terminal."""
+    """text with its control characters escaped, so it cannot pass for another line or recolour the terminal."""
     return "".join(ch if " " <= ch != "\x7f" else repr(ch)[1:-1] for ch in text)
 
 
 def status_lines(status):
-    """Human lines for one host, in the order the operator reads them (each one line: see one_line)."""
-    return [one_line(line) for line in _status_lines(status)]
-
-
-def _status_lines(status):
+    """Human lines for one host, each one line."""
     if status["problem"]:
         lines = ["local hub %s: %s" % (status["hub_local_root"], status["problem"])]
     else:
@@ -459,5 +396,4 @@ def _status_lines(status):
             text += " (%s)" % ", ".join(engine["models"])
         if engine["problem"] and engine["state"] in ("unknown", "absent"):
             text += " - %s" % engine["problem"]
-    lines.append(text)
-    return lines
+    return [one_line(line) for line in lines + [text]]

@@ -142,6 +142,29 @@ def open_to_read(path, follow=True):
     return os.fdopen(fd, "rb")
 
 
+def read_small(name, limit, dir_fd=None):
+    """At most limit bytes of the regular file name (never through a final link), or None when there is none."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        return read_up_to(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def read_up_to(fd, limit):
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.read(fd, limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def unlink_quietly(path, dir_fd=None):
     """Remove a file or symlink if it is there; never raises (cleanup on an error path)."""
     try:

@@ -14,7 +14,7 @@ import time
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
-from ansible.module_utils.dgx_progress_file import read_small
+from ansible.module_utils.dgx_fsutil import read_small
 
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.

@@ -16,7 +16,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import open_own_file
 from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_there
 from ansible.module_utils.dgx_process import process_alive
-from ansible.module_utils.dgx_progress_file import read_small
+from ansible.module_utils.dgx_fsutil import read_small
 
 
 def renew_lease(dest, path, pid=None, waiting=None, renewal=True):

@@ -16,7 +16,7 @@ import time
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, unlink_quietly
 from ansible.module_utils.dgx_process import process_alive
-from ansible.module_utils.dgx_progress_file import read_small
+from ansible.module_utils.dgx_fsutil import read_small
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024

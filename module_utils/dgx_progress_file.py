@@ -13,7 +13,7 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import atomic_write_bytes
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes, read_up_to
 from ansible.module_utils.dgx_hashing import name_is_hash
 from ansible.module_utils.dgx_localtree import linked_dir_problem
 from ansible.module_utils.dgx_units import utc_text
@@ -44,7 +44,7 @@ def read_document(name, dir_fd=None):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None, "%s is not a regular file" % name
-        raw = _read_up_to(fd, MAX_BYTES + 1)
+        raw = read_up_to(fd, MAX_BYTES + 1)
     except OSError as exc:
         return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
     finally:
@@ -58,29 +58,6 @@ def read_document(name, dir_fd=None):
     if not isinstance(document, dict):
         return None, "%s holds no JSON object: not a progress file dgx-stage wrote" % name
     return document, None
-
-
-def read_small(name, limit, dir_fd=None):
-    """At most limit bytes of the regular file name (never through a final link), or None when there is none."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        return _read_up_to(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    finally:
-        os.close(fd)
-
-
-def _read_up_to(fd, limit):
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.read(fd, limit - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def repo_document(hub_root, folder):

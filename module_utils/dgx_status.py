@@ -13,7 +13,8 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_progress_file import passes_of, read_small, repo_document, suspects_in
+from ansible.module_utils.dgx_fsutil import read_small
+from ansible.module_utils.dgx_progress_file import passes_of, repo_document, suspects_in
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024

@@ -309,3 +309,18 @@ def test_the_mount_table_keeps_a_mount_point_whose_name_is_not_utf8(tmp_path):
         assert os.fsdecode(odd) in dgx_mounts.mount_points()
 
     assert in_private_mount_namespace(read_with_the_odd_mount) == 0
+
+
+def test_read_small_reads_only_a_regular_file_up_to_its_limit(tmp_path):
+    (tmp_path / "file").write_bytes(b"0123456789")
+    os.symlink("file", str(tmp_path / "link"))
+    os.mkfifo(str(tmp_path / "fifo"))
+    assert dgx_fsutil.read_small(str(tmp_path / "file"), 4) == b"0123"
+    dir_fd = os.open(str(tmp_path), os.O_RDONLY)
+    try:
+        assert dgx_fsutil.read_small("file", 100, dir_fd=dir_fd) == b"0123456789"
+    finally:
+        os.close(dir_fd)
+    assert dgx_fsutil.read_small(str(tmp_path / "link"), 100) is None
+    assert dgx_fsutil.read_small(str(tmp_path / "fifo"), 100) is None
+    assert dgx_fsutil.read_small(str(tmp_path / "missing"), 100) is None

@@ -199,6 +199,29 @@ def test_refuses_while_a_process_has_its_cwd_inside(tmp_path, holder_procs):
     assert all(os.path.isdir(p) for p in paths)
 
 
+def test_refuses_while_a_process_holds_a_file_whose_real_path_is_too_long_for_its_fd_link(tmp_path, holder_procs):
+    # receipt_parent reached through a short symlink: the walk lstats the held file by a path under PATH_MAX, but
+    # its /proc fd link would spell the longer real path, so its text cannot be read (ENAMETOOLONG); stat can.
+    real_parent = tmp_path
+    for letter in "abc":
+        real_parent = real_parent / (letter * 250)
+    real_parent.mkdir(parents=True)
+    parent = tmp_path / "p"
+    parent.symlink_to(real_parent)
+    folder = parent / NAMES[0]
+    folder.mkdir()
+    while len(str(folder)) < 3700:
+        folder = folder / ("d" * 200)
+        folder.mkdir()
+    held = folder / "worker.json"
+    held.write_text("{}")
+    assert len(os.path.realpath(str(held))) > 4096
+    holder_procs.append(_start_holder([sys.executable, "-c", HOLD_OPEN, str(held)]))
+    with pytest.raises(StageError, match="pid %d" % holder_procs[0].pid):
+        clear_receipts(str(parent), NAMES[:1])
+    assert held.exists()
+
+
 def test_force_removes_despite_holder_and_reports_it(tmp_path, holder_procs):
     paths = make_roots(tmp_path)
     proc = _start_holder([sys.executable, "-c", HOLD_OPEN, os.path.join(paths[0], "worker.json")])

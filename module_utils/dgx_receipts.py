@@ -188,9 +188,12 @@ class _Targets(object):
 
     def unlisted_holds(self, how, seen_as):
         """(how, path, seen_as, roots) when a file a process uses lies, by its path, in an unlisted folder under a
-        root, else None (a path of another namespace that happens to match refuses too: the safe error)."""
+        root, or has a path too long to read (as the files of a folder unlisted for its length do), else None (a
+        path of another namespace that happens to match refuses too: the safe error)."""
         for root, folder in self.unlisted:
-            if seen_as and is_within(seen_as, folder):
+            if not seen_as:
+                return how, os.path.join(folder, "..."), seen_as, [root]
+            if is_within(seen_as, folder):
                 return how, seen_as, seen_as, [root]
         return None
 

@@ -126,20 +126,20 @@ def _parse_maps(text):
 
 
 def fd_links(proc_root, pid):
-    """[(link, its text)] of the open files of one process; none when they cannot be listed (gone, not ours)."""
+    """[(link, its text)] of the open files of one process; none when they cannot be listed (gone, not ours). A
+    text that cannot be read is "": the file still has an identity (its real path may exceed PATH_MAX)."""
     fd_dir = os.path.join(proc_root, pid, "fd")
     try:
-        links = [os.path.join(fd_dir, fd) for fd in os.listdir(fd_dir)]
+        return [(link, _readlink(link)) for link in (os.path.join(fd_dir, fd) for fd in os.listdir(fd_dir))]
     except OSError:
         return []
-    return [(link, text) for link, text in ((link, _readlink(link)) for link in links) if text is not None]
 
 
 def _readlink(link):
     try:
         return os.readlink(link)
     except OSError:
-        return None
+        return ""
 
 
 def process_name(proc_root, pid):
@@ -150,7 +150,7 @@ def _open_things(proc_root, pid):
     """(how, identity, seen_as) of the cwd and open files of one process: os.stat follows the /proc magic link to
     the object itself, so the identity is the host's whatever path the process used."""
     cwd = os.path.join(proc_root, pid, "cwd")
-    for how, link, seen_as in [("cwd", cwd, _readlink(cwd) or "")] + [
+    for how, link, seen_as in [("cwd", cwd, _readlink(cwd))] + [
             ("open", link, text) for link, text in fd_links(proc_root, pid)]:
         try:
             st = os.stat(link)
@@ -188,9 +188,12 @@ class _Targets(object):
 
     def unlisted_holds(self, how, seen_as):
         """(how, path, seen_as, roots) when a file a process uses lies, by its path, in an unlisted folder under a
-        root, else None (a path of another namespace that happens to match refuses too: the safe error)."""
+        root, or has a path too long to read (as the files of a folder unlisted for its length do), else None (a
+        path of another namespace that happens to match refuses too: the safe error)."""
         for root, folder in self.unlisted:
-            if seen_as and is_within(seen_as, folder):
+            if not seen_as:
+                return how, os.path.join(folder, "..."), seen_as, [root]
+            if is_within(seen_as, folder):
                 return how, seen_as, seen_as, [root]
         return None
 

@@ -199,6 +199,50 @@ def test_refuses_while_a_process_has_its_cwd_inside(tmp_path, holder_procs):
     assert all(os.path.isdir(p) for p in paths)
 
 
+def test_refuses_while_a_process_holds_a_file_whose_real_path_is_too_long_for_its_fd_link(tmp_path, holder_procs):
+    # receipt_parent reached through a short symlink: the walk lstats the held file by a path under PATH_MAX, but
+    # its /proc fd link would spell the longer real path, so its text cannot be read (ENAMETOOLONG); stat can.
+    real_parent = tmp_path
+    for letter in "abc":
+        real_parent = real_parent / (letter * 250)
+    real_parent.mkdir(parents=True)
+    parent = tmp_path / "p"
+    parent.symlink_to(real_parent)
+    folder = parent / NAMES[0]
+    folder.mkdir()
+    while len(str(folder)) < 3700:
+        folder = folder / ("d" * 200)
+        folder.mkdir()
+    held = folder / "worker.json"
+    held.write_text("{}")
+    assert len(os.path.realpath(str(held))) > 4096
+    holder_procs.append(_start_holder([sys.executable, "-c", HOLD_OPEN, str(held)]))
+    with pytest.raises(StageError, match="pid %d" % holder_procs[0].pid):
+        clear_receipts(str(parent), NAMES[:1])
+    assert held.exists()
+
+
+def test_refuses_while_a_process_holds_a_file_deeper_than_path_max_in_a_root(tmp_path, holder_procs):
+    # Neither the walk (its lstat) nor the fd link (its text) can spell the held file's path: its folder is
+    # unlisted and the file's link text unreadable, which refuses rather than removes.
+    root = tmp_path / NAMES[0]
+    root.mkdir()
+    fd = os.open(str(root), os.O_RDONLY)
+    for _level in range(24):
+        os.mkdir("d" * 200, dir_fd=fd)
+        child = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(os.open("worker.json", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, "/proc/self/fd/%d/worker.json" % fd], pass_fds=[fd],
+                              stdout=subprocess.PIPE, cwd="/")
+    holder_procs.append(holder)
+    assert holder.stdout.readline().strip() == b"ready"
+    os.close(fd)
+    with pytest.raises(StageError, match="pid %d" % holder.pid):
+        clear_receipts(str(tmp_path), NAMES[:1])
+    assert root.is_dir()
+
 def test_force_removes_despite_holder_and_reports_it(tmp_path, holder_procs):
     paths = make_roots(tmp_path)
     proc = _start_holder([sys.executable, "-c", HOLD_OPEN, os.path.join(paths[0], "worker.json")])

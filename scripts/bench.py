@@ -1,42 +1,33 @@
 #!/usr/bin/env python3
 """`make bench`: hf_hub_mirror against the standard tools, on the same data in the same run.
 
-Cases; each alternates the module and its baseline for BENCH_ROUNDS rounds and reports medians:
+Cases (each alternates the module and its baselines for BENCH_ROUNDS rounds; medians reported):
+1. cold_stage   stage a tools/hubgen.py hub (page15 left out) vs `cp -rL` of the same files + `sync`.
+2. full_verify  verify=full vs `sha256sum` of every local blob, and vs the machine limit:
+                min(cold read rate, the faster of `cat` and `dd iflag=nocache`; cores x hashlib sha256 rate).
+3. warm_rerun   re-run on an already staged layout of SPARSE files vs `rsync -aL --checksum`.
+4. stage_play   `ansible-playbook stage-deepseek.yml --tags [preflight,]stage` on a warm hub vs the
+                module's summed duration_s: Ansible's overhead per host.
+5. peak_rss     peak RSS (VmHWM) of the module process staging one BENCH_BIG_GIB GiB blob.
 
-1. cold_stage   stage a tools/hubgen.py hub (BENCH_SHARDS x BENCH_SHARD_MIB MiB shards; page15 left out),
-                default verify, vs `cp -rL` of the same selected files followed by `sync`; cold cache.
-2. full_verify  verify=full over the staged hub vs `sha256sum` of every local blob, and vs this machine's
-                limit measured in the same run: min(cold read rate of the blobs, cores x hashlib sha256 rate),
-                the read rate being the faster of `cat` and `dd iflag=nocache` (the same read dropping the
-                pages behind it: on a VM that charges for every newly cached page, cat alone is no limit).
-3. warm_rerun   re-run, default verify, on an already staged BENCH_WARM_BLOBS-blob layout of BENCH_WARM_GIB
-                GiB made of SPARSE files, vs `rsync -aL --checksum` of the NAS snapshot onto a local copy.
-4. stage_play   `ansible-playbook stage-deepseek.yml --tags preflight,stage` on a warm, staged hub, vs the
-                module's own duration_s summed over its calls: Ansible's overhead per host.
-5. peak_rss     peak RSS (VmHWM) of the module process while it stages one BENCH_BIG_GIB GiB blob.
+Module and baselines both run through ad-hoc `ansible localhost -m ...` (json callback) so both pay the
+same start: "wall" is that call's time, "own" the module's duration_s or the command's delta. Before each
+timed run the page cache is dropped (as root) and the machine settles BENCH_SETTLE_S seconds; "cache GiB"
+is how much the page cache grew during a run.
 
-The module and the baselines are started the same way, through an ad-hoc `ansible localhost -m ...` call
-with the json callback, so both pay the same Ansible start: "wall" is that call's time, "own" is the
-module's duration_s or the command's own delta. Before each timed run the page cache is dropped
-(sync + drop_caches, as root) and the machine is left BENCH_SETTLE_S seconds to settle (a VM that returns
-freed RAM to its host does so within ~2 s; after the settle every run starts from that same state).
-The "cache GiB" column is how much the page cache grew during a run; the machine lines give the cost of
-filling it right after a drop, so a tool that keeps everything it touched cached can be told apart.
+Hubs are cached under .cache/bench/hubs/ keyed by their parameters; .cache/bench/work/ is removed at the
+end. Results: a table on stdout, .cache/bench/bench-<UTC time>.json and .cache/bench/latest.json.
 
-Hubs are cached under .cache/bench/hubs/ keyed by their parameters; everything else the bench writes
-goes under .cache/bench/work/ and is removed at the end. Results: a table on stdout,
-.cache/bench/bench-<UTC time>.json and .cache/bench/latest.json.
-
-Environment: BENCH_ROUNDS (3), BENCH_SLOW_ROUNDS (rounds of rsync --checksum over the warm layout, 2),
-BENCH_WORKERS (passed to the module as `workers` when set), BENCH_CASES (comma list of the case names
-above, default all), BENCH_SETTLE_S (3), BENCH_SHARDS (8), BENCH_SHARD_MIB (700), BENCH_WARM_BLOBS (141),
-BENCH_WARM_GIB (106), BENCH_BIG_GIB (4.5).
+Environment: BENCH_ROUNDS (3), BENCH_SLOW_ROUNDS (rsync rounds, 2), BENCH_WORKERS (module `workers`),
+BENCH_CASES (comma list, default all), BENCH_SETTLE_S (3), BENCH_SHARDS (8), BENCH_SHARD_MIB (700),
+BENCH_WARM_BLOBS (141), BENCH_WARM_GIB (106), BENCH_BIG_GIB (4.5).
 """
 import datetime
 import hashlib
 import json
 import os
 import platform
+import random
 import shlex
 import shutil
 import statistics
@@ -44,11 +35,22 @@ import subprocess
 import sys
 import threading
 import time
-
-import benchhub
-from benchhub import GIB, MIB
+from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+
+import hubgen  # noqa: E402  (the synthetic hub generator of the tests and the demo)
+
+MIB = 1 << 20
+GIB = 1 << 30
+EDGE = 1 * MIB             # data at the head and the tail of every sparse shard
+BLOCK = 64 * 1024          # plus one data block ...
+STRIDE = 32 * MIB          # ... somewhere in every STRIDE of the middle
+_ZEROS = memoryview(bytes(8 * MIB))
+SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+INDEX = "model.safetensors.index.json"
+
 ROOT = os.path.join(REPO, ".cache", "bench")
 HUBS = os.path.join(ROOT, "hubs")
 WORK = os.path.join(ROOT, "work")
@@ -68,8 +70,8 @@ CASE_NAMES = ("cold_stage", "full_verify", "warm_rerun", "stage_play", "peak_rss
 RUN_ORDER = ("cold_stage", "full_verify", "stage_play", "warm_rerun", "peak_rss")
 CASES = [c.strip() for c in os.environ.get("BENCH_CASES", ",".join(CASE_NAMES)).split(",") if c.strip()]
 
-MAIN_REPO = benchhub.hubgen.MAIN_REPO
-DRAFTER_REPO = benchhub.hubgen.DRAFTER_REPO
+MAIN_REPO = hubgen.MAIN_REPO
+DRAFTER_REPO = hubgen.DRAFTER_REPO
 MIRROR = "hf_hub_mirror"
 
 
@@ -91,6 +93,203 @@ def fresh(path):
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+# ------------------------------------------------------------------------------------------------
+# hub layouts, cached under HUBS keyed by their parameters; a layout is complete when its layout.json
+# exists. Sparse shards hold a few MiB of data (head, tail, one 64 KiB block every 32 MiB) and holes, so a
+# >= 100 GiB layout takes well under 1 GB of disk; blob names are the sha256 of the logical content,
+# computed from the layout without reading the file back.
+# ------------------------------------------------------------------------------------------------
+
+def cached_layout(root, key, build):
+    """The description of layout `key` under root, built by build(path) -> dict when not complete."""
+    path = os.path.join(root, key)
+    marker = os.path.join(path, "layout.json")
+    if os.path.isfile(marker):
+        with open(marker) as handle:
+            return json.load(handle)
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    desc = build(path)
+    desc.update(key=key, path=path)
+    with open(marker + ".tmp", "w") as handle:
+        json.dump(desc, handle, indent=1, sort_keys=True)
+    os.replace(marker + ".tmp", marker)
+    return desc
+
+
+def data_segments(size, rng):
+    """Sorted, non-overlapping (offset, length) data ranges of a sparse shard; holes elsewhere."""
+    if size <= 2 * EDGE + STRIDE:
+        return [(0, size)]
+    segments = [(0, EDGE)]
+    for start in range(STRIDE, size - EDGE - STRIDE + 1, STRIDE):
+        segments.append((start + rng.randrange(0, STRIDE - BLOCK, 4096), BLOCK))
+    segments.append((size - EDGE, EDGE))
+    return segments
+
+
+class SparseShard(object):
+    """One shard's data (deterministic from its label), its sha256 and a writer."""
+
+    def __init__(self, label, size):
+        rng = random.Random("benchhub:" + label)
+        self.size = size
+        self.segments = [(offset, rng.randbytes(length)) for offset, length in data_segments(size, rng)]
+        self.sha256 = None
+
+    def digest(self):
+        """sha256 of the logical content (data plus zeros for the holes), without touching the disk."""
+        h = hashlib.sha256()
+        pos = 0
+        for offset, data in self.segments + [(self.size, b"")]:
+            while pos < offset:
+                step = min(offset - pos, len(_ZEROS))
+                h.update(_ZEROS[:step])      # large updates release the GIL: shards hash in parallel
+                pos += step
+            h.update(data)
+            pos += len(data)
+        self.sha256 = h.hexdigest()
+        return self
+
+    def write(self, path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for offset, data in self.segments:
+                os.pwrite(fd, data, offset)
+            os.ftruncate(fd, self.size)
+        finally:
+            os.close(fd)
+
+
+def _put_store(hub, repo_dir, etag, write, absolute):
+    """The blob in the hub-level store hub/blobs/<xx>/<etag>, the repo blob a link to it."""
+    store_dir = os.path.join(hub, "blobs", etag[:2])
+    os.makedirs(store_dir, exist_ok=True)
+    store = os.path.join(store_dir, etag)
+    write(store)
+    repo_blob = os.path.join(repo_dir, "blobs", etag)
+    os.symlink(store if absolute else os.path.relpath(store, os.path.dirname(repo_blob)), repo_blob)
+
+
+def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
+    """A NAS hub with one repo: n_shards sparse weight shards (+ 4 small files and the index when
+    metadata), so a 141-blob layout is 136 shards + 5 small files. Returns its description."""
+    key = "sparse-%s-%dx%dMiB%s-seed%d" % (repo_id.replace("/", "--"), n_shards, shard_size // MIB,
+                                          "-meta" if metadata else "", seed)
+
+    def build(path):
+        hub = os.path.join(path, "hub")
+        folder = hubgen.repo_folder(repo_id)
+        repo_dir = os.path.join(hub, folder)
+        commit = hashlib.sha1(("benchhub:%s" % key).encode()).hexdigest()
+        snapshot = os.path.join(repo_dir, "snapshots", commit)
+        for sub in ("blobs", "refs", "trees", snapshot):
+            os.makedirs(os.path.join(repo_dir, sub), exist_ok=True)
+        names = ["model-%05d-of-%05d.safetensors" % (i + 1, n_shards) for i in range(n_shards)]
+
+        def place(i):
+            """Hash shard i from its layout, then write it in its NAS form: real, relative or absolute
+            store link (the shard's data is dropped once written)."""
+            shard = SparseShard("%d:%s:%s" % (seed, key, names[i]), shard_size).digest()
+            if i % 3 == 0:
+                shard.write(os.path.join(repo_dir, "blobs", shard.sha256))
+            else:
+                _put_store(hub, repo_dir, shard.sha256, shard.write, absolute=i % 3 == 2)
+            pointer = hubgen.lfs_pointer(shard.sha256, shard.size)
+            return names[i], {"etag": shard.sha256, "size": shard.size, "data_bytes": sum(len(d) for _, d in shard.segments),
+                              "tree": {"size": shard.size, "blob_id": hubgen.git_blob_sha1(pointer),
+                                       "lfs_sha256": shard.sha256, "lfs_size": shard.size}}
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            files = dict(pool.map(place, range(n_shards)))
+        if metadata:
+            files.update(_small_files(repo_dir, random.Random("benchhub-small:%d:%s" % (seed, key)), names,
+                                      n_shards * shard_size))
+        for name, info in files.items():
+            os.symlink("../../blobs/" + info["etag"], os.path.join(snapshot, name))
+        with open(os.path.join(repo_dir, "refs", "main"), "w") as handle:
+            handle.write(commit)
+        listing = {"format_version": 1, "files": dict((n, files[n]["tree"]) for n in sorted(files))}
+        with open(os.path.join(repo_dir, "trees", commit + ".json"), "w") as handle:
+            json.dump(listing, handle, indent=1)   # as huggingface_hub 2.x writes it
+        return {"hub": hub, "repo_id": repo_id, "folder": folder, "commit": commit, "files": files,
+                "blobs": len(files), "logical_bytes": sum(f["size"] for f in files.values()),
+                "data_bytes": sum(f["data_bytes"] for f in files.values()), "listing": listing}
+
+    return cached_layout(root, key, build)
+
+
+def _small_files(repo_dir, rng, shard_names, total_size):
+    """The small files and the index of a sparse hub, as plain git-sha1 blobs: {name: file info}."""
+    small = dict((name, json.dumps({"bench": name, "data": rng.randbytes(1500).hex()}).encode())
+                 for name in SMALL_FILES)
+    small[INDEX] = json.dumps({"metadata": {"total_size": total_size},
+                               "weight_map": dict(("w.%d" % i, n) for i, n in enumerate(shard_names))}).encode()
+    files = {}
+    for name, data in small.items():
+        etag = hubgen.git_blob_sha1(data)
+        with open(os.path.join(repo_dir, "blobs", etag), "wb") as handle:
+            handle.write(data)
+        files[name] = {"etag": etag, "size": len(data), "data_bytes": len(data),
+                       "tree": {"size": len(data), "blob_id": etag}}
+    return files
+
+
+SPARSE_CP = ["cp", "--sparse=always", "--preserve=mode,timestamps"]
+
+
+def stage_like_module(desc, dest_hub):
+    """Lay out `desc` (a sparse_hub) under dest_hub exactly as hf_hub_mirror leaves a fully staged repo,
+    with sparse copies of the NAS blobs: a run of the module on it must report changed=false."""
+    nas_repo = os.path.join(desc["hub"], desc["folder"])
+    repo = os.path.join(dest_hub, desc["folder"])
+    snapshot = os.path.join(repo, "snapshots", desc["commit"])
+    for sub in ("blobs", "refs", "trees", snapshot):
+        os.makedirs(os.path.join(repo, sub), exist_ok=True)
+    for name, info in sorted(desc["files"].items()):
+        subprocess.check_call(SPARSE_CP + [os.path.realpath(os.path.join(nas_repo, "blobs", info["etag"])),
+                                           os.path.join(repo, "blobs", info["etag"])])
+        os.symlink("../../blobs/" + info["etag"], os.path.join(snapshot, name))
+    with open(os.path.join(repo, "refs", "main"), "w") as handle:
+        handle.write(desc["commit"])
+    # The module writes the NAS listing restricted to the staged paths (here: all), indent 2, sorted keys.
+    with open(os.path.join(repo, "trees", desc["commit"] + ".json"), "wb") as handle:
+        handle.write(json.dumps(desc["listing"], indent=2, sort_keys=True).encode("utf-8") + b"\n")
+    return snapshot
+
+
+def flat_copy(snapshot, dest):
+    """Sparse copy of a snapshot's files with links followed, modes and times kept."""
+    os.makedirs(dest, exist_ok=True)
+    subprocess.check_call(SPARSE_CP + ["-rL", snapshot + "/.", dest])
+    return dest
+
+
+def file_states(top):
+    """{relative path: (inode, size, mtime, ctime, link text)} of every entry below top: any write,
+    replacement or relink shows up as a changed state."""
+    states = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            states[os.path.relpath(path, top)] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                  os.readlink(path) if os.path.islink(path) else None)
+    return states
+
+
+def allocated_bytes(top):
+    """Bytes actually allocated on disk below top (sparse files count their data blocks only)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,12 +406,6 @@ def ansible_env():
     return env
 
 
-def parse_delta(text):
-    """The command module's delta, "H:MM:SS.ffffff", in seconds."""
-    hours, minutes, seconds = text.split(":")
-    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
-
-
 RESULT_KEYS = ("changed", "blobs", "bytes_copied", "duration_s", "files", "rc", "delta")
 
 
@@ -233,7 +426,7 @@ def ansible(module, args, check=False, watch=False):
     if rc != 0 or result.get("failed"):
         raise BenchError("ansible -m %s failed (rc %d): %s" % (module, rc, result.get("msg") or result.get("stderr")))
     run = {"wall_s": round(wall, 3),
-           "own_s": result["duration_s"] if "duration_s" in result else round(parse_delta(result["delta"]), 3),
+           "own_s": result["duration_s"] if "duration_s" in result else round(sum(float(part) * 60 ** i for i, part in enumerate(result["delta"].split(":")[::-1])), 3),
            "result": dict((k, result[k]) for k in RESULT_KEYS if k in result)}
     if watcher:
         run.update(watcher.record())
@@ -256,7 +449,7 @@ def cold_run(call, prepare=None, cleanup=None):
         cached = meminfo_bytes("Cached")
         record = call()
         record.update(cold=is_cold, page_cache_grew_gib=round((meminfo_bytes("Cached") - cached) / GIB, 2))
-        DISK.sample()
+        disk_sample()
         if cleanup:
             cleanup()
         return record
@@ -288,20 +481,12 @@ def row(name, records, nbytes=None):
             "cold": all(r.get("cold") for r in records), "records": records}
 
 
-class DiskMeter(object):
-    """Peak bytes allocated under .cache/bench and lowest free space of its filesystem, sampled after runs."""
-
-    def __init__(self):
-        self.peak = 0
-        self.min_free = None
-
-    def sample(self):
-        self.peak = max(self.peak, benchhub.allocated_bytes(ROOT))
-        free = shutil.disk_usage(ROOT).free
-        self.min_free = free if self.min_free is None else min(self.min_free, free)
+DISK = {"peak": 0, "min_free": float("inf")}   # bytes allocated under .cache/bench, free space left
 
 
-DISK = DiskMeter()
+def disk_sample():
+    DISK["peak"] = max(DISK["peak"], allocated_bytes(ROOT))
+    DISK["min_free"] = min(DISK["min_free"], shutil.disk_usage(ROOT).free)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -348,7 +533,8 @@ class Context(object):
     def hubgen(self):
         if self._hubgen is None:
             started = time.monotonic()
-            self._hubgen = benchhub.hubgen_hub(HUBS, SHARDS, SHARD_MIB * MIB)
+            self._hubgen = cached_layout(HUBS, "hubgen-%dx%dMiB-seed0" % (SHARDS, SHARD_MIB), lambda path:
+                                         hubgen.build_nas_hub(path, shard_size=SHARD_MIB * MIB, n_shards=SHARDS))
             log("hubgen hub %s ready in %.1f s" % (self._hubgen["key"], time.monotonic() - started))
         return self._hubgen
 
@@ -494,7 +680,7 @@ def case_stage_play(ctx):
                  for item in res.get("results", [res]) if isinstance(item, dict) and "blobs" in item
                  and "duration_s" in item]
         own = sum(item["duration_s"] for item in calls)
-        DISK.sample()
+        disk_sample()
         return {"wall_s": round(wall, 3), "own_s": round(own, 3), "module_calls": len(calls),
                 "overhead_s": round(wall - own, 3), "changed_tasks": data["stats"]["localhost"].get("changed")}
 
@@ -522,19 +708,19 @@ def case_warm_rerun(ctx):
     """Warm re-run on a >= 100 GiB sparse layout vs rsync -aL --checksum, both through ad-hoc ansible."""
     shard_size = -(-int(WARM_GIB * GIB) // (WARM_BLOBS - 5) // MIB) * MIB
     started = time.monotonic()
-    nas = benchhub.sparse_hub(HUBS, "bench/warm-layout", WARM_BLOBS - 5, shard_size)
+    nas = sparse_hub(HUBS, "bench/warm-layout", WARM_BLOBS - 5, shard_size)
     log("sparse hub %s ready in %.1f s" % (nas["key"], time.monotonic() - started))
     snapshot = os.path.join(nas["hub"], nas["folder"], "snapshots", nas["commit"])
     local = fresh(os.path.join(WORK, "warm-local"))
-    benchhub.stage_like_module(nas, local)
-    rsync_dest = benchhub.flat_copy(snapshot, fresh(os.path.join(WORK, "warm-rsync")))
+    stage_like_module(nas, local)
+    rsync_dest = flat_copy(snapshot, fresh(os.path.join(WORK, "warm-rsync")))
     args = mirror_args(nas["hub"], local, nas["repo_id"])
     probe = ansible(MIRROR, args, check=True)["result"]   # check mode: proves the layout without writing
     if probe["changed"] or probe["bytes_copied"]:
         raise BenchError("the pre-staged sparse layout is not what the module leaves (check mode would change it: "
                          "%s); not running it for real on %d GiB" % (probe, nas["logical_bytes"] // GIB))
     repo = os.path.join(local, nas["folder"])
-    before = benchhub.file_states(repo)
+    before = file_states(repo)
     cold()
     reads = ansible(MIRROR, args, watch=True)["read_bytes"]   # untimed: what one warm run reads
 
@@ -548,8 +734,8 @@ def case_warm_rerun(ctx):
         "argv": ["rsync", "-aL", "--checksum", snapshot + "/", rsync_dest + "/"]})))
     runs = alternate("warm_rerun", [("hf_hub_mirror verify=sample", ROUNDS, cold_run(rerun))]
                      + ([rsync] if shutil.which("rsync") else []))
-    touched = sorted(p for p, state in benchhub.file_states(repo).items() if before.get(p) != state)
-    if touched or len(before) != len(benchhub.file_states(repo)):
+    touched = sorted(p for p, state in file_states(repo).items() if before.get(p) != state)
+    if touched or len(before) != len(file_states(repo)):
         raise BenchError("the warm re-runs changed the staged layout: %s" % (touched[:5] or "entries added/removed"))
     rows = [row(name, records, nas["logical_bytes"]) for name, records in runs.items()]
     speedup = ratio(rows[1]["own_s"], rows[0]["own_s"]) if len(rows) > 1 else None
@@ -577,8 +763,8 @@ def case_warm_rerun(ctx):
 def case_peak_rss(ctx):
     """Peak RSS of the module process staging one blob larger than 4 GiB, and with 8 workers busy at once."""
     size = int(BIG_GIB * GIB)
-    one = benchhub.sparse_hub(HUBS, "bench/one-big-blob", 1, size // MIB * MIB, metadata=False)
-    eight = benchhub.sparse_hub(HUBS, "bench/eight-blobs", 8, size // 8 // MIB * MIB, metadata=False)
+    one = sparse_hub(HUBS, "bench/one-big-blob", 1, size // MIB * MIB, metadata=False)
+    eight = sparse_hub(HUBS, "bench/eight-blobs", 8, size // 8 // MIB * MIB, metadata=False)
     local = os.path.join(WORK, "big-local")
 
     def stage(nas, **extra):
@@ -783,12 +969,12 @@ def main():
             log("%s done in %.0f s" % (name, case["wall_s"]))
             report["cases"][name] = case
     finally:
-        DISK.sample()
+        disk_sample()
         shutil.rmtree(WORK, ignore_errors=True)
     report["targets"] = [t for name in CASE_NAMES for t in report["cases"].get(name, {}).get("targets", [])]
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    report["disk"] = {"peak_gib": round(DISK.peak / GIB, 2), "min_free_gib": round(DISK.min_free / GIB, 2)}
+    report["disk"] = {"peak_gib": round(DISK["peak"] / GIB, 2), "min_free_gib": round(DISK["min_free"] / GIB, 2)}
     text = render(report)
     print(text)
     report["table"] = text

@@ -1,23 +1,14 @@
 #!/usr/bin/env python3
-"""`make demo`: build a synthetic NAS hub with every trap of the night-shift log, then stage it on the
-demo inventory (localhost) through the operator front end with the NAS copy read-only
-(`dgx-stage stage -i inventory/demo`, then `dgx-stage clean-receipts` for yesterday's receipts): each run
-prints its one table, and the demo adds what the table does not say (shard headers, mounts, receipts).
-The front end records its runs under .cache/demo/runs (`dgx-stage report --runs-dir .cache/demo/runs`).
+"""`make demo`: build a synthetic NAS hub with every trap of the night-shift log and stage it on localhost
+through the front end with the NAS read-only (`dgx-stage stage -i inventory/demo`, then `clean-receipts`);
+then print what the run's table does not say. Runs are recorded under .cache/demo/runs.
 
-Root is never needed: every demo path is under .cache/demo and belongs to whoever runs it (the demo
-inventory sets become_root: false). The NAS is kept read-only without root too: as root it is bound
-read-only in a private mount namespace (any write is an error, nothing stays mounted afterwards); as
-any other user its tree is made read-only by permissions (`make clean` gives the write bits back).
-Ansible's temp files go under .cache/demo as well, so the demo writes nothing outside its dirs.
+No root needed: every path is under .cache/demo (Ansible's temp files too). As root the NAS is bound
+read-only in a private mount namespace; as any other user it is made read-only by permissions.
 
-`make demo-4x` (`demo.py --4x`): the SGLang lane of four nodes played by four local-connection hosts
-(inventory/demo-4x), everything under .cache/demo-4x. Its NAS hub holds hubgen's engram layout for four ranks;
-each host stages the shared files and its own rank's tables, two hosts read the NAS at once
-(stage_nas_readers: 2) and, with stage_peer_fanout, rank 0 reads the shared files from the NAS and the others
-take them from a peer (rsync, adopted after a hash match). After the run's table it prints the lane's NAS bytes
-against one copy of the shared files plus each rank's part. Root is not needed either; rsync is (fan-out copies
-host to host with it).
+`make demo-4x` (`demo.py --4x`): the SGLang lane of four local-connection hosts (inventory/demo-4x) on
+hubgen's engram layout for four ranks, two NAS readers at once and peer fan-out (rsync) of the shared
+files; it prints the lane's NAS bytes against one copy of the shared files plus each rank's part.
 """
 import json
 import os
@@ -38,7 +29,6 @@ DEMO_ROOT = os.path.join(REPO, ".cache", "demo")
 NAS_PARENT = os.path.join(DEMO_ROOT, "nas")
 NAS_HUB = os.path.join(NAS_PARENT, "hub")
 REPORT = os.path.join(DEMO_ROOT, "reports", "localhost.json")
-ANSIBLE_TMP = os.path.join(DEMO_ROOT, "ansible-tmp")
 RUNS_DIR = os.path.join(DEMO_ROOT, "runs")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")

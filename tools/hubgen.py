@@ -283,8 +283,7 @@ class _Hub(object):
         etag = os.path.basename(repo_blob)
         name = _xet_name(etag) if self.hf_native else etag
         prefix = os.path.join(self.store, name[:2])
-        if not os.path.isdir(prefix):
-            os.makedirs(prefix)
+        os.makedirs(prefix, exist_ok=True)
         store_path = os.path.join(prefix, name)
         os.rename(tmp, store_path)
         if form == FORM_REL_STORE:
@@ -326,19 +325,14 @@ class _Hub(object):
     @staticmethod
     def link(snapshot, rel, repo_dir, etag):
         dst = os.path.join(snapshot, *rel.split("/"))
-        parent = os.path.dirname(dst)
-        if not os.path.isdir(parent):
-            os.makedirs(parent)
-        os.symlink(os.path.relpath(os.path.join(repo_dir, "blobs", etag), parent), dst)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.symlink(os.path.relpath(os.path.join(repo_dir, "blobs", etag), os.path.dirname(dst)), dst)
 
-    @staticmethod
-    def real_file(snapshot, rel, data):
-        dst = os.path.join(snapshot, *rel.split("/"))
-        parent = os.path.dirname(dst)
-        if not os.path.isdir(parent):
-            os.makedirs(parent)
-        with open(dst, "wb") as fh:
-            fh.write(data)
+    def add(self, files, repo_dir, snapshot, rel, data, lfs=False, form=FORM_REAL):
+        """Blob `data` linked from snapshot/rel, its entry recorded in files."""
+        info = self.put_bytes(repo_dir, data, lfs=lfs, form=form)
+        self.link(snapshot, rel, repo_dir, info["etag"])
+        files[rel] = _file_entry(info)
 
 
 def _new_repo(hub, repo_id):
@@ -349,11 +343,13 @@ def _new_repo(hub, repo_id):
 
 
 def _write_text(path, text):
-    parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
-        os.makedirs(parent)
-    with open(path, "w") as fh:
-        fh.write(text)
+    _write_bytes(path, text.encode())
+
+
+def _write_bytes(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(data)
 
 
 def _file_entry(info, kind="link"):
@@ -461,9 +457,7 @@ def _main_small_files(hub_obj, repo_dir, snap, files, n_shards):
             "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|Assistant|>\n").encode(),
     }
     for rel, data in small.items():
-        info = hub_obj.put_bytes(repo_dir, data)
-        hub_obj.link(snap, rel, repo_dir, info["etag"])
-        files[rel] = _file_entry(info)
+        hub_obj.add(files, repo_dir, snap, rel, data)
 
 
 def _main_shards(hub_obj, repo_dir, snap, files, shard_names, shard_size):
@@ -483,11 +477,8 @@ def _main_shards(hub_obj, repo_dir, snap, files, shard_names, shard_size):
         for t, s in final:
             weight_map[t] = name
             total_size += s
-    index = _json_bytes({"metadata": {"total_size": total_size},
-                         "weight_map": dict(sorted(weight_map.items()))})
-    info = hub_obj.put_bytes(repo_dir, index)
-    hub_obj.link(snap, "model.safetensors.index.json", repo_dir, info["etag"])
-    files["model.safetensors.index.json"] = _file_entry(info)
+    hub_obj.add(files, repo_dir, snap, "model.safetensors.index.json",
+                _json_bytes({"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}))
     return shard_tensors
 
 
@@ -505,7 +496,7 @@ def _main_page15(hub_obj, snap, files):
                                                  for e in range(48)]})
         else:
             data = _small_bytes(seed, "%s:%s" % (MAIN_REPO, rel), 3072 + 1111 * k)
-        hub_obj.real_file(snap, rel, data)
+        _write_bytes(os.path.join(snap, rel), data)
         files[rel] = {"kind": "real", "etag": None, "size": len(data), "sha256": sha256_hex(data),
                       "blob_id": git_blob_sha1(data), "blob_form": None, "store_path": None}
         page15.append(rel)
@@ -545,11 +536,9 @@ def _build_drafter(hub_obj):
     snap = os.path.join(repo_dir, "snapshots", commit)
     os.makedirs(snap)
     files = {}
-    cfg = _json_bytes({"architectures": ["DSparkDrafter"], "model_type": "dspark", "num_hidden_layers": 2,
-                       "hidden_size": 2048, "target": MAIN_REPO})
-    info = hub_obj.put_bytes(repo_dir, cfg)
-    hub_obj.link(snap, "config.json", repo_dir, info["etag"])
-    files["config.json"] = _file_entry(info)
+    hub_obj.add(files, repo_dir, snap, "config.json", _json_bytes({
+        "architectures": ["DSparkDrafter"], "model_type": "dspark", "num_hidden_layers": 2, "hidden_size": 2048,
+        "target": MAIN_REPO}))
     names = _shard_names(2)
     weight_map = {}
     total = 0
@@ -558,19 +547,12 @@ def _build_drafter(hub_obj):
                    _small_bytes(seed, "%s:%s:q" % (repo_id, name), 2048),
                    "model.layers.%d.mlp.down_proj.weight" % i:
                    _small_bytes(seed, "%s:%s:d" % (repo_id, name), 1024)}
-        data = write_safetensors(None, tensors, total_size=size)
-        _, header = _parse_header_bytes(data)
-        for t, meta in header.items():
-            if t != "__metadata__":
-                weight_map[t] = name
-                total += meta["data_offsets"][1] - meta["data_offsets"][0]
-        info = hub_obj.put_bytes(repo_dir, data, lfs=True, form=FORM_REAL)
-        hub_obj.link(snap, name, repo_dir, info["etag"])
-        files[name] = _file_entry(info)
-    index = _json_bytes({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-    info = hub_obj.put_bytes(repo_dir, index)
-    hub_obj.link(snap, "model.safetensors.index.json", repo_dir, info["etag"])
-    files["model.safetensors.index.json"] = _file_entry(info)
+        for t, t_size in _plan_safetensors([(t, len(b)) for t, b in tensors.items()], size)[1]:
+            weight_map[t] = name
+            total += t_size
+        hub_obj.add(files, repo_dir, snap, name, write_safetensors(None, tensors, total_size=size), lfs=True)
+    hub_obj.add(files, repo_dir, snap, "model.safetensors.index.json",
+                _json_bytes({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}))
     trees = _write_trees(hub_obj, repo_dir, commit, files)
     _write_text(os.path.join(repo_dir, "refs", "main"), commit)
     return repo_id, {
@@ -578,11 +560,6 @@ def _build_drafter(hub_obj):
         "files": files, "page15": [], "same_size_pairs": [], "shards": names, "old_files": {},
         "old_only_etags": [], "trees": trees,
     }
-
-
-def _parse_header_bytes(data):
-    (n,) = struct.unpack("<Q", data[:8])
-    return n, json.loads(data[8:8 + n].decode("utf-8"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -639,9 +616,7 @@ def add_engram_repo(hub, world_size, repo_id=ENGRAM_REPO, seed=ENGRAM_SEED, tabl
     files, weight_map, total = {}, {}, [0]
 
     def put(rel, data, lfs=False, form=FORM_REAL):
-        info = hub_obj.put_bytes(repo_dir, data, lfs=lfs, form=form)
-        hub_obj.link(snap, rel, repo_dir, info["etag"])
-        files[rel] = _file_entry(info)
+        hub_obj.add(files, repo_dir, snap, rel, data, lfs=lfs, form=form)
 
     def put_shard(rel, tensors, form=FORM_REAL):
         for name, raw in tensors.items():

@@ -646,6 +646,30 @@ def test_every_task_that_hands_engine_containers_secrets_is_no_log():
     assert "plan.yml" in found and "status.yml" in found
 
 
+def _tasks_with_no_log(tasks, inherited=False):
+    """(task, its no_log as Ansible applies it: its own, else its enclosing block's) of tasks and their blocks."""
+    for task in tasks or []:
+        if isinstance(task, dict):
+            no_log = task.get("no_log", inherited)
+            yield task, no_log
+            for part in ("block", "rescue", "always"):
+                yield from _tasks_with_no_log(task.get(part), no_log)
+
+
+def test_every_container_task_is_no_log():
+    """A container module's result holds the container's inspect data (its environment, the API key): every task
+    that creates, starts or stops one hides its result, itself or through its block."""
+    modules = ("community.docker.docker_container", "containers.podman.podman_container")
+    found = []
+    for path in glob.glob(os.path.join(REPO_ROOT, "roles", "*", "tasks", "*.yml")):
+        with open(path) as handle:
+            for task, no_log in _tasks_with_no_log(yaml.safe_load(handle)):
+                if any(module in task for module in modules):
+                    found.append(os.path.basename(path))
+                    assert no_log is True, (path, task.get("name"))
+    assert found.count("container.yml") == 2 and found.count("strays.yml") == 4
+
+
 # ------------------------------------------------------------------------------------------------
 # the checker itself
 # ------------------------------------------------------------------------------------------------

@@ -11,39 +11,20 @@ module: hf_hub_mirror
 short_description: Mirror one revision of a Hugging Face hub cache repo from a NAS hub to a local hub, verified
 version_added: "1.0.0"
 description:
-  - Copies the files of one revision of one repo that C(allow_patterns)/C(ignore_patterns) select from the NAS
-    hub cache C(src) into the local hub cache C(dest), leaving a hub cache C(huggingface_hub) loads offline
-    (C(refs/), relative C(snapshots/) links, real C(blobs/), a C(trees/<commit>.json) of what was staged).
-  - Follows link chains through the NAS's hub-level C(blobs/<sha[:2]>/<sha>) store; every local blob is a real
-    file and nothing local resolves into the NAS. A link between snapshot files resolves to the blob its chain
-    reaches; a link to a real snapshot file stays a link when both are staged. Real snapshot files (the optional
-    page15 pack) are staged only when selected; excluded paths are returned for the NAS-fallback manifest.
-  - Every blob written (copy or repair) is hashed against its name (sha256, or git blob sha1 for 40-hex names)
-    on the pass that writes it and renamed to that name only when it matches. A NAS blob that fails is listed in
-    RV(nas_corrupt) and fails the repo; a local copy of it that hashes to its name is kept, any other removed. A
-    real snapshot file has no name to check; its copy is refused when the NAS file changes size or mtime meanwhile.
-  - Existing local blobs are proven as O(verify) says (sizes alone only with V(none)); a wrong one (say another
-    shard of the same size hardlinked in its place) is replaced atomically, returned in RV(repairs) and warned
-    about, naming the snapshot path, the blob and what the local bytes hashed to.
-  - Every directory it writes or removes in (repo folder, C(blobs/), C(snapshots/<commit>/...), C(refs/),
-    C(trees/), C(.locks/)) must be a real directory inside C(dest); a symlinked one is refused, naming the link
-    and its target, before anything is written (in check mode too). Writes never follow links.
-  - Refuses before writing when the disk cannot hold the copy plus O(reserve), and on bad input (missing roots,
-    an empty NAS root (is it mounted?), unknown repo or revision, dangling or escaping links, blobs not named by a
-    hash, patterns selecting nothing). A local disk failing or filling mid-copy is reported with the file, the
-    disk, the bytes still needed and free.
-  - Writes go to a temp file, fsynced and renamed; a killed run leaves no torn blob and the next run removes its
-    debris. A per-repo lock keeps two runs from interleaving.
-  - Past the input checks (not in check mode) the run keeps C(<dest>/.locks/<repo folder>/dgx-stage.progress.json),
-    rewritten atomically about once a second by the pass O(phase) names - C(updated_at), C(pid), C(pass),
-    C(current), C(step), C(files_done)/C(files_total), C(bytes_done)/C(bytes_total), C(mib_per_s), C(eta_s) (null
-    until a rate is known), C(bytes_read), the C(hashing) and C(copying) figures, C(status) (V(running), V(ok),
-    V(failed), V(interrupted)), C(finished), C(aborted) (stopped on an error, Ctrl-C or SIGTERM), C(error) - and
-    each pass's latest figures under C(passes). A SIGKILLed run leaves C(status=running) with its C(pid) gone.
-  - A run that fails once content is being proven or copied (a corrupt NAS blob, a local disk failing, a NAS file
-    changing during its copy, files left unstaged or dangling) returns its whole result with RV(msg) and
-    RV(report) C(status=failed); bad input, a lock held too long, too little space or an interrupt return
-    RV(msg) and a RV(report) row without figures.
+  - Copies the files of one revision of one repo that O(allow_patterns)/O(ignore_patterns) select from the NAS
+    hub cache O(src) into the local hub cache O(dest), laid out so C(huggingface_hub) loads it offline (C(refs/),
+    relative C(snapshots/) links, real C(blobs/), C(trees/<commit>.json)); nothing local resolves into the NAS.
+  - Every blob written is hashed against its name (sha256, or git blob sha1 for 40-hex names) and gets that name
+    only when it matches; a NAS blob that does not fails the run (RV(nas_corrupt)). Local blobs already there are
+    proven as O(verify) says; a wrong one is replaced and warned about (RV(repairs)).
+  - Writes go to fsynced temp files renamed into place, under a per-repo lock, only through real directories
+    inside O(dest) (a symlinked one is refused before anything is written, in check mode too). Refuses before
+    writing on bad input (missing roots, an empty NAS root, unknown repo or revision, dangling or escaping links,
+    patterns selecting nothing) and when the disk cannot hold the copy plus O(reserve).
+  - Past its input checks (not in check mode) a run keeps its figures in RV(progress_file), which M(mirror_job)
+    and M(stage_status) read.
+  - A run that fails once content is being copied or proven returns its whole result with RV(msg); one that fails
+    before (bad input, lock timeout, no space, interrupt) returns RV(msg) and a RV(report) row without figures.
 author: dgx-stage maintainers
 options:
   src: {description: NAS hub cache root (the directory holding C(models--*)). Only read., type: path, required: true}
@@ -52,18 +33,14 @@ options:
   repo_type: {description: Kind of repo., type: str, default: model, choices: [model, dataset, space]}
   revision: {description: "Branch, tag or 40-hex commit to stage.", type: str, default: main}
   allow_patterns:
-    description:
-      - Only paths matching one of these are staged (huggingface_hub semantics, fnmatch on the snapshot-relative
-        path; a pattern ending in C(/) matches everything below it).
+    description: Only paths matching one of these are staged (huggingface_hub semantics; a pattern ending in C(/)
+      matches everything below it).
     type: list
     elements: str
   ignore_patterns: {description: Paths matching one of these are not staged., type: list, elements: str}
   copy_missing:
-    description:
-      - Copy selected files that have no local copy (a missing blob, a link where the copy should be).
-      - V(false) (the stage role's verify pass) copies nothing new (a present copy failing its check is still
-        repaired) and fails before anything is written (in check mode too) when selected files are not staged,
-        naming the first few and their count and saying to run the stage play first.
+    description: Copy selected files that have no local copy. V(false) (the verify pass) copies nothing new, still
+      repairs a wrong copy, and fails before writing anything when selected files are not staged.
     type: bool
     default: true
   phase:
@@ -73,11 +50,9 @@ options:
     default: stage
   verify:
     description:
-      - How local blobs are proven right.
-      - C(sample) compares size plus head, tail and spread middle blocks (about 1 MiB a side) of the local copy and
-        the NAS file; it survives stale NFS mtimes but misses a byte changed between two samples.
-      - C(full) hashes every local blob against its own name, with no NAS read.
-      - C(none) trusts sizes.
+      - How local blobs already there are proven. V(sample) compares size and about 1 MiB of head, tail and middle
+        blocks with the NAS file; V(full) hashes every local blob against its name, reading nothing on the NAS;
+        V(none) trusts sizes.
     type: str
     choices: [sample, full, none]
     default: sample
@@ -86,36 +61,23 @@ options:
     type: str
     default: 2%
   prune:
-    description:
-      - Remove local files of this repo outside the wanted state (stale copies of excluded files, blobs no local
-        snapshot links to). Other local snapshots and their blobs are kept.
+    description: Remove local files of this repo outside the wanted state; other local snapshots and their blobs are kept.
     type: bool
     default: false
   lock_timeout:
-    description:
-      - Seconds to wait for another run holding the repo lock before failing, naming that run (its O(run_id), pid,
-        since when). With O(lease_file), the lease file says meanwhile for whom it waits, for the mirror_job polls.
+    description: Seconds to wait for another run holding the repo lock before failing, naming that run.
     type: int
     default: 60
-  run_id:
-    description: The lane's run id, written with this process's pid and the time into the repo lock it holds.
-    type: str
+  run_id: {description: "The lane's run id, written into the repo lock this run holds.", type: str}
   workers:
-    description:
-      - Files in flight at once, for copies and content checks; each reads in chunks into one reused buffer, all
-        buffers together within 32 MiB, whatever the file size.
-      - Unset - the node's CPU count, between 2 and 8; at most 32.
+    description: Files copied or checked at once, 1 to 32; unset - the node's CPU count, between 2 and 8. All read
+      buffers together stay within 32 MiB.
     type: int
   lease_file:
     description:
-      - For a background run (C(async)) - a file whose mtime the controller renews while it watches (the stage
-        role's mirror_job polls touch it). The run writes its pid into it (a poll finding that process gone without
-        a result fails the job) and checks it every few seconds; unrenewed for O(lease_timeout) seconds, or
-        removed, it stops as on Ctrl-C (copies in flight stopped within a chunk, temp files removed, no ref for an
-        incomplete snapshot, lock released) and fails saying so. Unset - a run whose controller died runs to its
-        end.
-      - Refused before anything is written when its directory is or passes a symlink inside O(dest), or is inside
-        O(dest) but not under its C(.locks). Ignored in check mode.
+      - For a background run (C(async)) - a C(dgx-lease.*) file (inside O(dest) only under its C(.locks)) whose
+        mtime the controller renews (M(mirror_job) polls). Left unrenewed for O(lease_timeout) seconds, or removed, the run stops as on Ctrl-C
+        and fails saying so. Ignored in check mode.
     type: path
   lease_timeout:
     description: Seconds O(lease_file) may go unrenewed before the run stops itself.
@@ -123,51 +85,30 @@ options:
     default: 120
   peer_dir:
     description:
-      - This repo's candidate folder C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding blobs another host of
-        the lane copied there, named by their blob names (the stage role's fan-out). Missing - no candidates.
-      - A blob the run would copy is first looked for there. A regular file C(<peer_dir>/<blob>) (lstat-ed first,
-        opened without following links or blocking and only when the open file is the one lstat-ed, so a FIFO or
-        device is never opened) is copied into C(blobs/) like a NAS copy and named only when the bytes written hash
-        to the blob at the NAS size; it is never moved or linked, and is removed right after its copy or rejection.
-        Anything else (other bytes or size, a link, FIFO or directory, unreadable, changing meanwhile) is listed in
+      - This repo's candidate folder, C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding blobs another host of
+        the lane sent (the stage role's fan-out). A regular file there named by a blob the run would copy is
+        copied like a NAS file and named only when its bytes hash to that blob; any other is listed in
         RV(peer_rejected) and the blob comes from the NAS.
-      - The space check counts a candidate (RV(space.peers)) only when it is a regular file of the blob's size on
-        the filesystem of C(blobs/) whose allocated blocks cover it; the largest ones still there while their
-        copies are in flight (one per worker) are added back as RV(space.peers_peak).
-      - Once a run (not in check mode) has started writing - ok, failed or interrupted - O(peer_dir) is removed with
-        what is directly in it (files, links, never a link's target; rsync's C(.~tmp~) and its files); another
-        directory in it is named in a warning and not entered, and one on another mount is never emptied. A run
-        refused before writing, and check mode, leave it as it is.
-      - Refused before anything is written (in check mode too) when not absolute or with C(..), O(dest) itself or
-        outside it, in or at a repo folder, the lock root or a repo's lock directory, not named as this repo's
-        folder under C(dgx-stage-peer) (so another repo's candidates are never removed), reached through a symlink,
-        or a mount point or below one inside O(dest) (C(st_dev) differing from its parent's, or listed in
-        C(/proc/self/mountinfo)).
+      - Once a run (not in check mode) has started writing, the folder is emptied and removed. Any other path,
+        one reached through a link, or a mount point is refused before anything is written.
     type: path
   require_match:
     description:
-      - This host's rank patterns (the stage role's expanded C(rank_patterns)), each of which must match at least
-        one selected file (matched like O(allow_patterns)); one that matches none fails the run before anything is
-        written (in check mode too), naming the pattern, the repo and the commit, and whether it matches only
-        excluded files.
-      - The selected files they match are RV(files.rank); the others RV(files.shared).
+      - This host's rank patterns; one that matches no selected file fails the run before anything is written. The
+        files they match are RV(files.rank).
     type: list
     elements: str
   other_rank_patterns:
-    description:
-      - The lane's other ranks' patterns (the role also lists them in O(ignore_patterns)). A snapshot file that one
-        of them and one of O(require_match) both select fails the run before anything is written (in check mode
-        too), naming the file and both patterns, since rank files partition the repo.
+    description: The lane's other ranks' patterns; a file that one of them and one of O(require_match) both select
+      fails the run before anything is written.
     type: list
     elements: str
   inventory_hostname:
-    description: This node's inventory name, the C(--limit) of the C(dgx-stage) commands the messages give as the fix;
-      without it they name the whole lane.
+    description: This node's inventory name, the C(--limit) of the fix commands messages give.
     type: str
   time_limit:
-    description:
-      - With O(lease_file) - seconds after which the run stops itself the same way and fails saying so; set it below
-        the task's C(async) limit, where Ansible kills the run with SIGKILL instead. V(0) - none.
+    description: With O(lease_file), seconds after which the run stops itself as on Ctrl-C (set it below the task's
+      C(async)); V(0) - none.
     type: int
     default: 0
 extends_documentation_fragment:
@@ -178,10 +119,7 @@ attributes:
     details: Reports what would be copied, repaired and pruned; changes nothing (takes no lock).
   diff_mode:
     support: full
-    details: >-
-      The diff opens with the plan in one line (V(would copy 13 files, 47.9 GiB; would repair ...) in check mode,
-      V(copied ...) otherwise, sizes in binary units), then one line per copy, repair, prune, ref and link (a link
-      that comes with a copy is said by the copy's line).
+    details: The plan in one line, then one line per copy, repair, prune, ref and link.
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: full
@@ -191,9 +129,8 @@ attributes:
     platforms: posix
 notes:
   - Runs on the node with the system Python; stdlib only.
-  - A blob taken from a good O(peer_dir) candidate is never read on the NAS, so a NAS copy of it that is
-    corrupt goes unreported by that run (RV(nas_corrupt) only names NAS blobs the run read); a run without
-    candidates, or the verify pass with O(verify=full) against the NAS, finds it.
+  - A blob adopted from O(peer_dir) is not read on the NAS, so that run does not see a corrupt NAS copy of it; a run
+    without candidates, or a verify pass with O(verify=sample), does.
 """
 
 EXAMPLES = r"""
@@ -203,21 +140,9 @@ EXAMPLES = r"""
     dest: /raid/hf-local/hub
     repo_id: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw
     ignore_patterns: ["page15/"]
-    verify: sample
-    reserve: 2%
     prune: true
 
-- name: Stage rank 1 of 4, adopting the blobs a peer host already sent (each hashed against its name first)
-  hf_hub_mirror:
-    src: /mnt/nas/hf/hub
-    dest: /raid/hf-local/hub
-    repo_id: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw
-    allow_patterns: ["*.json", "*.safetensors", "engram/rank-1-of-4/*"]
-    require_match: ["engram/rank-1-of-4/*"]
-    other_rank_patterns: ["engram/rank-0-of-4/*", "engram/rank-2-of-4/*", "engram/rank-3-of-4/*"]
-    peer_dir: /raid/hf-local/hub/.locks/dgx-stage-peer/models--coolbho3k--DeepSeek-V4.1-Flash-EXL3-3bpw
-
-- name: Prove every local blob against its name (no NAS read); fail, copying nothing, if files are not staged
+- name: Verify pass - prove local blobs, copy nothing new
   hf_hub_mirror:
     src: /mnt/nas/hf/hub
     dest: /raid/hf-local/hub
@@ -247,21 +172,17 @@ files:
     local: {description: Files the patterns select (staged)., type: int}
     excluded: {description: Files the patterns leave out (RV(excluded_paths))., type: int}
     dangling: {description: Local entries that do not resolve to a local file after the run., type: int}
-    rank:
-      description: Staged files that O(require_match) selects - this host's rank files; V(0) without it.
-      type: int
-    shared:
-      description: Staged files that are not this host's rank files (RV(files.local) minus RV(files.rank)).
-      type: int
+    rank: {description: Staged files O(require_match) selects; V(0) without it., type: int}
+    shared: {description: Staged files that are not rank files., type: int}
   sample: {total: 14, local: 9, excluded: 5, dangling: 0, rank: 1, shared: 8}
 blobs:
-  description: Unique blobs under C(blobs/) - in check mode, what would be done.
+  description: Unique blobs under C(blobs/) (in check mode, what would be done).
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    copied: {description: Blobs copied from the NAS (missing locally)., type: int}
+    copied: {description: Blobs copied (missing locally)., type: int}
     reused: {description: Local blobs proven right and kept., type: int}
-    repaired: {description: Local blobs replaced because wrong (size or content)., type: int}
+    repaired: {description: Local blobs replaced because wrong., type: int}
   sample: {copied: 7, reused: 0, repaired: 0}
 real_files:
   description: Real files inside the snapshot (no blob name), such as a selected page15 pack.
@@ -270,34 +191,25 @@ real_files:
   contains:
     copied: {description: Real files copied., type: int}
     repaired: {description: Real files replaced because wrong., type: int}
-  sample: {copied: 0, repaired: 0}
 repaired_paths:
   description: Snapshot paths whose local content was wrong and was replaced.
   returned: success; on failure when the run has a result
   type: list
   elements: str
 repairs:
-  description:
-    - One record per local file that was wrong and was replaced (in check mode, would be); each is also a module
-      warning.
+  description: One record per local file that was (in check mode, would be) replaced; each is also a warning.
   returned: success; on failure when the run has a result
   type: list
   elements: dict
   contains:
-    blob: {description: The blob name (the hash its bytes should have); null for a real snapshot file., type: str}
-    reason:
-      description: V(size) (its size differs from the NAS copy's), V(content) (it failed its content check),
-        V(link) (a symlink where the copy should be) or V(not-a-file).
-      type: str
-    local_hash:
-      description: What the local bytes hashed to, as the blob is named (sha256, or git blob sha1 at the local size);
-        sha256 for a real snapshot file. Null when there were no local bytes (V(link), V(not-a-file)).
-      type: str
-    path: {description: The snapshot path the warning names (the blob's first)., type: str}
+    blob: {description: The blob name; null for a real snapshot file., type: str}
+    reason: {description: "V(size), V(content), V(link) or V(not-a-file).", type: str}
+    local_hash: {description: What the local bytes hashed to; null when there were none., type: str}
+    path: {description: The snapshot path the warning names., type: str}
     paths: {description: All snapshot paths served by this file., type: list, elements: str}
-    size: {description: The file's size on the NAS (the bytes the repair copies)., type: int}
+    size: {description: The file's size on the NAS., type: int}
 links_written:
-  description: Snapshot links written (or, in check mode, that would be written).
+  description: Snapshot links written (in check mode, that would be).
   returned: success; on failure when the run has a result
   type: int
 refs_written:
@@ -307,40 +219,28 @@ refs_written:
   elements: str
   sample: [main]
 bytes_copied:
-  description: Bytes written (copies and repairs); in check mode, bytes that would be written.
+  description: Bytes written (copies and repairs); in check mode, that would be.
   returned: success; on failure when the run has a result
   type: int
 bytes_from_nas:
-  description:
-    - Bytes of RV(bytes_copied) copied from the NAS; in check mode, what would be (the candidates of the right size
-      in O(peer_dir) not counted).
+  description: Bytes of RV(bytes_copied) read from the NAS.
   returned: success; on failure when the run has a result
   type: int
 bytes_from_peers:
-  description:
-    - Bytes of RV(bytes_copied) copied from O(peer_dir) candidates that hashed to their names; in check mode, the
-      bytes of the candidates counted in RV(space.peers) (not hashed yet). 0 without O(peer_dir).
+  description: Bytes of RV(bytes_copied) taken from O(peer_dir) candidates; 0 without O(peer_dir).
   returned: success; on failure when the run has a result
   type: int
 peer_rejected:
-  description:
-    - One record per O(peer_dir) candidate that was not adopted (the blob was fetched from the NAS); each is also a
-      module warning. Empty in check mode.
+  description: The O(peer_dir) candidates not adopted; each is also a warning. Empty in check mode.
   returned: success; on failure when the run has a result
   type: list
   elements: dict
   contains:
-    blob: {description: The blob name the candidate had., type: str}
+    blob: {description: The candidate's blob name., type: str}
     paths: {description: The snapshot paths served by that blob., type: list, elements: str}
-    why:
-      description: >-
-        Why it was rejected (its hash, its size, not a regular file, it could not be opened or read - with the
-        error text -, changed or replaced).
-      type: str
+    why: {description: Why it was rejected., type: str}
 wanted_blobs:
-  description:
-    - Sorted names of the blobs under C(blobs/) this run copies (in check mode, would copy) - copies and repairs -
-      what a peer may send to O(peer_dir).
+  description: Names of the blobs this run copies or repairs (in check mode, would) - what a peer may send.
   returned: success; on failure when the run has a result
   type: list
   elements: str
@@ -348,37 +248,36 @@ source_snapshot:
   description: The NAS snapshot directory read.
   returned: success; on failure when the run has a result
   type: str
-  sample: /mnt/nas/hf/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
 bytes_staged:
-  description: Bytes of the selected files (what the local snapshot holds when complete).
+  description: Bytes of the selected files.
   returned: success; on failure when the run has a result
   type: int
 bytes_read:
-  description: Bytes this run read on each side - sampled reads, full hashes and copies (in check mode, the checks).
+  description: Bytes this run read on each side (copies and checks).
   returned: success; on failure when the run has a result
   type: dict
   contains:
-    local: {description: Bytes read from the local disk (content checks of present files)., type: int}
-    nas: {description: "Bytes read from the NAS (copies, sampled reads, hashes of real files).", type: int}
+    local: {description: Bytes read from the local disk., type: int}
+    nas: {description: Bytes read from the NAS., type: int}
   sample: {local: 0, nas: 50331648}
 excluded_paths:
-  description: Snapshot paths not staged (the NAS-fallback manifest binds them from the NAS).
+  description: Snapshot paths not staged (the manifest binds them from the NAS).
   returned: success; on failure when the run has a result
   type: list
   elements: str
   sample: [page15/a/00.bin]
 pruned:
-  description: Local paths removed (or, in check mode, that would be removed) because prune is on.
+  description: Local paths removed (in check mode, that would be) by O(prune).
   returned: success; on failure when the run has a result
   type: list
   elements: str
 stale_paths:
-  description: Local paths not part of the staged state, kept because prune is off (see the warning).
+  description: Local paths outside the staged state, kept because O(prune) is off.
   returned: success; on failure when the run has a result
   type: list
   elements: str
 debris_removed:
-  description: Temp files of killed runs removed (in check mode, that would be removed).
+  description: Temp files of killed runs removed (in check mode, that would be).
   returned: success; on failure when the run has a result
   type: list
   elements: str
@@ -397,40 +296,24 @@ nas_corrupt_blobs:
     paths: {description: Every snapshot path of the blob., type: list, elements: str}
     blob: {description: The blob name (the expected hash)., type: str}
     nas_source: {description: The NAS file that was read., type: str}
-    nas_hash:
-      description: What the NAS bytes hashed to; null when the NAS copy was found wrong by comparison with a
-        local copy that passes its name.
-      type: str
-    local:
-      description: V(kept) (the local copy hashes to its name), V(removed) (it did not) or V(absent).
-      type: str
+    nas_hash: {description: What the NAS bytes hashed to; null when found wrong by comparison., type: str}
+    local: {description: "V(kept) (the local copy hashes to its name), V(removed) or V(absent).", type: str}
     why: {description: How the NAS copy was found wrong., type: str}
 unstaged_paths:
-  description: Selected snapshot paths with no good local content after this run (links to them are not written); with
-    O(copy_missing=false), the files found not staged (the run then wrote nothing).
+  description: Selected snapshot paths with no good local copy after this run (with O(copy_missing=false), the run
+    then wrote nothing).
   returned: success; on failure when the run has a result
   type: list
   elements: str
-verify:
-  description: O(verify), as used.
-  returned: success; on failure when the run has a result
-  type: str
-phase:
-  description: O(phase), as used.
-  returned: success; on failure when the run has a result
-  type: str
-copy_missing:
-  description: O(copy_missing), as used.
-  returned: success; on failure when the run has a result
-  type: bool
+verify: {description: O(verify)., returned: success; on failure when the run has a result, type: str}
+phase: {description: O(phase)., returned: success; on failure when the run has a result, type: str}
+copy_missing: {description: O(copy_missing)., returned: success; on failure when the run has a result, type: bool}
 progress_file:
-  description: The repo's progress file (written by runs past the input checks, never in check mode).
+  description: The repo's progress file, C(<dest>/.locks/<repo folder>/dgx-stage.progress.json).
   returned: success; on failure when the run has a result
   type: str
-  sample: /raid/hf-local/hub/.locks/models--org--name/dgx-stage.progress.json
 summary:
-  description: One line for the operator - what the pass did (in check mode, V(would copy N files, X GiB)), what it
-    proved, the bytes read on each side, the time.
+  description: One line for the operator - what the pass did, what it proved, the bytes read, the time.
   returned: success; on failure when the run has a result
   type: str
 space:
@@ -441,26 +324,18 @@ space:
     free: {description: Free bytes on the local disk before the run., type: int}
     reserve: {description: Bytes O(reserve) keeps free., type: int}
     need: {description: "Bytes the plan writes, less RV(space.peers), plus RV(space.peers_peak).", type: int}
-    peers:
-      description: Bytes of the O(peer_dir) candidates that free their space once copied - regular files of their blob's
-        size on the filesystem of C(blobs/), their allocated blocks covering that size. 0 without O(peer_dir).
-      type: int
-    peers_peak:
-      description:
-        - The largest of those candidates, one per worker (O(workers)) - still on the disk while their copies are
-          written. 0 without O(peer_dir).
-      type: int
+    peers: {description: Bytes of O(peer_dir) candidates whose space is freed once copied., type: int}
+    peers_peak: {description: The largest of them (one per worker) still on the disk during their copies., type: int}
     reclaimable: {description: "Bytes the plan frees (prune, debris).", type: int}
 duration_s:
   description: The module's own run time in seconds.
   returned: success; on failure when the run has a result
   type: float
 report:
-  description: This repo's row of the host report, shaped by the module; the stage role passes it on. The keys
-    not described here are the module's own results of the same name. A run that ends without its figures
-    (bad input, the repo lock held past O(lock_timeout), interrupted) returns a row too - V(failed), with only
-    RV(report.repo_id), RV(report.repo_type), RV(report.revision), RV(report.status), RV(report.check_mode),
-    RV(report.verify) and RV(report.phase); a pass with a row lacking RV(report.files) did not finish.
+  description:
+    - This repo's row of the host report (keys not described are the results of the same name). A run that ends
+      without its figures returns a V(failed) row of RV(report.repo_id), RV(report.repo_type), RV(report.revision),
+      RV(report.status), RV(report.check_mode), RV(report.verify) and RV(report.phase) only.
   returned: always
   type: dict
   contains:
@@ -477,18 +352,12 @@ report:
     bytes_staged: {returned: when the run has a result, description: RV(bytes_staged)., type: int}
     bytes_from_nas: {returned: when the run has a result, description: RV(bytes_from_nas)., type: int}
     bytes_from_peers: {returned: when the run has a result, description: RV(bytes_from_peers)., type: int}
-    peer_rejected:
-      returned: when the run has a result
-      description: How many O(peer_dir) candidates were rejected (RV(peer_rejected)).
-      type: int
+    peer_rejected: {returned: when the run has a result, description: How many RV(peer_rejected)., type: int}
     bytes_read: {returned: when the run has a result, description: RV(bytes_read)., type: dict}
     duration_s: {returned: when the run has a result, description: RV(duration_s)., type: float}
     verify: {description: RV(verify)., type: str}
     phase: {description: RV(phase)., type: str}
-    changed:
-      returned: when the run has a result
-      description: Whether the run changed the local hub (or, in check mode, would).
-      type: bool
+    changed: {returned: when the run has a result, description: The run changed (would change) the hub., type: bool}
     repaired_paths: {returned: when the run has a result, description: RV(repaired_paths)., type: list, elements: str}
     repairs: {returned: when the run has a result, description: RV(repairs)., type: list, elements: dict}
     pruned: {returned: when the run has a result, description: RV(pruned)., type: list, elements: str}
@@ -496,22 +365,18 @@ report:
     nas_corrupt: {returned: when the run has a result, description: RV(nas_corrupt)., type: list, elements: str}
     nas_corrupt_blobs:
       returned: when the run has a result
-      description:
-        - RV(nas_corrupt_blobs); engine_manifest reads them from the host report on the controller, so a roll-back
-          onto a wiped local hub still refuses them.
+      description: RV(nas_corrupt_blobs); engine_manifest reads them from the host report.
       type: list
       elements: dict
     unstaged_paths: {returned: when the run has a result, description: RV(unstaged_paths)., type: list, elements: str}
 diff:
-  description: What the run did (or would do) - the plan in one line, then one line per copy, repair, prune and ref.
+  description: The plan in one line, then one line per copy, repair, prune and ref.
   returned: success when in diff mode and something changes
   type: dict
   contains:
     before_header: {description: C(<snapshot> (local))., type: str}
     after_header: {description: C(<snapshot> (staged))., type: str}
-    prepared:
-      description: The lines, the first one the plan (V(would copy 13 files, 47.9 GiB; ...) in check mode).
-      type: str
+    prepared: {description: The lines., type: str}
 msg:
   description: What failed, naming the files, the NAS blobs and the fix.
   returned: failure

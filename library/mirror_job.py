@@ -11,17 +11,14 @@ module: mirror_job
 short_description: Watch a background hf_hub_mirror job - ready its jobs dir, poll its progress, return its result
 version_added: "1.0.0"
 description:
-  - Watches the stage role's async hf_hub_mirror jobs (C(async), C(poll=0)) in three steps, O(mode).
-  - O(mode=prepare) - creates the jobs dir O(async_dir), refusing a symlink (or one on its way inside O(dest)) and
-    a place inside O(dest) not under its C(.locks). Under C(.locks) it removes the async_wrapper job files
-    (C(j<digits>.<digits>), their C(.tmp)) and lease files (C(dgx-lease.*)) older than O(async_timeout) - a fresher
-    result may be another run's, not collected yet. A jobs dir outside O(dest) is never cleared.
-  - O(mode=poll), under C(until) - reads the job file and the repo's progress file
-    C(<dest>/.locks/<repo folder>/dgx-stage.progress.json) (garbage tolerated; an earlier run's figures are not
-    this job's) and returns RV(progress), RV(finished) and a human RV(line).
-  - O(mode=result), once the job ended - returns the job's own hf_hub_mirror result (a failed job fails the task
-    with its message; one that ended without it gets a failed C(report) row), adds RV(progress), RV(finished) and
-    RV(line), removes the job's file and lease, and prunes the jobs dir and C(.locks) when they are left empty.
+  - Watches the stage role's async M(hf_hub_mirror) jobs (C(async), C(poll=0)) in three steps, O(mode).
+  - V(prepare) creates the jobs dir O(async_dir) (a symlink, or a place inside O(dest) not under its C(.locks), is
+    refused) and, inside O(dest), removes the files ended jobs left (job files and leases older than
+    O(async_timeout)).
+  - V(poll), under C(until), reads the job and the repo's progress file and returns RV(progress), RV(finished) and
+    RV(line).
+  - V(result), once the job ended, returns the job's own M(hf_hub_mirror) result (a failed job fails the task with
+    its message) with RV(progress), RV(finished) and RV(line), and removes the job's file and lease.
 author: dgx-stage maintainers
 options:
   mode:
@@ -34,7 +31,7 @@ options:
     type: path
     required: true
   dest:
-    description: The local hub root (hf_hub_mirror's C(dest)); holds the repo's progress file.
+    description: The local hub root (M(hf_hub_mirror)'s C(dest)); holds the repo's progress file.
     type: path
     required: true
   jid:
@@ -49,7 +46,7 @@ options:
     choices: [model, dataset, space]
     default: model
   phase:
-    description: The pass the job runs (hf_hub_mirror's C(phase)); its figures are read from the progress file.
+    description: The pass the job runs (M(hf_hub_mirror)'s C(phase)), whose figures are read.
     type: str
     choices: [stage, verify]
     default: stage
@@ -58,15 +55,13 @@ options:
     type: float
     default: 0
   async_timeout:
-    description: The jobs' async time limit in seconds; the age of a stale job or lease file, and named when the wrapper
-      killed a job at it.
+    description: The jobs' async time limit in seconds; the age of a stale job or lease file.
     type: int
     default: 86400
   lease_file:
     description:
-      - The job's lease (hf_hub_mirror's C(lease_file)), naming its process and whom it waits for - O(mode=poll)
-        renews it, O(mode=result) removes it. Only figures that process wrote are this job's; a job whose process
-        is gone without a result ends failed. A lease dir that became a symlink fails the poll.
+      - The job's lease (M(hf_hub_mirror)'s C(lease_file)); O(mode=poll) renews it, O(mode=result) removes it. A job
+        whose process is gone without a result ends failed.
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -89,12 +84,6 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Ready the jobs dir
-  mirror_job:
-    mode: prepare
-    dest: /raid/hf-local/hub
-    async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
-
 - name: Stage one repo in the background
   hf_hub_mirror:
     src: /mnt/nas/hf/hub
@@ -106,7 +95,7 @@ EXAMPLES = r"""
     ansible_async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
   register: job
 
-- name: Progress of the copy, every 5 seconds until it ended
+- name: Poll it every 5 seconds until it ended
   mirror_job:
     dest: /raid/hf-local/hub
     async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
@@ -116,14 +105,6 @@ EXAMPLES = r"""
   until: watched.finished
   retries: 17280
   delay: 5
-
-- name: The mirror's own result (fails with its message when the copy failed)
-  mirror_job:
-    mode: result
-    dest: /raid/hf-local/hub
-    async_dir: /raid/hf-local/hub/.locks/dgx-stage-async
-    jid: "{{ job.ansible_job_id }}"
-    repo_id: coolbho3k/DSpark-drafter
 """
 
 RETURN = r"""
@@ -132,94 +113,48 @@ progress:
   returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
   type: dict
   contains:
-    repo_id:
-      description: O(repo_id).
-      type: str
-    pass:
-      description: O(phase).
-      type: str
-    step:
-      description: What the pass is doing - V(planning), V(hashing) (content checks), V(copying), V(done).
-      type: str
-    current:
-      description: The snapshot path in hand (null between files and at the end).
-      type: str
-    files_done:
-      description: Files whose work this pass is over.
-      type: int
-    files_total:
-      description: Files this pass works on.
-      type: int
-    bytes_done:
-      description: Bytes read so far (copies and content checks).
-      type: int
-    bytes_total:
-      description: Bytes to read; equals RV(progress.bytes_done) once the pass finished.
-      type: int
-    percent:
-      description: RV(progress.bytes_done) of RV(progress.bytes_total), in percent (100 only once finished).
-      type: float
-    mib_per_s:
-      description: Mean rate so far in MiB/s (null until known).
-      type: float
-    eta_s:
-      description: Seconds left at that rate (null until known, 0 once finished).
-      type: float
-    status:
-      description: V(running), V(ok), V(failed) or V(interrupted) (null before the first figures).
-      type: str
-    finished:
-      description: The pass ended well.
-      type: bool
-    aborted:
-      description: The pass stopped on an error, Ctrl-C or SIGTERM.
-      type: bool
-    error:
-      description: Why it stopped, when it did.
-      type: str
-    started_at:
-      description: When the pass started, ISO 8601 UTC.
-      type: str
-    updated_at:
-      description: When the figures were written, ISO 8601 UTC (null before the first figures).
-      type: str
+    repo_id: {description: O(repo_id)., type: str}
+    pass: {description: O(phase)., type: str}
+    step: {description: "V(planning), V(hashing) (content checks), V(copying) or V(done).", type: str}
+    current: {description: The snapshot path in hand (null between files)., type: str}
+    files_done: {description: Files whose work this pass is over., type: int}
+    files_total: {description: Files this pass works on., type: int}
+    bytes_done: {description: Bytes read so far (copies and content checks)., type: int}
+    bytes_total: {description: Bytes to read., type: int}
+    percent: {description: RV(progress.bytes_done) of RV(progress.bytes_total) (100 only once finished)., type: float}
+    mib_per_s: {description: Mean rate so far in MiB/s (null until known)., type: float}
+    eta_s: {description: Seconds left at that rate (null until known)., type: float}
+    status: {description: "V(running), V(ok), V(failed) or V(interrupted); null before the first figures.", type: str}
+    finished: {description: The pass ended well., type: bool}
+    aborted: {description: "The pass stopped on an error, Ctrl-C or SIGTERM.", type: bool}
+    error: {description: Why it stopped., type: str}
+    started_at: {description: When the pass started (ISO 8601 UTC)., type: str}
+    updated_at: {description: When the figures were written (ISO 8601 UTC)., type: str}
     waiting:
       description: The other dgx-stage run whose repo lock the job waits for, else null.
       type: dict
       contains:
-        pid:
-          description: The holder's process id on the node.
-          type: int
-        run_id:
-          description: The holder's lane run id (null when it did not say).
-          type: str
-        since:
-          description: When it took the lock, ISO 8601 UTC.
-          type: str
+        pid: {description: The holder's process id., type: int}
+        run_id: {description: The holder's lane run id (null when it did not say)., type: str}
+        since: {description: When it took the lock (ISO 8601 UTC)., type: str}
 finished:
   description: The job ended (its result is in its job file, or the job file is gone).
   returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
   type: bool
 line:
-  description: >-
-    One line for the operator, e.g. V(stage org/x: 12.3 GiB of 300.0 GiB (4%), 3/14 files, 812 MiB/s, ETA 6m12s,
-    current: model-00003.safetensors); V(starting) before the first figures; V(done) or V(failed: <msg>) at the end.
+  description: One line for the operator - the figures; before them V(starting) or the lock it waits for; at the end
+    V(done) or V(failed) with the message.
   returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
   type: str
-jid:
-  description: O(jid).
-  returned: success when O(mode=poll)
-  type: str
-async_dir:
-  description: The jobs dir, as an absolute path.
-  returned: success when O(mode=prepare)
-  type: str
+  sample: "stage org/x: 12.3 GiB of 300.0 GiB (4%), 3/14 files, 812 MiB/s, ETA 6m12s, current: model-00003.safetensors"
+jid: {description: O(jid)., returned: success when O(mode=poll), type: str}
+async_dir: {description: "The jobs dir, absolute.", returned: success when O(mode=prepare), type: str}
 created:
   description: The jobs dir was created (in check mode, would be).
   returned: success when O(mode=prepare)
   type: bool
 removed:
-  description: Job files of ended jobs removed from the jobs dir (in check mode, that would be).
+  description: Files of ended jobs removed from the jobs dir (in check mode, that would be).
   returned: success when O(mode=prepare)
   type: list
   elements: str

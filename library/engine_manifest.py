@@ -11,15 +11,12 @@ module: engine_manifest
 short_description: Compute the engine container's mount list for staged hub repos
 version_added: "1.0.0"
 description:
-  - Resolves each repo's commit (the local ref or snapshot, else the NAS's) and walks the NAS snapshot, the source
-    of every file. A file staged locally (a regular file reached through real folders of O(hub_local_root)) is
-    bound from its local blob (C(origin=local)); the rest read-only from the NAS (C(origin=nas)), one mount per
-    maximal directory with nothing local and no link leaving it, else one per file.
-  - A NAS-bound file whose blob a real stage or verify pass found failing its name (the repo's progress file, or
-    C(nas_suspects) and the rows of O(host_report)) fails the module unless its NAS bytes now hash to its name or
-    O(allow_corrupt_nas) is set (then a warning).
-  - Checks the result (every source exists, targets unique and not nested in a directory mount, NAS mounts
-    read-only, every NAS file reachable through exactly one mount). Writes nothing; the role renders RV(manifest).
+  - Binds every file of each repo's NAS snapshot into the container - from its local blob when it is staged
+    (C(origin=local)), else read-only from the NAS (C(origin=nas)), a whole directory where nothing in it is local.
+  - A NAS-bound file whose blob a stage or verify pass found failing its name (the progress file, or O(host_report))
+    fails the module unless its NAS bytes now hash to its name or O(allow_corrupt_nas) is set.
+  - Checks the result (every source exists, targets unique, every NAS file reached through exactly one mount) and
+    writes nothing; the role renders RV(manifest).
 author: dgx-stage maintainers
 options:
   hub_local_root:
@@ -60,8 +57,8 @@ options:
         type: raw
   plan:
     description:
-      - Check mode only. The stage pass's check-mode C(hf_hub_mirror) RV(hf_hub_mirror#module:report) rows; a file
-        a row selects and not yet local is bound from where the stage pass puts it (RV(manifest.planned)).
+      - Check mode only. The stage pass's check-mode RV(hf_hub_mirror#module:report) rows; a file not yet local is
+        bound from where the stage pass puts it (RV(manifest.planned)).
     type: list
     elements: dict
   target_root:
@@ -69,9 +66,7 @@ options:
     type: str
     default: /hub
   bind_from:
-    description:
-      - V(local) binds staged files from the local disk; V(nas) binds every file from the NAS at the NAS's commit,
-        reading nothing local (O(plan) ignored).
+    description: V(local) binds staged files from the local disk; V(nas) binds every file from the NAS (a roll-back).
     type: str
     choices: [local, nas]
     default: local
@@ -80,9 +75,8 @@ options:
     type: bool
     default: false
   host_report:
-    description:
-      - The JSON text of this host's latest report on the controller (empty - no report - adds no suspect). One
-        of another shape fails the module unless O(allow_corrupt_nas).
+    description: The JSON text of this host's latest report on the controller, whose NAS suspects count too; an
+      unreadable one fails the module unless O(allow_corrupt_nas).
     type: str
     default: ""
   host_report_path:
@@ -116,23 +110,11 @@ EXAMPLES = r"""
     hub_nas_root: "{{ hub_nas_root }}"
     repos: "{{ stage_repos }}"
   register: engine_mounts
-
-- name: Serve the NAS weights while the local disk is suspect (the local hub is left as it is)
-  engine_manifest:
-    hub_local_root: "{{ hub_local_root }}"
-    hub_nas_root: "{{ hub_nas_root }}"
-    repos: "{{ stage_repos }}"
-    bind_from: nas
-    host_report: "{{ lookup('ansible.builtin.file', report_file) }}"
-    host_report_path: "{{ report_file }}"
-  vars:
-    report_file: "reports/{{ inventory_hostname }}.json"
-  register: engine_mounts
 """
 
 RETURN = r"""
 manifest:
-  description: The mount manifest, C({repos, mounts, counts, bind_from}); mounts are sorted by target.
+  description: The mount manifest.
   returned: success
   type: dict
   contains:
@@ -207,27 +189,6 @@ manifest:
     bind_from:
       description: O(bind_from).
       type: str
-  sample:
-    repos:
-      - repo_id: org/name
-        repo_type: model
-        revision: main
-        commit: 0123456789abcdef0123456789abcdef01234567
-        folder: models--org--name
-        local_snapshot: /nvme/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
-        nas_snapshot: /nas/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
-        target: /hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
-    mounts:
-      - source: /nvme/hub/models--org--name/blobs/4d2f0c
-        target: /hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567/config.json
-        read_only: true
-        origin: local
-      - source: /nas/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567/page15
-        target: /hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567/page15
-        read_only: true
-        origin: nas
-    counts: {local: 1, nas: 1, total: 2}
-    bind_from: local
 counts:
   description: Mounts by origin.
   returned: success
@@ -260,12 +221,6 @@ nas_corrupt:
     why:
       description: When and how it was found corrupt, or why the NAS file still fails its name.
       type: str
-  sample:
-    - repo_id: org/model
-      path: model-00002-of-00006.safetensors
-      blob: 982d84f448ad773b5ac6642a6accdbcdc0aecc5328987cc880396127e1ece6df
-      nas_file: /mnt/nas/hf/models--org--model/snapshots/1a2b3c/model-00002-of-00006.safetensors
-      why: found corrupt 2026-12-01T10:18:45Z (its sampled bytes differ from the local copy's) and unchanged since
 msg:
   description: Why no manifest could be computed, or the corrupt NAS files it would bind.
   returned: failure

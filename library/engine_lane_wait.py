@@ -11,14 +11,11 @@ module: engine_lane_wait
 short_description: One round of the lane-wide wait for the engine - judge every rank, poll the API, watch the container
 version_added: "1.0.0"
 description:
-  - A lane-wide wait is rounds of calls, one per host per round (the engine role's C(wait.yml)). With
-    O(lane_hosts), a call first judges O(lane), every rank's RV(row) of the previous round, and returns at once
-    when that decides (RV(verdict.state)); every host judges the same rows, so all get the same verdict.
-  - Else it polls C(/v1/models) for up to O(wait_for) seconds, first inspecting O(container) on every poll, and
-    stops when the API answers or the container is not running. With O(port) (the master), it then proves that
-    whoever holds the port (C(/proc/net/tcp) and C(tcp6), the socket's process, its cgroup) runs in O(container).
-  - Without O(lane_hosts), one call judges this host alone (the C(status) play's look at the engine).
-  - Returns RV(report), the ready row of the host report. Never fails on a verdict; the role asserts on it.
+  - A lane-wide wait is rounds of calls, one per host per round. A call first judges O(lane), every rank's RV(row)
+    of the previous round, and returns when that decides RV(verdict); every host judges the same rows alike.
+  - Else it polls C(/v1/models) for up to O(wait_for) seconds, watching O(container), and with O(port) proves that
+    whoever holds the port runs in O(container). Without O(lane_hosts) it judges this host alone.
+  - Never fails on a verdict; the role asserts on RV(report).
 author: dgx-stage maintainers
 options:
   url:
@@ -59,9 +56,7 @@ options:
     choices: [docker, podman]
     default: docker
   redact:
-    description:
-      - Strings no part of the result may show (the engine role's secret values), each replaced by C(<hidden>).
-        This run's own engine is named by its container, never by its command line.
+    description: Strings no part of the result may show (the engine's secret values), each replaced by C(<hidden>).
     type: list
     elements: str
     default: []
@@ -98,13 +93,6 @@ EXAMPLES = r"""
     wait_id: "{{ wait_until }}"
     round: "{{ round_no }}"
   register: engine_ready
-
-- name: The engine container's state and the API's health on this host alone
-  engine_lane_wait:
-    url: http://127.0.0.1:8000
-    wait_for: 2
-    container: ds41-engine
-  register: engine_state
 """
 
 RETURN = r"""

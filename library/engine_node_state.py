@@ -12,10 +12,8 @@ short_description: Read the engine's mount manifest and fingerprint the files it
 version_added: "1.0.0"
 description:
   - Reads the mount manifest (O(manifest), or O(manifest_content) for a C(--check) run's) and checks its binds.
-  - Fingerprints the identity (device, inode, size, mtime, ctime) of what each local bind's source resolves to. A
-    bind pins an inode, so a repair, re-stage or prune changes the fingerprint while the manifest stays the same,
-    and the engine role restarts the lane.
-  - Reads only.
+  - Fingerprints the identity (device, inode, size, mtime, ctime) of what each local bind's source resolves to; a
+    repair, re-stage or prune changes it while the manifest stays the same, and the engine role restarts the lane.
 author: dgx-stage maintainers
 options:
   manifest:
@@ -102,10 +100,8 @@ directories_missing:
   elements: str
   sample: [/cache]
 bind_problems:
-  description:
-    - Why the lane cannot start from the manifest, one text each (a path no runtime binds as written, a local source
-      not a readable regular file reached through real folders of its repo, a NAS source not resolving to a
-      readable file in the NAS hub, a local ref unreadable or moved past the commit); empty when it can.
+  description: Why the lane cannot start from the manifest (a source missing or unreadable, a path no runtime binds as
+    written, a local ref moved past the commit), one text each; empty when it can.
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: list
   elements: str

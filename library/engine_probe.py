@@ -16,9 +16,8 @@ description:
     tok/s (RV(decode_tok_s), RV(e2e_tok_s)); the stream must be RV(complete) to prove anything.
   - V(bench) runs each JSONL item of O(bench_jsonl) at temperature 0; an item passes when the answer contains its
     C(expected) string.
-  - Returns RV(report), this probe's row of the host report. Never fails on a verdict (the role asserts on
-    RV(report)); fails when the API cannot be reached or answers nonsense. The readiness wait is
-    M(engine_lane_wait).
+  - Never fails on a verdict (the role asserts on RV(report)); fails when the API cannot be reached or answers
+    nonsense.
 author: dgx-stage maintainers
 options:
   mode:
@@ -55,9 +54,7 @@ options:
     description: V(bench) only, and required there. JSONL text, one C({"prompt", "expected"}) object a line.
     type: str
   floor:
-    description:
-      - V(decode) and V(bench) only. The figure to reach - decode tok/s (C(engine_decode_floor)) or bench items
-        passed (C(engine_bench_floor)). Only reported (RV(passed_floor), RV(report)).
+    description: V(decode) and V(bench) only. Decode tok/s or bench items passed to reach, reported in RV(passed_floor).
     type: float
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -106,9 +103,8 @@ duration_s:
   type: float
   sample: 12.41
 report:
-  description:
-    - This probe's row of the host report, passed on unchanged by the role. Each key is the result of the same
-      name (rates rounded to two decimals), except RV(report.passed) and RV(report.floor).
+  description: This probe's row of the host report; each key but RV(report.passed) and RV(report.floor) is the result of
+    the same name (rates rounded to two decimals).
   returned: success
   type: dict
   contains:
@@ -161,9 +157,7 @@ answer:
   type: str
 passed: {description: The answer contains O(expected)., returned: success when O(mode=smoke), type: bool}
 tokens:
-  description:
-    - Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks (a count that can
-      only be low; finish reason C(length) is never taken for O(max_tokens)).
+  description: Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks.
   returned: success when O(mode=decode)
   type: int
   sample: 400
@@ -199,9 +193,8 @@ e2e_tok_s:
   type: float
   sample: 34.2
 complete:
-  description:
-    - The stream ended with finish reason C(length) or C(stop) after O(max_tokens) tokens, no more, and a usage
-      count is at most 16 tokens per token-bearing chunk.
+  description: The stream ended with finish reason C(length) or C(stop) after exactly O(max_tokens) tokens, a usage
+    count at most 16 tokens per token-bearing chunk.
   returned: success when O(mode=decode)
   type: bool
 problems:

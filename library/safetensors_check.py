@@ -11,43 +11,31 @@ module: safetensors_check
 short_description: Check a staged snapshot's safetensors index against its shard headers
 version_added: "1.0.0"
 description:
-  - Reads the index's C(weight_map) and the header of every shard it names (shard links are followed); tensor
-    data is never read, so a 300 GB checkpoint is checked in seconds (hf_hub_mirror proves the bytes).
-  - A shard passes exactly when the C(safetensors) 0.8.0 loader would load it (header length, JSON, dtypes,
-    shapes, C(data_offsets) tiling the data section exactly), except that a tensor name given twice in one
-    header is refused.
-  - Across shards it fails when the index maps a tensor to a shard that lacks it, a tensor is in two shards
-    (C(Duplicate mapped checkpoint key), as the engine says when a shard link points at the wrong blob), or an
-    indexed shard is missing. Every shard is checked; the message names ten problems at most, RV(problems) all.
-  - Without an index, every top-level C(*.safetensors) file is checked; none at all passes with RV(shards=0).
+  - Reads the index's C(weight_map) and the header of every shard it names, never tensor data (M(hf_hub_mirror)
+    proves the bytes). A shard passes when the C(safetensors) 0.8.0 loader would load it, and a tensor name
+    given twice in one header is refused too.
+  - Fails when the index maps a tensor to a shard that lacks it, a tensor is in two shards, or an indexed shard is
+    missing. Without an index every top-level C(*.safetensors) file is checked; none at all passes.
 author: dgx-stage maintainers
 options:
   path:
-    description:
-      - Local snapshot directory, C(<hub>/models--org--name/snapshots/<commit>).
+    description: Local snapshot directory, C(<hub>/models--org--name/snapshots/<commit>).
     type: path
     required: true
   index:
-    description:
-      - Index file, relative to O(path). Shard names in it are relative to its directory.
-      - When omitted, C(model.safetensors.index.json) is used if present. When given, it must exist.
+    description: Index file, relative to O(path), that must exist; unset - C(model.safetensors.index.json) if present.
     type: str
   absent_ok:
-    description:
-      - Snapshot-relative paths the staging patterns left out on purpose (a rank's sparse copy, from
-        hf_hub_mirror's C(excluded_paths)). A shard listed here may be missing; its keys are not looked for.
+    description: Snapshot paths left out on purpose (M(hf_hub_mirror)'s C(excluded_paths)); such a shard may be missing.
     type: list
     elements: str
     default: []
   nas_path:
-    description:
-      - The NAS snapshot the local one was staged from, C(<NAS hub>/models--org--name/snapshots/<commit>). The
-        header of each O(absent_ok) shard not on the local disk is read there (only where its link chain ends at a
-        regular file inside that NAS hub) and checked like a local one; RV(nas_shards) lists them.
-      - When omitted, such shards are skipped - listed in RV(absent), their keys not looked for.
+    description: The NAS snapshot the local one was staged from; the O(absent_ok) shards not on the local disk are
+      checked there (RV(nas_shards)). Unset - they are skipped.
     type: path
   repo_id:
-    description: The repo the snapshot belongs to; only echoed in RV(report), so a caller needs no shaping.
+    description: The repo the snapshot belongs to, echoed in RV(report).
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -73,12 +61,8 @@ EXAMPLES = r"""
 - name: Check the staged checkpoint's shard headers against its index
   safetensors_check:
     path: "{{ mirror.snapshot }}"
-
-- name: A rank's sparse copy - its own shards here, the ones it left on the NAS read there
-  safetensors_check:
-    path: "{{ mirror.snapshot }}"
     absent_ok: "{{ mirror.excluded_paths }}"
-    nas_path: "{{ hub_nas_root }}/{{ mirror.snapshot | relpath(hub_local_root) }}"
+    nas_path: "{{ mirror.source_snapshot }}"
 """
 
 RETURN = r"""

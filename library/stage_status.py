@@ -11,12 +11,9 @@ module: stage_status
 short_description: Say what a node holds - staged commits, local files, last stage and verify, receipts, engine
 version_added: "1.0.0"
 description:
-  - Reads, never changes, the node. Per repo of O(repos) - the commit C(refs/<revision>) names in
-    O(hub_local_root), its local files and bytes, and the last stage and verify pass from the progress file
-    C(<hub_local_root>/.locks/<repo folder>/dgx-stage.progress.json).
-  - No symlink in the local hub is read through; it and a garbage progress file are reported, not fatal.
-  - Also the receipt roots present under O(receipt_parent), the engine from O(engine_probe), and the mount
-    manifest at O(manifest_path). RV(lines) are the human lines C(playbooks/status.yml) prints.
+  - Reads, never changes, the node - per repo of O(repos) the staged commit, its local files and bytes and the last
+    stage and verify pass (from its progress file); the receipt roots; the engine from O(engine_probe); the mount
+    manifest. A symlink in the local hub or a garbage progress file is reported, not read through.
 author: dgx-stage maintainers
 options:
   hub_local_root:
@@ -24,8 +21,7 @@ options:
     type: path
     required: true
   repos:
-    description:
-      - The repos to report, as in C(stage_repos) (C(repo_id), C(repo_type), C(revision); other keys ignored).
+    description: The repos to report, as in C(stage_repos) (C(repo_id), C(repo_type), C(revision); other keys ignored).
     type: list
     elements: dict
     required: true
@@ -46,8 +42,7 @@ options:
     type: str
     default: ds41-engine
   engine_probe:
-    description:
-      - The result of C(engine_lane_wait) with C(container) on this host ({} when it did not run).
+    description: The result of M(engine_lane_wait) with C(container) on this host ({} when it did not run).
     type: dict
     default: {}
   manifest_path:
@@ -270,7 +265,7 @@ status:
               description: Why the NAS ref could not be read, else null.
               type: str
 lines:
-  description: Human lines for this host - one per repo, the receipts, the manifest, the engine.
+  description: The lines C(playbooks/status.yml) prints for this host - one per repo, the receipts, the manifest, the engine.
   returned: success
   type: list
   elements: str

@@ -18,21 +18,13 @@ description:
     O(python_modules) the node's Python cannot import (C(requests), which community.docker needs).
 author: dgx-stage maintainers
 options:
-  runtime:
-    description: The container runtime.
-    type: str
-    required: true
-    choices: [docker, podman]
-  name:
-    description: The engine container's name (RV(own)).
-    type: str
+  runtime: {description: The container runtime., type: str, required: true, choices: [docker, podman]}
+  name: {description: The engine container's name (RV(own))., type: str}
   containers:
     description: List the containers (V(false) - only the image, the port or the Python modules).
     type: bool
     default: true
-  image:
-    description: An image to look up (RV(image_id)).
-    type: str
+  image: {description: An image to look up (RV(image_id))., type: str}
   pull:
     description: Whether O(image) may be pulled first - V(never), V(missing) (only when absent), V(always).
     type: str
@@ -43,9 +35,7 @@ options:
       - The environment the engine container would get; each container's C(env_changed) names the variables it
         does not hold, never a value (a container's command and environment are not returned).
     type: dict
-  port:
-    description: TCP port whose listeners to list in RV(port_holders).
-    type: int
+  port: {description: TCP port whose listeners to list in RV(port_holders)., type: int}
   python_modules:
     description: Top-level Python modules to look for in the node's Python; RV(python) lists the missing ones.
     type: list

@@ -18,17 +18,12 @@ description:
   - Never fails on a verdict; the role asserts on RV(report).
 author: dgx-stage maintainers
 options:
-  url:
-    description: API base URL, C(http://host:port) (a trailing C(/v1) is accepted).
-    type: str
-    required: true
+  url: {description: "API base URL, C(http://host:port) (a trailing C(/v1) is accepted).", type: str, required: true}
   wait_for:
     description: Seconds to poll in this call; each runtime call in it is stopped after half of it (1 to 10 s).
     type: float
     default: 10
-  container:
-    description: Name of this host's engine container; polling stops when it is not running.
-    type: str
+  container: {description: Name of this host's engine container; polling stops when it is not running., type: str}
   port:
     description: The API port on this host (the master's C(engine_port)), whose listeners must run in O(container).
     type: int
@@ -46,10 +41,7 @@ options:
   wait_id:
     description: Names this wait on every host; with O(lane), only rows of this wait made in round O(round) - 1 count.
     type: str
-  round:
-    description: This round's number (1 for the first), echoed in RV(row).
-    type: int
-    default: 1
+  round: {description: "This round's number (1 for the first), echoed in RV(row).", type: int, default: 1}
   runtime:
     description: Container runtime CLI used to inspect O(container).
     type: str

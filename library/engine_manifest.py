@@ -19,39 +19,19 @@ description:
     writes nothing; the role renders RV(manifest).
 author: dgx-stage maintainers
 options:
-  hub_local_root:
-    description: Node-local hub cache root; when missing nothing is local.
-    type: path
-    required: true
-  hub_nas_root:
-    description: NAS hub cache root; read only.
-    type: path
-    required: true
+  hub_local_root: {description: Node-local hub cache root; when missing nothing is local., type: path, required: true}
+  hub_nas_root: {description: NAS hub cache root; read only., type: path, required: true}
   repos:
     description: Repos to mount; C(stage_repos) as it is.
     type: list
     elements: dict
     required: true
     suboptions:
-      repo_id:
-        description: C(org/name).
-        type: str
-        required: true
-      revision:
-        description: Branch, tag or 40-hex commit.
-        type: str
-        default: main
-      repo_type:
-        description: Hub repo type.
-        type: str
-        choices: [model, dataset, space]
-        default: model
-      allow_patterns:
-        description: Accepted from C(stage_repos); unused.
-        type: raw
-      ignore_patterns:
-        description: Accepted from C(stage_repos); unused.
-        type: raw
+      repo_id: {description: C(org/name)., type: str, required: true}
+      revision: {description: "Branch, tag or 40-hex commit.", type: str, default: main}
+      repo_type: {description: Hub repo type., type: str, choices: [model, dataset, space], default: model}
+      allow_patterns: {description: Accepted from C(stage_repos); unused., type: raw}
+      ignore_patterns: {description: Accepted from C(stage_repos); unused., type: raw}
       rank_patterns:
         description: Accepted from C(stage_repos); unused (what a rank staged is found on its disk).
         type: raw
@@ -70,10 +50,7 @@ options:
     type: str
     choices: [local, nas]
     default: local
-  allow_corrupt_nas:
-    description: Bind NAS files found corrupt anyway, with a warning.
-    type: bool
-    default: false
+  allow_corrupt_nas: {description: "Bind NAS files found corrupt anyway, with a warning.", type: bool, default: false}
   host_report:
     description: The JSON text of this host's latest report on the controller, whose NAS suspects count too; an
       unreadable one fails the module unless O(allow_corrupt_nas).
@@ -123,47 +100,23 @@ manifest:
       type: list
       elements: dict
       contains:
-        repo_id:
-          description: C(org/name).
-          type: str
-        repo_type:
-          description: Hub repo type.
-          type: str
-        revision:
-          description: The revision asked for.
-          type: str
-        commit:
-          description: The commit it resolved to.
-          type: str
-        folder:
-          description: The repo folder name, C(models--org--name).
-          type: str
-        local_snapshot:
-          description: The snapshot directory under O(hub_local_root) (may not exist).
-          type: str
-        nas_snapshot:
-          description: The snapshot directory under O(hub_nas_root).
-          type: str
-        target:
-          description: The snapshot directory inside the container.
-          type: str
+        repo_id: {description: C(org/name)., type: str}
+        repo_type: {description: Hub repo type., type: str}
+        revision: {description: The revision asked for., type: str}
+        commit: {description: The commit it resolved to., type: str}
+        folder: {description: "The repo folder name, C(models--org--name).", type: str}
+        local_snapshot: {description: The snapshot directory under O(hub_local_root) (may not exist)., type: str}
+        nas_snapshot: {description: The snapshot directory under O(hub_nas_root)., type: str}
+        target: {description: The snapshot directory inside the container., type: str}
     mounts:
       description: Every bind, sorted by target.
       type: list
       elements: dict
       contains:
-        source:
-          description: Host path - a local blob, or a NAS file or directory.
-          type: str
-        target:
-          description: Path inside the container.
-          type: str
-        read_only:
-          description: Always true.
-          type: bool
-        origin:
-          description: V(local) or V(nas).
-          type: str
+        source: {description: "Host path - a local blob, or a NAS file or directory.", type: str}
+        target: {description: Path inside the container., type: str}
+        read_only: {description: Always true., type: bool}
+        origin: {description: V(local) or V(nas)., type: str}
         fallback_reason:
           description: Why a staged file this V(nas) mount covers is not bound from the local disk.
           type: str
@@ -177,18 +130,10 @@ manifest:
       description: Mounts by origin.
       type: dict
       contains: &counts
-        local:
-          description: Mounts from the local disk.
-          type: int
-        nas:
-          description: Mounts from the NAS.
-          type: int
-        total:
-          description: All mounts.
-          type: int
-    bind_from:
-      description: O(bind_from).
-      type: str
+        local: {description: Mounts from the local disk., type: int}
+        nas: {description: Mounts from the NAS., type: int}
+        total: {description: All mounts., type: int}
+    bind_from: {description: O(bind_from)., type: str}
 counts:
   description: Mounts by origin.
   returned: success
@@ -206,21 +151,11 @@ nas_corrupt:
   type: list
   elements: dict
   contains:
-    repo_id:
-      description: The repo.
-      type: str
-    path:
-      description: The file's snapshot path (null when the record cannot be read).
-      type: str
-    blob:
-      description: The blob's name, the hash its bytes must have.
-      type: str
-    nas_file:
-      description: The NAS snapshot file bound.
-      type: str
-    why:
-      description: When and how it was found corrupt, or why the NAS file still fails its name.
-      type: str
+    repo_id: {description: The repo., type: str}
+    path: {description: The file's snapshot path (null when the record cannot be read)., type: str}
+    blob: {description: "The blob's name, the hash its bytes must have.", type: str}
+    nas_file: {description: The NAS snapshot file bound., type: str}
+    why: {description: "When and how it was found corrupt, or why the NAS file still fails its name.", type: str}
 msg:
   description: Why no manifest could be computed, or the corrupt NAS files it would bind.
   returned: failure

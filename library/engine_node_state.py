@@ -16,12 +16,8 @@ description:
     repair, re-stage or prune changes it while the manifest stays the same, and the engine role restarts the lane.
 author: dgx-stage maintainers
 options:
-  manifest:
-    description: Path of the mount manifest on the node.
-    type: path
-  manifest_content:
-    description: The mount manifest itself, used instead of reading O(manifest).
-    type: dict
+  manifest: {description: Path of the mount manifest on the node., type: path}
+  manifest_content: {description: "The mount manifest itself, used instead of reading O(manifest).", type: dict}
   directories:
     description: Paths to look for, as written (a link counts as there); one that cannot be looked at fails.
     type: list
@@ -66,27 +62,15 @@ fingerprint:
   returned: success
   type: str
   sample: 3b5d5c3712955042212316173ccf37be800c8c4a3c1b5c6e2e1d40fb7ab2d6a1
-files:
-  description: How many distinct paths were fingerprinted.
-  returned: success
-  type: int
-  sample: 141
+files: {description: How many distinct paths were fingerprinted., returned: success, type: int, sample: 141}
 manifest:
   description: The mount manifest; null when it cannot be read.
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: dict
   contains:
-    repos:
-      description: The repos the manifest binds.
-      type: list
-      elements: dict
-    mounts:
-      description: The binds.
-      type: list
-      elements: dict
-    counts:
-      description: Binds by origin.
-      type: dict
+    repos: {description: The repos the manifest binds., type: list, elements: dict}
+    mounts: {description: The binds., type: list, elements: dict}
+    counts: {description: Binds by origin., type: dict}
   sample: {repos: [{repo_id: org/model, target: /hub/models--org--model/snapshots/0a1b2c}], mounts: [], counts: {}}
 manifest_error:
   description: Why the manifest cannot be used; empty when it was read.
@@ -112,10 +96,7 @@ missing:
   type: list
   elements: str
   sample: []
-msg:
-  description: Why the node could not be read.
-  returned: failure
-  type: str
+msg: {description: Why the node could not be read., returned: failure, type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule

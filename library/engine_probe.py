@@ -20,18 +20,9 @@ description:
     nonsense.
 author: dgx-stage maintainers
 options:
-  mode:
-    description: Which probe to run.
-    type: str
-    required: true
-    choices: [smoke, decode, bench]
-  url:
-    description: API base URL, C(http://host:port) (a trailing C(/v1) is accepted).
-    type: str
-    required: true
-  model:
-    description: Model name for requests; default the first id listed by C(/v1/models).
-    type: str
+  mode: {description: Which probe to run., type: str, required: true, choices: [smoke, decode, bench]}
+  url: {description: "API base URL, C(http://host:port) (a trailing C(/v1) is accepted).", type: str, required: true}
+  model: {description: Model name for requests; default the first id listed by C(/v1/models)., type: str}
   timeout:
     description: Seconds one HTTP request may take as a whole, to the last byte (a stream still going is cut).
     type: float
@@ -40,13 +31,8 @@ options:
     description: V(smoke) only. The question.
     type: str
     default: What is 127*89? Reply with the number only.
-  expected:
-    description: V(smoke) only. The string the answer must contain.
-    type: str
-    default: "11303"
-  prompt:
-    description: V(decode) only. Prompt to stream; default the fixed ~487-token prompt.
-    type: str
+  expected: {description: V(smoke) only. The string the answer must contain., type: str, default: "11303"}
+  prompt: {description: V(decode) only. Prompt to stream; default the fixed ~487-token prompt., type: str}
   max_tokens:
     description: Tokens to generate (defaults per mode - V(smoke) 256, V(decode) 400, V(bench) 512).
     type: int
@@ -97,11 +83,7 @@ model:
   returned: success
   type: str
   sample: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw
-duration_s:
-  description: Seconds the probe's requests took.
-  returned: success
-  type: float
-  sample: 12.41
+duration_s: {description: Seconds the probe's requests took., returned: success, type: float, sample: 12.41}
 report:
   description: This probe's row of the host report; each key but RV(report.passed) and RV(report.floor) is the result of
     the same name (rates rounded to two decimals).
@@ -207,15 +189,8 @@ cut: {description: "How the connection broke mid-stream, or null.", returned: su
 finish_reason: {description: "The stream's finish reason, or null.", returned: success when O(mode=decode), type: str}
 max_tokens: {description: Tokens asked for., returned: success when O(mode=decode), type: int}
 prompt_chars: {description: Characters of the prompt streamed., returned: success when O(mode=decode), type: int}
-done:
-  description: "The stream ended with C(data: [DONE])."
-  returned: success when O(mode=decode)
-  type: bool
-total_items:
-  description: Number of bench items.
-  returned: success when O(mode=bench)
-  type: int
-  sample: 176
+done: {description: "The stream ended with C(data: [DONE]).", returned: success when O(mode=decode), type: bool}
+total_items: {description: Number of bench items., returned: success when O(mode=bench), type: int, sample: 176}
 passed_items:
   description: Number of bench items whose answer contains their expected string.
   returned: success when O(mode=bench)

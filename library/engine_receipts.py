@@ -29,11 +29,7 @@ options:
     type: list
     elements: str
     default: [ds41-backend-attestation, ds41-combined-ready, ds41-display-kv]
-  state:
-    description: Only V(absent) is supported.
-    type: str
-    choices: [absent]
-    default: absent
+  state: {description: Only V(absent) is supported., type: str, choices: [absent], default: absent}
   force:
     description: Remove the roots even while held, or holding a mount point (which stays, RV(mounts_kept)).
     type: bool
@@ -42,9 +38,7 @@ options:
     description: Id (or a 12+ character prefix) of this host's running engine, whose roots are the live run's.
     type: str
     default: ""
-  inventory_hostname:
-    description: This node's name, the C(--limit) of the fix command a refusal gives.
-    type: str
+  inventory_hostname: {description: "This node's name, the C(--limit) of the fix command a refusal gives.", type: str}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -105,28 +99,19 @@ holders:
   type: list
   elements: dict
   contains:
-    pid:
-      description: Process id (for a mount, the lowest pid of that mount namespace).
-      type: int
-    name:
-      description: Process name (C(/proc/<pid>/comm)).
-      type: str
+    pid: {description: "Process id (for a mount, the lowest pid of that mount namespace).", type: int}
+    name: {description: Process name (C(/proc/<pid>/comm))., type: str}
     container:
       description: Id of the container the process runs in (from C(/proc/<pid>/cgroup)); empty when none.
       type: str
     how:
       description: V(open), V(cwd), V(mapped), V(mount) (a bind of a root, in one, or O(parent)) or V(ancestor).
       type: str
-    path:
-      description: What is held, as a host path (for V(ancestor) the bound directory).
-      type: str
+    path: {description: "What is held, as a host path (for V(ancestor) the bound directory).", type: str}
     seen_as:
       description: The path the process sees it by (its fd or cwd link text, or the mount point).
       type: str
-    roots:
-      description: The receipt roots it holds.
-      type: list
-      elements: str
+    roots: {description: The receipt roots it holds., type: list, elements: str}
   sample: [{pid: 4242, name: python3, container: 018a9bfdf3cebcadf93f3007272220059bfe1e622297531dff97fad81746ce62,
             how: open, path: /cache/ds41-combined-ready/worker.json, seen_as: /cache/ds41-combined-ready/worker.json,
             roots: [/cache/ds41-combined-ready]}]
@@ -135,16 +120,9 @@ diff:
   returned: success
   type: dict
   contains:
-    before:
-      description: "C(<path>: present) lines."
-      type: str
-    after:
-      description: "C(<path>: absent) lines."
-      type: str
-msg:
-  description: Why nothing was removed, or which removal failed.
-  returned: failure
-  type: str
+    before: {description: "C(<path>: present) lines.", type: str}
+    after: {description: "C(<path>: absent) lines.", type: str}
+msg: {description: "Why nothing was removed, or which removal failed.", returned: failure, type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule

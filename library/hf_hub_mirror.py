@@ -61,7 +61,7 @@ options:
     type: str
     default: 2%
   prune:
-    description: Remove local files of this repo outside the wanted state; other local snapshots and their blobs are kept.
+    description: Remove local files of this repo outside the wanted state; other snapshots and their blobs are kept.
     type: bool
     default: false
   lock_timeout:
@@ -76,8 +76,8 @@ options:
   lease_file:
     description:
       - For a background run (C(async)) - a C(dgx-lease.*) file (inside O(dest) only under its C(.locks)) whose
-        mtime the controller renews (M(mirror_job) polls). Left unrenewed for O(lease_timeout) seconds, or removed, the run stops as on Ctrl-C
-        and fails saying so. Ignored in check mode.
+        mtime the controller renews (M(mirror_job) polls). Left unrenewed for O(lease_timeout) seconds, or
+        removed, the run stops as on Ctrl-C and fails saying so. Ignored in check mode.
     type: path
   lease_timeout:
     description: Seconds O(lease_file) may go unrenewed before the run stops itself.
@@ -377,10 +377,7 @@ diff:
     before_header: {description: C(<snapshot> (local))., type: str}
     after_header: {description: C(<snapshot> (staged))., type: str}
     prepared: {description: The lines., type: str}
-msg:
-  description: What failed, naming the files, the NAS blobs and the fix.
-  returned: failure
-  type: str
+msg: {description: "What failed, naming the files, the NAS blobs and the fix.", returned: failure, type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule

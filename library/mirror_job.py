@@ -34,17 +34,9 @@ options:
     description: The local hub root (M(hf_hub_mirror)'s C(dest)); holds the repo's progress file.
     type: path
     required: true
-  jid:
-    description: The job id (the async task's C(ansible_job_id)). Required unless O(mode=prepare).
-    type: str
-  repo_id:
-    description: The job's repo id, C(org/name). Required unless O(mode=prepare).
-    type: str
-  repo_type:
-    description: Kind of repo.
-    type: str
-    choices: [model, dataset, space]
-    default: model
+  jid: {description: The job id (the async task's C(ansible_job_id)). Required unless O(mode=prepare)., type: str}
+  repo_id: {description: "The job's repo id, C(org/name). Required unless O(mode=prepare).", type: str}
+  repo_type: {description: Kind of repo., type: str, choices: [model, dataset, space], default: model}
   phase:
     description: The pass the job runs (M(hf_hub_mirror)'s C(phase)), whose figures are read.
     type: str

@@ -34,9 +34,7 @@ options:
     description: The NAS snapshot the local one was staged from; the O(absent_ok) shards not on the local disk are
       checked there (RV(nas_shards)). Unset - they are skipped.
     type: path
-  repo_id:
-    description: The repo the snapshot belongs to, echoed in RV(report).
-    type: str
+  repo_id: {description: "The repo the snapshot belongs to, echoed in RV(report).", type: str}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -81,11 +79,7 @@ shards:
   returned: success
   type: int
   sample: 69
-tensors:
-  description: Number of tensors found in the checked headers.
-  returned: success
-  type: int
-  sample: 94211
+tensors: {description: Number of tensors found in the checked headers., returned: success, type: int, sample: 94211}
 checked_bytes:
   description: Header bytes read (8-byte length plus JSON per shard).
   returned: success
@@ -106,18 +100,10 @@ report:
   returned: success
   type: dict
   contains:
-    repo_id:
-      description: O(repo_id) as given (null when not given).
-      type: str
-    shards:
-      description: As RV(shards).
-      type: int
-    tensors:
-      description: As RV(tensors).
-      type: int
-    nas_shards:
-      description: How many of them were read from the NAS (RV(nas_shards)).
-      type: int
+    repo_id: {description: O(repo_id) as given (null when not given)., type: str}
+    shards: {description: As RV(shards)., type: int}
+    tensors: {description: As RV(tensors)., type: int}
+    nas_shards: {description: How many of them were read from the NAS (RV(nas_shards))., type: int}
 problems:
   description: Every problem found, one line each, naming the shard (and the tensor where there is one).
   returned: failure

@@ -21,13 +21,10 @@ description:
 author: dgx-stage maintainers
 options:
   dir:
-    description: The textfile collector's existing, writable directory (C(stage_metrics_dir)); a link to one is followed.
+    description: The textfile collector's existing, writable directory (C(stage_metrics_dir)); a link is followed.
     type: path
     required: true
-  report:
-    description: The host's latest report view (C(host_report)'s RV(latest)).
-    type: dict
-    required: true
+  report: {description: The host's latest report view (C(host_report)'s RV(latest))., type: dict, required: true}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -70,10 +67,7 @@ change:
   description: V(none) (not rewritten), V(timestamps) (only the run's timestamps moved) or V(content).
   returned: success
   type: str
-written:
-  description: The file was written in this call.
-  returned: success
-  type: bool
+written: {description: The file was written in this call., returned: success, type: bool}
 debris:
   description: Temp files of dgx_stage.prom a killed run left in O(dir), removed (in check mode, would be).
   returned: success
@@ -84,22 +78,11 @@ diff:
   returned: success when in diff mode
   type: dict
   contains:
-    before:
-      description: The previous file ('' when there was none).
-      type: str
-    after:
-      description: RV(content).
-      type: str
-    before_header:
-      description: The file.
-      type: str
-    after_header:
-      description: The file.
-      type: str
-msg:
-  description: Why nothing could be written (the directory, and the fix).
-  returned: failure
-  type: str
+    before: {description: The previous file ('' when there was none)., type: str}
+    after: {description: RV(content)., type: str}
+    before_header: {description: The file., type: str}
+    after_header: {description: The file., type: str}
+msg: {description: "Why nothing could be written (the directory, and the fix).", returned: failure, type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule

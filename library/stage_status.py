@@ -16,10 +16,7 @@ description:
     manifest. A symlink in the local hub or a garbage progress file is reported, not read through.
 author: dgx-stage maintainers
 options:
-  hub_local_root:
-    description: The node-local hub cache root.
-    type: path
-    required: true
+  hub_local_root: {description: The node-local hub cache root., type: path, required: true}
   repos:
     description: The repos to report, as in C(stage_repos) (C(repo_id), C(repo_type), C(revision); other keys ignored).
     type: list
@@ -37,10 +34,7 @@ options:
     description: The engine is enabled on this host; V(false) reports the engine V(disabled).
     type: bool
     default: true
-  engine_name:
-    description: The engine container's name.
-    type: str
-    default: ds41-engine
+  engine_name: {description: The engine container's name., type: str, default: ds41-engine}
   engine_probe:
     description: The result of M(engine_lane_wait) with C(container) on this host ({} when it did not run).
     type: dict
@@ -93,9 +87,7 @@ status:
   returned: success
   type: dict
   contains:
-    hub_local_root:
-      description: O(hub_local_root).
-      type: str
+    hub_local_root: {description: O(hub_local_root)., type: str}
     problem:
       description: Why the local hub could not be read (then RV(status.repos) is empty), else null.
       type: str
@@ -104,119 +96,61 @@ status:
       type: list
       elements: dict
       contains:
-        repo_id:
-          description: The repo id.
-          type: str
-        repo_type:
-          description: model, dataset or space.
-          type: str
-        revision:
-          description: The revision asked for (default main).
-          type: str
-        folder:
-          description: The repo folder (C(models--org--name)); null for an invalid repo id.
-          type: str
+        repo_id: {description: The repo id., type: str}
+        repo_type: {description: "model, dataset or space.", type: str}
+        revision: {description: The revision asked for (default main)., type: str}
+        folder: {description: The repo folder (C(models--org--name)); null for an invalid repo id., type: str}
         state:
           description:
             - V(staged), V(not staged) (no repo folder or ref), V(snapshot missing) (the ref's snapshot is not
               there), V(refused) (a symlink where a directory must be) or V(error) (an invalid repo id).
           type: str
-        problem:
-          description: What is wrong, for every state but V(staged).
-          type: str
-        commit:
-          description: The staged commit (C(refs/<revision>)).
-          type: str
-        snapshot:
-          description: The local snapshot directory.
-          type: str
-        files_local:
-          description: Files of the snapshot whose content is in the local repo.
-          type: int
-        bytes_local:
-          description: Bytes of their distinct contents.
-          type: int
-        dangling:
-          description: Snapshot links whose content is missing or outside the repo folder.
-          type: int
-        last_staged:
-          description: When the last stage pass last wrote its figures, ISO 8601 UTC.
-          type: str
-        last_stage_status:
-          description: How it ended - V(ok), V(failed), V(interrupted) or V(running).
-          type: str
-        last_verified:
-          description: When the last verify pass last wrote its figures, ISO 8601 UTC.
-          type: str
-        verify_mode:
-          description: Its verify mode, V(sample), V(full) or V(none).
-          type: str
-        last_verify_status:
-          description: How it ended.
-          type: str
-        verified_commit:
-          description: The commit the last verify pass proved.
-          type: str
-        progress_problem:
-          description: Why the progress file could not be read (wholly or partly).
-          type: str
+        problem: {description: "What is wrong, for every state but V(staged).", type: str}
+        commit: {description: The staged commit (C(refs/<revision>))., type: str}
+        snapshot: {description: The local snapshot directory., type: str}
+        files_local: {description: Files of the snapshot whose content is in the local repo., type: int}
+        bytes_local: {description: Bytes of their distinct contents., type: int}
+        dangling: {description: Snapshot links whose content is missing or outside the repo folder., type: int}
+        last_staged: {description: "When the last stage pass last wrote its figures, ISO 8601 UTC.", type: str}
+        last_stage_status: {description: "How it ended - V(ok), V(failed), V(interrupted) or V(running).", type: str}
+        last_verified: {description: "When the last verify pass last wrote its figures, ISO 8601 UTC.", type: str}
+        verify_mode: {description: "Its verify mode, V(sample), V(full) or V(none).", type: str}
+        last_verify_status: {description: How it ended., type: str}
+        verified_commit: {description: The commit the last verify pass proved., type: str}
+        progress_problem: {description: Why the progress file could not be read (wholly or partly)., type: str}
         nas_corrupt:
           description: The NAS blobs found failing their names and not proven since (a roll-back refuses them).
           type: list
           elements: dict
           contains:
-            blob:
-              description: The blob's name.
-              type: str
-            paths:
-              description: Its snapshot paths.
-              type: list
-              elements: str
-            found_at:
-              description: When a pass last found it, ISO 8601 UTC, or null.
-              type: str
+            blob: {description: The blob's name., type: str}
+            paths: {description: Its snapshot paths., type: list, elements: str}
+            found_at: {description: "When a pass last found it, ISO 8601 UTC, or null.", type: str}
     receipts:
       description: The receipt roots under O(receipt_parent).
       type: dict
       contains:
-        parent:
-          description: O(receipt_parent).
-          type: str
-        present:
-          description: The names of O(receipt_roots) present there.
-          type: list
-          elements: str
-        problem:
-          description: Why they could not be looked up, else null.
-          type: str
+        parent: {description: O(receipt_parent)., type: str}
+        present: {description: The names of O(receipt_roots) present there., type: list, elements: str}
+        problem: {description: "Why they could not be looked up, else null.", type: str}
     engine:
       description: The engine container and its API.
       type: dict
       contains:
-        enabled:
-          description: O(engine_enabled).
-          type: bool
-        name:
-          description: O(engine_name).
-          type: str
+        enabled: {description: O(engine_enabled)., type: bool}
+        name: {description: O(engine_name)., type: str}
         state:
           description:
             - V(disabled), V(running), V(exited), V(absent) (no such container, or no runtime), V(unknown) (not
               looked up, or the runtime could not answer) or the runtime's word (V(paused), V(created) ...).
           type: str
-        exit_code:
-          description: The exit code of a container that is not running, else null.
-          type: int
-        container_id:
-          description: The container id, or null.
-          type: str
+        exit_code: {description: "The exit code of a container that is not running, else null.", type: int}
+        container_id: {description: "The container id, or null.", type: str}
         health:
-          description: V(not checked) unless the container runs, V(ok) when the API listed its models, else V(unhealthy) and why.
+          description: V(not checked) unless the container runs, V(ok) when the API listed its models, else
+            V(unhealthy) and why.
           type: str
-        models:
-          description: The model ids the API listed.
-          type: list
-          elements: str
+        models: {description: The model ids the API listed., type: list, elements: str}
         problem:
           description: Why the state is V(unknown) or V(absent), when the runtime said, else null.
           type: str
@@ -224,18 +158,12 @@ status:
       description: The mount manifest; null without O(manifest_path).
       type: dict
       contains:
-        path:
-          description: O(manifest_path).
-          type: str
+        path: {description: O(manifest_path)., type: str}
         problem:
           description: V(not written yet), V(not a regular file), or why it is not a JSON mount manifest; else null.
           type: str
-        written:
-          description: Its mtime, ISO 8601 UTC.
-          type: str
-        bind_from:
-          description: V(local) or V(nas) (a roll-back); null when unrecorded or invalid.
-          type: str
+        written: {description: "Its mtime, ISO 8601 UTC.", type: str}
+        bind_from: {description: V(local) or V(nas) (a roll-back); null when unrecorded or invalid., type: str}
         field_problems:
           description: Each manifest field of the wrong type, with its value (not read; the rest is). Absent when
             the manifest could not be read at all.
@@ -246,26 +174,18 @@ status:
           type: list
           elements: dict
           contains:
-            repo_id:
-              description: The repo.
-              type: str
-            revision:
-              description: Its revision.
-              type: str
-            commit:
-              description: The commit the manifest binds.
-              type: str
+            repo_id: {description: The repo., type: str}
+            revision: {description: Its revision., type: str}
+            commit: {description: The commit the manifest binds., type: str}
             nas_commit:
               description: The commit the NAS C(refs/<revision>) under O(hub_nas_root) names now, or null.
               type: str
             moved:
               description: The NAS ref names another commit than the bound one (a revision not served yet).
               type: bool
-            problem:
-              description: Why the NAS ref could not be read, else null.
-              type: str
+            problem: {description: "Why the NAS ref could not be read, else null.", type: str}
 lines:
-  description: The lines C(playbooks/status.yml) prints for this host - one per repo, the receipts, the manifest, the engine.
+  description: The lines C(playbooks/status.yml) prints - one per repo, the receipts, the manifest, the engine.
   returned: success
   type: list
   elements: str

@@ -111,11 +111,11 @@ own:
   contains: *container
 running: {description: Whether RV(own) runs., returned: success when O(containers), type: bool}
 container_id:
-  description: The id of RV(own) when it runs, else "".
+  description: The id of RV(own) when it runs, else empty.
   returned: success when O(containers)
   type: str
 image_id:
-  description: The id of O(image) on the node; "" when it is not there.
+  description: The id of O(image) on the node, empty when absent.
   returned: success when O(image) is set
   type: str
 image_present: {description: Whether O(image) is on the node., returned: success when O(image) is set, type: bool}
@@ -139,7 +139,7 @@ python:
 runtime: {description: "O(runtime), the runtime that was asked.", returned: success, type: str}
 changed: {description: Whether a pull brought a new image id., returned: success, type: bool}
 msg:
-  description: Why the runtime could not be asked (without the secrets of O(env) and O(redact)).
+  description: Why the runtime could not be asked, without the secrets of O(env) and O(redact).
   returned: failure
   type: str
 """

@@ -28,7 +28,7 @@ options:
     description: The API port on this host (the master's C(engine_port)), whose listeners must run in O(container).
     type: int
   lane_hosts:
-    description: The lane's hosts in rank order (the first is the master, which serves the API).
+    description: The lane's hosts in rank order (the first, the master, serves the API).
     type: list
     elements: str
   lane:
@@ -42,11 +42,7 @@ options:
     description: Names this wait on every host; with O(lane), only rows of this wait made in round O(round) - 1 count.
     type: str
   round: {description: "This round's number (1 for the first), echoed in RV(row).", type: int, default: 1}
-  runtime:
-    description: Container runtime CLI used to inspect O(container).
-    type: str
-    choices: [docker, podman]
-    default: docker
+  runtime: {description: The runtime that runs O(container)., type: str, choices: [docker, podman], default: docker}
   redact:
     description: Strings no part of the result may show (the engine's secret values), each replaced by C(<hidden>).
     type: list
@@ -167,9 +163,7 @@ row:
       contains:
         port: {description: O(port)., type: int}
         listening: {description: A socket listens on it (tcp or tcp6)., type: bool}
-        ours:
-          description: Every holder runs in O(container); false when one does not; null when none could be seen.
-          type: bool
+        ours: {description: Every holder runs in O(container); null when none could be seen., type: bool}
         holders:
           description: The processes holding a listening socket on it.
           type: list

@@ -32,9 +32,7 @@ options:
       repo_type: {description: Hub repo type., type: str, choices: [model, dataset, space], default: model}
       allow_patterns: {description: Accepted from C(stage_repos); unused., type: raw}
       ignore_patterns: {description: Accepted from C(stage_repos); unused., type: raw}
-      rank_patterns:
-        description: Accepted from C(stage_repos); unused (what a rank staged is found on its disk).
-        type: raw
+      rank_patterns: {description: Accepted from C(stage_repos); unused., type: raw}
   plan:
     description:
       - Check mode only. The stage pass's check-mode RV(hf_hub_mirror#module:report) rows; a file not yet local is
@@ -157,7 +155,7 @@ nas_corrupt:
     nas_file: {description: The NAS snapshot file bound., type: str}
     why: {description: "When and how it was found corrupt, or why the NAS file still fails its name.", type: str}
 msg:
-  description: Why no manifest could be computed, or the corrupt NAS files it would bind.
+  description: Why no manifest could be computed, or the corrupt NAS files it binds.
   returned: failure
   type: str
 """

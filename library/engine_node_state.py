@@ -82,7 +82,6 @@ directories_missing:
   returned: success
   type: list
   elements: str
-  sample: [/cache]
 bind_problems:
   description: Why the lane cannot start from the manifest (a source missing or unreadable, a path no runtime binds as
     written, a local ref moved past the commit), one text each; empty when it can.
@@ -90,12 +89,7 @@ bind_problems:
   type: list
   elements: str
   sample: ["/raid/hf-local/hub/models--org--model/blobs/9f2c is missing"]
-missing:
-  description: The fingerprinted paths where nothing is.
-  returned: success
-  type: list
-  elements: str
-  sample: []
+missing: {description: The fingerprinted paths where nothing is., returned: success, type: list, elements: str}
 msg: {description: Why the node could not be read., returned: failure, type: str}
 """
 

@@ -21,7 +21,7 @@ description:
 author: dgx-stage maintainers
 options:
   parent:
-    description: Directory holding the receipt roots; absolute, not (resolving to) C(/).
+    description: Absolute directory holding the receipt roots, not (resolving to) C(/).
     type: path
     default: /cache
   names:
@@ -80,13 +80,11 @@ would_remove:
   returned: success
   type: list
   elements: str
-  sample: [/cache/ds41-backend-attestation]
 kept:
   description: Roots only O(live_container) holds, left in place.
   returned: success
   type: list
   elements: str
-  sample: [/cache/ds41-backend-attestation]
 mounts_kept:
   description: Mount points inside the roots left in place with the folders holding them (O(force=true) only).
   returned: success
@@ -101,20 +99,13 @@ holders:
   contains:
     pid: {description: "Process id (for a mount, the lowest pid of that mount namespace).", type: int}
     name: {description: Process name (C(/proc/<pid>/comm))., type: str}
-    container:
-      description: Id of the container the process runs in (from C(/proc/<pid>/cgroup)); empty when none.
-      type: str
+    container: {description: Id of the container the process runs in (its cgroup); empty when none., type: str}
     how:
       description: V(open), V(cwd), V(mapped), V(mount) (a bind of a root, in one, or O(parent)) or V(ancestor).
       type: str
     path: {description: "What is held, as a host path (for V(ancestor) the bound directory).", type: str}
-    seen_as:
-      description: The path the process sees it by (its fd or cwd link text, or the mount point).
-      type: str
+    seen_as: {description: "The path the process sees it by (its fd or cwd link, or the mount point).", type: str}
     roots: {description: The receipt roots it holds., type: list, elements: str}
-  sample: [{pid: 4242, name: python3, container: 018a9bfdf3cebcadf93f3007272220059bfe1e622297531dff97fad81746ce62,
-            how: open, path: /cache/ds41-combined-ready/worker.json, seen_as: /cache/ds41-combined-ready/worker.json,
-            roots: [/cache/ds41-combined-ready]}]
 diff:
   description: "Each root of RV(would_remove), C(<path>: present) before, C(<path>: absent) after."
   returned: success

@@ -79,10 +79,7 @@ options:
         mtime the controller renews (M(mirror_job) polls). Left unrenewed for O(lease_timeout) seconds, or
         removed, the run stops as on Ctrl-C and fails saying so. Ignored in check mode.
     type: path
-  lease_timeout:
-    description: Seconds O(lease_file) may go unrenewed before the run stops itself.
-    type: int
-    default: 120
+  lease_timeout: {description: Seconds O(lease_file) may go unrenewed., type: int, default: 120}
   peer_dir:
     description:
       - This repo's candidate folder, C(<dest>/.locks/dgx-stage-peer/<repo folder>), holding blobs another host of
@@ -103,9 +100,7 @@ options:
       fails the run before anything is written.
     type: list
     elements: str
-  inventory_hostname:
-    description: This node's inventory name, the C(--limit) of the fix commands messages give.
-    type: str
+  inventory_hostname: {description: "This node's inventory name, the C(--limit) of fix commands.", type: str}
   time_limit:
     description: With O(lease_file), seconds after which the run stops itself as on Ctrl-C (set it below the task's
       C(async)); V(0) - none.
@@ -209,7 +204,7 @@ repairs:
     paths: {description: All snapshot paths served by this file., type: list, elements: str}
     size: {description: The file's size on the NAS., type: int}
 links_written:
-  description: Snapshot links written (in check mode, that would be).
+  description: Snapshot links written (would be, in check mode).
   returned: success; on failure when the run has a result
   type: int
 refs_written:

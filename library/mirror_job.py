@@ -26,14 +26,8 @@ options:
     type: str
     choices: [prepare, poll, result]
     default: poll
-  async_dir:
-    description: The jobs dir the async task was given (its C(ansible_async_dir)).
-    type: path
-    required: true
-  dest:
-    description: The local hub root (M(hf_hub_mirror)'s C(dest)); holds the repo's progress file.
-    type: path
-    required: true
+  async_dir: {description: The async task's jobs dir (its C(ansible_async_dir))., type: path, required: true}
+  dest: {description: The local hub root (M(hf_hub_mirror)'s C(dest))., type: path, required: true}
   jid: {description: The job id (the async task's C(ansible_job_id)). Required unless O(mode=prepare)., type: str}
   repo_id: {description: "The job's repo id, C(org/name). Required unless O(mode=prepare).", type: str}
   repo_type: {description: Kind of repo., type: str, choices: [model, dataset, space], default: model}
@@ -47,7 +41,7 @@ options:
     type: float
     default: 0
   async_timeout:
-    description: The jobs' async time limit in seconds; the age of a stale job or lease file.
+    description: The jobs' async time limit in seconds, after which their files are stale.
     type: int
     default: 86400
   lease_file:
@@ -141,10 +135,7 @@ line:
   sample: "stage org/x: 12.3 GiB of 300.0 GiB (4%), 3/14 files, 812 MiB/s, ETA 6m12s, current: model-00003.safetensors"
 jid: {description: O(jid)., returned: success when O(mode=poll), type: str}
 async_dir: {description: "The jobs dir, absolute.", returned: success when O(mode=prepare), type: str}
-created:
-  description: The jobs dir was created (in check mode, would be).
-  returned: success when O(mode=prepare)
-  type: bool
+created: {description: The jobs dir was (would be) created., returned: success when O(mode=prepare), type: bool}
 removed:
   description: Files of ended jobs removed from the jobs dir (in check mode, that would be).
   returned: success when O(mode=prepare)

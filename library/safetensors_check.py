@@ -18,10 +18,7 @@ description:
     missing. Without an index every top-level C(*.safetensors) file is checked; none at all passes.
 author: dgx-stage maintainers
 options:
-  path:
-    description: Local snapshot directory, C(<hub>/models--org--name/snapshots/<commit>).
-    type: path
-    required: true
+  path: {description: The local snapshot directory., type: path, required: true}
   index:
     description: Index file, relative to O(path), that must exist; unset - C(model.safetensors.index.json) if present.
     type: str
@@ -80,11 +77,7 @@ shards:
   type: int
   sample: 69
 tensors: {description: Number of tensors found in the checked headers., returned: success, type: int, sample: 94211}
-checked_bytes:
-  description: Header bytes read (8-byte length plus JSON per shard).
-  returned: success
-  type: int
-  sample: 10485760
+checked_bytes: {description: Header bytes read., returned: success, type: int, sample: 10485760}
 index:
   description: Index file used, or null when there was none.
   returned: success

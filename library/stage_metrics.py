@@ -59,10 +59,7 @@ textfile:
   returned: success
   type: str
   sample: /var/lib/prometheus/node-exporter/dgx_stage.prom
-content:
-  description: The file's content as rendered (what was, or in check mode would be, written).
-  returned: success
-  type: str
+content: {description: "The file's content, as written (in check mode, would be).", returned: success, type: str}
 change:
   description: V(none) (not rewritten), V(timestamps) (only the run's timestamps moved) or V(content).
   returned: success

@@ -31,7 +31,7 @@ options:
     type: list
     elements: str
   engine_enabled:
-    description: The engine is enabled on this host; V(false) reports the engine V(disabled).
+    description: The engine is enabled on this host; V(false) reports it V(disabled).
     type: bool
     default: true
   engine_name: {description: The engine container's name., type: str, default: ds41-engine}
@@ -39,11 +39,9 @@ options:
     description: The result of M(engine_lane_wait) with C(container) on this host ({} when it did not run).
     type: dict
     default: {}
-  manifest_path:
-    description: The engine's mount manifest on this node (C(engine_manifest_path)); unset - not reported.
-    type: path
+  manifest_path: {description: The engine's mount manifest on this node; unset - not reported., type: path}
   hub_nas_root:
-    description: The NAS hub cache root, whose refs say whether the NAS moved past what the manifest binds.
+    description: The NAS hub cache root, whose refs say whether the NAS moved past the manifest.
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -88,9 +86,7 @@ status:
   type: dict
   contains:
     hub_local_root: {description: O(hub_local_root)., type: str}
-    problem:
-      description: Why the local hub could not be read (then RV(status.repos) is empty), else null.
-      type: str
+    problem: {description: "Why the local hub could not be read (RV(status.repos) empty), else null.", type: str}
     repos:
       description: One row per repo of O(repos), in their order; a field not known is null.
       type: list
@@ -151,9 +147,7 @@ status:
             V(unhealthy) and why.
           type: str
         models: {description: The model ids the API listed., type: list, elements: str}
-        problem:
-          description: Why the state is V(unknown) or V(absent), when the runtime said, else null.
-          type: str
+        problem: {description: "Why the state is V(unknown) or V(absent), when the runtime said so.", type: str}
     manifest:
       description: The mount manifest; null without O(manifest_path).
       type: dict
@@ -177,12 +171,8 @@ status:
             repo_id: {description: The repo., type: str}
             revision: {description: Its revision., type: str}
             commit: {description: The commit the manifest binds., type: str}
-            nas_commit:
-              description: The commit the NAS C(refs/<revision>) under O(hub_nas_root) names now, or null.
-              type: str
-            moved:
-              description: The NAS ref names another commit than the bound one (a revision not served yet).
-              type: bool
+            nas_commit: {description: "The commit the NAS C(refs/<revision>) names now, or null.", type: str}
+            moved: {description: The NAS ref names another commit than the bound one., type: bool}
             problem: {description: "Why the NAS ref could not be read, else null.", type: str}
 lines:
   description: The lines C(playbooks/status.yml) prints - one per repo, the receipts, the manifest, the engine.

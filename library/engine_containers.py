@@ -110,12 +110,9 @@ own:
   type: dict
   contains: *container
 running: {description: Whether RV(own) runs., returned: success when O(containers), type: bool}
-container_id:
-  description: The id of RV(own) when it runs, else empty.
-  returned: success when O(containers)
-  type: str
+container_id: {description: The id of RV(own) when it runs., returned: success when O(containers), type: str}
 image_id:
-  description: The id of O(image) on the node, empty when absent.
+  description: The id of O(image) on the node, or empty.
   returned: success when O(image) is set
   type: str
 image_present: {description: Whether O(image) is on the node., returned: success when O(image) is set, type: bool}
@@ -138,10 +135,7 @@ python:
     missing: {description: The modules it cannot import., type: list, elements: str}
 runtime: {description: "O(runtime), the runtime that was asked.", returned: success, type: str}
 changed: {description: Whether a pull brought a new image id., returned: success, type: bool}
-msg:
-  description: Why the runtime could not be asked, without the secrets of O(env) and O(redact).
-  returned: failure
-  type: str
+msg: {description: Why the runtime could not be asked (no secret shown)., returned: failure, type: str}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -24,16 +24,12 @@ options:
     type: float
     default: 10
   container: {description: Name of this host's engine container; polling stops when it is not running., type: str}
-  port:
-    description: The API port on this host (the master's C(engine_port)), whose listeners must run in O(container).
-    type: int
+  port: {description: "The API port on the master, whose listeners must run in O(container).", type: int}
   lane_hosts:
-    description: The lane's hosts in rank order (the first, the master, serves the API).
+    description: The lane's hosts in rank order; the first (the master) serves the API.
     type: list
     elements: str
-  lane:
-    description: Every rank's RV(row) of the previous round, by host (a host missing did not report); not in round 1.
-    type: dict
+  lane: {description: "Every rank's RV(row) of the previous round, by host; not in round 1.", type: dict}
   give_up:
     description: With O(lane), the wait's time is up - an undecided lane is judged V(timeout), not polled.
     type: bool
@@ -104,7 +100,7 @@ report:
         exit_code: {description: The container's exit code; null when it has not exited., type: int}
         id: {description: The container id (12 characters); empty when there is none., type: str}
     api_served_by:
-      description: The processes holding the API port on the master.
+      description: Who holds the API port on the master.
       returned: when O(lane) is set and someone holds the port
       type: str
 ready:
@@ -174,11 +170,11 @@ row:
             container_id: {description: The container its cgroup names; or null., type: str}
             container_name: {description: That container's name when another and known; else null., type: str}
 running:
-  description: False when O(container) was found not running in this call, else true.
+  description: False when O(container) was found not running.
   returned: success when this call polled
   type: bool
 status:
-  description: V(ready), or the last poll's error or the container's status.
+  description: V(ready), the last poll's error, or the container's status.
   returned: success when this call polled
   type: str
 models:
@@ -189,7 +185,7 @@ models:
   sample: [coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw]
 polls: {description: Requests made in this call., returned: success when this call polled, type: int}
 logs:
-  description: Last lines of this host's container log when it is not running, else empty.
+  description: The tail of O(container)'s log when it is not running.
   returned: success when this call polled
   type: str
 elapsed_s: {description: Seconds polled in this call., returned: success when this call polled, type: float}

@@ -55,7 +55,7 @@ options:
     type: str
     default: ""
   host_report_path:
-    description: Where O(host_report) is on the controller; only named in messages.
+    description: Where O(host_report) is on the controller, for messages.
     type: str
     default: the host report
 extends_documentation_fragment:
@@ -154,10 +154,7 @@ nas_corrupt:
     blob: {description: "The blob's name, the hash its bytes must have.", type: str}
     nas_file: {description: The NAS snapshot file bound., type: str}
     why: {description: "When and how it was found corrupt, or why the NAS file still fails its name.", type: str}
-msg:
-  description: Why no manifest could be computed, or the corrupt NAS files it binds.
-  returned: failure
-  type: str
+msg: {description: "Why no manifest could be computed, or the corrupt NAS files bound.", returned: failure, type: str}
 """
 
 import os

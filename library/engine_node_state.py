@@ -50,10 +50,6 @@ EXAMPLES = r"""
     directories: [/cache]
   register: node_state
   become: true
-
-- name: The manifest's binds are there
-  ansible.builtin.assert:
-    that: node_state.bind_problems | length == 0
 """
 
 RETURN = r"""
@@ -77,11 +73,7 @@ manifest_error:
   returned: success when O(manifest) is set or O(manifest_content) is set
   type: str
   sample: "cannot read it: No such file or directory"
-directories_missing:
-  description: The paths of O(directories) where nothing is.
-  returned: success
-  type: list
-  elements: str
+directories_missing: {description: The O(directories) where nothing is., returned: success, type: list, elements: str}
 bind_problems:
   description: Why the lane cannot start from the manifest (a source missing or unreadable, a path no runtime binds as
     written, a local ref moved past the commit), one text each; empty when it can.

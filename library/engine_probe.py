@@ -122,7 +122,7 @@ msg:
 question: {description: The question asked., returned: success when O(mode=smoke), type: str}
 expected: {description: The string the answer must contain., returned: success when O(mode=smoke), type: str}
 answer:
-  description: The answer (reasoning then content), 500 characters at most.
+  description: The answer, reasoning then content (500 characters).
   returned: success when O(mode=smoke)
   type: str
 passed: {description: The answer contains O(expected)., returned: success when O(mode=smoke), type: bool}
@@ -130,14 +130,8 @@ tokens:
   description: Tokens generated - the server's C(usage.completion_tokens), else the token-bearing chunks.
   returned: success when O(mode=decode)
   type: int
-token_source:
-  description: V(usage) or V(chunks), the source of RV(tokens).
-  returned: success when O(mode=decode)
-  type: str
-chunks:
-  description: Token-bearing chunks streamed (fewer than RV(tokens) with speculative decoding).
-  returned: success when O(mode=decode)
-  type: int
+token_source: {description: V(usage) or V(chunks)., returned: success when O(mode=decode), type: str}
+chunks: {description: Token-bearing chunks streamed., returned: success when O(mode=decode), type: int}
 prompt_tokens:
   description: Prompt tokens as the server counted them, or null when it sent no usage.
   returned: success when O(mode=decode)
@@ -175,10 +169,7 @@ max_tokens: {description: Tokens asked for., returned: success when O(mode=decod
 prompt_chars: {description: Characters of the prompt streamed., returned: success when O(mode=decode), type: int}
 done: {description: "The stream ended with C(data: [DONE]).", returned: success when O(mode=decode), type: bool}
 total_items: {description: Number of bench items., returned: success when O(mode=bench), type: int}
-passed_items:
-  description: Bench items whose answer contains their expected string.
-  returned: success when O(mode=bench)
-  type: int
+passed_items: {description: Bench items passed., returned: success when O(mode=bench), type: int}
 failed_items:
   description: The bench items that did not pass.
   returned: success when O(mode=bench)

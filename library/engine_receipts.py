@@ -20,10 +20,7 @@ description:
     and the fix. Roots held only by O(live_container) are kept (RV(kept)).
 author: dgx-stage maintainers
 options:
-  parent:
-    description: Absolute directory holding the receipt roots, not (resolving to) C(/).
-    type: path
-    default: /cache
+  parent: {description: Absolute directory holding the receipt roots; not C(/)., type: path, default: /cache}
   names:
     description: Bare directory names of the receipt roots (no C(/), C(..), C(.) or empty name).
     type: list
@@ -75,16 +72,8 @@ removed:
   type: list
   elements: str
   sample: [/cache/ds41-backend-attestation]
-would_remove:
-  description: The removal plan, the roots present and not kept.
-  returned: success
-  type: list
-  elements: str
-kept:
-  description: Roots only O(live_container) holds, left in place.
-  returned: success
-  type: list
-  elements: str
+would_remove: {description: The roots present and not kept., returned: success, type: list, elements: str}
+kept: {description: Roots only O(live_container) holds (left)., returned: success, type: list, elements: str}
 mounts_kept:
   description: Mount points inside the roots left in place with the folders holding them (O(force=true) only).
   returned: success
@@ -100,9 +89,7 @@ holders:
     pid: {description: "Process id (for a mount, the lowest pid of that mount namespace).", type: int}
     name: {description: Process name (C(/proc/<pid>/comm))., type: str}
     container: {description: Id of the container the process runs in (its cgroup); empty when none., type: str}
-    how:
-      description: V(open), V(cwd), V(mapped), V(mount) (a bind of a root, in one, or O(parent)) or V(ancestor).
-      type: str
+    how: {description: "V(open), V(cwd), V(mapped), V(mount) (a bind) or V(ancestor).", type: str}
     path: {description: "What is held, as a host path (for V(ancestor) the bound directory).", type: str}
     seen_as: {description: "The path the process sees it by (its fd or cwd link, or the mount point).", type: str}
     roots: {description: The receipt roots it holds., type: list, elements: str}

@@ -150,17 +150,17 @@ EXAMPLES = r"""
 RETURN = r"""
 commit:
   description: Commit hash that was staged.
-  returned: success; on failure when the run has a result
+  returned: &result success; on failure when the run has a result
   type: str
   sample: 0123456789abcdef0123456789abcdef01234567
 snapshot:
   description: Local snapshot directory.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: str
   sample: /raid/hf-local/hub/models--org--name/snapshots/0123456789abcdef0123456789abcdef01234567
 files:
   description: Files of the source snapshot.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: dict
   contains:
     total: {description: Files of the NAS snapshot., type: int}
@@ -172,7 +172,7 @@ files:
   sample: {total: 14, local: 9, excluded: 5, dangling: 0, rank: 1, shared: 8}
 blobs:
   description: Unique blobs under C(blobs/) (in check mode, what would be done).
-  returned: success; on failure when the run has a result
+  returned: *result
   type: dict
   contains:
     copied: {description: Blobs copied (missing locally)., type: int}
@@ -181,19 +181,19 @@ blobs:
   sample: {copied: 7, reused: 0, repaired: 0}
 real_files:
   description: Real files inside the snapshot (no blob name), such as a selected page15 pack.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: dict
   contains:
     copied: {description: Real files copied., type: int}
     repaired: {description: Real files replaced because wrong., type: int}
 repaired_paths:
-  description: Snapshot paths whose local content was wrong and was replaced.
-  returned: success; on failure when the run has a result
+  description: Snapshot paths whose wrong local content was replaced.
+  returned: *result
   type: list
   elements: str
 repairs:
   description: One record per local file that was (in check mode, would be) replaced; each is also a warning.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: dict
   contains:
@@ -203,31 +203,22 @@ repairs:
     path: {description: The snapshot path the warning names., type: str}
     paths: {description: All snapshot paths served by this file., type: list, elements: str}
     size: {description: The file's size on the NAS., type: int}
-links_written:
-  description: Snapshot links written (would be, in check mode).
-  returned: success; on failure when the run has a result
-  type: int
+links_written: {description: "Snapshot links written (would be, in check mode).", returned: *result, type: int}
 refs_written:
   description: Ref names written under C(refs/); empty when files were left unstaged.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: str
   sample: [main]
-bytes_copied:
-  description: Bytes written (copies and repairs); in check mode, that would be.
-  returned: success; on failure when the run has a result
-  type: int
-bytes_from_nas:
-  description: Bytes of RV(bytes_copied) read from the NAS.
-  returned: success; on failure when the run has a result
-  type: int
+bytes_copied: {description: "Bytes written (would be), copies and repairs.", returned: *result, type: int}
+bytes_from_nas: {description: Bytes of RV(bytes_copied) read from the NAS., returned: *result, type: int}
 bytes_from_peers:
-  description: Bytes of RV(bytes_copied) taken from O(peer_dir) candidates; 0 without O(peer_dir).
-  returned: success; on failure when the run has a result
+  description: Bytes of RV(bytes_copied) taken from O(peer_dir) candidates.
+  returned: *result
   type: int
 peer_rejected:
   description: The O(peer_dir) candidates not adopted; each is also a warning. Empty in check mode.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: dict
   contains:
@@ -236,20 +227,14 @@ peer_rejected:
     why: {description: Why it was rejected., type: str}
 wanted_blobs:
   description: Names of the blobs this run copies or repairs (in check mode, would) - what a peer may send.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: str
-source_snapshot:
-  description: The NAS snapshot directory read.
-  returned: success; on failure when the run has a result
-  type: str
-bytes_staged:
-  description: Bytes of the selected files.
-  returned: success; on failure when the run has a result
-  type: int
+source_snapshot: {description: The NAS snapshot directory read., returned: *result, type: str}
+bytes_staged: {description: Bytes of the selected files., returned: *result, type: int}
 bytes_read:
   description: Bytes this run read on each side (copies and checks).
-  returned: success; on failure when the run has a result
+  returned: *result
   type: dict
   contains:
     local: {description: Bytes read from the local disk., type: int}
@@ -257,33 +242,29 @@ bytes_read:
   sample: {local: 0, nas: 50331648}
 excluded_paths:
   description: Snapshot paths not staged (the manifest binds them from the NAS).
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: str
   sample: [page15/a/00.bin]
-pruned:
-  description: Local paths removed (in check mode, that would be) by O(prune).
-  returned: success; on failure when the run has a result
-  type: list
-  elements: str
+pruned: {description: Local paths O(prune) removed (would remove)., returned: *result, type: list, elements: str}
 stale_paths:
-  description: Local paths outside the staged state, kept because O(prune) is off.
-  returned: success; on failure when the run has a result
+  description: Local paths outside the staged state, kept (O(prune) off).
+  returned: *result
   type: list
   elements: str
 debris_removed:
-  description: Temp files of killed runs removed (in check mode, that would be).
-  returned: success; on failure when the run has a result
+  description: Temp files of killed runs removed (would be).
+  returned: *result
   type: list
   elements: str
 nas_corrupt:
-  description: Snapshot paths whose NAS blob does not hash to its name (the module then fails).
-  returned: success; on failure when the run has a result
+  description: Snapshot paths whose NAS blob fails its name (the run fails).
+  returned: *result
   type: list
   elements: str
 nas_corrupt_blobs:
   description: One record per NAS blob that failed its name.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: dict
   contains:
@@ -297,7 +278,7 @@ nas_corrupt_blobs:
 unstaged_paths:
   description: Selected snapshot paths with no good local copy after this run (with O(copy_missing=false), the run
     then wrote nothing).
-  returned: success; on failure when the run has a result
+  returned: *result
   type: list
   elements: str
 verify: {description: O(verify)., returned: success; on failure when the run has a result, type: str}
@@ -305,15 +286,15 @@ phase: {description: O(phase)., returned: success; on failure when the run has a
 copy_missing: {description: O(copy_missing)., returned: success; on failure when the run has a result, type: bool}
 progress_file:
   description: The repo's progress file, C(<dest>/.locks/<repo folder>/dgx-stage.progress.json).
-  returned: success; on failure when the run has a result
+  returned: *result
   type: str
 summary:
   description: One line for the operator - what the pass did, what it proved, the bytes read, the time.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: str
 space:
   description: The free-space check, in bytes.
-  returned: success; on failure when the run has a result
+  returned: *result
   type: dict
   contains:
     free: {description: Free bytes on the local disk before the run., type: int}
@@ -322,10 +303,7 @@ space:
     peers: {description: Bytes of O(peer_dir) candidates whose space is freed once copied., type: int}
     peers_peak: {description: The largest of them (one per worker) still on the disk during their copies., type: int}
     reclaimable: {description: "Bytes the plan frees (prune, debris).", type: int}
-duration_s:
-  description: The module's own run time in seconds.
-  returned: success; on failure when the run has a result
-  type: float
+duration_s: {description: The module's own run time in seconds., returned: *result, type: float}
 report:
   description:
     - This repo's row of the host report (keys not described are the results of the same name). A run that ends

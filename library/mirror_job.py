@@ -41,7 +41,7 @@ options:
     type: float
     default: 0
   async_timeout:
-    description: The jobs' async time limit in seconds, after which their files are stale.
+    description: The jobs' async time limit in seconds (their files' age when stale).
     type: int
     default: 86400
   lease_file:
@@ -61,7 +61,8 @@ attributes:
   idempotent:
     description: A second run with the same options and the same state reports C(changed=false).
     support: full
-    details: Polls change nothing; O(mode=prepare) reports creating or clearing the jobs dir; O(mode=result) the job's C(changed).
+    details: Polls change nothing; O(mode=prepare) reports creating or clearing the jobs dir; O(mode=result) the
+      job's C(changed).
   platform:
     support: full
     platforms: posix
@@ -96,7 +97,7 @@ EXAMPLES = r"""
 RETURN = r"""
 progress:
   description: The job's figures from the progress file; null or 0 until the job wrote its first.
-  returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
+  returned: &watched success when O(mode=poll) or O(mode=result); failure when O(mode=result)
   type: dict
   contains:
     repo_id: {description: O(repo_id)., type: str}
@@ -123,14 +124,11 @@ progress:
         pid: {description: The holder's process id., type: int}
         run_id: {description: The holder's lane run id (null when it did not say)., type: str}
         since: {description: When it took the lock (ISO 8601 UTC)., type: str}
-finished:
-  description: The job ended (its result is in its job file, or the job file is gone).
-  returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
-  type: bool
+finished: {description: The job ended., returned: *watched, type: bool}
 line:
   description: One line for the operator - the figures; before them V(starting) or the lock it waits for; at the end
     V(done) or V(failed) with the message.
-  returned: success when O(mode=poll) or O(mode=result); failure when O(mode=result)
+  returned: *watched
   type: str
   sample: "stage org/x: 12.3 GiB of 300.0 GiB (4%), 3/14 files, 812 MiB/s, ETA 6m12s, current: model-00003.safetensors"
 jid: {description: O(jid)., returned: success when O(mode=poll), type: str}
@@ -141,10 +139,7 @@ removed:
   returned: success when O(mode=prepare)
   type: list
   elements: str
-msg:
-  description: What failed - the job's own message (O(mode=result)), or the refused jobs dir.
-  returned: failure
-  type: str
+msg: {description: "What failed; with O(mode=result), the job's own message.", returned: failure, type: str}
 """
 
 import json

@@ -21,7 +21,7 @@ description:
 author: dgx-stage maintainers
 options:
   dir:
-    description: The textfile collector's existing, writable directory (C(stage_metrics_dir)); a link is followed.
+    description: The textfile collector's existing, writable directory (C(stage_metrics_dir)).
     type: path
     required: true
   report: {description: The host's latest report view (C(host_report)'s RV(latest))., type: dict, required: true}

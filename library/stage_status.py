@@ -22,16 +22,13 @@ options:
     type: list
     elements: dict
     required: true
-  receipt_parent:
-    description: The directory holding the engine's receipt roots (the receipt role's default).
-    type: path
-    default: /cache
+  receipt_parent: {description: The directory holding the engine's receipt roots., type: path, default: /cache}
   receipt_roots:
-    description: The receipt roots' bare names; default the three C(ds41-*) roots (the receipt role's default).
+    description: The receipt roots' bare names; default the three C(ds41-*) roots.
     type: list
     elements: str
   engine_enabled:
-    description: The engine is enabled on this host; V(false) reports it V(disabled).
+    description: The engine is enabled on this host (else it is V(disabled)).
     type: bool
     default: true
   engine_name: {description: The engine container's name., type: str, default: ds41-engine}
@@ -40,9 +37,7 @@ options:
     type: dict
     default: {}
   manifest_path: {description: The engine's mount manifest on this node; unset - not reported., type: path}
-  hub_nas_root:
-    description: The NAS hub cache root, whose refs say whether the NAS moved past the manifest.
-    type: path
+  hub_nas_root: {description: "The NAS hub cache root, to tell whether it moved past the manifest.", type: path}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -73,10 +68,6 @@ EXAMPLES = r"""
     engine_enabled: "{{ lane_engine_enabled }}"
     engine_probe: "{{ __status_probe if lane_engine_enabled else {} }}"
   register: __status
-
-- name: Print it
-  ansible.builtin.debug:
-    msg: "{{ __status.lines }}"
 """
 
 RETURN = r"""

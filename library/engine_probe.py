@@ -24,7 +24,7 @@ options:
   url: {description: "API base URL, C(http://host:port) (a trailing C(/v1) is accepted).", type: str, required: true}
   model: {description: Model name for requests; default the first id listed by C(/v1/models)., type: str}
   timeout: {description: "Seconds one HTTP request may take, to its last byte.", type: float, default: 300}
-  question: {description: V(smoke) only., type: str, default: "What is 127*89? Reply with the number only."}
+  question: {description: The V(smoke) question., type: str, default: "What is 127*89? Reply with the number only."}
   expected: {description: V(smoke) only. The string the answer must contain., type: str, default: "11303"}
   prompt: {description: V(decode) only. Prompt to stream; default the fixed ~487-token prompt., type: str}
   max_tokens: {description: "Tokens to generate; default V(smoke) 256, V(decode) 400, V(bench) 512.", type: int}

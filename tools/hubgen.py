@@ -392,7 +392,8 @@ def _build_main(hub, shard_size, n_shards):
     # The old revision shares some blobs and has a same-size, different first shard; it is never staged.
     old_commit = _commit(seed, MAIN_REPO + "@v1")
     old_snap = repo.snapshot(old_commit)
-    old_files = dict((rel, repo.link(old_snap, rel, dict(repo.files[rel]))) for rel in ("config.json", "tokenizer.json"))
+    old_files = dict((rel, repo.link(old_snap, rel, dict(repo.files[rel])))
+                     for rel in ("config.json", "tokenizer.json"))
     old_shard = _stream_shard(repo, "%s:%s@old" % (MAIN_REPO, shards[0]), 0, shard_size, FORM_REAL)[0]
     old_files[shards[0]] = repo.link(old_snap, shards[0], old_shard)
     trees = repo.finish(v1=old_commit)

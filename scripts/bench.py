@@ -23,8 +23,10 @@ BENCH_CASES (comma list, default all), BENCH_SETTLE_S (3), BENCH_SHARDS (8), BEN
 BENCH_WARM_BLOBS (141), BENCH_WARM_GIB (106), BENCH_BIG_GIB (4.5).
 """
 import datetime
+import functools
 import hashlib
 import json
+import operator
 import os
 import platform
 import random
@@ -438,19 +440,11 @@ DELTA_FORMAT = dict(UNIT_FORMAT, **{"%": "%.0f points"})
 
 def target(name, value, op, goal, unit):
     """Measured value against its target: met, or missed by how much."""
-    if value is None:
-        return {"name": name, "value": None, "op": op, "target": goal, "unit": unit, "met": False,
-                "verdict": "not measured"}
-    fmt = DELTA_FORMAT[unit]
-    met = {"<=": value <= goal, "<": value < goal, ">=": value >= goal}[op]
-    if met:
-        verdict = "met"
-    elif op in ("<", "<="):
-        verdict = "MISSED by %s (%.0f %% over)" % (fmt % (value - goal), 100.0 * (value / goal - 1))
-    else:
-        verdict = "MISSED by %s (%.0f %% short)" % (fmt % (goal - value), 100.0 * (1 - value / goal))
-    return {"name": name, "value": round(value, 4), "op": op, "target": goal, "unit": unit, "met": met,
-            "verdict": verdict}
+    met = value is not None and {"<=": operator.le, "<": operator.lt, ">=": operator.ge}[op](value, goal)
+    verdict = "not measured" if value is None else "met" if met else "MISSED by %s (%.0f %% %s)" % (
+        DELTA_FORMAT[unit] % abs(value - goal), 100.0 * abs(value / goal - 1), "over" if op in ("<", "<=") else "short")
+    return {"name": name, "value": None if value is None else round(value, 4), "op": op, "target": goal, "unit": unit,
+            "met": met, "verdict": verdict}
 
 
 def ratio(a, b):
@@ -461,37 +455,35 @@ def ratio(a, b):
 # cases
 # ------------------------------------------------------------------------------------------------
 
-class Context(object):
-    """Hubs and staged copies the cases share (built on first use)."""
-
-    def __init__(self):
-        self._hubgen = None
-        self.staged = os.path.join(WORK, "stage-local")   # the case-1 local hub, staged by the module
-
-    @property
-    def hubgen(self):
-        if self._hubgen is None:
-            started = time.monotonic()
-            self._hubgen = cached_layout(HUBS, "hubgen-%dx%dMiB-seed0" % (SHARDS, SHARD_MIB), lambda path:
-                                         hubgen.build_nas_hub(path, shard_size=SHARD_MIB * MIB, n_shards=SHARDS))
-            log("hubgen hub %s ready in %.1f s" % (self._hubgen["key"], time.monotonic() - started))
-        return self._hubgen
-
-    def main_args(self, **extra):
-        return mirror_args(self.hubgen["hub"], self.staged, MAIN_REPO, ignore_patterns=["page15/"], **extra)
-
-    def ensure_staged(self):
-        """The case-1 hub staged locally (staged here, untimed, when case 1 did not run)."""
-        if not os.path.isdir(os.path.join(self.staged, self.hubgen["repos"][MAIN_REPO]["folder"])):
-            fresh(self.staged)
-            ansible(MIRROR, self.main_args())
-        return self.staged
+STAGED = os.path.join(WORK, "stage-local")   # the case-1 local hub, staged by the module
 
 
-def case_cold_stage(ctx):
+@functools.lru_cache(maxsize=None)
+def trap_hub():
+    """The hubgen hub of the first cases (built on first use)."""
+    started = time.monotonic()
+    desc = cached_layout(HUBS, "hubgen-%dx%dMiB-seed0" % (SHARDS, SHARD_MIB), lambda path:
+                         hubgen.build_nas_hub(path, shard_size=SHARD_MIB * MIB, n_shards=SHARDS))
+    log("hubgen hub %s ready in %.1f s" % (desc["key"], time.monotonic() - started))
+    return desc
+
+
+def main_args(**extra):
+    return mirror_args(trap_hub()["hub"], STAGED, MAIN_REPO, ignore_patterns=["page15/"], **extra)
+
+
+def ensure_staged():
+    """The case-1 hub staged locally (staged here, untimed, when case 1 did not run)."""
+    if not os.path.isdir(os.path.join(STAGED, trap_hub()["repos"][MAIN_REPO]["folder"])):
+        fresh(STAGED)
+        ansible(MIRROR, main_args())
+    return STAGED
+
+
+def case_cold_stage():
     """Cold stage, default verify, vs cp -rL of the same selected files + sync."""
-    main = ctx.hubgen["repos"][MAIN_REPO]
-    snapshot = os.path.join(ctx.hubgen["hub"], main["folder"], "snapshots", main["commit"])
+    main = trap_hub()["repos"][MAIN_REPO]
+    snapshot = os.path.join(trap_hub()["hub"], main["folder"], "snapshots", main["commit"])
     selected = sorted(p for p in main["files"] if p not in main["page15"])
     nbytes = sum(main["files"][p]["size"] for p in selected)
     tops = sorted(set(os.path.join(snapshot, p.split("/")[0]) for p in selected))
@@ -506,8 +498,8 @@ def case_cold_stage(ctx):
         return record
 
     runs = alternate("cold_stage", [
-        ("hf_hub_mirror verify=sample", ROUNDS, cold_run(lambda: mirror(ctx.main_args(), nbytes, "the selection"),
-                                                        prepare=lambda: fresh(ctx.staged))),
+        ("hf_hub_mirror verify=sample", ROUNDS, cold_run(lambda: mirror(main_args(), nbytes, "the selection"),
+                                                        prepare=lambda: fresh(STAGED))),
         ("cp -rL + sync", ROUNDS, cold_run(copy, prepare=lambda: fresh(cp_dest),
                                            cleanup=lambda: shutil.rmtree(cp_dest))),
     ])
@@ -538,9 +530,9 @@ def hashlib_rate(seconds=1.0):
     return done / (time.monotonic() - start)
 
 
-def case_full_verify(ctx):
+def case_full_verify():
     """verify=full over the staged hub vs sha256sum of every local blob, vs the machine limit."""
-    blob_dir = os.path.join(ctx.ensure_staged(), ctx.hubgen["repos"][MAIN_REPO]["folder"], "blobs")
+    blob_dir = os.path.join(ensure_staged(), trap_hub()["repos"][MAIN_REPO]["folder"], "blobs")
     blobs = sorted(os.path.join(blob_dir, b) for b in os.listdir(blob_dir))
     nbytes = sum(os.path.getsize(b) for b in blobs)
 
@@ -555,7 +547,7 @@ def case_full_verify(ctx):
     cores = os.cpu_count() or 1
     hash_rate = hashlib_rate()
     runs = alternate("full_verify", [
-        ("hf_hub_mirror verify=full", ROUNDS, cold_run(lambda: mirror(ctx.main_args(verify="full"), 0,
+        ("hf_hub_mirror verify=full", ROUNDS, cold_run(lambda: mirror(main_args(verify="full"), 0,
                                                                         "verify=full over a good staged hub"))),
         ("sha256sum (all blobs)", ROUNDS, cold_run(lambda: ansible("ansible.builtin.command",
                                                                    {"argv": ["sha256sum"] + blobs}))),
@@ -584,11 +576,11 @@ def case_full_verify(ctx):
     }
 
 
-def case_stage_play(ctx):
+def case_stage_play():
     """The stage play through ansible-playbook on a warm staged hub vs the module's own time."""
     play_dir = fresh(os.path.join(WORK, "play"))
     inventory = os.path.join(play_dir, "inventory.json")
-    group_vars = {"lane": "exl3_2x", "hub_nas_root": ctx.hubgen["hub"], "hub_local_root": ctx.ensure_staged(),
+    group_vars = {"lane": "exl3_2x", "hub_nas_root": trap_hub()["hub"], "hub_local_root": ensure_staged(),
                   "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
                   "stage_report_dir": os.path.join(play_dir, "reports"), "engine_enabled": False}
     hosts = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
@@ -632,7 +624,7 @@ def case_stage_play(ctx):
     }
 
 
-def case_warm_rerun(ctx):
+def case_warm_rerun():
     """Warm re-run on a >= 100 GiB sparse layout vs rsync -aL --checksum, both through ad-hoc ansible."""
     shard_size = -(-int(WARM_GIB * GIB) // (WARM_BLOBS - 5) // MIB) * MIB
     started = time.monotonic()
@@ -682,7 +674,7 @@ def case_warm_rerun(ctx):
     }
 
 
-def case_peak_rss(ctx):
+def case_peak_rss():
     """Peak RSS of the module process staging one blob larger than 4 GiB, and with 8 workers busy at once."""
     size = int(BIG_GIB * GIB)
     one = sparse_hub(HUBS, "bench/one-big-blob", 1, size // MIB * MIB, metadata=False)
@@ -855,17 +847,16 @@ def main():
                          "big_gib": BIG_GIB, "cases": CASES},
               "machine": describe_machine(), "cases": {}, "targets": []}
     log("machine: %s" % json.dumps(report["machine"]))
-    ctx = Context()
     failed = False
     try:
         for name in RUN_ORDER:
             if name not in CASES:
                 continue
             if name == "warm_rerun":
-                shutil.rmtree(ctx.staged, ignore_errors=True)   # the cases that use it are done
+                shutil.rmtree(STAGED, ignore_errors=True)   # the cases that use it are done
             case_started = time.monotonic()
             try:
-                case = CASE_FUNCS[name](ctx)
+                case = CASE_FUNCS[name]()
             except BenchError as exc:
                 log("%s failed: %s" % (name, exc))
                 case, failed = {"error": str(exc)}, True

@@ -23,8 +23,10 @@ BENCH_CASES (comma list, default all), BENCH_SETTLE_S (3), BENCH_SHARDS (8), BEN
 BENCH_WARM_BLOBS (141), BENCH_WARM_GIB (106), BENCH_BIG_GIB (4.5).
 """
 import datetime
+import functools
 import hashlib
 import json
+import operator
 import os
 import platform
 import random
@@ -49,7 +51,6 @@ BLOCK = 64 * 1024          # plus one data block ...
 STRIDE = 32 * MIB          # ... somewhere in every STRIDE of the middle
 _ZEROS = memoryview(bytes(8 * MIB))
 SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
-INDEX = "model.safetensors.index.json"
 
 ROOT = os.path.join(REPO, ".cache", "bench")
 HUBS = os.path.join(ROOT, "hubs")
@@ -137,10 +138,7 @@ class SparseShard(object):
         rng = random.Random("benchhub:" + label)
         self.size = size
         self.segments = [(offset, rng.randbytes(length)) for offset, length in data_segments(size, rng)]
-        self.sha256 = None
-
-    def digest(self):
-        """sha256 of the logical content (data plus zeros for the holes), without touching the disk."""
+        # sha256 of the logical content (data plus zeros for the holes), without touching the disk
         h = hashlib.sha256()
         pos = 0
         for offset, data in self.segments + [(self.size, b"")]:
@@ -151,7 +149,6 @@ class SparseShard(object):
             h.update(data)
             pos += len(data)
         self.sha256 = h.hexdigest()
-        return self
 
     def write(self, path):
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -163,78 +160,45 @@ class SparseShard(object):
             os.close(fd)
 
 
-def _put_store(hub, repo_dir, etag, write, absolute):
-    """The blob in the hub-level store hub/blobs/<xx>/<etag>, the repo blob a link to it."""
-    store_dir = os.path.join(hub, "blobs", etag[:2])
-    os.makedirs(store_dir, exist_ok=True)
-    store = os.path.join(store_dir, etag)
-    write(store)
-    repo_blob = os.path.join(repo_dir, "blobs", etag)
-    os.symlink(store if absolute else os.path.relpath(store, os.path.dirname(repo_blob)), repo_blob)
+SPARSE_FORMS = (hubgen.FORM_REAL, hubgen.FORM_REL_STORE, hubgen.FORM_ABS_STORE)   # shard i: SPARSE_FORMS[i % 3]
 
 
 def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
-    """A NAS hub with one repo: n_shards sparse weight shards (+ 4 small files and the index when
-    metadata), so a 141-blob layout is 136 shards + 5 small files. Returns its description."""
+    """A NAS hub with one repo, written by hubgen's repo writer: n_shards sparse weight shards (+ 4 small
+    files and the index when metadata: a 141-blob layout is 136 shards + 5 small files)."""
     key = "sparse-%s-%dx%dMiB%s-seed%d" % (repo_id.replace("/", "--"), n_shards, shard_size // MIB,
                                           "-meta" if metadata else "", seed)
 
     def build(path):
-        hub = os.path.join(path, "hub")
-        folder = hubgen.repo_folder(repo_id)
-        repo_dir = os.path.join(hub, folder)
-        commit = hashlib.sha1(("benchhub:%s" % key).encode()).hexdigest()
-        snapshot = os.path.join(repo_dir, "snapshots", commit)
-        for sub in ("blobs", "refs", "trees", snapshot):
-            os.makedirs(os.path.join(repo_dir, sub), exist_ok=True)
-        names = ["model-%05d-of-%05d.safetensors" % (i + 1, n_shards) for i in range(n_shards)]
+        repo = hubgen.Repo(hubgen.Hub(os.path.join(path, "hub"), seed), repo_id)
+        names = hubgen.shard_names(n_shards)
 
         def place(i):
-            """Hash shard i from its layout, then write it in its NAS form: real, relative or absolute
-            store link (the shard's data is dropped once written)."""
-            shard = SparseShard("%d:%s:%s" % (seed, key, names[i]), shard_size).digest()
-            if i % 3 == 0:
-                shard.write(os.path.join(repo_dir, "blobs", shard.sha256))
-            else:
-                _put_store(hub, repo_dir, shard.sha256, shard.write, absolute=i % 3 == 2)
-            pointer = hubgen.lfs_pointer(shard.sha256, shard.size)
-            return names[i], {"etag": shard.sha256, "size": shard.size, "data_bytes": sum(len(d) for _, d in shard.segments),
-                              "tree": {"size": shard.size, "blob_id": hubgen.git_blob_sha1(pointer),
-                                       "lfs_sha256": shard.sha256, "lfs_size": shard.size}}
+            """Hash shard i from its layout, then write it in its NAS form (its data is dropped once written);
+            its trees blob_id is the LFS pointer's, as huggingface_hub 2.x lists it."""
+            shard = SparseShard("%d:%s:%s" % (seed, key, names[i]), shard_size)
+            form = SPARSE_FORMS[i % 3]
+            return names[i], repo.link(repo.snap, names[i], {
+                "kind": "link", "etag": shard.sha256, "size": shard.size, "sha256": shard.sha256,
+                "blob_id": hubgen.git_blob_sha1(hubgen.lfs_pointer(shard.sha256, shard.size)), "blob_form": form,
+                "store_path": repo.place(shard.sha256, shard.write, form),
+                "data_bytes": sum(len(d) for _, d in shard.segments)})
 
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-            files = dict(pool.map(place, range(n_shards)))
+            repo.files.update(pool.map(place, range(n_shards)))
         if metadata:
-            files.update(_small_files(repo_dir, random.Random("benchhub-small:%d:%s" % (seed, key)), names,
-                                      n_shards * shard_size))
-        for name, info in files.items():
-            os.symlink("../../blobs/" + info["etag"], os.path.join(snapshot, name))
-        with open(os.path.join(repo_dir, "refs", "main"), "w") as handle:
-            handle.write(commit)
-        listing = {"format_version": 1, "files": dict((n, files[n]["tree"]) for n in sorted(files))}
-        with open(os.path.join(repo_dir, "trees", commit + ".json"), "w") as handle:
-            json.dump(listing, handle, indent=1)   # as huggingface_hub 2.x writes it
-        return {"hub": hub, "repo_id": repo_id, "folder": folder, "commit": commit, "files": files,
-                "blobs": len(files), "logical_bytes": sum(f["size"] for f in files.values()),
-                "data_bytes": sum(f["data_bytes"] for f in files.values()), "listing": listing}
+            rng = random.Random("benchhub-small:%d:%s" % (seed, key))
+            for name in SMALL_FILES:
+                repo.add(name, json.dumps({"bench": name, "data": rng.randbytes(1500).hex()}).encode())
+            for i, name in enumerate(names):
+                repo.map(name, [("w.%d" % i, shard_size)])
+        repo.finish()
+        files = repo.files
+        return {"hub": repo.hub.hub, "repo_id": repo_id, "folder": repo.folder, "commit": repo.commit,
+                "files": files, "blobs": len(files), "logical_bytes": sum(f["size"] for f in files.values()),
+                "data_bytes": sum(f.get("data_bytes", f["size"]) for f in files.values())}
 
     return cached_layout(root, key, build)
-
-
-def _small_files(repo_dir, rng, shard_names, total_size):
-    """The small files and the index of a sparse hub, as plain git-sha1 blobs: {name: file info}."""
-    small = dict((name, json.dumps({"bench": name, "data": rng.randbytes(1500).hex()}).encode())
-                 for name in SMALL_FILES)
-    small[INDEX] = json.dumps({"metadata": {"total_size": total_size},
-                               "weight_map": dict(("w.%d" % i, n) for i, n in enumerate(shard_names))}).encode()
-    files = {}
-    for name, data in small.items():
-        etag = hubgen.git_blob_sha1(data)
-        with open(os.path.join(repo_dir, "blobs", etag), "wb") as handle:
-            handle.write(data)
-        files[name] = {"etag": etag, "size": len(data), "data_bytes": len(data),
-                       "tree": {"size": len(data), "blob_id": etag}}
-    return files
 
 
 SPARSE_CP = ["cp", "--sparse=always", "--preserve=mode,timestamps"]
@@ -255,16 +219,11 @@ def stage_like_module(desc, dest_hub):
     with open(os.path.join(repo, "refs", "main"), "w") as handle:
         handle.write(desc["commit"])
     # The module writes the NAS listing restricted to the staged paths (here: all), indent 2, sorted keys.
+    with open(os.path.join(nas_repo, "trees", desc["commit"] + ".json")) as handle:
+        listing = json.load(handle)
     with open(os.path.join(repo, "trees", desc["commit"] + ".json"), "wb") as handle:
-        handle.write(json.dumps(desc["listing"], indent=2, sort_keys=True).encode("utf-8") + b"\n")
+        handle.write(json.dumps(listing, indent=2, sort_keys=True).encode("utf-8") + b"\n")
     return snapshot
-
-
-def flat_copy(snapshot, dest):
-    """Sparse copy of a snapshot's files with links followed, modes and times kept."""
-    os.makedirs(dest, exist_ok=True)
-    subprocess.check_call(SPARSE_CP + ["-rL", snapshot + "/.", dest])
-    return dest
 
 
 def file_states(top):
@@ -281,15 +240,9 @@ def file_states(top):
 
 
 def allocated_bytes(top):
-    """Bytes actually allocated on disk below top (sparse files count their data blocks only)."""
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
+    """Bytes allocated on disk below top (sparse files count their data blocks only)."""
+    du = subprocess.run(["du", "-s", "-B1", top], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return int(du.stdout.split()[0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -308,66 +261,51 @@ def cold():
     return True
 
 
-def _children():
-    """{ppid: [pid, ...]} of every process now (as strings)."""
-    kids = {}
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open("/proc/%s/stat" % pid, "rb") as handle:
-                    ppid = handle.read().rsplit(b")", 1)[1].split()[1].decode()
-            except (OSError, IndexError):
-                continue        # gone meanwhile
-            kids.setdefault(ppid, []).append(pid)
-    return kids
-
-
 class ProcWatch(threading.Thread):
     """Polls the python descendants of one process whose command line holds `needle` (the module's
     AnsiballZ interpreter): the highest VmHWM of any of them, the highest sum of their VmRSS at one poll
     (threads share a process; forked workers keep the parent's command line, so they count too), and
     the bytes they read and wrote (rchar/wchar of /proc/<pid>/io, page-cache hits included, as last seen)."""
 
-    def __init__(self, proc, needle, interval=0.02):
+    def __init__(self, proc, needle):
         threading.Thread.__init__(self, daemon=True)
-        self.proc, self.needle, self.interval = proc, needle.encode(), interval
+        self.proc, self.needle = proc, needle.encode()
         self.hwm = self.tree = 0
         self.io = {}           # pid -> (rchar, wchar)
 
-    def _sample(self, pid):
-        """(VmHWM, VmRSS, rchar, wchar) of pid when it is the module's interpreter, else None."""
-        with open("/proc/%s/cmdline" % pid, "rb") as handle:
-            argv = handle.read().split(b"\0")
-        if not (os.path.basename(argv[0]).startswith(b"python") and any(self.needle in a for a in argv)):
-            return None     # not the module's interpreter (the shells ansible starts it through, say)
-        fields = {}
-        for name in ("status", "io"):
-            with open("/proc/%s/%s" % (pid, name)) as handle:
-                for line in handle:
-                    key, _, value = line.partition(":")
-                    fields[key] = value.split()[0] if value.split() else "0"
-        return (int(fields.get("VmHWM", 0)) * 1024, int(fields.get("VmRSS", 0)) * 1024,
-                int(fields.get("rchar", 0)), int(fields.get("wchar", 0)))
-
     def poll_once(self):
-        kids, todo, rss = _children(), [str(self.proc.pid)], 0
+        kids = {}              # ppid -> [pid]
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/stat" % pid, "rb") as handle:
+                    kids.setdefault(handle.read().rsplit(b")", 1)[1].split()[1].decode(), []).append(pid)
+            except (OSError, IndexError):
+                continue        # gone meanwhile
+        todo, rss = [str(self.proc.pid)], 0
         while todo:
             pid = todo.pop()
             todo.extend(kids.get(pid, []))
             try:
-                sample = self._sample(pid)
+                with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                    argv = handle.read().split(b"\0")
+                if not (os.path.basename(argv[0]).startswith(b"python") and any(self.needle in a for a in argv)):
+                    continue    # not the module's interpreter (the shells ansible starts it through, say)
+                fields = {}
+                for name in ("status", "io"):
+                    with open("/proc/%s/%s" % (pid, name)) as handle:
+                        fields.update((k, (v.split() or ["0"])[0]) for k, _, v in (ln.partition(":") for ln in handle))
+                hwm, vmrss = int(fields.get("VmHWM", 0)) * 1024, int(fields.get("VmRSS", 0)) * 1024
+                self.io[pid] = (int(fields.get("rchar", 0)), int(fields.get("wchar", 0)))
             except (OSError, ValueError):
                 continue
-            if sample:
-                self.hwm = max(self.hwm, sample[0])
-                rss += sample[1]
-                self.io[pid] = sample[2:]
+            self.hwm = max(self.hwm, hwm)
+            rss += vmrss
         self.tree = max(self.tree, rss)
 
     def run(self):
         while self.proc.poll() is None:
             self.poll_once()
-            time.sleep(self.interval)
+            time.sleep(0.02)
 
     def record(self):
         return {"rss_hwm_bytes": self.hwm, "rss_sum_bytes": self.tree, "module_pids": len(self.io),
@@ -392,18 +330,11 @@ def run_process(argv, env=None, capture=True, watch=None):
 
 
 def ansible_env():
-    env = dict(os.environ)
-    env.update({
-        "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
-        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
-        "ANSIBLE_LOCAL_TEMP": os.path.join(WORK, "ansible", "local-tmp"),
-        "ANSIBLE_REMOTE_TMP": os.path.join(WORK, "ansible", "remote-tmp"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_DEPRECATION_WARNINGS": "0",
-        "PATH": BIN + os.pathsep + env.get("PATH", ""),
-    })
-    return env
+    return dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="0",
+                ANSIBLE_LOCAL_TEMP=os.path.join(WORK, "ansible", "local-tmp"),
+                ANSIBLE_REMOTE_TMP=os.path.join(WORK, "ansible", "remote-tmp"),
+                PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
 
 
 RESULT_KEYS = ("changed", "blobs", "bytes_copied", "duration_s", "files", "rc", "delta")
@@ -431,6 +362,16 @@ def ansible(module, args, check=False, watch=False):
     if watcher:
         run.update(watcher.record())
     return run
+
+
+def mirror(args, copies, what, **kwargs):
+    """One hf_hub_mirror call that must copy exactly `copies` bytes (and, copying none, change nothing)."""
+    record = ansible(MIRROR, args, **kwargs)
+    result = record["result"]
+    if result["bytes_copied"] != copies or (not copies and result["changed"]):
+        raise BenchError("%s: hf_hub_mirror copied %s bytes, expected %d: %s" % (what, result["bytes_copied"], copies,
+                                                                              result))
+    return record
 
 
 def mirror_args(src, dest, repo_id, **extra):
@@ -499,19 +440,11 @@ DELTA_FORMAT = dict(UNIT_FORMAT, **{"%": "%.0f points"})
 
 def target(name, value, op, goal, unit):
     """Measured value against its target: met, or missed by how much."""
-    if value is None:
-        return {"name": name, "value": None, "op": op, "target": goal, "unit": unit, "met": False,
-                "verdict": "not measured"}
-    fmt = DELTA_FORMAT[unit]
-    met = {"<=": value <= goal, "<": value < goal, ">=": value >= goal}[op]
-    if met:
-        verdict = "met"
-    elif op in ("<", "<="):
-        verdict = "MISSED by %s (%.0f %% over)" % (fmt % (value - goal), 100.0 * (value / goal - 1))
-    else:
-        verdict = "MISSED by %s (%.0f %% short)" % (fmt % (goal - value), 100.0 * (1 - value / goal))
-    return {"name": name, "value": round(value, 4), "op": op, "target": goal, "unit": unit, "met": met,
-            "verdict": verdict}
+    met = value is not None and {"<=": operator.le, "<": operator.lt, ">=": operator.ge}[op](value, goal)
+    verdict = "not measured" if value is None else "met" if met else "MISSED by %s (%.0f %% %s)" % (
+        DELTA_FORMAT[unit] % abs(value - goal), 100.0 * abs(value / goal - 1), "over" if op in ("<", "<=") else "short")
+    return {"name": name, "value": None if value is None else round(value, 4), "op": op, "target": goal, "unit": unit,
+            "met": met, "verdict": verdict}
 
 
 def ratio(a, b):
@@ -522,49 +455,40 @@ def ratio(a, b):
 # cases
 # ------------------------------------------------------------------------------------------------
 
-class Context(object):
-    """Hubs and staged copies the cases share (built on first use)."""
-
-    def __init__(self):
-        self._hubgen = None
-        self.staged = os.path.join(WORK, "stage-local")   # the case-1 local hub, staged by the module
-
-    @property
-    def hubgen(self):
-        if self._hubgen is None:
-            started = time.monotonic()
-            self._hubgen = cached_layout(HUBS, "hubgen-%dx%dMiB-seed0" % (SHARDS, SHARD_MIB), lambda path:
-                                         hubgen.build_nas_hub(path, shard_size=SHARD_MIB * MIB, n_shards=SHARDS))
-            log("hubgen hub %s ready in %.1f s" % (self._hubgen["key"], time.monotonic() - started))
-        return self._hubgen
-
-    def main_args(self, **extra):
-        return mirror_args(self.hubgen["hub"], self.staged, MAIN_REPO, ignore_patterns=["page15/"], **extra)
-
-    def ensure_staged(self):
-        """The case-1 hub staged locally (staged here, untimed, when case 1 did not run)."""
-        if not os.path.isdir(os.path.join(self.staged, self.hubgen["repos"][MAIN_REPO]["folder"])):
-            fresh(self.staged)
-            ansible(MIRROR, self.main_args())
-        return self.staged
+STAGED = os.path.join(WORK, "stage-local")   # the case-1 local hub, staged by the module
 
 
-def case_cold_stage(ctx):
+@functools.lru_cache(maxsize=None)
+def trap_hub():
+    """The hubgen hub of the first cases (built on first use)."""
+    started = time.monotonic()
+    desc = cached_layout(HUBS, "hubgen-%dx%dMiB-seed0" % (SHARDS, SHARD_MIB), lambda path:
+                         hubgen.build_nas_hub(path, shard_size=SHARD_MIB * MIB, n_shards=SHARDS))
+    log("hubgen hub %s ready in %.1f s" % (desc["key"], time.monotonic() - started))
+    return desc
+
+
+def main_args(**extra):
+    return mirror_args(trap_hub()["hub"], STAGED, MAIN_REPO, ignore_patterns=["page15/"], **extra)
+
+
+def ensure_staged():
+    """The case-1 hub staged locally (staged here, untimed, when case 1 did not run)."""
+    if not os.path.isdir(os.path.join(STAGED, trap_hub()["repos"][MAIN_REPO]["folder"])):
+        fresh(STAGED)
+        ansible(MIRROR, main_args())
+    return STAGED
+
+
+def case_cold_stage():
     """Cold stage, default verify, vs cp -rL of the same selected files + sync."""
-    main = ctx.hubgen["repos"][MAIN_REPO]
-    snapshot = os.path.join(ctx.hubgen["hub"], main["folder"], "snapshots", main["commit"])
+    main = trap_hub()["repos"][MAIN_REPO]
+    snapshot = os.path.join(trap_hub()["hub"], main["folder"], "snapshots", main["commit"])
     selected = sorted(p for p in main["files"] if p not in main["page15"])
     nbytes = sum(main["files"][p]["size"] for p in selected)
     tops = sorted(set(os.path.join(snapshot, p.split("/")[0]) for p in selected))
     cp_dest = os.path.join(WORK, "cp-dest")
     cp_cmd = "cp -rL -- %s %s/ && sync" % (" ".join(shlex.quote(t) for t in tops), shlex.quote(cp_dest))
-
-    def stage():
-        record = ansible(MIRROR, ctx.main_args())
-        if record["result"]["bytes_copied"] != nbytes:
-            raise BenchError("the module copied %s bytes, the selection is %d" % (record["result"]["bytes_copied"],
-                                                                                  nbytes))
-        return record
 
     def copy():
         record = ansible("ansible.builtin.shell", {"cmd": cp_cmd})
@@ -574,7 +498,8 @@ def case_cold_stage(ctx):
         return record
 
     runs = alternate("cold_stage", [
-        ("hf_hub_mirror verify=sample", ROUNDS, cold_run(stage, prepare=lambda: fresh(ctx.staged))),
+        ("hf_hub_mirror verify=sample", ROUNDS, cold_run(lambda: mirror(main_args(), nbytes, "the selection"),
+                                                        prepare=lambda: fresh(STAGED))),
         ("cp -rL + sync", ROUNDS, cold_run(copy, prepare=lambda: fresh(cp_dest),
                                            cleanup=lambda: shutil.rmtree(cp_dest))),
     ])
@@ -605,17 +530,11 @@ def hashlib_rate(seconds=1.0):
     return done / (time.monotonic() - start)
 
 
-def case_full_verify(ctx):
+def case_full_verify():
     """verify=full over the staged hub vs sha256sum of every local blob, vs the machine limit."""
-    blob_dir = os.path.join(ctx.ensure_staged(), ctx.hubgen["repos"][MAIN_REPO]["folder"], "blobs")
+    blob_dir = os.path.join(ensure_staged(), trap_hub()["repos"][MAIN_REPO]["folder"], "blobs")
     blobs = sorted(os.path.join(blob_dir, b) for b in os.listdir(blob_dir))
     nbytes = sum(os.path.getsize(b) for b in blobs)
-
-    def verify():
-        record = ansible(MIRROR, ctx.main_args(verify="full"))
-        if record["result"]["changed"] or record["result"]["bytes_copied"]:
-            raise BenchError("verify=full over a good staged hub changed it: %s" % record["result"])
-        return record
 
     def read(argv):
         """A plain read of every blob, timed as one process (no Ansible start: this is the limit)."""
@@ -628,7 +547,8 @@ def case_full_verify(ctx):
     cores = os.cpu_count() or 1
     hash_rate = hashlib_rate()
     runs = alternate("full_verify", [
-        ("hf_hub_mirror verify=full", ROUNDS, cold_run(verify)),
+        ("hf_hub_mirror verify=full", ROUNDS, cold_run(lambda: mirror(main_args(verify="full"), 0,
+                                                                        "verify=full over a good staged hub"))),
         ("sha256sum (all blobs)", ROUNDS, cold_run(lambda: ansible("ansible.builtin.command",
                                                                    {"argv": ["sha256sum"] + blobs}))),
         ("cat > /dev/null (read limit)", ROUNDS, cold_run(lambda: read(["cat"] + blobs))),
@@ -656,11 +576,11 @@ def case_full_verify(ctx):
     }
 
 
-def case_stage_play(ctx):
+def case_stage_play():
     """The stage play through ansible-playbook on a warm staged hub vs the module's own time."""
     play_dir = fresh(os.path.join(WORK, "play"))
     inventory = os.path.join(play_dir, "inventory.json")
-    group_vars = {"lane": "exl3_2x", "hub_nas_root": ctx.hubgen["hub"], "hub_local_root": ctx.ensure_staged(),
+    group_vars = {"lane": "exl3_2x", "hub_nas_root": trap_hub()["hub"], "hub_local_root": ensure_staged(),
                   "stage_repos": [{"repo_id": MAIN_REPO, "ignore_patterns": ["page15/"]}, {"repo_id": DRAFTER_REPO}],
                   "stage_report_dir": os.path.join(play_dir, "reports"), "engine_enabled": False}
     hosts = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
@@ -704,7 +624,7 @@ def case_stage_play(ctx):
     }
 
 
-def case_warm_rerun(ctx):
+def case_warm_rerun():
     """Warm re-run on a >= 100 GiB sparse layout vs rsync -aL --checksum, both through ad-hoc ansible."""
     shard_size = -(-int(WARM_GIB * GIB) // (WARM_BLOBS - 5) // MIB) * MIB
     started = time.monotonic()
@@ -713,26 +633,20 @@ def case_warm_rerun(ctx):
     snapshot = os.path.join(nas["hub"], nas["folder"], "snapshots", nas["commit"])
     local = fresh(os.path.join(WORK, "warm-local"))
     stage_like_module(nas, local)
-    rsync_dest = flat_copy(snapshot, fresh(os.path.join(WORK, "warm-rsync")))
+    rsync_dest = fresh(os.path.join(WORK, "warm-rsync"))
+    subprocess.check_call(SPARSE_CP + ["-rL", snapshot + "/.", rsync_dest])   # links followed, sparse
     args = mirror_args(nas["hub"], local, nas["repo_id"])
-    probe = ansible(MIRROR, args, check=True)["result"]   # check mode: proves the layout without writing
-    if probe["changed"] or probe["bytes_copied"]:
-        raise BenchError("the pre-staged sparse layout is not what the module leaves (check mode would change it: "
-                         "%s); not running it for real on %d GiB" % (probe, nas["logical_bytes"] // GIB))
+    mirror(args, 0, "check mode on the pre-staged sparse layout (not what the module leaves; not run for real on "
+           "%d GiB)" % (nas["logical_bytes"] // GIB), check=True)   # proves the layout without writing
     repo = os.path.join(local, nas["folder"])
     before = file_states(repo)
     cold()
     reads = ansible(MIRROR, args, watch=True)["read_bytes"]   # untimed: what one warm run reads
 
-    def rerun():
-        record = ansible(MIRROR, args)
-        if record["result"]["changed"] or record["result"]["bytes_copied"]:
-            raise BenchError("a warm re-run changed the staged layout: %s" % record["result"])
-        return record
-
     rsync = ("rsync -aL --checksum", SLOW_ROUNDS, cold_run(lambda: ansible("ansible.builtin.command", {
         "argv": ["rsync", "-aL", "--checksum", snapshot + "/", rsync_dest + "/"]})))
-    runs = alternate("warm_rerun", [("hf_hub_mirror verify=sample", ROUNDS, cold_run(rerun))]
+    rerun = cold_run(lambda: mirror(args, 0, "a warm re-run"))
+    runs = alternate("warm_rerun", [("hf_hub_mirror verify=sample", ROUNDS, rerun)]
                      + ([rsync] if shutil.which("rsync") else []))
     touched = sorted(p for p, state in file_states(repo).items() if before.get(p) != state)
     if touched or len(before) != len(file_states(repo)):
@@ -760,7 +674,7 @@ def case_warm_rerun(ctx):
     }
 
 
-def case_peak_rss(ctx):
+def case_peak_rss():
     """Peak RSS of the module process staging one blob larger than 4 GiB, and with 8 workers busy at once."""
     size = int(BIG_GIB * GIB)
     one = sparse_hub(HUBS, "bench/one-big-blob", 1, size // MIB * MIB, metadata=False)
@@ -768,12 +682,9 @@ def case_peak_rss(ctx):
     local = os.path.join(WORK, "big-local")
 
     def stage(nas, **extra):
-        def run():
-            record = ansible(MIRROR, mirror_args(nas["hub"], local, nas["repo_id"], **extra), watch=True)
-            if record["result"]["bytes_copied"] != nas["logical_bytes"]:
-                raise BenchError("staged %s bytes of %d" % (record["result"]["bytes_copied"], nas["logical_bytes"]))
-            return record
-        return cold_run(run, prepare=lambda: fresh(local), cleanup=lambda: shutil.rmtree(local))
+        return cold_run(lambda: mirror(mirror_args(nas["hub"], local, nas["repo_id"], **extra), nas["logical_bytes"],
+                                       "staging %s" % nas["key"], watch=True),
+                        prepare=lambda: fresh(local), cleanup=lambda: shutil.rmtree(local))
 
     runs = alternate("peak_rss", [("hf_hub_mirror staging 1 blob", 1, stage(one)),
                                   ("hf_hub_mirror staging 8 blobs, workers=8", 1, stage(eight, workers=8))])
@@ -809,24 +720,8 @@ CASE_FUNCS = {"cold_stage": case_cold_stage, "full_verify": case_full_verify, "s
 # ------------------------------------------------------------------------------------------------
 
 def _first(path, prefix):
-    try:
-        with open(path) as handle:
-            for line in handle:
-                if line.startswith(prefix):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
-def _mount_of(path):
-    best = ("", "?", "?")
-    with open("/proc/mounts") as handle:
-        for line in handle:
-            dev, mnt, fstype = line.split()[:3]
-            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
-                best = (mnt, dev, fstype)
-    return best
+    with open(path) as handle:
+        return next((line.split(":", 1)[1].strip() for line in handle if line.startswith(prefix)), None)
 
 
 def meminfo_bytes(key):
@@ -859,7 +754,8 @@ def page_cache_fill_rates():
 
 
 def describe_machine():
-    mnt, dev, fstype = _mount_of(os.path.realpath(ROOT))
+    df = subprocess.check_output(["df", "--output=target,source,fstype", ROOT]).decode()
+    mnt, dev, fstype = df.split("\n")[1].split()
     usage = shutil.disk_usage(ROOT)
     can_drop = os.access("/proc/sys/vm/drop_caches", os.W_OK)
     first, again = page_cache_fill_rates() if can_drop else (None, None)
@@ -869,7 +765,7 @@ def describe_machine():
         ansible_version = None
     return {
         "cores": os.cpu_count(), "cpu": _first("/proc/cpuinfo", "model name"),
-        "ram_gib": round(int(_first("/proc/meminfo", "MemTotal").split()[0]) / 1048576.0, 1),
+        "ram_gib": round(meminfo_bytes("MemTotal") / GIB, 1),
         "kernel": platform.release(), "python": platform.python_version(), "ansible_core": ansible_version,
         "virtualized": "hypervisor" in (_first("/proc/cpuinfo", "flags") or "").split(),
         "disk": {"mount": mnt, "device": dev, "fstype": fstype, "size_gib": round(usage.total / GIB, 1),
@@ -951,17 +847,16 @@ def main():
                          "big_gib": BIG_GIB, "cases": CASES},
               "machine": describe_machine(), "cases": {}, "targets": []}
     log("machine: %s" % json.dumps(report["machine"]))
-    ctx = Context()
     failed = False
     try:
         for name in RUN_ORDER:
             if name not in CASES:
                 continue
             if name == "warm_rerun":
-                shutil.rmtree(ctx.staged, ignore_errors=True)   # the cases that use it are done
+                shutil.rmtree(STAGED, ignore_errors=True)   # the cases that use it are done
             case_started = time.monotonic()
             try:
-                case = CASE_FUNCS[name](ctx)
+                case = CASE_FUNCS[name]()
             except BenchError as exc:
                 log("%s failed: %s" % (name, exc))
                 case, failed = {"error": str(exc)}, True

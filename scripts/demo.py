@@ -119,11 +119,9 @@ def summary(check=False):
     return "\n".join(lines)
 
 
-def latest_run(runs_dir=None):
-    """The run.json of the front end's latest run in the demo's runs dir."""
-    runs_dir = runs_dir or RUNS_DIR
-    names = sorted(os.listdir(runs_dir))
-    with open(os.path.join(runs_dir, names[-1], "run.json")) as handle:
+def latest_run(runs_dir):
+    """The run.json of the front end's latest run in runs_dir."""
+    with open(os.path.join(runs_dir, sorted(os.listdir(runs_dir))[-1], "run.json")) as handle:
         return json.load(handle)
 
 
@@ -174,6 +172,15 @@ def summary_4x(run_id):
         "  host reports: %s/<host>.json" % os.path.relpath(REPORTS_4X_DIR, REPO)])
 
 
+def frontend(label, subcommand, extra, env, **kwargs):
+    """`dgx-stage SUBCOMMAND` run to its end: its exit code, and a line saying so when it failed."""
+    sys.stdout.flush()   # our lines before the front end's, also through a pipe
+    code = subprocess.call(frontend_command(subcommand, extra, **kwargs), cwd=REPO, env=env)
+    if code != 0:   # then no run to read: a usage error (64) recorded none, and the latest is another's
+        print("%s: dgx-stage %s failed (exit %d); the lines above name the host and task" % (label, subcommand, code))
+    return code
+
+
 def main_4x(extra):
     """`make demo-4x`: the four-host lane with rank templates, the NAS reader limit and fan-out."""
     ensure_engram_hub()
@@ -182,16 +189,11 @@ def main_4x(extra):
               "package, or run with -e stage_peer_fanout=false")
         if not any("stage_peer_fanout" in arg for arg in extra):
             return 69
-    env = playbook_env(DEMO_4X_ROOT, RUNS_4X_DIR)
-    sys.stdout.flush()
-    code = subprocess.call(frontend_command("stage", extra, inventory="demo-4x", nas_parent=NAS_4X_PARENT), cwd=REPO,
-                           env=env)
-    if code != 0:
-        print("demo-4x: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
-        return code
-    if "--check" not in extra:
+    code = frontend("demo-4x", "stage", extra, playbook_env(DEMO_4X_ROOT, RUNS_4X_DIR), inventory="demo-4x",
+                    nas_parent=NAS_4X_PARENT)
+    if code == 0 and "--check" not in extra:
         print(summary_4x(latest_run(RUNS_4X_DIR)["run_id"]))
-    return 0
+    return code
 
 
 def main():
@@ -199,17 +201,10 @@ def main():
         return main_4x(sys.argv[2:])
     ensure_nas_hub()
     extra = sys.argv[1:]
-    sys.stdout.flush()   # our lines before the front end's, also through a pipe
-    code = subprocess.call(frontend_command("stage", extra), cwd=REPO, env=playbook_env())
-    if code != 0:   # before reading a run: a usage error (64) recorded none, and the latest is another's
-        print("demo: dgx-stage stage failed (exit %d); the lines above name the host and task" % code)
-        return code
-    code = subprocess.call(frontend_command("clean-receipts", extra), cwd=REPO, env=playbook_env())
-    if code != 0:
-        print("demo: dgx-stage clean-receipts failed (exit %d); the lines above name the host and task" % code)
-        return code
-    print(summary(check="--check" in extra or "-C" in extra))
-    return 0
+    code = frontend("demo", "stage", extra, playbook_env()) or frontend("demo", "clean-receipts", extra, playbook_env())
+    if code == 0:
+        print(summary(check="--check" in extra or "-C" in extra))
+    return code
 
 
 if __name__ == "__main__":

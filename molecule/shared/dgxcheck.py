@@ -57,11 +57,7 @@ def inventory_vars(host):
 
 def probe(host, root, stat_paths=(), read_paths=()):
     """Run probe.py on a testinfra host; returns its JSON answer."""
-    args = [root]
-    for path in stat_paths:
-        args += ["--stat", path]
-    for path in read_paths:
-        args += ["--read", path]
+    args = [root] + [a for p in stat_paths for a in ("--stat", p)] + [a for p in read_paths for a in ("--read", p)]
     cmd = host.run("python3 -c %s " + " ".join(["%s"] * len(args)), PROBE_SOURCE, *args)
     assert cmd.rc == 0, "probe failed on %s: %s" % (host.backend.get_pseudo_hostname(), cmd.stderr)
     return json.loads(cmd.stdout)
@@ -217,10 +213,8 @@ def check_snapshot(answer, nas_root, local_root, repo):
 
 def check_snapshots(answer, hvars):
     """check_snapshot for every repo the host stages (hvars: its inventory variables)."""
-    problems = []
-    for repo in hvars["stage_repos"]:
-        problems += check_snapshot(answer, hvars["hub_nas_root"], hvars["hub_local_root"], repo)
-    return problems
+    return [problem for repo in hvars["stage_repos"]
+            for problem in check_snapshot(answer, hvars["hub_nas_root"], hvars["hub_local_root"], repo)]
 
 
 def ref_paths(local_root, repos):

@@ -20,13 +20,7 @@ import sys
 
 
 def _kind(mode):
-    if stat.S_ISLNK(mode):
-        return "link"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISREG(mode):
-        return "file"
-    return "other"
+    return {stat.S_IFLNK: "link", stat.S_IFDIR: "dir", stat.S_IFREG: "file"}.get(stat.S_IFMT(mode), "other")
 
 
 def _hashes(path, size):
@@ -66,14 +60,8 @@ def main(argv):
             for name in sorted(dirnames) + sorted(filenames):
                 full = os.path.join(dirpath, name)
                 tree[os.path.relpath(full, root)] = _entry(full)
-    stat_out = {}
-    for path in stats:
-        if os.path.lexists(path):
-            entry = _entry(path)
-            entry["lexists"] = True
-        else:
-            entry = {"lexists": False}
-        stat_out[path] = entry
+    stat_out = dict((path, dict(_entry(path), lexists=True) if os.path.lexists(path) else {"lexists": False})
+                    for path in stats)
     read_out = {}
     for path in reads:
         try:

@@ -6,8 +6,8 @@ mount, and the verify pass checks the index against the local shards and the oth
 A bad rank pattern is refused on every host before anything is written. How each form of rank_patterns
 (templates, a map keyed by rank number or its text) expands is the filter's, tests/unit/test_stage_lane.py.
 
-The engram repo is generated here into the shared NAS hub (hubgen's writer: blobs named by their hash,
-snapshot links into ../blobs, one table in the hub-level store behind a relative link), beside hubgen's two repos."""
+The engram repo is hubgen.add_engram_repo's, written into the shared NAS hub beside hubgen's two repos (blobs
+named by their hash, snapshot links into ../blobs, one table in the hub-level store behind a relative link)."""
 import json
 import os
 
@@ -29,48 +29,10 @@ def rank_dir(rank):
     return "engram/rank-%d-of-%d" % (rank, WORLD_SIZE)
 
 
-def _add_engram_repo(nas, ranks=range(WORLD_SIZE)):
-    """Write ENGRAM_REPO into the NAS hub: shared files (config, dense shard, index, engram/shared/) and per
-    rank (of `ranks`) two engram table shards and a meta file; the index maps every tensor, the tables'
-    included.
-    Returns {"folder", "commit", "files": {snapshot path: sha256 and etag}}."""
-    hub = hubgen._Hub(nas["hub"], 7, False)
-    repo_dir = hubgen._new_repo(nas["hub"], ENGRAM_REPO)
-    commit = hubgen._commit(7, ENGRAM_REPO + "@main")
-    snap = os.path.join(repo_dir, "snapshots", commit)
-    os.makedirs(snap)
-    files, weight_map, total = {}, {}, 0
-
-    def put(rel, data, lfs=False, form=hubgen.FORM_REAL):
-        info = hub.put_bytes(repo_dir, data, lfs=lfs, form=form)
-        hub.link(snap, rel, repo_dir, info["etag"])
-        files[rel] = hubgen._file_entry(info)
-
-    def put_shard(rel, tensors, form=hubgen.FORM_REAL):
-        nonlocal total
-        data = hubgen.write_safetensors(None, tensors)
-        for name, raw in tensors.items():
-            weight_map[name] = rel
-            total += len(raw)
-        put(rel, data, lfs=True, form=form)
-
-    put("config.json", hubgen._json_bytes({"architectures": ["DeepseekV4ForCausalLM"], "engram_ranks": WORLD_SIZE}))
-    put("engram/shared/vocab.json", hubgen._json_bytes({"ngram": 3, "buckets": 4096}))
-    put_shard("model-00001-of-00001.safetensors",
-              {"model.embed_tokens.weight": hubgen._small_bytes(7, "dense", 4096)})
-    for rank in ranks:
-        put(rank_dir(rank) + "/meta.json", hubgen._json_bytes({"rank": rank, "world_size": WORLD_SIZE}))
-        for table in range(2):
-            label = "engram.%d.table.%d" % (rank, table)
-            form = hubgen.FORM_REL_STORE if (rank, table) == (1, 0) else hubgen.FORM_REAL
-            put_shard("%s/table-%05d.safetensors" % (rank_dir(rank), table),
-                      {label + ".keys": hubgen._small_bytes(7, label + "k", 2048),
-                       label + ".values": hubgen._small_bytes(7, label + "v", 3072)}, form)
-    put("model.safetensors.index.json",
-        hubgen._json_bytes({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}))
-    hubgen._write_trees(hub, repo_dir, commit, files)
-    hubgen._write_text(os.path.join(repo_dir, "refs", "main"), commit)
-    return {"folder": hubgen.repo_folder(ENGRAM_REPO), "commit": commit, "files": files}
+def _add_engram_repo(nas, ranks=None):
+    """ENGRAM_REPO in the NAS hub: shared files (config, dense shard, index, engram/shared/) and per rank (of
+    `ranks`, default all) two engram table shards and a meta file; the index maps every tensor."""
+    return hubgen.add_engram_repo(nas["hub"], WORLD_SIZE, ranks=ranks)
 
 
 @pytest.fixture

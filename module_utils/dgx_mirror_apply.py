@@ -12,7 +12,7 @@ import stat
 from ansible.module_utils.dgx_copy import (DISK_ERRNOS, CandidateRejected, LocalWriteError, SourceProblem,
                                            adopt_candidate, copy_verified)
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import atomic_write_bytes, fsync_dir, remove_empty_dirs, remove_path
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes, remove_empty_dirs, remove_path
 from ansible.module_utils.dgx_hashing import hash_as_named
 from ansible.module_utils.dgx_hubcache import content_of
 from ansible.module_utils.dgx_localtree import LocalTree, symlink_atomic
@@ -147,7 +147,7 @@ def _write_blobs(tree, plan, req, meter, outcome):
         run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers)
         for directory in dirs.values():
             try:
-                fsync_dir(dir_fd=directory.fd)
+                os.fsync(directory.fd)
             except OSError as exc:
                 raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, outcome)
     finally:
@@ -166,7 +166,7 @@ def _write_links(tree, plan):
         with tree.open_dir(_rel(tree, parent), create=True) as directory:
             for name, target in by_dir[parent]:
                 symlink_atomic(directory, name, target)
-            fsync_dir(dir_fd=directory.fd)
+            os.fsync(directory.fd)
 
 
 def _write_small_file(tree, path, data):

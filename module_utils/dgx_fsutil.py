@@ -1,4 +1,4 @@
-"""Small filesystem helpers shared by the dgx-stage modules (stdlib only, Python 3.8+)."""
+"""Small filesystem helpers shared by the dgx-stage modules."""
 import errno
 import hashlib
 import os

@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """Content checks for hub blobs: a blob's name is its hash, and sampled comparison against the NAS.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import hashlib
 import os
 import re

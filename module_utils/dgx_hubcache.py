@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """Reading a Hugging Face hub cache: repo folders, refs, snapshot entries and their link chains.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import fnmatch
 import json

@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """The local hub as a tree of real directories, written and emptied only through directories opened without
 following symlinks; links replaced in one rename; the temp files a killed run left behind.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import os
 import stat

@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """Mirror one revision of one repo from a NAS hub cache to a local hub cache, verified: plan, refuse what the
 disk cannot hold, apply under the repo lock, return the result.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import copy
 import time
 
@@ -41,7 +37,7 @@ def run_mirror(req, check_mode=False, progress=True):
             try:
                 result = _run_locked(tree, req, meter, started, writing, early)
             finally:
-                peer_problems = _clear_peer_dir(tree, req) if writing else []
+                peer_problems = clear_peer_dir(tree, peer_dir_rel(req)) if writing else []
         except KeyboardInterrupt as exc:
             meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
             raise
@@ -55,16 +51,6 @@ def run_mirror(req, check_mode=False, progress=True):
         result["warnings"].extend(peer_problems)
         meter.close("ok")
     return result
-
-
-def _clear_peer_dir(tree, req):
-    """Remove peer_dir and what is left in it; the problems as warnings. Never raises (it runs on failure too)."""
-    if not req.peer_dir:
-        return []
-    try:
-        return clear_peer_dir(tree, peer_dir_rel(req))
-    except Exception as exc:  # pylint: disable=broad-except  # a clean-up problem must not hide the run's
-        return ["peer_dir %s was not removed: %s" % (req.peer_dir, exc)]
 
 
 def _run_locked(tree, req, meter, started, writing, early=None):

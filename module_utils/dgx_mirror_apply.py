@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """Applying a plan in a crash-safe order (debris and prune, blobs, snapshot links, then refs and the tree listing):
 a killed run never leaves a ref to an incomplete snapshot or a torn file under a final name.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import os
 import stat

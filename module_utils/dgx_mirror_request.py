@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """What one mirror run is asked (MirrorRequest), what it decided (Plan, Work) and the failures carrying them.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 
 from ansible.module_utils.dgx_errors import StageError

@@ -1,13 +1,8 @@
-# -*- coding: utf-8 -*-
 """What a mirror run says: the plan's headline and diff, the summary, the warnings, the result and report row.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 import time
 
-from ansible.module_utils.dgx_mirror_plan import source_snapshot
 from ansible.module_utils.dgx_mirror_request import lock_dir_rel, name_some
 from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
 from ansible.module_utils.dgx_units import human_bytes
@@ -219,7 +214,7 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
         "bytes_from_peers": from_peers,
         "peer_rejected": [] if check_mode else list(outcome.peer_rejected),
         "wanted_blobs": plan.wanted_blobs,
-        "source_snapshot": source_snapshot(plan),
+        "source_snapshot": os.path.join(plan.src_repo, "snapshots", plan.commit) if plan.commit else None,
         "bytes_staged": sum(e.size for e in plan.selected),
         "bytes_read": meter.bytes_read(),
         "excluded_paths": [e.path for e in plan.excluded],

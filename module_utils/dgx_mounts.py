@@ -1,4 +1,4 @@
-"""The mount table, read one way (stdlib only, Python 3.8+). Nothing is written or removed across a mount point
+"""The mount table, read one way. Nothing is written or removed across a mount point
 (a bind mount shows a folder from elsewhere): an open directory is one when its mount id (/proc/self/fdinfo, bound
 to the opened directory) or st_dev differs from its parent's; without /proc: StageError, never a guess.
 """

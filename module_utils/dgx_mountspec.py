@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """dgx_mountspec: can a path be bound into the engine container exactly as written?
 
 Docker takes binds as API fields; Podman >= 4.1 reads `--mount` specs with Go's encoding/csv, so `:`, `,`, `"`,

@@ -1,10 +1,9 @@
-# -*- coding: utf-8 -*-
 """NAS blobs found failing their names, remembered per repo until the NAS proves them good again.
 
 A pass that finds a NAS blob whose bytes do not hash to its name keeps the good local copy and fails; a later
 full verify hashes only local copies, so the repo's progress file keeps the suspects under `nas_corrupt` until
 a pass copies the blob from the NAS and proves its name. Binding a suspect from the NAS (a roll-back, or a file
-with no local copy) is refused before the lane is stopped. Stdlib only; runs on the nodes' system Python.
+with no local copy) is refused before the lane is stopped.
 """
 
 import json

@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """The peer folder: where a host of an earlier wave sends blobs it proved, checked before any is adopted.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 import stat
 

@@ -6,7 +6,8 @@ import re
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_mounts import chmod_handle, describe_mount, mount_id, mount_problem, mounts_below, reopen
+from ansible.module_utils.dgx_mounts import (chmod_handle, describe_mount, mount_problem, mounts_below, on_other_mount,
+                                             reopen)
 
 
 # Every temp file the project writes carries this prefix: the next run tells a killed run's debris by it.
@@ -93,9 +94,7 @@ def not_own_file(fd, dir_fd):
         return "it is not a regular file"
     if st.st_nlink != 1:
         return "it has %d names (a hard link)" % st.st_nlink
-    own, folder = mount_id(fd), mount_id(dir_fd)
-    # By mount id: overlayfs gives a file the st_dev of its layer, not its folder's.
-    if own != folder or (own is None and st.st_dev != os.fstat(dir_fd).st_dev):
+    if on_other_mount(fd, dir_fd):
         return "it is a mount point (a file bind-mounted there)"
     return None
 

@@ -156,15 +156,11 @@ def _snapshot_entry(full, rel, repo_dir, snap_dir, hub_real):
     return SnapshotEntry(rel, "real", None, full, st.st_size)
 
 
-def _directory_pattern(pattern):
-    pattern = pattern.replace("\\", "/")
-    return pattern + "*" if pattern.endswith("/") else pattern
-
-
 def first_match(path, patterns):
     """The first pattern selecting path (fnmatchcase, `*` crosses '/', 'dir/' means below dir), or None."""
     for pattern in patterns or []:
-        if fnmatch.fnmatchcase(path, _directory_pattern(pattern)):
+        glob = pattern.replace("\\", "/")
+        if fnmatch.fnmatchcase(path, glob + "*" if glob.endswith("/") else glob):
             return pattern
     return None
 

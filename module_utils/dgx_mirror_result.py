@@ -14,26 +14,22 @@ def _count(number, what):
 
 def plan_headline(plan, check_mode):
     """The plan in one line: 'would copy 13 files, 47.9 GiB; ...' (check mode) or 'copied ...'; '' for nothing."""
-    verbs = ("would copy", "would repair", "would prune", "would remove", "would write") if check_mode else (
-        "copied", "repaired", "pruned", "removed", "wrote")
-    parts = []
-    for verb, works in ((verbs[0], [w for w in plan.writes if not w.is_repair]),
-                        (verbs[1], [w for w in plan.writes if w.is_repair])):
-        if works:
-            parts.append("%s %s, %s" % (verb, _count(len(works), "file"), human_bytes(sum(w.size for w in works))))
+    def verb(now, past):
+        return "would " + now if check_mode else past
+
+    parts = ["%s %s, %s" % (verb(now, past), _count(len(works), "file"), human_bytes(sum(w.size for w in works)))
+             for now, past, works in (("copy", "copied", [w for w in plan.writes if not w.is_repair]),
+                                      ("repair", "repaired", [w for w in plan.writes if w.is_repair])) if works]
     if plan.prune:
-        parts.append("%s %s (%s freed)" % (verbs[2], _count(len(plan.prune), "path"), human_bytes(plan.freed_bytes)))
+        parts.append("%s %s (%s freed)" % (verb("prune", "pruned"), _count(len(plan.prune), "path"),
+                                           human_bytes(plan.freed_bytes)))
     if plan.debris:
-        parts.append("%s %s of killed runs" % (verbs[3], _count(len(plan.debris), "temp file")))
-    metadata = []
-    if plan.links:
-        metadata.append(_count(len(plan.links), "snapshot link"))
-    if plan.refs:
-        metadata.append("ref%s %s" % ("" if len(plan.refs) == 1 else "s", ", ".join(sorted(plan.refs))))
-    if plan.tree_listing is not None:
-        metadata.append("the tree listing")
+        parts.append("%s %s of killed runs" % (verb("remove", "removed"), _count(len(plan.debris), "temp file")))
+    metadata = ([_count(len(plan.links), "snapshot link")] if plan.links else []) + (
+        ["ref%s %s" % ("" if len(plan.refs) == 1 else "s", ", ".join(sorted(plan.refs)))] if plan.refs else []) + (
+        ["the tree listing"] if plan.tree_listing is not None else [])
     if metadata:
-        parts.append("%s %s" % (verbs[4], ", ".join(metadata)))
+        parts.append("%s %s" % (verb("write", "wrote"), ", ".join(metadata)))
     return "; ".join(parts)
 
 

@@ -154,16 +154,22 @@ def mounts_below(path):
             if m["mount_point"] == real or m["mount_point"].startswith(real + os.sep)]
 
 
+def on_other_mount(fd, dir_fd):
+    """Whether the open file fd is on another mount than the open directory dir_fd: by mount id (overlayfs gives a
+    file its layer's st_dev), else st_dev."""
+    own, parent = mount_id(fd), mount_id(dir_fd)
+    if own is None or parent is None:
+        return os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev
+    return own != parent
+
+
 def is_mounted_file(path):
-    """Whether the file at path (a final link not followed) is bind-mounted there: by mount id, else st_dev."""
+    """Whether the file at path (a final link not followed) is bind-mounted there."""
     folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         handle = os.open(os.path.basename(path), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
         try:
-            own, parent = mount_id(handle), mount_id(folder)
-            if own is None or parent is None:
-                return os.fstat(handle).st_dev != os.fstat(folder).st_dev
-            return own != parent
+            return on_other_mount(handle, folder)
         finally:
             os.close(handle)
     finally:

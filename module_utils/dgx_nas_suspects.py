@@ -1,9 +1,6 @@
-"""NAS blobs found failing their names, remembered per repo until the NAS proves them good again.
-
-A pass that finds a NAS blob whose bytes do not hash to its name keeps the good local copy and fails; a later
-full verify hashes only local copies, so the repo's progress file keeps the suspects under `nas_corrupt` until
-a pass copies the blob from the NAS and proves its name. Binding a suspect from the NAS (a roll-back, or a file
-with no local copy) is refused before the lane is stopped.
+"""NAS blobs found failing their names, kept in the repo's progress file (`nas_corrupt`: a later full verify
+hashes only local copies) until a pass copies the blob from the NAS and proves its name. Binding a suspect from
+the NAS (a roll-back, or a file with no local copy) is refused before the lane is stopped.
 """
 
 import json
@@ -62,25 +59,22 @@ def _nas_origin(mounts_by_target, target):
     return None
 
 
+# A NAS snapshot link that cannot be followed: whatever blob it stands for, its bytes decide.
+UNRESOLVED = object()
+
+
 def _named_blob(nas_file, nas_snapshot):
     """The blob the NAS snapshot path stands for now: the name of its link's first hop into the repo's blobs/ (the
-    store file the chain ends at may carry another name); None for a real file or a chain with no blob hop. Raises
-    StageError or OSError when the link cannot be followed."""
+    store file the chain ends at may carry another name); None for a real file or a chain with no blob hop."""
     if not os.path.islink(nas_file):
         return None
     snap_dir = os.path.abspath(nas_snapshot)
     repo_dir = os.path.dirname(os.path.dirname(snap_dir))
-    return resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
-                                 os.path.realpath(os.path.dirname(repo_dir)))[0]
-
-
-def _names_another_blob(nas_file, nas_snapshot, blob):
-    """Whether the NAS snapshot path stands for another blob now (a later revision), or for none. A path that
-    cannot be read so stands for `blob`: its bytes decide."""
     try:
-        return _named_blob(nas_file, nas_snapshot) != blob
+        return resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
+                                     os.path.realpath(os.path.dirname(repo_dir)))[0]
     except (StageError, OSError):
-        return False
+        return UNRESOLVED
 
 
 def _still_suspect(nas_file, nas_snapshot, blob, entry):
@@ -92,7 +86,7 @@ def _still_suspect(nas_file, nas_snapshot, blob, entry):
         return None          # gone: the manifest's coverage check names a missing NAS file
     if entry.get("identity") is not None and list(entry["identity"]) == identity:
         return "found corrupt %s (%s) and unchanged since" % (entry.get("found_at") or "earlier", entry.get("why"))
-    if _names_another_blob(nas_file, nas_snapshot, blob):
+    if _named_blob(nas_file, nas_snapshot) not in (blob, UNRESOLVED):     # another revision's now, or none
         return None
     why = _proof(real, blob)
     return why and "changed since it was found corrupt, and %s" % why
@@ -154,12 +148,11 @@ def _report_findings(report):
         where = "nas_suspects.%s" % blob
         _need(_BLOB_NAME.match(blob) and isinstance(entry, dict), where, "a blob name with an object")
         _need(isinstance(entry.get("repo_id"), str), where + ".repo_id", "a string")
-        found.append({"repo_id": entry["repo_id"], "repo_type": _text(entry.get("repo_type"), where + ".repo_type")
-                      or "model", "blob": blob, "commit": None,
-                      "paths": _snapshot_paths(entry.get("paths"), where + ".paths"),
-                      "why": _text(entry.get("why"), where + ".why"), "pass": _text(entry.get("pass"), where + ".pass"),
-                      "run_id": _text(entry.get("run_id"), where + ".run_id"),
-                      "when": _text(entry.get("found_at"), where + ".found_at")})
+        text = dict((key, _text(entry.get(key), "%s.%s" % (where, key)))
+                    for key in ("repo_type", "why", "pass", "run_id", "found_at"))
+        found.append({"repo_id": entry["repo_id"], "repo_type": text["repo_type"] or "model", "blob": blob,
+                      "commit": None, "paths": _snapshot_paths(entry.get("paths"), where + ".paths"),
+                      "why": text["why"], "pass": text["pass"], "run_id": text["run_id"], "when": text["found_at"]})
     passes, plays = _object(report.get("passes"), "passes"), _object(report.get("plays"), "plays")
     for name in NAS_FINDING_PASSES:
         play = _object(plays.get(name), "plays.%s" % name)
@@ -191,13 +184,6 @@ def _report_findings(report):
                 found.extend(dict(common, blob=None, paths=[p], why=None)
                              for p in _snapshot_paths(paths, where + ".nas_corrupt"))
     return found
-
-
-def _report_why(report_path, finding, still):
-    return ("the host report on the controller (%s) records it found corrupt by the %s pass (run %s, %s)%s; the "
-            "local hub holds no record of it (wiped, swapped, or another hub_local_root), and %s"
-            % (report_path, finding["pass"] or "stage or verify", finding["run_id"] or "unknown",
-               finding["when"] or "unknown", ": %s" % finding["why"] if finding["why"] else "", still))
 
 
 def _proof(real, blob):
@@ -236,12 +222,9 @@ def report_suspects(manifest, report_text, report_path, hub_local_root):
                         or _nas_origin(mounts_by_target, posixpath.join(record["target"], path)) != "nas":
                     continue
                 nas_file = os.path.join(record["nas_snapshot"], path)
-                try:
-                    named, unresolved = _named_blob(nas_file, record["nas_snapshot"]), False
-                except (StageError, OSError):
-                    named, unresolved = None, True      # its bytes decide
+                named = _named_blob(nas_file, record["nas_snapshot"])
                 blob = finding["blob"] or (named if finding["commit"] == record["commit"] else None)
-                if not blob or blob in known or (named != blob and not unresolved):
+                if blob in (None, UNRESOLVED) or blob in known or named not in (blob, UNRESOLVED):
                     continue
                 seen.add((record["repo_id"], path))
                 real = os.path.realpath(nas_file)
@@ -249,7 +232,12 @@ def report_suspects(manifest, report_text, report_path, hub_local_root):
                     proven[(real, blob)] = _proof(real, blob)
                 if proven[(real, blob)] is not None:
                     found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
-                                  "why": _report_why(report_path, finding, proven[(real, blob)])})
+                                  "why": "the host report on the controller (%s) records it found corrupt by the %s "
+                                         "pass (run %s, %s)%s; the local hub holds no record of it (wiped, swapped, "
+                                         "or another hub_local_root), and %s" % (
+                                             report_path, finding["pass"] or "stage or verify",
+                                             finding["run_id"] or "unknown", finding["when"] or "unknown",
+                                             ": %s" % finding["why"] if finding["why"] else "", proven[(real, blob)])})
     return found
 
 

@@ -218,9 +218,9 @@ RSYNC_DELAY_DIR = ".~tmp~"
 
 
 def clear_peer_dir(tree, rel):
-    """Remove the scratch directory root/rel (none: nothing) with the files and links (never their targets) directly
-    in it and in rsync's delay-updates folder; another directory or a mount point in it stays and is named. Returns
-    the problems as texts, never raises (it runs on failure too)."""
+    """Remove the scratch directory root/rel (rel: or a path below root; none: nothing) with the files and links
+    (never their targets) directly in it and in rsync's delay-updates folder; another directory or a mount point in it
+    stays and is named. Returns the problems as texts, never raises (it runs on failure too)."""
     if not rel:
         return []
     path = os.path.join(tree.root, rel)

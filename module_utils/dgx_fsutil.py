@@ -259,7 +259,7 @@ def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
     cannot read without may_chmod (which gives its owner u+rwx through the handle)."""
     handle = _listed_handle(name, parent_fd, listed, path)
     try:
-        if _refuse_mount(parent_fd, handle, path, kept):
+        if _leave(path, mount_problem(parent_fd, handle, path), kept):
             return None
         if (listed.st_mode & 0o700) != 0o700 and may_chmod:
             chmod_handle(handle, stat.S_IMODE(listed.st_mode) | 0o700, path)
@@ -321,7 +321,7 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
                 if enter is not None and not enter(child_rel):
                     handle = _listed_handle(child, fd, child_st, child_path)
                     try:
-                        if not _refuse_mount(fd, handle, child_path, kept):
+                        if not _leave(child_path, mount_problem(fd, handle, child_path), kept):
                             not_entered.append((child_path, None))
                     finally:
                         os.close(handle)
@@ -357,19 +357,13 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
     return level.keeps
 
 
-def _refuse_mount(parent_fd, fd, path, kept):
-    """True when fd is a mount point to leave (_leave)."""
-    problem = mount_problem(parent_fd, fd, path)
-    if problem:
-        _leave(path, problem, kept)
-    return bool(problem)
-
-
 def _leave(path, problem, kept):
-    """Record a mount point left in place in kept; StageError when kept is None."""
-    if kept is None:
+    """Whether there is a mount point `problem` at path: recorded in kept as left in place (None: StageError)."""
+    if problem and kept is None:
         raise StageError(problem)
-    kept.append((path, problem))
+    if problem:
+        kept.append((path, problem))
+    return bool(problem)
 
 
 def remove_empty_dirs(dir_fd, path):

@@ -12,7 +12,6 @@ from ansible.module_utils.dgx_mirror_plan import plan_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorFailed, NotStaged, lock_dir_rel
 from ansible.module_utils.dgx_mirror_result import failure_text, mirror_result, with_report
 from ansible.module_utils.dgx_nas_suspects import remembered
-from ansible.module_utils.dgx_peer import peer_dir_rel
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_repolock import RepoLock
 from ansible.module_utils.dgx_space import check_space, space_figures
@@ -37,7 +36,7 @@ def run_mirror(req, check_mode=False, progress=True):
             try:
                 result = _run_locked(tree, req, meter, started, writing, early)
             finally:
-                peer_problems = clear_peer_dir(tree, peer_dir_rel(req)) if writing else []
+                peer_problems = clear_peer_dir(tree, req.peer_dir) if writing else []
         except KeyboardInterrupt as exc:
             meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
             raise

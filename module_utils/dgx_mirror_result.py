@@ -144,12 +144,6 @@ REPAIR_WORDS = {"size": "its size differs from the NAS copy's", "content": "it f
                 "link": "it was a symlink, not a local copy", "not-a-file": "it was not a regular file"}
 
 
-def repair_record(work):
-    """One `repairs` entry: a present local file that was wrong (or, in check mode, would be replaced)."""
-    return {"path": work.paths[0], "paths": list(work.paths), "blob": work.etag, "reason": work.reason,
-            "local_hash": work.local_hash, "size": work.size}
-
-
 def repair_warning(record, req, check_mode, from_peer=False):
     """The module warning of one repair: snapshot path, blob name, what the local bytes hashed to."""
     what = "blobs/%s" % record["blob"] if record["blob"] else "a real snapshot file, compared by sha256"
@@ -161,12 +155,6 @@ def repair_warning(record, req, check_mode, from_peer=False):
         "a real run replaces it with a verified NAS copy" if check_mode
         else "replaced by a peer copy verified against its name" if from_peer
         else "replaced by a NAS copy verified against its name" if record["blob"] else "replaced by the NAS copy")
-
-
-def peer_warning(record, req):
-    """The module warning of one rejected peer_dir candidate (a copy damaged in transit, or not a file)."""
-    return "peer_dir candidate blobs/%s of %s (%s) was not adopted: %s; it was fetched from the NAS instead" % (
-        record["blob"], req.repo_id, name_some(record["paths"]), record["why"])
 
 
 def _done(plan, outcome):
@@ -184,7 +172,8 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
     """The module result; in check mode (outcome None) what the plan would do."""
     done, links, refs_written, pruned, debris, listing = _done(plan, outcome)
     nas_corrupt = plan.nas_corrupt if outcome is None else outcome.nas_corrupt
-    repairs = [repair_record(w) for w in done if w.is_repair]
+    repairs = [{"path": w.paths[0], "paths": list(w.paths), "blob": w.etag, "reason": w.reason,
+                "local_hash": w.local_hash, "size": w.size} for w in done if w.is_repair]
     check_mode = outcome is None
     # In check mode the candidates of the right size stand for what would come from peers (not hashed).
     from_peers = plan.peer_bytes if check_mode else sum(w.size for w in outcome.from_peers)
@@ -227,6 +216,8 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),
         "warnings": plan.warnings + [repair_warning(r, req, check_mode, r["blob"] in peer_blobs) for r in repairs]
-        + [peer_warning(r, req) for r in ([] if check_mode else outcome.peer_rejected)],
+        + ["peer_dir candidate blobs/%s of %s (%s) was not adopted: %s; it was fetched from the NAS instead"
+           % (r["blob"], req.repo_id, name_some(r["paths"]), r["why"])
+           for r in ([] if check_mode else outcome.peer_rejected)],
         "diff_text": describe_plan(plan, check_mode) if outcome is None or outcome.applied else "",
     }

@@ -16,15 +16,6 @@ def _unescape(field):
     return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
-def _read_only(fields):
-    """Whether a mountinfo line's mount options (field 6) or super options (after the "-") say ro."""
-    options = [fields[5]] if len(fields) > 5 else []
-    if "-" in fields[6:]:
-        end = fields.index("-", 6)
-        options += fields[end + 3:end + 4]
-    return any("ro" in option.split(",") for option in options)
-
-
 def parse_mountinfo(text):
     """[{id, dev, root, mount_point, read_only, fstype, source}] of a mountinfo text (root: what a bind shows)."""
     mounts = []
@@ -37,9 +28,10 @@ def parse_mountinfo(text):
             major, minor = (int(part) for part in fields[2].split(":"))
         except ValueError:
             continue
-        tail = fields[fields.index("-", 6) + 1:] if "-" in fields[6:] else []
+        tail = fields[fields.index("-", 6) + 1:] if "-" in fields[6:] else []   # fstype, source, super options
+        read_only = any("ro" in options.split(",") for options in fields[5:6] + tail[2:3])
         mounts.append({"id": mount_id, "dev": (major, minor), "root": _unescape(fields[3]),
-                       "mount_point": _unescape(fields[4]), "read_only": _read_only(fields),
+                       "mount_point": _unescape(fields[4]), "read_only": read_only,
                        "fstype": tail[0] if tail else "", "source": _unescape(tail[1]) if len(tail) > 1 else ""})
     return mounts
 

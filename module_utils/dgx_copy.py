@@ -148,8 +148,8 @@ _CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
-    """Copy the candidate `peer/name` (lstat-ed, opened only as that regular file, never moved or linked) through
-    copy_verified; True when it gave the blob its name, False when absent, else CandidateRejected. Removed after."""
+    """Copy the regular file peer/name (never moved or linked) through copy_verified, then remove it; True when it
+    gave the blob its name, False when absent, else CandidateRejected."""
     try:
         st = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except FileNotFoundError:

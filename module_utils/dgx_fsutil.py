@@ -37,8 +37,7 @@ def is_temp_name(name):
 
 
 def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
-    """Write data to path through a fsynced temp file and one rename; with dir_fd, path is a name in that open
-    directory (no link followed)."""
+    """Write data to path (with dir_fd: a name in it) through a fsynced temp file and one rename."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)

@@ -81,9 +81,8 @@ def advise(fd, advice, offset=0, length=0):
 
 
 def feed_file(path, consumer, buf=None, on_read=None):
-    """Stream a file into consumer.update() through a reused buffer; returns the byte count. Each chunk's pages
-    are dropped once hashed, so re-proving 300 GB never evicts the running engine's page cache;
-    on_read(count) follows each chunk."""
+    """Stream a file into consumer.update(), returning the byte count; pages are dropped once hashed, so re-proving
+    300 GB never evicts the running engine's page cache."""
     buf = buf or ChunkBuffer()
     total = 0
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)

@@ -19,9 +19,7 @@ from ansible.module_utils.dgx_units import utc_text
 
 
 def run_mirror(req, check_mode=False, progress=True):
-    """Plan, check space, apply (unless check_mode) and return the result; StageError for bad input, MirrorFailed
-    (with the result) for files not staged or corrupt NAS blobs. Under the lock the progress file says how the pass
-    ended, and a pass that started writing removes peer_dir at its end."""
+    """The run's result; StageError for bad input, MirrorFailed (with the result) for what it could not stage."""
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
     if check_mode:
@@ -53,8 +51,7 @@ def run_mirror(req, check_mode=False, progress=True):
 
 
 def _run_locked(tree, req, meter, started, writing, early=None):
-    """The locked run; `writing` gets an item once it writes (a refusal before leaves peer_dir for the next run).
-    `early`: _refuse_before_locking's refusal with the corrupt NAS blobs it found, kept, then raised."""
+    """The locked run; `writing` gets an item once it writes (a refusal before leaves peer_dir for the next run)."""
     if early is not None:
         refusal, found = early
         _remember(meter, found, [])
@@ -104,8 +101,8 @@ def _refused(exc, req, meter, started, check_mode=False):
 
 
 def _refuse_before_locking(req, started, meter):
-    """Refuse bad input, files not staged and too little space before the lock, by a verify-none plan. None, or
-    (refusal, nas_corrupt records) when it found corrupt NAS blobs, for the lock holder to record and raise."""
+    """Refuse bad input before waiting on the lock (a verify-none plan); with corrupt NAS blobs found, (refusal,
+    found) for the lock holder to record them first."""
     quick = copy.copy(req)
     quick.verify = "none"
     quick_meter = PassMeter(req.phase, req.repo_id, quick.verify)

@@ -59,8 +59,7 @@ def _disk_error(error, what, req, plan, outcome, written=None):
 
 
 def _place(directory, work, meter, buf, outcome, peer=None):
-    """Copy one Work item into `directory` with its name check, from its `peer` candidate when that proves its
-    name (a rejected one is recorded), else from the NAS; a NAS-side problem is recorded, not raised."""
+    """Copy one Work item from its peer candidate if that proves its name, else from the NAS; problems recorded."""
     name = os.path.basename(work.final)
     meter.working_on(work.paths[0])
     if peer is not None and work.etag:
@@ -160,8 +159,7 @@ def _write_small_file(tree, path, data):
 
 
 def apply_plan(plan, req, outcome, meter=None):
-    """Carry the plan out, debris and prune first so their space is free for the copies, filling `outcome` as it
-    goes. A NAS problem of one blob does not stop the others; while any selected path lacks good local content,
+    """Carry the plan out (removals first: their space is the copies'); while a selected path lacks good content,
     no link to it is written and refs/ and trees/ stay as they were."""
     tree = LocalTree(req.dest)
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)

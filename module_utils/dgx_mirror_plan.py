@@ -33,8 +33,7 @@ def check_roots(req, check_mode=False):
 
 
 def content_matches(work, verify, buf, meter):
-    """Prove one present file: sampled compare with the NAS, or (full) every byte against the blob's name, a
-    real snapshot file by sha256 against the NAS; a full check keeps the local hash in work.local_hash."""
+    """Prove one present file: sampled against the NAS, or (full) hashed against its name (a real file: the NAS's)."""
     if verify == "sample":
         return samples_match(work.final, work.source, work.size,
                              on_read=lambda local, nas: meter.count("hashing", local=local, nas=nas))
@@ -63,8 +62,8 @@ def _check_bytes(work, verify):
 
 
 def prove_present(plan, req, meter):
-    """Content checks of every present file, `req.workers` at a time; a file that fails becomes a repair, unless
-    it hashes to its own name: then the NAS copy is the corrupt one, reported and the local copy kept."""
+    """Content checks of every present file; one that fails is a repair, unless it hashes to its own name (then the
+    NAS copy is the corrupt one and the local copy stays)."""
     verdicts = {}        # id(work) -> content_verdict(); dict writes are atomic across workers
     meter.plan("copying", len(plan.writes), plan.write_bytes)
     checked = [w for w in plan.to_prove if reads_content(w, req.verify)]
@@ -123,8 +122,7 @@ def nas_corrupt_record(work, nas_hash, local, why):
 
 
 def plan_mirror(req, check_mode=False, meter=None):
-    """Read both hubs and decide every action, writing nothing; with copy_missing off, selected files with no
-    local copy refuse the run (NotStaged) before and after the content checks (which `meter` counts)."""
+    """Read both hubs and decide every action, writing nothing (NotStaged: copy_missing off and files lack a copy)."""
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
     check_roots(req, check_mode)
     plan = Plan()
@@ -301,9 +299,8 @@ def _plan_cleanup(plan, req):
     if not os.path.isdir(plan.dest_repo):
         return
     # Debris only where this run writes: another revision's snapshot is that revision's business.
-    plan.debris = sorted(p for top in (os.path.join(plan.dest_repo, d) for d in ("blobs", "refs", "trees"))
-                         for p in find_temp_debris(top)) + find_temp_debris(plan.snapshot) + find_temp_debris(
-                             os.path.join(req.dest, lock_dir_rel(req.folder)))
+    plan.debris = [p for top in [os.path.join(plan.dest_repo, d) for d in ("blobs", "refs", "trees")] + [
+        plan.snapshot, os.path.join(req.dest, lock_dir_rel(req.folder))] for p in find_temp_debris(top)]
     debris = set(plan.debris)
     wanted_paths = set(e.path for e in plan.selected)
     unwanted = [path for path, rel, is_dir in walk_tree(plan.snapshot) if not is_dir and rel not in wanted_paths]

@@ -25,8 +25,7 @@ def nas_identity(path):
 
 
 def remembered(previous, found, proven, now):
-    """The suspects after a pass: the previous ones less the blobs the pass `proven` (copied from the NAS,
-    their names checked), plus the nas_corrupt_blobs records `found` (the latest finding of a blob wins)."""
+    """The suspects after a pass: the previous ones less the `proven` blobs, plus the records `found`."""
     keep = dict((blob, entry) for blob, entry in (previous or {}).items()
                 if isinstance(entry, dict) and blob not in set(proven))
     for record in found:
@@ -140,9 +139,8 @@ def _object(value, where):
 
 
 def _report_findings(report):
-    """[{repo_id, repo_type, blob or None, commit, paths, why, pass, run_id, when}]: the NAS blobs the report's
-    `nas_suspects` and real stage and verify rows say were found corrupt (a row naming paths only: blob None).
-    Raises ValueError naming the first part of the wrong shape."""
+    """The NAS blobs the report's `nas_suspects` and real stage and verify rows found corrupt (blob None: a row naming
+    paths only); ValueError names the first part of the wrong shape."""
     found = []
     for blob, entry in sorted(_object(report.get("nas_suspects"), "nas_suspects").items()):
         where = "nas_suspects.%s" % blob

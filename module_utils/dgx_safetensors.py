@@ -361,12 +361,8 @@ class NasSnapshot(object):
 
 
 def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=(), nas=None):
-    """Read every shard header; check keys against weight_map and for cross-shard duplicates.
-
-    absent_ok: absolute paths of shards left out on purpose, read from `nas` (a NasSnapshot) when given, else
-    skipped. Returns {shards, tensors, checked_bytes, absent, nas_shards}; SafetensorsCheckError names the
-    failing shards, then key problems, and lists every problem in the order found.
-    """
+    """Read every shard header (absent_ok: left out on purpose, read from `nas` if given) and check the keys against
+    weight_map and across shards; SafetensorsCheckError names the broken shards first, then key problems."""
     broken, key_problems, details, absent, from_nas = [], [], [], [], []
     keys, owner, checked, tensors = {}, {}, 0, 0
 

@@ -45,11 +45,6 @@ def _sync(dst_fd, final, copied, flushed=0, data_only=False):
     return copied
 
 
-def _identity(st):
-    """What must hold still while a file is copied: a rewrite that restores the mtime still moves ctime."""
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
     """Copy `source` (or the open source_fd; `source` then names it) to `directory/name` through a fsynced temp
     file and one rename (breaking any hard link), hashing each chunk as blob_name is named; returns bytes copied.
@@ -81,7 +76,13 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
         created = True
         try:
             copied = _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress)
-            _refuse_changed_source(src_fd, before, source, copied, size)
+            after = os.fstat(src_fd)
+            # The source must hold still: a rewrite that restores the mtime still moves ctime.
+            if copied != size or any(getattr(before, key) != getattr(after, key)
+                                     for key in ("st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")):
+                raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
+                                    "is something writing the NAS copy? Re-run when it is stable; nothing was "
+                                    "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
             _sync(dst_fd, final, copied)
         finally:
             os.close(dst_fd)
@@ -130,21 +131,8 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
     return copied
 
 
-def _refuse_changed_source(src_fd, before, source, copied, size):
-    """SourceProblem when the source is not the file it was when the copy started."""
-    after = os.fstat(src_fd)
-    if copied != size or _identity(after) != _identity(before):
-        raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
-                            "is something writing the NAS copy? Re-run when it is stable; nothing was "
-                            "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
-
-
 class CandidateRejected(StageError):
     """A peer candidate that is not the blob its name says (or not a plain file): never given the name."""
-
-
-# A candidate is opened without following a link, and a FIFO must fail or return at once, never block.
-_CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
@@ -187,7 +175,8 @@ def _open_candidate(peer, name, size, st):
     if st.st_size != size:
         raise CandidateRejected("its size is %d bytes, the blob's is %d" % (st.st_size, size))
     try:
-        fd = os.open(name, _CANDIDATE_FLAGS, dir_fd=peer.fd)
+        # No link followed, and a FIFO fails or returns at once, never blocks.
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=peer.fd)
     except OSError as exc:
         raise CandidateRejected("it cannot be opened: %s" % _os_error_text(exc))
     opened = os.fstat(fd)

@@ -137,23 +137,20 @@ def scan_snapshot(repo_dir, commit, hub_root, strict=True):
                 raise StageError("%s is a symlinked directory; snapshot directories must be real" % full)
             continue
         try:
-            entries.append(_snapshot_entry(full, rel, repo_dir, snap_dir, hub_real))
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
+                entries.append(SnapshotEntry(rel, "real" if etag is None else "link", etag, source,
+                                             os.stat(source).st_size, alias_of))
+            elif stat.S_ISREG(st.st_mode):
+                entries.append(SnapshotEntry(rel, "real", None, full, st.st_size))
+            else:
+                raise StageError("%s is not a regular file (a FIFO, socket or device): repair the source hub" % full)
         except StageError as exc:
             if strict:
                 raise
             entries.append(SnapshotEntry(rel, "bad", None, full, 0, problem=str(exc)))
     return entries
-
-
-def _snapshot_entry(full, rel, repo_dir, snap_dir, hub_real):
-    st = os.lstat(full)
-    if stat.S_ISLNK(st.st_mode):
-        etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
-        return SnapshotEntry(rel, "real" if etag is None else "link", etag, source, os.stat(source).st_size,
-                             alias_of)
-    if not stat.S_ISREG(st.st_mode):
-        raise StageError("%s is not a regular file (a FIFO, socket or device): repair the source hub" % full)
-    return SnapshotEntry(rel, "real", None, full, st.st_size)
 
 
 def first_match(path, patterns):

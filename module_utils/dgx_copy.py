@@ -46,9 +46,9 @@ def _sync(dst_fd, final, copied, flushed=0, data_only=False):
 
 
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
-    """Copy `source` (or the open source_fd; `source` then names it) to `directory/name` through a fsynced temp
-    file and one rename (breaking any hard link), hashing each chunk as blob_name is named; returns bytes copied.
-    A source that changed or hashes wrong is a SourceProblem, a local failure a LocalWriteError; no temp file stays."""
+    """Copy `source` (or the open source_fd it names) to `directory/name` through a fsynced temp file and one rename,
+    hashed as blob_name is named; SourceProblem for a source that changed or hashes wrong, LocalWriteError for the
+    local disk; no temp file stays."""
     buf = buf or ChunkBuffer()
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)

@@ -142,8 +142,8 @@ def sampled_bytes(size):
 
 
 def samples_match(local_path, source_path, size, on_read=None):
-    """Same raw bytes at the sampled ranges of both files (both of `size` bytes), compared at memory speed;
-    a byte changed between two samples is not seen (verify=full is). on_read(local, nas) counts the reads."""
+    """Same raw bytes at the sampled ranges of both files of `size` bytes (a byte changed between two samples is
+    not seen: verify=full is)."""
     fds = []
     try:
         for path in (local_path, source_path):

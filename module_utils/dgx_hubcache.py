@@ -120,9 +120,8 @@ def content_of(link_path, hub_real):
 
 
 def scan_snapshot(repo_dir, commit, hub_root, strict=True):
-    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed; StageError naming the entry for
-    anything escaping `hub_root`, symlinked directories, non-regular files, dangling or looping links (strict=False:
-    a bad entry is returned as kind "bad" with its `problem`, for the caller to leave to the NAS)."""
+    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed; an entry that escapes hub_root or
+    is no regular file at its end is a StageError naming it (strict=False: kind "bad", left to the caller)."""
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
     snap_dir = os.path.join(repo_dir, "snapshots", commit)

@@ -15,8 +15,7 @@ from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, is_snapshot_pa
 from ansible.module_utils.dgx_report import NAS_FINDING_PASSES
 
 def nas_identity(path):
-    """What must hold still for a suspect to stay suspect (links followed), or None: a re-download on the NAS,
-    even one that restores the mtime, moves one of these."""
+    """What a re-download on the NAS moves (even one restoring the mtime), links followed; None when unreadable."""
     try:
         st = os.stat(path)
     except OSError:
@@ -194,9 +193,8 @@ def _proof(real, blob):
 
 
 def report_suspects(manifest, report_text, report_path, hub_local_root):
-    """As bound_suspects, from the host's latest report on the controller (report_text, its JSON): findings the
-    node's record lost (a wiped or swapped hub). A blob the record holds is left to bound_suspects; any other is
-    hashed now and dropped when its bytes hash to its name. An unreadable report is a suspect record of every repo."""
+    """As bound_suspects, from the host report on the controller: what the node's record lost (a wiped or swapped
+    hub), each hashed now and dropped when it proves its name; an unreadable report is a suspect of every repo."""
     if not report_text:
         return []
     try:

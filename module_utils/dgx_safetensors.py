@@ -419,8 +419,7 @@ def check_shards(base, shards, weight_map=None, index_path=None, absent_ok=(), n
 
 
 def check_snapshot(path, index=None, absent_ok=(), nas_path=None):
-    """Check a snapshot dir through its index if any, else its top-level *.safetensors files (absent_ok:
-    snapshot-relative paths left out, read from nas_path when given). Returns check_shards' dict, index, msg."""
+    """Check a snapshot dir through its index if any, else its top-level *.safetensors files."""
     absent_ok = set(os.path.normpath(os.path.join(path, p)) for p in absent_ok)
     if not os.path.isdir(path):
         raise StageError("%s is not a directory; point path at a local snapshot dir "

@@ -32,7 +32,7 @@ def run_mirror(req, check_mode=False, progress=True):
         writing = []        # set once the run starts writing: only then is peer_dir removed
         try:
             try:
-                result = _run_locked(tree, req, meter, started, writing, early)
+                result = _run_locked(req, meter, started, writing, early)
             finally:
                 peer_problems = clear_peer_dir(tree, req.peer_dir) if writing else []
         except KeyboardInterrupt as exc:
@@ -50,7 +50,7 @@ def run_mirror(req, check_mode=False, progress=True):
     return result
 
 
-def _run_locked(tree, req, meter, started, writing, early=None):
+def _run_locked(req, meter, started, writing, early=None):
     """The locked run; `writing` gets an item once it writes (a refusal before leaves peer_dir for the next run)."""
     if early is not None:
         refusal, found = early
@@ -66,7 +66,16 @@ def _run_locked(tree, req, meter, started, writing, early=None):
         raise _refused(refusal, req, meter, started)
     space = check_space(plan, req)
     writing.append(True)
-    outcome = _apply_locked(tree, plan, req, space, started, meter)
+    outcome = Outcome()
+    try:
+        apply_plan(plan, req, outcome, meter)
+    except StageError as exc:      # a full or failing disk: say what was done and found
+        found = failure_text(req, plan, outcome)
+        raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
+                           with_report(mirror_result(plan, req, outcome, space, [], started, meter), req, failed=True))
+    finally:
+        # What a pass found is kept when a full disk or Ctrl-C stops it too.
+        _remember(meter, outcome.nas_corrupt, [w.etag for w in outcome.written if w not in outcome.from_peers])
     dangling = count_dangling(plan, req.dest)
     result = mirror_result(plan, req, outcome, space, dangling, started, meter)
     if outcome.failed:
@@ -124,21 +133,6 @@ def _refuse_before_locking(req, started, meter):
             raise
         return exc, found
     return None
-
-
-def _apply_locked(tree, plan, req, space, started, meter):
-    """apply_plan under the repo lock; a full or failing disk stops the run, saying what was done and found."""
-    outcome = Outcome()
-    try:
-        apply_plan(plan, req, outcome, meter)
-    except StageError as exc:
-        found = failure_text(req, plan, outcome)
-        raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
-                           with_report(mirror_result(plan, req, outcome, space, [], started, meter), req, failed=True))
-    finally:
-        # What a pass found is kept when a full disk or Ctrl-C stops it too.
-        _remember(meter, outcome.nas_corrupt, [w.etag for w in outcome.written if w not in outcome.from_peers])
-    return outcome
 
 
 def _remember(meter, found, proven):

@@ -92,11 +92,8 @@ def summary_line(result, req, check_mode, failed):
     if copied or req.phase == "stage":
         parts.append("%s%s %s, %s" % (would, "copy" if check_mode else "copied", _count(copied, "file"),
                                       human_bytes(result["bytes_copied"] - repaired_bytes)))
-    peers = []
-    if result["bytes_from_peers"]:
-        peers.append("%s from peers" % human_bytes(result["bytes_from_peers"]))
-    if result["peer_rejected"]:
-        peers.append("%s rejected" % _count(len(result["peer_rejected"]), "peer blob"))
+    peers = (["%s from peers" % human_bytes(result["bytes_from_peers"])] if result["bytes_from_peers"] else []) + (
+        ["%s rejected" % _count(len(result["peer_rejected"]), "peer blob")] if result["peer_rejected"] else [])
     if peers:
         parts[-1:] = [", ".join(parts[-1:] + peers)]
     if repaired or req.phase == "verify":
@@ -127,11 +124,8 @@ def failure_text(req, plan, outcome):
     parts = ["%s (blobs/%s): %s on the NAS (%s); %s"
              % (r["path"], r["blob"], r["why"], r["nas_source"], local_words[r["local"]])
              for r in outcome.nas_corrupt]
-    text = ""
-    if parts:
-        text = ("%d NAS blob(s) of %s@%s do not hold the bytes their names say: %s. Re-download them on the NAS, "
-                "then re-run"
-                % (len(parts), req.repo_id, plan.commit[:12], "; ".join(parts)))
+    text = ("%d NAS blob(s) of %s@%s do not hold the bytes their names say: %s. Re-download them on the NAS, then "
+            "re-run" % (len(parts), req.repo_id, plan.commit[:12], "; ".join(parts))) if parts else ""
     if outcome.source_errors:
         text += ("; " if text else "") + "; ".join(outcome.source_errors)
     if outcome.unavailable:

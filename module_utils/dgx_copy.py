@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """Name-checked copies onto the local disk: a file appears under its final name only complete and fsynced, a blob
 only when the bytes written hash to its name (a peer's candidate too); a killed copy leaves TEMP_PREFIX debris.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import os
 import stat
@@ -34,12 +30,6 @@ class LocalWriteError(StageError):
         self.path, self.written, self.errno = path, written, error
 
 
-def _write_all(fd, view):
-    while len(view):
-        written = os.write(fd, view)
-        view = view[written:]
-
-
 # Written data is flushed and dropped from the page cache every FLUSH_EVERY bytes: 300 GB of weights
 # never pile up as dirty pages or evict the running engine's cache, and the final fsync is short.
 FLUSH_EVERY = 64 * 1024 * 1024
@@ -55,15 +45,10 @@ def _sync(dst_fd, final, copied, flushed=0, data_only=False):
     return copied
 
 
-def _identity(st):
-    """What must hold still while a file is copied: a rewrite that restores the mtime still moves ctime."""
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def copy_verified(source, directory, name, size, blob_name=None, progress=None, buf=None, source_fd=None):
-    """Copy `source` (or the open source_fd; `source` then names it) to `directory/name` through a fsynced temp
-    file and one rename (breaking any hard link), hashing each chunk as blob_name is named; returns bytes copied.
-    A source that changed or hashes wrong is a SourceProblem, a local failure a LocalWriteError; no temp file stays."""
+    """Copy `source` (or the open source_fd it names) to `directory/name` through a fsynced temp file and one rename,
+    hashed as blob_name is named; SourceProblem for a source that changed or hashes wrong, LocalWriteError for the
+    local disk; no temp file stays."""
     buf = buf or ChunkBuffer()
     hasher = NameHasher(blob_name, size) if blob_name else None
     final = directory.join(name)
@@ -83,11 +68,21 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
         if not stat.S_ISREG(before.st_mode):
             raise SourceProblem("%s is not a regular file: repair the source hub" % source, source)
         advise(src_fd, "POSIX_FADV_SEQUENTIAL")
-        dst_fd = _create_temp(directory, temp, final)
+        try:
+            dst_fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                             dir_fd=directory.fd)
+        except OSError as exc:
+            raise LocalWriteError("cannot create a temp file in %s: %s" % (directory.path, exc), final, 0, exc.errno)
         created = True
         try:
             copied = _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress)
-            _refuse_changed_source(src_fd, before, source, copied, size)
+            after = os.fstat(src_fd)
+            # The source must hold still: a rewrite that restores the mtime still moves ctime.
+            if copied != size or any(getattr(before, key) != getattr(after, key)
+                                     for key in ("st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")):
+                raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
+                                    "is something writing the NAS copy? Re-run when it is stable; nothing was "
+                                    "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
             _sync(dst_fd, final, copied)
         finally:
             os.close(dst_fd)
@@ -103,15 +98,6 @@ def copy_verified(source, directory, name, size, blob_name=None, progress=None, 
     finally:
         os.close(src_fd)
     return copied
-
-
-def _create_temp(directory, temp, final):
-    """The temp file's fd, created new in `directory` (never through a link)."""
-    try:
-        return os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                       dir_fd=directory.fd)
-    except OSError as exc:
-        raise LocalWriteError("cannot create a temp file in %s: %s" % (directory.path, exc), final, 0, exc.errno)
 
 
 def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
@@ -130,7 +116,9 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
         if hasher is not None:
             hasher.update(chunk)
         try:
-            _write_all(dst_fd, chunk)
+            view = chunk
+            while len(view):
+                view = view[os.write(dst_fd, view):]
         except OSError as exc:
             raise LocalWriteError("writing %s failed after %d of %d bytes: %s"
                                   % (final, copied, size, exc), final, copied, exc.errno)
@@ -143,26 +131,13 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
     return copied
 
 
-def _refuse_changed_source(src_fd, before, source, copied, size):
-    """SourceProblem when the source is not the file it was when the copy started."""
-    after = os.fstat(src_fd)
-    if copied != size or _identity(after) != _identity(before):
-        raise SourceProblem("%s changed while it was copied (%d bytes read, %d expected; size %d -> %d): "
-                            "is something writing the NAS copy? Re-run when it is stable; nothing was "
-                            "staged for it" % (source, copied, size, before.st_size, after.st_size), source)
-
-
 class CandidateRejected(StageError):
     """A peer candidate that is not the blob its name says (or not a plain file): never given the name."""
 
 
-# A candidate is opened without following a link, and a FIFO must fail or return at once, never block.
-_CANDIDATE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
 def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
-    """Copy the candidate `peer/name` (lstat-ed, opened only as that regular file, never moved or linked) through
-    copy_verified; True when it gave the blob its name, False when absent, else CandidateRejected. Removed after."""
+    """Copy the regular file peer/name (never moved or linked) through copy_verified, then remove it; True when it
+    gave the blob its name, False when absent, else CandidateRejected."""
     try:
         st = os.stat(name, dir_fd=peer.fd, follow_symlinks=False)
     except FileNotFoundError:
@@ -172,7 +147,13 @@ def adopt_candidate(peer, directory, name, size, buf=None, progress=None):
     try:
         fd = _open_candidate(peer, name, size, st)
         try:
-            _copy_candidate(peer, directory, name, size, fd, buf, progress)
+            copy_verified(peer.join(name), directory, name, size, blob_name=name, progress=progress, buf=buf,
+                          source_fd=fd)
+        except SourceProblem as problem:
+            raise CandidateRejected(
+                "its bytes hash to %s, not to its name" % problem.got if problem.got is not None
+                else "reading it failed: %s" % _os_error_text(problem.error) if problem.error is not None
+                else "it changed while it was copied: is something still writing peer_dir?")
         finally:
             os.close(fd)
     finally:
@@ -189,11 +170,13 @@ def _open_candidate(peer, name, size, st):
     if stat.S_ISLNK(st.st_mode):
         raise CandidateRejected("it is a symlink, not a file: not followed")
     if not stat.S_ISREG(st.st_mode):
-        raise CandidateRejected("it is %s, not a regular file: not opened" % _kind_of(st.st_mode))
+        raise CandidateRejected("it is %s, not a regular file: not opened"
+                                % _KINDS.get(stat.S_IFMT(st.st_mode), "of file type %o" % stat.S_IFMT(st.st_mode)))
     if st.st_size != size:
         raise CandidateRejected("its size is %d bytes, the blob's is %d" % (st.st_size, size))
     try:
-        fd = os.open(name, _CANDIDATE_FLAGS, dir_fd=peer.fd)
+        # No link followed, and a FIFO fails or returns at once, never blocks.
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=peer.fd)
     except OSError as exc:
         raise CandidateRejected("it cannot be opened: %s" % _os_error_text(exc))
     opened = os.fstat(fd)
@@ -204,24 +187,8 @@ def _open_candidate(peer, name, size, st):
     return fd
 
 
-def _copy_candidate(peer, directory, name, size, fd, buf, progress):
-    try:
-        copy_verified(peer.join(name), directory, name, size, blob_name=name, progress=progress, buf=buf,
-                      source_fd=fd)
-    except SourceProblem as problem:
-        if problem.got is not None:
-            raise CandidateRejected("its bytes hash to %s, not to its name" % problem.got)
-        if problem.error is not None:
-            raise CandidateRejected("reading it failed: %s" % _os_error_text(problem.error))
-        raise CandidateRejected("it changed while it was copied: is something still writing peer_dir?")
-
-
-def _kind_of(mode):
-    for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return words
-    return "of file type %o" % stat.S_IFMT(mode)
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 def _drop_candidate(peer, name, st):
@@ -240,9 +207,11 @@ RSYNC_DELAY_DIR = ".~tmp~"
 
 
 def clear_peer_dir(tree, rel):
-    """Remove the scratch directory root/rel with the files and links (never their targets) directly in it and in
-    rsync's delay-updates folder; another directory or a mount point in it stays and is named. Returns the
-    problems as texts."""
+    """Remove the scratch directory root/rel (rel: or a path below root; none: nothing) with the files and links
+    (never their targets) directly in it and in rsync's delay-updates folder; another directory or a mount point in it
+    stays and is named. Returns the problems as texts, never raises (it runs on failure too)."""
+    if not rel:
+        return []
     path = os.path.join(tree.root, rel)
     parent_rel, leaf = os.path.split(rel.rstrip("/"))
     try:
@@ -251,7 +220,7 @@ def clear_peer_dir(tree, rel):
                                enter=lambda below: below == RSYNC_DELAY_DIR)
     except FileNotFoundError:
         return []
-    except (StageError, OSError) as exc:
+    except Exception as exc:  # pylint: disable=broad-except  # a clean-up problem must not hide the run's
         return ["peer_dir %s was not removed: %s" % (path, exc)]
     problems = [why for _folder, why in left or [] if why]
     foreign = [os.path.relpath(folder, path) for folder, why in left or [] if not why]

@@ -1,4 +1,4 @@
-"""Small filesystem helpers shared by the dgx-stage modules (stdlib only, Python 3.8+)."""
+"""Small filesystem helpers shared by the dgx-stage modules."""
 import errno
 import hashlib
 import os
@@ -6,19 +6,18 @@ import re
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_mounts import chmod_handle, describe_mount, mount_id, mount_problem, mounts_below, reopen
+from ansible.module_utils.dgx_mounts import (chmod_handle, describe_mount, mount_problem, mounts_below, on_other_mount,
+                                             reopen)
 
 
-# Every temp file the project writes carries this prefix, so the next run can tell a killed
-# run's leftovers from real content and remove them.
+# Every temp file the project writes carries this prefix: the next run tells a killed run's debris by it.
 TEMP_PREFIX = ".dgx-stage-tmp."
 # The longest file name the local filesystems take (ext4, xfs: 255 bytes).
 NAME_MAX = 255
 
 
 def temp_name_for(name):
-    """A unique temp name for `name`, recognisable as debris; a long name keeps its head plus a digest of the
-    whole, so the temp name never exceeds NAME_MAX bytes."""
+    """A unique temp name for `name`, recognisable as debris, never over NAME_MAX (a long name: head~digest)."""
     tail = ".%d.%s" % (os.getpid(), os.urandom(4).hex())
     room = NAME_MAX - len(TEMP_PREFIX) - len(tail)
     encoded = os.fsencode(name)
@@ -37,19 +36,8 @@ def is_temp_name(name):
     return bool(_TEMP_NAME.match(name))
 
 
-def fsync_dir(path=None, dir_fd=None):
-    """fsync a directory (by path, or an open dir_fd) so a rename or unlink inside it survives a crash."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY) if dir_fd is None else dir_fd
-    try:
-        os.fsync(fd)
-    finally:
-        if dir_fd is None:
-            os.close(fd)
-
-
 def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
-    """Write data to path atomically (temp file in the same dir, fsync, os.replace, fsync dir). With dir_fd, path
-    is a plain name in that open directory: nothing on the way is resolved again and no link is followed."""
+    """Write data to path (with dir_fd: a name in it) through a fsynced temp file and one rename."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -69,15 +57,15 @@ def atomic_write_bytes(path, data, mode=0o644, dir_fd=None):
         except BaseException:
             unlink_quietly(tmp, dir_fd=parent_fd)
             raise
-        fsync_dir(dir_fd=parent_fd)
+        os.fsync(parent_fd)     # the rename survives a crash
     finally:
         if dir_fd is None:
             os.close(parent_fd)
 
 
 def open_regular(name, dir_fd, flags, mode=0o644, create=False):
-    """An fd (flags, no link followed) of the regular file `name` in dir_fd, or None when missing (unless create:
-    made with O_EXCL) or not a regular file; looked at through O_PATH first, so a FIFO or device is never opened."""
+    """An fd (flags, no link followed) of the regular file `name` in dir_fd, or None when missing (unless create)
+    or not a regular file; looked at through O_PATH first, so a FIFO or device is never opened."""
     for _attempt in range(2):
         try:
             handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -105,17 +93,14 @@ def not_own_file(fd, dir_fd):
         return "it is not a regular file"
     if st.st_nlink != 1:
         return "it has %d names (a hard link)" % st.st_nlink
-    own, folder = mount_id(fd), mount_id(dir_fd)
-    # By mount id: overlayfs gives a file the st_dev of its layer, not its folder's.
-    if own != folder or (own is None and st.st_dev != os.fstat(dir_fd).st_dev):
+    if on_other_mount(fd, dir_fd):
         return "it is a mount point (a file bind-mounted there)"
     return None
 
 
 def open_own_file(name, dir_fd, mode=0o644):
-    """An O_RDWR fd of the regular file `name` in dir_fd that is its alone (not_own_file), created when missing.
-    A hard link or other file planted there is first replaced by an empty file, by rename, so what is written
-    through the fd reaches no other file; a mount there cannot be: StageError."""
+    """An O_RDWR fd of the regular file `name` in dir_fd that is its alone (not_own_file), created when missing;
+    a hard link or other file planted there is replaced by an empty one first, a mount there is a StageError."""
     why = None
     for _attempt in range(2):
         fd = open_regular(name, dir_fd, os.O_RDWR, mode=mode, create=True)
@@ -181,8 +166,7 @@ def is_within(path, root):
 
 def walk_tree(top, unlisted=None):
     """Every entry below top as (path, rel, is_dir), parents first, sorted, never entering a link (a link to a dir
-    has is_dir true); a missing top yields nothing. An unlistable folder raises StageError (absent files would look
-    unwanted) unless `unlisted` collects it."""
+    has is_dir true); a missing top yields nothing, an unlistable folder is a StageError unless `unlisted` takes it."""
     pending = [(top, "")]
     while pending:
         dirpath, rel_dir = pending.pop()
@@ -221,11 +205,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def remove_path(path, dir_fd=None, around_mounts=False, shown_as=None, enter=None):
-    """Remove a file, a symlink (never its target) or a tree (path, or a name in dir_fd) through descriptors, each
-    directory opened from its parent without following a link and checked to be the one listed (u+rwx given through
-    its handle when lacking). A mount point is never entered: StageError, or with around_mounts it stays with its
-    parents; with enter, a folder is entered only when enter(its '/'-separated rel). Returns False for nothing there,
-    else True, or with around_mounts/enter the (path, why) pairs left (why None: not entered). Messages say shown_as."""
+    """Remove a file, a symlink (never its target) or a tree (path, or a name in dir_fd) through handles, each
+    directory opened from its parent without following a link, checked to be the one listed and given u+rwx when
+    lacking. A mount point is a StageError, or with around_mounts left with its parents; with enter, a folder is
+    entered only when enter(its '/'-separated rel). Returns False for nothing there, else True, or with
+    around_mounts/enter the (path, why) pairs left (why None: not entered). Messages say shown_as."""
     if dir_fd is None:
         directory, name = os.path.split(os.path.abspath(path))
         parent_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -270,12 +254,11 @@ def _listed_handle(name, parent_fd, listed, path):
 
 
 def _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=True):
-    """The directory `name` of parent_fd opened through _listed_handle, not a mount point (_refuse_mount:
-    None when one is left), given u+rwx through its handle when its owner lacks any of them (may_chmod;
-    else None when it cannot be read)."""
+    """The directory `name` of parent_fd opened through _listed_handle; None for a mount point left, or one it
+    cannot read without may_chmod (which gives its owner u+rwx through the handle)."""
     handle = _listed_handle(name, parent_fd, listed, path)
     try:
-        if _refuse_mount(parent_fd, handle, path, kept):
+        if _leave(path, mount_problem(parent_fd, handle, path), kept):
             return None
         if (listed.st_mode & 0o700) != 0o700 and may_chmod:
             chmod_handle(handle, stat.S_IMODE(listed.st_mode) | 0o700, path)
@@ -305,7 +288,7 @@ def _unlink_entry(name, dir_fd, path, kept):
 
 
 class _Level(object):
-    """One directory of a removal in progress: its entries still to handle, and whether something in it stays."""
+    """One directory of a removal in progress: its entries still to handle, whether something in it stays."""
 
     def __init__(self, name, listed, path, rel, fd):
         self.name, self.listed, self.path, self.rel, self.keeps = name, listed, path, rel, False
@@ -315,11 +298,10 @@ class _Level(object):
 
 
 def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, not_entered=None):
-    """Remove the directory `name` (lstat `listed`) of parent_fd and its contents; mount points are refused or,
-    with a `kept` list, recorded there and left; with files false only empty directories go; a folder enter(rel)
-    refuses stays, recorded in not_entered. One directory is open at a time: down by opening a child, up by
-    ".." checked to be the parent it came from (as fts does for rm -r), so depth costs no fds or recursion and
-    a folder moved mid-walk stops it."""
+    """Remove the directory `name` (lstat `listed`) of parent_fd and its contents (files false: empty directories
+    only); mount points are refused, or left and recorded in `kept`; a folder enter(rel) refuses stays, recorded
+    in not_entered. One directory is open at a time, going up by ".." checked to be the parent (as fts does for
+    rm -r): depth costs no fds or recursion, and a folder moved mid-walk stops it."""
     fd = _open_listed_dir(name, parent_fd, listed, path, kept, may_chmod=files)
     if fd is None:
         return True
@@ -338,7 +320,7 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
                 if enter is not None and not enter(child_rel):
                     handle = _listed_handle(child, fd, child_st, child_path)
                     try:
-                        if not _refuse_mount(fd, handle, child_path, kept):
+                        if not _leave(child_path, mount_problem(fd, handle, child_path), kept):
                             not_entered.append((child_path, None))
                     finally:
                         os.close(handle)
@@ -374,19 +356,13 @@ def _remove_tree(name, parent_fd, listed, path, kept, files=True, enter=None, no
     return level.keeps
 
 
-def _refuse_mount(parent_fd, fd, path, kept):
-    """True when fd is a mount point to leave (_leave)."""
-    problem = mount_problem(parent_fd, fd, path)
-    if problem:
-        _leave(path, problem, kept)
-    return bool(problem)
-
-
 def _leave(path, problem, kept):
-    """Record a mount point left in place in kept; StageError when kept is None."""
-    if kept is None:
+    """Whether there is a mount point `problem` at path: recorded in kept as left in place (None: StageError)."""
+    if problem and kept is None:
         raise StageError(problem)
-    kept.append((path, problem))
+    if problem:
+        kept.append((path, problem))
+    return bool(problem)
 
 
 def remove_empty_dirs(dir_fd, path):

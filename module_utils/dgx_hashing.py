@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """Content checks for hub blobs: a blob's name is its hash, and sampled comparison against the NAS.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import hashlib
 import os
 import re
@@ -85,9 +81,8 @@ def advise(fd, advice, offset=0, length=0):
 
 
 def feed_file(path, consumer, buf=None, on_read=None):
-    """Stream a file into consumer.update() through a reused buffer; returns the byte count. Each chunk's pages
-    are dropped once hashed, so re-proving 300 GB never evicts the running engine's page cache;
-    on_read(count) follows each chunk."""
+    """Stream a file into consumer.update(), returning the byte count; pages are dropped once hashed, so re-proving
+    300 GB never evicts the running engine's page cache."""
     buf = buf or ChunkBuffer()
     total = 0
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -147,8 +142,8 @@ def sampled_bytes(size):
 
 
 def samples_match(local_path, source_path, size, on_read=None):
-    """Same raw bytes at the sampled ranges of both files (both of `size` bytes), compared at memory speed;
-    a byte changed between two samples is not seen (verify=full is). on_read(local, nas) counts the reads."""
+    """Same raw bytes at the sampled ranges of both files of `size` bytes (a byte changed between two samples is
+    not seen: verify=full is)."""
     fds = []
     try:
         for path in (local_path, source_path):

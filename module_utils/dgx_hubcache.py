@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """Reading a Hugging Face hub cache: repo folders, refs, snapshot entries and their link chains.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import fnmatch
 import json
@@ -124,9 +120,8 @@ def content_of(link_path, hub_real):
 
 
 def scan_snapshot(repo_dir, commit, hub_root, strict=True):
-    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed; StageError naming the entry for
-    anything escaping `hub_root`, symlinked directories, non-regular files, dangling or looping links (strict=False:
-    a bad entry is returned as kind "bad" with its `problem`, for the caller to leave to the NAS)."""
+    """Every file of `snapshots/<commit>` as SnapshotEntry, link chains followed; an entry that escapes hub_root or
+    is no regular file at its end is a StageError naming it (strict=False: kind "bad", left to the caller)."""
     hub_real = os.path.realpath(hub_root)
     repo_dir = os.path.abspath(repo_dir)
     snap_dir = os.path.join(repo_dir, "snapshots", commit)
@@ -141,7 +136,15 @@ def scan_snapshot(repo_dir, commit, hub_root, strict=True):
                 raise StageError("%s is a symlinked directory; snapshot directories must be real" % full)
             continue
         try:
-            entries.append(_snapshot_entry(full, rel, repo_dir, snap_dir, hub_real))
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
+                entries.append(SnapshotEntry(rel, "real" if etag is None else "link", etag, source,
+                                             os.stat(source).st_size, alias_of))
+            elif stat.S_ISREG(st.st_mode):
+                entries.append(SnapshotEntry(rel, "real", None, full, st.st_size))
+            else:
+                raise StageError("%s is not a regular file (a FIFO, socket or device): repair the source hub" % full)
         except StageError as exc:
             if strict:
                 raise
@@ -149,26 +152,11 @@ def scan_snapshot(repo_dir, commit, hub_root, strict=True):
     return entries
 
 
-def _snapshot_entry(full, rel, repo_dir, snap_dir, hub_real):
-    st = os.lstat(full)
-    if stat.S_ISLNK(st.st_mode):
-        etag, alias_of, source = resolve_snapshot_link(full, repo_dir, snap_dir, hub_real)
-        return SnapshotEntry(rel, "real" if etag is None else "link", etag, source, os.stat(source).st_size,
-                             alias_of)
-    if not stat.S_ISREG(st.st_mode):
-        raise StageError("%s is not a regular file (a FIFO, socket or device): repair the source hub" % full)
-    return SnapshotEntry(rel, "real", None, full, st.st_size)
-
-
-def _directory_pattern(pattern):
-    pattern = pattern.replace("\\", "/")
-    return pattern + "*" if pattern.endswith("/") else pattern
-
-
 def first_match(path, patterns):
     """The first pattern selecting path (fnmatchcase, `*` crosses '/', 'dir/' means below dir), or None."""
     for pattern in patterns or []:
-        if fnmatch.fnmatchcase(path, _directory_pattern(pattern)):
+        glob = pattern.replace("\\", "/")
+        if fnmatch.fnmatchcase(path, glob + "*" if glob.endswith("/") else glob):
             return pattern
     return None
 

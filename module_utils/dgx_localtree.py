@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """The local hub as a tree of real directories, written and emptied only through directories opened without
 following symlinks; links replaced in one rename; the temp files a killed run left behind.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import os
 import stat
@@ -82,11 +78,11 @@ class LocalTree(object):
         self.refuse_unsafe_dirs([rel + "/" + below for _path, below, is_dir in walk_tree(top) if is_dir])
 
     def open_dir(self, rel, create=False):
-        """LocalDir for root/rel, opened component by component without following any symlink."""
+        """LocalDir for root/rel (or the path rel below root), opened component by component, no link followed."""
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         path = self.root
         try:
-            for part in _split(rel):
+            for part in _split(os.path.relpath(rel, self.root) if os.path.isabs(rel) else rel):
                 if part == "..":
                     raise StageError("%s leaves the local hub root %s" % (rel, self.root))
                 path = os.path.join(path, part)

@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """Mirror one revision of one repo from a NAS hub cache to a local hub cache, verified: plan, refuse what the
 disk cannot hold, apply under the repo lock, return the result.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import copy
 import time
 
@@ -16,7 +12,6 @@ from ansible.module_utils.dgx_mirror_plan import plan_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorFailed, NotStaged, lock_dir_rel
 from ansible.module_utils.dgx_mirror_result import failure_text, mirror_result, with_report
 from ansible.module_utils.dgx_nas_suspects import remembered
-from ansible.module_utils.dgx_peer import peer_dir_rel
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_repolock import RepoLock
 from ansible.module_utils.dgx_space import check_space, space_figures
@@ -24,9 +19,7 @@ from ansible.module_utils.dgx_units import utc_text
 
 
 def run_mirror(req, check_mode=False, progress=True):
-    """Plan, check space, apply (unless check_mode) and return the result; StageError for bad input, MirrorFailed
-    (with the result) for files not staged or corrupt NAS blobs. Under the lock the progress file says how the pass
-    ended, and a pass that started writing removes peer_dir at its end."""
+    """The run's result; StageError for bad input, MirrorFailed (with the result) for what it could not stage."""
     started = time.monotonic()
     meter = PassMeter(req.phase, req.repo_id, req.verify)
     if check_mode:
@@ -39,9 +32,9 @@ def run_mirror(req, check_mode=False, progress=True):
         writing = []        # set once the run starts writing: only then is peer_dir removed
         try:
             try:
-                result = _run_locked(tree, req, meter, started, writing, early)
+                result = _run_locked(req, meter, started, writing, early)
             finally:
-                peer_problems = _clear_peer_dir(tree, req) if writing else []
+                peer_problems = clear_peer_dir(tree, req.peer_dir) if writing else []
         except KeyboardInterrupt as exc:
             meter.close("interrupted", "interrupted (%s)" % (str(exc) or "Ctrl-C"))
             raise
@@ -57,19 +50,8 @@ def run_mirror(req, check_mode=False, progress=True):
     return result
 
 
-def _clear_peer_dir(tree, req):
-    """Remove peer_dir and what is left in it; the problems as warnings. Never raises (it runs on failure too)."""
-    if not req.peer_dir:
-        return []
-    try:
-        return clear_peer_dir(tree, peer_dir_rel(req))
-    except Exception as exc:  # pylint: disable=broad-except  # a clean-up problem must not hide the run's
-        return ["peer_dir %s was not removed: %s" % (req.peer_dir, exc)]
-
-
-def _run_locked(tree, req, meter, started, writing, early=None):
-    """The locked run; `writing` gets an item once it writes (a refusal before leaves peer_dir for the next run).
-    `early`: _refuse_before_locking's refusal with the corrupt NAS blobs it found, kept, then raised."""
+def _run_locked(req, meter, started, writing, early=None):
+    """The locked run; `writing` gets an item once it writes (a refusal before leaves peer_dir for the next run)."""
     if early is not None:
         refusal, found = early
         _remember(meter, found, [])
@@ -84,7 +66,16 @@ def _run_locked(tree, req, meter, started, writing, early=None):
         raise _refused(refusal, req, meter, started)
     space = check_space(plan, req)
     writing.append(True)
-    outcome = _apply_locked(tree, plan, req, space, started, meter)
+    outcome = Outcome()
+    try:
+        apply_plan(plan, req, outcome, meter)
+    except StageError as exc:      # a full or failing disk: say what was done and found
+        found = failure_text(req, plan, outcome)
+        raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
+                           with_report(mirror_result(plan, req, outcome, space, [], started, meter), req, failed=True))
+    finally:
+        # What a pass found is kept when a full disk or Ctrl-C stops it too.
+        _remember(meter, outcome.nas_corrupt, [w.etag for w in outcome.written if w not in outcome.from_peers])
     dangling = count_dangling(plan, req.dest)
     result = mirror_result(plan, req, outcome, space, dangling, started, meter)
     if outcome.failed:
@@ -119,8 +110,8 @@ def _refused(exc, req, meter, started, check_mode=False):
 
 
 def _refuse_before_locking(req, started, meter):
-    """Refuse bad input, files not staged and too little space before the lock, by a verify-none plan. None, or
-    (refusal, nas_corrupt records) when it found corrupt NAS blobs, for the lock holder to record and raise."""
+    """Refuse bad input before waiting on the lock (a verify-none plan); with corrupt NAS blobs found, (refusal,
+    found) for the lock holder to record them first."""
     quick = copy.copy(req)
     quick.verify = "none"
     quick_meter = PassMeter(req.phase, req.repo_id, quick.verify)
@@ -142,21 +133,6 @@ def _refuse_before_locking(req, started, meter):
             raise
         return exc, found
     return None
-
-
-def _apply_locked(tree, plan, req, space, started, meter):
-    """apply_plan under the repo lock; a full or failing disk stops the run, saying what was done and found."""
-    outcome = Outcome()
-    try:
-        apply_plan(plan, req, outcome, meter)
-    except StageError as exc:
-        found = failure_text(req, plan, outcome)
-        raise MirrorFailed("%s%s" % (exc, "; also: " + found if found else ""),
-                           with_report(mirror_result(plan, req, outcome, space, [], started, meter), req, failed=True))
-    finally:
-        # What a pass found is kept when a full disk or Ctrl-C stops it too.
-        _remember(meter, outcome.nas_corrupt, [w.etag for w in outcome.written if w not in outcome.from_peers])
-    return outcome
 
 
 def _remember(meter, found, proven):

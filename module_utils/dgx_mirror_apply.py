@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """Applying a plan in a crash-safe order (debris and prune, blobs, snapshot links, then refs and the tree listing):
 a killed run never leaves a ref to an incomplete snapshot or a torn file under a final name.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import os
 import stat
@@ -12,12 +8,11 @@ import stat
 from ansible.module_utils.dgx_copy import (DISK_ERRNOS, CandidateRejected, LocalWriteError, SourceProblem,
                                            adopt_candidate, copy_verified)
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import atomic_write_bytes, fsync_dir, remove_empty_dirs, remove_path
+from ansible.module_utils.dgx_fsutil import atomic_write_bytes, remove_empty_dirs, remove_path
 from ansible.module_utils.dgx_hashing import hash_as_named
 from ansible.module_utils.dgx_hubcache import content_of
 from ansible.module_utils.dgx_localtree import LocalTree, symlink_atomic
 from ansible.module_utils.dgx_mirror_plan import nas_corrupt_record
-from ansible.module_utils.dgx_peer import peer_dir_rel
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_space import disk_space, existing_ancestor
 from ansible.module_utils.dgx_units import human_bytes
@@ -41,13 +36,9 @@ class Outcome(object):
         return bool(self.nas_corrupt or self.source_errors)
 
 
-def _rel(tree, path):
-    return os.path.relpath(path, tree.root)
-
-
 def _remove_local(tree, path):
     """Remove a path below the local hub root through its parent opened without following any link."""
-    with tree.open_dir(os.path.dirname(_rel(tree, path))) as parent:
+    with tree.open_dir(os.path.dirname(path)) as parent:
         remove_path(os.path.basename(path), dir_fd=parent.fd, shown_as=path)
 
 
@@ -68,8 +59,7 @@ def _disk_error(error, what, req, plan, outcome, written=None):
 
 
 def _place(directory, work, meter, buf, outcome, peer=None):
-    """Copy one Work item into `directory` with its name check, from its `peer` candidate when that proves its
-    name (a rejected one is recorded), else from the NAS; a NAS-side problem is recorded, not raised."""
+    """Copy one Work item from its peer candidate if that proves its name, else from the NAS; problems recorded."""
     name = os.path.basename(work.final)
     meter.working_on(work.paths[0])
     if peer is not None and work.etag:
@@ -113,16 +103,6 @@ def _nas_corrupt_record(directory, work, problem, outcome, buf, meter):
     return nas_corrupt_record(work, problem.got, local, "its bytes hash to %s" % problem.got)
 
 
-def _open_peer_dir(tree, req, plan):
-    """peer_dir opened without following links, or None (none given, not there, no blob to copy)."""
-    if not req.peer_dir or not plan.wanted_blobs:
-        return None
-    try:
-        return tree.open_dir(peer_dir_rel(req))
-    except FileNotFoundError:
-        return None
-
-
 def _write_blobs(tree, plan, req, meter, outcome):
     """Copies and repairs, `req.workers` in flight, biggest first; blobs before real snapshot files."""
     dirs = {}
@@ -131,8 +111,12 @@ def _write_blobs(tree, plan, req, meter, outcome):
         for work in plan.writes:
             parent = os.path.dirname(work.final)
             if parent not in dirs:
-                dirs[parent] = tree.open_dir(_rel(tree, parent), create=True)
-        peer = _open_peer_dir(tree, req, plan)
+                dirs[parent] = tree.open_dir(parent, create=True)
+        if req.peer_dir and plan.wanted_blobs:
+            try:
+                peer = tree.open_dir(req.peer_dir)
+            except FileNotFoundError:
+                pass
 
         def place(work, buf):
             try:
@@ -147,7 +131,7 @@ def _write_blobs(tree, plan, req, meter, outcome):
         run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers)
         for directory in dirs.values():
             try:
-                fsync_dir(dir_fd=directory.fd)
+                os.fsync(directory.fd)
             except OSError as exc:
                 raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, outcome)
     finally:
@@ -163,20 +147,19 @@ def _write_links(tree, plan):
     for link, target in plan.links:
         by_dir.setdefault(os.path.dirname(link), []).append((os.path.basename(link), target))
     for parent in sorted(by_dir):
-        with tree.open_dir(_rel(tree, parent), create=True) as directory:
+        with tree.open_dir(parent, create=True) as directory:
             for name, target in by_dir[parent]:
                 symlink_atomic(directory, name, target)
-            fsync_dir(dir_fd=directory.fd)
+            os.fsync(directory.fd)
 
 
 def _write_small_file(tree, path, data):
-    with tree.open_dir(_rel(tree, os.path.dirname(path)), create=True) as directory:
+    with tree.open_dir(os.path.dirname(path), create=True) as directory:
         atomic_write_bytes(os.path.basename(path), data, dir_fd=directory.fd)
 
 
 def apply_plan(plan, req, outcome, meter=None):
-    """Carry the plan out, debris and prune first so their space is free for the copies, filling `outcome` as it
-    goes. A NAS problem of one blob does not stop the others; while any selected path lacks good local content,
+    """Carry the plan out (removals first: their space is the copies'); while a selected path lacks good content,
     no link to it is written and refs/ and trees/ stay as they were."""
     tree = LocalTree(req.dest)
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
@@ -187,7 +170,7 @@ def apply_plan(plan, req, outcome, meter=None):
     for path in plan.debris + plan.prune:
         _remove_local(tree, path)
     if plan.prune and os.path.isdir(plan.snapshot):
-        with tree.open_dir(_rel(tree, plan.snapshot)) as snapshot:
+        with tree.open_dir(plan.snapshot) as snapshot:
             remove_empty_dirs(snapshot.fd, snapshot.path)
     _write_blobs(tree, plan, req, meter, outcome)
     # No link to content this run could not stage (nor an alias link to such a file).

@@ -1,16 +1,12 @@
-# -*- coding: utf-8 -*-
 """Planning a mirror run: read both hubs, decide every write, link, ref and removal (nothing written), and
 refuse what must not be staged (unsafe local folders, overlapping ranks, unmatched patterns, missing copies).
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 import posixpath
 import stat
 
 from ansible.module_utils.dgx_errors import StageError, fix_command
-from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, is_temp_name, is_within, open_to_read, walk_tree
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, is_temp_name, is_within, read_small, walk_tree
 from ansible.module_utils.dgx_hashing import file_sha256, hash_as_named, name_is_hash, sampled_bytes, samples_match
 from ansible.module_utils.dgx_hubcache import (blob_link_target, first_match, list_refs, path_selected,
                                                read_tree_listing, resolve_commit, scan_snapshot, tree_listing_for,
@@ -36,22 +32,8 @@ def check_roots(req, check_mode=False):
                          % (req.src, req.dest))
 
 
-def presence_problem(local, size):
-    """Why a local file cannot be a good copy without reading it (a link never is), or None: its content decides."""
-    try:
-        st = os.lstat(local)
-    except FileNotFoundError:
-        return "missing"
-    if stat.S_ISLNK(st.st_mode):
-        return "link"
-    if not stat.S_ISREG(st.st_mode):
-        return "not-a-file"
-    return "size" if st.st_size != size else None
-
-
 def content_matches(work, verify, buf, meter):
-    """Prove one present file: sampled compare with the NAS, or (full) every byte against the blob's name, a
-    real snapshot file by sha256 against the NAS; a full check keeps the local hash in work.local_hash."""
+    """Prove one present file: sampled against the NAS, or (full) hashed against its name (a real file: the NAS's)."""
     if verify == "sample":
         return samples_match(work.final, work.source, work.size,
                              on_read=lambda local, nas: meter.count("hashing", local=local, nas=nas))
@@ -80,8 +62,8 @@ def _check_bytes(work, verify):
 
 
 def prove_present(plan, req, meter):
-    """Content checks of every present file, `req.workers` at a time; a file that fails becomes a repair, unless
-    it hashes to its own name: then the NAS copy is the corrupt one, reported and the local copy kept."""
+    """Content checks of every present file; one that fails is a repair, unless it hashes to its own name (then the
+    NAS copy is the corrupt one and the local copy stays)."""
     verdicts = {}        # id(work) -> content_verdict(); dict writes are atomic across workers
     meter.plan("copying", len(plan.writes), plan.write_bytes)
     checked = [w for w in plan.to_prove if reads_content(w, req.verify)]
@@ -111,26 +93,19 @@ def prove_present(plan, req, meter):
 
 def content_verdict(work, verify, buf, meter):
     """"ok", "nas-corrupt" (the local copy passes its name, the NAS disagrees) or why to repair it; a wrong local
-    copy leaves what its bytes hash to in work.local_hash."""
+    copy leaves what its bytes hash to (as its blob is named, at its own size) in work.local_hash."""
     try:
         if work.reason != "size" and (verify == "none" or content_matches(work, verify, buf, meter)):
             return "ok"
-        full_check = verify == "full" and work.reason != "size"
-        if not full_check or work.local_hash is None:
-            work.local_hash = _local_hash(work, buf, meter)
-        if work.etag and not full_check and work.local_hash == work.etag:
-            return "nas-corrupt"
+        if verify != "full" or work.reason == "size":      # a failed full check has hashed it already
+            local = meter.reader("hashing", "local")
+            work.local_hash = (hash_as_named(work.final, work.etag, None, buf, local)[0] if work.etag
+                               else file_sha256(work.final, buf, local))
+            if work.local_hash == work.etag:
+                return "nas-corrupt"
         return work.reason
     except FileNotFoundError:     # removed under us (not by a dgx-stage run: we hold the lock)
         return "missing"
-
-
-def _local_hash(work, buf, meter):
-    """What the whole local file hashes to: as its blob is named, at its own size; sha256 for a real file."""
-    local = meter.reader("hashing", "local")
-    if work.etag:
-        return hash_as_named(work.final, work.etag, None, buf, local)[0]
-    return file_sha256(work.final, buf, local)
 
 
 def _disagreement(work, req):
@@ -146,28 +121,8 @@ def nas_corrupt_record(work, nas_hash, local, why):
             "nas_hash": nas_hash, "local": local, "why": why}
 
 
-def _blobs_of_other_snapshots(dest_repo, commit):
-    """Blob names linked from local snapshots other than `commit` (prune must keep them)."""
-    keep = set()
-    snaps = os.path.join(dest_repo, "snapshots")
-    if not os.path.isdir(snaps):
-        return keep
-    for name in os.listdir(snaps):
-        if name != commit:
-            keep.update(os.path.basename(os.readlink(path))
-                        for path, _rel, is_dir in walk_tree(os.path.join(snaps, name))
-                        if not is_dir and os.path.islink(path))
-    return keep
-
-
-def _freed_by_removal(path):
-    st = os.lstat(path)
-    return st.st_size if (not os.path.islink(path) and st.st_nlink == 1) else 0
-
-
 def plan_mirror(req, check_mode=False, meter=None):
-    """Read both hubs and decide every action, writing nothing; with copy_missing off, selected files with no
-    local copy refuse the run (NotStaged) before and after the content checks (which `meter` counts)."""
+    """Read both hubs and decide every action, writing nothing (NotStaged: copy_missing off and files lack a copy)."""
     meter = meter or PassMeter(req.phase, req.repo_id, req.verify)
     check_roots(req, check_mode)
     plan = Plan()
@@ -186,8 +141,9 @@ def plan_mirror(req, check_mode=False, meter=None):
     plan.entries = scan_snapshot(plan.src_repo, plan.commit, req.src, strict=False)
     if not plan.entries:
         raise StageError("snapshot %s of %s is empty on the NAS" % (plan.commit, req.repo_id))
-    plan.selected = [e for e in plan.entries if path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
-    plan.excluded = [e for e in plan.entries if not path_selected(e.path, req.allow_patterns, req.ignore_patterns)]
+    for entry in plan.entries:
+        (plan.selected if path_selected(entry.path, req.allow_patterns, req.ignore_patterns) else plan.excluded
+         ).append(entry)
     refuse_overlapping_ranks(plan, req)
     refuse_unmatched_required(plan, req)
     plan.rank_files = len([e for e in plan.selected if first_match(e.path, req.require_match) is not None])
@@ -215,11 +171,6 @@ def plan_mirror(req, check_mode=False, meter=None):
     return plan
 
 
-def source_snapshot(plan):
-    """The NAS snapshot directory the plan reads (None before the commit is known)."""
-    return os.path.join(plan.src_repo, "snapshots", plan.commit) if plan.commit else None
-
-
 def refuse_overlapping_ranks(plan, req):
     """StageError when a file is selected by this host's rank patterns and another rank's: neither would stage it."""
     for entry in plan.entries:
@@ -235,14 +186,13 @@ def refuse_overlapping_ranks(plan, req):
 def refuse_unmatched_required(plan, req):
     """StageError when a rank pattern matches no selected file (a lane larger than the checkpoint's cut, a typo)."""
     for pattern in unmatched_patterns([e.path for e in plan.selected], req.require_match):
-        excluded_only = not unmatched_patterns([e.path for e in plan.excluded], [pattern])
-        raise StageError("rank pattern %r matches no file of %s@%s %s: check rank_patterns and the lane's size "
-                         "(require_match holds this host's rank patterns; fnmatch on snapshot-relative paths, "
-                         "'dir/' for a whole dir); nothing was written"
-                         % (pattern, req.repo_id, plan.commit,
-                            "that this run selects (it matches only files that allow_patterns %s / ignore_patterns "
-                            "%s exclude)" % (req.allow_patterns, req.ignore_patterns) if excluded_only
-                            else "that this run selects"))
+        excluded_only = " (it matches only files that allow_patterns %s / ignore_patterns %s exclude)" % (
+            req.allow_patterns, req.ignore_patterns) if not unmatched_patterns([e.path for e in plan.excluded],
+                                                                               [pattern]) else ""
+        raise StageError("rank pattern %r matches no file of %s@%s that this run selects%s: check rank_patterns and "
+                         "the lane's size (require_match holds this host's rank patterns; fnmatch on snapshot-relative "
+                         "paths, 'dir/' for a whole dir); nothing was written"
+                         % (pattern, req.repo_id, plan.commit, excluded_only))
 
 
 def refuse_not_staged(plan, req):
@@ -298,27 +248,20 @@ def refuse_unsafe_local_dirs(req, commit):
         tree.refuse_unsafe_dirs_below(rel)
 
 
-def alias_link_text(path, alias_of):
-    """Relative link text from snapshot path `path` to snapshot path `alias_of`."""
-    return posixpath.relpath(alias_of, posixpath.dirname(path) or ".")
-
-
 def _plan_files(plan):
     by_blob = {}
     selected_paths = set(e.path for e in plan.selected)
     for entry in plan.selected:
         local = os.path.join(plan.snapshot, *entry.path.split("/"))
-        if entry.alias_of and entry.alias_of in selected_paths:
+        if entry.alias_of in selected_paths:
             # A link between two real snapshot files stays a link, so the content is stored once.
-            target = alias_link_text(entry.path, entry.alias_of)
-            if not (os.path.islink(local) and os.readlink(local) == target):
-                plan.links.append((local, target))
-            continue
-        if entry.kind == "real":
+            target = posixpath.relpath(entry.alias_of, posixpath.dirname(entry.path) or ".")
+        elif entry.kind == "real":
             _plan_content(plan, Work(local, entry.source, entry.size, None, "content", [entry.path]))
             continue
-        by_blob.setdefault(entry.etag, []).append(entry)
-        target = blob_link_target(entry.path, entry.etag)
+        else:
+            by_blob.setdefault(entry.etag, []).append(entry)
+            target = blob_link_target(entry.path, entry.etag)
         if not (os.path.islink(local) and os.readlink(local) == target):
             plan.links.append((local, target))
     for etag in sorted(by_blob):
@@ -328,34 +271,27 @@ def _plan_files(plan):
 
 
 def _plan_content(plan, work):
-    """A missing file, link or non-file is written; a present one (any size) is proven by prove_present."""
-    problem = presence_problem(work.final, work.size)
-    if problem in (None, "size"):
-        work.reason = problem or "content"
-        plan.to_prove.append(work)
-    else:
-        work.reason = problem
-        plan.writes.append(work)
-
-
-def _local_bytes(path):
-    """The bytes of a local regular file, or None (missing, or not a regular file: it is written again)."""
+    """A missing file, link (never a good copy) or non-file is written; a present one is proven by prove_present."""
     try:
-        with open_to_read(path, follow=False) as handle:
-            return handle.read()
-    except OSError:
-        return None
+        st = os.lstat(work.final)
+        work.reason = "link" if stat.S_ISLNK(st.st_mode) else "not-a-file" if not stat.S_ISREG(st.st_mode) else \
+            "size" if st.st_size != work.size else "content"
+    except FileNotFoundError:
+        work.reason = "missing"
+    (plan.to_prove if work.reason in ("size", "content") else plan.writes).append(work)
 
 
 def _plan_metadata(plan):
+    """Refs to this commit and the tree listing, unless the local file holds exactly what the run would write."""
     for name, commit in sorted(list_refs(plan.src_repo).items()):
-        local_ref = os.path.join(plan.dest_repo, "refs", *name.split("/"))
-        if commit == plan.commit and (_local_bytes(local_ref) or b"").decode("utf-8", "replace").strip() != commit:
+        data = commit.encode("ascii")
+        if commit == plan.commit and read_small(os.path.join(plan.dest_repo, "refs", *name.split("/")),
+                                                len(data) + 1) != data:
             plan.refs[name] = commit
     listing = read_tree_listing(plan.src_repo, plan.commit)
     if listing is not None:
         wanted = tree_listing_for(listing, [e.path for e in plan.selected])
-        if _local_bytes(os.path.join(plan.dest_repo, "trees", plan.commit + ".json")) != wanted:
+        if read_small(os.path.join(plan.dest_repo, "trees", plan.commit + ".json"), len(wanted) + 1) != wanted:
             plan.tree_listing = wanted
 
 
@@ -363,17 +299,19 @@ def _plan_cleanup(plan, req):
     if not os.path.isdir(plan.dest_repo):
         return
     # Debris only where this run writes: another revision's snapshot is that revision's business.
-    plan.debris = sorted(p for top in (os.path.join(plan.dest_repo, d) for d in ("blobs", "refs", "trees"))
-                         for p in find_temp_debris(top)) + find_temp_debris(plan.snapshot) + find_temp_debris(
-                             os.path.join(req.dest, lock_dir_rel(req.folder)))
+    plan.debris = [p for top in [os.path.join(plan.dest_repo, d) for d in ("blobs", "refs", "trees")] + [
+        plan.snapshot, os.path.join(req.dest, lock_dir_rel(req.folder))] for p in find_temp_debris(top)]
     debris = set(plan.debris)
     wanted_paths = set(e.path for e in plan.selected)
     unwanted = [path for path, rel, is_dir in walk_tree(plan.snapshot) if not is_dir and rel not in wanted_paths]
     blobs_dir = os.path.join(plan.dest_repo, "blobs")
     if os.path.isdir(blobs_dir):
-        keep = set(e.etag for e in plan.selected if e.etag) | _blobs_of_other_snapshots(plan.dest_repo, plan.commit)
-        unwanted.extend(os.path.join(blobs_dir, name) for name in sorted(os.listdir(blobs_dir))
-                        if name not in keep and os.path.join(blobs_dir, name) not in debris)
+        # Blobs of this revision and those other local snapshots link to stay.
+        keep = set(e.etag for e in plan.selected if e.etag) | set(
+            os.path.basename(os.readlink(path)) for path, rel, is_dir in walk_tree(os.path.join(plan.dest_repo,
+                                                                                              "snapshots"))
+            if rel.split("/")[0] != plan.commit and not is_dir and os.path.islink(path))
+        unwanted.extend(os.path.join(blobs_dir, name) for name in sorted(os.listdir(blobs_dir)) if name not in keep)
     unwanted = [p for p in unwanted if p not in debris]
     if req.prune:
         plan.prune = unwanted
@@ -383,4 +321,6 @@ def _plan_cleanup(plan, req):
             plan.warnings.append("%d local file(s) of %s are not part of the staged revision (e.g. %s); "
                                  "reclaim them with %s" % (len(unwanted), req.repo_id, unwanted[0],
                                                            fix_command("stage", req.host, "stage_prune=true")))
-    plan.freed_bytes = sum(_freed_by_removal(p) for p in plan.prune + plan.debris)
+    # A link or a file with another name frees nothing.
+    plan.freed_bytes = sum(st.st_size for st in map(os.lstat, plan.prune + plan.debris)
+                           if stat.S_ISREG(st.st_mode) and st.st_nlink == 1)

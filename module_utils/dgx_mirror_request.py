@@ -1,9 +1,4 @@
-# -*- coding: utf-8 -*-
-"""What one mirror run is asked (MirrorRequest), what it decided (Plan, Work) and the failures carrying them.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
-"""
-from __future__ import absolute_import, division, print_function
-
+"""What one mirror run is asked (MirrorRequest), what it decided (Plan, Work) and the failures carrying them."""
 import os
 
 from ansible.module_utils.dgx_errors import StageError
@@ -15,9 +10,6 @@ from ansible.module_utils.dgx_workers import default_workers
 # file that fails its check ("size", "content") is a repair.
 NOT_STAGED = ("missing", "link", "not-a-file")
 
-# How many not-staged paths a refusal names before it gives the count of the rest.
-NAMED_IN_MESSAGES = 5
-
 MAX_WORKERS_PARAM = 32
 
 
@@ -28,30 +20,24 @@ class MirrorRequest(object):
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
                  copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None,
                  host=None, run_id=None, on_lock_wait=None):
-        self.src = os.path.abspath(src)
-        self.dest = os.path.abspath(dest)
-        self.repo_id = repo_id
-        self.repo_type = repo_type
-        self.revision = revision or "main"
+        self.src, self.dest = os.path.abspath(src), os.path.abspath(dest)
+        self.repo_id, self.repo_type, self.revision = repo_id, repo_type, revision or "main"
         self.allow_patterns = list(allow_patterns) if allow_patterns else None
         self.ignore_patterns = list(ignore_patterns) if ignore_patterns else None
-        self.verify = verify
-        self.reserve = reserve
-        self.prune = prune
-        self.lock_timeout = lock_timeout
+        self.verify, self.phase, self.reserve = verify, phase, reserve
+        self.prune, self.lock_timeout = prune, lock_timeout
         if workers is not None and not 1 <= int(workers) <= MAX_WORKERS_PARAM:
             raise StageError("workers must be between 1 and %d, not %r" % (MAX_WORKERS_PARAM, workers))
         self.workers = int(workers) if workers else default_workers()
         self.folder = repo_folder_name(repo_id, repo_type)
         self.copy_missing = bool(copy_missing)
-        self.phase = phase
         self.peer_dir_given = peer_dir    # as given: a relative path or '..' in it is refused
         self.peer_dir = os.path.abspath(peer_dir) if peer_dir else None
         self.require_match = list(require_match) if require_match else []
         self.other_rank_patterns = list(other_rank_patterns) if other_rank_patterns else []
-        self.host = host           # the inventory's name for this node: the --limit of the commands messages give
-        self.run_id = run_id       # the lane's run id, written to the repo lock: whom a second run waits for
-        self.on_lock_wait = on_lock_wait   # RepoLock's on_wait: the background job tells its polls
+        # The inventory name (the --limit of the fixes messages give), the lane's run id (the lock's holder: whom a
+        # second run waits for) and RepoLock's on_wait (the background job tells its polls).
+        self.host, self.run_id, self.on_lock_wait = host, run_id, on_lock_wait
 
 
 class MirrorFailed(StageError):
@@ -124,7 +110,7 @@ class Plan(object):
         return bool(self.writes or self.links or self.refs or self.tree_listing or self.prune or self.debris)
 
 
-def name_some(paths, most=NAMED_IN_MESSAGES):
+def name_some(paths, most=5):
     """'a, b, c' or 'a, b, c and 7 more': a long list named by its first few and a count."""
     shown = ", ".join(paths[:most])
     return shown if len(paths) <= most else "%s and %d more" % (shown, len(paths) - most)

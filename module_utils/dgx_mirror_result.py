@@ -1,13 +1,8 @@
-# -*- coding: utf-8 -*-
 """What a mirror run says: the plan's headline and diff, the summary, the warnings, the result and report row.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 import time
 
-from ansible.module_utils.dgx_mirror_plan import source_snapshot
 from ansible.module_utils.dgx_mirror_request import lock_dir_rel, name_some
 from ansible.module_utils.dgx_progress_file import PROGRESS_NAME
 from ansible.module_utils.dgx_units import human_bytes
@@ -19,26 +14,22 @@ def _count(number, what):
 
 def plan_headline(plan, check_mode):
     """The plan in one line: 'would copy 13 files, 47.9 GiB; ...' (check mode) or 'copied ...'; '' for nothing."""
-    verbs = ("would copy", "would repair", "would prune", "would remove", "would write") if check_mode else (
-        "copied", "repaired", "pruned", "removed", "wrote")
-    parts = []
-    for verb, works in ((verbs[0], [w for w in plan.writes if not w.is_repair]),
-                        (verbs[1], [w for w in plan.writes if w.is_repair])):
-        if works:
-            parts.append("%s %s, %s" % (verb, _count(len(works), "file"), human_bytes(sum(w.size for w in works))))
+    def verb(now, past):
+        return "would " + now if check_mode else past
+
+    parts = ["%s %s, %s" % (verb(now, past), _count(len(works), "file"), human_bytes(sum(w.size for w in works)))
+             for now, past, works in (("copy", "copied", [w for w in plan.writes if not w.is_repair]),
+                                      ("repair", "repaired", [w for w in plan.writes if w.is_repair])) if works]
     if plan.prune:
-        parts.append("%s %s (%s freed)" % (verbs[2], _count(len(plan.prune), "path"), human_bytes(plan.freed_bytes)))
+        parts.append("%s %s (%s freed)" % (verb("prune", "pruned"), _count(len(plan.prune), "path"),
+                                           human_bytes(plan.freed_bytes)))
     if plan.debris:
-        parts.append("%s %s of killed runs" % (verbs[3], _count(len(plan.debris), "temp file")))
-    metadata = []
-    if plan.links:
-        metadata.append(_count(len(plan.links), "snapshot link"))
-    if plan.refs:
-        metadata.append("ref%s %s" % ("" if len(plan.refs) == 1 else "s", ", ".join(sorted(plan.refs))))
-    if plan.tree_listing is not None:
-        metadata.append("the tree listing")
+        parts.append("%s %s of killed runs" % (verb("remove", "removed"), _count(len(plan.debris), "temp file")))
+    metadata = ([_count(len(plan.links), "snapshot link")] if plan.links else []) + (
+        ["ref%s %s" % ("" if len(plan.refs) == 1 else "s", ", ".join(sorted(plan.refs)))] if plan.refs else []) + (
+        ["the tree listing"] if plan.tree_listing is not None else [])
     if metadata:
-        parts.append("%s %s" % (verbs[4], ", ".join(metadata)))
+        parts.append("%s %s" % (verb("write", "wrote"), ", ".join(metadata)))
     return "; ".join(parts)
 
 
@@ -101,11 +92,8 @@ def summary_line(result, req, check_mode, failed):
     if copied or req.phase == "stage":
         parts.append("%s%s %s, %s" % (would, "copy" if check_mode else "copied", _count(copied, "file"),
                                       human_bytes(result["bytes_copied"] - repaired_bytes)))
-    peers = []
-    if result["bytes_from_peers"]:
-        peers.append("%s from peers" % human_bytes(result["bytes_from_peers"]))
-    if result["peer_rejected"]:
-        peers.append("%s rejected" % _count(len(result["peer_rejected"]), "peer blob"))
+    peers = (["%s from peers" % human_bytes(result["bytes_from_peers"])] if result["bytes_from_peers"] else []) + (
+        ["%s rejected" % _count(len(result["peer_rejected"]), "peer blob")] if result["peer_rejected"] else [])
     if peers:
         parts[-1:] = [", ".join(parts[-1:] + peers)]
     if repaired or req.phase == "verify":
@@ -136,11 +124,8 @@ def failure_text(req, plan, outcome):
     parts = ["%s (blobs/%s): %s on the NAS (%s); %s"
              % (r["path"], r["blob"], r["why"], r["nas_source"], local_words[r["local"]])
              for r in outcome.nas_corrupt]
-    text = ""
-    if parts:
-        text = ("%d NAS blob(s) of %s@%s do not hold the bytes their names say: %s. Re-download them on the NAS, "
-                "then re-run"
-                % (len(parts), req.repo_id, plan.commit[:12], "; ".join(parts)))
+    text = ("%d NAS blob(s) of %s@%s do not hold the bytes their names say: %s. Re-download them on the NAS, then "
+            "re-run" % (len(parts), req.repo_id, plan.commit[:12], "; ".join(parts))) if parts else ""
     if outcome.source_errors:
         text += ("; " if text else "") + "; ".join(outcome.source_errors)
     if outcome.unavailable:
@@ -151,12 +136,6 @@ def failure_text(req, plan, outcome):
 
 REPAIR_WORDS = {"size": "its size differs from the NAS copy's", "content": "it failed its content check",
                 "link": "it was a symlink, not a local copy", "not-a-file": "it was not a regular file"}
-
-
-def repair_record(work):
-    """One `repairs` entry: a present local file that was wrong (or, in check mode, would be replaced)."""
-    return {"path": work.paths[0], "paths": list(work.paths), "blob": work.etag, "reason": work.reason,
-            "local_hash": work.local_hash, "size": work.size}
 
 
 def repair_warning(record, req, check_mode, from_peer=False):
@@ -170,12 +149,6 @@ def repair_warning(record, req, check_mode, from_peer=False):
         "a real run replaces it with a verified NAS copy" if check_mode
         else "replaced by a peer copy verified against its name" if from_peer
         else "replaced by a NAS copy verified against its name" if record["blob"] else "replaced by the NAS copy")
-
-
-def peer_warning(record, req):
-    """The module warning of one rejected peer_dir candidate (a copy damaged in transit, or not a file)."""
-    return "peer_dir candidate blobs/%s of %s (%s) was not adopted: %s; it was fetched from the NAS instead" % (
-        record["blob"], req.repo_id, name_some(record["paths"]), record["why"])
 
 
 def _done(plan, outcome):
@@ -193,7 +166,8 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
     """The module result; in check mode (outcome None) what the plan would do."""
     done, links, refs_written, pruned, debris, listing = _done(plan, outcome)
     nas_corrupt = plan.nas_corrupt if outcome is None else outcome.nas_corrupt
-    repairs = [repair_record(w) for w in done if w.is_repair]
+    repairs = [{"path": w.paths[0], "paths": list(w.paths), "blob": w.etag, "reason": w.reason,
+                "local_hash": w.local_hash, "size": w.size} for w in done if w.is_repair]
     check_mode = outcome is None
     # In check mode the candidates of the right size stand for what would come from peers (not hashed).
     from_peers = plan.peer_bytes if check_mode else sum(w.size for w in outcome.from_peers)
@@ -219,7 +193,7 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
         "bytes_from_peers": from_peers,
         "peer_rejected": [] if check_mode else list(outcome.peer_rejected),
         "wanted_blobs": plan.wanted_blobs,
-        "source_snapshot": source_snapshot(plan),
+        "source_snapshot": os.path.join(plan.src_repo, "snapshots", plan.commit) if plan.commit else None,
         "bytes_staged": sum(e.size for e in plan.selected),
         "bytes_read": meter.bytes_read(),
         "excluded_paths": [e.path for e in plan.excluded],
@@ -236,6 +210,8 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),
         "warnings": plan.warnings + [repair_warning(r, req, check_mode, r["blob"] in peer_blobs) for r in repairs]
-        + [peer_warning(r, req) for r in ([] if check_mode else outcome.peer_rejected)],
+        + ["peer_dir candidate blobs/%s of %s (%s) was not adopted: %s; it was fetched from the NAS instead"
+           % (r["blob"], req.repo_id, name_some(r["paths"]), r["why"])
+           for r in ([] if check_mode else outcome.peer_rejected)],
         "diff_text": describe_plan(plan, check_mode) if outcome is None or outcome.applied else "",
     }

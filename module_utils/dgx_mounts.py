@@ -1,4 +1,4 @@
-"""The mount table, read one way (stdlib only, Python 3.8+). Nothing is written or removed across a mount point
+"""The mount table, read one way. Nothing is written or removed across a mount point
 (a bind mount shows a folder from elsewhere): an open directory is one when its mount id (/proc/self/fdinfo, bound
 to the opened directory) or st_dev differs from its parent's; without /proc: StageError, never a guess.
 """
@@ -16,15 +16,6 @@ def _unescape(field):
     return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
 
 
-def _read_only(fields):
-    """Whether a mountinfo line's mount options (field 6) or super options (after the "-") say ro."""
-    options = [fields[5]] if len(fields) > 5 else []
-    if "-" in fields[6:]:
-        end = fields.index("-", 6)
-        options += fields[end + 3:end + 4]
-    return any("ro" in option.split(",") for option in options)
-
-
 def parse_mountinfo(text):
     """[{id, dev, root, mount_point, read_only, fstype, source}] of a mountinfo text (root: what a bind shows)."""
     mounts = []
@@ -37,9 +28,10 @@ def parse_mountinfo(text):
             major, minor = (int(part) for part in fields[2].split(":"))
         except ValueError:
             continue
-        tail = fields[fields.index("-", 6) + 1:] if "-" in fields[6:] else []
+        tail = fields[fields.index("-", 6) + 1:] if "-" in fields[6:] else []   # fstype, source, super options
+        read_only = any("ro" in options.split(",") for options in fields[5:6] + tail[2:3])
         mounts.append({"id": mount_id, "dev": (major, minor), "root": _unescape(fields[3]),
-                       "mount_point": _unescape(fields[4]), "read_only": _read_only(fields),
+                       "mount_point": _unescape(fields[4]), "read_only": read_only,
                        "fstype": tail[0] if tail else "", "source": _unescape(tail[1]) if len(tail) > 1 else ""})
     return mounts
 
@@ -154,16 +146,22 @@ def mounts_below(path):
             if m["mount_point"] == real or m["mount_point"].startswith(real + os.sep)]
 
 
+def on_other_mount(fd, dir_fd):
+    """Whether the open file fd is on another mount than the open directory dir_fd: by mount id (overlayfs gives a
+    file its layer's st_dev), else st_dev."""
+    own, parent = mount_id(fd), mount_id(dir_fd)
+    if own is None or parent is None:
+        return os.fstat(fd).st_dev != os.fstat(dir_fd).st_dev
+    return own != parent
+
+
 def is_mounted_file(path):
-    """Whether the file at path (a final link not followed) is bind-mounted there: by mount id, else st_dev."""
+    """Whether the file at path (a final link not followed) is bind-mounted there."""
     folder = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         handle = os.open(os.path.basename(path), os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
         try:
-            own, parent = mount_id(handle), mount_id(folder)
-            if own is None or parent is None:
-                return os.fstat(handle).st_dev != os.fstat(folder).st_dev
-            return own != parent
+            return on_other_mount(handle, folder)
         finally:
             os.close(handle)
     finally:

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """dgx_mountspec: can a path be bound into the engine container exactly as written?
 
 Docker takes binds as API fields; Podman >= 4.1 reads `--mount` specs with Go's encoding/csv, so `:`, `,`, `"`,
@@ -20,14 +19,6 @@ _CONTROL_NAMES = {
 }
 
 
-def _control_char(path):
-    for char in path:
-        code = ord(char)
-        if code < 0x20 or code == 0x7F:
-            return code
-    return None
-
-
 def mount_path_problem(path):
     """Why `path` cannot be a bind source or target exactly as written, or None: a sentence starting with the
     repr-quoted path, for the caller to prefix ("mount source %s")."""
@@ -40,7 +31,7 @@ def mount_path_problem(path):
     except UnicodeEncodeError as exc:
         return ("%r is not valid UTF-8 (undecodable byte at character %d): Podman would replace it "
                 "with U+FFFD and bind another path; rename the file" % (path, exc.start))
-    code = _control_char(path)
+    code = next((ord(char) for char in path if ord(char) < 0x20 or ord(char) == 0x7F), None)
     if code is not None:
         name = _CONTROL_NAMES.get(code) or unicodedata.name(chr(code), "control character")
         if code == 0x0D:

@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
-"""NAS blobs found failing their names, remembered per repo until the NAS proves them good again.
-
-A pass that finds a NAS blob whose bytes do not hash to its name keeps the good local copy and fails; a later
-full verify hashes only local copies, so the repo's progress file keeps the suspects under `nas_corrupt` until
-a pass copies the blob from the NAS and proves its name. Binding a suspect from the NAS (a roll-back, or a file
-with no local copy) is refused before the lane is stopped. Stdlib only; runs on the nodes' system Python.
+"""NAS blobs found failing their names, kept in the repo's progress file (`nas_corrupt`: a later full verify
+hashes only local copies) until a pass copies the blob from the NAS and proves its name. Binding a suspect from
+the NAS (a roll-back, or a file with no local copy) is refused before the lane is stopped.
 """
 
 import json
@@ -19,8 +15,7 @@ from ansible.module_utils.dgx_progress_file import PROGRESS_NAME, is_snapshot_pa
 from ansible.module_utils.dgx_report import NAS_FINDING_PASSES
 
 def nas_identity(path):
-    """What must hold still for a suspect to stay suspect (links followed), or None: a re-download on the NAS,
-    even one that restores the mtime, moves one of these."""
+    """What a re-download on the NAS moves (even one restoring the mtime), links followed; None when unreadable."""
     try:
         st = os.stat(path)
     except OSError:
@@ -29,8 +24,7 @@ def nas_identity(path):
 
 
 def remembered(previous, found, proven, now):
-    """The suspects after a pass: the previous ones less the blobs the pass `proven` (copied from the NAS,
-    their names checked), plus the nas_corrupt_blobs records `found` (the latest finding of a blob wins)."""
+    """The suspects after a pass: the previous ones less the `proven` blobs, plus the records `found`."""
     keep = dict((blob, entry) for blob, entry in (previous or {}).items()
                 if isinstance(entry, dict) and blob not in set(proven))
     for record in found:
@@ -63,25 +57,22 @@ def _nas_origin(mounts_by_target, target):
     return None
 
 
+# A NAS snapshot link that cannot be followed: whatever blob it stands for, its bytes decide.
+UNRESOLVED = object()
+
+
 def _named_blob(nas_file, nas_snapshot):
     """The blob the NAS snapshot path stands for now: the name of its link's first hop into the repo's blobs/ (the
-    store file the chain ends at may carry another name); None for a real file or a chain with no blob hop. Raises
-    StageError or OSError when the link cannot be followed."""
+    store file the chain ends at may carry another name); None for a real file or a chain with no blob hop."""
     if not os.path.islink(nas_file):
         return None
     snap_dir = os.path.abspath(nas_snapshot)
     repo_dir = os.path.dirname(os.path.dirname(snap_dir))
-    return resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
-                                 os.path.realpath(os.path.dirname(repo_dir)))[0]
-
-
-def _names_another_blob(nas_file, nas_snapshot, blob):
-    """Whether the NAS snapshot path stands for another blob now (a later revision), or for none. A path that
-    cannot be read so stands for `blob`: its bytes decide."""
     try:
-        return _named_blob(nas_file, nas_snapshot) != blob
+        return resolve_snapshot_link(os.path.abspath(nas_file), repo_dir, snap_dir,
+                                     os.path.realpath(os.path.dirname(repo_dir)))[0]
     except (StageError, OSError):
-        return False
+        return UNRESOLVED
 
 
 def _still_suspect(nas_file, nas_snapshot, blob, entry):
@@ -93,7 +84,7 @@ def _still_suspect(nas_file, nas_snapshot, blob, entry):
         return None          # gone: the manifest's coverage check names a missing NAS file
     if entry.get("identity") is not None and list(entry["identity"]) == identity:
         return "found corrupt %s (%s) and unchanged since" % (entry.get("found_at") or "earlier", entry.get("why"))
-    if _names_another_blob(nas_file, nas_snapshot, blob):
+    if _named_blob(nas_file, nas_snapshot) not in (blob, UNRESOLVED):     # another revision's now, or none
         return None
     why = _proof(real, blob)
     return why and "changed since it was found corrupt, and %s" % why
@@ -147,20 +138,18 @@ def _object(value, where):
 
 
 def _report_findings(report):
-    """[{repo_id, repo_type, blob or None, commit, paths, why, pass, run_id, when}]: the NAS blobs the report's
-    `nas_suspects` and real stage and verify rows say were found corrupt (a row naming paths only: blob None).
-    Raises ValueError naming the first part of the wrong shape."""
+    """The NAS blobs the report's `nas_suspects` and real stage and verify rows found corrupt (blob None: a row naming
+    paths only); ValueError names the first part of the wrong shape."""
     found = []
     for blob, entry in sorted(_object(report.get("nas_suspects"), "nas_suspects").items()):
         where = "nas_suspects.%s" % blob
         _need(_BLOB_NAME.match(blob) and isinstance(entry, dict), where, "a blob name with an object")
         _need(isinstance(entry.get("repo_id"), str), where + ".repo_id", "a string")
-        found.append({"repo_id": entry["repo_id"], "repo_type": _text(entry.get("repo_type"), where + ".repo_type")
-                      or "model", "blob": blob, "commit": None,
-                      "paths": _snapshot_paths(entry.get("paths"), where + ".paths"),
-                      "why": _text(entry.get("why"), where + ".why"), "pass": _text(entry.get("pass"), where + ".pass"),
-                      "run_id": _text(entry.get("run_id"), where + ".run_id"),
-                      "when": _text(entry.get("found_at"), where + ".found_at")})
+        text = dict((key, _text(entry.get(key), "%s.%s" % (where, key)))
+                    for key in ("repo_type", "why", "pass", "run_id", "found_at"))
+        found.append({"repo_id": entry["repo_id"], "repo_type": text["repo_type"] or "model", "blob": blob,
+                      "commit": None, "paths": _snapshot_paths(entry.get("paths"), where + ".paths"),
+                      "why": text["why"], "pass": text["pass"], "run_id": text["run_id"], "when": text["found_at"]})
     passes, plays = _object(report.get("passes"), "passes"), _object(report.get("plays"), "plays")
     for name in NAS_FINDING_PASSES:
         play = _object(plays.get(name), "plays.%s" % name)
@@ -194,13 +183,6 @@ def _report_findings(report):
     return found
 
 
-def _report_why(report_path, finding, still):
-    return ("the host report on the controller (%s) records it found corrupt by the %s pass (run %s, %s)%s; the "
-            "local hub holds no record of it (wiped, swapped, or another hub_local_root), and %s"
-            % (report_path, finding["pass"] or "stage or verify", finding["run_id"] or "unknown",
-               finding["when"] or "unknown", ": %s" % finding["why"] if finding["why"] else "", still))
-
-
 def _proof(real, blob):
     """None when the NAS file `real` holds the bytes `blob` names, else why it is still suspect."""
     try:
@@ -211,9 +193,8 @@ def _proof(real, blob):
 
 
 def report_suspects(manifest, report_text, report_path, hub_local_root):
-    """As bound_suspects, from the host's latest report on the controller (report_text, its JSON): findings the
-    node's record lost (a wiped or swapped hub). A blob the record holds is left to bound_suspects; any other is
-    hashed now and dropped when its bytes hash to its name. An unreadable report is a suspect record of every repo."""
+    """As bound_suspects, from the host report on the controller: what the node's record lost (a wiped or swapped
+    hub), each hashed now and dropped when it proves its name; an unreadable report is a suspect of every repo."""
     if not report_text:
         return []
     try:
@@ -237,12 +218,9 @@ def report_suspects(manifest, report_text, report_path, hub_local_root):
                         or _nas_origin(mounts_by_target, posixpath.join(record["target"], path)) != "nas":
                     continue
                 nas_file = os.path.join(record["nas_snapshot"], path)
-                try:
-                    named, unresolved = _named_blob(nas_file, record["nas_snapshot"]), False
-                except (StageError, OSError):
-                    named, unresolved = None, True      # its bytes decide
+                named = _named_blob(nas_file, record["nas_snapshot"])
                 blob = finding["blob"] or (named if finding["commit"] == record["commit"] else None)
-                if not blob or blob in known or (named != blob and not unresolved):
+                if blob in (None, UNRESOLVED) or blob in known or named not in (blob, UNRESOLVED):
                     continue
                 seen.add((record["repo_id"], path))
                 real = os.path.realpath(nas_file)
@@ -250,7 +228,12 @@ def report_suspects(manifest, report_text, report_path, hub_local_root):
                     proven[(real, blob)] = _proof(real, blob)
                 if proven[(real, blob)] is not None:
                     found.append({"repo_id": record["repo_id"], "path": path, "blob": blob, "nas_file": nas_file,
-                                  "why": _report_why(report_path, finding, proven[(real, blob)])})
+                                  "why": "the host report on the controller (%s) records it found corrupt by the %s "
+                                         "pass (run %s, %s)%s; the local hub holds no record of it (wiped, swapped, "
+                                         "or another hub_local_root), and %s" % (
+                                             report_path, finding["pass"] or "stage or verify",
+                                             finding["run_id"] or "unknown", finding["when"] or "unknown",
+                                             ": %s" % finding["why"] if finding["why"] else "", proven[(real, blob)])})
     return found
 
 

@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """The peer folder: where a host of an earlier wave sends blobs it proved, checked before any is adopted.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 import stat
 
@@ -54,24 +50,21 @@ def refuse_bad_peer_dir(req):
 PEER_PARENT = "dgx-stage-peer"
 
 
-def candidate_present(req, work, blobs_dev=None):
-    """Whether peer_dir holds a regular file named like this Work's blob at its size whose blocks on the disk of
-    blobs/ (blobs_dev) cover it (a sparse file frees nothing): the space its removal gives back."""
-    if not req.peer_dir or not work.etag:
-        return False
-    try:
-        st = os.lstat(os.path.join(req.peer_dir, work.etag))
-    except OSError:
-        return False
-    return (stat.S_ISREG(st.st_mode) and st.st_size == work.size and st.st_blocks * 512 >= st.st_size
-            and (blobs_dev is None or st.st_dev == blobs_dev))
-
-
 def count_candidates(plan, req):
-    """plan.peer_bytes, and plan.peer_peak: the largest candidates, one per worker, still there while copied."""
+    """plan.peer_bytes: the writes whose blob peer_dir holds as a regular file of its size, its blocks on the disk of
+    blobs/ (the space its removal gives back: a sparse file frees nothing); plan.peer_peak: the largest of them, one
+    per worker, still there while copied."""
     if not req.peer_dir:
         return
     blobs_dev = os.lstat(existing_ancestor(os.path.join(plan.dest_repo, "blobs"))).st_dev
-    sizes = sorted((w.size for w in plan.writes if candidate_present(req, w, blobs_dev)), reverse=True)
+    sizes = []
+    for work in plan.writes:
+        try:
+            st = os.lstat(os.path.join(req.peer_dir, work.etag)) if work.etag else None
+        except OSError:
+            continue
+        if st and stat.S_ISREG(st.st_mode) and st.st_size == work.size <= st.st_blocks * 512 and st.st_dev == blobs_dev:
+            sizes.append(work.size)
+    sizes.sort(reverse=True)
     plan.peer_bytes = sum(sizes)
     plan.peer_peak = sum(sizes[:req.workers])

@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """Disk space: size texts, the reserve to keep, and the refusal of a plan the local disk cannot hold.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import os
 import re
 

@@ -1,10 +1,8 @@
 # -*- coding: utf-8 -*-
 """Stage role filter: the space all repos of a host need together on its one local disk (preflight).
 
-dgx_stage_space_total(results) -> {need, reclaimable, free, reserve, available, fits, need_text, available_text}
-of the preflight's hf_hub_mirror loop results. hf_hub_mirror measures each repo alone; repos that each fit may
-not fit together, so needs and reclaimable bytes add up, free and reserve are the disk's (the first repo's),
-and they fit when need <= free + reclaimable - reserve.
+hf_hub_mirror measures each repo alone, and repos that each fit may not fit together: needs and reclaimable bytes
+add up, free and reserve are the disk's (the first repo's).
 """
 import os
 import sys
@@ -32,12 +30,10 @@ def stage_space_total(results):
     if not isinstance(results, (list, tuple)) or not results:
         raise AnsibleFilterError("dgx_stage_space_total: needs the hf_hub_mirror results of at least one repo, "
                                  "got %r" % (results,))
-    spaces = []
-    for result in results:
-        space = result.get("space") if isinstance(result, dict) else None
+    spaces = [result.get("space") if isinstance(result, dict) else None for result in results]
+    for result, space in zip(results, spaces):
         if not isinstance(space, dict):
             raise AnsibleFilterError("dgx_stage_space_total: a result without its space figures: %r" % (result,))
-        spaces.append(space)
     need = sum(_whole(space, "need") for space in spaces)
     reclaimable = sum(_whole(space, "reclaimable") for space in spaces)
     free, reserve = _whole(spaces[0], "free"), _whole(spaces[0], "reserve")

@@ -258,6 +258,9 @@ def test_a_progress_poll_retry_prints_its_line_instead_of_failed_retrying(stdout
     other = _result("dgx1", {"attempts": 1, "retries": 3}, action="ansible.builtin.uri")
     callback.v2_runner_retry(other)
     assert display.lines == ["[dgx1] " + line] and retried == [other]
+    # A NAS file name in the line must not forge a line or drive the terminal.
+    callback.v2_runner_retry(_result("dgx1", {"line": "stage org/x: current: a\nb\x1b[2J"}, action="mirror_job"))
+    assert display.lines[-1] == "[dgx1] stage org/x: current: a\\nb\\x1b[2J"
 
 
 def test_a_status_run_prints_each_hosts_status_lines_in_rank_order(stdout):

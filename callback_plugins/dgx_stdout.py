@@ -15,6 +15,7 @@ _CHECKOUT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file
 if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 from dgx_stage import summary  # noqa: E402
+from dgx_stage.display import host_line  # noqa: E402
 from dgx_stage.events import short_action  # noqa: E402
 
 DOCUMENTATION = r"""
@@ -65,7 +66,7 @@ class CallbackModule(DefaultCallback):
     def v2_runner_retry(self, result):
         """A background copy's poll: its progress line, where the default callback says FAILED - RETRYING."""
         if short_action(result.task.action) == "mirror_job" and result.result.get("line"):
-            self._display.display("[%s] %s" % (result.host.get_name(), result.result["line"]))
+            self._display.display(host_line(result.host.get_name(), result.result["line"]))
         else:
             super(CallbackModule, self).v2_runner_retry(result)
 

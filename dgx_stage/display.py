@@ -8,6 +8,7 @@ from dgx_stage import use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_job_poll import human_eta, human_rate  # noqa: E402
+from ansible.module_utils.dgx_status import one_line  # noqa: E402
 
 
 def progress_description(host, progress):
@@ -17,7 +18,12 @@ def progress_description(host, progress):
     if isinstance(waiting, dict):
         parts.append("waiting for run %s (pid %s, since %s)" % (waiting.get("run_id") or "?", waiting.get("pid") or "?",
                                                                waiting.get("since") or "?"))
-    return " ".join(p for p in parts if p)
+    return one_line(" ".join(p for p in parts if p))
+
+
+def host_line(host, line):
+    """'[host] line' of a progress update, one line: a host, repo or file name cannot forge another."""
+    return one_line("[%s] %s" % (host, line))
 
 
 def _or_dash(shown, value):
@@ -46,7 +52,7 @@ class PlainDisplay(object):
         if not line or line in self.shown.setdefault(host, set()):
             return
         self.shown[host].add(line)
-        self.print("[%s] %s" % (host, line))
+        self.print(host_line(host, line))
 
     def output(self, text):
         if self.verbose:

@@ -114,9 +114,9 @@ def failure_steps(report, path, run, lane=None):
     host = report.get("host")
     unreachable = report.get("failed_task") == "(host unreachable)"
     msg = " ".join(str(report.get("failed_msg") or "").split())
-    lines = [one_line(table.failure_line({"host": host, "unreachable": unreachable, "play": report.get("failed_play"),
-                                          "task": report.get("failed_task"),
-                                          "msg": msg if len(msg) <= 300 else msg[:297] + "..."}))]
+    lines = [table.failure_line({"host": host, "unreachable": unreachable, "play": report.get("failed_play"),
+                                 "task": report.get("failed_task"),
+                                 "msg": msg if len(msg) <= 300 else msg[:297] + "..."})]
     if unreachable:
         step = "check that %s answers (ssh, its Python), then re-run: %s" % (host, rerun_command(run, host, None,
                                                                                                 lane=lane))
@@ -124,7 +124,7 @@ def failure_steps(report, path, run, lane=None):
         latest = os.path.join(os.path.dirname(path), "%s.json" % host)
         step = "read the error above and the host report %s; fix the cause, then re-run: %s" % (
             relative(latest), rerun_command(run, host, report.get("failed_play"), msg, lane))
-    return lines + ["next step: " + step]
+    return lines + [one_line("next step: " + step)]
 
 
 def relative(path, cwd=None):
@@ -152,7 +152,7 @@ def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
     title = "DGX-STAGE LANE SUMMARY: lane %s, %s, run %s%s%s" % (
         ",".join(lanes) or "?", plural(len(reports), "host"), run.get("id") or "?",
         ", CHECK MODE (nothing was written)" if check else "", ", " + stopped if stopped else "")
-    lines = [title, table.render_plain(table.table_rows(shown))]
+    lines = [one_line(title), table.render_plain(table.table_rows(shown))]
     failed = [h for h in order if shown[h].get("status") == "failed"]
     unfinished = [h for h in order if shown[h].get("status") == "interrupted"]
     total = "wall time %s; %d/%d hosts %s" % (human_eta(run.get("wall_s") or 0), len(order) - len(failed)
@@ -165,15 +165,16 @@ def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
     if idle and not check and not stopped:
         total += "; engine not started%s (engine_enabled is false)" % (
             "" if len(idle) == len(order) else " on " + ", ".join(idle))
-    lines.append(total)
+    lines.append(one_line(total))
     for host in failed:
         lines += failure_steps(shown[host], paths[host], run, engine_lane(reports, host, engine_runs))
     if unfinished:
         text = command(run, unfinished, run.get("rerun_args") or ())
         if run.get("extra_vars"):
             text += "  (again with %s)" % " ".join(run["extra_vars"])
-        lines.append("next step: the run was %s before %s finished; what is staged is kept and reused, so re-run: %s"
-                     % ("interrupted" if stopped == "INTERRUPTED" else "stopped", ", ".join(unfinished), text))
+        lines.append(one_line("next step: the run was %s before %s finished; what is staged is kept and reused, so "
+                              "re-run: %s" % ("interrupted" if stopped == "INTERRUPTED" else "stopped",
+                                              ", ".join(unfinished), text)))
     return lines
 
 
@@ -203,9 +204,9 @@ def status_lines(hosts, run, stopped=None):
         info = hosts[host]
         title = host + (" (rank %s)" % info["rank"] if info.get("rank") is not None else "")
         failure = info.get("failure") or {}
-        msg = one_line(str(failure.get("msg") or ""))
+        msg = str(failure.get("msg") or "")
         if info.get("lines") is not None and not info.get("unreachable"):
-            lines += [title + ":"] + ["  " + one_line(str(text)) for text in info["lines"]]
+            lines += [title + ":"] + ["  " + str(text) for text in info["lines"]]
             continue
         bad.append(host)
         if info.get("unreachable"):
@@ -219,5 +220,5 @@ def status_lines(hosts, run, stopped=None):
             why = "not read (%s)" % (stopped.lower() if stopped else "no status")
         lines.append("%s: %s" % (title, why))
     total = "%d/%d hosts read" % (len(order) - len(bad), len(order))
-    return lines + [total + ("; NOT READ: %s" % ", ".join(bad) if bad else "")] + steps
+    return [one_line(line) for line in lines + [total + ("; NOT READ: %s" % ", ".join(bad) if bad else "")] + steps]
 

@@ -11,6 +11,7 @@ from dgx_stage import use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_report import stage_bytes  # noqa: E402
+from ansible.module_utils.dgx_status import one_line  # noqa: E402
 from ansible.module_utils.dgx_units import human_bytes as units_human_bytes  # noqa: E402
 
 COLUMNS = (
@@ -180,9 +181,9 @@ def _pair(a, b):
 
 
 def host_row(report, receipts_removed=None):
-    """{column key: text} of one host's row."""
+    """{column key: text} of one host's row, each one line (a name or an engine's error cannot forge a row)."""
     f = host_figures(report, receipts_removed)
-    return {
+    return dict((key, one_line(text)) for key, text in {
         "host": str(f["host"] or NONE),
         "run_id": str(f["run_id"] or NONE),
         "status": str(f["status"] or NONE),
@@ -198,7 +199,7 @@ def host_row(report, receipts_removed=None):
         "engine": _engine_health(f["engine"]),
         "smoke": _smoke(f["engine"]),
         "decode": _decode(f["engine"]),
-    }
+    }.items())
 
 
 def _utc(value):
@@ -458,9 +459,9 @@ def with_inventory(text, inventory):
 
 
 def failure_line(failure, inventory=None):
-    """'host H failed in play P, task T: msg' (or unreachable); the fixes msg gives run on `inventory`."""
+    """'host H failed in play P, task T: msg' (or unreachable), one line; the fixes msg gives run on `inventory`."""
     what = "unreachable" if failure.get("unreachable") else "failed"
+    msg = with_inventory(" ".join(str(failure.get("msg") or "").split()), inventory)
     # A hand-edited report or run.json may hold any JSON there: each part reads as text, or as absent.
-    return "host %s %s in play %s, task %s: %s" % (failure.get("host"), what, failure.get("play") or "?",
-                                                   failure.get("task") or "?",
-                                                   with_inventory(str(failure.get("msg") or ""), inventory))
+    return one_line("host %s %s in play %s, task %s: %s" % (failure.get("host"), what, failure.get("play") or "?",
+                                                            failure.get("task") or "?", msg))

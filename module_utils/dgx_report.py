@@ -13,6 +13,8 @@ keeps an earlier success as its latest. `nas_suspects` keeps every NAS blob a re
 found failing its name: no later pass drops one (a green verify reads no NAS byte); engine_manifest hashes
 such a NAS file before binding it.
 """
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -262,15 +264,16 @@ def settle_unfinished(directory, host, run_id, status, failure=None):
 
     settled = None
     history_path, latest_path = report_paths(directory, host, run_id)
-    for path in (history_path, latest_path):
-        report, _warning = read_report(path)
-        if report is None or not settle(report):
-            continue
-        for key in ("last_real_run", "check"):
-            settle(report.get(key))
-        atomic_write_bytes(path, dumps(report))
-        if path == history_path:
-            settled = report
+    with _one_writer(directory):
+        for path in (history_path, latest_path):
+            report, _warning = read_report(path)
+            if report is None or not settle(report):
+                continue
+            for key in ("last_real_run", "check"):
+                settle(report.get(key))
+            atomic_write_bytes(path, dumps(report))
+            if path == history_path:
+                settled = report
     return settled
 
 
@@ -278,23 +281,42 @@ def dumps(report):
     return (json.dumps(report, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+@contextlib.contextmanager
+def _one_writer(directory):
+    """The report dir locked while a view is read, merged and written: two runs at once must not each write the
+    latest view over a copy read before the other's write (its plays and NAS suspects would be lost)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:   # no such dir: nothing in it to read or settle
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):   # a file system without flock: unlocked
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _record(directory, host, run, make_view, write):
     """Make this run's view from its history file (make_view(previous)), merge it into the latest view, and write
     both unless write=False."""
     directory = os.path.abspath(directory)
     history_path, latest_path = report_paths(directory, host, run["id"])
-    previous_run, warn_run = read_report(history_path)
-    previous_latest, warn_latest = read_report(latest_path)
-    view = make_view(previous_run)
-    latest = latest_view(previous_latest, view)
-    if write:
-        try:
+    try:
+        if write:
             os.makedirs(directory, 0o755, exist_ok=True)
-            atomic_write_bytes(history_path, dumps(view))
-            atomic_write_bytes(latest_path, dumps(latest))
-        except OSError as exc:
-            raise StageError("host report: cannot write the reports of %s in %s: %s; check stage_report_dir"
-                             % (host, directory, exc))
+        with _one_writer(directory):
+            previous_run, warn_run = read_report(history_path)
+            previous_latest, warn_latest = read_report(latest_path)
+            view = make_view(previous_run)
+            latest = latest_view(previous_latest, view)
+            if write:
+                atomic_write_bytes(history_path, dumps(view))
+                atomic_write_bytes(latest_path, dumps(latest))
+    except OSError as exc:
+        raise StageError("host report: cannot write the reports of %s in %s: %s; check stage_report_dir"
+                         % (host, directory, exc))
     return {"report": view, "latest": latest, "history_path": history_path, "latest_path": latest_path,
             "warnings": [w for w in (warn_run, warn_latest) if w]}
 

@@ -12,7 +12,7 @@ import subprocess
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_nodestate import listening_inodes, port_holders
-from ansible.module_utils.dgx_secrets import redacted
+from ansible.module_utils.dgx_secrets import command_secrets, redacted
 from ansible.module_utils.dgx_units import plain_number
 
 RUNTIMES = ("docker", "podman")
@@ -148,13 +148,14 @@ def container_state(runner, runtime, name, secrets=None):
 
 
 def _cmdline(pid, proc="/proc", secrets=None):
-    """A process's command line (200 characters, secrets hidden first), "" when it is gone or not readable."""
+    """A process's command line (200 characters, secrets hidden first: ours and its own secret flags' values, as a
+    stray engine's key may be one this run does not know), "" when it is gone or not readable."""
     try:
         with open(os.path.join(proc, str(pid), "cmdline"), "rb") as handle:
-            text = handle.read().decode("utf-8", "replace").replace("\0", " ").strip()
-            return redacted(text, secrets)[:200]
+            argv = handle.read().decode("utf-8", "replace").rstrip("\0").split("\0")
     except (IOError, OSError):
         return ""
+    return redacted(" ".join(argv).strip(), list(secrets or []) + command_secrets(argv))[:200]
 
 
 def container_name(runner, runtime, container_id):

@@ -135,6 +135,7 @@ def command_secrets(command):
                 elif name in USER_FLAGS:
                     found.extend(_user_password(value))
                 found.extend(_json_secrets(value))
+                found.extend(_embedded_secrets(value))
             found.extend(_flag_value(before, word))
             found.extend(_json_secrets(word))
             found.extend(_embedded_secrets(word))
@@ -156,10 +157,10 @@ def secret_values(env, command=None):
     values = []
     for name, value in sorted((env or {}).items()):
         value = str(value)
-        if len(value) < MIN_HIDDEN:
-            if value and secret_name(name):
+        if len(value.strip()) < MIN_HIDDEN:
+            if value.strip() and secret_name(name):
                 raise StageError("engine_env %s: a credential of %d characters cannot be kept out of messages; "
-                                 "set the real value" % (name, len(value)))
+                                 "set the real value" % (name, len(value.strip())))
             continue
         values.append(value)
         for embedded in _embedded_secrets(value):
@@ -168,13 +169,14 @@ def secret_values(env, command=None):
                                  "be kept out of messages; set the real value" % (name, len(embedded)))
             values.append(embedded)
     for value in command_secrets(command):
-        if 0 < len(value) < MIN_HIDDEN:
+        if 0 < len(value.strip()) < MIN_HIDDEN:
             raise StageError("engine_command: a secret value of %d characters (a secret flag's, a header's or a "
-                             "URL's password) cannot be kept out of messages; set the real value" % len(value))
+                             "URL's password) cannot be kept out of messages; set the real value" % len(value.strip()))
         values.append(value)
     forms = set()
     for value in values:
-        forms |= set(form for form in quoted_forms(value) if len(form) >= MIN_HIDDEN)
+        # A program may show a value stripped of the newline a YAML block or a file left on it.
+        forms |= set(form for form in quoted_forms(value) | quoted_forms(value.strip()) if len(form) >= MIN_HIDDEN)
     return sorted(forms, key=lambda form: (-len(form), form))
 
 

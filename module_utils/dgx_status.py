@@ -372,7 +372,7 @@ def _suspects_text(suspects):
 
 def one_line(text):
     """text with its control characters escaped, so it cannot pass for another line or recolour the terminal."""
-    return "".join(ch if " " <= ch != "\x7f" else repr(ch)[1:-1] for ch in text)
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def status_lines(status):

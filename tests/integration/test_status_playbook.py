@@ -6,9 +6,14 @@ import json
 import os
 import subprocess
 import time
+import uuid
 
+import pytest
+
+import runtimes
 from conftest import BIN_DIR, REPO_ROOT, ansible_env, failures
 from hubgen import DRAFTER_REPO, MAIN_REPO
+from test_engine_one_rank import IMAGE, build_engine_double
 from test_reports import run, staged_dgx1, write_lane
 from treestate import snapshot_diff, tree_snapshot
 
@@ -113,3 +118,26 @@ def test_a_plain_ansible_playbook_run_prints_each_hosts_status_lines(tmp_path, n
     assert tail[:3] == ["DGX-STAGE STATUS: lane exl3_2x, 1 host", "dgx1 (rank 0):", "  %s@main: not staged" % MAIN_REPO]
     assert "  engine ds41-engine: disabled" in tail and "1/1 hosts read" in tail
     assert "HOST " not in out                       # no empty lane table
+
+
+@pytest.mark.parametrize("runtime", runtimes.params(("podman",)))
+def test_the_log_of_an_exited_engine_is_read_without_its_secrets(tmp_path, nas_hub, runtime):
+    """An engine that printed its arguments (vLLM logs its api_key) and exited: the status probe reads the end of
+    its log, which reaches the play's results (a runs dir's job events, a JSON callback) without the secrets."""
+    build_engine_double()
+    key, token = "sk-statusKEY%d" % os.getpid(), "hf_statusTOKEN%d" % os.getpid()
+    name = "dgx-stage-test-status-%s" % uuid.uuid4().hex[:8]
+    command = ["sh", "-c", 'echo "args: key $2 token $HF_TOKEN"; exit 3', "engine", "--api-key", key]
+    inventory = write_lane(tmp_path, nas_hub["hub"], ["dgx1"], receipt_parent=str(tmp_path / "cache"),
+                           engine_enabled=True, engine_runtime=runtime, engine_name=name, engine_image=IMAGE,
+                           engine_env={"HF_TOKEN": token}, engine_command=command)
+    try:
+        started = runtimes.cli(runtime, "run", "--name", name, "-e", "HF_TOKEN=" + token, IMAGE, *command)
+        assert started.returncode == 3, started.stderr
+        code, data, results = run_status(tmp_path, inventory)
+        assert code == 0, failures(data)
+        assert "exited (exit code 3)" in results["dgx1"]["lines"][-1]
+        shown = json.dumps(data)
+        assert "args: key " in shown and key not in shown and token not in shown
+    finally:
+        runtimes.remove(runtime, name)

@@ -258,6 +258,9 @@ def test_a_progress_poll_retry_prints_its_line_instead_of_failed_retrying(stdout
     other = _result("dgx1", {"attempts": 1, "retries": 3}, action="ansible.builtin.uri")
     callback.v2_runner_retry(other)
     assert display.lines == ["[dgx1] " + line] and retried == [other]
+    # A NAS file name in the line must not forge a line or drive the terminal.
+    callback.v2_runner_retry(_result("dgx1", {"line": "stage org/x: current: a\nb\x1b[2J"}, action="mirror_job"))
+    assert display.lines[-1] == "[dgx1] stage org/x: current: a\\nb\\x1b[2J"
 
 
 def test_a_status_run_prints_each_hosts_status_lines_in_rank_order(stdout):
@@ -308,3 +311,14 @@ def test_a_no_log_failure_reaches_the_default_printer_without_its_exception(stdo
     callback.v2_runner_on_failed(_result("n1", shown, action="ansible.builtin.file"), ignore_errors=True)
     assert "SECRETVALUE" not in repr(printed[0]) and printed[0]["censored"]
     assert printed[1]["exception"] == "Traceback: no such file"       # a result not hidden keeps it
+
+
+def test_host_and_lane_names_with_control_characters_cannot_forge_summary_or_status_lines():
+    host, bad = "n\x1b[2J1\nfake", "\x1b]0;t\x07lane"
+    lines = lane({host: report(host, 0, "failed", lane=bad, **FAILED)})
+    status = summary.status_lines({host: {"rank": 0, "lane": bad, "lines": ["ok\rforged"]},
+                                   "n2": {"unreachable": True, "failure": {"msg": "ssh\x1b[2J"}}}, RUN)
+    for line in lines[:1] + lines[2:] + status:
+        assert not any(ch in line for ch in "\x1b\x07\n\r"), repr(line)
+    assert lines[0].startswith("DGX-STAGE LANE SUMMARY: lane \\x1b]0;t\\x07lane, 1 host")
+    assert status[1:3] == ["n\\x1b[2J1\\nfake (rank 0):", "  ok\\rforged"]

@@ -590,6 +590,8 @@ def test_secret_values_are_engine_envs_values_and_the_commands_secret_flags_in_e
         lane.dgx_secret_values({"HF_TOKEN": "abc"})
     with pytest.raises(AnsibleFilterError, match="engine_command"):
         lane.dgx_secret_values({}, ["--api-key", "x"])
+    with pytest.raises(AnsibleFilterError, match="HF_TOKEN: a credential of 3 characters"):
+        lane.dgx_secret_values({"HF_TOKEN": "abc\n"})
 
 
 @pytest.mark.parametrize("env, command, message, secret", [
@@ -637,6 +639,10 @@ def test_settings_named_after_tokens_or_keys_are_neither_refused_nor_hidden(comm
     ({"PROXY": "http://me:sk-live-7777@proxy:3128"}, [], "login sk-live-7777 failed"),
     ({}, ["serve", "--pass", "sk-live-8888"], "pass=sk-live-8888"),
     ({}, ["serve", "--pw", "sk-live-9999"], "pw=sk-live-9999"),
+    ({}, ["curl", "--header=Authorization: Bearer sk-live-4545"], "bad token sk-live-4545"),
+    # A value read from a YAML block or a file keeps its newline; a program shows it stripped.
+    ({"HF_TOKEN": "sk-live-1212\n"}, [], "invalid token sk-live-1212."),
+    ({}, ["serve", "--api-key", " sk-live-2121\n"], "api_key='sk-live-2121'"),
 ])
 def test_a_secret_in_a_json_list_a_header_a_user_flag_or_a_url_is_hidden(env, command, message):
     shown = lane.dgx_redact(message, lane.dgx_secret_values(env, command))

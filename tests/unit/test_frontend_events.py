@@ -205,3 +205,12 @@ def test_rich_display_and_table_show_brackets_in_names_as_text():
     row = dict((key, "[/]") for key, _title in table.COLUMNS)
     Console(file=out, width=250, color_system=None).print(table.rich_table([dict(row, host="h[bold]")], title="[/]t"))
     assert "h[bold]" in out.getvalue() and "[/]t" in out.getvalue()
+
+
+def test_progress_lines_and_bars_escape_control_characters_in_hosts_repos_and_file_names():
+    # A NAS file name (the line's "current: ...") or a host name must not forge a line or drive the terminal.
+    from dgx_stage.display import progress_description
+    out = io.StringIO()
+    PlainDisplay(out).progress("dgx\x1b[2J1", {"line": "stage org/m: current: a\nb\x1b]0;t\x07.safetensors"})
+    assert out.getvalue() == "[dgx\\x1b[2J1] stage org/m: current: a\\nb\\x1b]0;t\\x07.safetensors\n"
+    assert progress_description("h\r", {"pass": "stage", "repo_id": "org/\x1bm"}) == "h\\r stage org/\\x1bm"

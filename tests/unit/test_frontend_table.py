@@ -195,6 +195,23 @@ def test_a_report_with_strings_nulls_or_wrong_shapes_renders_instead_of_crashing
     assert table.table_rows({"h": []})[0]["status"] == "unreadable: not a JSON object"
 
 
+def test_control_characters_in_names_and_engine_errors_are_escaped_in_every_rendering():
+    # A host name, a repo's file name or an engine's HTTP error body must not forge a row or drive the terminal.
+    from rich.console import Console
+    report = dict(fixture("report-stage-ok.json"), host="dgx\x1b[2J1\nHOST  fake  ok",
+                  engine={"smoke": {"error": "HTTP 500: \x1b]0;title\x07\x9b31m"}})
+    rows = table.table_rows({report["host"]: report})
+    assert rows[0]["host"] == "dgx\\x1b[2J1\\nHOST  fake  ok"
+    assert rows[0]["smoke"] == "error: HTTP 500: \\x1b]0;title\\x07\\x9b31m"
+    out = io.StringIO()
+    table.print_table(Console(file=out, width=400, force_terminal=True), rows)
+    for text in (table.render_plain(rows), table.render_markdown(rows), out.getvalue().replace("\x1b[", ""),
+                 table.failure_line({"host": "h\nx", "play": "smoke", "task": "t", "msg": "a\x1b[2Jb\r\nc"})):
+        assert not any(ch in text for ch in "\x1b\x07\r\x9b"), repr(text)
+    assert table.render_plain(rows).count("\n") == table.render_plain(table.table_rows({"h": report})).count("\n")
+    assert table.failure_line({"host": "h", "msg": "a\x1b[2Jb"}) == "host h failed in play ?, task ?: a\\x1b[2Jb"
+
+
 def test_a_failure_whose_fields_are_not_text_reads_them_as_text_or_absent():
     # A hand-edited report's failed_msg of 7 crashed `report` with a TypeError in the failure line.
     for msg, said in ((7, "7"), (True, "True"), ({"a": 1}, "{'a': 1}"), ([], ""), (None, "")):

@@ -377,6 +377,15 @@ def test_api_owner_proves_our_container_or_names_the_stranger(tmp_path):
                                                                       "holders": [], "ours": None}
 
 
+def test_a_strangers_command_line_is_shown_without_its_own_secret_flags_values(tmp_path):
+    # An earlier engine still on the port was started with a key this run does not know (rotated since).
+    proc = fake_proc(tmp_path, {
+        20: (["vllm", "serve", "--api-key", "sk-oldKEY123", "--hf-token=hf_oldTOKEN", "--tp", "8"],
+             "0::/libpod_parent/libpod-%s\n" % THEIRS, [31337])})
+    owner = api_owner(FakeRunner(names={THEIRS: "/old-engine"}), "docker", 8000, {"id": OURS}, proc, ["sk-newKEY"])
+    assert owner["holders"][0]["cmdline"] == "vllm serve --api-key <hidden> --hf-token=<hidden> --tp 8"
+
+
 def test_api_owner_on_the_real_proc_finds_this_process():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

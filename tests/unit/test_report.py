@@ -265,6 +265,35 @@ def test_inputs_that_would_name_a_wrong_file_or_time_are_refused(tmp_path, host,
     assert words in str(err.value) and os.listdir(str(tmp_path)) == []
 
 
+def test_two_runs_writing_one_hosts_reports_at_once_each_merge_the_others_latest_view(tmp_path, monkeypatch):
+    """Each run reads the latest view, merges its play and writes it back: without one writer at a time both read
+    it first, and the second write drops the first run's play and the NAS blob it found failing its name."""
+    import threading
+    from ansible.module_utils import dgx_report
+    both_read = threading.Barrier(4)    # each run reads its history file and the latest view
+    real_read = dgx_report.read_report
+
+    def read_then_wait(path):
+        found = real_read(path)
+        try:
+            both_read.wait(timeout=1)
+        except threading.BrokenBarrierError:
+            pass
+        return found
+    monkeypatch.setattr(dgx_report, "read_report", read_then_wait)
+    corrupt = dict(row(MAIN), nas_corrupt_blobs=[{"blob": "ab" * 32, "paths": ["a.safetensors"], "why": "hash"}])
+    writers = [threading.Thread(target=update_reports, args=(str(tmp_path), "dgx1", run(run_id), play(name),
+                                                             data({name: [rows]})))
+               for run_id, name, rows in (("20261130T204512Z-aaaa", "stage", corrupt),
+                                          ("20261130T204513Z-bbbb", "verify", row(MAIN)))]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    latest = json.loads((tmp_path / "dgx1.json").read_text())
+    assert sorted(latest["plays"]) == ["stage", "verify"] and list(latest["nas_suspects"]) == ["ab" * 32]
+
+
 # --- the end of the run --------------------------------------------------------------------------------
 
 def test_a_run_is_running_until_its_end_and_a_killed_run_never_looks_good(tmp_path):

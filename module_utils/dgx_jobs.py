@@ -13,9 +13,8 @@ import stat
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
 from ansible.module_utils.dgx_fsutil import read_small
-
+from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
 JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
@@ -42,15 +41,6 @@ def read_json_file(path):
     return data if isinstance(data, dict) else None
 
 
-def job_state(data):
-    """`running` or `ended` from a job file's JSON (None, unreadable: as while it is first written)."""
-    if data is None:
-        return "running"
-    if "started" in data and not data.get("finished"):
-        return "running"
-    return "ended"
-
-
 def read_job(async_dir, jid):
     """{state: running|ended|missing, result (once ended), started (the job file's mtime), path}."""
     path = os.path.join(async_dir, jid)
@@ -59,8 +49,10 @@ def read_job(async_dir, jid):
     except OSError:
         return {"state": "missing", "result": None, "started": None, "path": path}
     data = read_json_file(path)
-    state = job_state(data)
-    return {"state": state, "result": data if state == "ended" else None, "started": st.st_mtime, "path": path}
+    # Unreadable JSON: as while the wrapper first writes it.
+    ended = data is not None and not ("started" in data and not data.get("finished"))
+    return {"state": "ended" if ended else "running", "result": data if ended else None, "started": st.st_mtime,
+            "path": path}
 
 
 def remove_job(dest, async_dir, jid):
@@ -146,11 +138,11 @@ def open_jobs_dir(dest, async_dir, create=False):
     root, rel = _jobs_dir_root(dest, async_dir)
     if root == os.path.abspath(dest):
         return LocalTree(root).open_dir(rel, create=create)
-    if create and not os.path.lexists(async_dir):
-        try:
+    try:
+        if create:
             os.mkdir(async_dir, 0o755)
-        except FileExistsError:
-            pass
+    except FileExistsError:
+        pass
     try:
         return LocalDir(os.open(async_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), async_dir)
     except OSError as exc:
@@ -173,28 +165,23 @@ def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None)
     if problem:
         raise StageError(problem)
     created = not os.path.isdir(async_dir)
+    if check_mode and created:
+        return {"created": True, "removed": []}
+    # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
     inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
-    if check_mode:
-        ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
-        return {"created": created, "removed": ended}
-    with open_jobs_dir(dest, async_dir, create=True) as jobs:
-        # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
-        removed = [name for name in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
-                   if unlink_if_there(name, jobs.fd)]
+    with open_jobs_dir(dest, async_dir, create=not check_mode) as jobs:
+        ended = _ended_jobs(jobs.fd, async_timeout, now) if inside else []
+        removed = ended if check_mode else [name for name in ended if unlink_if_there(name, jobs.fd)]
     return {"created": created, "removed": removed}
 
 
-def _ended_jobs(path, dir_fd, async_timeout, now):
+def _ended_jobs(dir_fd, async_timeout, now):
     """The names of the regular files in the jobs dir that are job files of ended jobs."""
     now = time.time() if now is None else now
-    try:
-        names = sorted(os.listdir(dir_fd if dir_fd is not None else path))
-    except FileNotFoundError:
-        return []
     ended = []
-    for name in names:
+    for name in sorted(os.listdir(dir_fd)):
         try:
-            st = os.lstat(name if dir_fd is not None else os.path.join(path, name), dir_fd=dir_fd)
+            st = os.lstat(name, dir_fd=dir_fd)
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and ended_job_file(name, now - st.st_mtime, async_timeout):

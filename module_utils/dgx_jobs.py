@@ -56,17 +56,18 @@ def read_job(async_dir, jid):
 
 
 def remove_job(dest, async_dir, jid):
-    """Remove this job's file (and a temp its wrapper left) through the jobs dir's handle; the names removed."""
-    removed = []
+    """Remove this job's file (and a temp its wrapper left); the names removed."""
+    return remove_files(dest, async_dir, [name for name in (jid, jid + ".tmp") if JOB_FILE.match(name)])
+
+
+def remove_files(dest, async_dir, names):
+    """Remove these files of the jobs dir through its handle; the names removed."""
     try:
         jobs = open_jobs_dir(dest, async_dir)
     except FileNotFoundError:
-        return removed
+        return []
     with jobs:
-        for name in (jid, jid + ".tmp"):
-            if JOB_FILE.match(name) and unlink_if_there(name, jobs.fd):
-                removed.append(name)
-    return removed
+        return [name for name in names if unlink_if_there(name, jobs.fd)]
 
 
 def unlink_if_there(name, dir_fd):

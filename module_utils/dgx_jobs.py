@@ -108,36 +108,31 @@ def ended_job_file(name, age_s, async_timeout):
     return bool(match or LEASE_FILE.match(name)) and age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
 
 
-def jobs_dir_problem(dest, async_dir):
-    """Why the jobs dir cannot be used (a symlink or no directory, on its way too inside the local hub), or None."""
+def _jobs_dir(dest, async_dir):
+    """(root, rel, inside the local hub) of a jobs dir that can be used; StageError for a symlink or no directory
+    (on its way too, inside the local hub)."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     if async_dir == dest:
-        return ("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a directory of its "
-                "own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
-    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
-        rel = os.path.relpath(async_dir, dest)
-        if rel.split(os.sep)[0] != ".locks":
-            # The rest of the hub is the mirror's: its repo folders are pruned of files it does not know.
-            return ("the async jobs dir %s is inside the local hub %s but not under its .locks: set stage_async_dir "
-                    "to a directory under %s, or outside the hub, or leave it empty for "
-                    "<hub_local_root>/.locks/dgx-stage-async" % (async_dir, dest, os.path.join(dest, ".locks")))
-        problem = linked_dir_problem(dest, rel)
-    else:
-        problem = linked_dir_problem(os.path.dirname(async_dir), os.path.basename(async_dir))
+        raise StageError("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a "
+                         "directory of its own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
+    inside = async_dir.startswith(dest.rstrip(os.sep) + os.sep)
+    root, rel = (dest, os.path.relpath(async_dir, dest)) if inside else os.path.split(async_dir)
+    if inside and rel.split(os.sep)[0] != ".locks":
+        # The rest of the hub is the mirror's: its repo folders are pruned of files it does not know.
+        raise StageError("the async jobs dir %s is inside the local hub %s but not under its .locks: set "
+                         "stage_async_dir to a directory under %s, or outside the hub, or leave it empty for "
+                         "<hub_local_root>/.locks/dgx-stage-async" % (async_dir, dest, os.path.join(dest, ".locks")))
+    problem = linked_dir_problem(root, rel)
     if problem:
-        return ("the async jobs dir %s cannot be used: %s. Set stage_async_dir to a real directory, or leave it "
-                "empty for <hub_local_root>/.locks/dgx-stage-async" % (async_dir, problem))
-    return None
+        raise StageError("the async jobs dir %s cannot be used: %s. Set stage_async_dir to a real directory, or "
+                         "leave it empty for <hub_local_root>/.locks/dgx-stage-async" % (async_dir, problem))
+    return root, rel, inside
 
 
 def open_jobs_dir(dest, async_dir, create=False):
-    """The jobs dir as a LocalDir, never through a link (inside the local hub: LocalTree, no mount point either);
-    StageError for one the jobs dir cannot be (jobs_dir_problem)."""
-    problem = jobs_dir_problem(dest, async_dir)
-    if problem:
-        raise StageError(problem)
-    root, rel = _jobs_dir_root(dest, async_dir)
-    if root == os.path.abspath(dest):
+    """The jobs dir as a LocalDir, never through a link (inside the local hub: LocalTree, no mount point either)."""
+    root, rel, inside = _jobs_dir(dest, async_dir)
+    if inside:
         return LocalTree(root).open_dir(rel, create=create)
     try:
         if create:
@@ -147,29 +142,19 @@ def open_jobs_dir(dest, async_dir, create=False):
     try:
         return LocalDir(os.open(async_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), async_dir)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise StageError(jobs_dir_problem(dest, async_dir) or "%s is not a directory" % async_dir)
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):     # replaced since _jobs_dir looked
+            _jobs_dir(dest, async_dir)
+            raise StageError("%s is not a directory" % async_dir)
         raise
-
-
-def _jobs_dir_root(dest, async_dir):
-    """(root, rel) of the jobs dir: the local hub and the path below it, or outside it its parent and its name."""
-    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
-    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
-        return dest, os.path.relpath(async_dir, dest)
-    return os.path.dirname(async_dir), os.path.basename(async_dir)
 
 
 def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
     """Refuse a symlinked jobs dir, create it, and remove the files ended jobs of earlier runs left: {created, removed}."""
-    problem = jobs_dir_problem(dest, async_dir)
-    if problem:
-        raise StageError(problem)
+    inside = _jobs_dir(dest, async_dir)[2]
     created = not os.path.isdir(async_dir)
     if check_mode and created:
         return {"created": True, "removed": []}
     # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
-    inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
     with open_jobs_dir(dest, async_dir, create=not check_mode) as jobs:
         ended = _ended_jobs(jobs.fd, async_timeout, now) if inside else []
         removed = ended if check_mode else [name for name in ended if unlink_if_there(name, jobs.fd)]

@@ -58,9 +58,7 @@ def parse_samples(text):
     """[(name, {label: value}, float)] of a textfile; comments and unreadable lines are skipped."""
     samples = []
     for line in (text or "").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = _SAMPLE.match(line.strip())
+        match = _SAMPLE.match(line.strip())     # no comment or blank line matches
         if not match:
             continue
         name, labels_text, value = match.groups()
@@ -174,7 +172,7 @@ def render(samples, host=None):
         mine = [s for s in samples if s[0] == name]
         if not mine:
             continue
-        lines.append("# HELP %s %s" % (name, help_text.replace("\\", "\\\\").replace("\n", "\\n")))
+        lines.append("# HELP %s %s" % (name, help_text))
         lines.append("# TYPE %s gauge" % name)
         for _name, labels, value in mine:
             label_text = ",".join('%s="%s"' % (k, escape_label(v)) for k, v in sorted(labels.items()))

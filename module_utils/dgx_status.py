@@ -11,6 +11,7 @@ import stat
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_fsutil import read_small, walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
+from ansible.module_utils.dgx_localtree import linked_dir_problem
 from ansible.module_utils.dgx_nodestate import checked_manifest
 from ansible.module_utils.dgx_progress_file import passes_of, repo_document, suspects_in
 from ansible.module_utils.dgx_units import human_bytes, utc_text
@@ -43,31 +44,6 @@ def _lstat(path):
         return None
 
 
-def link_problem(path, what):
-    """Why a path that must be a real directory is not one (None when it is, or is absent)."""
-    st = _lstat(path)
-    if st is None or stat.S_ISDIR(st.st_mode):
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            target = os.readlink(path)
-        except OSError:     # removed just now
-            target = "?"
-        return "%s %s is a symlink (to %s): not followed out of the local hub" % (what, path, target)
-    return "%s %s is not a directory" % (what, path)
-
-
-def path_problem(base, parts, what):
-    """Why base/parts[0]/... cannot be reached without following a link (each step checked: lstat follows
-    links on the way), else None (also when a component is absent)."""
-    for index in range(len(parts)):
-        path = os.path.join(base, *parts[:index + 1])
-        problem = link_problem(path, what if index == len(parts) - 1 else "folder")
-        if problem or _lstat(path) is None:
-            return problem
-    return None
-
-
 def snapshot_content(repo_dir, snap_dir):
     """(files, bytes, dangling) of a local snapshot: files with content in the repo, the bytes of their distinct
     contents, links whose content is missing or outside the repo folder."""
@@ -97,7 +73,7 @@ def staged_commit(repo_dir, revision, hub="the local hub"):
         return None, "revision %r cannot name a ref" % (revision,)
     ref_path = os.path.join(repo_dir, "refs", revision)
     # refs/ and any folder of a revision like release/v1: never read through a link out of the repo.
-    problem = path_problem(repo_dir, ["refs"] + revision.split("/")[:-1], "refs folder")
+    problem = linked_dir_problem(repo_dir, "/".join(["refs"] + revision.split("/")[:-1]))
     if problem:
         return None, problem
     st = _lstat(ref_path)
@@ -130,7 +106,7 @@ def repo_status(hub_root, repo):
         return row
     row["folder"] = folder
     repo_dir = os.path.join(hub_root, folder)
-    problem = link_problem(repo_dir, "repo folder")
+    problem = linked_dir_problem(hub_root, folder)
     if problem:
         row.update(state="refused", problem=problem)
         return row
@@ -145,7 +121,7 @@ def repo_status(hub_root, repo):
     row["commit"] = commit
     snap_dir = os.path.join(repo_dir, "snapshots", commit)
     row["snapshot"] = snap_dir
-    problem = path_problem(repo_dir, ["snapshots", commit], "snapshot")
+    problem = linked_dir_problem(repo_dir, "snapshots/" + commit)
     if problem:
         row.update(state="refused", problem=problem)
         return row
@@ -292,9 +268,9 @@ def manifest_lines(manifest):
 def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, engine_name, engine_probe,
                 manifest_path=None, hub_nas_root=None):
     """The status dict of stage_status (its RETURN documents every key)."""
-    problem = link_problem(hub_root, "hub_local_root") if hub_root else "hub_local_root is not set"
-    if problem and hub_root and os.path.isdir(hub_root):
-        problem = None   # a symlinked hub root is the operator's configuration, not a link inside the hub
+    problem = None if hub_root else "hub_local_root is not set"
+    if hub_root and os.path.lexists(hub_root) and not os.path.isdir(hub_root):   # a link to one is the operator's
+        problem = "hub_local_root %s is not a directory" % hub_root
     rows = [] if problem else [repo_status(hub_root, repo) for repo in repos]
     return {"hub_local_root": hub_root, "problem": problem, "repos": rows,
             "receipts": receipts_status(receipt_parent, receipt_roots),

@@ -31,7 +31,7 @@ def _whole(value, what, least):
 def readers_of(readers, world_size):
     """stage_nas_readers as a number of hosts: empty, None, 0 or more than the lane mean the whole lane."""
     world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
-    if readers is None or (isinstance(readers, str) and readers.strip() in ("", "0")) or readers == 0:
+    if readers is None or str(readers).strip() == "":
         return world_size
     return min(_whole(readers, "stage_nas_readers (hosts of the lane reading the NAS at once; 0: all)", 0),
                world_size) or world_size

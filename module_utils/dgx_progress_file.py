@@ -35,20 +35,19 @@ PROGRESS_EVERY_S = 1.0
 def read_document(name, dir_fd=None):
     """(document, problem) of the progress file `name` (relative to dir_fd), never read through a final link:
     (None, None) when there is none; (None, why) when it is not a regular file holding one JSON object."""
+    fd = None
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "%s is not a regular file" % name
+        raw = read_up_to(fd, MAX_BYTES + 1)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "%s is not a regular file" % name
-        raw = read_up_to(fd, MAX_BYTES + 1)
-    except OSError as exc:
-        return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     if len(raw) > MAX_BYTES:
         return None, "%s is larger than %d bytes: not a progress file dgx-stage wrote" % (name, MAX_BYTES)
     try:

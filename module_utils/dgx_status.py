@@ -167,7 +167,6 @@ def engine_status(enabled, name, probe):
     if container is None:
         status.update(state="unknown", problem=probe.get("msg") or "the engine container was not looked up")
         return status
-    word = container.get("status") or "unknown"
     if not container.get("exists"):
         # A runtime that could not answer (its daemon down) leaves the state unknown.
         error = container.get("error") or ""
@@ -175,15 +174,12 @@ def engine_status(enabled, name, probe):
         status["problem"] = error or None
     elif container.get("running"):
         state = "running"
-    elif word in EXITED:
-        state = "exited"
     else:
-        state = word
+        state = "exited" if container.get("status") in EXITED else container.get("status") or "unknown"
     status.update(state=state, exit_code=container.get("exit_code") if state != "running" else None,
                   container_id=(container.get("id") or None))
     if state == "running":
-        models = [m for m in row.get("models") or [] if isinstance(m, str)]
-        status["models"] = models
+        status["models"] = [m for m in row.get("models") or [] if isinstance(m, str)]
         status["health"] = "ok" if row.get("api") else "unhealthy: %s" % (row.get("status") or "no answer")
     return status
 

@@ -1,6 +1,5 @@
 # -*- coding: utf-8 -*-
-"""One poll of a background hf_hub_mirror job: its job file and its repo's progress file reduced to the
-figures of the pass it runs, and one human line (binary units, rate, ETA, the file in hand, whom it waits for).
+"""One poll of a background hf_hub_mirror job: its figures from the progress file, and one human line.
 Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
 from __future__ import absolute_import, division, print_function
@@ -21,15 +20,9 @@ PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_tota
                  "updated_at", "waiting")
 
 
-def pass_figures(doc, phase, not_before=None):
-    """The figures of pass `phase` in a progress document, or None. not_before: epoch seconds the job started;
-    figures of an earlier run are not this job's (the file keeps them until the job writes its own)."""
-    figures = passes_of(doc if isinstance(doc, dict) else None)[0].get(phase)
-    if figures is not None and not_before is not None:
-        started = utc_epoch(figures.get("started_at"))
-        if started is None or started < int(not_before):
-            return None
-    return figures
+def pass_figures(doc, phase):
+    """The figures of pass `phase` in a progress document, or None."""
+    return passes_of(doc)[0].get(phase)
 
 
 def _number(value, kind=int):
@@ -124,23 +117,18 @@ def _ended_text(job_result, failed, progress=None):
 def job_figures(doc, phase, job, own_pid=None):
     """This job's figures of pass `phase`, or None (none yet, or another run's: another process wrote them, or
     they started before the job - its file's time is its start while it runs, its end, less duration_s, after)."""
-    if job["started"] is None:
-        return None
-    if own_pid is not None and isinstance(doc, dict):
-        figures = pass_figures(doc, phase)
-        if figures is not None and figures.get("pid") != own_pid:
-            return None
-    if job["state"] == "running":
-        return pass_figures(doc, phase, not_before=job["started"])
     figures = pass_figures(doc, phase)
-    if figures is None:
+    if job["started"] is None or figures is None or (own_pid is not None and figures.get("pid") != own_pid):
         return None
     duration = _number((job["result"] or {}).get("duration_s"), float)
-    if duration is not None:
-        started = utc_epoch(figures.get("started_at"))
-        return figures if started is not None and started >= int(job["started"] - duration) - 2 else None
-    updated = utc_epoch(figures.get("updated_at"))
-    return figures if updated is not None and updated >= int(job["started"]) - 2 else None
+    if job["state"] == "running":
+        key, since = "started_at", int(job["started"])
+    elif duration is not None:
+        key, since = "started_at", int(job["started"] - duration) - 2
+    else:
+        key, since = "updated_at", int(job["started"]) - 2
+    stamp = utc_epoch(figures.get(key))
+    return figures if stamp is not None and stamp >= since else None
 
 
 def poll(async_dir, jid, dest, repo_id, repo_type="model", phase="stage", first_wait=0, clock=time.time,

@@ -13,9 +13,8 @@ import stat
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
 from ansible.module_utils.dgx_fsutil import read_small
-
+from ansible.module_utils.dgx_localtree import LocalDir, LocalTree, linked_dir_problem
 
 # What Ansible's async_wrapper names its files: j<random>.<pid>, and <that>.tmp while it writes one.
 JOB_FILE = re.compile(r"^j\d+\.\d+(\.tmp)?$")
@@ -42,15 +41,6 @@ def read_json_file(path):
     return data if isinstance(data, dict) else None
 
 
-def job_state(data):
-    """`running` or `ended` from a job file's JSON (None, unreadable: as while it is first written)."""
-    if data is None:
-        return "running"
-    if "started" in data and not data.get("finished"):
-        return "running"
-    return "ended"
-
-
 def read_job(async_dir, jid):
     """{state: running|ended|missing, result (once ended), started (the job file's mtime), path}."""
     path = os.path.join(async_dir, jid)
@@ -59,22 +49,25 @@ def read_job(async_dir, jid):
     except OSError:
         return {"state": "missing", "result": None, "started": None, "path": path}
     data = read_json_file(path)
-    state = job_state(data)
-    return {"state": state, "result": data if state == "ended" else None, "started": st.st_mtime, "path": path}
+    # Unreadable JSON: as while the wrapper first writes it.
+    ended = data is not None and not ("started" in data and not data.get("finished"))
+    return {"state": "ended" if ended else "running", "result": data if ended else None, "started": st.st_mtime,
+            "path": path}
 
 
 def remove_job(dest, async_dir, jid):
-    """Remove this job's file (and a temp its wrapper left) through the jobs dir's handle; the names removed."""
-    removed = []
+    """Remove this job's file (and a temp its wrapper left); the names removed."""
+    return remove_files(dest, async_dir, [name for name in (jid, jid + ".tmp") if JOB_FILE.match(name)])
+
+
+def remove_files(dest, async_dir, names):
+    """Remove these files of the jobs dir through its handle; the names removed."""
     try:
         jobs = open_jobs_dir(dest, async_dir)
     except FileNotFoundError:
-        return removed
+        return []
     with jobs:
-        for name in (jid, jid + ".tmp"):
-            if JOB_FILE.match(name) and unlink_if_there(name, jobs.fd):
-                removed.append(name)
-    return removed
+        return [name for name in names if unlink_if_there(name, jobs.fd)]
 
 
 def unlink_if_there(name, dir_fd):
@@ -115,86 +108,66 @@ def ended_job_file(name, age_s, async_timeout):
     return bool(match or LEASE_FILE.match(name)) and age_s > max(int(async_timeout or 0), 0) + TMP_STALE_S
 
 
-def jobs_dir_problem(dest, async_dir):
-    """Why the jobs dir cannot be used (a symlink or no directory, on its way too inside the local hub), or None."""
+def _jobs_dir(dest, async_dir):
+    """(root, rel, inside the local hub) of a jobs dir that can be used; StageError for a symlink or no directory
+    (on its way too, inside the local hub)."""
     dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
     if async_dir == dest:
-        return ("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a directory of its "
-                "own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
-    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
-        rel = os.path.relpath(async_dir, dest)
-        if rel.split(os.sep)[0] != ".locks":
-            # The rest of the hub is the mirror's: its repo folders are pruned of files it does not know.
-            return ("the async jobs dir %s is inside the local hub %s but not under its .locks: set stage_async_dir "
-                    "to a directory under %s, or outside the hub, or leave it empty for "
-                    "<hub_local_root>/.locks/dgx-stage-async" % (async_dir, dest, os.path.join(dest, ".locks")))
-        problem = linked_dir_problem(dest, rel)
-    else:
-        problem = linked_dir_problem(os.path.dirname(async_dir), os.path.basename(async_dir))
+        raise StageError("the async jobs dir cannot be the local hub root %s itself: set stage_async_dir to a "
+                         "directory of its own, or leave it empty for <hub_local_root>/.locks/dgx-stage-async" % dest)
+    inside = async_dir.startswith(dest.rstrip(os.sep) + os.sep)
+    root, rel = (dest, os.path.relpath(async_dir, dest)) if inside else os.path.split(async_dir)
+    if inside and rel.split(os.sep)[0] != ".locks":
+        # The rest of the hub is the mirror's: its repo folders are pruned of files it does not know.
+        raise StageError("the async jobs dir %s is inside the local hub %s but not under its .locks: set "
+                         "stage_async_dir to a directory under %s, or outside the hub, or leave it empty for "
+                         "<hub_local_root>/.locks/dgx-stage-async" % (async_dir, dest, os.path.join(dest, ".locks")))
+    problem = linked_dir_problem(root, rel)
     if problem:
-        return ("the async jobs dir %s cannot be used: %s. Set stage_async_dir to a real directory, or leave it "
-                "empty for <hub_local_root>/.locks/dgx-stage-async" % (async_dir, problem))
-    return None
+        raise StageError("the async jobs dir %s cannot be used: %s. Set stage_async_dir to a real directory, or "
+                         "leave it empty for <hub_local_root>/.locks/dgx-stage-async" % (async_dir, problem))
+    return root, rel, inside
 
 
 def open_jobs_dir(dest, async_dir, create=False):
-    """The jobs dir as a LocalDir, never through a link (inside the local hub: LocalTree, no mount point either);
-    StageError for one the jobs dir cannot be (jobs_dir_problem)."""
-    problem = jobs_dir_problem(dest, async_dir)
-    if problem:
-        raise StageError(problem)
-    root, rel = _jobs_dir_root(dest, async_dir)
-    if root == os.path.abspath(dest):
+    """The jobs dir as a LocalDir, never through a link (inside the local hub: LocalTree, no mount point either)."""
+    root, rel, inside = _jobs_dir(dest, async_dir)
+    if inside:
         return LocalTree(root).open_dir(rel, create=create)
-    if create and not os.path.lexists(async_dir):
-        try:
+    try:
+        if create:
             os.mkdir(async_dir, 0o755)
-        except FileExistsError:
-            pass
+    except FileExistsError:
+        pass
     try:
         return LocalDir(os.open(async_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), async_dir)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise StageError(jobs_dir_problem(dest, async_dir) or "%s is not a directory" % async_dir)
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):     # replaced since _jobs_dir looked
+            _jobs_dir(dest, async_dir)
+            raise StageError("%s is not a directory" % async_dir)
         raise
-
-
-def _jobs_dir_root(dest, async_dir):
-    """(root, rel) of the jobs dir: the local hub and the path below it, or outside it its parent and its name."""
-    dest, async_dir = os.path.abspath(dest), os.path.abspath(async_dir)
-    if async_dir.startswith(dest.rstrip(os.sep) + os.sep):
-        return dest, os.path.relpath(async_dir, dest)
-    return os.path.dirname(async_dir), os.path.basename(async_dir)
 
 
 def prepare_jobs_dir(dest, async_dir, async_timeout, check_mode=False, now=None):
     """Refuse a symlinked jobs dir, create it, and remove the files ended jobs of earlier runs left: {created, removed}."""
-    problem = jobs_dir_problem(dest, async_dir)
-    if problem:
-        raise StageError(problem)
+    inside = _jobs_dir(dest, async_dir)[2]
     created = not os.path.isdir(async_dir)
-    inside = _jobs_dir_root(dest, async_dir)[0] == os.path.abspath(dest)
-    if check_mode:
-        ended = [] if created or not inside else _ended_jobs(async_dir, None, async_timeout, now)
-        return {"created": created, "removed": ended}
-    with open_jobs_dir(dest, async_dir, create=True) as jobs:
-        # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
-        removed = [name for name in (_ended_jobs(jobs.path, jobs.fd, async_timeout, now) if inside else [])
-                   if unlink_if_there(name, jobs.fd)]
+    if check_mode and created:
+        return {"created": True, "removed": []}
+    # Outside the local hub the jobs dir is never cleared: its other files are not this run's.
+    with open_jobs_dir(dest, async_dir, create=not check_mode) as jobs:
+        ended = _ended_jobs(jobs.fd, async_timeout, now) if inside else []
+        removed = ended if check_mode else [name for name in ended if unlink_if_there(name, jobs.fd)]
     return {"created": created, "removed": removed}
 
 
-def _ended_jobs(path, dir_fd, async_timeout, now):
+def _ended_jobs(dir_fd, async_timeout, now):
     """The names of the regular files in the jobs dir that are job files of ended jobs."""
     now = time.time() if now is None else now
-    try:
-        names = sorted(os.listdir(dir_fd if dir_fd is not None else path))
-    except FileNotFoundError:
-        return []
     ended = []
-    for name in names:
+    for name in sorted(os.listdir(dir_fd)):
         try:
-            st = os.lstat(name if dir_fd is not None else os.path.join(path, name), dir_fd=dir_fd)
+            st = os.lstat(name, dir_fd=dir_fd)
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and ended_job_file(name, now - st.st_mtime, async_timeout):

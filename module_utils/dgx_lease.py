@@ -13,10 +13,9 @@ import threading
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import open_own_file
-from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, unlink_if_there
+from ansible.module_utils.dgx_fsutil import open_own_file, read_small
+from ansible.module_utils.dgx_jobs import LEASE_FILE, open_jobs_dir, remove_files
 from ansible.module_utils.dgx_process import process_alive
-from ansible.module_utils.dgx_fsutil import read_small
 
 
 def renew_lease(dest, path, pid=None, waiting=None, renewal=True):
@@ -79,13 +78,8 @@ def lease_age(path, now=None):
 
 
 def end_lease(dest, path):
-    """Remove the lease file through the jobs dir's handle; True when it was there."""
-    try:
-        jobs = open_jobs_dir(dest, os.path.dirname(os.path.abspath(path)))
-    except FileNotFoundError:
-        return False
-    with jobs:
-        return unlink_if_there(_lease_name(path), jobs.fd)
+    """Remove the lease file; True when it was there."""
+    return bool(remove_files(dest, os.path.dirname(os.path.abspath(path)), [_lease_name(path)]))
 
 
 def _lease_name(path):
@@ -103,13 +97,13 @@ class LeaseWatch(object):
 
     def __init__(self, dest, path, timeout, every=None, stop_process=None, clock=time.time, time_limit=None):
         self.dest, self.path, self.timeout = dest, path, float(timeout)
-        self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0))
         self.fired = None
         # time_limit: stop before Ansible's async wrapper SIGKILLs the job (temp files left, no message).
         self.time_limit = float(time_limit) if time_limit else None
         self.deadline = clock() + self.time_limit if self.time_limit else None
-        if self.time_limit and every is None:       # a short limit is looked at often enough to beat the wrapper
-            self.every = min(self.every, max(0.2, self.time_limit / 4.0))
+        # A short limit is looked at often enough to beat the wrapper.
+        self.every = every if every is not None else max(0.2, min(5.0, self.timeout / 4.0,
+                                                                  (self.time_limit or self.timeout) / 4.0))
         self.timed_out = False
         self._clock = clock
         self._stop_process = stop_process or (lambda: os.kill(os.getpid(), signal.SIGTERM))

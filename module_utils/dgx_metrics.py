@@ -1,22 +1,17 @@
 # -*- coding: utf-8 -*-
-"""The node_exporter textfile of a host, `<stage_metrics_dir>/dgx_stage.prom` (module stage_metrics): gauges
-in base units rendered from the host's latest report view, keeping the previous file's last success and
-verify timestamps this run did not renew. Its first line names the host, so a directory shared between
-hosts is refused. Stdlib only, Python 3.8.
+"""The node_exporter textfile `<stage_metrics_dir>/dgx_stage.prom` (module stage_metrics), rendered from the host's
+latest report view; its first line names the host, so a directory shared between hosts is refused. Stdlib only.
 """
 from __future__ import absolute_import, division, print_function
 
-import calendar
 import math
 import os
 import re
-import stat
-import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, unlink_quietly
+from ansible.module_utils.dgx_fsutil import TEMP_PREFIX, atomic_write_bytes, is_temp_name, read_small, unlink_quietly
 from ansible.module_utils.dgx_process import process_alive
-from ansible.module_utils.dgx_fsutil import read_small
+from ansible.module_utils.dgx_units import utc_epoch
 
 FILE_NAME = "dgx_stage.prom"
 PREVIOUS_MAX_BYTES = 1024 * 1024
@@ -49,16 +44,6 @@ def unescape_label(text):
     return re.sub(r'\\[\\"n]', lambda m: _UNESCAPE[m.group(0)], text)
 
 
-def iso_seconds(text):
-    """Seconds since the epoch of an ISO 8601 UTC stamp, or None."""
-    if not isinstance(text, str):
-        return None
-    try:
-        return float(calendar.timegm(time.strptime(text.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")))
-    except ValueError:
-        return None
-
-
 def format_value(value):
     """A sample value: integers without a fraction, floats as repr."""
     value = float(value)
@@ -69,14 +54,11 @@ def format_value(value):
     return str(int(value)) if value == int(value) and abs(value) < 1e15 else repr(value)
 
 
-
 def parse_samples(text):
     """[(name, {label: value}, float)] of a textfile; comments and unreadable lines are skipped."""
     samples = []
     for line in (text or "").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = _SAMPLE.match(line.strip())
+        match = _SAMPLE.match(line.strip())     # no comment or blank line matches
         if not match:
             continue
         name, labels_text, value = match.groups()
@@ -88,17 +70,12 @@ def parse_samples(text):
     return samples
 
 
-def plausible_timestamp(value):
-    """A previous file's timestamp worth keeping (a garbage file's value is never carried on)."""
-    return isinstance(value, float) and math.isfinite(value) and 0 < value < MAX_TIMESTAMP
-
-
 def previous_state(text):
     """{"last_success": seconds or None, "last_verify": {repo: (mode, seconds)}} of the previous file: only
     samples this module writes (its labels, a plausible value), so garbage never becomes the last success."""
     state = {"last_success": None, "last_verify": {}}
     for name, labels, value in parse_samples(text):
-        if not plausible_timestamp(value):
+        if not (math.isfinite(value) and 0 < value < MAX_TIMESTAMP):
             continue
         if name == "dgx_stage_last_success_timestamp_seconds" and not labels:
             state["last_success"] = value
@@ -106,7 +83,6 @@ def previous_state(text):
               and set(labels) <= {"repo", "mode"}):
             state["last_verify"][labels["repo"]] = (labels.get("mode") or "unknown", value)
     return state
-
 
 
 def _rows(report, name):
@@ -137,12 +113,11 @@ def _int(value):
 
 def samples_of(report, previous):
     """[(name, labels, value)] for the textfile, from a latest report view and previous_state()."""
-    report = report if isinstance(report, dict) else {}
     samples = []
     status, finished = run_outcome(report)
     if status in ("ok", "failed"):
         samples.append(("dgx_stage_last_run_success", {}, 1 if status == "ok" else 0))
-    last_success = iso_seconds(finished) if status == "ok" else None
+    last_success = utc_epoch(finished) if status == "ok" else None
     if last_success is None:
         last_success = previous["last_success"]
     if last_success is not None:
@@ -159,7 +134,7 @@ def samples_of(report, previous):
         samples.append(("dgx_stage_repo_staged_bytes", {"repo": repo, "repo_type": repo_type, "commit": row["commit"]},
                         _int(row.get("bytes_staged"))))
 
-    verified = iso_seconds(_play_finished(report, "verify"))
+    verified = utc_epoch(_play_finished(report, "verify"))
     verify_rows = dict((row["repo_id"], row) for row in _rows(report, "verify"))
     # A previous sample is kept for a repo the view still stages; one dropped from stage_repos ends its series
     # (no stale-verify alert forever). A view without stage or verify rows says nothing: keep them all.
@@ -197,7 +172,7 @@ def render(samples, host=None):
         mine = [s for s in samples if s[0] == name]
         if not mine:
             continue
-        lines.append("# HELP %s %s" % (name, help_text.replace("\\", "\\\\").replace("\n", "\\n")))
+        lines.append("# HELP %s %s" % (name, help_text))
         lines.append("# TYPE %s gauge" % name)
         for _name, labels, value in mine:
             label_text = ",".join('%s="%s"' % (k, escape_label(v)) for k, v in sorted(labels.items()))
@@ -244,12 +219,6 @@ def open_metrics_dir(directory):
     return fd
 
 
-def read_previous(dir_fd):
-    """The previous textfile's text (never through a link), or None."""
-    raw = read_small(FILE_NAME, PREVIOUS_MAX_BYTES, dir_fd)
-    return None if raw is None else raw.decode("utf-8", "replace")
-
-
 def dead_temp_files(dir_fd):
     """This textfile's temp files whose writing process is gone (a killed run's); never another exporter's."""
     head = TEMP_PREFIX + FILE_NAME + "."
@@ -266,16 +235,13 @@ def write_metrics(directory, report, write=True):
     """Render the textfile from `report` and the previous file; write it atomically (0644) when it differs."""
     fd = open_metrics_dir(directory)
     try:
-        try:
-            is_dir = stat.S_ISDIR(os.lstat(FILE_NAME, dir_fd=fd).st_mode)
-        except OSError:
-            is_dir = False
-        if is_dir:
-            # rename() cannot replace a directory.
+        path = os.path.join(directory, FILE_NAME)
+        if os.path.isdir(path) and not os.path.islink(path):    # rename() cannot replace a directory
             raise StageError("%s in stage_metrics_dir %s is a directory, not the textfile: remove it (dgx-stage "
                              "writes the file itself)" % (FILE_NAME, directory))
-        previous = read_previous(fd)
-        host = report.get("host") if isinstance(report, dict) and isinstance(report.get("host"), str) else None
+        raw = read_small(FILE_NAME, PREVIOUS_MAX_BYTES, fd)      # never through a link
+        previous = None if raw is None else raw.decode("utf-8", "replace")
+        host = report.get("host") if isinstance(report.get("host"), str) else None
         other = previous_host(previous)
         if host and other and other != host:
             raise StageError("%s in stage_metrics_dir %s is the textfile of host %s, not %s: stage_metrics_dir must "
@@ -284,18 +250,16 @@ def write_metrics(directory, report, write=True):
                              "file." % (FILE_NAME, directory, other, host, other, host))
         content = render(samples_of(report, previous_state(previous)), host)
         change = content_change(previous, content)
-        written = False
         debris = dead_temp_files(fd)
-        if write:
-            for name in debris:
-                unlink_quietly(name, dir_fd=fd)
-        if write and change != "none":
-            try:
+        written = write and change != "none"
+        for name in debris if write else []:
+            unlink_quietly(name, dir_fd=fd)
+        try:
+            if written:
                 atomic_write_bytes(FILE_NAME, content.encode("utf-8"), mode=0o644, dir_fd=fd)
-            except OSError as exc:
-                raise StageError("cannot write %s in stage_metrics_dir %s: %s" % (FILE_NAME, directory, exc))
-            written = True
+        except OSError as exc:
+            raise StageError("cannot write %s in stage_metrics_dir %s: %s" % (FILE_NAME, directory, exc))
     finally:
         os.close(fd)
-    return {"path": os.path.join(directory, FILE_NAME), "content": content, "previous": previous,
+    return {"path": path, "content": content, "previous": previous,
             "change": change, "written": written, "debris": debris}

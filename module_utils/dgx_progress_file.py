@@ -35,20 +35,19 @@ PROGRESS_EVERY_S = 1.0
 def read_document(name, dir_fd=None):
     """(document, problem) of the progress file `name` (relative to dir_fd), never read through a final link:
     (None, None) when there is none; (None, why) when it is not a regular file holding one JSON object."""
+    fd = None
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "%s is not a regular file" % name
+        raw = read_up_to(fd, MAX_BYTES + 1)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
         return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "%s is not a regular file" % name
-        raw = read_up_to(fd, MAX_BYTES + 1)
-    except OSError as exc:
-        return None, "%s cannot be read (%s)" % (name, exc.strerror or exc)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     if len(raw) > MAX_BYTES:
         return None, "%s is larger than %d bytes: not a progress file dgx-stage wrote" % (name, MAX_BYTES)
     try:
@@ -128,15 +127,9 @@ def is_snapshot_path(path):
 
 
 class PassMeter(object):
-    """The figures of one pass of one repo, kept by every worker at once (thread-safe), in two steps: `hashing`
-    (content checks of local files) and `copying` (copies and repairs). bytes_total grows when a check reads more
-    than planned and equals bytes_done once finished; a file counts once, when all its work is over.
-
-    With attach(lock_dir) the figures go to the progress file there (at each step, at the end, else at most once
-    per `interval`): every pass's latest under `passes`, the current one at the top level, and `suspects` under
-    `nas_corrupt`. attach's `held` runs before every write; once it raises the meter writes nothing more and the
-    StageError stops the pass, so nothing goes to a lock directory no other run waits on.
-    """
+    """The figures of one pass of one repo, kept by every worker at once (thread-safe), per step (STEPS); a file
+    counts once, when all its work is over. Once attached, each write goes to the progress file: every pass's
+    latest under `passes`, this one also at the top level, `suspects` under SUSPECTS_KEY."""
 
     def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None):
         self.phase, self.repo_id, self.verify = phase, repo_id, verify
@@ -155,8 +148,6 @@ class PassMeter(object):
         self._passes = {}
         self.suspects = {}
         self._last_write = None
-
-    # -- what the workers report ------------------------------------------------------------------
 
     def plan(self, step, files, nbytes, new_files=True):
         """Add work to `step`: `files` files of `nbytes` bytes; new_files=False for a file already
@@ -210,12 +201,10 @@ class PassMeter(object):
             for side, count in theirs.items():
                 self._read[side] += count
 
-    # -- the progress file --------------------------------------------------------------------------
-
     def attach(self, lock_dir, held=None):
-        """Write the progress file in lock_dir from now on, keeping the other passes' figures it holds. A file
-        there that cannot be read as one is a StageError, nothing written: writing over it would forget its
-        NAS suspects."""
+        """Write the progress file in lock_dir from now on, each write after held() (a StageError from it stops
+        the pass, so nothing goes to a lock directory no other run waits on). A file there that is not one is a
+        StageError, nothing written: writing over it would forget its NAS suspects."""
         with self._lock:
             if held is not None:
                 held()
@@ -228,18 +217,13 @@ class PassMeter(object):
                     "nothing was written. Inspect it: put the progress file dgx-stage wrote back in its place, "
                     "or move this one aside to start a new record (the NAS blobs it named are then trusted "
                     "again), then re-run" % (lock_dir.join(PROGRESS_NAME), problem, SUSPECTS_KEY))
-            document = document or {}
-            previous = document.get("passes")
-            self._passes = dict((k, v) for k, v in previous.items() if isinstance(v, dict)) \
-                if isinstance(previous, dict) else {}
+            self._passes = passes_of(document)[0] if document and "passes" in document else {}
             self.suspects = suspects_in(document)[0]
             self._dir_fd, self._held = lock_dir.fd, held
             self._write_locked()
 
     def close(self, status, error=None):
-        """The pass is over: ok, failed or interrupted (Ctrl-C, SIGTERM). Written at once; the meter
-        no longer writes after this (its directory is closed by the caller). A lock lost before raises
-        nothing here: the pass already stopped with that error."""
+        """The pass is over: ok, failed or interrupted (Ctrl-C, SIGTERM); its last write."""
         with self._lock:
             self.status, self.error = status, error
             self.step, self.current = "done", None
@@ -282,8 +266,7 @@ class PassMeter(object):
         }
 
     def check_held(self):
-        """StageError when the lock directory this meter writes to is no longer the locked one (see attach):
-        for a step that writes to the local hub without a progress write just before it."""
+        """attach's held(), for a step that writes to the local hub without a progress write just before it."""
         with self._lock:
             self._check_held_locked()
 

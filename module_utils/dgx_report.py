@@ -1,17 +1,6 @@
-"""The host report (DESIGN "Host reports"): one run's view of a host, and its latest complete view.
-
-The dgx_report callback calls update_reports at the end of each play and end_reports at the end of the run.
-Two files are written, atomically:
-
-  <dir>/<host>-<run_id>.json  this run's view: only what this run did, play after play
-  <dir>/<host>.json           the latest complete view: this run's identity and status over the last
-                              real results of every play (each with its own run_id under `plays`)
-
-A --check run never replaces real results: the latest view says status `check` (or `failed`) and puts
-its plan under `check`. A failed play sets status `failed` in both files at once, so a failed host never
-keeps an earlier success as its latest. `nas_suspects` keeps every NAS blob a real stage or verify pass
-found failing its name: no later pass drops one (a green verify reads no NAS byte); engine_manifest hashes
-such a NAS file before binding it.
+"""The host reports (DESIGN "Host reports"), written atomically by the dgx_report callback: `<host>-<run_id>.json`,
+what this run did, and `<host>.json`, the latest complete view (this run over every play's last real result). A
+--check run never replaces real results; a failed play fails both at once; `nas_suspects` only grows.
 """
 import contextlib
 import fcntl
@@ -121,8 +110,7 @@ def _run_header(host, run):
 
 
 def run_status(failure, run, ended):
-    """failed as soon as a play failed; running until the run's end is recorded (end_view); then ok or check.
-    A run killed or interrupted before its end stays `running`: never `ok`."""
+    """A run killed before its end is recorded stays `running`, never `ok`."""
     if failure:
         return "failed"
     if not ended:

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""What a node holds, read without changing anything (module stage_status): per repo its staged commit, local
-files and last passes, the receipt roots, the engine (from an engine_lane_wait result) and the mount manifest.
-No symlink in the local hub is followed; garbage is reported, never raised. Stdlib only, Python 3.8.
+"""What a node holds, read without changing anything (module stage_status). No symlink in the local hub is
+followed; garbage is reported, never raised. Stdlib only, Python 3.8.
 """
 from __future__ import absolute_import, division, print_function
 
@@ -10,10 +9,10 @@ import os
 import stat
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_fsutil import walk_tree
+from ansible.module_utils.dgx_fsutil import read_small, walk_tree
 from ansible.module_utils.dgx_hubcache import COMMIT_RE, REF_MAX_BYTES, repo_folder_name
+from ansible.module_utils.dgx_localtree import linked_dir_problem
 from ansible.module_utils.dgx_nodestate import checked_manifest
-from ansible.module_utils.dgx_fsutil import read_small
 from ansible.module_utils.dgx_progress_file import passes_of, repo_document, suspects_in
 from ansible.module_utils.dgx_units import human_bytes, utc_text
 
@@ -24,20 +23,18 @@ EXITED = ("exited", "stopped", "dead")
 ABSENT_WORDS = ("no such container", "no such object", "not found on this host")
 
 
-
 def _text(value):
     return value if isinstance(value, str) and value else None
 
 
 def pass_summary(figures):
-    """{when, status, verify, commit} of one pass's figures."""
-    figures = figures if isinstance(figures, dict) else {}
+    """{when, status, verify, commit} of one pass's figures (passes_of's: a mapping, or None)."""
+    figures = figures or {}
     status = _text(figures.get("status"))
     if status is None and "finished" in figures:
         status = "ok" if figures.get("finished") is True else ("failed" if figures.get("aborted") else "running")
     return {"when": _text(figures.get("updated_at")), "status": status, "verify": _text(figures.get("verify")),
             "commit": _text(figures.get("commit"))}
-
 
 
 def _lstat(path):
@@ -47,34 +44,6 @@ def _lstat(path):
         return None
 
 
-def link_problem(path, what):
-    """Why a path that must be a real directory is not one (None when it is, or is absent)."""
-    st = _lstat(path)
-    if st is None or stat.S_ISDIR(st.st_mode):
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            target = "?"
-        return "%s %s is a symlink (to %s): not followed out of the local hub" % (what, path, target)
-    return "%s %s is not a directory" % (what, path)
-
-
-def path_problem(base, parts, what):
-    """Why base/parts[0]/... cannot be reached without following a link (each step checked: lstat follows
-    links on the way), else None (also when a component is absent)."""
-    path = base
-    for index, part in enumerate(parts):
-        path = os.path.join(path, part)
-        problem = link_problem(path, what if index == len(parts) - 1 else "folder")
-        if problem:
-            return problem
-        if _lstat(path) is None:
-            return None
-    return None
-
-
 def snapshot_content(repo_dir, snap_dir):
     """(files, bytes, dangling) of a local snapshot: files with content in the repo, the bytes of their distinct
     contents, links whose content is missing or outside the repo folder."""
@@ -82,19 +51,15 @@ def snapshot_content(repo_dir, snap_dir):
     files, dangling, seen, total = 0, 0, set(), 0
     for path, _rel, is_dir in walk_tree(snap_dir):
         st = None if is_dir else _lstat(path)
-        if st is None:
-            continue
-        if stat.S_ISLNK(st.st_mode):
+        if st is not None and stat.S_ISLNK(st.st_mode):
             real = os.path.realpath(path)
             st = _lstat(real)
             if st is None or not stat.S_ISREG(st.st_mode) or not real.startswith(repo_real + os.sep):
                 dangling += 1
                 continue
-            key = (st.st_dev, st.st_ino)
-        elif stat.S_ISREG(st.st_mode):
-            key = (st.st_dev, st.st_ino)
-        else:
+        if st is None or not stat.S_ISREG(st.st_mode):
             continue
+        key = (st.st_dev, st.st_ino)
         files += 1
         if key not in seen:
             seen.add(key)
@@ -108,7 +73,7 @@ def staged_commit(repo_dir, revision, hub="the local hub"):
         return None, "revision %r cannot name a ref" % (revision,)
     ref_path = os.path.join(repo_dir, "refs", revision)
     # refs/ and any folder of a revision like release/v1: never read through a link out of the repo.
-    problem = path_problem(repo_dir, ["refs"] + revision.split("/")[:-1], "refs folder")
+    problem = linked_dir_problem(repo_dir, "/".join(["refs"] + revision.split("/")[:-1]))
     if problem:
         return None, problem
     st = _lstat(ref_path)
@@ -141,7 +106,7 @@ def repo_status(hub_root, repo):
         return row
     row["folder"] = folder
     repo_dir = os.path.join(hub_root, folder)
-    problem = link_problem(repo_dir, "repo folder")
+    problem = linked_dir_problem(hub_root, folder)
     if problem:
         row.update(state="refused", problem=problem)
         return row
@@ -156,7 +121,7 @@ def repo_status(hub_root, repo):
     row["commit"] = commit
     snap_dir = os.path.join(repo_dir, "snapshots", commit)
     row["snapshot"] = snap_dir
-    problem = path_problem(repo_dir, ["snapshots", commit], "snapshot")
+    problem = linked_dir_problem(repo_dir, "snapshots/" + commit)
     if problem:
         row.update(state="refused", problem=problem)
         return row
@@ -171,20 +136,15 @@ def repo_status(hub_root, repo):
 
 def progress_of(hub_root, folder):
     """The last-pass and nas_corrupt fields of a repo from its progress file."""
-    fields = {}
     document, problem = repo_document(hub_root, folder)
     passes, shape_problem = passes_of(document)
-    problem = problem or shape_problem
-    fields["progress_problem"] = problem
+    suspects, suspects_problem = suspects_in(document)
     stage, verify = pass_summary(passes.get("stage")), pass_summary(passes.get("verify"))
-    fields.update(last_staged=stage["when"], last_stage_status=stage["status"], last_verified=verify["when"],
-                  verify_mode=verify["verify"], last_verify_status=verify["status"], verified_commit=verify["commit"])
-    suspects, suspects_problem = suspects_in(document if isinstance(document, dict) else {})
-    fields["nas_corrupt"] = [{"blob": blob, "paths": sorted(p for p in entry.get("paths") or [] if isinstance(p, str)),
-                              "found_at": entry.get("found_at")} for blob, entry in sorted(suspects.items())]
-    if suspects_problem and not problem:
-        fields["progress_problem"] = suspects_problem
-    return fields
+    return {"progress_problem": problem or shape_problem or suspects_problem,
+            "last_staged": stage["when"], "last_stage_status": stage["status"], "last_verified": verify["when"],
+            "verify_mode": verify["verify"], "last_verify_status": verify["status"], "verified_commit": verify["commit"],
+            "nas_corrupt": [{"blob": blob, "paths": sorted(entry["paths"]), "found_at": entry.get("found_at")}
+                            for blob, entry in sorted(suspects.items())]}
 
 
 def receipts_status(parent, names):
@@ -196,20 +156,17 @@ def receipts_status(parent, names):
     return {"parent": parent, "present": present, "problem": None}
 
 
-
 def engine_status(enabled, name, probe):
     """status.engine (stage_status's RETURN) from engine_lane_wait's result."""
     status = {"enabled": bool(enabled), "name": name, "state": "disabled", "exit_code": None, "container_id": None,
               "health": "not checked", "models": [], "problem": None}
     if not enabled:
         return status
-    probe = probe if isinstance(probe, dict) else {}
     row = probe.get("row") if isinstance(probe.get("row"), dict) else {}
     container = row.get("container") if isinstance(row.get("container"), dict) else None
     if container is None:
         status.update(state="unknown", problem=probe.get("msg") or "the engine container was not looked up")
         return status
-    word = container.get("status") or "unknown"
     if not container.get("exists"):
         # A runtime that could not answer (its daemon down) leaves the state unknown.
         error = container.get("error") or ""
@@ -217,18 +174,14 @@ def engine_status(enabled, name, probe):
         status["problem"] = error or None
     elif container.get("running"):
         state = "running"
-    elif word in EXITED:
-        state = "exited"
     else:
-        state = word
+        state = "exited" if container.get("status") in EXITED else container.get("status") or "unknown"
     status.update(state=state, exit_code=container.get("exit_code") if state != "running" else None,
                   container_id=(container.get("id") or None))
     if state == "running":
-        models = [m for m in row.get("models") or [] if isinstance(m, str)]
-        status["models"] = models
+        status["models"] = [m for m in row.get("models") or [] if isinstance(m, str)]
         status["health"] = "ok" if row.get("api") else "unhealthy: %s" % (row.get("status") or "no answer")
     return status
-
 
 
 def manifest_status(manifest_path, hub_nas_root):
@@ -308,14 +261,13 @@ def manifest_lines(manifest):
     return lines
 
 
-
 def host_status(hub_root, repos, receipt_parent, receipt_roots, engine_enabled, engine_name, engine_probe,
                 manifest_path=None, hub_nas_root=None):
     """The status dict of stage_status (its RETURN documents every key)."""
-    problem = link_problem(hub_root, "hub_local_root") if hub_root else "hub_local_root is not set"
-    if problem and hub_root and os.path.isdir(hub_root):
-        problem = None   # a symlinked hub root is the operator's configuration, not a link inside the hub
-    rows = [] if problem else [repo_status(hub_root, r if isinstance(r, dict) else {}) for r in repos or []]
+    problem = None if hub_root else "hub_local_root is not set"
+    if hub_root and os.path.lexists(hub_root) and not os.path.isdir(hub_root):   # a link to one is the operator's
+        problem = "hub_local_root %s is not a directory" % hub_root
+    rows = [] if problem else [repo_status(hub_root, repo) for repo in repos]
     return {"hub_local_root": hub_root, "problem": problem, "repos": rows,
             "receipts": receipts_status(receipt_parent, receipt_roots),
             "engine": engine_status(engine_enabled, engine_name, engine_probe),

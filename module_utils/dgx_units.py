@@ -25,9 +25,9 @@ def utc_text(epoch=None):
 
 
 def utc_epoch(text):
-    """Epoch seconds of an ISO 8601 UTC text (2026-09-27T03:14:15Z), or None."""
+    """Epoch seconds of an ISO 8601 UTC text (2026-09-27T03:14:15Z, a fraction ignored), or None."""
     try:
-        return calendar.timegm(time.strptime(str(text), UTC_FORMAT))
+        return calendar.timegm(time.strptime(str(text).split(".")[0].rstrip("Z") + "Z", UTC_FORMAT))
     except (TypeError, ValueError):
         return None
 

@@ -9,8 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_metrics import (content_change, escape_label, iso_seconds, previous_state, render,
-                                              samples_of, write_metrics)
+from ansible.module_utils.dgx_metrics import (content_change, escape_label, previous_state, render, samples_of,
+                                              write_metrics)
+from ansible.module_utils.dgx_units import utc_epoch
 from test_module_docs import check_result, run_main
 
 COMMIT = "c" * 40
@@ -50,12 +51,12 @@ def test_a_good_run_renders_every_metric_prometheus_reads_back():
     text = render(samples_of(report, NO_PREVIOUS))
     got = families(text)
     assert got["dgx_stage_last_run_success"] == [({}, 1.0)]
-    assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, iso_seconds("2026-11-30T21:00:00Z"))]
-    assert iso_seconds("2026-11-30T21:00:00Z") == 1796072400.0
+    assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, utc_epoch("2026-11-30T21:00:00Z"))]
+    assert utc_epoch("2026-11-30T21:00:00Z") == 1796072400.0
     assert got["dgx_stage_repo_staged_bytes"] == [
         ({"repo": DRAFTER, "repo_type": "model", "commit": COMMIT}, 20.0),
         ({"repo": MAIN, "repo_type": "model", "commit": COMMIT}, 1000.0)]
-    verified = iso_seconds("2026-11-30T20:59:00Z")
+    verified = utc_epoch("2026-11-30T20:59:00Z")
     assert got["dgx_stage_last_verify_timestamp_seconds"] == [({"repo": DRAFTER, "mode": "full"}, verified),
                                                               ({"repo": MAIN, "mode": "full"}, verified)]
     assert got["dgx_stage_blobs_repaired"] == [({}, 2.0)] and got["dgx_stage_nas_corrupt_blobs"] == [({}, 0.0)]
@@ -74,7 +75,7 @@ def test_label_values_are_escaped_and_read_back_exactly():
     assert escape_label('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
     # ... and the previous-file reader unescapes them the same way.
     assert previous_state(render(samples_of(view(verify=[row(nasty, verify="sample")]), NO_PREVIOUS)))[
-        "last_verify"] == {nasty: ("sample", iso_seconds("2026-11-30T20:59:00Z"))}
+        "last_verify"] == {nasty: ("sample", utc_epoch("2026-11-30T20:59:00Z"))}
 
 
 def test_a_failed_run_says_0_and_keeps_the_last_success_of_the_previous_file():
@@ -84,7 +85,7 @@ def test_a_failed_run_says_0_and_keeps_the_last_success_of_the_previous_file():
     text = render(samples_of(failed, previous_state(good)))
     got = families(text)
     assert got["dgx_stage_last_run_success"] == [({}, 0.0)]
-    assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, iso_seconds("2026-11-30T21:00:00Z"))]
+    assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, utc_epoch("2026-11-30T21:00:00Z"))]
     assert got["dgx_stage_nas_corrupt_blobs"] == [({}, 2.0)]
     assert "dgx_stage_repo_staged_bytes" not in got           # a failed pass proves no staged bytes
     # Without a previous file a failed host has no last success at all (never a made-up one).
@@ -96,8 +97,8 @@ def test_a_repo_whose_verify_failed_keeps_its_previous_verify_sample():
     second = view(status="failed", verify=[row(MAIN, status="failed", verify="sample"), row(DRAFTER, verify="sample")],
                   verify_finished="2026-12-01T09:00:00Z")
     got = families(render(samples_of(second, previous_state(first))))["dgx_stage_last_verify_timestamp_seconds"]
-    assert got == [({"repo": DRAFTER, "mode": "sample"}, iso_seconds("2026-12-01T09:00:00Z")),
-                   ({"repo": MAIN, "mode": "full"}, iso_seconds("2026-11-30T20:59:00Z"))]
+    assert got == [({"repo": DRAFTER, "mode": "sample"}, utc_epoch("2026-12-01T09:00:00Z")),
+                   ({"repo": MAIN, "mode": "full"}, utc_epoch("2026-11-30T20:59:00Z"))]
 
 
 def test_a_repo_no_longer_staged_loses_its_verify_sample_a_view_without_passes_keeps_them():
@@ -105,7 +106,7 @@ def test_a_repo_no_longer_staged_loses_its_verify_sample_a_view_without_passes_k
     # DRAFTER left stage_repos: the next verify pass has no row for it (the report's passes are per run).
     second = view(verify=[row(MAIN, verify="sample")], verify_finished="2026-12-01T09:00:00Z")
     got = families(render(samples_of(second, previous_state(first))))["dgx_stage_last_verify_timestamp_seconds"]
-    assert got == [({"repo": MAIN, "mode": "sample"}, iso_seconds("2026-12-01T09:00:00Z"))]
+    assert got == [({"repo": MAIN, "mode": "sample"}, utc_epoch("2026-12-01T09:00:00Z"))]
     # A repo only the stage pass has rows for this time still keeps its previous verify sample.
     third = view(stage=[row(DRAFTER)], verify=[row(MAIN, verify="sample")], verify_finished="2026-12-01T09:00:00Z")
     got = families(render(samples_of(third, previous_state(first))))["dgx_stage_last_verify_timestamp_seconds"]
@@ -126,7 +127,7 @@ def test_a_check_runs_view_speaks_for_the_last_real_run():
     report["last_real_run"] = {"status": "ok", "finished": "2026-11-29T10:00:00Z"}
     got = families(render(samples_of(report, NO_PREVIOUS)))
     assert got["dgx_stage_last_run_success"] == [({}, 1.0)]
-    assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, iso_seconds("2026-11-29T10:00:00Z"))]
+    assert got["dgx_stage_last_success_timestamp_seconds"] == [({}, utc_epoch("2026-11-29T10:00:00Z"))]
 
 
 def test_garbage_in_the_view_and_the_previous_file_is_tolerated():

@@ -1,20 +1,8 @@
 # -*- coding: utf-8 -*-
-"""Stage role filter: which files of a stage_repos entry this host of the lane stages.
-
-Rank files (what any rank's patterns select) partition the repo: a host stages its own plus what
-allow_patterns/ignore_patterns select; other ranks' files are ignored here (bound read-only from the NAS).
-
-dgx_stage_allow(repo, rank, world_size)  -> allow_patterns + the rank's own patterns ([]: the whole repo)
-dgx_stage_ignore(repo, rank, world_size) -> ignore_patterns + every other rank's patterns
-dgx_stage_rank_patterns(...)             -> the rank's own patterns (hf_hub_mirror require_match)
-dgx_stage_other_rank_patterns(...)       -> the other ranks' patterns (hf_hub_mirror other_rank_patterns)
-
-rank_patterns is either a list of templates expanded on every rank (`{rank}`, required, and `{world_size}`,
-with at most an integer width: `engram/rank-{rank:02d}-of-{world_size}/*`), or a map rank -> patterns taken
-literally, with a key for every rank of the lane (`N: []` for none; keys past the lane are skipped, a key that
-is no rank number refused). One pattern given to two ranks is refused here; different patterns selecting one
-file are refused by hf_hub_mirror, which has the file list. Every problem raises AnsibleFilterError naming the
-repo and the pattern or key.
+"""Stage role filters: which files of a stage_repos entry this rank stages. Rank files (what any rank's
+rank_patterns select) partition the repo: a host stages allow_patterns plus its own, and ignores the other ranks'
+(bound read-only from the NAS). rank_patterns is a list of templates (`{rank}` required, `{world_size}`, at most
+an integer width) or a map rank -> patterns with a key for every rank of the lane (keys past it skipped).
 """
 
 import re
@@ -34,12 +22,12 @@ def _repo_name(repo):
 
 
 def _as_int(value, what, caller):
-    if isinstance(value, bool):
-        raise AnsibleFilterError("%s: %s must be an integer, got %r" % (caller, what, value))
     try:
-        return int(value)
+        if not isinstance(value, bool):
+            return int(value)
     except (TypeError, ValueError):
-        raise AnsibleFilterError("%s: %s must be an integer, got %r" % (caller, what, value))
+        pass
+    raise AnsibleFilterError("%s: %s must be an integer, got %r" % (caller, what, value))
 
 
 def _pattern_list(value, repo_name, where):
@@ -98,22 +86,15 @@ def _map_table(rank_patterns, world_size, repo_name):
     part from the NAS, so every rank needs one; keys past the lane are skipped (one map serves lane sizes)."""
     table = {}
     for key, patterns in rank_patterns.items():
-        if isinstance(key, bool):
-            key_rank = None
-        elif isinstance(key, int):
-            key_rank = key
-        elif isinstance(key, str) and re.match(r"^[0-9]+$", key.strip()):
-            key_rank = int(key.strip())
-        else:
-            key_rank = None
-        if key_rank is None or key_rank < 0:
+        text = str(key).strip() if isinstance(key, (int, str)) and not isinstance(key, bool) else ""
+        if not re.match(r"^[0-9]+$", text):
             raise AnsibleFilterError(
                 "stage_repos entry %s: rank_patterns has the key %r, which is not a rank number (0, 1, ...): "
                 "a typo here would leave that rank with nothing of its own; a list of templates with {rank} "
                 "and {world_size} fits any lane size" % (repo_name, key))
         patterns = _pattern_list(patterns, repo_name, "rank_patterns[%r]" % (key,))
-        if key_rank < world_size:
-            table.setdefault(key_rank, []).extend(patterns)
+        if int(text) < world_size:
+            table.setdefault(int(text), []).extend(patterns)
     missing = [r for r in range(world_size) if r not in table]
     if missing:
         raise AnsibleFilterError(
@@ -138,11 +119,7 @@ def _refuse_shared_patterns(table, repo_name):
 
 
 def _unique(patterns):
-    result = []
-    for pattern in patterns:
-        if pattern not in result:
-            result.append(pattern)
-    return result
+    return list(dict.fromkeys(patterns))
 
 
 def _entry_parts(repo, rank, world_size, caller):

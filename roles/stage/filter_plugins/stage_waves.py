@@ -1,16 +1,6 @@
 # -*- coding: utf-8 -*-
-"""Stage role filters: in which wave each host of the lane reads the NAS, and from which peer it may take
-blobs another host already proved.
-
-dgx_stage_wave(rank, world_size, readers, fanout)     -> the wave (0, 1, ...) of the host of that rank
-dgx_stage_wave_count(world_size, readers, fanout)     -> how many waves the lane's stage pass has
-dgx_stage_peer(rank, lane_hosts, live_hosts, readers, fanout) -> the host of an earlier wave this host copies
-                                                         proven blobs from, or '' (none alive: the NAS)
-dgx_stage_repo_folder(repo)                           -> a stage_repos entry's hub folder (models--org--name)
-
-Waves go in rank order and hold at most `readers` hosts (stage_nas_readers; empty or 0: the whole lane). With
-fan-out, rank 0 reads the NAS alone first, so shared files are read from the NAS once per lane; later hosts
-read only their rank's part there and take shared blobs from an earlier wave (adopted after a hash match).
+"""Stage role filters: the wave (in rank order, at most stage_nas_readers hosts; with fan-out rank 0 alone first)
+in which each host reads the NAS, the peer of an earlier wave it takes proven blobs from, and a repo's hub folder.
 """
 import os
 import sys
@@ -41,7 +31,7 @@ def _whole(value, what, least):
 def readers_of(readers, world_size):
     """stage_nas_readers as a number of hosts: empty, None, 0 or more than the lane mean the whole lane."""
     world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
-    if readers is None or (isinstance(readers, str) and readers.strip() in ("", "0")) or readers == 0:
+    if readers is None or str(readers).strip() == "":
         return world_size
     return min(_whole(readers, "stage_nas_readers (hosts of the lane reading the NAS at once; 0: all)", 0),
                world_size) or world_size

@@ -317,19 +317,15 @@ def report_subcommand(args, out=None):
         out.write(table.render_markdown(rows, title=title, failures=failures, inventory=inventory) + "\n")
         for line in error:
             out.write("\n%s\n" % table.markdown_escape(line))
-    elif out.isatty():
-        from rich.console import Console
-        console = Console(file=out)
-        if reports:
-            table.print_table(console, rows, title=title)
-        else:
-            console.print(title, markup=False, highlight=False)
-        for line in [table.failure_line(failure, inventory) for failure in failures] + error:
-            console.print(line, markup=False, highlight=False)
+        return EXIT_OK
+    from dgx_stage.display import Display
+    display = Display(out)
+    if reports:
+        display.table(rows, title)
     else:
-        out.write(title + "\n" + (table.render_plain(rows) + "\n" if reports else ""))
-        for line in [table.failure_line(failure, inventory) for failure in failures] + error:
-            out.write(line + "\n")
+        display.print(title)
+    for line in [table.failure_line(failure, inventory) for failure in failures] + error:
+        display.print(line)
     return EXIT_OK
 
 

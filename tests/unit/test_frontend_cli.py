@@ -437,7 +437,7 @@ def finished(tmp_path, state, rc, interrupts=0):
     playbook_run.state = state
     playbook_run.interrupts = interrupts
     playbook_run.record["ident"] = playbook_run.ident
-    code = playbook_run._finish(FakeRunner(rc), run.PlainDisplay(out), None)
+    code = playbook_run._finish(FakeRunner(rc), run.Display(out))
     with open(os.path.join(playbook_run.run_dir, "run.json")) as handle:
         return code, out.getvalue(), json.load(handle)
 
@@ -589,7 +589,7 @@ def test_status_prints_each_hosts_lines_once(tmp_path):
     os.makedirs(playbook_run.run_dir)
     playbook_run.state = state
     state.stats = {}
-    assert playbook_run._finish(FakeRunner(0), run.PlainDisplay(out), None) == 0
+    assert playbook_run._finish(FakeRunner(0), run.Display(out)) == 0
     assert out.getvalue().splitlines()[:7] == ["DGX-STAGE STATUS: lane l, 2 hosts", "rank1 (rank 0):", "  same line",
                                                "rank0 (rank 1):", "  same line", "  receipts: none", "2/2 hosts read"]
 
@@ -976,7 +976,7 @@ def test_a_failure_of_the_front_end_cancels_the_run_and_records_it(tmp_path, mon
         raise RuntimeError("display broke")
 
     monkeypatch.setattr(ansible_runner, "run_async", fake_run_async)
-    monkeypatch.setattr(run.PlainDisplay, "progress", broken_progress)
+    monkeypatch.setattr(run.Display, "progress", broken_progress)
     spec = {"subcommand": "stage", "argv": ["stage"], "playbook": "stage-deepseek.yml", "tags": "stage",
             "inventory": "i", "limit": None, "extra_vars": [], "check": False, "verbose": 0}
     playbook_run = run.PlaybookRun(spec, str(tmp_path / "runs"), out=io.StringIO())

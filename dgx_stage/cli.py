@@ -11,8 +11,6 @@ Exit codes: 0 every host ok; 2 a host failed or was unreachable (named with its 
 64 usage error; 99 interrupted; 1 ansible-playbook failed without a host result (see the run's log).
 """
 import argparse
-import contextlib
-import io
 import os
 import re
 import sys
@@ -166,43 +164,19 @@ def resolve_limit(limit):
     return "@" + os.path.abspath(limit[1:])
 
 
-def inventory_hosts(inventory, limit=None, warnings=None):
-    """The inventory's hosts (those --limit selects when given), read the way ansible-playbook reads it;
-    what Ansible warned while reading it is appended to `warnings` when given."""
-    os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.errors import AnsibleError
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            manager = InventoryManager(loader=DataLoader(), sources=[inventory])
-            if limit:
-                manager.subset(limit)
-            hosts = [host.name for host in manager.get_hosts("all")]
-    except AnsibleError as exc:
-        # ansible.cfg makes any source that does not parse fatal (a directory's one broken file included).
-        why = [line.strip() for line in said.getvalue().splitlines() if "Failed to parse" in line]
-        raise UsageError("inventory %s does not parse: %s%s; fix it or pass another with -i" % (
-            inventory, str(exc).strip(), " (%s)" % why[0].replace("[WARNING]: ", "") if why else ""))
-    if warnings is not None:
-        warnings.extend(line.strip() for line in said.getvalue().splitlines() if line.strip())
-    return hosts
-
-
-def check_inventory(inventory):
-    """UsageError when the inventory does not parse (ansible-playbook would run on the hosts of the sources
-    that do, or on none and exit 0) or gives no host."""
-    warnings = []
-    if not inventory_hosts(inventory, warnings=warnings):
+def load_inventory(path):
+    """The Inventory, read once; UsageError when it gives no host (ansible-playbook would run on none, exit 0)."""
+    inventory = extravars.Inventory(path)
+    if not inventory.hosts():
         raise UsageError("inventory %s has no host (%s); fix it or pass another with -i"
-                         % (inventory, " ".join(warnings[:3]) if warnings else "it is empty"))
+                         % (path, " ".join(inventory.warnings[:3]) or "it is empty"))
+    return inventory
 
 
 def check_limit(inventory, limit):
-    if limit and not inventory_hosts(inventory, limit):
+    if limit and not inventory.hosts(limit):
         raise UsageError("--limit %s matches no host of %s (hosts: %s)"
-                         % (limit, inventory, ", ".join(inventory_hosts(inventory)) or "none"))
+                         % (limit, inventory.source, ", ".join(inventory.hosts()) or "none"))
 
 
 # --- subcommands -------------------------------------------------------------------------------------------
@@ -212,11 +186,10 @@ def run_subcommand(args, out=None):
     playbook, tags, _help = SUBCOMMANDS[args.command]
     inventory = resolve_inventory(args.inventory)
     extra_vars = extravars.resolve(args.extra_vars)
-    check_inventory(inventory)
-    extravars.check(extra_vars, inventory, allow_unknown=args.allow_unknown_vars)
+    loaded = load_inventory(inventory)
+    extravars.check(extra_vars, loaded, allow_unknown=args.allow_unknown_vars)
     args.limit = resolve_limit(args.limit)
-    if args.limit:
-        check_limit(inventory, args.limit)
+    check_limit(loaded, args.limit)
     runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
     spec = {"subcommand": args.command, "argv": recorded_argv(args), "playbook": playbook, "tags": tags, "inventory": inventory,
             "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose}

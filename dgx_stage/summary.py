@@ -93,7 +93,7 @@ def extra_var_warnings(values, inventories):
     if not values:
         return []
     try:
-        return extravars.problems(list(values), list(inventories))
+        return extravars.problems(list(values), extravars.Inventory(list(inventories)))
     except UsageError as exc:
         return [str(exc)]
 

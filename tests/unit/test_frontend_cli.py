@@ -363,29 +363,31 @@ def test_known_extra_vars_pass_and_a_sites_own_needs_allow_unknown_vars(inventor
     fine = ["stage_verify=full", "engine_bind_from=nas", "engine_stop_strays=yes", "stage_workers=8",
             '{"engine_env": {"HF_TOKEN": "x"}, "engine_decode_floor": 12.5}', "lane=exl3_2x", "ansible_user=ops",
             "stage_workers={{ 4 * 2 }}", "stage_reserve=2%", "stage_reserve=500G", '{"stage_reserve": 1000000}']
-    assert extravars.problems(fine, inventory) == []
+    assert extravars.problems(fine, extravars.Inventory(inventory)) == []
     (tmp_path / "vars.yml").write_text("site_tuning: 3\n")
-    assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory) == [
+    assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], extravars.Inventory(inventory)) == [
         "the 1st -e (%s) sets a name no play or role reads (not shown: it may be a secret; a site's own variable: "
         "--allow-unknown-vars)" % (tmp_path / "vars.yml")]
-    assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], inventory, allow_unknown=True) == []
+    assert extravars.problems(["@%s" % (tmp_path / "vars.yml")], extravars.Inventory(inventory),
+                              allow_unknown=True) == []
     # --allow-unknown-vars takes a site's own name, not a typo of a role's.
-    assert extravars.problems(["stage_verfy=full"], inventory, allow_unknown=True) == [
+    assert extravars.problems(["stage_verfy=full"], extravars.Inventory(inventory), allow_unknown=True) == [
         "-e stage_verfy: no play or role reads stage_verfy; did you mean stage_verify? (--allow-unknown-vars takes "
         "no name this close to a known one; a site's own variable can be defined in the inventory)"]
     # A variable the inventory defines is the site's to override.
     site = tmp_path / "site.yml"
     site.write_text(INVENTORY.replace("{ansible_connection: local}", "{ansible_connection: local, site_tuning: 1}"))
-    assert extravars.problems(["site_tuning=2"], str(site)) == []
+    assert extravars.problems(["site_tuning=2"], extravars.Inventory(str(site))) == []
 
 
 def test_a_limit_matching_no_host_exits_64_listing_the_hosts(inventory, capsys):
     code, _out, err = main(["stage", "-i", inventory, "--limit", "dgx9"], capsys)
     assert code == 64 and "--limit dgx9 matches no host of %s (hosts: rank0, rank1)" % inventory in err
     # Patterns are the inventory's: groups, globs and exclusions select hosts.
-    assert cli.inventory_hosts(inventory, "exl3_2x:!rank1") == ["rank0"]
-    assert cli.inventory_hosts(inventory, "rank*") == ["rank0", "rank1"]
-    cli.check_limit(inventory, "rank1")   # no error
+    loaded = cli.load_inventory(inventory)
+    assert loaded.hosts("exl3_2x:!rank1") == ["rank0"]
+    assert loaded.hosts("rank*") == ["rank0", "rank1"] and loaded.hosts() == ["rank0", "rank1"]
+    cli.check_limit(loaded, "rank1")   # no error
 
 
 def test_an_inventory_that_does_not_parse_or_is_empty_exits_64_naming_it(tmp_path, capsys):
@@ -403,7 +405,7 @@ def test_an_inventory_that_does_not_parse_or_is_empty_exits_64_naming_it(tmp_pat
         code, out, err = main(["status", "-i", str(path)], capsys)
         assert code == 64 and out == "", err
         assert err.startswith("dgx-stage: inventory %s %s" % (path, said)) and "pass another with -i" in err, err
-    cli.check_inventory("rank0,")   # a host list has its hosts
+    assert cli.load_inventory("rank0,").hosts() == ["rank0"]   # a host list has its hosts
 
 
 def test_relative_paths_are_made_absolute_for_the_run_in_the_repo(inventory, tmp_path, monkeypatch):
@@ -414,7 +416,7 @@ def test_relative_paths_are_made_absolute_for_the_run_in_the_repo(inventory, tmp
     assert cli.resolve_inventory("rank0,") == "rank0,"   # a host list is not a path
     (tmp_path / "retry").write_text("rank1\n")
     assert cli.resolve_limit("@retry") == "@" + str(tmp_path / "retry")   # ansible-playbook runs in the repo
-    assert cli.inventory_hosts(inventory, cli.resolve_limit("@retry")) == ["rank1"]
+    assert cli.load_inventory(inventory).hosts(cli.resolve_limit("@retry")) == ["rank1"]
     assert cli.resolve_limit("rank*") == "rank*"
     with pytest.raises(cli.UsageError, match="--limit file not found: nope"):
         cli.resolve_limit("@nope")

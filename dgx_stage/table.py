@@ -1,7 +1,5 @@
-"""The final table: one row per host from its host report of the run (pure functions, no I/O).
-
-Each row also carries its host's "stage_pass" (window, bytes from the NAS and from peers), shown below the table
-as the "Stage pass" block for a lane or when a host took or rejected peer blobs (stage_lines)."""
+"""The final table: one row per host from its host report of the run (pure functions, no I/O), and below it the
+"Stage pass" block (each host's window, bytes from the NAS and from peers) for a lane or when peers were used."""
 import contextlib
 import datetime
 import re
@@ -37,28 +35,23 @@ MARKDOWN_SPECIALS = "\\`*_<>[]|~&"   # ~: GitHub's strikethrough; &: an entity (
 
 
 def human_bytes(count):
-    """dgx_units.human_bytes, and NONE for a figure no report gave."""
     return NONE if count is None else units_human_bytes(count)
 
 
 def _dict(value):
-    """A report's part as a dict ({} for anything else: a hand-edited or foreign file must not crash report)."""
+    # A hand-edited or foreign report must not crash `report`: a part of another shape reads as absent.
     return value if isinstance(value, dict) else {}
 
 
 def _number(value):
     """An int or float from a report's value ('12' counts as 12); None for anything else (null, text, lists)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return int(number) if number.is_integer() else number
-    return None
+    try:
+        number = float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return int(number) if number is not None and number.is_integer() else number
 
 
 def _rows(report, *names):
@@ -85,17 +78,11 @@ def _files_on_disk(rows, check):
                    - (_number(_dict(row.get("files")).get("dangling")) or 0)) for row in rows)
 
 
-def _pass_complete(rows):
-    """Whether a pass's rows hold every repo's figures: a repo whose run ended without them (its lock held by
-    another run, an error before its plan, a job killed) has a failed row without `files`."""
-    return all(isinstance(row.get("files"), dict) for row in rows)
-
-
 def _files_rows(report):
-    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's
-    (verify, else stage); a preflight's plan is not on the disk."""
+    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's (verify,
+    else stage); a repo whose run ended without figures (its lock held, a job killed) has a row without `files`."""
     ran = [name for name in ("verify", "stage") if _rows(report, name)]
-    complete = [name for name in ran if _pass_complete(_rows(report, name))]
+    complete = [name for name in ran if all(isinstance(row.get("files"), dict) for row in _rows(report, name))]
     return (_rows(report, complete[0]) if complete else []), bool(ran) and not complete
 
 
@@ -180,7 +167,7 @@ def _pair(a, b):
 
 
 def host_row(report, receipts_removed=None):
-    """{column key: text} of one host's row."""
+    """{column key: text} of one host's row, and its "stage_pass" (stage_figures)."""
     f = host_figures(report, receipts_removed)
     return {
         "host": str(f["host"] or NONE),
@@ -198,6 +185,7 @@ def host_row(report, receipts_removed=None):
         "engine": _engine_health(f["engine"]),
         "smoke": _smoke(f["engine"]),
         "decode": _decode(f["engine"]),
+        "stage_pass": stage_figures(report),
     }
 
 
@@ -237,8 +225,8 @@ def _count(value):
 
 
 def stage_figures(report):
-    """One host's stage pass: window (started, finished), bytes from the NAS and from peers (None when the
-    run did not stage, or only planned: a --check run reads nothing), peer blobs rejected."""
+    """One host's stage pass: window, bytes from the NAS and from peers (None when the run did not stage, or only
+    planned: a --check run reads nothing), peer blobs rejected; each figure also as its cell's text."""
     rows = _rows(report, "stage")
     check = report.get("check_mode") is True or report.get("status") == "check"
     staged = bool(rows) or _utc(report.get("stage_started")) is not None
@@ -246,21 +234,12 @@ def stage_figures(report):
     if peers is None and rows:   # a report older than these keys: its stage rows, as dgx_report sums them
         with contextlib.suppress(TypeError, ValueError):   # a hand-edited row's text reads as not given
             nas, peers = stage_bytes(rows)
-    return {
-        "started": report.get("stage_started"), "finished": report.get("stage_finished"),
-        "bytes_from_nas": None if check or not staged else (nas or 0),
-        "bytes_from_peers": None if check or not staged else (peers or 0),
-        "peer_rejected": sum(_count(r.get("peer_rejected")) for r in rows),
-        "staged": staged,
-    }
-
-
-def stage_cells(report):
-    """The host's "stage_pass" of its row: stage_figures with the block's cells."""
-    f = stage_figures(report)
-    return dict(f, window=stage_window(f["started"], f["finished"], report.get("started")),
-                from_nas=human_bytes(f["bytes_from_nas"]), from_peers=human_bytes(f["bytes_from_peers"]),
-                rejected=str(f["peer_rejected"]))
+    nas, peers = (None, None) if check or not staged else (nas or 0, peers or 0)
+    rejected = sum(_count(r.get("peer_rejected")) for r in rows)
+    return {"started": report.get("stage_started"), "finished": report.get("stage_finished"),
+            "bytes_from_nas": nas, "bytes_from_peers": peers, "peer_rejected": rejected, "staged": staged,
+            "window": stage_window(report.get("stage_started"), report.get("stage_finished"), report.get("started")),
+            "from_nas": human_bytes(nas), "from_peers": human_bytes(peers), "rejected": str(rejected)}
 
 
 def rank_order(reports):
@@ -272,56 +251,36 @@ def rank_order(reports):
 
 
 def table_rows(reports, receipts=None):
-    """Rows in host order (rank order when the reports have ranks) from {host: report}; each row also
-    carries its host's stage pass under "stage_pass" (see stage_lines)."""
-    receipts = receipts or {}
+    """Rows in host order (rank order when the reports have ranks) from {host: report}."""
     reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
                    for h, r in reports.items())
-    order = sorted(reports, key=rank_order(reports))
-    rows = []
-    for h in order:
-        report = dict(reports[h], host=reports[h].get("host") or h)
-        rows.append(dict(host_row(report, receipts.get(h)), stage_pass=stage_cells(report)))
-    return rows
+    return [host_row(dict(reports[h], host=reports[h].get("host") or h), (receipts or {}).get(h))
+            for h in sorted(reports, key=rank_order(reports))]
 
 
 STAGE_TITLE = "Stage pass (UTC)"
-NO_STAGE = {"window": NONE, "from_nas": NONE, "from_peers": NONE, "rejected": "0", "staged": False,
-            "bytes_from_nas": None, "bytes_from_peers": None, "peer_rejected": 0}
-
-
-def _stage_of(row):
-    """A row's stage pass (a row made by host_row alone has none: it did not stage, as far as it says)."""
-    return row.get("stage_pass") if isinstance(row.get("stage_pass"), dict) else NO_STAGE
 
 
 def stage_pass_shown(rows):
     """The block shows for a lane whose hosts staged (more than one host), or when any host took or
     rejected peer blobs: a single host staging from the NAS alone (the demo) prints what it always did."""
-    passes = [_stage_of(row) for row in rows]
+    passes = [row["stage_pass"] for row in rows]
     if any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes):
         return True
     return len(rows) > 1 and any(p["staged"] for p in passes)
 
 
-def _stage_columns(rows):
-    """(key, title) of the block: the rejected column only when a host rejected a peer blob."""
-    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
-    if any(_stage_of(row)["peer_rejected"] for row in rows):
-        columns.append(("rejected", "PEER REJECTED"))
-    return columns
-
-
 def _stage_table(rows):
-    """[header, line per host] as cell lists (HOST first)."""
-    columns = _stage_columns(rows)
+    """[header, line per host] as cell lists (HOST first); the rejected column only when a host rejected a blob."""
+    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
+    columns += [("rejected", "PEER REJECTED")] if any(row["stage_pass"]["peer_rejected"] for row in rows) else []
     return ([["HOST"] + [title for _key, title in columns]] +
-            [[row["host"]] + [_stage_of(row)[key] for key, _title in columns] for row in rows])
+            [[row["host"]] + [row["stage_pass"][key] for key, _title in columns] for row in rows])
 
 
 def _lane_total(rows):
     """'lane: 96.0 MiB from the NAS, 144.0 MiB from peers' for more than one host, else None."""
-    passes = [_stage_of(row) for row in rows]
+    passes = [row["stage_pass"] for row in rows]
     if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes):
         return None
     return "lane: %s from the NAS, %s from peers" % (human_bytes(sum(p["bytes_from_nas"] or 0 for p in passes)),

@@ -73,6 +73,7 @@ def test_a_staged_hosts_row_has_the_reports_figures():
     assert figures["verify"] == "sample" and (figures["manifest_local"], figures["manifest_nas"]) == (17, 1)
     assert figures["receipts_removed"] == 3
     row = table.host_row(report, ["/c/a", "/c/b", "/c/c"])
+    assert row.pop("stage_pass") == table.stage_figures(report)
     assert row == {"host": "localhost", "run_id": "20261201T101737Z-ed44", "status": "ok", "files": "17/5",
                    "copied": "48.0 MiB", "repaired": "0", "nas_corrupt": "0", "mib_s": "160.6", "verify": "sample",
                    "manifest": "17/1", "receipts": "3", "engine": "-", "smoke": "-", "decode": "-"}

@@ -220,7 +220,7 @@ def load_run_reports(args):
     history = runs.history_files(args.report_dir) if args.report_dir else {}
     changes = [r for r in records if r["subcommand"] != "status"]
     if args.run_id:
-        record = runs.find_record(records, args.run_id)
+        record = ([r for r in records if args.run_id in (r["ident"], r["run_id"])] or [None])[-1]
         run_id = record.get("run_id") if record else (args.run_id if args.run_id in history else None)
         if record and not run_id and record.get("subcommand") == "status":
             raise UsageError("run %s wrote no host reports (a status run)" % args.run_id)

@@ -11,9 +11,12 @@ import signal
 import sys
 
 from dgx_stage import (EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, REPO, UsageError, extravars, runs,
-                       summary, table)
+                       summary, table, use_module_utils)
 from dgx_stage.display import Display
 from dgx_stage.events import RunState
+
+use_module_utils()
+from ansible.module_utils.dgx_units import utc_text  # noqa: E402
 
 LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no host result
 
@@ -177,7 +180,7 @@ class PlaybookRun(object):
                                                       "check"))
         self._write_record(ident=self.ident, pid=os.getpid(), extra_vars=[extravars.described(v) for v in
                                                                           spec["extra_vars"]],
-                           status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,
+                           status="running", rc=None, exit_code=None, started=utc_text(), finished=None,
                            artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"), **recorded)
         display = Display(self.out, spec["verbose"] > 0)
         display.print("dgx-stage %s: %s%s on %s%s (run %s)" % (
@@ -207,7 +210,7 @@ class PlaybookRun(object):
                 with contextlib.suppress(OSError):   # the front end's own error is the one to report
                     self._read_reports()
                     self._settle_reports(self.state.failed_hosts())
-            self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=runs.utc_now(),
+            self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=utc_text(),
                                error="dgx-stage failed: %s: %s" % (type(exc).__name__, exc))
             raise
         return self._finish(runner, display)
@@ -265,7 +268,7 @@ class PlaybookRun(object):
         self._settle_reports(failures)
         changed = dict(sorted((state.stats or {}).get("changed", {}).items()))
         self._write_record(status=status, runner_status=runner.status, rc=runner.rc, exit_code=code,
-                           finished=runs.utc_now(), failures=failures, changed=changed)
+                           finished=utc_text(), failures=failures, changed=changed)
         if self.spec["subcommand"] == "status":
             hosts = dict((host, dict(state.lanes.get(host, {}), lines=lines))
                          for host, lines in state.status_lines.items())

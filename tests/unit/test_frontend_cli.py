@@ -302,7 +302,7 @@ def test_report_says_why_the_front_end_stopped_a_run(recorded, capsys):
     runs_dir, _report_dir = recorded
     ident = "20261201T110000Z-stage-dddd"
     os.makedirs(os.path.join(runs_dir, ident))
-    runs.write_record(os.path.join(runs_dir, ident), {
+    runs.write_json(os.path.join(runs_dir, ident, "run.json"), {
         "ident": ident, "subcommand": "stage", "run_id": None, "reports": {}, "started": "2026-12-01T11:00:00Z",
         "status": "error", "exit_code": 1, "error": "dgx-stage failed: RuntimeError: display broke"})
     for markdown in ([], ["--markdown"]):
@@ -487,7 +487,7 @@ def test_the_fix_a_failure_gives_runs_on_the_runs_inventory(tmp_path, capsys):
              "engine_pull=missing`; `dgx-stage report` shows it")
     assert code == 2 and fixed in out.splitlines(), out
     # report reads the inventory from run.json; one with a space is quoted.
-    runs.write_record(os.path.join(str(tmp_path / "runs"), record["ident"]), dict(record, inventory="/my inv"))
+    runs.write_json(os.path.join(str(tmp_path / "runs"), record["ident"], "run.json"), dict(record, inventory="/my inv"))
     for markdown in ([], ["--markdown"]):
         code, out, _err = main(["report", "--runs-dir", str(tmp_path / "runs")] + markdown, capsys)
         assert "dgx-stage serve -i '/my inv' --limit dgx1" in out.replace("\\", ""), out
@@ -626,7 +626,7 @@ def test_the_first_interrupt_sends_sigint_to_ansible_playbooks_group_and_the_sec
 
 def record_run(runs_dir, ident, subcommand, run_id, reports, started):
     os.makedirs(os.path.join(runs_dir, ident))
-    runs.write_record(os.path.join(runs_dir, ident), {
+    runs.write_json(os.path.join(runs_dir, ident, "run.json"), {
         "ident": ident, "subcommand": subcommand, "run_id": run_id, "reports": reports, "started": started,
         "receipts_removed": {"localhost": ["/c/a"]} if run_id else {}})
 
@@ -664,7 +664,7 @@ def test_report_shows_the_latest_run_even_one_that_reached_no_host_with_its_fail
     runs_dir, _report_dir = recorded
     ident = "20261201T110000Z-stage-cccc"
     os.makedirs(os.path.join(runs_dir, ident))
-    runs.write_record(os.path.join(runs_dir, ident), {
+    runs.write_json(os.path.join(runs_dir, ident, "run.json"), {
         "ident": ident, "subcommand": "stage", "run_id": None, "reports": {}, "started": "2026-12-01T11:00:00Z",
         "status": "failed", "failures": [{"host": "dgx2", "play": "Select the hosts of the lane", "task": "Gathering",
                                           "msg": "ssh: connect to host dgx2 port 22: No route to host",
@@ -874,7 +874,7 @@ def test_run_records_are_written_atomically_and_read_oldest_first(tmp_path):
         handle.write("{torn")
     assert [r["ident"] for r in runs.read_records(runs_dir)] == ["a", "b"]
     assert os.listdir(os.path.join(runs_dir, "a")) == ["run.json"]   # no temp file left
-    assert runs.find_record(runs.read_records(runs_dir), "r2")["ident"] == "b"
+    assert [r["ident"] for r in runs.read_records(runs_dir) if "r2" in (r["ident"], r["run_id"])][-1] == "b"
     assert re.match(r"^\d{8}T\d{6}Z-[0-9a-f]{4}$", runs.new_ident())
 
 

@@ -1,15 +1,5 @@
-"""`dgx-stage`: the operator's command line for the dgx-stage playbooks, on ansible-runner.
-
-    dgx-stage stage          stage-deepseek.yml --tags preflight,stage,verify,manifest
-    dgx-stage verify         stage-deepseek.yml --tags verify          (e.g. -e stage_verify=full)
-    dgx-stage clean-receipts stage-deepseek.yml --tags receipts
-    dgx-stage serve          stage-deepseek.yml --tags preflight,receipts,manifest,engine,smoke
-    dgx-stage status         playbooks/status.yml                      (changes nothing)
-    dgx-stage report [RUN_ID] [--markdown]                             (runs no playbook)
-
-Exit codes: 0 every host ok; 2 a host failed or was unreachable (named with its play, task and message);
-64 usage error; 99 interrupted; 1 ansible-playbook failed without a host result (see the run's log).
-"""
+"""`dgx-stage`: the operator's command line for the dgx-stage playbooks (SUBCOMMANDS), on ansible-runner, and
+`dgx-stage report [RUN_ID] [--markdown]`, which runs no playbook. Exit codes: see dgx_stage.EXIT_*."""
 import argparse
 import os
 import re
@@ -66,24 +56,9 @@ def without_arguments(message):
     return message
 
 
-def default_runs_dir():
-    return os.environ.get("DGX_STAGE_RUNS_DIR") or os.path.join(REPO, ".cache", "runs")
-
-
-def known_inventories():
-    """The inventories the repo ships (inventory/<name>), relative to the repo."""
-    folder = os.path.join(REPO, "inventory")
-    return sorted(os.path.join("inventory", name) for name in os.listdir(folder)
-                  if os.path.isdir(os.path.join(folder, name)))
-
-
-def default_inventory():
-    """$DGX_STAGE_INVENTORY; there is no implicit one, as a forgotten -i would run against production."""
-    chosen = os.environ.get("DGX_STAGE_INVENTORY")
-    if not chosen:
-        raise UsageError("no inventory: pass -i INVENTORY or set DGX_STAGE_INVENTORY (this repo has: %s)"
-                         % ", ".join(known_inventories()))
-    return chosen
+def runs_dir(args):
+    return os.path.abspath(args.runs_dir or os.environ.get("DGX_STAGE_RUNS_DIR")
+                           or os.path.join(REPO, ".cache", "runs"))
 
 
 def build_parser():
@@ -124,8 +99,8 @@ def parse_args(argv):
 
 
 def recorded_argv(args):
-    """The command line as run.json keeps it, rebuilt from the parsed `args` with each option's long name: the
-    -e values as extravars.described says, whichever spelling gave them (`-eV`, `-ve V`, `--extra-vars=V`)."""
+    """The command line as run.json keeps it, each option by its long name and each -e as extravars.described
+    says, whichever spelling gave it (`-eV`, `-ve V`, `--extra-vars=V`)."""
     out = [args.command]
     for action in build_parser().commands[args.command]._actions:
         value = getattr(args, action.dest, None)
@@ -141,12 +116,15 @@ def recorded_argv(args):
     return out
 
 
-# --- validation --------------------------------------------------------------------------------------------
-
 def resolve_inventory(path):
-    """The inventory as an absolute path (the playbook runs from the repo); UsageError when missing.
-    A comma-separated host list ('a,b,') is passed through."""
-    path = path or default_inventory()
+    """The inventory (-i, else $DGX_STAGE_INVENTORY: none implicit, as a forgotten -i would run against production)
+    as an absolute path, as the playbook runs from the repo; a host list ('a,b,') is passed through."""
+    path = path or os.environ.get("DGX_STAGE_INVENTORY")
+    if not path:
+        folder = os.path.join(REPO, "inventory")
+        raise UsageError("no inventory: pass -i INVENTORY or set DGX_STAGE_INVENTORY (this repo has: %s)" % ", ".join(
+            sorted(os.path.join("inventory", name) for name in os.listdir(folder)
+                   if os.path.isdir(os.path.join(folder, name)))))
     if "," in path and not os.path.exists(path):
         return path
     if not os.path.exists(path):
@@ -179,8 +157,6 @@ def check_limit(inventory, limit):
                          % (limit, inventory.source, ", ".join(inventory.hosts()) or "none"))
 
 
-# --- subcommands -------------------------------------------------------------------------------------------
-
 def run_subcommand(args, out=None):
     from dgx_stage.run import PlaybookRun
     playbook, tags, _help = SUBCOMMANDS[args.command]
@@ -190,10 +166,10 @@ def run_subcommand(args, out=None):
     extravars.check(extra_vars, loaded, allow_unknown=args.allow_unknown_vars)
     args.limit = resolve_limit(args.limit)
     check_limit(loaded, args.limit)
-    runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
-    spec = {"subcommand": args.command, "argv": recorded_argv(args), "playbook": playbook, "tags": tags, "inventory": inventory,
-            "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose}
-    return PlaybookRun(spec, runs_dir, out=out).run()
+    spec = {"subcommand": args.command, "argv": recorded_argv(args), "playbook": playbook, "tags": tags,
+            "inventory": inventory, "limit": args.limit, "extra_vars": extra_vars, "check": args.check,
+            "verbose": args.verbose}
+    return PlaybookRun(spec, runs_dir(args), out=out).run()
 
 
 def _limit_hosts(hosts, limit):
@@ -215,8 +191,8 @@ def load_run_reports(args):
     could change the lane, whatever happened to it (a run that wrote no host report gives {}); UsageError when
     the run is unknown or there is none."""
     import json
-    runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
-    records = runs.read_records(runs_dir)
+    folder = runs_dir(args)
+    records = runs.read_records(folder)
     history = runs.history_files(args.report_dir) if args.report_dir else {}
     changes = [r for r in records if r["subcommand"] != "status"]
     if args.run_id:
@@ -234,9 +210,9 @@ def load_run_reports(args):
     elif history:
         record, run_id = None, sorted(history)[-1]
     else:
-        elsewhere = runs.runs_dirs_nearby(REPO, runs_dir)
+        elsewhere = runs.runs_dirs_nearby(REPO, folder)
         raise UsageError("no recorded run under %s; point at another runs dir with --runs-dir DIR or "
-                         "DGX_STAGE_RUNS_DIR%s" % (runs_dir, " (runs are recorded under: %s)" % ", ".join(
+                         "DGX_STAGE_RUNS_DIR%s" % (folder, " (runs are recorded under: %s)" % ", ".join(
                              os.path.relpath(p, os.getcwd()) for p in elsewhere) if elsewhere else ""))
     if not run_id:
         return record, None, {}
@@ -263,11 +239,6 @@ def load_run_reports(args):
     return record, run_id, reports
 
 
-def report_failures(reports):
-    return [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
-            for h, r in sorted(reports.items()) if r.get("status") == "failed"]
-
-
 def report_subcommand(args, out=None):
     out = out or sys.stdout
     record, run_id, reports = load_run_reports(args)
@@ -278,7 +249,8 @@ def report_subcommand(args, out=None):
     if known:
         title += " (%s)" % ", ".join(known)
     # A host that failed before any report of it was written is only in run.json's failures.
-    failures = report_failures(reports) + [
+    failures = [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
+                for h, r in sorted(reports.items()) if r.get("status") == "failed"] + [
         f for f in (record or {}).get("failures") or []
         if f["host"] not in reports and f["host"] in _limit_hosts([f["host"]], args.limit)]
     if not reports:

@@ -275,8 +275,8 @@ class PlaybookRun(object):
             run = {"inventory": self.spec["inventory"], "playbook": self.spec["playbook"]}
             display.print("\n".join(summary.status_lines(hosts, run)) or "no host reported its status")
         elif state.reports:
-            display.table(table.table_rows(state.reports, state.receipts_removed), "dgx-stage %s: run %s, %s" % (self.spec["subcommand"], state.run_id,
-                                                                          changes_text(changed)))
+            display.table(table.table_rows(state.reports, state.receipts_removed), "dgx-stage %s: run %s, %s"
+                          % (self.spec["subcommand"], state.run_id, changes_text(changed)))
         else:
             display.print("no host report was written in this run")
         for failure in failures:

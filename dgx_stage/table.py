@@ -11,22 +11,10 @@ use_module_utils()
 from ansible.module_utils.dgx_report import stage_bytes  # noqa: E402
 from ansible.module_utils.dgx_units import human_bytes as units_human_bytes  # noqa: E402
 
-COLUMNS = (
-    ("host", "HOST"),
-    ("run_id", "RUN"),
-    ("status", "STATUS"),
-    ("files", "FILES local/excl"),
-    ("copied", "COPIED"),
-    ("repaired", "REPAIRED"),
-    ("nas_corrupt", "NAS CORRUPT"),
-    ("mib_s", "MiB/s"),
-    ("verify", "VERIFY"),
-    ("manifest", "MANIFEST local/nas"),
-    ("receipts", "RECEIPTS removed"),
-    ("engine", "ENGINE"),
-    ("smoke", "SMOKE"),
-    ("decode", "DECODE tok/s vs floor"),
-)
+COLUMNS = (("host", "HOST"), ("run_id", "RUN"), ("status", "STATUS"), ("files", "FILES local/excl"),
+           ("copied", "COPIED"), ("repaired", "REPAIRED"), ("nas_corrupt", "NAS CORRUPT"), ("mib_s", "MiB/s"),
+           ("verify", "VERIFY"), ("manifest", "MANIFEST local/nas"), ("receipts", "RECEIPTS removed"),
+           ("engine", "ENGINE"), ("smoke", "SMOKE"), ("decode", "DECODE tok/s vs floor"))
 NONE = "-"
 # The plain table's fold: it reads in a 100-column terminal, a pager or a CI log.
 PLAIN_WIDTH = 100
@@ -261,43 +249,37 @@ def table_rows(reports, receipts=None):
 STAGE_TITLE = "Stage pass (UTC)"
 
 
-def stage_pass_shown(rows):
-    """The block shows for a lane whose hosts staged (more than one host), or when any host took or
-    rejected peer blobs: a single host staging from the NAS alone (the demo) prints what it always did."""
+def _stage_block(rows):
+    """(cells: a header and a line per host, the lane's total or None) of the "Stage pass" block, or None: it shows
+    for a lane whose hosts staged, or when a host took or rejected peer blobs (one host staging from the NAS alone,
+    the demo, prints the table alone); the rejected column only when a host rejected a peer blob."""
     passes = [row["stage_pass"] for row in rows]
-    if any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes):
-        return True
-    return len(rows) > 1 and any(p["staged"] for p in passes)
-
-
-def _stage_table(rows):
-    """[header, line per host] as cell lists (HOST first); the rejected column only when a host rejected a blob."""
-    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
-    columns += [("rejected", "PEER REJECTED")] if any(row["stage_pass"]["peer_rejected"] for row in rows) else []
-    return ([["HOST"] + [title for _key, title in columns]] +
-            [[row["host"]] + [row["stage_pass"][key] for key, _title in columns] for row in rows])
-
-
-def _lane_total(rows):
-    """'lane: 96.0 MiB from the NAS, 144.0 MiB from peers' for more than one host, else None."""
-    passes = [row["stage_pass"] for row in rows]
-    if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes):
+    if not (any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes)
+            or len(rows) > 1 and any(p["staged"] for p in passes)):
         return None
-    return "lane: %s from the NAS, %s from peers" % (human_bytes(sum(p["bytes_from_nas"] or 0 for p in passes)),
-                                                     human_bytes(sum(p["bytes_from_peers"] or 0 for p in passes)))
+    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
+    columns += [("rejected", "PEER REJECTED")] if any(p["peer_rejected"] for p in passes) else []
+    cells = [["HOST"] + [title for _key, title in columns]] + [
+        [row["host"]] + [row["stage_pass"][key] for key, _title in columns] for row in rows]
+    total = None if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes) else \
+        "lane: %s from the NAS, %s from peers" % (human_bytes(sum(p["bytes_from_nas"] or 0 for p in passes)),
+                                                  human_bytes(sum(p["bytes_from_peers"] or 0 for p in passes)))
+    return cells, total
+
+
+def _aligned(cells):
+    """Lines of cells, each column as wide as its widest cell."""
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    return ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in cells]
 
 
 def stage_lines(rows):
-    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown
-    (stage_pass_shown)."""
-    if not rows or not stage_pass_shown(rows):
+    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown."""
+    block = _stage_block(rows)
+    if not block:
         return []
-    cells = _stage_table(rows)
-    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
-    lines = [STAGE_TITLE] + ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
-                             for line in cells]
-    total = _lane_total(rows)
-    return lines + ([total] if total else [])
+    cells, total = block
+    return [STAGE_TITLE] + _aligned(cells) + ([total] if total else [])
 
 
 def column_bands(widths, width):
@@ -315,14 +297,12 @@ def column_bands(widths, width):
 
 def render_plain(rows, width=PLAIN_WIDTH):
     """Aligned text columns, no escape codes, folded into bands that fit `width` (a log or a pipe has no
-    terminal width to ask)."""
+    terminal width to ask), then the stage pass block."""
     widths = dict((key, max([len(title)] + [len(row[key]) for row in rows])) for key, title in COLUMNS)
     lines = []
     for band in column_bands(widths, width):
-        lines += [""] if lines else []
-        lines.append("  ".join(title.ljust(widths[key]) for key, title in band).rstrip())
-        for row in rows:
-            lines.append("  ".join(row[key].ljust(widths[key]) for key, _title in band).rstrip())
+        lines += ([""] if lines else []) + _aligned([[title for _key, title in band]] +
+                                                    [[row[key] for key, _title in band] for row in rows])
     stage = stage_lines(rows)
     return "\n".join(lines + ([""] + stage if stage else []))
 
@@ -344,11 +324,10 @@ def render_markdown(rows, title=None, failures=(), inventory=None):
     lines = ["### " + markdown_escape(title), ""] if title else []
     if rows:
         lines += _markdown_table([title for _key, title in COLUMNS], [[row[key] for key, _t in COLUMNS] for row in rows])
-    if rows and stage_pass_shown(rows):
-        cells = _stage_table(rows)
-        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""] + _markdown_table(cells[0], cells[1:])
-        total = _lane_total(rows)
-        lines += ["", markdown_escape(total)] if total else []
+    block = _stage_block(rows)
+    if block:
+        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""] + _markdown_table(block[0][0], block[0][1:])
+        lines += ["", markdown_escape(block[1])] if block[1] else []
     if failures:
         lines += [""] + ["- " + markdown_escape(failure_line(failure, inventory)) for failure in failures]
     return "\n".join(lines)

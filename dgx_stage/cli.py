@@ -98,24 +98,6 @@ def parse_args(argv):
     return build_parser().parse_args(argv)
 
 
-def recorded_argv(args):
-    """The command line as run.json keeps it, each option by its long name and each -e as extravars.described
-    says, whichever spelling gave it (`-eV`, `-ve V`, `--extra-vars=V`)."""
-    out = [args.command]
-    for action in build_parser().commands[args.command]._actions:
-        value = getattr(args, action.dest, None)
-        if not action.option_strings or value is None or value == action.default:
-            continue
-        option = max(action.option_strings, key=len)
-        if action.dest == "extra_vars":
-            out += [item for given in value for item in (option, extravars.described(given))]
-        elif action.nargs == 0:
-            out += [option] * int(value)     # a flag, or a count (-vv)
-        else:
-            out += [option, value]
-    return out
-
-
 def resolve_inventory(path):
     """The inventory (-i, else $DGX_STAGE_INVENTORY: none implicit, as a forgotten -i would run against production)
     as an absolute path, as the playbook runs from the repo; a host list ('a,b,') is passed through."""
@@ -166,7 +148,7 @@ def run_subcommand(args, out=None):
     extravars.check(extra_vars, loaded, allow_unknown=args.allow_unknown_vars)
     args.limit = resolve_limit(args.limit)
     check_limit(loaded, args.limit)
-    spec = {"subcommand": args.command, "argv": recorded_argv(args), "playbook": playbook, "tags": tags,
+    spec = {"subcommand": args.command, "playbook": playbook, "tags": tags,
             "inventory": inventory, "limit": args.limit, "extra_vars": extra_vars, "check": args.check,
             "verbose": args.verbose}
     return PlaybookRun(spec, runs_dir(args), out=out).run()

@@ -176,8 +176,7 @@ class PlaybookRun(object):
         spec = self.spec
         self._make_run_dir()
         runs.sweep_extra_vars(self.runs_dir)
-        recorded = dict((key, spec[key]) for key in ("subcommand", "argv", "playbook", "tags", "inventory", "limit",
-                                                      "check"))
+        recorded = dict((key, spec[key]) for key in ("subcommand", "playbook", "tags", "inventory", "limit", "check"))
         self._write_record(ident=self.ident, pid=os.getpid(), extra_vars=[extravars.described(v) for v in
                                                                           spec["extra_vars"]],
                            status="running", rc=None, exit_code=None, started=utc_text(), finished=None,

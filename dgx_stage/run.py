@@ -58,19 +58,6 @@ def runner_env(guard_dir=None):
             "PATH": os.pathsep.join(bin_dirs + [os.environ.get("PATH", os.defpath)])}
 
 
-def playbook_pids():
-    """Pids of this process's children that run ansible-playbook (ansible-runner's pexpect child)."""
-    pids = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open("/proc/self/task/%s/children" % tid) as handle:
-                for pid in handle.read().split():
-                    with contextlib.suppress(OSError), open("/proc/%s/cmdline" % pid, "rb") as cmdline:
-                        if b"ansible-playbook" in cmdline.read():
-                            pids.append(int(pid))
-    return pids
-
-
 def visible_result(event):
     """A changed or failed result, or an unreachable host (what makes a play worth naming)."""
     name, data = event.get("event"), event.get("event_data") or {}
@@ -122,11 +109,12 @@ class PlaybookRun(object):
             self.events.put({"_note": "interrupted again: cancelling the run"})
 
     def _forward(self):
-        """SIGINT to ansible-playbook's process group; before it has started the run loop tries again."""
-        for pid in playbook_pids() or ([self.state.pid] if self.state.pid else []):
+        """SIGINT to ansible-playbook's process group, once its first event named its pid (the run loop tries
+        again until then)."""
+        if self.state.pid:
             with contextlib.suppress(OSError):
-                os.killpg(os.getpgid(pid), signal.SIGINT)
-                self.forwarded_to = pid
+                os.killpg(os.getpgid(self.state.pid), signal.SIGINT)
+                self.forwarded_to = self.state.pid
 
     def _write_record(self, **fields):
         self.record.update(fields, run_id=self.state.run_id, report_dir=self.state.report_dir,

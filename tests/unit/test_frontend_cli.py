@@ -606,9 +606,13 @@ def test_the_first_interrupt_sends_sigint_to_ansible_playbooks_group_and_the_sec
                              start_new_session=True)
     try:
         assert child.stdout.readline().strip() == b"ready"
-        assert child.pid in run.playbook_pids()
         spec = {"subcommand": "stage"}
         playbook_run = run.PlaybookRun(spec, str(tmp_path))
+        playbook_run._on_signal(signal.SIGINT, None)   # before its first event: forwarded once that names it
+        assert playbook_run.forwarded_to is None and child.poll() is None
+        assert "as soon as it runs" in playbook_run.events.get()["_note"]
+        playbook_run.interrupts = 0
+        playbook_run.state.handle({"event": "playbook_on_start", "pid": child.pid})
         playbook_run._on_signal(signal.SIGINT, None)
         assert child.wait(timeout=30) == 42
         assert playbook_run.forwarded_to == child.pid and playbook_run.interrupts == 1

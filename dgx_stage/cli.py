@@ -66,7 +66,6 @@ def build_parser():
                                                   "(the playbooks of this repo, run through ansible-runner).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    parser.commands = sub.choices
     for name, (playbook, tags, help_text) in SUBCOMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description="%s: runs %s%s" % (
             help_text, playbook, " --tags " + tags if tags else ""))
@@ -89,8 +88,7 @@ def build_parser():
     report.add_argument("--markdown", action="store_true", help="a Markdown table")
     report.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs)")
     report.add_argument("--report-dir", help="read the reports here (default: the dir the run wrote them to)")
-    report.add_argument("--limit", help="only these hosts (names or shell patterns, comma or colon separated, "
-                                         "!pattern excludes)")
+    report.add_argument("--limit", help="only these hosts (an Ansible host pattern over the run's hosts)")
     return parser
 
 
@@ -155,17 +153,9 @@ def run_subcommand(args, out=None):
 
 
 def _limit_hosts(hosts, limit):
-    import fnmatch
-    if not limit:
-        return list(hosts)
-    # As a playbook's --limit reads: comma or colon separated, "all", "!pattern" excludes (groups are
-    # not in a report: names and shell patterns only).
-    patterns = [p.strip() for p in limit.replace(":", ",").split(",") if p.strip()]
-    wanted = [p for p in patterns if not p.startswith("!")] or ["*"]
-    unwanted = [p[1:] for p in patterns if p.startswith("!")]
-    wanted = ["*" if p == "all" else p for p in wanted]
-    return [h for h in hosts if any(fnmatch.fnmatchcase(h, p) for p in wanted)
-            and not any(fnmatch.fnmatchcase(h, p) for p in unwanted)]
+    """The hosts of a run --limit selects, read as a playbook's --limit (its hosts as the inventory)."""
+    hosts = sorted(set(hosts))
+    return extravars.Inventory(",".join(hosts) + ",").hosts(limit) if limit and hosts else hosts
 
 
 def load_run_reports(args):
@@ -231,10 +221,11 @@ def report_subcommand(args, out=None):
     if known:
         title += " (%s)" % ", ".join(known)
     # A host that failed before any report of it was written is only in run.json's failures.
+    unreported = [f for f in (record or {}).get("failures") or [] if f["host"] not in reports]
+    shown = _limit_hosts([f["host"] for f in unreported], args.limit)
     failures = [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
                 for h, r in sorted(reports.items()) if r.get("status") == "failed"] + [
-        f for f in (record or {}).get("failures") or []
-        if f["host"] not in reports and f["host"] in _limit_hosts([f["host"]], args.limit)]
+        f for f in unreported if f["host"] in shown]
     if not reports:
         title += ": no host report was written"
     inventory = (record or {}).get("inventory")

@@ -259,9 +259,10 @@ class Inventory(object):
 
     def hosts(self, limit=None):
         """The hosts --limit selects (all without one), as ansible-playbook reads the pattern."""
-        self.manager.subset(limit)
         try:
-            return [host.name for host in self.manager.get_hosts("all")]
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                self.manager.subset(limit)
+                return [host.name for host in self.manager.get_hosts("all")]
         finally:
             self.manager.subset(None)
 

@@ -159,43 +159,36 @@ def _limit_hosts(hosts, limit):
 
 
 def load_run_reports(args):
-    """(record or None, run id or None, {host: report}) for `report`: the run asked for, else the latest run that
-    could change the lane, whatever happened to it (a run that wrote no host report gives {}); UsageError when
-    the run is unknown or there is none."""
+    """(record or {}, run id or None, {host: report}) for `report`: the run asked for, else the latest run that
+    could change the lane (any but status) whatever happened to it, else the latest in --report-dir; UsageError
+    when the run is unknown or there is none."""
     import json
     folder = runs_dir(args)
     records = runs.read_records(folder)
     history = runs.history_files(args.report_dir) if args.report_dir else {}
     changes = [r for r in records if r["subcommand"] != "status"]
     if args.run_id:
-        record = ([r for r in records if args.run_id in (r["ident"], r["run_id"])] or [None])[-1]
+        record = ([r for r in records if args.run_id in (r["ident"], r["run_id"])] or [{}])[-1]
         run_id = record.get("run_id") if record else (args.run_id if args.run_id in history else None)
-        if record and not run_id and record.get("subcommand") == "status":
+        if record.get("subcommand") == "status" and not run_id:
             raise UsageError("run %s wrote no host reports (a status run)" % args.run_id)
         if not record and not run_id:
-            known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in records if r["run_id"]]
-                               + list(history)))
-            raise UsageError("unknown run %s; known runs: %s" % (args.run_id, ", ".join(known) or "none"))
-    elif changes:   # the latest run that could change the lane (any but status)
-        record = changes[-1]
-        run_id = record.get("run_id")
-    elif history:
-        record, run_id = None, sorted(history)[-1]
+            known = set([r["ident"] for r in records] + [r["run_id"] for r in records if r["run_id"]] + list(history))
+            raise UsageError("unknown run %s; known runs: %s" % (args.run_id, ", ".join(sorted(known)) or "none"))
+    elif changes or history:
+        record = changes[-1] if changes else {}
+        run_id = record.get("run_id") if changes else max(history)
     else:
         elsewhere = runs.runs_dirs_nearby(REPO, folder)
         raise UsageError("no recorded run under %s; point at another runs dir with --runs-dir DIR or "
                          "DGX_STAGE_RUNS_DIR%s" % (folder, " (runs are recorded under: %s)" % ", ".join(
                              os.path.relpath(p, os.getcwd()) for p in elsewhere) if elsewhere else ""))
-    if not run_id:
-        return record, None, {}
-    if args.report_dir:
-        paths = dict((host, os.path.join(args.report_dir, "%s-%s.json" % (host, run_id)))
-                     for host in (record or {}).get("reports") or {})
+    paths = dict(record.get("reports") or {}) if run_id else {}
+    if run_id and args.report_dir:
+        paths = dict((host, os.path.join(args.report_dir, "%s-%s.json" % (host, run_id))) for host in paths)
         paths.update(history.get(run_id) or {})
-    else:
-        paths = dict((record or {}).get("reports") or {})
     reports = {}
-    for host in _limit_hosts(sorted(paths), args.limit):
+    for host in _limit_hosts(paths, args.limit):
         try:
             with open(paths[host]) as handle:
                 reports[host] = json.load(handle)
@@ -203,34 +196,30 @@ def load_run_reports(args):
                 raise ValueError("%s is not a JSON object" % paths[host])
         except (OSError, ValueError) as exc:
             reports[host] = {"host": host, "run_id": run_id, "status": "unreadable: %s" % exc}
-        if (record or {}).get("status") == "interrupted" and reports[host].get("status") == "running":
+        if record.get("status") == "interrupted" and reports[host].get("status") == "running":
             reports[host]["status"] = "interrupted"      # the front end died before it settled them
     if args.limit and not reports and paths:
         raise UsageError("--limit %s matches no host of run %s (hosts: %s)"
-                         % (args.limit, run_id, ", ".join(sorted(paths)) or "none"))
+                         % (args.limit, run_id, ", ".join(sorted(paths))))
     return record, run_id, reports
 
 
 def report_subcommand(args, out=None):
     out = out or sys.stdout
     record, run_id, reports = load_run_reports(args)
-    receipts = (record or {}).get("receipts_removed") or {}
-    rows = table.table_rows(reports, receipts)
-    title = "dgx-stage run %s" % (run_id or record["ident"])
-    known = [record.get(key) for key in ("subcommand", "started", "status") if record and record.get(key)]
-    if known:
-        title += " (%s)" % ", ".join(known)
+    rows = table.table_rows(reports, record.get("receipts_removed") or {})
+    known = [record[key] for key in ("subcommand", "started", "status") if record.get(key)]
+    title = "dgx-stage run %s" % (run_id or record["ident"]) + (" (%s)" % ", ".join(known) if known else "") + (
+        "" if reports else ": no host report was written")
     # A host that failed before any report of it was written is only in run.json's failures.
-    unreported = [f for f in (record or {}).get("failures") or [] if f["host"] not in reports]
+    unreported = [f for f in record.get("failures") or [] if f["host"] not in reports]
     shown = _limit_hosts([f["host"] for f in unreported], args.limit)
     failures = [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
                 for h, r in sorted(reports.items()) if r.get("status") == "failed"] + [
         f for f in unreported if f["host"] in shown]
-    if not reports:
-        title += ": no host report was written"
-    inventory = (record or {}).get("inventory")
+    inventory = record.get("inventory")
     # Why the front end itself stopped the run, when it did (run.json's error): the table alone would not say.
-    error = [str(record["error"])] if record and record.get("error") else []
+    error = [str(record["error"])] if record.get("error") else []
     if args.markdown:
         out.write(table.render_markdown(rows, title=title, failures=failures, inventory=inventory) + "\n")
         for line in error:

@@ -76,11 +76,8 @@ def runner_cmdline(tags, limit, extra_vars, check, verbose):
 
 def changes_text(changed):
     """What the run changed, from the recap's per-host counts: "0 changes", "3 changes (dgx1 2, dgx2 1)"."""
-    total = sum(changed.values())
-    if not total:
-        return "0 changes"
-    return "%d change%s (%s)" % (total, "" if total == 1 else "s",
-                                 ", ".join("%s %d" % (host, n) for host, n in sorted(changed.items()) if n))
+    hosts = ", ".join("%s %d" % (host, n) for host, n in sorted(changed.items()) if n)
+    return summary.plural(sum(changed.values()), "change") + (" (%s)" % hosts if hosts else "")
 
 
 class PlaybookRun(object):
@@ -118,7 +115,7 @@ class PlaybookRun(object):
 
     def _write_record(self, **fields):
         self.record.update(fields, run_id=self.state.run_id, report_dir=self.state.report_dir,
-                           reports=self._report_paths(),
+                           reports=dict(self.state.history_paths),
                            receipts_removed=dict(sorted(self.state.receipts_removed.items())))
         runs.write_json(os.path.join(self.run_dir, "run.json"), self.record)
 
@@ -127,9 +124,6 @@ class PlaybookRun(object):
         reports, paths = runs.run_reports(self.state.report_dirs, self.ident)
         self.state.reports.update(reports)
         self.state.history_paths.update(paths)
-
-    def _report_paths(self):
-        return dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p)
 
     def _make_run_dir(self):
         """A new dir for this run (another ident when a concurrent run took this one)."""
@@ -213,12 +207,11 @@ class PlaybookRun(object):
                 continue
             if "_note" in event:
                 display.print(event["_note"])
-            if "_note" in event or "_status" in event:
                 continue
             updates = self.state.handle(event)
             if event.get("event") in ("playbook_on_play_start", "playbook_on_stats"):
                 self._read_reports()   # the callback writes the reports as each play ends
-            if self._report_paths() != self.record["reports"]:
+            if self.state.history_paths != self.record["reports"]:
                 self._write_record()   # a killed front end's run.json still leads `report` to them
             # A play is named once it shows something: the plays the tags skip still run bookkeeping tasks.
             if self.state.play != shown_play and not self.spec["verbose"] and (
@@ -238,7 +231,6 @@ class PlaybookRun(object):
     def _on_status(self, status, runner_config=None):
         if status.get("status") == "running":   # runner has written its `command` artifact, environment and all
             runs.scrub_command(self.run_dir)
-        self.events.put({"_status": status.get("status")})
 
     def _finish(self, runner, display):
         state = self.state

@@ -346,29 +346,17 @@ def rich_table_min_width(rows):
     return total
 
 
-def render_vertical(rows):
-    """One block per host, a line per column: the table for a terminal too narrow for its columns."""
-    width = max(len(title) for _key, title in COLUMNS)
-    lines = []
-    for row in rows:
-        lines += [("%s:" % title).ljust(width + 1) + " " + row[key] if key != "host" else row[key]
-                  for key, title in COLUMNS]
-        lines.append("")
-    return "\n".join(lines).rstrip("\n")
-
-
 def print_table(console, rows, title=None):
-    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing
-    in 40 columns), else the vertical blocks."""
-    if console.width >= rich_table_min_width(rows):
-        console.print(rich_table(rows, title=title))
-    else:
-        if title:
-            console.print(title, markup=False, highlight=False)
-        console.print(render_vertical(rows), markup=False, highlight=False)
+    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing in 40
+    columns), else the plain table folded at the terminal's width; then the stage pass block."""
+    if console.width < rich_table_min_width(rows):
+        # soft_wrap: the lines as render_plain made them (the terminal wraps a long one, rich would reflow it)
+        text = render_plain(rows, console.width)
+        console.print(title + "\n" + text if title else text, markup=False, highlight=False, soft_wrap=True)
+        return
+    console.print(rich_table(rows, title=title))
     stage = stage_lines(rows)
     if stage:
-        # soft_wrap: the lines as stage_lines made them (the terminal wraps a long one, rich would reflow it)
         console.print("\n".join([""] + stage), markup=False, highlight=False, soft_wrap=True)
 
 

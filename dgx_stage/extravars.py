@@ -15,12 +15,9 @@ import yaml
 
 from dgx_stage import REPO, UsageError, use_module_utils
 
-# Read by the playbooks themselves, not by a role's entry point.
-PLAY_VARIABLES = {
-    "lane": {"type": "str", "description": "the lane: an inventory group"},
-    "become_root": {"type": "bool", "description": "become root on the nodes"},
-    "engine_enabled": {"type": "bool", "description": "run the engine plays on this host"},
-}
+# Read by the playbooks themselves, not by a role's entry point: the lane (an inventory group), whether to become
+# root on the nodes, whether the engine plays run on a host.
+PLAY_VARIABLES = {"lane": {"type": "str"}, "become_root": {"type": "bool"}, "engine_enabled": {"type": "bool"}}
 PLAYBOOK_FILES = ("stage-deepseek.yml", "playbooks/*.yml", "playbooks/tasks/*.yml")
 SET_FACT = ("set_fact", "ansible.builtin.set_fact")
 ROLE_CALLS = ("include_role", "import_role", "ansible.builtin.include_role", "ansible.builtin.import_role")

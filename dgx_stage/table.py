@@ -1,15 +1,15 @@
 """The final table: one row per host from its host report of the run (pure functions, no I/O), and below it the
 "Stage pass" block (each host's window, bytes from the NAS and from peers) for a lane or when peers were used."""
 import contextlib
-import datetime
 import re
 import shlex
+import time
 
 from dgx_stage import use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_report import stage_bytes  # noqa: E402
-from ansible.module_utils.dgx_units import human_bytes as units_human_bytes  # noqa: E402
+from ansible.module_utils.dgx_units import human_bytes as units_human_bytes, utc_epoch  # noqa: E402
 
 COLUMNS = (("host", "HOST"), ("run_id", "RUN"), ("status", "STATUS"), ("files", "FILES local/excl"),
            ("copied", "COPIED"), ("repaired", "REPAIRED"), ("nas_corrupt", "NAS CORRUPT"), ("mib_s", "MiB/s"),
@@ -177,33 +177,22 @@ def host_row(report, receipts_removed=None):
     }
 
 
-def _utc(value):
-    """A report's ISO 8601 UTC timestamp (2026-12-01T10:17:43Z, fractions allowed) as a datetime, else None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.datetime.strptime(value.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-
-
-def _clock(moment, run_date):
-    """HH:MM:SS, with the date in front when it is not the run's."""
-    if moment is None:
+def _clock(epoch, day):
+    """HH:MM:SS (UTC), with the date in front when it is not `day`; '?' when not known."""
+    if epoch is None:
         return "?"
-    text = moment.strftime("%H:%M:%S")
-    return text if moment.date() == run_date else "%s %s" % (moment.strftime("%Y-%m-%d"), text)
+    date, clock = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)).split()
+    return clock if date == day else date + " " + clock
 
 
 def stage_window(started, finished, run_started=None):
     """'10:17:43-10:17:52' (UTC): when a host's own stage work ran; a date only on an end whose day is not
     the run's (then ' - ' between the ends, as the dates have hyphens); '-' when it did not stage."""
-    start, end = _utc(started), _utc(finished)
+    start, end = utc_epoch(started), utc_epoch(finished)
     if start is None and end is None:
         return NONE
-    run = _utc(run_started)
-    run_date = run.date() if run else (start or end).date()
-    ends = (_clock(start, run_date), _clock(end, run_date))
+    day = time.strftime("%Y-%m-%d", time.gmtime(utc_epoch(run_started) or (end if start is None else start)))
+    ends = (_clock(start, day), _clock(end, day))
     return (" - " if " " in ends[0] + ends[1] else "-").join(ends)
 
 
@@ -217,7 +206,7 @@ def stage_figures(report):
     planned: a --check run reads nothing), peer blobs rejected; each figure also as its cell's text."""
     rows = _rows(report, "stage")
     check = report.get("check_mode") is True or report.get("status") == "check"
-    staged = bool(rows) or _utc(report.get("stage_started")) is not None
+    staged = bool(rows) or utc_epoch(report.get("stage_started")) is not None
     peers, nas = _number(report.get("bytes_from_peers")), _number(report.get("bytes_from_nas"))
     if peers is None and rows:   # a report older than these keys: its stage rows, as dgx_report sums them
         with contextlib.suppress(TypeError, ValueError):   # a hand-edited row's text reads as not given

@@ -79,14 +79,14 @@ def build_parser():
         cmd.add_argument("--check", action="store_true", help="dry run: --check --diff, nothing changes")
         cmd.add_argument("-v", "--verbose", action="count", default=0,
                          help="also stream the playbook's output (-vv and up: ansible-playbook -v...)")
-        cmd.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, "
-                                            "else .cache/runs of the repo)")
     report = sub.add_parser("report", help="render the stored host reports of a run",
                             description="Render the host reports of a recorded run (default: the latest) as the "
                                         "final table, or as Markdown for a change log.")
     report.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run's id (shown when it starts and in its table)")
     report.add_argument("--markdown", action="store_true", help="a Markdown table")
-    report.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs)")
+    for cmd in sub.choices.values():
+        cmd.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs "
+                                            "of the repo)")
     report.add_argument("--report-dir", help="read the reports here (default: the dir the run wrote them to)")
     report.add_argument("--limit", help="only these hosts (an Ansible host pattern over the run's hosts)")
     return parser

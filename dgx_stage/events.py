@@ -39,7 +39,7 @@ class RunState(object):
 
     def __init__(self):
         self.pid = None              # ansible-playbook's pid (every event carries it)
-        self.play = self.task = None
+        self.play = None
         self.progress = {}           # host -> {"progress": {...}, "line": str, "finished": bool}
         self.failures = {}           # host -> {"host", "play", "task", "msg"}, the last one seen
         self.unreachable = {}        # host -> {"host", "play", "task", "msg"}
@@ -66,8 +66,6 @@ class RunState(object):
         updates = [("output", event["stdout"])] if event.get("stdout") else []
         if name == "playbook_on_play_start":
             self.play = data.get("play") or data.get("name")
-        elif name == "playbook_on_task_start":
-            self.task = data.get("task") or data.get("name")
         elif name == "playbook_on_stats":
             self.stats = data
         action, host = short_action(data.get("task_action")), data.get("host")
@@ -83,7 +81,7 @@ class RunState(object):
         seen = {"runner_on_unreachable": self.unreachable,
                 "runner_on_failed": None if data.get("ignore_errors") else self.failures}.get(name)
         if seen is not None and host:
-            seen[host] = {"host": host, "play": data.get("play") or self.play, "task": data.get("task") or self.task,
+            seen[host] = {"host": host, "play": data.get("play") or self.play, "task": data.get("task"),
                           "msg": result_message(res)}
         return updates
 

@@ -1,21 +1,7 @@
 # -*- coding: utf-8 -*-
 """The one writer of the host reports (module_utils/dgx_report.py owns their schema), from the results Ansible
-already sends its callbacks; the plays only set facts.
-
-- set_fact results give the lane facts (lane_*) and the roles' results so far, the latest of each per host;
-- a play marked `dgx_play: <tag>` is written into the host's report when it ends, or at its first failure when the
-  host enters the play's frame rescue (dgx_play_failed), so the rescue reads the failed view;
-- a failure after which the host runs no other task of the play (or that the frame rescue takes) puts the host out
-  of the run, as an unreachable host is; ignored failures and ones a role's rescue recovers never count; a run_once
-  task's failure is that of every host of the play that goes no further;
-- the play marked `dgx_run_end: true` records the run's end for every targeted host before its first task (its
-  node_exporter textfiles read the final view); a run that never reaches it records it at the stats; an
-  interrupted run records none (the front end settles its `running` reports).
-
-It then prints the lane summary (dgx_stage/summary.py) after the recap, or at exit for a run stopped before its
-stats, unless the front end drives the run or stdout is machine-readable: Ansible sends events to the other
-callbacks in no set order, so only the writer knows its last write.
-"""
+already sends its callbacks (DOCUMENTATION says when it writes what), and the printer of the lane summary: Ansible
+sends events to the other callbacks in no set order, so only the writer knows its last write."""
 from __future__ import annotations
 
 import atexit
@@ -46,14 +32,16 @@ type: aggregate
 short_description: Write the dgx-stage host reports from the results of the run
 description:
   - For each play marked C(dgx_play) and each host that took part in it, merges the play into the host's
-    C(<report dir>/<host>-<run id>.json) and C(<host>.json) (module_utils/dgx_report.py owns their schema), with
-    the lane facts and the stage and engine roles' facts of the host so far.
+    C(<report dir>/<host>-<run id>.json) and C(<host>.json) with the host's lane, stage and engine facts so far,
+    when the play ends, or at the host's first failure when it enters the play's frame rescue (C(dgx_play_failed)).
+  - A failure after which the host runs no other task of the play puts it out of the run, as an unreachable host
+    is; ignored failures and ones a role's rescue recovers never count; a run_once task's failure is that of every
+    host of the play that goes no further.
   - Records the end of the run (C(ok), C(check), or C(failed) for a host lost on the way) when the play marked
-    C(dgx_run_end) starts, or at the stats when the run never reached it.
-  - Writes nothing for a run without such a play (C(playbooks/status.yml)).
-  - Then prints the lane summary from the reports of the run (dgx_stage/summary.py) - the table, what failed,
-    the next steps - or, for a run stopped before its stats, the same at exit, marked INTERRUPTED.
-  - Enabled by the repo's ansible.cfg (C(callbacks_enabled)).
+    C(dgx_run_end) starts, or at the stats when the run never reached it; an interrupted run records none (the
+    front end settles its C(running) reports). Writes nothing for a run without such a play.
+  - Then prints the lane summary (dgx_stage/summary.py) after the recap, or at exit for a run stopped before its
+    stats, unless the front end drives the run (C(DGX_STAGE_RUN_ID)) or stdout is machine-readable.
 requirements:
   - enable it in callbacks_enabled
 """

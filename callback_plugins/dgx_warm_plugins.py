@@ -8,17 +8,14 @@ DOCUMENTATION = """
     type: aggregate
     short_description: load the Jinja filter and test plugins in the main process, so each worker inherits them
     description:
-      - Before each task is queued, loads every filter and test plugin on the search path (a no-op when they are
-        loaded already), so the workers forked for the task do not load them again each.
-      - A plugin file is read once per run, and one that cannot be loaded is warned about at the first task
-        rather than at the first task that uses a filter. Nothing else a run does or prints changes.
+      - Before each task is queued, loads every filter and test plugin (a no-op once loaded), so the workers
+        forked for it do not load them again each; one that cannot be loaded is warned about at the first task.
     requirements:
       - enabled in ansible.cfg (callbacks_enabled)
 """
 
 
 def load_jinja_plugins():
-    """Fill the filter and test loaders' caches (cheap when they are full): the loaders build them on first use."""
     for loader in (filter_loader, test_loader):
         next(iter(loader.all()), None)
 

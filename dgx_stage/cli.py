@@ -1,18 +1,6 @@
-"""`dgx-stage`: the operator's command line for the dgx-stage playbooks, on ansible-runner.
-
-    dgx-stage stage          stage-deepseek.yml --tags preflight,stage,verify,manifest
-    dgx-stage verify         stage-deepseek.yml --tags verify          (e.g. -e stage_verify=full)
-    dgx-stage clean-receipts stage-deepseek.yml --tags receipts
-    dgx-stage serve          stage-deepseek.yml --tags preflight,receipts,manifest,engine,smoke
-    dgx-stage status         playbooks/status.yml                      (changes nothing)
-    dgx-stage report [RUN_ID] [--markdown]                             (runs no playbook)
-
-Exit codes: 0 every host ok; 2 a host failed or was unreachable (named with its play, task and message);
-64 usage error; 99 interrupted; 1 ansible-playbook failed without a host result (see the run's log).
-"""
+"""`dgx-stage`: the operator's command line for the dgx-stage playbooks (SUBCOMMANDS), on ansible-runner, and
+`dgx-stage report [RUN_ID] [--markdown]`, which runs no playbook. Exit codes: see dgx_stage.EXIT_*."""
 import argparse
-import contextlib
-import io
 import os
 import re
 import sys
@@ -68,24 +56,9 @@ def without_arguments(message):
     return message
 
 
-def default_runs_dir():
-    return os.environ.get("DGX_STAGE_RUNS_DIR") or os.path.join(REPO, ".cache", "runs")
-
-
-def known_inventories():
-    """The inventories the repo ships (inventory/<name>), relative to the repo."""
-    folder = os.path.join(REPO, "inventory")
-    return sorted(os.path.join("inventory", name) for name in os.listdir(folder)
-                  if os.path.isdir(os.path.join(folder, name)))
-
-
-def default_inventory():
-    """$DGX_STAGE_INVENTORY; there is no implicit one, as a forgotten -i would run against production."""
-    chosen = os.environ.get("DGX_STAGE_INVENTORY")
-    if not chosen:
-        raise UsageError("no inventory: pass -i INVENTORY or set DGX_STAGE_INVENTORY (this repo has: %s)"
-                         % ", ".join(known_inventories()))
-    return chosen
+def runs_dir(args):
+    return os.path.abspath(args.runs_dir or os.environ.get("DGX_STAGE_RUNS_DIR")
+                           or os.path.join(REPO, ".cache", "runs"))
 
 
 def build_parser():
@@ -93,7 +66,6 @@ def build_parser():
                                                   "(the playbooks of this repo, run through ansible-runner).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    parser.commands = sub.choices
     for name, (playbook, tags, help_text) in SUBCOMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description="%s: runs %s%s" % (
             help_text, playbook, " --tags " + tags if tags else ""))
@@ -107,17 +79,16 @@ def build_parser():
         cmd.add_argument("--check", action="store_true", help="dry run: --check --diff, nothing changes")
         cmd.add_argument("-v", "--verbose", action="count", default=0,
                          help="also stream the playbook's output (-vv and up: ansible-playbook -v...)")
-        cmd.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, "
-                                            "else .cache/runs of the repo)")
     report = sub.add_parser("report", help="render the stored host reports of a run",
                             description="Render the host reports of a recorded run (default: the latest) as the "
                                         "final table, or as Markdown for a change log.")
     report.add_argument("run_id", nargs="?", metavar="RUN_ID", help="a run's id (shown when it starts and in its table)")
     report.add_argument("--markdown", action="store_true", help="a Markdown table")
-    report.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs)")
+    for cmd in sub.choices.values():
+        cmd.add_argument("--runs-dir", help="where runs are recorded (default: $DGX_STAGE_RUNS_DIR, else .cache/runs "
+                                            "of the repo)")
     report.add_argument("--report-dir", help="read the reports here (default: the dir the run wrote them to)")
-    report.add_argument("--limit", help="only these hosts (names or shell patterns, comma or colon separated, "
-                                         "!pattern excludes)")
+    report.add_argument("--limit", help="only these hosts (an Ansible host pattern over the run's hosts)")
     return parser
 
 
@@ -125,30 +96,15 @@ def parse_args(argv):
     return build_parser().parse_args(argv)
 
 
-def recorded_argv(args):
-    """The command line as run.json keeps it, rebuilt from the parsed `args` with each option's long name: the
-    -e values as extravars.described says, whichever spelling gave them (`-eV`, `-ve V`, `--extra-vars=V`)."""
-    out = [args.command]
-    for action in build_parser().commands[args.command]._actions:
-        value = getattr(args, action.dest, None)
-        if not action.option_strings or value is None or value == action.default:
-            continue
-        option = max(action.option_strings, key=len)
-        if action.dest == "extra_vars":
-            out += [item for given in value for item in (option, extravars.described(given))]
-        elif action.nargs == 0:
-            out += [option] * int(value)     # a flag, or a count (-vv)
-        else:
-            out += [option, value]
-    return out
-
-
-# --- validation --------------------------------------------------------------------------------------------
-
 def resolve_inventory(path):
-    """The inventory as an absolute path (the playbook runs from the repo); UsageError when missing.
-    A comma-separated host list ('a,b,') is passed through."""
-    path = path or default_inventory()
+    """The inventory (-i, else $DGX_STAGE_INVENTORY: none implicit, as a forgotten -i would run against production)
+    as an absolute path, as the playbook runs from the repo; a host list ('a,b,') is passed through."""
+    path = path or os.environ.get("DGX_STAGE_INVENTORY")
+    if not path:
+        folder = os.path.join(REPO, "inventory")
+        raise UsageError("no inventory: pass -i INVENTORY or set DGX_STAGE_INVENTORY (this repo has: %s)" % ", ".join(
+            sorted(os.path.join("inventory", name) for name in os.listdir(folder)
+                   if os.path.isdir(os.path.join(folder, name)))))
     if "," in path and not os.path.exists(path):
         return path
     if not os.path.exists(path):
@@ -166,115 +122,73 @@ def resolve_limit(limit):
     return "@" + os.path.abspath(limit[1:])
 
 
-def inventory_hosts(inventory, limit=None, warnings=None):
-    """The inventory's hosts (those --limit selects when given), read the way ansible-playbook reads it;
-    what Ansible warned while reading it is appended to `warnings` when given."""
-    os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.errors import AnsibleError
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            manager = InventoryManager(loader=DataLoader(), sources=[inventory])
-            if limit:
-                manager.subset(limit)
-            hosts = [host.name for host in manager.get_hosts("all")]
-    except AnsibleError as exc:
-        # ansible.cfg makes any source that does not parse fatal (a directory's one broken file included).
-        why = [line.strip() for line in said.getvalue().splitlines() if "Failed to parse" in line]
-        raise UsageError("inventory %s does not parse: %s%s; fix it or pass another with -i" % (
-            inventory, str(exc).strip(), " (%s)" % why[0].replace("[WARNING]: ", "") if why else ""))
-    if warnings is not None:
-        warnings.extend(line.strip() for line in said.getvalue().splitlines() if line.strip())
-    return hosts
-
-
-def check_inventory(inventory):
-    """UsageError when the inventory does not parse (ansible-playbook would run on the hosts of the sources
-    that do, or on none and exit 0) or gives no host."""
-    warnings = []
-    if not inventory_hosts(inventory, warnings=warnings):
+def load_inventory(path):
+    """The Inventory, read once; UsageError when it gives no host (ansible-playbook would run on none, exit 0)."""
+    inventory = extravars.Inventory(path)
+    if not inventory.hosts():
         raise UsageError("inventory %s has no host (%s); fix it or pass another with -i"
-                         % (inventory, " ".join(warnings[:3]) if warnings else "it is empty"))
+                         % (path, " ".join(inventory.warnings[:3]) or "it is empty"))
+    return inventory
 
 
 def check_limit(inventory, limit):
-    if limit and not inventory_hosts(inventory, limit):
+    if limit and not inventory.hosts(limit):
         raise UsageError("--limit %s matches no host of %s (hosts: %s)"
-                         % (limit, inventory, ", ".join(inventory_hosts(inventory)) or "none"))
+                         % (limit, inventory.source, ", ".join(inventory.hosts()) or "none"))
 
-
-# --- subcommands -------------------------------------------------------------------------------------------
 
 def run_subcommand(args, out=None):
     from dgx_stage.run import PlaybookRun
     playbook, tags, _help = SUBCOMMANDS[args.command]
     inventory = resolve_inventory(args.inventory)
     extra_vars = extravars.resolve(args.extra_vars)
-    check_inventory(inventory)
-    extravars.check(extra_vars, inventory, allow_unknown=args.allow_unknown_vars)
+    loaded = load_inventory(inventory)
+    extravars.check(extra_vars, loaded, allow_unknown=args.allow_unknown_vars)
     args.limit = resolve_limit(args.limit)
-    if args.limit:
-        check_limit(inventory, args.limit)
-    runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
-    spec = {"subcommand": args.command, "argv": recorded_argv(args), "playbook": playbook, "tags": tags, "inventory": inventory,
-            "limit": args.limit, "extra_vars": extra_vars, "check": args.check, "verbose": args.verbose}
-    return PlaybookRun(spec, runs_dir, out=out).run()
+    check_limit(loaded, args.limit)
+    spec = {"subcommand": args.command, "playbook": playbook, "tags": tags,
+            "inventory": inventory, "limit": args.limit, "extra_vars": extra_vars, "check": args.check,
+            "verbose": args.verbose}
+    return PlaybookRun(spec, runs_dir(args), out=out).run()
 
 
 def _limit_hosts(hosts, limit):
-    import fnmatch
-    if not limit:
-        return list(hosts)
-    # As a playbook's --limit reads: comma or colon separated, "all", "!pattern" excludes (groups are
-    # not in a report: names and shell patterns only).
-    patterns = [p.strip() for p in limit.replace(":", ",").split(",") if p.strip()]
-    wanted = [p for p in patterns if not p.startswith("!")] or ["*"]
-    unwanted = [p[1:] for p in patterns if p.startswith("!")]
-    wanted = ["*" if p == "all" else p for p in wanted]
-    return [h for h in hosts if any(fnmatch.fnmatchcase(h, p) for p in wanted)
-            and not any(fnmatch.fnmatchcase(h, p) for p in unwanted)]
+    """The hosts of a run --limit selects, read as a playbook's --limit (its hosts as the inventory)."""
+    hosts = sorted(set(hosts))
+    return extravars.Inventory(",".join(hosts) + ",").hosts(limit) if limit and hosts else hosts
 
 
 def load_run_reports(args):
-    """(record or None, run id or None, {host: report}) for `report`: the run asked for, else the latest run that
-    could change the lane, whatever happened to it (a run that wrote no host report gives {}); UsageError when
-    the run is unknown or there is none."""
+    """(record or {}, run id or None, {host: report}) for `report`: the run asked for, else the latest run that
+    could change the lane (any but status) whatever happened to it, else the latest in --report-dir; UsageError
+    when the run is unknown or there is none."""
     import json
-    runs_dir = os.path.abspath(args.runs_dir or default_runs_dir())
-    records = runs.read_records(runs_dir)
+    folder = runs_dir(args)
+    records = runs.read_records(folder)
     history = runs.history_files(args.report_dir) if args.report_dir else {}
     changes = [r for r in records if r["subcommand"] != "status"]
     if args.run_id:
-        record = runs.find_record(records, args.run_id)
+        record = ([r for r in records if args.run_id in (r["ident"], r["run_id"])] or [{}])[-1]
         run_id = record.get("run_id") if record else (args.run_id if args.run_id in history else None)
-        if record and not run_id and record.get("subcommand") == "status":
+        if record.get("subcommand") == "status" and not run_id:
             raise UsageError("run %s wrote no host reports (a status run)" % args.run_id)
         if not record and not run_id:
-            known = sorted(set([r["ident"] for r in records] + [r["run_id"] for r in records if r["run_id"]]
-                               + list(history)))
-            raise UsageError("unknown run %s; known runs: %s" % (args.run_id, ", ".join(known) or "none"))
-    elif changes:   # the latest run that could change the lane (any but status)
-        record = changes[-1]
-        run_id = record.get("run_id")
-    elif history:
-        record, run_id = None, sorted(history)[-1]
+            known = set([r["ident"] for r in records] + [r["run_id"] for r in records if r["run_id"]] + list(history))
+            raise UsageError("unknown run %s; known runs: %s" % (args.run_id, ", ".join(sorted(known)) or "none"))
+    elif changes or history:
+        record = changes[-1] if changes else {}
+        run_id = record.get("run_id") if changes else max(history)
     else:
-        elsewhere = runs.runs_dirs_nearby(REPO, runs_dir)
+        elsewhere = runs.runs_dirs_nearby(REPO, folder)
         raise UsageError("no recorded run under %s; point at another runs dir with --runs-dir DIR or "
-                         "DGX_STAGE_RUNS_DIR%s" % (runs_dir, " (runs are recorded under: %s)" % ", ".join(
+                         "DGX_STAGE_RUNS_DIR%s" % (folder, " (runs are recorded under: %s)" % ", ".join(
                              os.path.relpath(p, os.getcwd()) for p in elsewhere) if elsewhere else ""))
-    if not run_id:
-        return record, None, {}
-    if args.report_dir:
-        paths = dict((host, os.path.join(args.report_dir, "%s-%s.json" % (host, run_id)))
-                     for host in (record or {}).get("reports") or {})
+    paths = dict(record.get("reports") or {}) if run_id else {}
+    if run_id and args.report_dir:
+        paths = dict((host, os.path.join(args.report_dir, "%s-%s.json" % (host, run_id))) for host in paths)
         paths.update(history.get(run_id) or {})
-    else:
-        paths = dict((record or {}).get("reports") or {})
     reports = {}
-    for host in _limit_hosts(sorted(paths), args.limit):
+    for host in _limit_hosts(paths, args.limit):
         try:
             with open(paths[host]) as handle:
                 reports[host] = json.load(handle)
@@ -282,54 +196,43 @@ def load_run_reports(args):
                 raise ValueError("%s is not a JSON object" % paths[host])
         except (OSError, ValueError) as exc:
             reports[host] = {"host": host, "run_id": run_id, "status": "unreadable: %s" % exc}
-        if (record or {}).get("status") == "interrupted" and reports[host].get("status") == "running":
+        if record.get("status") == "interrupted" and reports[host].get("status") == "running":
             reports[host]["status"] = "interrupted"      # the front end died before it settled them
     if args.limit and not reports and paths:
         raise UsageError("--limit %s matches no host of run %s (hosts: %s)"
-                         % (args.limit, run_id, ", ".join(sorted(paths)) or "none"))
+                         % (args.limit, run_id, ", ".join(sorted(paths))))
     return record, run_id, reports
-
-
-def report_failures(reports):
-    return [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
-            for h, r in sorted(reports.items()) if r.get("status") == "failed"]
 
 
 def report_subcommand(args, out=None):
     out = out or sys.stdout
     record, run_id, reports = load_run_reports(args)
-    receipts = (record or {}).get("receipts_removed") or {}
-    rows = table.table_rows(reports, receipts)
-    title = "dgx-stage run %s" % (run_id or record["ident"])
-    known = [record.get(key) for key in ("subcommand", "started", "status") if record and record.get(key)]
-    if known:
-        title += " (%s)" % ", ".join(known)
+    rows = table.table_rows(reports, record.get("receipts_removed") or {})
+    known = [record[key] for key in ("subcommand", "started", "status") if record.get(key)]
+    title = "dgx-stage run %s" % (run_id or record["ident"]) + (" (%s)" % ", ".join(known) if known else "") + (
+        "" if reports else ": no host report was written")
     # A host that failed before any report of it was written is only in run.json's failures.
-    failures = report_failures(reports) + [
-        f for f in (record or {}).get("failures") or []
-        if f["host"] not in reports and f["host"] in _limit_hosts([f["host"]], args.limit)]
-    if not reports:
-        title += ": no host report was written"
-    inventory = (record or {}).get("inventory")
+    unreported = [f for f in record.get("failures") or [] if f["host"] not in reports]
+    shown = _limit_hosts([f["host"] for f in unreported], args.limit)
+    failures = [{"host": h, "play": r.get("failed_play"), "task": r.get("failed_task"), "msg": r.get("failed_msg")}
+                for h, r in sorted(reports.items()) if r.get("status") == "failed"] + [
+        f for f in unreported if f["host"] in shown]
+    inventory = record.get("inventory")
     # Why the front end itself stopped the run, when it did (run.json's error): the table alone would not say.
-    error = [str(record["error"])] if record and record.get("error") else []
+    error = [str(record["error"])] if record.get("error") else []
     if args.markdown:
         out.write(table.render_markdown(rows, title=title, failures=failures, inventory=inventory) + "\n")
         for line in error:
             out.write("\n%s\n" % table.markdown_escape(line))
-    elif out.isatty():
-        from rich.console import Console
-        console = Console(file=out)
-        if reports:
-            table.print_table(console, rows, title=title)
-        else:
-            console.print(title, markup=False, highlight=False)
-        for line in [table.failure_line(failure, inventory) for failure in failures] + error:
-            console.print(line, markup=False, highlight=False)
+        return EXIT_OK
+    from dgx_stage.display import Display
+    display = Display(out)
+    if reports:
+        display.table(rows, title)
     else:
-        out.write(title + "\n" + (table.render_plain(rows) + "\n" if reports else ""))
-        for line in [table.failure_line(failure, inventory) for failure in failures] + error:
-            out.write(line + "\n")
+        display.print(title)
+    for line in [table.failure_line(failure, inventory) for failure in failures] + error:
+        display.print(line)
     return EXIT_OK
 
 

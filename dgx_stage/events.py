@@ -1,10 +1,9 @@
-"""What a run's ansible-runner events say, gathered as they arrive (pure: event dicts in, state out): the
-`mirror_job` polls, the lane facts (where the host reports are written, each host's lane and rank), the
-`engine_receipts` and `stage_status` results, failures, unreachable hosts and the final stats."""
+"""What a run's ansible-runner events say, gathered as they arrive (event dicts in, state out): the `mirror_job`
+polls, the lane facts, the `engine_receipts` and `stage_status` results, failures, unreachable hosts, the stats."""
+import os
 
 PROGRESS_EVENTS = ("runner_retry", "runner_on_ok", "runner_on_failed", "runner_item_on_ok", "runner_item_on_failed")
 RESULT_EVENTS = ("runner_on_ok", "runner_item_on_ok")
-FAILED_EVENTS = ("runner_on_failed", "runner_item_on_failed")
 
 
 def short_action(action):
@@ -13,23 +12,19 @@ def short_action(action):
 
 
 def result_message(res):
-    """A failed or unreachable result's message: a loop's failed or unreachable items' labels and messages
-    (the loop's own msg is "One or more items failed", or "All items completed" when an item was unreachable),
-    else msg, else stderr."""
+    """A failed or unreachable result's message: a loop's failed or unreachable items' labels and messages (the
+    loop's own msg says only that items failed), else msg, else the last line of stderr, reason or exception."""
     res = res or {}
     if res.get("censored"):     # no_log: its exception may hold the hidden message
         return str(res["censored"])
     items = ["%s: %s" % (item.get("_ansible_item_label", item.get("item")), result_message(item))
-             for item in res.get("results") or []
-             if isinstance(item, dict) and (item.get("failed") or item.get("unreachable"))]
+             for item in _results(res) if item is not res and (item.get("failed") or item.get("unreachable"))]
     if items:
         return "; ".join(items)
     if res.get("msg"):
         return str(res["msg"]).strip()
-    for key in ("stderr", "reason", "exception"):
-        if res.get(key):
-            return str(res[key]).strip().splitlines()[-1]
-    return "(no message)"
+    said = [str(res[key]).strip().splitlines()[-1] for key in ("stderr", "reason", "exception") if res.get(key)]
+    return said[0] if said else "(no message)"
 
 
 def _results(res):
@@ -45,7 +40,6 @@ class RunState(object):
     def __init__(self):
         self.pid = None              # ansible-playbook's pid (every event carries it)
         self.play = None
-        self.task = None
         self.progress = {}           # host -> {"progress": {...}, "line": str, "finished": bool}
         self.failures = {}           # host -> {"host", "play", "task", "msg"}, the last one seen
         self.unreachable = {}        # host -> {"host", "play", "task", "msg"}
@@ -59,48 +53,36 @@ class RunState(object):
 
     @property
     def run_id(self):
-        ids = sorted(set(r.get("run_id") for r in self.reports.values() if r.get("run_id")))
-        return ids[-1] if ids else None
+        return max([r["run_id"] for r in self.reports.values() if r.get("run_id")] or [None])
 
     @property
     def report_dir(self):
-        import os
-        dirs = sorted(set(os.path.dirname(p) for p in self.history_paths.values() if p))
-        return dirs[0] if dirs else None
+        return min([os.path.dirname(p) for p in self.history_paths.values() if p] or [None])
 
     def handle(self, event):
         """Take one event; returns the updates to show: [("progress", host, entry)] or [("output", text)]."""
-        updates = []
-        name = event.get("event")
-        data = event.get("event_data") or {}
-        if event.get("pid") and self.pid is None:
-            self.pid = event["pid"]
-        if event.get("stdout"):
-            updates.append(("output", event["stdout"]))
+        name, data = event.get("event"), event.get("event_data") or {}
+        self.pid = self.pid or event.get("pid")
+        updates = [("output", event["stdout"])] if event.get("stdout") else []
         if name == "playbook_on_play_start":
             self.play = data.get("play") or data.get("name")
-        elif name == "playbook_on_task_start":
-            self.task = data.get("task") or data.get("name")
         elif name == "playbook_on_stats":
             self.stats = data
-        action = short_action(data.get("task_action"))
-        host = data.get("host")
+        action, host = short_action(data.get("task_action")), data.get("host")
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
         if action == "mirror_job" and name in PROGRESS_EVENTS and host:
             for item in _results(res):
                 if item.get("progress") is not None or item.get("line"):
-                    entry = {"progress": item.get("progress") or {}, "line": item.get("line") or "",
-                             "finished": bool(item.get("finished"))}
-                    self.progress[host] = entry
-                    updates.append(("progress", host, entry))
+                    self.progress[host] = {"progress": item.get("progress") or {}, "line": item.get("line") or "",
+                                           "finished": bool(item.get("finished"))}
+                    updates.append(("progress", host, self.progress[host]))
         if name in RESULT_EVENTS:
             self._result(action, host, res)
-        if name in FAILED_EVENTS and not data.get("ignore_errors") and host and name == "runner_on_failed":
-            self.failures[host] = {"host": host, "play": data.get("play") or self.play,
-                                   "task": data.get("task") or self.task, "msg": result_message(res)}
-        elif name == "runner_on_unreachable" and host:
-            self.unreachable[host] = {"host": host, "play": data.get("play") or self.play,
-                                      "task": data.get("task") or self.task, "msg": result_message(res)}
+        seen = {"runner_on_unreachable": self.unreachable,
+                "runner_on_failed": None if data.get("ignore_errors") else self.failures}.get(name)
+        if seen is not None and host:
+            seen[host] = {"host": host, "play": data.get("play") or self.play, "task": data.get("task"),
+                          "msg": result_message(res)}
         return updates
 
     def _result(self, action, host, res):
@@ -113,31 +95,27 @@ class RunState(object):
             if host and str(facts.get("lane_rank")).isdigit():
                 self.lanes.setdefault(host, {})["rank"] = int(facts["lane_rank"])
             if action == "engine_receipts" and host and isinstance(item.get("removed"), list):
-                self.receipts_removed.setdefault(host, [])
-                self.receipts_removed[host] += [p for p in item["removed"] if p not in self.receipts_removed[host]]
+                removed = self.receipts_removed.setdefault(host, [])
+                removed += [p for p in item["removed"] if p not in removed]
             elif action == "stage_status" and host and isinstance(item.get("lines"), list):
                 self.status_lines[host] = list(item["lines"])
 
     def failed_hosts(self):
-        """[{"host", "play", "task", "msg"}] of every host the run counts failed or unreachable, the host's
-        report (when it names the failed play and task) preferred to the last failure event."""
-        stats = self.stats or {}
-        failed = set(h for h, n in (stats.get("failures") or {}).items() if n)
-        dark = set(h for h, n in (stats.get("dark") or {}).items() if n)
-        if self.stats is None:   # the run stopped before its recap: what the events said
+        """[{"host", "play", "task", "msg", "unreachable"}] of every host the run counts failed or unreachable (what
+        the events said while the run stopped before its recap), its report's failed play and task preferred."""
+        if self.stats is None:
             failed, dark = set(self.failures), set(self.unreachable)
+        else:
+            failed, dark = (set(h for h, n in (self.stats.get(key) or {}).items() if n) for key in ("failures", "dark"))
         out = []
         for host in sorted(failed | dark):
             seen = self.unreachable.get(host) if host in dark else self.failures.get(host)
             seen = dict(seen or {"host": host, "play": None, "task": None, "msg": "(no failure event)"})
-            report = self.reports.get(host) or {}
-            # An unreachable host's own event says why (the ssh error); its report, written for it by
-            # another host, only says it did not reach the end of the run.
-            if host in dark and host in self.unreachable:
-                report = {}
+            # An unreachable host's own event says why (the ssh error); its report, written for it by another
+            # host, only says it did not reach the end of the run.
+            report = {} if host in dark and host in self.unreachable else self.reports.get(host) or {}
             if report.get("status") == "failed" and report.get("failed_task"):
                 seen.update(play=report.get("failed_play") or seen["play"], task=report["failed_task"],
                             msg=report.get("failed_msg") or seen["msg"])
-            seen["unreachable"] = host in dark
-            out.append(seen)
+            out.append(dict(seen, unreachable=host in dark))
         return out

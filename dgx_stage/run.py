@@ -5,21 +5,24 @@ SIGINT to its process group (it stops after its summary), a second one cancels t
 import contextlib
 import os
 import queue
+import shlex
 import shutil
 import signal
 import sys
 
 from dgx_stage import (EXIT_ANSIBLE, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, REPO, UsageError, extravars, runs,
-                       summary, table)
-from dgx_stage.display import PlainDisplay, RichDisplay
+                       summary, table, use_module_utils)
+from dgx_stage.display import Display
 from dgx_stage.events import RunState
+
+use_module_utils()
+from ansible.module_utils.dgx_units import utc_text  # noqa: E402
 
 LOG_TAIL = 25   # lines of the log shown when ansible-playbook failed with no host result
 
 
 # ansible-playbook as ansible-runner starts it: through this shim, which asks the kernel to send it SIGINT
-# when the front end dies (SIGKILL, OOM: no handler of ours runs). Without it ansible-playbook, in its own
-# session, outlives a killed front end and goes on staging with nobody watching and run.json "running".
+# when the front end dies (SIGKILL, OOM: no handler of ours runs), so it never stages on with nobody watching.
 GUARD = """#!%(python)s
 import ctypes, os, signal, sys
 PR_SET_PDEATHSIG = 1
@@ -48,43 +51,16 @@ def write_guard(bin_dir, parent=None, playbook=None):
 def runner_env(guard_dir=None):
     """The repo's ansible.cfg and callback plugins (ansible-runner adds its own after them), this interpreter's
     ansible-playbook first (behind the guard of guard_dir when given)."""
-    plugins = [os.path.join(REPO, "callback_plugins")]
-    if os.environ.get("ANSIBLE_CALLBACK_PLUGINS"):
-        plugins.append(os.environ["ANSIBLE_CALLBACK_PLUGINS"])
+    plugins = [os.path.join(REPO, "callback_plugins")] + [p for p in [os.environ.get("ANSIBLE_CALLBACK_PLUGINS")] if p]
     bin_dirs = ([guard_dir] if guard_dir else []) + [os.path.dirname(os.path.abspath(sys.executable))]
     return {"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join(plugins),
             "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
             "PATH": os.pathsep.join(bin_dirs + [os.environ.get("PATH", os.defpath)])}
 
 
-def playbook_pids():
-    """Pids of this process's children that run ansible-playbook (ansible-runner's pexpect child)."""
-    pids = []
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return pids
-    for tid in tasks:
-        try:
-            with open("/proc/self/task/%s/children" % tid) as handle:
-                children = handle.read().split()
-        except OSError:
-            continue
-        for pid in children:
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as handle:
-                    cmdline = handle.read()
-            except OSError:
-                continue
-            if b"ansible-playbook" in cmdline:
-                pids.append(int(pid))
-    return pids
-
-
 def visible_result(event):
     """A changed or failed result, or an unreachable host (what makes a play worth naming)."""
-    name = event.get("event")
-    data = event.get("event_data") or {}
+    name, data = event.get("event"), event.get("event_data") or {}
     if name == "runner_on_unreachable" or (name == "runner_on_failed" and not data.get("ignore_errors")):
         return True
     return name == "runner_on_ok" and bool((data.get("res") or {}).get("changed"))
@@ -92,28 +68,16 @@ def visible_result(event):
 
 def runner_cmdline(tags, limit, extra_vars, check, verbose):
     """ansible-playbook's arguments besides the inventory and the playbook (a shell-quoted string)."""
-    import shlex
-    args = []
-    if tags:
-        args += ["--tags", tags]
-    if limit:
-        args += ["--limit", limit]
-    for value in extra_vars:
-        args += ["-e", value]
-    if check:
-        args += ["--check", "--diff"]
-    if verbose > 1:
-        args.append("-" + "v" * (verbose - 1))
+    args = (["--tags", tags] if tags else []) + (["--limit", limit] if limit else [])
+    args += [word for value in extra_vars for word in ("-e", value)]
+    args += (["--check", "--diff"] if check else []) + (["-" + "v" * (verbose - 1)] if verbose > 1 else [])
     return " ".join(shlex.quote(a) for a in args)
 
 
 def changes_text(changed):
     """What the run changed, from the recap's per-host counts: "0 changes", "3 changes (dgx1 2, dgx2 1)"."""
-    total = sum(changed.values())
-    if not total:
-        return "0 changes"
-    return "%d change%s (%s)" % (total, "" if total == 1 else "s",
-                                 ", ".join("%s %d" % (host, n) for host, n in sorted(changed.items()) if n))
+    hosts = ", ".join("%s %d" % (host, n) for host, n in sorted(changed.items()) if n)
+    return summary.plural(sum(changed.values()), "change") + (" (%s)" % hosts if hosts else "")
 
 
 class PlaybookRun(object):
@@ -129,7 +93,6 @@ class PlaybookRun(object):
         self.forwarded_to = None
         self.record = {}
 
-    # -- signals ----------------------------------------------------------------------------------------
     def _on_signal(self, signum, _frame):
         self.interrupts += 1
         if self.interrupts == 1:
@@ -143,23 +106,18 @@ class PlaybookRun(object):
             self.events.put({"_note": "interrupted again: cancelling the run"})
 
     def _forward(self):
-        """SIGINT to ansible-playbook's process group (its own session: the terminal's Ctrl-C reached only
-        us). Before ansible-playbook has started there is nobody to tell: the run loop tries again."""
-        for pid in playbook_pids() or ([self.state.pid] if self.state.pid else []):
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGINT)
-                self.forwarded_to = pid
-            except OSError:
-                pass
+        """SIGINT to ansible-playbook's process group, once its first event named its pid (the run loop tries
+        again until then)."""
+        if self.state.pid:
+            with contextlib.suppress(OSError):
+                os.killpg(os.getpgid(self.state.pid), signal.SIGINT)
+                self.forwarded_to = self.state.pid
 
-    # -- the record -------------------------------------------------------------------------------------
     def _write_record(self, **fields):
-        self.record.update(fields)
-        self.record.update({
-            "run_id": self.state.run_id, "report_dir": self.state.report_dir, "reports": self._report_paths(),
-            "receipts_removed": dict(sorted(self.state.receipts_removed.items())),
-        })
-        runs.write_record(self.run_dir, self.record)
+        self.record.update(fields, run_id=self.state.run_id, report_dir=self.state.report_dir,
+                           reports=dict(self.state.history_paths),
+                           receipts_removed=dict(sorted(self.state.receipts_removed.items())))
+        runs.write_json(os.path.join(self.run_dir, "run.json"), self.record)
 
     def _read_reports(self):
         """This run's host reports, from the files the dgx_report callback wrote (the run's id is ours)."""
@@ -167,12 +125,9 @@ class PlaybookRun(object):
         self.state.reports.update(reports)
         self.state.history_paths.update(paths)
 
-    def _report_paths(self):
-        return dict((h, p) for h, p in sorted(self.state.history_paths.items()) if p)
-
     def _make_run_dir(self):
-        """A new dir for this run (another ident when a concurrent run took this one); UsageError naming an
-        unusable runs dir."""
+        """A new dir for this run (another ident when a concurrent run took this one)."""
+        fix = "; pass --runs-dir or set DGX_STAGE_RUNS_DIR"
         for _attempt in range(20):
             try:
                 os.makedirs(self.runs_dir, exist_ok=True)
@@ -180,91 +135,52 @@ class PlaybookRun(object):
                 return
             except FileExistsError:
                 if not os.path.isdir(self.runs_dir):
-                    raise UsageError("runs dir %s is not a directory; pass --runs-dir or set DGX_STAGE_RUNS_DIR"
-                                     % self.runs_dir)
+                    raise UsageError("runs dir %s is not a directory%s" % (self.runs_dir, fix))
                 self.ident = runs.new_ident()
                 self.run_dir = os.path.join(self.runs_dir, self.ident)
             except OSError as exc:
-                raise UsageError("cannot record the run under %s (%s); pass --runs-dir or set DGX_STAGE_RUNS_DIR"
-                                 % (self.runs_dir, exc.strerror or exc))
+                raise UsageError("cannot record the run under %s (%s)%s" % (self.runs_dir, exc.strerror or exc, fix))
         raise UsageError("no free run ident under %s" % self.runs_dir)
 
     def run(self):
-        # Our handlers from the start: a Ctrl-C while ansible-runner loads is forwarded once the playbook
-        # runs (a KeyboardInterrupt traceback before, with run.json left "running").
+        # Our handlers from the start: a Ctrl-C while ansible-runner loads is forwarded once the playbook runs.
         handlers = dict((signum, signal.signal(signum, self._on_signal)) for signum in (signal.SIGINT, signal.SIGTERM))
         try:
             return self._run()
         finally:
-            shutil.rmtree(self._extra_vars_dir(), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.run_dir, runs.EXTRA_VARS), ignore_errors=True)
             runs.scrub_command(self.run_dir)
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
-
-    def _extra_vars_dir(self):
-        """Where the run's inline -e values wait for ansible-playbook (extravars.as_files); removed at its end."""
-        return os.path.join(self.run_dir, runs.EXTRA_VARS)
 
     def _run(self):
         import ansible_runner
         spec = self.spec
         self._make_run_dir()
         runs.sweep_extra_vars(self.runs_dir)
-        self._write_record(ident=self.ident, pid=os.getpid(), subcommand=spec["subcommand"],
-                           argv=spec["argv"], playbook=spec["playbook"], tags=spec["tags"], inventory=spec["inventory"],
-                           limit=spec["limit"], extra_vars=[extravars.described(v) for v in spec["extra_vars"]],
-                           check=spec["check"],
-                           status="running", rc=None, exit_code=None, started=runs.utc_now(), finished=None,
-                           artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"))
-        from rich.console import Console
-        console = Console(file=self.out) if self.out.isatty() else None
-        display = RichDisplay(console, spec["verbose"] > 0) if console is not None else PlainDisplay(self.out, spec["verbose"] > 0)
+        recorded = dict((key, spec[key]) for key in ("subcommand", "playbook", "tags", "inventory", "limit", "check"))
+        self._write_record(ident=self.ident, pid=os.getpid(), extra_vars=[extravars.described(v) for v in
+                                                                          spec["extra_vars"]],
+                           status="running", rc=None, exit_code=None, started=utc_text(), finished=None,
+                           artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"), **recorded)
+        display = Display(self.out, spec["verbose"] > 0)
         display.print("dgx-stage %s: %s%s on %s%s (run %s)" % (
             spec["subcommand"], spec["playbook"], " --tags " + spec["tags"] if spec["tags"] else "",
             spec["inventory"], " --limit " + spec["limit"] if spec["limit"] else "", self.ident))
-
         thread = None
         try:
+            extra_vars = extravars.as_files(spec["extra_vars"], os.path.join(self.run_dir, runs.EXTRA_VARS))
             thread, runner = ansible_runner.run_async(
                 private_data_dir=self.run_dir, artifact_dir=self.runs_dir, ident=self.ident, project_dir=REPO,
                 playbook=os.path.join(REPO, spec["playbook"]), inventory=spec["inventory"],
-                cmdline=runner_cmdline(spec["tags"], spec["limit"],
-                                       extravars.as_files(spec["extra_vars"], self._extra_vars_dir()),
-                                       spec["check"], spec["verbose"]),
+                cmdline=runner_cmdline(spec["tags"], spec["limit"], extra_vars, spec["check"], spec["verbose"]),
                 envvars=dict(runner_env(os.path.dirname(write_guard(os.path.join(self.run_dir, "bin")))),
-                             **runs.run_identity_env(self.ident)), quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
+                             **runs.run_identity_env(self.ident)),
+                quiet=True, settings={"pexpect_timeout": 0.5, "suppress_ansible_output": True},
                 event_handler=self._on_event, status_handler=self._on_status,
                 cancel_callback=lambda: self.interrupts >= 2)
-            shown_play = None
             with display:
-                while thread.is_alive() or not self.events.empty():
-                    if self.interrupts == 1 and self.forwarded_to is None:
-                        self._forward()
-                    try:
-                        event = self.events.get(timeout=0.2)
-                    except queue.Empty:
-                        continue
-                    if "_note" in event:
-                        display.print(event["_note"])
-                        continue
-                    if "_status" in event:
-                        continue
-                    updates = self.state.handle(event)
-                    if event.get("event") in ("playbook_on_play_start", "playbook_on_stats"):
-                        self._read_reports()   # the callback writes the reports as each play ends
-                    if self._report_paths() != self.record["reports"]:
-                        self._write_record()   # a killed front end's run.json still leads `report` to them
-                    # A play is named once it shows something: progress, a change, a failure (the plays
-                    # the tags skip still run their bookkeeping tasks: not worth a line).
-                    if self.state.play != shown_play and not spec["verbose"] and (
-                            any(u[0] == "progress" for u in updates) or visible_result(event)):
-                        shown_play = self.state.play
-                        display.print("play: %s" % shown_play)
-                    for update in updates:
-                        if update[0] == "progress":
-                            display.progress(update[1], update[2])
-                        else:
-                            display.output(update[1])
+                self._watch(thread, display)
             thread.join()
         except Exception as exc:
             # The front end itself failed: the run must not go on unwatched, nor its run.json say "running".
@@ -275,10 +191,38 @@ class PlaybookRun(object):
                 with contextlib.suppress(OSError):   # the front end's own error is the one to report
                     self._read_reports()
                     self._settle_reports(self.state.failed_hosts())
-            self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=runs.utc_now(),
+            self._write_record(status="error", exit_code=EXIT_ANSIBLE, finished=utc_text(),
                                error="dgx-stage failed: %s: %s" % (type(exc).__name__, exc))
             raise
-        return self._finish(runner, display, console)
+        return self._finish(runner, display)
+
+    def _watch(self, thread, display):
+        shown_play = None
+        while thread.is_alive() or not self.events.empty():
+            if self.interrupts == 1 and self.forwarded_to is None:
+                self._forward()
+            try:
+                event = self.events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if "_note" in event:
+                display.print(event["_note"])
+                continue
+            updates = self.state.handle(event)
+            if event.get("event") in ("playbook_on_play_start", "playbook_on_stats"):
+                self._read_reports()   # the callback writes the reports as each play ends
+            if self.state.history_paths != self.record["reports"]:
+                self._write_record()   # a killed front end's run.json still leads `report` to them
+            # A play is named once it shows something: the plays the tags skip still run bookkeeping tasks.
+            if self.state.play != shown_play and not self.spec["verbose"] and (
+                    any(u[0] == "progress" for u in updates) or visible_result(event)):
+                shown_play = self.state.play
+                display.print("play: %s" % shown_play)
+            for update in updates:
+                if update[0] == "progress":
+                    display.progress(update[1], update[2])
+                else:
+                    display.output(update[1])
 
     def _on_event(self, event):
         self.events.put(event)
@@ -287,10 +231,8 @@ class PlaybookRun(object):
     def _on_status(self, status, runner_config=None):
         if status.get("status") == "running":   # runner has written its `command` artifact, environment and all
             runs.scrub_command(self.run_dir)
-        self.events.put({"_status": status.get("status")})
 
-    # -- the end ----------------------------------------------------------------------------------------
-    def _finish(self, runner, display, console):
+    def _finish(self, runner, display):
         state = self.state
         self._read_reports()
         failures = state.failed_hosts()
@@ -305,17 +247,15 @@ class PlaybookRun(object):
         self._settle_reports(failures)
         changed = dict(sorted((state.stats or {}).get("changed", {}).items()))
         self._write_record(status=status, runner_status=runner.status, rc=runner.rc, exit_code=code,
-                           finished=runs.utc_now(), failures=failures, changed=changed)
+                           finished=utc_text(), failures=failures, changed=changed)
         if self.spec["subcommand"] == "status":
-            self._print_status(display)
+            hosts = dict((host, dict(state.lanes.get(host, {}), lines=lines))
+                         for host, lines in state.status_lines.items())
+            run = {"inventory": self.spec["inventory"], "playbook": self.spec["playbook"]}
+            display.print("\n".join(summary.status_lines(hosts, run)) or "no host reported its status")
         elif state.reports:
-            rows = table.table_rows(state.reports, state.receipts_removed)
-            title = "dgx-stage %s: run %s, %s" % (self.spec["subcommand"], state.run_id, changes_text(changed))
-            if console is not None:
-                table.print_table(console, rows, title=title)
-            else:
-                display.print(title)
-                display.print(table.render_plain(rows))
+            display.table(table.table_rows(state.reports, state.receipts_removed), "dgx-stage %s: run %s, %s"
+                          % (self.spec["subcommand"], state.run_id, changes_text(changed)))
         else:
             display.print("no host report was written in this run")
         for failure in failures:
@@ -332,22 +272,13 @@ class PlaybookRun(object):
     def _settle_reports(self, failures):
         """A report of this run still `running` says `failed` with what the events said, else `interrupted`
         (always after an interrupt: its events include failures a rescue handled)."""
-        state = self.state
-        if not state.run_id:
-            return
-        seen = {} if self.interrupts else dict((f["host"], f) for f in failures)
-        state.reports.update(runs.settle_unfinished(state.history_paths, state.run_id, seen))
-
-    def _print_status(self, display):
-        hosts = dict((host, dict(self.state.lanes.get(host, {}), lines=lines))
-                     for host, lines in self.state.status_lines.items())
-        run = {"inventory": self.spec["inventory"], "playbook": self.spec["playbook"]}
-        display.print("\n".join(summary.status_lines(hosts, run)) or "no host reported its status")
+        if self.state.run_id:
+            seen = {} if self.interrupts else dict((f["host"], f) for f in failures)
+            self.state.reports.update(runs.settle_unfinished(self.state.history_paths, self.state.run_id, seen))
 
     def _log_tail(self):
         try:
             with open(os.path.join(self.run_dir, "stdout"), errors="replace") as handle:
-                lines = handle.read().replace("\r\n", "\n").splitlines()
+                return "\n".join(handle.read().replace("\r\n", "\n").splitlines()[-LOG_TAIL:])
         except OSError:
             return "(no log)"
-        return "\n".join(lines[-LOG_TAIL:])

@@ -1,8 +1,10 @@
-"""The record of each run: <runs dir>/<ident>/run.json (written atomically), next to ansible-runner's
-artifacts of the run (stdout: the full log, job_events/, rc, status, command)."""
+"""The record of each run: <runs dir>/<ident>/run.json (written atomically), next to ansible-runner's artifacts of
+the run (stdout: the full log, job_events/, rc, status, command)."""
 import datetime
+import glob
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -16,17 +18,13 @@ from ansible.module_utils.dgx_process import process_alive  # noqa: E402
 
 # The folder of a run's inline -e values (files ansible-playbook reads; they may hold secrets).
 EXTRA_VARS = "extra-vars"
-
-
-def utc_now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+HISTORY_FILE = re.compile(r"^(?P<host>.+)-(?P<run_id>\d{8}T\d{6}Z-[0-9a-f]{4})\.json$")
 
 
 def new_ident():
     """A run's id, sortable by start time: 20261201T100609Z-1a2b. It names the runner's dir and, passed to the
     playbook (run_identity_env), the lane's run id and its host reports: one id for one run."""
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return "%s-%s" % (stamp, secrets.token_hex(2))
+    return "%s-%s" % (datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"), secrets.token_hex(2))
 
 
 def run_identity_env(ident):
@@ -45,9 +43,12 @@ def write_json(path, data, indent=1):
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
-def write_record(run_dir, record):
-    """run.json of a run."""
-    write_json(os.path.join(run_dir, "run.json"), record)
+def _read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
 
 
 def front_end_alive(record):
@@ -62,23 +63,12 @@ def sweep_extra_vars(runs_dir):
     """Remove the -e files of every run under runs_dir whose front end is gone (a killed one could not); returns
     the run idents swept."""
     swept = []
-    try:
-        names = sorted(os.listdir(runs_dir))
-    except OSError:
-        return swept
-    for name in names:
+    for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
         folder = os.path.join(runs_dir, name, EXTRA_VARS)
-        if os.path.islink(folder) or not os.path.isdir(folder):
-            continue
-        try:
-            with open(os.path.join(runs_dir, name, "run.json")) as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
-            record = {}
-        if front_end_alive(record):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        swept.append(name)
+        if not os.path.islink(folder) and os.path.isdir(folder) and \
+                not front_end_alive(_read_json(os.path.join(runs_dir, name, "run.json"))):
+            shutil.rmtree(folder, ignore_errors=True)
+            swept.append(name)
     return swept
 
 
@@ -86,11 +76,7 @@ def scrub_command(run_dir):
     """ansible-runner's `command` artifact without its `env` (the operator's whole environment, tokens included);
     returns whether it was rewritten."""
     path = os.path.join(run_dir, "command")
-    try:
-        with open(path) as handle:
-            artifact = json.load(handle)
-    except (OSError, ValueError):
-        return False
+    artifact = _read_json(path)
     if not isinstance(artifact, dict) or "env" not in artifact:
         return False
     artifact.pop("env")
@@ -102,9 +88,9 @@ def scrub_command(run_dir):
 
 
 def settle_unfinished(report_paths, run_id, failures):
-    """The host reports of a run that is over and still say `running` (dgx_report, their owner, rewrites
-    them): `failed` with its failure for a host in failures ({host: {"play", "task", "msg"}}, what the events
-    said), else `interrupted`. Returns {host: settled report} of the hosts whose reports changed."""
+    """The host reports of a run that is over and still say `running` (dgx_report, their owner, rewrites them):
+    `failed` with its failure for a host in failures ({host: {"play", "task", "msg"}}), else `interrupted`.
+    Returns {host: settled report} of the hosts whose reports changed."""
     settled = {}
     for host, path in sorted(report_paths.items()):
         failure = failures.get(host)
@@ -117,16 +103,14 @@ def settle_unfinished(report_paths, run_id, failures):
 
 def runs_dirs_nearby(root, current):
     """Other runs dirs of this work tree that hold runs (the demos record theirs under .cache/<demo>/runs)."""
-    import glob
-    found = sorted(set(os.path.dirname(os.path.dirname(path))
-                       for path in glob.glob(os.path.join(root, ".cache", "*", "runs", "*", "run.json"))
-                       + glob.glob(os.path.join(root, ".cache", "runs", "*", "run.json"))))
-    return [path for path in found if os.path.abspath(path) != os.path.abspath(current)]
+    found = set(os.path.dirname(os.path.dirname(path)) for pattern in ("*/runs", "runs")
+                for path in glob.glob(os.path.join(root, ".cache", pattern, "*", "run.json")))
+    return sorted(path for path in found if os.path.abspath(path) != os.path.abspath(current))
 
 
 def _names(folder, what, option):
-    """The names in folder, sorted ([] when it does not exist); UsageError naming it and the option to fix it when
-    it cannot be listed (a file, no permission)."""
+    """The names in folder, sorted ([] when it does not exist); UsageError naming it and the fix when it cannot be
+    listed (a file, no permission)."""
     try:
         return sorted(os.listdir(folder))
     except FileNotFoundError:
@@ -136,55 +120,35 @@ def _names(folder, what, option):
 
 
 def read_records(runs_dir):
-    """Every readable run.json under runs_dir, oldest first."""
+    """Every readable run.json under runs_dir, oldest first, as `report` reads it: a hand-edited or foreign field of
+    another type reads as absent, the ident falls back to the dir's name, a killed front end's run as interrupted."""
     records = []
     for name in _names(runs_dir, "runs dir", "--runs-dir DIR or set DGX_STAGE_RUNS_DIR"):
-        path = os.path.join(runs_dir, name, "run.json")
-        try:
-            with open(path) as handle:
-                record = json.load(handle)
-        except (OSError, ValueError):
+        record = _read_json(os.path.join(runs_dir, name, "run.json"))
+        if not isinstance(record, dict):
             continue
-        if isinstance(record, dict):
-            records.append(normal_record(record, name))
+        record = dict(record, **dict((key, record[key] if isinstance(record.get(key), str) and record[key] else None)
+                                     for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status",
+                                                 "inventory")))
+        record["ident"] = record["ident"] or name
+        if record["status"] == "running" and not front_end_alive(record):
+            record["status"] = "interrupted"
+        reports, failures, receipts = (record.get(key) for key in ("reports", "failures", "receipts_removed"))
+        record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
+            if isinstance(reports, dict) else {}
+        record["failures"] = [f for f in failures if isinstance(f, dict) and isinstance(f.get("host"), str)] \
+            if isinstance(failures, list) else []
+        record["receipts_removed"] = dict((h, p) for h, p in receipts.items() if isinstance(p, list)) \
+            if isinstance(receipts, dict) else {}
+        records.append(record)
     return sorted(records, key=lambda r: (r.get("started") or "", r["ident"]))
 
 
-def normal_record(record, name):
-    """A run.json as `report` reads it: the fields it uses of the types it expects (a hand-edited or foreign
-    file must not crash report: a wrong field reads as absent; the ident falls back to the dir's name)."""
-    record = dict(record)
-    for key in ("ident", "run_id", "started", "subcommand", "report_dir", "status", "inventory"):
-        if not isinstance(record.get(key), str) or not record[key]:
-            record[key] = None
-    record["ident"] = record["ident"] or name
-    if record["status"] == "running" and not front_end_alive(record):
-        record["status"] = "interrupted"   # its front end was killed (SIGKILL) before it recorded the end
-    reports = record.get("reports")
-    record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
-        if isinstance(reports, dict) else {}
-    failures = record.get("failures")
-    record["failures"] = [f for f in failures if isinstance(f, dict) and isinstance(f.get("host"), str)] \
-        if isinstance(failures, list) else []
-    receipts = record.get("receipts_removed")
-    record["receipts_removed"] = dict((h, p) for h, p in receipts.items() if isinstance(p, list)) \
-        if isinstance(receipts, dict) else {}
-    return record
-
-
-def find_record(records, wanted):
-    """The record whose ident or lane run_id is `wanted` (the latest such), else None."""
-    found = [r for r in records if wanted in (r.get("ident"), r.get("run_id"))]
-    return found[-1] if found else None
-
-
 def history_files(report_dir):
-    """{run_id: {host: path}} of the <host>-<run_id>.json files in a report dir (run ids end -xxxx)."""
-    import re
-    pattern = re.compile(r"^(?P<host>.+)-(?P<run_id>\d{8}T\d{6}Z-[0-9a-f]{4})\.json$")
+    """{run_id: {host: path}} of the <host>-<run_id>.json files in a report dir."""
     out = {}
     for name in _names(report_dir, "report dir", "--report-dir DIR"):
-        match = pattern.match(name)
+        match = HISTORY_FILE.match(name)
         if match:
             out.setdefault(match.group("run_id"), {})[match.group("host")] = os.path.join(report_dir, name)
     return out

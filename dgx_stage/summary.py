@@ -18,9 +18,8 @@ FRONT_END_RUN = "DGX_STAGE_RUN_ID"
 ENGINE_PLAYS = ("engine", "smoke", "bench")
 
 
-def summary_wanted(stdout_callback, environ=None):
+def summary_wanted(stdout_callback, environ=os.environ):
     """Whether a run prints a summary: not under the front end, not into a machine-readable stdout."""
-    environ = os.environ if environ is None else environ
     return str(stdout_callback or "").split(".")[-1] not in QUIET_STDOUT and not environ.get(FRONT_END_RUN)
 
 
@@ -71,9 +70,8 @@ def rerun_command(run, host, play, msg=None, lane=None):
 
 
 def rerun_extra_vars(values):
-    """The run's -e values as its re-run step names them: an @file by its path, but an inline value, and the
-    file the front end writes for one (removed when its run ends), by the names it sets, as NAME=... (the
-    value may be a secret: never shown)."""
+    """The run's -e values as its re-run step names them: an @file by its path; an inline value, and the file the
+    front end writes for one (removed when its run ends), as NAME=... for each name it sets (never its value)."""
     out = []
     for value in values:
         if value.startswith("@") and os.path.basename(os.path.dirname(value[1:])) != runs.EXTRA_VARS:
@@ -88,19 +86,18 @@ def rerun_extra_vars(values):
 
 
 def extra_var_warnings(values, inventories):
-    """What dgx-stage refuses in -e values (a name no play or role reads, a name without a value, a value
-    outside its choices or type), as warnings for a run without the front end; none without -e."""
+    """What dgx-stage would refuse in the -e values, as warnings for a run without the front end."""
     if not values:
         return []
     try:
-        return extravars.problems(list(values), list(inventories))
+        return extravars.problems(list(values), extravars.Inventory(list(inventories)))
     except UsageError as exc:
         return [str(exc)]
 
 
 def engine_lane(reports, host, engine_runs):
-    """The hosts of host's lane in rank order when its engine runs in this run (None otherwise): a re-run
-    that reaches the engine play must name them all."""
+    """The hosts of host's lane in rank order when its engine runs in this run: a re-run that reaches the engine
+    play must name them all."""
     lane = reports[host].get("lane")
     if engine_runs.get(host) is not True or not lane:
         return None
@@ -136,11 +133,9 @@ def relative(path, cwd=None):
 
 
 def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
-    """The summary lines of a run from its host reports ({host: report}, {host: path}, runs.run_reports).
-
-    run: {id, inventory, playbook, check, wall_s, rerun_args, extra_vars}; stopped: INTERRUPTED or STOPPED
-    when the run ended before its recap (its hosts still `running` did not finish); engine_runs: {host:
-    lane_engine_runs}. [] without a report."""
+    """The summary lines of a run from its host reports and their paths (runs.run_reports). run: run_of's, with id
+    and wall_s; stopped: INTERRUPTED or STOPPED when the run ended before its recap; engine_runs: {host:
+    lane_engine_runs}."""
     if not reports:
         return []
     engine_runs = engine_runs or {}
@@ -190,15 +185,14 @@ def run_of(args, playbook, cwd=None):
             "rerun_args": rerun, "extra_vars": rerun_extra_vars(args.get("extra_vars") or ())}
 
 
-def status_lines(hosts, run, stopped=None):
+def status_lines(hosts, run):
     """The status playbook's summary: per host in rank order ({host: {lane, rank, lines, failure, unreachable}})
     its stage_status lines, or why it has none; then the count and a next step for a host not read."""
     if not hosts:
         return []
     order = sorted(hosts, key=table.rank_order(hosts))
     lanes = sorted(set(str(info["lane"]) for info in hosts.values() if info.get("lane")))
-    lines = ["DGX-STAGE STATUS: lane %s, %s%s" % (",".join(lanes) or "?", plural(len(order), "host"),
-                                                ", " + stopped if stopped else "")]
+    lines = ["DGX-STAGE STATUS: lane %s, %s" % (",".join(lanes) or "?", plural(len(order), "host"))]
     bad, steps = [], []
     for host in order:
         info = hosts[host]
@@ -217,7 +211,7 @@ def status_lines(hosts, run, stopped=None):
             why = "failed: %s: %s%s" % (failure.get("play") or "?", failure.get("task") or "?",
                                         ": " + msg if msg else "")
         else:
-            why = "not read (%s)" % (stopped.lower() if stopped else "no status")
+            why = "not read (no status)"
         lines.append("%s: %s" % (title, why))
     total = "%d/%d hosts read" % (len(order) - len(bad), len(order))
     return [one_line(line) for line in lines + [total + ("; NOT READ: %s" % ", ".join(bad) if bad else "")] + steps]

@@ -1,35 +1,21 @@
-"""The final table: one row per host from its host report of the run (pure functions, no I/O).
-
-Each row also carries its host's "stage_pass" (window, bytes from the NAS and from peers), shown below the table
-as the "Stage pass" block for a lane or when a host took or rejected peer blobs (stage_lines)."""
+"""The final table: one row per host from its host report of the run (pure functions, no I/O), and below it the
+"Stage pass" block (each host's window, bytes from the NAS and from peers) for a lane or when peers were used."""
 import contextlib
-import datetime
 import re
 import shlex
+import time
 
 from dgx_stage import use_module_utils
 
 use_module_utils()
 from ansible.module_utils.dgx_report import stage_bytes  # noqa: E402
 from ansible.module_utils.dgx_status import one_line  # noqa: E402
-from ansible.module_utils.dgx_units import human_bytes as units_human_bytes  # noqa: E402
+from ansible.module_utils.dgx_units import human_bytes as units_human_bytes, utc_epoch  # noqa: E402
 
-COLUMNS = (
-    ("host", "HOST"),
-    ("run_id", "RUN"),
-    ("status", "STATUS"),
-    ("files", "FILES local/excl"),
-    ("copied", "COPIED"),
-    ("repaired", "REPAIRED"),
-    ("nas_corrupt", "NAS CORRUPT"),
-    ("mib_s", "MiB/s"),
-    ("verify", "VERIFY"),
-    ("manifest", "MANIFEST local/nas"),
-    ("receipts", "RECEIPTS removed"),
-    ("engine", "ENGINE"),
-    ("smoke", "SMOKE"),
-    ("decode", "DECODE tok/s vs floor"),
-)
+COLUMNS = (("host", "HOST"), ("run_id", "RUN"), ("status", "STATUS"), ("files", "FILES local/excl"),
+           ("copied", "COPIED"), ("repaired", "REPAIRED"), ("nas_corrupt", "NAS CORRUPT"), ("mib_s", "MiB/s"),
+           ("verify", "VERIFY"), ("manifest", "MANIFEST local/nas"), ("receipts", "RECEIPTS removed"),
+           ("engine", "ENGINE"), ("smoke", "SMOKE"), ("decode", "DECODE tok/s vs floor"))
 NONE = "-"
 # The plain table's fold: it reads in a 100-column terminal, a pager or a CI log.
 PLAIN_WIDTH = 100
@@ -38,28 +24,23 @@ MARKDOWN_SPECIALS = "\\`*_<>[]|~&"   # ~: GitHub's strikethrough; &: an entity (
 
 
 def human_bytes(count):
-    """dgx_units.human_bytes, and NONE for a figure no report gave."""
     return NONE if count is None else units_human_bytes(count)
 
 
 def _dict(value):
-    """A report's part as a dict ({} for anything else: a hand-edited or foreign file must not crash report)."""
+    # A hand-edited or foreign report must not crash `report`: a part of another shape reads as absent.
     return value if isinstance(value, dict) else {}
 
 
 def _number(value):
     """An int or float from a report's value ('12' counts as 12); None for anything else (null, text, lists)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return int(number) if number.is_integer() else number
-    return None
+    try:
+        number = float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return int(number) if number is not None and number.is_integer() else number
 
 
 def _rows(report, *names):
@@ -86,17 +67,11 @@ def _files_on_disk(rows, check):
                    - (_number(_dict(row.get("files")).get("dangling")) or 0)) for row in rows)
 
 
-def _pass_complete(rows):
-    """Whether a pass's rows hold every repo's figures: a repo whose run ended without them (its lock held by
-    another run, an error before its plan, a job killed) has a failed row without `files`."""
-    return all(isinstance(row.get("files"), dict) for row in rows)
-
-
 def _files_rows(report):
-    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's
-    (verify, else stage); a preflight's plan is not on the disk."""
+    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's (verify,
+    else stage); a repo whose run ended without figures (its lock held, a job killed) has a row without `files`."""
     ran = [name for name in ("verify", "stage") if _rows(report, name)]
-    complete = [name for name in ran if _pass_complete(_rows(report, name))]
+    complete = [name for name in ran if all(isinstance(row.get("files"), dict) for row in _rows(report, name))]
     return (_rows(report, complete[0]) if complete else []), bool(ran) and not complete
 
 
@@ -181,9 +156,10 @@ def _pair(a, b):
 
 
 def host_row(report, receipts_removed=None):
-    """{column key: text} of one host's row, each one line (a name or an engine's error cannot forge a row)."""
+    """{column key: text} of one host's row, each one line (a name or an engine's error cannot forge a row), and
+    its "stage_pass" (stage_figures)."""
     f = host_figures(report, receipts_removed)
-    return dict((key, one_line(text)) for key, text in {
+    cells = {
         "host": str(f["host"] or NONE),
         "run_id": str(f["run_id"] or NONE),
         "status": str(f["status"] or NONE),
@@ -199,36 +175,26 @@ def host_row(report, receipts_removed=None):
         "engine": _engine_health(f["engine"]),
         "smoke": _smoke(f["engine"]),
         "decode": _decode(f["engine"]),
-    }.items())
+    }
+    return dict({key: one_line(text) for key, text in cells.items()}, stage_pass=stage_figures(report))
 
 
-def _utc(value):
-    """A report's ISO 8601 UTC timestamp (2026-12-01T10:17:43Z, fractions allowed) as a datetime, else None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.datetime.strptime(value.split(".")[0].rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-
-
-def _clock(moment, run_date):
-    """HH:MM:SS, with the date in front when it is not the run's."""
-    if moment is None:
+def _clock(epoch, day):
+    """HH:MM:SS (UTC), with the date in front when it is not `day`; '?' when not known."""
+    if epoch is None:
         return "?"
-    text = moment.strftime("%H:%M:%S")
-    return text if moment.date() == run_date else "%s %s" % (moment.strftime("%Y-%m-%d"), text)
+    date, clock = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)).split()
+    return clock if date == day else date + " " + clock
 
 
 def stage_window(started, finished, run_started=None):
     """'10:17:43-10:17:52' (UTC): when a host's own stage work ran; a date only on an end whose day is not
     the run's (then ' - ' between the ends, as the dates have hyphens); '-' when it did not stage."""
-    start, end = _utc(started), _utc(finished)
+    start, end = utc_epoch(started), utc_epoch(finished)
     if start is None and end is None:
         return NONE
-    run = _utc(run_started)
-    run_date = run.date() if run else (start or end).date()
-    ends = (_clock(start, run_date), _clock(end, run_date))
+    day = time.strftime("%Y-%m-%d", time.gmtime(utc_epoch(run_started) or (end if start is None else start)))
+    ends = (_clock(start, day), _clock(end, day))
     return (" - " if " " in ends[0] + ends[1] else "-").join(ends)
 
 
@@ -238,30 +204,21 @@ def _count(value):
 
 
 def stage_figures(report):
-    """One host's stage pass: window (started, finished), bytes from the NAS and from peers (None when the
-    run did not stage, or only planned: a --check run reads nothing), peer blobs rejected."""
+    """One host's stage pass: window, bytes from the NAS and from peers (None when the run did not stage, or only
+    planned: a --check run reads nothing), peer blobs rejected; each figure also as its cell's text."""
     rows = _rows(report, "stage")
     check = report.get("check_mode") is True or report.get("status") == "check"
-    staged = bool(rows) or _utc(report.get("stage_started")) is not None
+    staged = bool(rows) or utc_epoch(report.get("stage_started")) is not None
     peers, nas = _number(report.get("bytes_from_peers")), _number(report.get("bytes_from_nas"))
     if peers is None and rows:   # a report older than these keys: its stage rows, as dgx_report sums them
         with contextlib.suppress(TypeError, ValueError):   # a hand-edited row's text reads as not given
             nas, peers = stage_bytes(rows)
-    return {
-        "started": report.get("stage_started"), "finished": report.get("stage_finished"),
-        "bytes_from_nas": None if check or not staged else (nas or 0),
-        "bytes_from_peers": None if check or not staged else (peers or 0),
-        "peer_rejected": sum(_count(r.get("peer_rejected")) for r in rows),
-        "staged": staged,
-    }
-
-
-def stage_cells(report):
-    """The host's "stage_pass" of its row: stage_figures with the block's cells."""
-    f = stage_figures(report)
-    return dict(f, window=stage_window(f["started"], f["finished"], report.get("started")),
-                from_nas=human_bytes(f["bytes_from_nas"]), from_peers=human_bytes(f["bytes_from_peers"]),
-                rejected=str(f["peer_rejected"]))
+    nas, peers = (None, None) if check or not staged else (nas or 0, peers or 0)
+    rejected = sum(_count(r.get("peer_rejected")) for r in rows)
+    return {"started": report.get("stage_started"), "finished": report.get("stage_finished"),
+            "bytes_from_nas": nas, "bytes_from_peers": peers, "peer_rejected": rejected, "staged": staged,
+            "window": stage_window(report.get("stage_started"), report.get("stage_finished"), report.get("started")),
+            "from_nas": human_bytes(nas), "from_peers": human_bytes(peers), "rejected": str(rejected)}
 
 
 def rank_order(reports):
@@ -273,73 +230,47 @@ def rank_order(reports):
 
 
 def table_rows(reports, receipts=None):
-    """Rows in host order (rank order when the reports have ranks) from {host: report}; each row also
-    carries its host's stage pass under "stage_pass" (see stage_lines)."""
-    receipts = receipts or {}
+    """Rows in host order (rank order when the reports have ranks) from {host: report}."""
     reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
                    for h, r in reports.items())
-    order = sorted(reports, key=rank_order(reports))
-    rows = []
-    for h in order:
-        report = dict(reports[h], host=reports[h].get("host") or h)
-        rows.append(dict(host_row(report, receipts.get(h)), stage_pass=stage_cells(report)))
-    return rows
+    return [host_row(dict(reports[h], host=reports[h].get("host") or h), (receipts or {}).get(h))
+            for h in sorted(reports, key=rank_order(reports))]
 
 
 STAGE_TITLE = "Stage pass (UTC)"
-NO_STAGE = {"window": NONE, "from_nas": NONE, "from_peers": NONE, "rejected": "0", "staged": False,
-            "bytes_from_nas": None, "bytes_from_peers": None, "peer_rejected": 0}
 
 
-def _stage_of(row):
-    """A row's stage pass (a row made by host_row alone has none: it did not stage, as far as it says)."""
-    return row.get("stage_pass") if isinstance(row.get("stage_pass"), dict) else NO_STAGE
-
-
-def stage_pass_shown(rows):
-    """The block shows for a lane whose hosts staged (more than one host), or when any host took or
-    rejected peer blobs: a single host staging from the NAS alone (the demo) prints what it always did."""
-    passes = [_stage_of(row) for row in rows]
-    if any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes):
-        return True
-    return len(rows) > 1 and any(p["staged"] for p in passes)
-
-
-def _stage_columns(rows):
-    """(key, title) of the block: the rejected column only when a host rejected a peer blob."""
-    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
-    if any(_stage_of(row)["peer_rejected"] for row in rows):
-        columns.append(("rejected", "PEER REJECTED"))
-    return columns
-
-
-def _stage_table(rows):
-    """[header, line per host] as cell lists (HOST first)."""
-    columns = _stage_columns(rows)
-    return ([["HOST"] + [title for _key, title in columns]] +
-            [[row["host"]] + [_stage_of(row)[key] for key, _title in columns] for row in rows])
-
-
-def _lane_total(rows):
-    """'lane: 96.0 MiB from the NAS, 144.0 MiB from peers' for more than one host, else None."""
-    passes = [_stage_of(row) for row in rows]
-    if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes):
+def _stage_block(rows):
+    """(cells: a header and a line per host, the lane's total or None) of the "Stage pass" block, or None: it shows
+    for a lane whose hosts staged, or when a host took or rejected peer blobs (one host staging from the NAS alone,
+    the demo, prints the table alone); the rejected column only when a host rejected a peer blob."""
+    passes = [row["stage_pass"] for row in rows]
+    if not (any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes)
+            or len(rows) > 1 and any(p["staged"] for p in passes)):
         return None
-    return "lane: %s from the NAS, %s from peers" % (human_bytes(sum(p["bytes_from_nas"] or 0 for p in passes)),
-                                                     human_bytes(sum(p["bytes_from_peers"] or 0 for p in passes)))
+    columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
+    columns += [("rejected", "PEER REJECTED")] if any(p["peer_rejected"] for p in passes) else []
+    cells = [["HOST"] + [title for _key, title in columns]] + [
+        [row["host"]] + [row["stage_pass"][key] for key, _title in columns] for row in rows]
+    total = None if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes) else \
+        "lane: %s from the NAS, %s from peers" % (human_bytes(sum(p["bytes_from_nas"] or 0 for p in passes)),
+                                                  human_bytes(sum(p["bytes_from_peers"] or 0 for p in passes)))
+    return cells, total
+
+
+def _aligned(cells):
+    """Lines of cells, each column as wide as its widest cell."""
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    return ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip() for line in cells]
 
 
 def stage_lines(rows):
-    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown
-    (stage_pass_shown)."""
-    if not rows or not stage_pass_shown(rows):
+    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown."""
+    block = _stage_block(rows)
+    if not block:
         return []
-    cells = _stage_table(rows)
-    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
-    lines = [STAGE_TITLE] + ["  ".join(text.ljust(width) for text, width in zip(line, widths)).rstrip()
-                             for line in cells]
-    total = _lane_total(rows)
-    return lines + ([total] if total else [])
+    cells, total = block
+    return [STAGE_TITLE] + _aligned(cells) + ([total] if total else [])
 
 
 def column_bands(widths, width):
@@ -357,14 +288,12 @@ def column_bands(widths, width):
 
 def render_plain(rows, width=PLAIN_WIDTH):
     """Aligned text columns, no escape codes, folded into bands that fit `width` (a log or a pipe has no
-    terminal width to ask)."""
+    terminal width to ask), then the stage pass block."""
     widths = dict((key, max([len(title)] + [len(row[key]) for row in rows])) for key, title in COLUMNS)
     lines = []
     for band in column_bands(widths, width):
-        lines += [""] if lines else []
-        lines.append("  ".join(title.ljust(widths[key]) for key, title in band).rstrip())
-        for row in rows:
-            lines.append("  ".join(row[key].ljust(widths[key]) for key, _title in band).rstrip())
+        lines += ([""] if lines else []) + _aligned([[title for _key, title in band]] +
+                                                    [[row[key] for key, _title in band] for row in rows])
     stage = stage_lines(rows)
     return "\n".join(lines + ([""] + stage if stage else []))
 
@@ -386,11 +315,10 @@ def render_markdown(rows, title=None, failures=(), inventory=None):
     lines = ["### " + markdown_escape(title), ""] if title else []
     if rows:
         lines += _markdown_table([title for _key, title in COLUMNS], [[row[key] for key, _t in COLUMNS] for row in rows])
-    if rows and stage_pass_shown(rows):
-        cells = _stage_table(rows)
-        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""] + _markdown_table(cells[0], cells[1:])
-        total = _lane_total(rows)
-        lines += ["", markdown_escape(total)] if total else []
+    block = _stage_block(rows)
+    if block:
+        lines += ["", "**%s**" % markdown_escape(STAGE_TITLE), ""] + _markdown_table(block[0][0], block[0][1:])
+        lines += ["", markdown_escape(block[1])] if block[1] else []
     if failures:
         lines += [""] + ["- " + markdown_escape(failure_line(failure, inventory)) for failure in failures]
     return "\n".join(lines)
@@ -409,29 +337,17 @@ def rich_table_min_width(rows):
     return total
 
 
-def render_vertical(rows):
-    """One block per host, a line per column: the table for a terminal too narrow for its columns."""
-    width = max(len(title) for _key, title in COLUMNS)
-    lines = []
-    for row in rows:
-        lines += [("%s:" % title).ljust(width + 1) + " " + row[key] if key != "host" else row[key]
-                  for key, title in COLUMNS]
-        lines.append("")
-    return "\n".join(lines).rstrip("\n")
-
-
 def print_table(console, rows, title=None):
-    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing
-    in 40 columns), else the vertical blocks."""
-    if console.width >= rich_table_min_width(rows):
-        console.print(rich_table(rows, title=title))
-    else:
-        if title:
-            console.print(title, markup=False, highlight=False)
-        console.print(render_vertical(rows), markup=False, highlight=False)
+    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing in 40
+    columns), else the plain table folded at the terminal's width; then the stage pass block."""
+    if console.width < rich_table_min_width(rows):
+        # soft_wrap: the lines as render_plain made them (the terminal wraps a long one, rich would reflow it)
+        text = render_plain(rows, console.width)
+        console.print(title + "\n" + text if title else text, markup=False, highlight=False, soft_wrap=True)
+        return
+    console.print(rich_table(rows, title=title))
     stage = stage_lines(rows)
     if stage:
-        # soft_wrap: the lines as stage_lines made them (the terminal wraps a long one, rich would reflow it)
         console.print("\n".join([""] + stage), markup=False, highlight=False, soft_wrap=True)
 
 

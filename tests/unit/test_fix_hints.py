@@ -85,6 +85,6 @@ def test_each_hint_is_a_command_dgx_stage_accepts(where, command):
     words = shlex.split(command)
     assert words[0] == "dgx-stage" and words[1] in cli.SUBCOMMANDS, (where, command)
     args = cli.parse_args(words[1:] + ["-i", DEMO])
-    if args.limit:
-        cli.check_limit(DEMO, args.limit)
-    extravars.check(extravars.resolve(args.extra_vars), DEMO)
+    inventory = cli.load_inventory(DEMO)
+    cli.check_limit(inventory, args.limit)
+    extravars.check(extravars.resolve(args.extra_vars), inventory)

@@ -5,7 +5,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # this tree's
-from dgx_stage.display import PlainDisplay, RichDisplay  # noqa: E402
+from dgx_stage.display import Display  # noqa: E402
 from dgx_stage import runs  # noqa: E402
 from dgx_stage.events import RunState, result_message  # noqa: E402
 from ansible.module_utils import dgx_report  # noqa: E402  (runs puts the project's module_utils on the path)
@@ -147,7 +147,7 @@ def test_an_unreachable_loop_item_gives_its_own_message():
 
 def test_plain_display_prints_each_hosts_line_once_without_escapes():
     out = io.StringIO()
-    display = PlainDisplay(out)
+    display = Display(out)
     state = RunState()
     for ev in (poll("dgx1", 12), poll("dgx1", 12), poll("dgx2", 5), poll("dgx1", 300, finished=True),
                poll("dgx1", 300, finished=True, name="runner_on_ok")):
@@ -157,16 +157,14 @@ def test_plain_display_prints_each_hosts_line_once_without_escapes():
                                            "[dgx1] stage %s: 300 of 300, done" % REPO_ID]
     display.output("PLAY [x]\r\n")   # the playbook's own output only with -v
     assert "PLAY" not in out.getvalue()
-    PlainDisplay(out, verbose=True).output("PLAY [x]")
+    Display(out, verbose=True).output("PLAY [x]")
     assert "PLAY [x]" in out.getvalue()
 
 
 def test_rich_display_keeps_one_bar_per_host_with_bytes_rate_and_eta():
-    from rich.console import Console
     out = io.StringIO()
-    console = Console(file=out, width=160, force_terminal=False)
     state = RunState()
-    with RichDisplay(console) as display:
+    with Display(out, terminal=True) as display:
         for ev in (poll("dgx1", 100, total=1000), poll("dgx2", 10, total=1000), poll("dgx1", 500, total=1000)):
             for update in state.handle(ev):
                 display.progress(update[1], update[2])
@@ -182,10 +180,10 @@ def test_plain_display_outlives_a_reader_that_went_away():
     read_end, write_end = os.pipe()
     os.close(read_end)
     stream = os.fdopen(write_end, "w")
-    display = PlainDisplay(stream)
+    display = Display(stream)
     display.print("first")
     display.print("second")
-    assert display.closed
+    assert display.console.quiet
     stream.write("x" * 100000)
     stream.flush()                     # the fd is /dev/null now: Python's flush at exit cannot fail either
     stream.close()
@@ -196,7 +194,7 @@ def test_rich_display_and_table_show_brackets_in_names_as_text():
     from rich.console import Console
     from dgx_stage import table
     out = io.StringIO()
-    display = RichDisplay(Console(file=out, width=160, force_terminal=True, color_system=None))
+    display = Display(out, terminal=True)
     with display:
         display.progress("we[/]ird[bold]", {"progress": {"pass": "stage", "repo_id": REPO_ID, "bytes_done": 1,
                                                          "bytes_total": 2}, "line": "x"})
@@ -211,6 +209,6 @@ def test_progress_lines_and_bars_escape_control_characters_in_hosts_repos_and_fi
     # A NAS file name (the line's "current: ...") or a host name must not forge a line or drive the terminal.
     from dgx_stage.display import progress_description
     out = io.StringIO()
-    PlainDisplay(out).progress("dgx\x1b[2J1", {"line": "stage org/m: current: a\nb\x1b]0;t\x07.safetensors"})
+    Display(out).progress("dgx\x1b[2J1", {"line": "stage org/m: current: a\nb\x1b]0;t\x07.safetensors"})
     assert out.getvalue() == "[dgx\\x1b[2J1] stage org/m: current: a\\nb\\x1b]0;t\\x07.safetensors\n"
     assert progress_description("h\r", {"pass": "stage", "repo_id": "org/\x1bm"}) == "h\\r stage org/\\x1bm"

@@ -73,6 +73,7 @@ def test_a_staged_hosts_row_has_the_reports_figures():
     assert figures["verify"] == "sample" and (figures["manifest_local"], figures["manifest_nas"]) == (17, 1)
     assert figures["receipts_removed"] == 3
     row = table.host_row(report, ["/c/a", "/c/b", "/c/c"])
+    assert row.pop("stage_pass") == table.stage_figures(report)
     assert row == {"host": "localhost", "run_id": "20261201T101737Z-ed44", "status": "ok", "files": "17/5",
                    "copied": "48.0 MiB", "repaired": "0", "nas_corrupt": "0", "mib_s": "160.6", "verify": "sample",
                    "manifest": "17/1", "receipts": "3", "engine": "-", "smoke": "-", "decode": "-"}
@@ -236,7 +237,7 @@ def test_a_check_run_counts_the_would_be_copies_once_and_shows_no_rate():
         sum(r["bytes_copied"] for r in report["passes"]["preflight"]))
 
 
-def test_a_narrow_terminal_gets_one_block_per_host_instead_of_a_squeezed_table():
+def test_a_narrow_terminal_gets_the_plain_table_folded_at_its_width_instead_of_a_squeezed_one():
     # rich squeezed 14 columns into 40: the HOST column to nothing and the status to "c…".
     from rich.console import Console
     rows = table.table_rows({"dgx1": fixture("report-stage-ok.json"), "dgx2": fixture("report-preflight-failed.json")})
@@ -249,8 +250,10 @@ def test_a_narrow_terminal_gets_one_block_per_host_instead_of_a_squeezed_table()
         for row in rows:
             assert row["host"] in text.split() if not wide else row["host"] in text
             assert row["status"] in text and row["run_id"] in text
-    assert table.render_vertical(rows[:1]).splitlines()[:3] == [
-        rows[0]["host"], "RUN:                   " + rows[0]["run_id"], "STATUS:                ok"]
+        if not wide:
+            assert text == "t\n" + table.render_plain(rows, width) + "\n", width
+            main = text.split("\nStage pass")[0].splitlines()
+            assert all(len(line) <= width for line in main) and len(main) > 3 * len(rows), text
 
 
 # --- the stage pass block: each host's own window and where its bytes came from -------------------------------

@@ -159,8 +159,8 @@ class PlaybookRun(object):
         self._make_run_dir()
         runs.sweep_extra_vars(self.runs_dir)
         recorded = dict((key, spec[key]) for key in ("subcommand", "playbook", "tags", "inventory", "limit", "check"))
-        self._write_record(ident=self.ident, pid=os.getpid(), extra_vars=[extravars.described(v) for v in
-                                                                          spec["extra_vars"]],
+        recorded.update(runs.this_process())
+        self._write_record(ident=self.ident, extra_vars=[extravars.described(v) for v in spec["extra_vars"]],
                            status="running", rc=None, exit_code=None, started=utc_text(), finished=None,
                            artifacts=self.run_dir, log=os.path.join(self.run_dir, "stdout"), **recorded)
         display = Display(self.out, spec["verbose"] > 0)

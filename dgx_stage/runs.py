@@ -14,7 +14,7 @@ from dgx_stage import UsageError, use_module_utils
 use_module_utils()
 from ansible.module_utils import dgx_report  # noqa: E402
 from ansible.module_utils.dgx_fsutil import atomic_write_bytes  # noqa: E402
-from ansible.module_utils.dgx_process import process_alive  # noqa: E402
+from ansible.module_utils.dgx_process import process_alive, process_started  # noqa: E402
 
 # The folder of a run's inline -e values (files ansible-playbook reads; they may hold secrets).
 EXTRA_VARS = "extra-vars"
@@ -52,11 +52,18 @@ def _read_json(path):
 
 
 def front_end_alive(record):
-    """Whether a run's front end still runs: its record says running and names a live pid."""
+    """Whether a run's front end still runs: its record says running and names a live pid, started when the record
+    says (a killed front end's pid reused by another process does not count)."""
     if not isinstance(record, dict) or record.get("status") != "running":
         return False
-    pid = record.get("pid")
-    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and process_alive(pid)
+    pid, started = record.get("pid"), record.get("pid_started")
+    return (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0
+            and process_alive(pid, started if isinstance(started, int) else None))
+
+
+def this_process():
+    """The pid and pid_started of a run record for this process (see front_end_alive)."""
+    return {"pid": os.getpid(), "pid_started": process_started(os.getpid())}
 
 
 def sweep_extra_vars(runs_dir):

@@ -115,8 +115,10 @@ def test_the_next_run_sweeps_the_extra_vars_files_a_killed_run_left_and_keeps_a_
     """A front end killed with SIGKILL cannot remove its -e files, which may hold a token."""
     dead = subprocess.Popen(["true"])
     dead.wait()
-    records = {"live": {"status": "running", "pid": os.getpid()}, "killed": {"status": "running", "pid": dead.pid},
-               "ended": {"status": "ok", "pid": os.getpid()}, "unrecorded": None}
+    reused = dict(runs.this_process(), status="running")
+    reused["pid_started"] -= 1      # a killed front end whose pid another process has now
+    records = {"live": dict(runs.this_process(), status="running"), "killed": {"status": "running", "pid": dead.pid},
+               "reused": reused, "ended": {"status": "ok", "pid": os.getpid()}, "unrecorded": None}
     for name, record in records.items():
         (tmp_path / name / runs.EXTRA_VARS).mkdir(parents=True)
         (tmp_path / name / runs.EXTRA_VARS / "extra-vars-0.json").write_text('{"token": "hf_plantedSECRET"}')
@@ -127,7 +129,7 @@ def test_the_next_run_sweeps_the_extra_vars_files_a_killed_run_left_and_keeps_a_
     (outside / "keep.json").write_text("{}")
     (tmp_path / "linked").mkdir()
     (tmp_path / "linked" / runs.EXTRA_VARS).symlink_to(outside)
-    assert runs.sweep_extra_vars(str(tmp_path)) == ["ended", "killed", "unrecorded"]
+    assert runs.sweep_extra_vars(str(tmp_path)) == ["ended", "killed", "reused", "unrecorded"]
     assert [n for n in sorted(os.listdir(str(tmp_path))) if (tmp_path / n / runs.EXTRA_VARS).exists()] == [
         "linked", "live"]
     assert (outside / "keep.json").exists()

@@ -49,10 +49,14 @@ def linked_dir_problem(root, rel):
         except FileNotFoundError:
             return None
         if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(path)
+            except OSError:     # removed or replaced since its lstat: still no directory to go through
+                target = "?"
             return ("%s is a symlink to %s: the local hub must be real directories, and dgx-stage never writes or "
                     "removes through a link (it could reach the NAS or another repo's files). Replace the link "
                     "with a real directory (or point hub_local_root at the real location); nothing was written "
-                    "or removed" % (path, os.readlink(path)))
+                    "or removed" % (path, target))
         if not stat.S_ISDIR(st.st_mode):
             return "%s is not a directory: move it out of the local hub; nothing was written or removed" % path
     return None

@@ -155,6 +155,17 @@ def test_a_symlinked_repo_folder_is_reported_and_never_read_through(tmp_path):
     assert row["commit"] is None and row["files_local"] == 0     # nothing was read through the link
 
 
+def test_a_repo_folder_link_removed_while_status_reads_it_is_a_row_not_a_traceback(tmp_path, monkeypatch):
+    (tmp_path / FOLDER).symlink_to(tmp_path / "elsewhere")
+
+    def gone(path):     # the link removed between its lstat and its readlink
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(os, "readlink", gone)
+    row = repo_status(str(tmp_path), REPO)
+    assert row["state"] == "refused" and "symlink" in row["problem"]
+
+
 def test_a_symlinked_lock_folder_is_not_read(tmp_path):
     make_repo(tmp_path, files={"a": b"1"})
     elsewhere = tmp_path / "elsewhere"

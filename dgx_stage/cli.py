@@ -155,7 +155,7 @@ def run_subcommand(args, out=None):
 def _limit_hosts(hosts, limit):
     """The hosts of a run --limit selects, read as a playbook's --limit (its hosts as the inventory)."""
     hosts = sorted(set(hosts))
-    return extravars.Inventory(",".join(hosts) + ",").hosts(limit) if limit and hosts else hosts
+    return extravars.Inventory(",".join(hosts) + ",").hosts(resolve_limit(limit)) if limit and hosts else hosts
 
 
 def load_run_reports(args):

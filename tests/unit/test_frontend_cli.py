@@ -797,6 +797,12 @@ def test_report_limit_matching_no_host_exits_64(recorded, capsys):
     assert main(["report", "--limit", "!localhost", "--runs-dir", runs_dir], capsys)[0] == 64
 
 
+def test_report_limit_from_a_missing_file_exits_64_naming_it(recorded, tmp_path, capsys):
+    runs_dir, _report_dir = recorded
+    code, out, err = main(["report", "--limit", "@%s" % (tmp_path / "retry"), "--runs-dir", runs_dir], capsys)
+    assert code == 64 and out == "" and "--limit file not found: %s" % (tmp_path / "retry") in err, err
+
+
 def test_report_reads_a_report_dir_without_any_recorded_run(recorded, tmp_path, capsys):
     _runs_dir, report_dir = recorded
     code, out, _err = main(["report", "--markdown", "--runs-dir", str(tmp_path / "none"), "--report-dir", report_dir],

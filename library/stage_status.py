@@ -90,7 +90,8 @@ status:
         state:
           description:
             - V(staged), V(not staged) (no repo folder or ref), V(snapshot missing) (the ref's snapshot is not
-              there), V(refused) (a symlink where a directory must be) or V(error) (an invalid repo id).
+              there), V(refused) (a symlink where a directory must be) or V(error) (an invalid repo id, a snapshot
+              that could not be read).
           type: str
         problem: {description: "What is wrong, for every state but V(staged).", type: str}
         commit: {description: The staged commit (C(refs/<revision>))., type: str}

@@ -129,7 +129,11 @@ def repo_status(hub_root, repo):
         row.update(state="snapshot missing",
                    problem="refs/%s points at %s but snapshots/%s is missing" % (revision, commit, commit))
         return row
-    row["files_local"], row["bytes_local"], row["dangling"] = snapshot_content(repo_dir, snap_dir)
+    try:
+        row["files_local"], row["bytes_local"], row["dangling"] = snapshot_content(repo_dir, snap_dir)
+    except (StageError, OSError) as exc:    # a pass changing it under this read, or a folder no one may list
+        row["problem"] = "%s; run status again" % exc
+        return row
     row["state"] = "staged"
     return row
 

@@ -166,6 +166,21 @@ def test_a_repo_folder_link_removed_while_status_reads_it_is_a_row_not_a_traceba
     assert row["state"] == "refused" and "symlink" in row["problem"]
 
 
+def test_a_snapshot_changing_while_status_reads_it_is_a_row_not_a_traceback(tmp_path, monkeypatch):
+    make_repo(tmp_path, files={"a": b"1", "sub/b": b"2"})
+    real_scandir = os.scandir
+
+    def moved(path):        # a pass removing the folder between its listing and its reading
+        if str(path).endswith("/sub"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", moved)
+    row = repo_status(str(tmp_path), REPO)
+    assert row["state"] == "error" and row["commit"] == COMMIT and "sub" in row["problem"], row
+    assert "run status again" in row["problem"]
+
+
 def test_a_symlinked_lock_folder_is_not_read(tmp_path):
     make_repo(tmp_path, files={"a": b"1"})
     elsewhere = tmp_path / "elsewhere"

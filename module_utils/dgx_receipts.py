@@ -180,35 +180,28 @@ class _Targets(object):
                 return how, seen_as, seen_as, [root]
         return None
 
-    def mounted(self, mount):
-        """(how, host path, mount point, roots held) when a mount shows a root, something in one or the parent
-        ("mount"), or a directory above the parent read-write ("ancestor": the roots can be made through it)."""
-        source = (mount["dev"], os.path.normpath(mount["root"]))
-        if self.parent_source is not None and source == self.parent_source:
-            return "mount", self.parent, mount["mount_point"], list(self.roots)
-        for root, root_source in self.sources:
-            if root_source is None or root_source[0] != source[0] or not is_within(source[1], root_source[1]):
-                continue
-            rel = os.path.relpath(source[1], root_source[1])
-            return "mount", (root if rel == "." else os.path.join(root, rel)), mount["mount_point"], [root]
-        if self.parent_source is not None and not mount["read_only"] and source[0] == self.parent_source[0] \
-                and is_within(self.parent_source[1], source[1]):
-            shown = host_path(source, self.host_mounts) or "%s of device %d:%d" % ((source[1],) + source[0])
-            return "ancestor", shown, mount["mount_point"], list(self.roots)
-        return None
-
     def holds(self, mounts):
-        """[(how, host path, seen_as, roots)] of one namespace's mounts; the closest read-write ancestor only when
-        the parent itself is not bound."""
-        found, ancestors = [], []
+        """[(how, host path, seen_as, roots)] of one namespace's mounts: a bind of a root, something in one or the
+        parent ("mount"), else the closest directory above the parent bound read-write ("ancestor": the roots can
+        be made through it)."""
+        found, ancestor = [], None
         for mount in mounts:
-            held = self.mounted(mount)
-            if held and held[0] == "ancestor":
-                ancestors.append((len(mount["root"]), held))
-            elif held:
-                found.append(held)
-        if ancestors and not any(held[1] == self.parent for held in found):
-            found.append(max(ancestors, key=lambda pair: pair[0])[1])
+            source, point = (mount["dev"], os.path.normpath(mount["root"])), mount["mount_point"]
+            in_root = [(root, os.path.relpath(source[1], root_source[1])) for root, root_source in self.sources
+                       if root_source and root_source[0] == source[0] and is_within(source[1], root_source[1])]
+            if self.parent_source is not None and source == self.parent_source:
+                found.append(("mount", self.parent, point, list(self.roots)))
+            elif in_root:
+                root, rel = in_root[0]
+                found.append(("mount", root if rel == "." else os.path.join(root, rel), point, [root]))
+            elif self.parent_source is not None and not mount["read_only"] and source[0] == self.parent_source[0] \
+                    and is_within(self.parent_source[1], source[1]) \
+                    and (ancestor is None or len(source[1]) > len(ancestor[0][1])):
+                ancestor = source, point
+        if ancestor and not any(held[1] == self.parent for held in found):
+            source, point = ancestor
+            shown = host_path(source, self.host_mounts) or "%s of device %d:%d" % ((source[1],) + source[0])
+            found.append(("ancestor", shown, point, list(self.roots)))
         return found
 
 

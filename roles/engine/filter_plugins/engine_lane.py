@@ -38,24 +38,13 @@ DEVICES = "dgx-stage.devices-sha256"
 # The aspects compared on every plan, in the order reasons are given. RUN_ID is not one: it names the run
 # that started the container and changes every run.
 ASPECTS = (
-    (LANE, lambda old, new: "lane %s -> %s" % (old, new)),
-    (LANE_HOSTS, lambda old, new: "lane hosts %s -> %s" % (old, new)),
-    (RANK, lambda old, new: "rank %s -> %s" % (old, new)),
-    (WORLD_SIZE, lambda old, new: "world size %s -> %s" % (old, new)),
-    (PORT, lambda old, new: "port %s -> %s" % (old, new)),
-    (IMAGE, lambda old, new: "image %s -> %s" % (old, new)),
-    (IMAGE_ID, lambda old, new: "image rebuilt or re-pulled (id %s -> %s)" % (_short_id(old), _short_id(new))),
-    (COMMAND, lambda old, new: "command changed"),
-    (ENV, lambda old, new: "env changed"),
-    (MOUNTS, lambda old, new: "mounts changed"),
-    (FILES, lambda old, new: "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
-    (DEVICES, lambda old, new: "GPU devices changed"),
+    (LANE, "lane %s -> %s"), (LANE_HOSTS, "lane hosts %s -> %s"), (RANK, "rank %s -> %s"),
+    (WORLD_SIZE, "world size %s -> %s"), (PORT, "port %s -> %s"), (IMAGE, "image %s -> %s"),
+    (IMAGE_ID, "image rebuilt or re-pulled (id %s -> %s)"), (COMMAND, "command changed"), (ENV, "env changed"),
+    (MOUNTS, "mounts changed"),
+    (FILES, "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
+    (DEVICES, "GPU devices changed"),
 )
-
-
-def _short_id(image_id):
-    """12 hex digits of an image id, without Docker's sha256: prefix."""
-    return (image_id or "?").split(":")[-1][:12]
 
 
 def _digest(value):
@@ -115,7 +104,9 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
             names = own["env_changed"]
             reasons.append("env changed (%s)" % ", ".join(names) if names else "env changed (a variable removed)")
             continue
-        reasons.append(say(old, new))
+        if key == IMAGE_ID:     # 12 hex digits, without Docker's sha256: prefix
+            old, new = ((image_id or "?").split(":")[-1][:12] for image_id in (old, new))
+        reasons.append(say % (old, new) if "%s" in say else say)
     if dry_run_changed and not reasons:
         reasons.append("the runtime would recreate it (a container setting changed)")
     return reasons

@@ -219,20 +219,14 @@ def request_failed(method, url, exc):
 
 def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monotonic):
     """GET (payload None) or POST JSON, the decoded body; StageError otherwise. timeout is the whole request's."""
-    method = "POST" if payload is not None else "GET"
+    method, cut = "POST" if payload is not None else "GET", {"reason": None}
     try:
         with open_within(opener, url, payload, timeout, clock) as (resp, limit):
-            parts = []
-            read = getattr(resp, "read1", resp.read)     # read1: at most one read of the socket per call
-            try:
-                while not parts or parts[-1]:
-                    limit.check()
-                    parts.append(read(65536))
-            finally:                                      # a read the deadline cut says so
-                limit.check()
-            raw = b"".join(parts)
+            raw = b"".join(line for _when, line in timed_lines(resp, clock, cut, limit))
     except (http_client.HTTPException, OSError) as exc:
         raise request_failed(method, url, exc)
+    if cut["reason"]:
+        raise StageError("%s %s failed: %s" % (method, url, cut["reason"]))
     try:
         return json.loads(raw.decode("utf-8"))
     except ValueError:

@@ -105,7 +105,7 @@ msg: {description: "Why nothing was removed, or which removal failed.", returned
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS, clear_receipts, format_holders
+from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS, clear_receipts, format_holder
 
 ARGUMENT_SPEC = dict(
     parent=dict(type="path", default="/cache"),
@@ -127,7 +127,8 @@ def main():
     except StageError as exc:
         module.fail_json(msg=str(exc))
     if result["holders"] and params["force"]:
-        module.warn("force: removed receipt roots while in use: %s" % format_holders(result["holders"]))
+        module.warn("force: removed receipt roots while in use: %s"
+                    % "; ".join(format_holder(h) for h in result["holders"]))
     if result["mounts_kept"]:
         module.warn("force: left these mount points and the folders holding them: %s"
                     % ", ".join(result["mounts_kept"]))

@@ -8,7 +8,7 @@ import json
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_openai import (api_request, api_url, chat_payload, completion_text, contains_expected,
+from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, contains_expected,
                                              first_model_id, http_json, open_within, parse_sse, request_failed,
                                              stream_tokens, timed_lines)
 from ansible.module_utils.dgx_units import plain_number
@@ -243,9 +243,9 @@ def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.
     url = api_url(base, "/v1/chat/completions")
     cut = {"reason": None}
     t_sent = clock()
-    request = api_request(url, chat_payload(model, prompt, max_tokens, stream=True))
     try:
-        with open_within(opener, request, timeout, clock) as (resp, limit):
+        with open_within(opener, url, chat_payload(model, prompt, max_tokens, stream=True), timeout, clock) \
+                as (resp, limit):
             stream = parse_sse(timed_lines(resp, clock, cut, limit))
     except (http_client.HTTPException, OSError) as exc:
         raise request_failed("POST", url + " (stream)", exc)

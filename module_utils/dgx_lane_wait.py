@@ -1,8 +1,6 @@
 # -*- coding: utf-8 -*-
-"""engine_lane_wait's work: the lane's verdict from every rank's last round (pure), one host's polling of a round
-(its container and the API port's holders from dgx_runtime) and run_wait(), the module's result, secrets hidden.
-Stdlib only (runs on the nodes).
-"""
+"""engine_lane_wait's work: the lane's verdict from every rank's last round, one host's polling of a round.
+Stdlib only (runs on the nodes)."""
 from __future__ import absolute_import, division, print_function
 
 import calendar
@@ -30,8 +28,8 @@ _TIMESTAMP = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?
 
 
 def _epoch(text):
-    """Seconds since the epoch of a runtime's timestamp (docker ...Z, podman ...+01:00 or ... +0000 UTC), so ranks
-    in other time zones compare; infinity when there is none (never stopped)."""
+    """Seconds since the epoch of docker's or podman's timestamp, so ranks in other time zones compare; infinity
+    when there is none (never stopped)."""
     match = _TIMESTAMP.match(text or "")
     if not match:
         return float("inf")
@@ -59,18 +57,14 @@ def describe_holder(holder):
     return text
 
 
-def _down_state(container):
-    status, code = container.get("status"), container.get("exit_code")
-    if status in _DOWN_TEXT:
-        return _DOWN_TEXT[status].format(code)
-    return "is not running (%s), exit code %s" % (status, code)
-
-
 def describe_down(rank, host, container):
     """One rank that is not up: host, container, state and, when it exited, the exit code and when."""
     if not container.get("exists"):
         return "rank %d (host %s): no container %s - %s" % (rank, host, container.get("name"), container.get("error"))
-    text = "rank %d (host %s): container %s %s" % (rank, host, container.get("name"), _down_state(container))
+    status, code = container.get("status"), container.get("exit_code")
+    state = _DOWN_TEXT[status].format(code) if status in _DOWN_TEXT else "is not running (%s), exit code %s" % (
+        status, code)
+    text = "rank %d (host %s): container %s %s" % (rank, host, container.get("name"), state)
     if container.get("oom_killed"):
         text += ", killed out of memory"
     if container.get("error"):
@@ -78,11 +72,6 @@ def describe_down(rank, host, container):
     if container.get("finished_at") and container.get("status") not in NOT_EXITED:
         text += ", ended %s" % container["finished_at"]
     return text
-
-
-def _port_note(host, owner):
-    return "port %s on %s is held by %s" % (owner.get("port"), host,
-                                            "; ".join(describe_holder(h) for h in owner.get("holders") or []))
 
 
 def _verdict(state, msg, host=None, rank=None, exit_code=None):
@@ -98,10 +87,8 @@ def fresh_rows(rows, wait_id, round_no):
 
 
 def lane_verdict(lane_hosts, rows, url, give_up=False):
-    """The lane's verdict from every rank's last row (host -> row, fresh_rows()), decided in this order: a rank
-    did not report (missing); a container is not running (dead: the first to end); the master's API port is
-    held outside its container (stranger); the API answered but nobody could be seen on the port (unproven);
-    the API answered with every rank running (ready); give_up (timeout). Else pending."""
+    """The lane's verdict from every rank's last row (host -> row, fresh_rows()), the same on every host: missing,
+    dead (the first to end), stranger, unproven, ready, timeout (give_up), in that order; else pending."""
     master = lane_hosts[0]
     ranked = [(rank, host, rows.get(host)) for rank, host in enumerate(lane_hosts)]
     missing = [(rank, host) for rank, host, row in ranked if not row]
@@ -113,6 +100,8 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
     master_row = rows[master]
     owner = master_row.get("owner")
     stranger = owner is not None and owner.get("ours") is False
+    port_note = stranger and "port %s on %s is held by %s" % (
+        owner.get("port"), master, "; ".join(describe_holder(h) for h in owner.get("holders") or []))
     down = [(rank, host, row["container"]) for rank, host, row in ranked
             if row.get("container") and row["container"].get("running") is False]
     if down:
@@ -125,13 +114,13 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
         if others:
             msg += "\nAlso down: %s." % "; ".join(others)
         if stranger:
-            msg += "\nThe API at %s is answered by someone else: %s." % (url, _port_note(master, owner))
+            msg += "\nThe API at %s is answered by someone else: %s." % (url, port_note)
         return _verdict("dead", msg, host, rank, container.get("exit_code"))
     if stranger:
         mine = (master_row.get("container") or {}).get("name")
         return _verdict("stranger", "The API at %s is not served by this run's engine: %s, not by container %s "
                                     "(rank 0). Stop the old engine (engine_stop_strays) or free the port."
-                        % (url, _port_note(master, owner), mine), master, 0)
+                        % (url, port_note, mine), master, 0)
     if master_row.get("api") and owner is not None and owner.get("ours") is None:
         why = ("but nothing on %s listens on port %s (engine_port)" % (master, owner.get("port"))
                if not owner.get("listening") else
@@ -159,8 +148,7 @@ def lane_verdict(lane_hosts, rows, url, give_up=False):
 
 
 def wait_report(models, verdict=None, lane_hosts=None, lane=None, round_no=None):
-    """The ready row of the host report: the models, and with a lane's rows the state, round, ranks and who
-    holds the API port."""
+    """The ready row of the host report (with a lane's rows: state, round, ranks, who holds the API port)."""
     row = {"models": list(models)}
     if lane is None:
         return row
@@ -177,10 +165,8 @@ def wait_report(models, verdict=None, lane_hosts=None, lane=None, round_no=None)
 
 def poll_round(base, wait_for, container_check=None, owner_check=None, interval=1.0, opener=urlopen,
                clock=time.monotonic, sleep=time.sleep):
-    """One host's row of a wait round: for up to wait_for seconds each poll looks at the container
-    (container_check()) then asks /v1/models, until the container is down or the API answers; then
-    owner_check(container) (the master) says who holds the API port (someone else may, when the container is
-    down)."""
+    """One host's row of a wait round: for up to wait_for seconds, the container then /v1/models until the
+    container is down or the API answers; then who holds the API port (someone else may, when it is down)."""
     url = api_url(base, "/v1/models")
     start = clock()
     row = {"api": False, "models": [], "status": "not polled", "polls": 0, "container": None, "owner": None}
@@ -211,9 +197,8 @@ def poll_round(base, wait_for, container_check=None, owner_check=None, interval=
 
 def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_hosts=None, lane=None, give_up=False,
                wait_id=None, round_no=1, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """One call of a wait and its report row. In a lane (lane_hosts in rank order) judge lane, the previous
-    round's rows, first and poll only when that does not decide; alone, poll and judge this host as a one-rank
-    lane."""
+    """One call of a wait: in a lane, the previous round's rows are judged first and this host polls only when
+    that does not decide; alone, this host is judged as a one-rank lane."""
     verdict = row = None
     if lane_hosts and lane is not None:
         lane = fresh_rows(lane, wait_id, round_no)
@@ -242,8 +227,7 @@ def wait_probe(base, wait_for, container_check=None, owner_check=None, lane_host
 
 
 def run_wait(params, runner=None, opener=urlopen, clock=time.monotonic, sleep=time.sleep):
-    """engine_lane_wait's result for its options: wait_probe()'s, every params["redact"] value hidden.
-    runner: the runtime's CLI (dgx_runtime.RuntimeCli)."""
+    """engine_lane_wait's result for its options, every params["redact"] value hidden."""
     runtime = params.get("runtime") or "docker"
     check = owner = None
     if params.get("container"):

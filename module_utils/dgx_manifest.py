@@ -37,11 +37,9 @@ def snapshot_path(snapshot, rel):
 
 
 def local_source(local_repo, local_snapshot, entry, local_root_real):
-    """The staged copy of one NAS snapshot entry, or None (then the NAS is bound), by the mirror's rules.
-
-    A blob link is local when the local link names the same blob and `blobs/<name>` is a regular file: the name
-    decides, so a NAS blob that rotted after staging never displaces the proven copy (sizes that differ are settled
-    by hashing the local blob). A real NAS file is local only as a regular file of the NAS size."""
+    """The staged copy of one NAS snapshot entry, or None (then the NAS is bound). A blob link is local when the
+    local link names the same blob, a regular file: the name decides, so a NAS blob that rotted after staging never
+    displaces the proven copy (sizes that differ are settled by hashing). A real file must have the NAS size."""
     path = snapshot_path(local_snapshot, entry.path)
     if not os.path.islink(path):
         return _regular_file(path, entry.size) if entry.kind == "real" else None
@@ -94,8 +92,8 @@ def plan_for(plan, repo):
 
 
 def plan_snapshot_mounts(files, local, nas_snapshot, target_snapshot, fallbacks=None):
-    """Mounts for one snapshot. files: NAS-relative paths; local: {rel: local source}; fallbacks: {rel: why a staged
-    file is not bound locally}, the fallback_reason of the NAS mount covering it."""
+    """Mounts for one snapshot. local: {rel: local source}; fallbacks: {rel: why a staged file is bound from the
+    NAS}, the fallback_reason of the NAS mount covering it."""
     mounts = []
     fallbacks = fallbacks or {}
 
@@ -149,11 +147,8 @@ def _check_root(name, path, must_exist):
 
 
 def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_from="local"):
-    """(repo record, mounts, NAS file paths, planned sources) of one repo.
-
-    plan (check mode): the stage pass's rows; a row's commit is the one the real run stages, a file it selects not
-    yet local is bound from where the stage pass puts it, one it prunes from the NAS. bind_from "nas" reads nothing
-    of the local hub."""
+    """(repo record, mounts, NAS file paths, planned sources) of one repo. plan (check mode): the stage pass's
+    rows, whose commit and files the real run stages; bind_from "nas" reads nothing of the local hub."""
     repo = normalise_repo(entry)
     folder = repo_folder_name(repo["repo_id"], repo["repo_type"])
     local_repo = os.path.join(hub_local_root, folder)
@@ -206,8 +201,7 @@ def plan_repo(hub_local_root, hub_nas_root, entry, target_root, plan=None, bind_
 
 
 def _linked_folder(hub_local_root, folder, commit, entry):
-    """Why a folder on the local path of entry (and blobs/ for a blob) is no real directory of the local hub, or
-    None."""
+    """Why a folder on the local path of entry (and blobs/ for a blob) is no real directory of the local hub."""
     rels = [posixpath.join(folder, "snapshots", commit, posixpath.dirname(entry.path))]
     if entry.kind == "link":
         rels.append(posixpath.join(folder, "blobs"))
@@ -229,8 +223,7 @@ def _not_local(what, why):
 
 
 def build_manifest(hub_local_root, hub_nas_root, repos, target_root="/hub", plan=None, bind_from="local"):
-    """(manifest, NAS file paths), the manifest being what the file holds (plus `planned` with a plan: the targets
-    the stage pass has still to write); StageError when it fails coverage_problems."""
+    """(manifest, NAS file paths); with a plan, `planned` lists the targets the stage pass has still to write."""
     hub_local_root = _check_root("hub_local_root", hub_local_root, False)
     hub_nas_root = _check_root("hub_nas_root", hub_nas_root, True)
     if not target_root or not posixpath.isabs(target_root):
@@ -280,8 +273,7 @@ def _ancestors(target):
 
 
 def mount_problems(mounts, planned=()):
-    """Problems of the mount list alone: paths no runtime binds as written, missing sources (but a planned one),
-    shared or nested targets, rw NAS."""
+    """Problems of the mount list alone: unbindable paths, missing sources, shared or nested targets, rw NAS."""
     problems = []
     by_target = {}
     for mount in mounts:
@@ -307,8 +299,8 @@ def mount_problems(mounts, planned=()):
 
 
 def coverage_problems(manifest, nas_files, planned=()):
-    """Every way the manifest breaks the contract: mount_problems, and a NAS snapshot file not reachable through
-    exactly one mount, or through a directory mount it links out of."""
+    """mount_problems, and a NAS snapshot file not reachable through exactly one mount, or linking out of its
+    directory mount."""
     mounts = manifest["mounts"]
     problems = mount_problems(mounts, planned)
     by_target = {m["target"]: m for m in mounts}

@@ -1,7 +1,7 @@
 """dgx_mountspec: can a path be bound into the engine container exactly as written?
 
 Docker takes binds as API fields; Podman >= 4.1 reads `--mount` specs with Go's encoding/csv, so `:`, `,`, `"`,
-`=` or a space is fine once CSV-quoted (engine_mounts.py does that). Refused here, before a manifest names it:
+`=` or a space is fine once CSV-quoted (engine_lane.py does that). Refused here, before a manifest names it:
 invalid UTF-8 (Podman binds U+FFFD instead), any control character (encoding/csv turns CR LF into LF; the
 others break line-based tools), a relative path or one not in normal form (both runtimes clean mount paths,
 so the container would not show what the manifest says), and a path of PATH_MAX (4096) bytes or more.

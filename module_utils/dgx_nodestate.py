@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
 """What the engine container would meet on this node (the mount manifest, the identity of the files it binds,
-who listens on the API port), read without changing anything. Stdlib only; runs on the nodes' system Python.
-"""
+who listens on the API port), read without changing anything. Stdlib only (runs on the nodes)."""
 
 import errno
 import hashlib
@@ -52,8 +51,8 @@ def local_sources(manifest):
 
 
 def bind_problems(manifest):
-    """Why the lane cannot start from the manifest as it is, one text each, [] when it can: the runtime would fail
-    a rank's start after the earlier ranks were stopped, or bind other bytes than the staged ones."""
+    """Why the lane cannot start from the manifest as it is, one text each: the runtime would fail a rank's start
+    after the earlier ranks were stopped, or bind other bytes than the staged ones."""
     manifest, shape = checked_manifest(manifest)
     if manifest and not all(isinstance(repo, dict) for repo in manifest["repos"]):
         shape = "not a mount manifest: a repo is not an object"
@@ -99,18 +98,8 @@ def _regular_problem(fd):
     return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
-def _unusable(path):
-    """Why the file at path (a link at its end never followed) cannot be bound, or None."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as exc:
-        return _open_problem(exc)
-    return _regular_problem(fd)
-
-
 def _snapshots(manifest, key):
-    """[(snapshot, repo folder, hub root)] of the manifest's repos' snapshot under key
-    (<hub>/<repo folder>/snapshots/<commit>)."""
+    """[(snapshot, repo folder, hub root)] of the manifest's repos' snapshot under key."""
     found = []
     for repo in manifest["repos"]:
         snapshot = repo.get(key)
@@ -137,8 +126,8 @@ def _open_in_local_hub(hub, rel):
 
 
 def _local_unusable(path, repo_folders):
-    """Why the local bind source at path cannot be bound as the staged file (a regular file in a local repo folder
-    of the manifest, reached through real folders), or None."""
+    """Why the local bind source at path is not a staged file (a regular file in a local repo folder of the
+    manifest, reached through real folders), or None."""
     inside = [(folder, hub) for _snap, folder, hub in repo_folders if path != folder and is_within(path, folder)]
     if not inside:
         return "is in no local repo folder of the manifest's repos (%s): a local bind is a staged file" % (
@@ -159,7 +148,10 @@ def _nas_unusable(path, snapshots):
         return "resolves to %s, outside the NAS hub %s" % (real, hubs[0])
     if os.path.isdir(real):
         return None if os.access(real, os.R_OK | os.X_OK) else "is a folder that cannot be read"
-    return _unusable(real)
+    try:
+        return _regular_problem(os.open(real, _OPEN_FLAGS))
+    except OSError as exc:
+        return _open_problem(exc)
 
 
 def _ref_moved(repo):
@@ -195,7 +187,7 @@ def _ref_moved(repo):
 
 def missing_paths(paths):
     """The paths where nothing is (a link, dangling or not, is something); OSError for one that cannot be looked
-    at, never "missing"."""
+    at."""
     missing = []
     for path in paths:
         try:
@@ -260,14 +252,10 @@ def listening_inodes(port, proc_root="/proc"):
 def port_holders(port, proc_root="/proc"):
     """Every process with a socket listening on TCP `port`: [{pid, command, container_id}], by pid."""
     wanted = set("socket:[%d]" % inode for inode in listening_inodes(port, proc_root))
-    holders = []
-    if not wanted:
-        return holders
-    for pid in sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int):
-        if any(text in wanted for _link, text in fd_links(proc_root, pid)):
-            holders.append({"pid": int(pid), "command": process_name(proc_root, pid),
-                            "container_id": container_of(read_text(os.path.join(proc_root, pid, "cgroup")))})
-    return holders
+    pids = sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int) if wanted else []
+    return [{"pid": int(pid), "command": process_name(proc_root, pid),
+             "container_id": container_of(read_text(os.path.join(proc_root, pid, "cgroup")))}
+            for pid in pids if any(text in wanted for _link, text in fd_links(proc_root, pid))]
 
 
 def python_modules(names, finder=None):

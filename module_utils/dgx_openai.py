@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
-"""A client of the engine's OpenAI-style API: payloads, answers, server-sent events, and requests with a
-whole-request deadline. Stdlib only (runs on the nodes); the opener and the clock are arguments, so tests drive them.
-"""
+"""A client of the engine's OpenAI-style API with a whole-request deadline. Stdlib only (runs on the nodes); the
+opener and the clock are arguments, so tests drive them."""
 from __future__ import absolute_import, division, print_function
 
 import contextlib
@@ -61,32 +60,14 @@ def contains_expected(text, expected):
     return str(expected) in (text or "")
 
 
-def _first_choice(event, data):
-    """The event's choice of index 0 ([] when none): other choices' tokens are not the answer's."""
-    choices = event.get("choices") or []
-    if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
-        raise StageError("stream event has choices that are not a list of objects: %r" % data[:200])
-    return [choice for choice in choices if choice.get("index", 0) == 0][:1]
-
-
-def _delta_text(choice, data):
-    delta = choice.get("delta") or {}
-    parts = [delta.get(key) or "" for key in ("reasoning_content", "content")] if isinstance(delta, dict) else [0]
-    if not all(isinstance(part, str) for part in parts):
-        raise StageError("stream event has a delta whose content is not text: %r" % data[:200])
-    return "".join(parts)
-
-
 def parse_sse(timed_lines):
-    """{"chunks", "t_first", "t_last", "usage", "text", "finish_reason", "done"} of a streamed completion from
-    (arrival time, raw line) pairs. A chunk bears tokens when choice 0's delta has text before its finish reason;
-    a malformed event raises StageError quoting it."""
+    """{"chunks", "t_first", "t_last", "usage", "text", "finish_reason", "done"} of (arrival time, raw line)
+    pairs; a malformed event raises StageError quoting it."""
     out = {"chunks": 0, "t_first": None, "t_last": None, "usage": None, "text": "",
            "finish_reason": None, "done": False}
     pieces = []
     for when, raw in timed_lines:
-        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        line = line.strip()
+        line = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw).strip()
         if not line.startswith("data:"):
             continue  # blank separators, ": keep-alive" comments, "event:" lines
         data = line[5:].strip()
@@ -103,8 +84,16 @@ def parse_sse(timed_lines):
             raise StageError("the engine reported an error mid-stream: %s" % json.dumps(event["error"])[:300])
         if isinstance(event.get("usage"), dict) and event["usage"]:
             out["usage"] = event["usage"]
-        for choice in _first_choice(event, data):
-            text = _delta_text(choice, data)
+        choices = event.get("choices") or []
+        if not isinstance(choices, list) or not all(isinstance(choice, dict) for choice in choices):
+            raise StageError("stream event has choices that are not a list of objects: %r" % data[:200])
+        # Only choice 0's tokens are the answer's.
+        for choice in [choice for choice in choices if choice.get("index", 0) == 0][:1]:
+            delta = choice.get("delta") or {}
+            parts = [delta.get(k) or "" for k in ("reasoning_content", "content")] if isinstance(delta, dict) else [0]
+            if not all(isinstance(part, str) for part in parts):
+                raise StageError("stream event has a delta whose content is not text: %r" % data[:200])
+            text = "".join(parts)
             # The answer ends at its finish reason: text after it is not the answer's.
             if text and out["finish_reason"] is None:
                 out["chunks"] += 1
@@ -127,14 +116,6 @@ def stream_tokens(stream):
     return stream["chunks"], "chunks"
 
 
-def api_request(url, payload=None):
-    """A GET, or with payload a POST of it as JSON."""
-    if payload is None:
-        return Request(url, headers={"Accept": "application/json"})
-    return Request(url, data=json.dumps(payload).encode("utf-8"),
-                   headers={"Accept": "application/json", "Content-Type": "application/json"})
-
-
 def _describe(exc):
     if isinstance(exc, HTTPError):
         try:
@@ -152,74 +133,69 @@ def _too_long(timeout):
 
 
 class _Deadline(object):
-    """A request's whole time: at its deadline the connection's sockets are shut down, which ends a read blocked
-    on a server trickling its headers or body (a socket timeout bounds each read only). check() looks at the
-    clock between reads (responses without a socket, in tests)."""
+    """A request's whole time: at its deadline the watched sockets are shut down, which ends a read blocked on a
+    server trickling its headers or body (a socket timeout bounds each read only); check() looks at the clock
+    between reads (responses without a socket, in tests)."""
 
     def __init__(self, timeout, clock):
         self.timeout, self.clock, self.deadline = timeout, clock, clock() + timeout
-        self.fired, self._socks, self._lock = False, [], threading.Lock()
-        self.timer = threading.Timer(timeout, self._fire)
+        self.fired, self.socks = False, []
+        self.timer = threading.Timer(timeout, self.fire)
         self.timer.daemon = True
         self.timer.start()
 
     def watch(self, sock):
-        """Shut sock down at the deadline (at once when it has passed)."""
-        with self._lock:
-            self._socks.append(sock)
-            fired = self.fired
-        if fired:
-            self._shut(sock)
+        # fire() sets fired before it copies socks: a sock it misses sees fired here.
+        self.socks.append(sock)
+        if self.fired:
+            self.fire()
 
-    def _fire(self):
-        with self._lock:
-            self.fired = True
-            socks = list(self._socks)
-        for sock in socks:
-            self._shut(sock)
-
-    @staticmethod
-    def _shut(sock):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    def fire(self):
+        self.fired = True
+        for sock in list(self.socks):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def check(self):
-        """socket.timeout once the deadline has passed."""
         if self.fired or self.clock() >= self.deadline:
             self.fired = True
             raise socket.timeout(_too_long(self.timeout))
 
 
-def _watched(connection, deadline):
-    """connection (an HTTP or HTTPS connection class) whose socket deadline watches from its connect (HTTPS: once
-    its handshake is done)."""
-    class Watched(connection):
-        def connect(self):
-            connection.connect(self)
-            deadline.watch(self.sock)
-    return Watched
-
-
 class _WatchedHandler(HTTPHandler, HTTPSHandler):
-    """Both handlers in one, so it replaces urllib's defaults and no https URL slips past the deadline."""
+    """Both handlers in one, so it replaces urllib's defaults and no https URL slips past the deadline; a
+    connection is watched from its connect (HTTPS: once its handshake is done)."""
 
     def __init__(self, deadline):
         HTTPSHandler.__init__(self)
         self._deadline = deadline
 
+    def _watched(self, connection):
+        deadline = self._deadline
+
+        class Watched(connection):
+            def connect(self):
+                connection.connect(self)
+                deadline.watch(self.sock)
+        return Watched
+
     def http_open(self, req):
-        return self.do_open(_watched(http_client.HTTPConnection, self._deadline), req)
+        return self.do_open(self._watched(http_client.HTTPConnection), req)
 
     def https_open(self, req):
-        return self.do_open(_watched(http_client.HTTPSConnection, self._deadline), req, context=self._context)
+        return self.do_open(self._watched(http_client.HTTPSConnection), req, context=self._context)
 
 
 @contextlib.contextmanager
-def open_within(opener, request, timeout, clock):
-    """(response, its _Deadline) of request, the deadline counting from now; urllib's own opener is watched
-    from its connect, so a server slow to send its headers is cut too."""
+def open_within(opener, url, payload, timeout, clock):
+    """(response, its _Deadline) of a GET, or with payload a POST of it as JSON, the deadline counting from now."""
+    headers = {"Accept": "application/json"}
+    if payload is not None:
+        headers["Content-Type"] = "application/json"
+        payload = json.dumps(payload).encode("utf-8")
+    request = Request(url, data=payload, headers=headers)
     limit = _Deadline(timeout, clock)
     try:
         try:
@@ -243,23 +219,14 @@ def request_failed(method, url, exc):
 
 def http_json(url, payload=None, timeout=300.0, opener=urlopen, clock=time.monotonic):
     """GET (payload None) or POST JSON, the decoded body; StageError otherwise. timeout is the whole request's."""
-    method = "POST" if payload is not None else "GET"
+    method, cut = "POST" if payload is not None else "GET", {"reason": None}
     try:
-        with open_within(opener, api_request(url, payload), timeout, clock) as (resp, limit):
-            parts = []
-            read = getattr(resp, "read1", resp.read)     # read1: at most one read of the socket per call
-            try:
-                while True:
-                    limit.check()
-                    part = read(65536)
-                    if not part:
-                        break
-                    parts.append(part)
-            finally:                                      # a read the deadline cut says so
-                limit.check()
-            raw = b"".join(parts)
+        with open_within(opener, url, payload, timeout, clock) as (resp, limit):
+            raw = b"".join(line for _when, line in timed_lines(resp, clock, cut, limit))
     except (http_client.HTTPException, OSError) as exc:
         raise request_failed(method, url, exc)
+    if cut["reason"]:
+        raise StageError("%s %s failed: %s" % (method, url, cut["reason"]))
     try:
         return json.loads(raw.decode("utf-8"))
     except ValueError:

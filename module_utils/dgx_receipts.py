@@ -18,9 +18,8 @@ _EXAMPLE = "(e.g. /cache)"
 
 
 def plan_removal(parent, names):
-    """The receipt-root paths that exist (as anything, symlinks included); refuses a parent that is empty,
-    relative or (resolves to) '/', and a name that is not a bare directory name, before anything is removed."""
-    if not parent or not str(parent).strip() or not os.path.isabs(parent):
+    """The receipt-root paths that exist (as anything, symlinks included); refuses a bad parent or name first."""
+    if not parent or not os.path.isabs(parent):
         raise StageError("engine_receipts: parent %r is empty or relative; set receipt_parent to the absolute "
                          "directory holding the receipt roots %s" % (parent, _EXAMPLE))
     parent = os.path.normpath(parent)
@@ -39,9 +38,8 @@ def plan_removal(parent, names):
             continue
         except NotADirectoryError:
             raise StageError("engine_receipts: parent %s is not a directory; fix receipt_parent" % parent)
-        if path not in paths:
-            paths.append(path)
-    return paths
+        paths.append(path)
+    return list(dict.fromkeys(paths))
 
 
 # /proc/<pid>/cgroup paths name a container by its 64-hex id (libpod-<id>.scope, /docker/<id>, cri-containerd-<id>).
@@ -94,37 +92,6 @@ def host_path(source, mounts):
     return None
 
 
-def tree_identities(root, unlisted):
-    """{(st_dev, st_ino): path} for root and every entry below it (links never followed). A folder that cannot be
-    listed or whose entries cannot be stat'ed goes to `unlisted`: what is held in it is found by path."""
-    identities = {}
-    for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=unlisted)]:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            continue        # gone meanwhile: nothing holds what is not there
-        except OSError:
-            if os.path.dirname(path) not in unlisted:
-                unlisted.append(os.path.dirname(path))
-            continue
-        identities.setdefault((st.st_dev, st.st_ino), path)
-    return identities
-
-
-def _parse_maps(text):
-    """(st_dev, inode, path) of each file-backed mapping in /proc/<pid>/maps text."""
-    for line in (text or "").splitlines():
-        fields = line.split(None, 5)
-        if len(fields) < 5 or fields[4] == "0":
-            continue
-        try:
-            major, minor = (int(part, 16) for part in fields[3].split(":"))
-            inode = int(fields[4])
-        except ValueError:
-            continue
-        yield os.makedev(major, minor), inode, (fields[5] if len(fields) > 5 else "")
-
-
 def fd_links(proc_root, pid):
     """[(link, its text)] of the open files of one process; none when they cannot be listed (gone, not ours). A
     text that cannot be read is "": the file still has an identity (its real path may exceed PATH_MAX)."""
@@ -146,9 +113,9 @@ def process_name(proc_root, pid):
     return (read_text(os.path.join(proc_root, pid, "comm")) or "").strip() or "?"
 
 
-def _open_things(proc_root, pid):
-    """(how, identity, seen_as) of the cwd and open files of one process: os.stat follows the /proc magic link to
-    the object itself, so the identity is the host's whatever path the process used."""
+def _uses(proc_root, pid):
+    """(how, (st_dev, st_ino), seen_as) of the cwd, open and mapped files of one process: os.stat follows the /proc
+    magic link to the object itself, so the identity is the host's whatever path the process used."""
     cwd = os.path.join(proc_root, pid, "cwd")
     for how, link, seen_as in [("cwd", cwd, _readlink(cwd))] + [
             ("open", link, text) for link, text in fd_links(proc_root, pid)]:
@@ -157,6 +124,15 @@ def _open_things(proc_root, pid):
         except OSError:  # gone, or hidden from us
             continue
         yield how, (st.st_dev, st.st_ino), seen_as
+    for line in (read_text(os.path.join(proc_root, pid, "maps")) or "").splitlines():
+        fields = line.split(None, 5)
+        try:
+            major, minor = (int(part, 16) for part in fields[3].split(":"))
+            inode = int(fields[4])
+        except (IndexError, ValueError):
+            continue
+        if inode:
+            yield "mapped", (os.makedev(major, minor), inode), (fields[5] if len(fields) > 5 else "")
 
 
 def _namespace_key(proc_root, pid, mountinfo):
@@ -174,13 +150,20 @@ class _Targets(object):
     def __init__(self, roots, parent, host_mounts):
         self.roots = list(roots)
         self.parent = parent
-        self.by_identity = {}
-        self.unlisted = []
+        self.by_identity, self.unlisted = {}, []
         for root in self.roots:
+            # What is held in a folder that cannot be listed, or whose entries cannot be stat'ed, is found by path.
             unlisted = []
-            for identity, path in tree_identities(root, unlisted).items():
-                self.by_identity.setdefault(identity, (root, path))
-            self.unlisted += [(root, os.path.realpath(folder)) for folder in unlisted]
+            for path in [root] + [entry for entry, _rel, _is_dir in walk_tree(root, unlisted=unlisted)]:
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    continue        # gone meanwhile: nothing holds what is not there
+                except OSError:
+                    unlisted.append(os.path.dirname(path))
+                    continue
+                self.by_identity.setdefault((st.st_dev, st.st_ino), (root, path))
+            self.unlisted += [(root, os.path.realpath(folder)) for folder in dict.fromkeys(unlisted)]
         # Mount points are real paths: a receipt_parent reached through a symlink is resolved first.
         self.sources = [(root, mount_source(os.path.realpath(root), host_mounts)) for root in self.roots]
         self.parent_source = mount_source(os.path.realpath(parent), host_mounts) if parent else None
@@ -197,35 +180,28 @@ class _Targets(object):
                 return how, seen_as, seen_as, [root]
         return None
 
-    def mounted(self, mount):
-        """(how, host path, mount point, roots held) when a mount shows a root, something in one or the parent
-        ("mount"), or a directory above the parent read-write ("ancestor": the roots can be made through it)."""
-        source = (mount["dev"], os.path.normpath(mount["root"]))
-        if self.parent_source is not None and source == self.parent_source:
-            return "mount", self.parent, mount["mount_point"], list(self.roots)
-        for root, root_source in self.sources:
-            if root_source is None or root_source[0] != source[0] or not is_within(source[1], root_source[1]):
-                continue
-            rel = os.path.relpath(source[1], root_source[1])
-            return "mount", (root if rel == "." else os.path.join(root, rel)), mount["mount_point"], [root]
-        if self.parent_source is not None and not mount["read_only"] and source[0] == self.parent_source[0] \
-                and is_within(self.parent_source[1], source[1]):
-            shown = host_path(source, self.host_mounts) or "%s of device %d:%d" % ((source[1],) + source[0])
-            return "ancestor", shown, mount["mount_point"], list(self.roots)
-        return None
-
     def holds(self, mounts):
-        """[(how, host path, seen_as, roots)] of one namespace's mounts; the closest read-write ancestor only when
-        the parent itself is not bound."""
-        found, ancestors = [], []
+        """[(how, host path, seen_as, roots)] of one namespace's mounts: a bind of a root, something in one or the
+        parent ("mount"), else the closest directory above the parent bound read-write ("ancestor": the roots can
+        be made through it)."""
+        found, ancestor = [], None
         for mount in mounts:
-            held = self.mounted(mount)
-            if held and held[0] == "ancestor":
-                ancestors.append((len(mount["root"]), held))
-            elif held:
-                found.append(held)
-        if ancestors and not any(held[1] == self.parent for held in found):
-            found.append(max(ancestors, key=lambda pair: pair[0])[1])
+            source, point = (mount["dev"], os.path.normpath(mount["root"])), mount["mount_point"]
+            in_root = [(root, os.path.relpath(source[1], root_source[1])) for root, root_source in self.sources
+                       if root_source and root_source[0] == source[0] and is_within(source[1], root_source[1])]
+            if self.parent_source is not None and source == self.parent_source:
+                found.append(("mount", self.parent, point, list(self.roots)))
+            elif in_root:
+                root, rel = in_root[0]
+                found.append(("mount", root if rel == "." else os.path.join(root, rel), point, [root]))
+            elif self.parent_source is not None and not mount["read_only"] and source[0] == self.parent_source[0] \
+                    and is_within(self.parent_source[1], source[1]) \
+                    and (ancestor is None or len(source[1]) > len(ancestor[0][1])):
+                ancestor = source, point
+        if ancestor and not any(held[1] == self.parent for held in found):
+            source, point = ancestor
+            shown = host_path(source, self.host_mounts) or "%s of device %d:%d" % ((source[1],) + source[0])
+            found.append(("ancestor", shown, point, list(self.roots)))
         return found
 
 
@@ -252,11 +228,8 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
     for pid in pids:
         if pid == own:
             continue
-        uses = list(_open_things(proc_root, pid))
-        uses += [("mapped", (dev, inode), seen_as) for dev, inode, seen_as
-                 in _parse_maps(read_text(os.path.join(proc_root, pid, "maps")))]
         found = []
-        for how, identity, seen_as in uses:
+        for how, identity, seen_as in _uses(proc_root, pid):
             if identity in targets.by_identity:
                 root, path = targets.by_identity[identity]
                 found.append((how, path, seen_as, [root]))
@@ -304,10 +277,6 @@ def format_holder(holder):
     return "%s %s" % (who, what)
 
 
-def format_holders(holders):
-    return "; ".join(format_holder(h) for h in holders)
-
-
 def refusal_message(holders, paths, host=None):
     """The refusal: which roots, who holds them (and how), and what to do about it."""
     held = [p for p in paths if any(p in h["roots"] for h in holders)]
@@ -316,7 +285,7 @@ def refusal_message(holders, paths, host=None):
                               "process pid %d (command %s)" % (h["pid"], h["name"]) for h in holders))
     return ("engine_receipts: refusing to remove receipt roots in use: %s. Held by %s. Stop %s first, "
             "or remove them anyway: %s"
-            % (", ".join(held), format_holders(holders), " and ".join(stop),
+            % (", ".join(held), "; ".join(format_holder(h) for h in holders), " and ".join(stop),
                fix_command("clean-receipts", host, "receipt_force=true")))
 
 

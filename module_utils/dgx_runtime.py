@@ -1,8 +1,6 @@
 # -*- coding: utf-8 -*-
-"""The container runtime on a node (docker or podman, through their common command line): the one answer to "what
-state is this container in" - a host's containers, the engine image and its pull, who owns the API port.
-Stdlib only (runs on the nodes).
-"""
+"""What state each container on a node is in, through docker's or podman's common command line: a host's
+containers, the engine image and its pull, who owns the API port. Stdlib only (runs on the nodes)."""
 from __future__ import absolute_import, division, print_function
 
 import json
@@ -28,7 +26,6 @@ NOT_EXITED = ("paused", "created", "configured", "initialized", "stopping")
 
 
 def missing_container(name, why):
-    """A container's facts when the runtime does not know it (or is not there)."""
     return {"name": name, "exists": False, "id": None, "running": False, "status": "missing", "exit_code": None,
             "started_at": None, "finished_at": None, "error": why, "oom_killed": False, "logs": ""}
 
@@ -43,14 +40,12 @@ def _env_changed(entries, env):
 
 
 def _mapping(value):
-    """A part of the runtime's inspect data that should be a mapping, or {} when the runtime printed another shape."""
     return value if isinstance(value, dict) else {}
 
 
 def container_facts(info, env=None, secrets=None):
-    """A container's facts from one `inspect --type container` entry, both runtimes alike: running and neither
-    paused nor restarting (Docker's State.Running is true for both); finished_at None until it stopped once;
-    env_changed (_env_changed). Its command and environment are not kept, its error text without the secrets."""
+    """A container's facts from one `inspect --type container` entry, both runtimes alike (Docker's State.Running
+    is true when paused or restarting); its command and environment are not kept, its error text redacted."""
     state = _mapping(info.get("State"))
     config = _mapping(info.get("Config"))
     running = bool(state.get("Running")) and not state.get("Paused") and not state.get("Restarting")
@@ -75,28 +70,18 @@ def container_facts(info, env=None, secrets=None):
             "restart_policy": _mapping(_mapping(info.get("HostConfig")).get("RestartPolicy")).get("Name") or ""}
 
 
-def owner_facts(port, listening, holders, container_id):
-    """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
-    or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
-    ours = None
-    if holders:
-        ours = bool(container_id) and all(h.get("container_id") == container_id for h in holders)
-    return {"port": int(port), "listening": bool(listening), "holders": list(holders), "ours": ours}
-
-
 class RuntimeSlow(StageError):
     """A runtime call that did not end in time: the container's state is unknown, not gone."""
 
 
 class RuntimeCli(object):
     """The runtime's CLI whose every call ends within `timeout` seconds, its process group killed otherwise, so a
-    hung daemon cannot hold a wait round past its time. finder: anything with get_bin_path() (the AnsibleModule)."""
+    hung daemon cannot hold a wait round past its time."""
 
     def __init__(self, finder, timeout):
         self.get_bin_path, self.timeout = finder.get_bin_path, float(timeout)
 
     def run_command(self, argv):
-        """(rc, stdout, stderr); RuntimeSlow when the call does not end in time (its process group is killed)."""
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
@@ -121,8 +106,7 @@ def runtime_call_timeout(wait_for):
 
 
 def container_state(runner, runtime, name, secrets=None):
-    """This host's engine container (container_facts()), with its log's tail when it is not running; secrets
-    hidden before any cut. runner: anything with get_bin_path() and run_command()."""
+    """This host's engine container (container_facts()), with its log's tail when it is not running."""
     binary = runner.get_bin_path(runtime)
     if not binary:
         return missing_container(name, "%s not found on this host" % runtime)
@@ -159,7 +143,7 @@ def _cmdline(pid, proc="/proc", secrets=None):
 
 
 def container_name(runner, runtime, container_id):
-    """The name of a container by id, asking runtime and then the other runtime; None when unknown."""
+    """The name of a container by id, from either runtime; None when unknown."""
     for cli in (runtime, "podman" if runtime == "docker" else "docker"):
         binary = runner.get_bin_path(cli)
         if not binary:
@@ -174,10 +158,16 @@ def container_name(runner, runtime, container_id):
     return None
 
 
+def owner_facts(port, listening, holders, container_id):
+    """Who serves the API port. ours: every holder runs in container_id (True), one does not (False),
+    or nobody could be seen (None: nothing listens, or the holders' /proc is not readable)."""
+    ours = bool(container_id) and all(h.get("container_id") == container_id for h in holders) if holders else None
+    return {"port": int(port), "listening": bool(listening), "holders": list(holders), "ours": ours}
+
+
 def api_owner(runner, runtime, port, container, proc="/proc", secrets=None):
-    """owner_facts() of the API port: the processes listening on it (dgx_nodestate), each with its command line
-    (secrets hidden) - except this run's engine, whose command line holds its secrets and says nothing its
-    container's name does not; a holder in another container is named by the runtime."""
+    """owner_facts() of the API port. This run's engine's command line is left out: it holds its secrets and says
+    nothing its container's name does not."""
     mine = (container or {}).get("id")
     listening = bool(listening_inodes(int(port), proc))
     holders = []
@@ -204,7 +194,7 @@ def _said(runtime, what, err, out, secrets):
 
 def list_containers(runner, runtime, env=None, secrets=None):
     """Every container on this host (container_facts()); one removed between the list and its inspect is left
-    out; any other failure raises StageError, without the secrets."""
+    out."""
     binary = _binary(runner, runtime)
     rc, out, err = runner.run_command([binary, "ps", "--all", "--quiet", "--no-trunc"])
     if rc != 0:

@@ -87,7 +87,7 @@ def test_container_ids_from_docker_cgroup_paths():
 
 
 def test_docker_mounts_keep_names_with_colons_commas_and_spaces_whole():
-    mounts = load_filter("engine", "engine_mounts")
+    mounts = load_filter("engine", "engine_lane")
     binds = mounts.dgx_binds([{"source": "/nvme/capture/src a,b:c", "target": "/hub/x:y, z", "read_only": True}],
                              [{"source": "/cache dir", "target": "/cache", "read_only": False}])
     assert mounts.dgx_docker_mounts(binds) == [

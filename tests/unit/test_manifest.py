@@ -621,8 +621,7 @@ def test_switching_bind_from_restarts_the_lane_through_the_mounts_digest(hubs):
     dgx_podman_mount_specs | dgx_mounts_digest); a change of engine_bind_from changes it both ways, so the next
     engine play restarts the lane ("mounts changed"), while the same setting leaves it alone."""
     local, nas = hubs
-    mounts_filters = load_filters("engine_mounts")
-    lane = load_filters("engine_lane")
+    lane = mounts_filters = load_filters("engine_lane")
     receipts = [{"source": "/cache", "target": "/cache", "read_only": False}]
 
     def labels(bind_from):

@@ -1,5 +1,5 @@
 """Bind paths: module_utils/dgx_mountspec.mount_path_problem and the engine role's filter plugin
-(roles/engine/filter_plugins/engine_mounts.py), which loads the same check and shapes the
+(roles/engine/filter_plugins/engine_lane.py), which loads the same check and shapes the
 Docker `mounts` list and the Podman `--mount` specs.
 
 The Podman specs are read back with Python's csv module, which parses quoted fields the way Go's
@@ -15,7 +15,7 @@ from pluginfile import load_filter
 from ansible.module_utils.dgx_mountspec import PATH_MAX, mount_path_problem
 
 
-plugin = load_filter("engine", "engine_mounts")
+plugin = load_filter("engine", "engine_lane")
 FILTERS = plugin.FilterModule().filters()
 
 SNAP = "/hub/models--org--name/snapshots/" + "a" * 40

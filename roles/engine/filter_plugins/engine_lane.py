@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Engine role filters for the lane-wide decisions - one engine per rank, restarted together: the container's
-labels, each rank's survey of its host (own container, strays, earlier worlds), the restart reasons and the lane's
-plan, and the secrets no message may show. Labels never carry a secret: env and command are stored as digests.
+"""Engine role filters: the lane-wide decisions (one engine per rank, restarted together: labels, each rank's
+survey of its host, restart reasons, the lane's plan), the secrets no message may show, and the container's binds
+and environment. Labels never carry a secret: env and command are stored as digests.
 """
 import hashlib
 import json
@@ -18,6 +18,7 @@ from dgx_stage import use_module_utils  # noqa: E402
 
 use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
+from ansible.module_utils.dgx_mountspec import mount_path_problem  # noqa: E402
 from ansible.module_utils.dgx_secrets import redacted, secret_values  # noqa: E402
 
 LANE = "dgx-stage.lane"
@@ -37,24 +38,13 @@ DEVICES = "dgx-stage.devices-sha256"
 # The aspects compared on every plan, in the order reasons are given. RUN_ID is not one: it names the run
 # that started the container and changes every run.
 ASPECTS = (
-    (LANE, lambda old, new: "lane %s -> %s" % (old, new)),
-    (LANE_HOSTS, lambda old, new: "lane hosts %s -> %s" % (old, new)),
-    (RANK, lambda old, new: "rank %s -> %s" % (old, new)),
-    (WORLD_SIZE, lambda old, new: "world size %s -> %s" % (old, new)),
-    (PORT, lambda old, new: "port %s -> %s" % (old, new)),
-    (IMAGE, lambda old, new: "image %s -> %s" % (old, new)),
-    (IMAGE_ID, lambda old, new: "image rebuilt or re-pulled (id %s -> %s)" % (_short_id(old), _short_id(new))),
-    (COMMAND, lambda old, new: "command changed"),
-    (ENV, lambda old, new: "env changed"),
-    (MOUNTS, lambda old, new: "mounts changed"),
-    (FILES, lambda old, new: "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
-    (DEVICES, lambda old, new: "GPU devices changed"),
+    (LANE, "lane %s -> %s"), (LANE_HOSTS, "lane hosts %s -> %s"), (RANK, "rank %s -> %s"),
+    (WORLD_SIZE, "world size %s -> %s"), (PORT, "port %s -> %s"), (IMAGE, "image %s -> %s"),
+    (IMAGE_ID, "image rebuilt or re-pulled (id %s -> %s)"), (COMMAND, "command changed"), (ENV, "env changed"),
+    (MOUNTS, "mounts changed"),
+    (FILES, "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
+    (DEVICES, "GPU devices changed"),
 )
-
-
-def _short_id(image_id):
-    """12 hex digits of an image id, without Docker's sha256: prefix."""
-    return (image_id or "?").split(":")[-1][:12]
 
 
 def _digest(value):
@@ -114,7 +104,9 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
             names = own["env_changed"]
             reasons.append("env changed (%s)" % ", ".join(names) if names else "env changed (a variable removed)")
             continue
-        reasons.append(say(old, new))
+        if key == IMAGE_ID:     # 12 hex digits, without Docker's sha256: prefix
+            old, new = ((image_id or "?").split(":")[-1][:12] for image_id in (old, new))
+        reasons.append(say % (old, new) if "%s" in say else say)
     if dry_run_changed and not reasons:
         reasons.append("the runtime would recreate it (a container setting changed)")
     return reasons
@@ -287,8 +279,72 @@ def dgx_lane_plan(plans, restart_only=""):
             "reasons": dict((p["host"], list(p["reasons"]) or ["the lane restarts as one (%s)" % why]) for p in plans)}
 
 
+def _checked(binds, what):
+    """The binds as plain {source, target, read_only} dicts; AnsibleFilterError on the first bad one."""
+    if not isinstance(binds, (list, tuple)):
+        raise AnsibleFilterError("%s: expected a list of binds, got %s" % (what, type(binds).__name__))
+    out = []
+    for index, bind in enumerate(binds):
+        if not isinstance(bind, dict):
+            raise AnsibleFilterError("%s: bind %d is a %s, not a dict" % (what, index, type(bind).__name__))
+        for key in ("source", "target"):
+            problem = mount_path_problem(bind.get(key))
+            if problem is not None:
+                raise AnsibleFilterError("%s: bind %d refused, its %s %s" % (what, index, key, problem))
+        read_only = bind.get("read_only", True)
+        if not isinstance(read_only, bool):
+            raise AnsibleFilterError("%s: bind %r has read_only %r, not a boolean"
+                                     % (what, bind["target"], read_only))
+        out.append({"source": str(bind["source"]), "target": str(bind["target"]), "read_only": read_only})
+    return out
+
+
+def dgx_binds(manifest_mounts, extra_binds=None):
+    """The manifest's binds (read-only, whatever else the entries carry) followed by extra_binds."""
+    manifest = _checked(manifest_mounts, "dgx_binds (manifest mounts)")
+    for bind in manifest:
+        bind["read_only"] = True
+    return manifest + _checked(list(extra_binds or []), "dgx_binds (extra binds)")
+
+
+def dgx_docker_mounts(binds):
+    """community.docker docker_container `mounts` entries (API fields: no quoting needed)."""
+    return [{"type": "bind", "source": b["source"], "target": b["target"], "read_only": b["read_only"]}
+            for b in _checked(binds, "dgx_docker_mounts")]
+
+
+def _csv_field(field):
+    """One field of a --mount spec as Podman's Go encoding/csv reads it back unchanged (a comma, a quote or edge
+    whitespace needs quoting)."""
+    if any(c in field for c in ',"\r\n') or field != field.strip():
+        return '"' + field.replace('"', '""') + '"'
+    return field
+
+
+def dgx_podman_mount_specs(binds):
+    """containers.podman podman_container `mount` entries, one --mount spec per bind (CSV-quoted)."""
+    return [",".join(_csv_field(field) for field in ("type=bind", "source=" + b["source"], "destination=" + b["target"],
+                                                     "ro=true" if b["read_only"] else "ro=false"))
+            for b in _checked(binds, "dgx_podman_mount_specs")]
+
+
+def dgx_mounts_digest(specs):
+    """sha256 hex of the specs in their order, NUL-separated: case-sensitive (podman_container compares `mount`
+    lowercased)."""
+    if not isinstance(specs, (list, tuple)):
+        raise AnsibleFilterError("dgx_mounts_digest: expected a list of strings, got %s" % type(specs).__name__)
+    return hashlib.sha256("\0".join(str(s) for s in specs).encode("utf-8")).hexdigest()
+
+
+def dgx_container_env(extra_env, rank_env):
+    """The container environment: every value a string, the rank environment winning over engine_env."""
+    env = dict((str(key), str(value)) for key, value in (extra_env or {}).items())
+    env.update((str(key), str(value)) for key, value in rank_env.items())
+    return env
+
+
 class FilterModule(object):
-    """Engine role lane filters (see the module docstring)."""
+    """Engine role filters (see the module docstring)."""
 
     def filters(self):
         return {
@@ -303,4 +359,9 @@ class FilterModule(object):
             "dgx_lane_plan": dgx_lane_plan,
             "dgx_stray_lines": dgx_stray_lines,
             "dgx_stop_outcomes": dgx_stop_outcomes,
+            "dgx_binds": dgx_binds,
+            "dgx_docker_mounts": dgx_docker_mounts,
+            "dgx_podman_mount_specs": dgx_podman_mount_specs,
+            "dgx_mounts_digest": dgx_mounts_digest,
+            "dgx_container_env": dgx_container_env,
         }

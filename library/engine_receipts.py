@@ -17,7 +17,7 @@ description:
   - Refuses, removing nothing, while a process holds a root (unless O(force=true)), judged by device and inode as
     the host sees it - its cwd, an open or mapped file under a root, or (another mount namespace) a bind of a
     root, something in one, O(parent), or read-write a directory above O(parent). The failure names each holder
-    and the fix. Roots held only by O(live_container) are kept (RV(kept)).
+    and the fix; so does a C(/proc) that cannot be listed. Roots held only by O(live_container) are kept (RV(kept)).
 author: dgx-stage maintainers
 options:
   parent: {description: Absolute directory holding the receipt roots; not C(/)., type: path, default: /cache}

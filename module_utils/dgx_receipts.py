@@ -222,8 +222,10 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
     seen_namespaces = {_namespace_key(proc_root, own, own_mountinfo), own_mountinfo}
     try:
         pids = sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int)
-    except OSError:
-        return []
+    except OSError as exc:      # no process list: nobody can be shown not to hold the roots
+        raise StageError("engine_receipts: cannot list %s (%s) to find who holds the receipt roots %s; nothing was "
+                         "removed. Mount procfs there, or remove them anyway with receipt_force=true"
+                         % (proc_root, exc.strerror or exc, ", ".join(roots)))
     holders = []
     for pid in pids:
         if pid == own:
@@ -298,8 +300,13 @@ def clear_receipts(parent, names, force=False, check_mode=False, proc_root="/pro
     paths = plan_removal(parent, names)
     # Holders only matter for real roots: a symlink root's target is never touched.
     real_roots = [p for p in paths if not os.path.islink(p)]
-    holders = find_holders(real_roots, parent=os.path.dirname(paths[0]) if paths else None,
-                           proc_root=proc_root)
+    try:
+        holders = find_holders(real_roots, parent=os.path.dirname(paths[0]) if paths else None,
+                               proc_root=proc_root)
+    except StageError:
+        if not force:
+            raise
+        holders = []
     live = (live_container or "").strip().lower()     # the full id, or a prefix of 12 or more
     strangers = [h for h in holders if not (len(live) >= 12 and h["container"].startswith(live))]
     if strangers and not force:

@@ -565,6 +565,17 @@ def test_clear_receipts_refuses_naming_root_holder_and_fix(fake):
     assert sorted((h["pid"], h["how"]) for h in forced["holders"]) == [(41, "mount"), (41, "open")]
 
 
+def test_refuses_when_the_process_list_cannot_be_read_and_force_removes(fake, tmp_path):
+    """Without a process list nobody can be shown not to hold a root: refuse, naming the fix."""
+    not_a_folder = tmp_path / "proc-file"
+    not_a_folder.write_text("")
+    with pytest.raises(StageError, match="cannot list %s .*nothing was removed" % not_a_folder):
+        clear_receipts(str(fake["parent"]), NAMES, proc_root=str(not_a_folder))
+    assert all(os.path.isdir(p) for p in fake["roots"])
+    forced = clear_receipts(str(fake["parent"]), NAMES, proc_root=str(not_a_folder), force=True)
+    assert forced["removed"] == fake["roots"] and forced["holders"] == []
+
+
 def test_own_process_holding_a_file_does_not_block(tmp_path):
     paths = make_roots(tmp_path)
     with open(os.path.join(paths[0], "worker.json")):

@@ -48,6 +48,9 @@ def linked_dir_problem(root, rel):
             st = os.lstat(path)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a folder above it cannot be searched: nothing shows it is a real directory
+            return ("cannot look at %s (%s): run as a user that can read the local hub (become); nothing was "
+                    "written or removed" % (path, exc.strerror or exc))
         if stat.S_ISLNK(st.st_mode):
             try:
                 target = os.readlink(path)

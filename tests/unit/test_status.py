@@ -166,6 +166,21 @@ def test_a_repo_folder_link_removed_while_status_reads_it_is_a_row_not_a_traceba
     assert row["state"] == "refused" and "symlink" in row["problem"]
 
 
+def test_a_repo_folder_that_cannot_be_looked_at_is_a_refused_row_naming_it(tmp_path, monkeypatch):
+    make_repo(tmp_path, files={"a": b"1"})
+    real_lstat = os.lstat
+
+    def denied(path, *args, **kwargs):   # a folder above it not searchable by this user (EACCES)
+        if str(path) == str(tmp_path / FOLDER):
+            raise PermissionError(13, "Permission denied", path)
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", denied)
+    row = repo_status(str(tmp_path), REPO)
+    assert row["state"] == "refused" and "cannot look at %s (Permission denied)" % (tmp_path / FOLDER) in row["problem"]
+    assert "become" in row["problem"], row
+
+
 def test_a_snapshot_changing_while_status_reads_it_is_a_row_not_a_traceback(tmp_path, monkeypatch):
     make_repo(tmp_path, files={"a": b"1", "sub/b": b"2"})
     real_scandir = os.scandir

@@ -1,9 +1,6 @@
-# -*- coding: utf-8 -*-
 """engine_probe's work: the smoke test, the decode probe and the bench, their verdicts against the floors
-(unrounded rates compared, rounded only for display) and the host report's rows. Stdlib only (runs on the nodes).
+(unrounded rates compared, rounded only for display) and the host report's rows.
 """
-from __future__ import absolute_import, division, print_function
-
 import json
 import time
 

@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """One poll of a background hf_hub_mirror job: its figures from the progress file, and one human line.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import time
 
 from ansible.module_utils.dgx_hubcache import repo_folder_name

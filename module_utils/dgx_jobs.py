@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """The background jobs of the stage and verify passes: Ansible's async job files in the jobs directory (read
 without following a link, cleared of what ended jobs of earlier runs left), and what a job that died said.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import json
 import os

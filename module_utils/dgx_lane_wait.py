@@ -1,8 +1,5 @@
-# -*- coding: utf-8 -*-
 """engine_lane_wait's work: the lane's verdict from every rank's last round, one host's polling of a round.
-Stdlib only (runs on the nodes)."""
-from __future__ import absolute_import, division, print_function
-
+"""
 import calendar
 import functools
 import re

@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """The lease of a background job: renewed by its polls, so a job whose controller was killed stops itself
 within the lease time and releases its repo lock; a job waiting for another run's lock notes whom in it.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import fcntl
 import json
 import os

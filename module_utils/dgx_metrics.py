@@ -1,9 +1,6 @@
-# -*- coding: utf-8 -*-
 """The node_exporter textfile `<stage_metrics_dir>/dgx_stage.prom` (module stage_metrics), rendered from the host's
-latest report view; its first line names the host, so a directory shared between hosts is refused. Stdlib only.
+latest report view; its first line names the host, so a directory shared between hosts is refused.
 """
-from __future__ import absolute_import, division, print_function
-
 import math
 import os
 import re

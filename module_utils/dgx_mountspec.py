@@ -5,7 +5,7 @@ Docker takes binds as API fields; Podman >= 4.1 reads `--mount` specs with Go's 
 invalid UTF-8 (Podman binds U+FFFD instead), any control character (encoding/csv turns CR LF into LF; the
 others break line-based tools), a relative path or one not in normal form (both runtimes clean mount paths,
 so the container would not show what the manifest says), and a path of PATH_MAX (4096) bytes or more.
-Stdlib only, Python 3.8 syntax: runs on the nodes inside engine_manifest.
+Runs inside engine_manifest.
 """
 
 import posixpath

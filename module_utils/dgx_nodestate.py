@@ -1,6 +1,5 @@
-# -*- coding: utf-8 -*-
 """What the engine container would meet on this node (the mount manifest, the identity of the files it binds,
-who listens on the API port), read without changing anything. Stdlib only (runs on the nodes)."""
+who listens on the API port), read without changing anything."""
 
 import errno
 import hashlib

@@ -1,8 +1,5 @@
-# -*- coding: utf-8 -*-
-"""A client of the engine's OpenAI-style API with a whole-request deadline. Stdlib only (runs on the nodes); the
+"""A client of the engine's OpenAI-style API with a whole-request deadline. The
 opener and the clock are arguments, so tests drive them."""
-from __future__ import absolute_import, division, print_function
-
 import contextlib
 import json
 import socket

@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """The progress file, `<dest>/.locks/<repo folder>/dgx-stage.progress.json`: its name, what it holds and who
 writes it (PassMeter, from every copy worker at once). Readers import its name and reader from here.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import json
 import os
 import posixpath

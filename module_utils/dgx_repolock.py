@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """The repo lock: two runs on one local repo never interleave, and the one that waits can say for whom.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import errno
 import fcntl
 import os

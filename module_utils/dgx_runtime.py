@@ -1,8 +1,5 @@
-# -*- coding: utf-8 -*-
 """What state each container on a node is in, through docker's or podman's common command line: a host's
-containers, the engine image and its pull, who owns the API port. Stdlib only (runs on the nodes)."""
-from __future__ import absolute_import, division, print_function
-
+containers, the engine image and its pull, who owns the API port."""
 import json
 import os
 import signal

@@ -1,9 +1,6 @@
-# -*- coding: utf-8 -*-
 """What no output may show (secret_values: engine_env's values, the engine command's secret flags') and hiding it
-in any text, dict or list before it is cut or shown (redacted). Stdlib only (nodes and the role's filters).
+in any text, dict or list before it is cut or shown (redacted), on the nodes and in the role's filters.
 """
-from __future__ import absolute_import, division, print_function
-
 import json
 import re
 import shlex

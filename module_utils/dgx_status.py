@@ -1,9 +1,6 @@
-# -*- coding: utf-8 -*-
 """What a node holds, read without changing anything (module stage_status). No symlink in the local hub is
-followed; garbage is reported, never raised. Stdlib only, Python 3.8.
+followed; garbage is reported, never raised.
 """
-from __future__ import absolute_import, division, print_function
-
 import json
 import os
 import stat

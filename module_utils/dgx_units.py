@@ -1,9 +1,5 @@
-# -*- coding: utf-8 -*-
 """Sizes and times as the messages, the progress file and the reports write them.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import calendar
 import time
 

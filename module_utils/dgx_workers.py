@@ -1,10 +1,6 @@
-# -*- coding: utf-8 -*-
 """The copy workers: a bounded thread pool within a constant buffer budget, stopped together by a failure,
 Ctrl-C or SIGTERM so that none outlives the call.
-Runs on the nodes' system Python: stdlib only, Python 3.8 syntax.
 """
-from __future__ import absolute_import, division, print_function
-
 import collections
 import contextlib
 import os

@@ -15,10 +15,9 @@ Used by the tests, ``make demo``, the Molecule scenarios and the bench. Stdlib o
       trees/<commit>.json, .no_exist/<commit>/...    huggingface_hub 2.x listing, empty marker
     models--coolbho3k--DSpark-drafter/               small repo, plain real blobs
 
-The traps: link -> repo blob -> hub store (relative and absolute hops); page15 as real files in the
-snapshot; weight shards of one size with different content (size-based dedup binds the wrong shard); an
-older revision with a same-size, different shard; noise that is not content. ``add_engram_repo`` writes a
-repo with shared files and per-rank ``engram/rank-{rank}-of-{world_size}/`` tables.
+The traps: links through repo blobs into the hub store (relative and absolute hops); page15 as real files;
+equal-size shards with different content; an older revision with a same-size, different shard; noise.
+``add_engram_repo`` writes per-rank ``engram/rank-{rank}-of-{world_size}/`` tables beside shared files.
 
 CLI: ``python3 tools/hubgen.py --root DIR [--shard-size BYTES] [--shards N] [--seed S] [--engram WORLD_SIZE] [--json]``
 """
@@ -85,55 +84,47 @@ def repo_folder(repo_id, repo_type="model"):
 # safetensors
 # --------------------------------------------------------------------------------------------
 
-def _header_json(entries):
-    """entries: [(name, size)] in data order -> compact header JSON bytes (unpadded)."""
-    header = {"__metadata__": {"format": "pt"}}
-    offset = 0
+def _header(entries, width=0):
+    """Length prefix and JSON header of U8 tensors [(name, size)] in data order, space-padded to a multiple of 8
+    bytes and to at least width bytes in all."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
     for name, size in entries:
         header[name] = {"dtype": "U8", "shape": [size], "data_offsets": [offset, offset + size]}
         offset += size
-    return json.dumps(header, separators=(",", ":")).encode()
-
-
-def _pad8(raw):
-    return raw + b" " * (-len(raw) % 8)
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw = raw.ljust(max(width - 8, len(raw) + -len(raw) % 8))
+    return struct.pack("<Q", len(raw)) + raw
 
 
 def _plan_safetensors(entries, total_size=None):
-    """(padded header, final [(name, size)]) of a U8-only safetensors file; with ``total_size`` the LAST
-    tensor grows so the file is exactly ``total_size`` bytes."""
+    """(header, final [(name, size)]); with total_size the LAST tensor grows so the file is exactly that long.
+    The header is padded to the width it has with the last size at total_size, so its digits never change it."""
     if not entries:
         raise ValueError("a safetensors file needs at least one tensor")
     if total_size is None:
-        return _pad8(_header_json(entries)), entries
-    # Size the header with a last tensor at least as long (in digits) as any real value, then pad the
-    # real header to that length: the file size no longer depends on the header's digits.
-    fixed = entries[:-1]
-    probe = _pad8(_header_json(fixed + [(entries[-1][0], total_size)]))
-    last = total_size - 8 - len(probe) - sum(s for _, s in fixed)
-    if last < entries[-1][1]:
+        return _header(entries), entries
+    *fixed, (name, least) = entries
+    width = len(_header(fixed + [(name, total_size)]))
+    last = total_size - width - sum(s for _, s in fixed)
+    if last < least:
         raise ValueError("total_size %d too small for these tensors (need >= %d)"
-                         % (total_size, total_size - last + entries[-1][1]))
-    final = fixed + [(entries[-1][0], last)]
-    raw = _header_json(final)
-    return raw + b" " * (len(probe) - len(raw)), final
+                         % (total_size, total_size - last + least))
+    final = fixed + [(name, last)]
+    return _header(final, width), final
 
 
-def write_safetensors(path_or_fileobj, tensors, total_size=None):
-    """Write a valid safetensors file of U8 tensors ({name: raw bytes}, in data order); return its bytes.
+def _safetensors(tensors, total_size=None):
+    """(bytes, final [(name, size)]) of a safetensors file of U8 tensors {name: raw bytes}, zero-padded."""
+    header, final = _plan_safetensors([(n, len(b)) for n, b in tensors.items()], total_size)
+    return header + b"".join(bytes(d).ljust(size, b"\0") for d, (_, size) in zip(tensors.values(), final)), final
 
-    With ``total_size`` the last tensor is zero-padded so the file is exactly that long (the trap: shards
-    of equal size). ``path_or_fileobj``: a path, a binary file object, or None (only return the bytes).
-    """
-    items = list(tensors.items())
-    header, final = _plan_safetensors([(n, len(b)) for n, b in items], total_size)
-    blob = b"".join([struct.pack("<Q", len(header)), header]
-                    + [bytes(data) + b"\0" * (size - len(data)) for (_, data), (_, size) in zip(items, final)])
-    if hasattr(path_or_fileobj, "write"):
-        path_or_fileobj.write(blob)
-    elif path_or_fileobj is not None:
-        with open(path_or_fileobj, "wb") as fh:
-            fh.write(blob)
+
+def write_safetensors(path, tensors, total_size=None):
+    """Write (unless path is None) and return a valid safetensors file of U8 tensors ({name: raw bytes}, in data
+    order); with total_size the last tensor is zero-padded so the file is exactly that long."""
+    blob = _safetensors(tensors, total_size)[0]
+    if path is not None:
+        _write(path, blob)
     return blob
 
 
@@ -153,32 +144,13 @@ def _small_bytes(seed, label, size):
 
 
 def _data_stream(seed, label, length):
-    """Yield ``length`` deterministic pseudo-random bytes in <= 1 MiB chunks, without holding them all.
-
-    One random block (<= 1 MiB) per stream; chunk c is that block rotated by c*7919 and stamped with c,
-    so every MiB differs at every offset and two streams (labels) never share a window.
-    """
-    if length <= 0:
-        return
-    blk_len = min(length, _CHUNK)
-    block = memoryview(_small_bytes(seed, label, blk_len))
-    c = 0
-    while length > 0:
-        n = min(blk_len, length)
-        if c == 0 or blk_len < 16:
-            yield block[:n]
-        else:
-            # chunk = pack(c) + (block rotated left by k)[8:n], as zero-copy slices of the block
-            k = (c * 7919) % blk_len
-            yield struct.pack("<Q", c)[:n]
-            start, want = (k + 8) % blk_len, n - 8
-            while want > 0:
-                take = min(want, blk_len - start)
-                yield block[start:start + take]
-                want -= take
-                start = 0
-        length -= n
-        c += 1
+    """length deterministic bytes in <= 1 MiB chunks without holding them all: chunk c > 0 is one random block
+    rotated by c*7919 and stamped with c, so no two MiB (or two labels' streams) share a window."""
+    block = _small_bytes(seed, label, min(length, _CHUNK))
+    for c, offset in enumerate(range(0, length, len(block))):
+        n = min(len(block), length - offset)
+        k = (c * 7919 + 8) % len(block)
+        yield block[:n] if c == 0 else (struct.pack("<Q", c) + block[k:] + block[:k])[:n]
 
 
 def _json_bytes(obj):
@@ -195,7 +167,7 @@ def _xet_name(etag):
 
 
 def _write(path, data=b""):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "wb") as fh:
         fh.write(data)
     return path
@@ -294,8 +266,9 @@ class Repo(object):
 
     def add_shard(self, rel, tensors, total_size=None, form=FORM_REAL):
         """A safetensors shard of tensors ({name: bytes}), mapped in the index."""
-        self.add(rel, write_safetensors(None, tensors, total_size), lfs=True, form=form)
-        self.map(rel, _plan_safetensors([(n, len(b)) for n, b in tensors.items()], total_size)[1])
+        data, final = _safetensors(tensors, total_size)
+        self.add(rel, data, lfs=True, form=form)
+        self.map(rel, final)
 
     def map(self, rel, tensors):
         """Map [(tensor, size)] to shard rel in the index."""
@@ -331,11 +304,9 @@ def shard_names(n):
 def _stream_shard(repo, label, index, shard_size, form):
     """Main shard number index, exactly shard_size bytes, streamed: (its entry, its [(tensor, size)])."""
     names = ["model.layers.%d.mlp.experts.%d.w1.trellis" % (index, 300 + j) for j in range(_TENSORS_PER_SHARD)]
-    overhead = 8 + len(_pad8(_header_json([(t, shard_size) for t in names])))
-    quarter = max(1, (shard_size - overhead) // (len(names) + 1))
+    quarter = max(1, (shard_size - len(_header([(t, shard_size) for t in names]))) // (len(names) + 1))
     header, final = _plan_safetensors([(t, quarter) for t in names[:-1]] + [(names[-1], 1)], shard_size)
-    chunks = itertools.chain([struct.pack("<Q", len(header)) + header],
-                             _data_stream(repo.hub.seed, label, sum(s for _, s in final)))
+    chunks = itertools.chain([header], _data_stream(repo.hub.seed, label, sum(s for _, s in final)))
     return repo.blob(chunks, shard_size, lfs=True, form=form), final
 
 

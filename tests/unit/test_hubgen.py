@@ -1,7 +1,6 @@
 """The synthetic NAS hub (tools/hubgen.py) really contains every trap from the night-shift log."""
 import fnmatch
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -90,8 +89,7 @@ def test_write_safetensors_pads_to_total_size(tmp_path):
     assert b == 1000 - 8 - n2 and header2["b.w"]["shape"] == [b - a]
     assert padded[8 + n2 + a:8 + n2 + a + 3] == b"\x02" * 3  # original bytes first, zero padding after
 
-    buf = io.BytesIO()
-    assert hubgen.write_safetensors(buf, tensors, total_size=1000) == buf.getvalue() == padded
+    assert hubgen.write_safetensors(None, tensors, total_size=1000) == padded
     with pytest.raises(ValueError):
         hubgen.write_safetensors(None, tensors, total_size=50)
     with pytest.raises(ValueError):

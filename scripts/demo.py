@@ -46,8 +46,7 @@ DENSE_SIZE_4X = 16 * 1024 * 1024   # the dense shard every rank shares
 
 
 def plant_stale_receipts(parent):
-    """Yesterday's receipt roots under parent, read-only as the root-owned ones of the log: the receipts
-    play clears them."""
+    """Yesterday's receipt roots under parent, read-only like the log's root-owned ones, for the receipts play."""
     for name in STALE_RECEIPTS:
         root = os.path.join(parent, name)
         os.makedirs(root, exist_ok=True)
@@ -68,28 +67,13 @@ def ensure_nas_hub():
     print("demo: planted stale engine receipts under %s" % RECEIPT_PARENT)
 
 
-def frontend_command(subcommand, extra_args, inventory="demo", nas_parent=NAS_PARENT):
-    """`dgx-stage SUBCOMMAND -i inventory/demo ...` as this work tree's package (python -m dgx_stage from the
-    repo: the copy being demonstrated, whichever venv runs it), under the NAS read-only wrapper."""
-    cmd = [sys.executable, "-m", "dgx_stage", subcommand, "-i", os.path.join(REPO, "inventory", inventory)] + extra_args
-    if os.geteuid() == 0 and shutil.which("unshare"):
-        bind = ('mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"')
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, nas_parent] + cmd
-    subprocess.check_call(["chmod", "-R", "a-w", nas_parent])
-    if os.access(nas_parent, os.W_OK):   # root without unshare: permissions do not stop root
-        print("demo: warning: the NAS copy stays writable for root without unshare(1)", file=sys.stderr)
-    return cmd
-
-
-def playbook_env(demo_root=DEMO_ROOT, runs_dir=None):
-    """The repo's ansible.cfg; Ansible's home (which ansible-core creates at start) and temp dirs under
-    .cache/demo unless the caller chose others (the demo needs only the collections installed in the venv)."""
+def playbook_env(demo_root=DEMO_ROOT, runs_dir=RUNS_DIR):
+    """The repo's ansible.cfg; Ansible's home and temp dirs under demo_root unless the caller chose others."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), PYTHONDONTWRITEBYTECODE="1",
-               DGX_STAGE_RUNS_DIR=runs_dir or RUNS_DIR)
-    ansible_tmp = os.path.join(demo_root, "ansible-tmp")
+               DGX_STAGE_RUNS_DIR=runs_dir)
     env.setdefault("ANSIBLE_HOME", os.path.join(demo_root, "ansible-home"))
-    env.setdefault("ANSIBLE_LOCAL_TEMP", os.path.join(ansible_tmp, "local"))
-    env.setdefault("ANSIBLE_REMOTE_TMP", os.path.join(ansible_tmp, "remote"))
+    env.setdefault("ANSIBLE_LOCAL_TEMP", os.path.join(demo_root, "ansible-tmp", "local"))
+    env.setdefault("ANSIBLE_REMOTE_TMP", os.path.join(demo_root, "ansible-tmp", "remote"))
     return env
 
 
@@ -119,12 +103,6 @@ def summary(check=False):
     return "\n".join(lines)
 
 
-def latest_run(runs_dir):
-    """The run.json of the front end's latest run in runs_dir."""
-    with open(os.path.join(runs_dir, sorted(os.listdir(runs_dir))[-1], "run.json")) as handle:
-        return json.load(handle)
-
-
 def ensure_engram_hub():
     """The 4x demo's NAS: hubgen's engram layout for four ranks, and its description beside (not in) the NAS."""
     if os.path.isdir(os.path.join(NAS_4X_PARENT, "hub")) and os.path.isfile(LAYOUT_4X):
@@ -149,8 +127,7 @@ def _mib(size):
 
 
 def summary_4x(run_id):
-    """What the front end's tables do not say: every host's verify pass, and the lane's NAS bytes against one copy
-    of the shared files plus each rank's part (the generated layout's figures)."""
+    """What the front end's tables do not say: each host's verify pass, the lane's NAS bytes against the layout's."""
     with open(LAYOUT_4X) as handle:
         layout = json.load(handle)
     reports = []
@@ -172,10 +149,19 @@ def summary_4x(run_id):
         "  host reports: %s/<host>.json" % os.path.relpath(REPORTS_4X_DIR, REPO)])
 
 
-def frontend(label, subcommand, extra, env, **kwargs):
-    """`dgx-stage SUBCOMMAND` run to its end: its exit code, and a line saying so when it failed."""
+def frontend(label, subcommand, extra, env, inventory="demo", nas_parent=NAS_PARENT):
+    """`dgx-stage SUBCOMMAND -i inventory/INVENTORY` from this work tree (python -m dgx_stage: the copy being
+    demonstrated), the NAS read-only, run to its end: its exit code, and a line saying so when it failed."""
+    cmd = [sys.executable, "-m", "dgx_stage", subcommand, "-i", os.path.join(REPO, "inventory", inventory)] + extra
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        bind = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, nas_parent] + cmd
+    else:
+        subprocess.check_call(["chmod", "-R", "a-w", nas_parent])
+        if os.access(nas_parent, os.W_OK):   # root without unshare: permissions do not stop root
+            print("demo: warning: the NAS copy stays writable for root without unshare(1)", file=sys.stderr)
     sys.stdout.flush()   # our lines before the front end's, also through a pipe
-    code = subprocess.call(frontend_command(subcommand, extra, **kwargs), cwd=REPO, env=env)
+    code = subprocess.call(cmd, cwd=REPO, env=env)
     if code != 0:   # then no run to read: a usage error (64) recorded none, and the latest is another's
         print("%s: dgx-stage %s failed (exit %d); the lines above name the host and task" % (label, subcommand, code))
     return code
@@ -192,7 +178,8 @@ def main_4x(extra):
     code = frontend("demo-4x", "stage", extra, playbook_env(DEMO_4X_ROOT, RUNS_4X_DIR), inventory="demo-4x",
                     nas_parent=NAS_4X_PARENT)
     if code == 0 and "--check" not in extra:
-        print(summary_4x(latest_run(RUNS_4X_DIR)["run_id"]))
+        with open(os.path.join(RUNS_4X_DIR, sorted(os.listdir(RUNS_4X_DIR))[-1], "run.json")) as handle:
+            print(summary_4x(json.load(handle)["run_id"]))
     return code
 
 

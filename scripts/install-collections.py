@@ -1,10 +1,7 @@
-"""Install the collections requirements.yml pins into this venv, out of the `ansible` package's wheel.
+"""Install the collections requirements.yml pins into this venv from the `ansible` package's wheel, without Galaxy.
 
-No Galaxy is reachable here; the `ansible` package on the package index bundles the collections the roles use.
-Installing that package writes and byte-compiles some 36,000 files (over a minute); this downloads its wheel
-once and unpacks only the collections requirements.yml names, each after checking that its version is the one
-pinned there. Ansible, ansible-lint and Molecule find them in site-packages (sys.path), as they would the
-package's.
+Installing the package writes some 36,000 files; this unpacks only the pinned collections, each checked against its
+pin, into site-packages, where Ansible, ansible-lint and Molecule find them.
 
     .venv/bin/python scripts/install-collections.py ANSIBLE_VERSION REQUIREMENTS_YML WHEEL_DIR
 """
@@ -43,8 +40,7 @@ def bundle_wheel(version, wheel_dir):
     if os.path.isfile(path) and zipfile.is_zipfile(path):
         return path
     os.makedirs(wheel_dir, exist_ok=True)
-    # Downloaded beside its final place and renamed over it: a killed download leaves no half wheel that
-    # every later set-up would trip on.
+    # Downloaded beside its final place and renamed: a killed download leaves no half wheel behind.
     staging = tempfile.mkdtemp(prefix=".download-", dir=wheel_dir)
     try:
         subprocess.check_call([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
@@ -62,8 +58,7 @@ STAGING_PREFIX = ".dgx-collections-"
 
 
 def check_wheel(archive, wheel, collections):
-    """The names of the wheel's files of the pinned collections, each read whole (a damaged wheel fails here);
-    SystemExit when one is missing or not at its pinned version."""
+    """The wheel's files of the pinned collections, each read whole so a damaged wheel fails before any write."""
     names = archive.namelist()
     members = []
     for namespace, name, version in collections:
@@ -87,14 +82,9 @@ def check_wheel(archive, wheel, collections):
 
 
 def install(wheel, collections, target, before_writing=lambda: None):
-    """Make target/<namespace>/<name> hold exactly the pinned collections, unpacked from the wheel.
-
-    Everything is checked before anything is written (then before_writing() runs). Each collection is
-    unpacked into a staging folder beside target (outside it: Ansible would take a folder inside it
-    for a namespace), then swapped in by renames: a killed run leaves each collection whole or absent,
-    and the next run sweeps the staging folder and puts back what is absent. Collections that are not
-    pinned (an earlier pin) are removed, so nothing unpinned stays importable.
-    """
+    """Make target/<namespace>/<name> hold exactly the pinned collections (unpinned ones go), checked whole before
+    before_writing() and any write. Staged beside target (Ansible reads a folder in it as a namespace) and swapped
+    in by renames: a killed run leaves each collection whole or absent, and the next run sweeps up."""
     with zipfile.ZipFile(wheel) as archive:
         members = check_wheel(archive, wheel, collections)
         before_writing()

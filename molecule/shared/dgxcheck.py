@@ -1,11 +1,6 @@
-"""Checks shared by the scenarios' testinfra tests. Independent of the project's module_utils on
-purpose: the truth is recomputed here from the NAS (read on the controller) and from what a probe
-finds on each node, never taken from a module's own report. Only the receipt root names, settings
-rather than results, come from their one home in dgx_receipts.
-
-Every check returns a list of problems (empty = pass), so a failing test names all of them: ok() asserts
-there are none.
-"""
+"""Checks shared by the scenarios' testinfra tests: the truth is recomputed from the NAS (read on the controller)
+and from a probe of each node, never taken from a module's report (only the receipt root names, settings, come
+from dgx_receipts). Every check returns its problems, so a failing test names all of them."""
 import fnmatch
 import json
 import os
@@ -30,10 +25,6 @@ from ansible.module_utils.dgx_receipts import RECEIPT_ROOTS  # noqa: E402
 with open(os.path.join(HERE, "probe.py")) as _handle:
     PROBE_SOURCE = _handle.read()
 
-
-# ------------------------------------------------------------------------------------------------
-# inventory and probes
-# ------------------------------------------------------------------------------------------------
 
 def ok(problems):
     """The test's assertion: no problems, else all of them, one a line."""
@@ -83,20 +74,17 @@ def report(host_name):
         return json.load(handle)
 
 
-# ------------------------------------------------------------------------------------------------
-# the NAS side (read on the controller: the same files the nodes see read-only)
-# ------------------------------------------------------------------------------------------------
+def _folder(repo):
+    return repo_folder(repo["repo_id"], repo.get("repo_type", "model"))
+
 
 def nas_snapshot(nas_root, repo):
     """(commit, {snapshot-relative path: {"sha256", "size", "kind": "link"|"real"}}) of a repo revision."""
-    repo_dir = os.path.join(nas_root, repo_folder(repo["repo_id"], repo.get("repo_type", "model")))
-    revision = repo.get("revision", "main")
-    ref = os.path.join(repo_dir, "refs", revision)
-    if os.path.isfile(ref):
-        with open(ref) as handle:
+    repo_dir = os.path.join(nas_root, _folder(repo))
+    commit = repo.get("revision", "main")
+    if os.path.isfile(os.path.join(repo_dir, "refs", commit)):
+        with open(os.path.join(repo_dir, "refs", commit)) as handle:
             commit = handle.read().strip()
-    else:
-        commit = revision
     snap = os.path.join(repo_dir, "snapshots", commit)
     files = {}
     for dirpath, _dirs, names in os.walk(snap):
@@ -119,10 +107,6 @@ def selected(path, allow_patterns, ignore_patterns):
     return not (ignore_patterns and any(fnmatch.fnmatchcase(path, _dir_pattern(p)) for p in ignore_patterns))
 
 
-# ------------------------------------------------------------------------------------------------
-# checks on a node's local hub
-# ------------------------------------------------------------------------------------------------
-
 def check_blobs(answer):
     """Every local blob is a regular file with one link whose content hashes to its name."""
     problems, seen = [], 0
@@ -137,14 +121,11 @@ def check_blobs(answer):
             continue
         if entry["nlink"] != 1:
             problems.append("%s has %d hard links (size-based dedup binds wrong shards)" % (rel, entry["nlink"]))
-        if len(name) == 64:
-            if entry["sha256"] != name:
-                problems.append("%s: content sha256 is %s" % (rel, entry["sha256"]))
-        elif len(name) == 40:
-            if entry["gitsha1"] != name:
-                problems.append("%s: content git blob sha1 is %s" % (rel, entry["gitsha1"]))
-        else:
+        key, label = {64: ("sha256", "sha256"), 40: ("gitsha1", "git blob sha1")}.get(len(name), (None, None))
+        if key is None:
             problems.append("%s: not named by a hash (debris?)" % rel)
+        elif entry[key] != name:
+            problems.append("%s: content %s is %s" % (rel, label, entry[key]))
     if not seen:
         problems.append("no blobs under the local hub at all")
     return problems
@@ -173,8 +154,7 @@ def check_snapshot(answer, nas_root, local_root, repo):
     excluded files (page15) are absent, under their own name and as content anywhere."""
     problems = []
     commit, files = nas_snapshot(nas_root, repo)
-    folder = repo_folder(repo["repo_id"], repo.get("repo_type", "model"))
-    snap = os.path.join(folder, "snapshots", commit)
+    snap = os.path.join(_folder(repo), "snapshots", commit)
     tree = answer["tree"]
     by_real = {entry["real"]: entry for entry in tree.values() if entry["type"] == "file"}
     local_contents = set(e["sha256"] for e in by_real.values())
@@ -218,13 +198,8 @@ def check_snapshots(answer, hvars):
 
 
 def ref_paths(local_root, repos):
-    return [os.path.join(local_root, repo_folder(r["repo_id"], r.get("repo_type", "model")), "refs",
-                         r.get("revision", "main")) for r in repos]
+    return [os.path.join(local_root, _folder(r), "refs", r.get("revision", "main")) for r in repos]
 
-
-# ------------------------------------------------------------------------------------------------
-# the mount manifest
-# ------------------------------------------------------------------------------------------------
 
 def check_manifest(manifest, answer_sources, nas_root, local_root, repos):
     """Every NAS snapshot file is reachable through exactly one mount, with its NAS content;
@@ -296,16 +271,10 @@ def _repo_coverage_problems(repo, snap_target, mounts, answer_sources, nas_root)
     return problems
 
 
-# ------------------------------------------------------------------------------------------------
-# receipts and the NAS
-# ------------------------------------------------------------------------------------------------
-
 def check_receipts_gone(answer, parent):
     """No receipt root left; the directory the symlinked root pointed to, and its file, survive."""
-    problems = []
-    for name in RECEIPT_ROOTS:
-        if answer["stat"][os.path.join(parent, name)]["lexists"]:
-            problems.append("receipt root %s/%s is still there" % (parent, name))
+    problems = ["receipt root %s/%s is still there" % (parent, name) for name in RECEIPT_ROOTS
+                if answer["stat"][os.path.join(parent, name)]["lexists"]]
     keep = answer["stat"][os.path.join(parent, "keep", "display-kv", "worker.json")]
     if not keep["lexists"] or keep.get("type") != "file":
         problems.append("%s/keep/display-kv/worker.json (the old link's target, no receipt root) is gone" % parent)

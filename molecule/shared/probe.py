@@ -12,6 +12,7 @@ statvfs:   ROOT's file system: size and free bytes
 
 Stdlib only; the node's system Python.
 """
+import argparse
 import hashlib
 import json
 import os
@@ -48,34 +49,31 @@ def _unescape(field):
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 
 
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (IOError, OSError):
+        return None
+
+
 def main(argv):
-    root, stats, reads = argv[0], [], []
-    rest = argv[1:]
-    while rest:
-        flag, value, rest = rest[0], rest[1], rest[2:]
-        (stats if flag == "--stat" else reads).append(value)
-    tree = {}
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("--stat", action="append", default=[])
+    parser.add_argument("--read", action="append", default=[])
+    args = parser.parse_args(argv)
+    root = args.root
+    with open("/proc/self/mountinfo") as handle:
+        mounts = [{"mount_point": _unescape(line.split()[4]), "options": line.split()[5].split(",")} for line in handle]
+    out = {"tree": {}, "root": None, "mounts": mounts, "read": dict((path, _read(path)) for path in args.read),
+           "stat": dict((path, dict(_entry(path), lexists=True) if os.path.lexists(path) else {"lexists": False})
+                        for path in args.stat)}
     if os.path.isdir(root):
         for dirpath, dirnames, filenames in os.walk(root):
             for name in sorted(dirnames) + sorted(filenames):
                 full = os.path.join(dirpath, name)
-                tree[os.path.relpath(full, root)] = _entry(full)
-    stat_out = dict((path, dict(_entry(path), lexists=True) if os.path.lexists(path) else {"lexists": False})
-                    for path in stats)
-    read_out = {}
-    for path in reads:
-        try:
-            with open(path) as handle:
-                read_out[path] = handle.read()
-        except (IOError, OSError):
-            read_out[path] = None
-    mounts = []
-    with open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            fields = line.split()
-            mounts.append({"mount_point": _unescape(fields[4]), "options": fields[5].split(",")})
-    out = {"tree": tree, "stat": stat_out, "read": read_out, "mounts": mounts, "root": None}
-    if os.path.isdir(root):
+                out["tree"][os.path.relpath(full, root)] = _entry(full)
         vfs = os.statvfs(root)
         out["root"] = {"real": os.path.realpath(root), "dev": os.stat(root).st_dev}
         out["statvfs"] = {"size": vfs.f_blocks * vfs.f_frsize, "free": vfs.f_bavail * vfs.f_frsize}

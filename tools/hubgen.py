@@ -80,10 +80,6 @@ def repo_folder(repo_id, repo_type="model"):
     return "%ss--%s" % (repo_type, repo_id.replace("/", "--"))
 
 
-# --------------------------------------------------------------------------------------------
-# safetensors
-# --------------------------------------------------------------------------------------------
-
 def _header(entries, width=0):
     """Length prefix and JSON header of U8 tensors [(name, size)] in data order, space-padded to a multiple of 8
     bytes and to at least width bytes in all."""
@@ -135,10 +131,6 @@ def read_safetensors_header(path):
         return n, json.loads(fh.read(n).decode("utf-8"))
 
 
-# --------------------------------------------------------------------------------------------
-# deterministic content
-# --------------------------------------------------------------------------------------------
-
 def _small_bytes(seed, label, size):
     return random.Random("hubgen:%d:%s" % (seed, label)).randbytes(size)
 
@@ -172,10 +164,6 @@ def _write(path, data=b""):
         fh.write(data)
     return path
 
-
-# --------------------------------------------------------------------------------------------
-# builder
-# --------------------------------------------------------------------------------------------
 
 def _fresh_hub(root):
     hub = os.path.join(os.path.abspath(os.fspath(root)), "hub")
@@ -393,10 +381,6 @@ def _build_drafter(hub):
     return _describe(repo, repo.finish(), shards)
 
 
-# --------------------------------------------------------------------------------------------
-# the engram layout (per-rank sparse tables for a lane of world_size hosts)
-# --------------------------------------------------------------------------------------------
-
 ENGRAM_REPO = "dgx-stage/engram-lane-test"
 #: The files every rank stages (config, the dense shard and its index, engram/shared/).
 ENGRAM_SHARED_PATTERNS = ["config.json", "model*", "engram/shared/*"]
@@ -413,12 +397,10 @@ def engram_rank_dir(rank, world_size):
 
 def add_engram_repo(hub, world_size, repo_id=ENGRAM_REPO, seed=ENGRAM_SEED, table_size=5120, dense_size=4096,
                     hf_native=False, ranks=None):
-    """Write an engram repo for a lane of ``world_size`` ranks into the existing hub root ``hub``.
-
-    Shared: ``config.json``, ``engram/shared/vocab.json``, one dense shard of ``dense_size`` payload bytes and
-    the index mapping every tensor. Per rank (of ``ranks``, default all), under ``engram_rank_dir``:
-    ``meta.json`` and ENGRAM_TABLES_PER_RANK table shards of ``table_size`` payload bytes (keys and values
-    2:3). The last rank's first table lives in the hub store behind a relative link (the log's trap).
+    """Write an engram repo for a lane of ``world_size`` ranks into the existing hub root ``hub``: shared config,
+    vocab, a dense shard of ``dense_size`` payload bytes and the index; per rank (of ``ranks``, default all), under
+    ``engram_rank_dir``, ``meta.json`` and ENGRAM_TABLES_PER_RANK tables of ``table_size`` payload bytes. The last
+    rank's first table sits in the hub store behind a relative link (the log's trap).
 
     Returns {"repo_id", "folder", "commit", "world_size", "files": {path: file entry}, "shared": [paths],
     "ranks": {rank: [paths]}, "shared_bytes", "rank_bytes": {rank: bytes}, "allow_patterns",

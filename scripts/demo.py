@@ -32,7 +32,6 @@ REPORT = os.path.join(DEMO_ROOT, "reports", "localhost.json")
 RUNS_DIR = os.path.join(DEMO_ROOT, "runs")
 SHARD_SIZE = 8 * 1024 * 1024
 RECEIPT_PARENT = os.path.join(DEMO_ROOT, "cache")
-STALE_RECEIPTS = list(RECEIPT_ROOTS)   # the engine's receipt roots, as the receipts play clears them
 
 # `make demo-4x`: the four-host lane (inventory/demo-4x) and its engram NAS hub.
 DEMO_4X_ROOT = os.path.join(REPO, ".cache", "demo-4x")
@@ -47,7 +46,7 @@ DENSE_SIZE_4X = 16 * 1024 * 1024   # the dense shard every rank shares
 
 def plant_stale_receipts(parent):
     """Yesterday's receipt roots under parent, read-only like the log's root-owned ones, for the receipts play."""
-    for name in STALE_RECEIPTS:
+    for name in RECEIPT_ROOTS:
         root = os.path.join(parent, name)
         os.makedirs(root, exist_ok=True)
         with open(os.path.join(root, "worker.json"), "w") as handle:
@@ -95,7 +94,7 @@ def summary(check=False):
         counts = manifest["counts"]
         lines.append("  mount manifest: %d local + %d NAS read-only binds = %d mounts (%s)"
                      % (counts["local"], counts["nas"], counts["total"], os.path.relpath(manifest["path"], REPO)))
-    left = [n for n in STALE_RECEIPTS if os.path.lexists(os.path.join(RECEIPT_PARENT, n))]
+    left = [n for n in RECEIPT_ROOTS if os.path.lexists(os.path.join(RECEIPT_PARENT, n))]
     lines.append("  stale engine receipts left: %s" % (", ".join(left) if left else "none"))
     lines.append("  host report: %s (history: %s-<run_id>.json)" % (os.path.relpath(REPORT, REPO),
                                                                     os.path.relpath(REPORT[:-5], REPO)))
@@ -113,10 +112,8 @@ def ensure_engram_hub():
     os.makedirs(NAS_4X_PARENT)
     desc = hubgen.build_engram_hub(NAS_4X_PARENT, WORLD_SIZE_4X, table_size=TABLE_SIZE_4X, dense_size=DENSE_SIZE_4X)
     [repo] = desc["repos"].values()
-    layout = {"repo_id": repo["repo_id"], "shared_bytes": repo["shared_bytes"],
-              "rank_bytes": dict((str(rank), size) for rank, size in repo["rank_bytes"].items())}
-    with open(LAYOUT_4X + ".tmp", "w") as handle:
-        json.dump(layout, handle, indent=1, sort_keys=True)
+    with open(LAYOUT_4X + ".tmp", "w") as handle:   # JSON makes the rank keys strings
+        json.dump({k: repo[k] for k in ("repo_id", "shared_bytes", "rank_bytes")}, handle, indent=1, sort_keys=True)
     os.replace(LAYOUT_4X + ".tmp", LAYOUT_4X)
     print("demo-4x: built a synthetic NAS hub with the engram layout for %d ranks at %s in %.1f s"
           % (WORLD_SIZE_4X, desc["hub"], desc["duration_s"]))

@@ -336,18 +336,17 @@ def _build_main(hub, shard_size, n_shards):
         entry, final = _stream_shard(repo, "%s:%s" % (MAIN_REPO, name), i, shard_size, _SHARD_FORMS[i % 3])
         repo.files[name] = repo.link(repo.snap, name, entry)
         repo.map(name, final)
-    page15 = []  # the optional pack: REAL files inside the snapshot, never staged (bound from the NAS)
-    for k, rel in enumerate(["page15/a/engram-0000.bin", "page15/a/engram-0001.bin", "page15/a/engram-0002.bin",
-                             "page15/b/engram-0003.bin", "page15/b/pack.json"]):
-        if rel.endswith(".json"):
-            data = _json_bytes({"pack": "page15", "optional": True, "decode_gain": "+1.4%", "files": sorted(page15),
-                                "engram_table": [_small_bytes(seed, "page15:%d" % e, 16).hex() for e in range(48)]})
-        else:
-            data = _small_bytes(seed, "%s:%s" % (MAIN_REPO, rel), 3072 + 1111 * k)
+    # The optional pack: REAL files inside the snapshot, never staged (bound from the NAS).
+    bins = ["page15/a/engram-0000.bin", "page15/a/engram-0001.bin", "page15/a/engram-0002.bin",
+            "page15/b/engram-0003.bin"]
+    page15 = dict((rel, _small_bytes(seed, "%s:%s" % (MAIN_REPO, rel), 3072 + 1111 * k)) for k, rel in enumerate(bins))
+    page15["page15/b/pack.json"] = _json_bytes({
+        "pack": "page15", "optional": True, "decode_gain": "+1.4%", "files": sorted(page15),
+        "engram_table": [_small_bytes(seed, "page15:%d" % e, 16).hex() for e in range(48)]})
+    for rel, data in page15.items():
         _write(os.path.join(repo.snap, rel), data)
         repo.files[rel] = {"kind": "real", "etag": None, "size": len(data), "sha256": sha256_hex(data),
                            "blob_id": git_blob_sha1(data), "blob_form": None, "store_path": None}
-        page15.append(rel)
     # The old revision shares some blobs and has a same-size, different first shard; it is never staged.
     old_commit = _commit(seed, MAIN_REPO + "@v1")
     old_snap = repo.snapshot(old_commit)
@@ -361,7 +360,7 @@ def _build_main(hub, shard_size, n_shards):
         _write(os.path.join(hub.hub, ".locks", repo.folder, repo.files["config.json"]["etag"] + ".lock")),
         _write(os.path.join(repo.dir, "blobs", sha256_hex(b"interrupted") + ".incomplete"),
                _small_bytes(seed, "incomplete", 1000)))]
-    return _describe(repo, trees, shards, old_commit=old_commit, page15=page15, old_files=old_files,
+    return _describe(repo, trees, shards, old_commit=old_commit, page15=list(page15), old_files=old_files,
                      same_size_pairs=[[a, b] for a, b in itertools.combinations(shards, 2)],
                      old_only_etags=sorted(set(f["etag"] for f in old_files.values())
                                            - set(f["etag"] for f in repo.files.values())))

@@ -96,15 +96,13 @@ def nas_snapshot(nas_root, repo):
     return commit, files
 
 
-def _dir_pattern(pattern):
-    return pattern + "*" if pattern.endswith("/") else pattern
+def _matches(path, patterns):
+    return any(fnmatch.fnmatchcase(path, p + "*" if p.endswith("/") else p) for p in patterns or ())
 
 
 def selected(path, allow_patterns, ignore_patterns):
     """huggingface_hub's filter_repo_objects: fnmatch on the relative path, 'dir/' means everything below."""
-    if allow_patterns and not any(fnmatch.fnmatchcase(path, _dir_pattern(p)) for p in allow_patterns):
-        return False
-    return not (ignore_patterns and any(fnmatch.fnmatchcase(path, _dir_pattern(p)) for p in ignore_patterns))
+    return (not allow_patterns or _matches(path, allow_patterns)) and not _matches(path, ignore_patterns)
 
 
 def check_blobs(answer):

@@ -68,13 +68,10 @@ def container_of(cgroup_text):
 def mount_source(path, mounts):
     """(dev, path inside that filesystem) of a real path by the mounts of its namespace (the deepest mount point
     wins, of stacked mounts the last), or None."""
-    best = None
-    for mount in mounts:
-        point = mount["mount_point"]
-        if is_within(path, point) and (best is None or len(point) >= len(best["mount_point"])):
-            best = mount
-    if best is None:
+    under = [mount for mount in mounts if is_within(path, mount["mount_point"])]
+    if not under:
         return None
+    best = max(reversed(under), key=lambda mount: len(mount["mount_point"]))
     rel = os.path.relpath(path, best["mount_point"])
     inside = best["root"] if rel == "." else os.path.join(best["root"], rel)
     return best["dev"], os.path.normpath(inside)
@@ -247,13 +244,11 @@ def find_holders(roots, parent=None, proc_root="/proc", own_pid=None):
         if not found:
             continue
         name = process_name(proc_root, pid)
-        seen = set()
+        firsts = {}
         for how, path, seen_as, held_roots in found:
-            if (how, path) in seen:
-                continue
-            seen.add((how, path))
-            holders.append({"pid": int(pid), "name": name, "container": container, "how": how,
-                            "path": path, "seen_as": seen_as, "roots": held_roots})
+            firsts.setdefault((how, path), (seen_as, held_roots))
+        holders += [{"pid": int(pid), "name": name, "container": container, "how": how, "path": path,
+                     "seen_as": seen_as, "roots": held_roots} for (how, path), (seen_as, held_roots) in firsts.items()]
     return holders
 
 

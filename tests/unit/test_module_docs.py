@@ -667,7 +667,7 @@ def test_every_container_task_is_no_log():
                 if any(module in task for module in modules):
                     found.append(os.path.basename(path))
                     assert no_log is True, (path, task.get("name"))
-    assert found.count("container.yml") == 2 and found.count("strays.yml") == 4
+    assert found.count("container.yml") == 2 and found.count("strays.yml") == 2
 
 
 # ------------------------------------------------------------------------------------------------

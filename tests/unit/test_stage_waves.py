@@ -19,7 +19,7 @@ def lane_waves(world_size, readers, fanout):
 
 def test_the_filters_are_registered_under_their_names():
     assert set(waves.FilterModule().filters()) == {
-        "dgx_stage_wave", "dgx_stage_wave_count", "dgx_stage_peer", "dgx_stage_repo_folder"}
+        "dgx_stage_wave", "dgx_stage_wave_count", "dgx_stage_peer", "dgx_stage_repo_folder", "dgx_stage_space_total"}
 
 
 @pytest.mark.parametrize("readers", [0, "0", "", None, 4, 9])

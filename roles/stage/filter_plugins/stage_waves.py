@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 """Stage role filters: the wave (in rank order, at most stage_nas_readers hosts; with fan-out rank 0 alone first)
-in which each host reads the NAS, the peer of an earlier wave it takes proven blobs from, and a repo's hub folder.
+in which each host reads the NAS, the peer of an earlier wave it takes proven blobs from, a repo's hub folder, and
+the space all repos of a host need together on its one local disk (each hf_hub_mirror result measures one repo).
 """
 import os
 import sys
@@ -16,6 +17,7 @@ from dgx_stage import use_module_utils  # noqa: E402
 use_module_utils()   # Ansible puts module_utils/ on the import path of modules only
 from ansible.module_utils.dgx_errors import StageError  # noqa: E402
 from ansible.module_utils.dgx_hubcache import repo_folder_name  # noqa: E402
+from ansible.module_utils.dgx_units import human_bytes  # noqa: E402
 
 
 def _whole(value, what, least):
@@ -79,7 +81,27 @@ def stage_repo_folder(repo):
         raise AnsibleFilterError("stage_repos entry %r: %s" % (repo, exc))
 
 
+def stage_space_total(results):
+    """Needs and reclaimable bytes add up; free and reserve are the disk's (the first repo's)."""
+    if not isinstance(results, (list, tuple)) or not results:
+        raise AnsibleFilterError("dgx_stage_space_total: needs the hf_hub_mirror results of at least one repo, "
+                                 "got %r" % (results,))
+    spaces = [result.get("space") if isinstance(result, dict) else None for result in results]
+    for result, space in zip(results, spaces):
+        if not isinstance(space, dict):
+            raise AnsibleFilterError("dgx_stage_space_total: a result without its space figures: %r" % (result,))
+    total = dict((key, sum(_whole(space.get(key), "dgx_stage_space_total: %r of %r" % (key, space), 0)
+                           for space in spaces)) for key in ("need", "reclaimable"))
+    for key in ("free", "reserve"):
+        total[key] = _whole(spaces[0].get(key), "dgx_stage_space_total: %r of %r" % (key, spaces[0]), 0)
+    total["available"] = total["free"] + total["reclaimable"] - total["reserve"]
+    total.update(fits=total["need"] <= total["available"], need_text=human_bytes(total["need"]),
+                 available_text=human_bytes(total["available"]))
+    return total
+
+
 class FilterModule(object):
     def filters(self):
         return {"dgx_stage_wave": stage_wave, "dgx_stage_wave_count": stage_wave_count,
-                "dgx_stage_peer": stage_peer, "dgx_stage_repo_folder": stage_repo_folder}
+                "dgx_stage_peer": stage_peer, "dgx_stage_repo_folder": stage_repo_folder,
+                "dgx_stage_space_total": stage_space_total}

@@ -1,4 +1,4 @@
-"""The stage role's space filter (roles/stage/filter_plugins/stage_waves.py): what all repos of a host need
+"""The stage role's space filter (roles/stage/filter_plugins/stage_lane.py): what all repos of a host need
 together on its one local disk, from the preflight pass's hf_hub_mirror results (each repo measured alone,
 tests/unit/test_mirror.py's space tests)."""
 
@@ -8,7 +8,7 @@ from pluginfile import load_filter
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-space = load_filter("stage", "stage_waves")
+space = load_filter("stage", "stage_lane")
 
 
 def result(need, free, reserve=0, reclaimable=0):

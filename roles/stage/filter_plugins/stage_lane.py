@@ -51,39 +51,32 @@ def _pattern_list(value, repo_name, where):
 def expand_template(template, rank, world_size, repo_name="<repo>"):
     """One rank template with `{rank}` / `{world_size}` replaced; anything else in braces, a spec other than an
     integer width, or no `{rank}` is refused."""
-    values = {"rank": rank, "world_size": world_size}
-    out = []
+    where = "stage_repos entry %s: rank_patterns template %r" % (repo_name, template)
     try:
         fields = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r is malformed (%s); use "
-                                 "{rank} and {world_size}, each brace in a pair"
-                                 % (repo_name, template, exc))
-    has_rank = False
+        raise AnsibleFilterError("%s is malformed (%s); use {rank} and {world_size}, each brace in a pair"
+                                 % (where, exc))
+    out = []
     for literal, field, spec, conversion in fields:
         out.append(literal)
         if field is None:
             continue
         if field not in PLACEHOLDERS or conversion is not None:
             shown = "{" + field + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
-            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the unknown "
-                                     "placeholder %s; only {rank} and {world_size} are known"
-                                     % (repo_name, template, shown))
+            raise AnsibleFilterError("%s has the unknown placeholder %s; only {rank} and {world_size} are known"
+                                     % (where, shown))
         integer = INTEGER_SPEC.match(spec)
         if not integer:
-            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has the format spec %r "
-                                     "for {%s}; only an integer width is allowed: {%s}, {%s:d}, {%s:02d}"
-                                     % (repo_name, template, spec, field, field, field, field))
+            raise AnsibleFilterError("%s has the format spec %r for {%s}; only an integer width is allowed: {%s}, "
+                                     "{%s:d}, {%s:02d}" % (where, spec, field, field, field, field))
         if int(integer.group(2) or 0) > MAX_WIDTH:
-            raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r pads {%s} to a width of %s; "
-                                     "at most %d is allowed, e.g. {%s:02d}"
-                                     % (repo_name, template, field, integer.group(2), MAX_WIDTH, field))
-        has_rank = has_rank or field == "rank"
-        out.append(format(values[field], spec))
-    if not has_rank:
-        raise AnsibleFilterError("stage_repos entry %s: rank_patterns template %r has no {rank}, so every rank "
-                                 "would stage the same files; move it to allow_patterns, or add {rank}"
-                                 % (repo_name, template))
+            raise AnsibleFilterError("%s pads {%s} to a width of %s; at most %d is allowed, e.g. {%s:02d}"
+                                     % (where, field, integer.group(2), MAX_WIDTH, field))
+        out.append(format({"rank": rank, "world_size": world_size}[field], spec))
+    if "rank" not in [field for _literal, field, _spec, _conversion in fields]:
+        raise AnsibleFilterError("%s has no {rank}, so every rank would stage the same files; move it to "
+                                 "allow_patterns, or add {rank}" % where)
     return "".join(out)
 
 

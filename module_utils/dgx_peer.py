@@ -20,7 +20,7 @@ def refuse_bad_peer_dir(req):
         return
     convention = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
     fix = ("the run removes peer_dir and what is left in it, so it must be a scratch directory of its own inside "
-           "dest, by convention %s; nothing was written" % convention)
+           "dest: %s; nothing was written" % convention)
     given = req.peer_dir_given
     if not os.path.isabs(given) or ".." in given.replace(os.sep, "/").split("/"):
         raise StageError("peer_dir %s is not an absolute path without '..' components: %s" % (given, fix))

@@ -18,9 +18,9 @@ def refuse_bad_peer_dir(req):
     and removes it, so it must never hold another repo's candidates or anything else."""
     if not req.peer_dir:
         return
-    convention = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
+    wanted = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
     fix = ("the run removes peer_dir and what is left in it, so it must be a scratch directory of its own inside "
-           "dest: %s; nothing was written" % convention)
+           "dest: %s; nothing was written" % wanted)
     given = req.peer_dir_given
     if not os.path.isabs(given) or ".." in given.replace(os.sep, "/").split("/"):
         raise StageError("peer_dir %s is not an absolute path without '..' components: %s" % (given, fix))
@@ -28,7 +28,7 @@ def refuse_bad_peer_dir(req):
         raise StageError("peer_dir %s is dest: %s" % (req.peer_dir, fix))
     if not is_within(req.peer_dir, req.dest):
         raise StageError("peer_dir %s is not inside dest %s: %s" % (req.peer_dir, req.dest, fix))
-    if req.peer_dir != convention:
+    if req.peer_dir != wanted:
         raise StageError("peer_dir %s is not this repo's candidate folder: its name must be %s and its parent's "
                          "%s, in dest's .locks: %s" % (req.peer_dir, req.folder, PEER_PARENT, fix))
     if os.path.isdir(req.dest):

@@ -1,6 +1,7 @@
 """Applying a plan in a crash-safe order (debris and prune, blobs, snapshot links, then refs and the tree listing):
 a killed run never leaves a ref to an incomplete snapshot or a torn file under a final name.
 """
+import contextlib
 import errno
 import os
 import stat
@@ -105,18 +106,13 @@ def _nas_corrupt_record(directory, work, problem, outcome, buf, meter):
 
 def _write_blobs(tree, plan, req, meter, outcome):
     """Copies and repairs, `req.workers` in flight, biggest first; blobs before real snapshot files."""
-    dirs = {}
-    peer = None
-    try:
-        for work in plan.writes:
-            parent = os.path.dirname(work.final)
-            if parent not in dirs:
-                dirs[parent] = tree.open_dir(parent, create=True)
+    with contextlib.ExitStack() as opened:
+        dirs = dict((parent, opened.enter_context(tree.open_dir(parent, create=True)))
+                    for parent in dict.fromkeys(os.path.dirname(w.final) for w in plan.writes))
+        peer = None
         if req.peer_dir and plan.wanted_blobs:
-            try:
-                peer = tree.open_dir(req.peer_dir)
-            except FileNotFoundError:
-                pass
+            with contextlib.suppress(FileNotFoundError):
+                peer = opened.enter_context(tree.open_dir(req.peer_dir))
 
         def place(work, buf):
             try:
@@ -134,11 +130,6 @@ def _write_blobs(tree, plan, req, meter, outcome):
                 os.fsync(directory.fd)
             except OSError as exc:
                 raise _disk_error(exc.errno, "the directory %s" % directory.path, req, plan, outcome)
-    finally:
-        for directory in dirs.values():
-            directory.close()
-        if peer is not None:
-            peer.close()
 
 
 def _write_links(tree, plan):

@@ -10,20 +10,17 @@ from ansible.module_utils.dgx_mounts import mount_point_problem
 from ansible.module_utils.dgx_space import existing_ancestor
 
 
-def peer_dir_rel(req):
-    """peer_dir relative to dest ('/'-separated), or None without one."""
-    if not req.peer_dir:
-        return None
-    return os.path.relpath(req.peer_dir, req.dest).replace(os.sep, "/")
+PEER_PARENT = "dgx-stage-peer"
 
 
 def refuse_bad_peer_dir(req):
-    """StageError when peer_dir cannot be the run's scratch directory (the run removes it and its files)."""
+    """StageError unless peer_dir is this repo's candidate folder, a real directory on dest's mount: the run empties
+    and removes it, so it must never hold another repo's candidates or anything else."""
     if not req.peer_dir:
         return
-    convention = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
+    wanted = os.path.join(req.dest, ".locks", PEER_PARENT, req.folder)
     fix = ("the run removes peer_dir and what is left in it, so it must be a scratch directory of its own inside "
-           "dest, by convention %s; nothing was written" % convention)
+           "dest: %s; nothing was written" % wanted)
     given = req.peer_dir_given
     if not os.path.isabs(given) or ".." in given.replace(os.sep, "/").split("/"):
         raise StageError("peer_dir %s is not an absolute path without '..' components: %s" % (given, fix))
@@ -31,23 +28,14 @@ def refuse_bad_peer_dir(req):
         raise StageError("peer_dir %s is dest: %s" % (req.peer_dir, fix))
     if not is_within(req.peer_dir, req.dest):
         raise StageError("peer_dir %s is not inside dest %s: %s" % (req.peer_dir, req.dest, fix))
-    parts = peer_dir_rel(req).split("/")
-    if "--" in parts[0] or parts == [".locks"] or (parts[0] == ".locks" and "--" in parts[1]):
-        raise StageError("peer_dir %s is %s: %s" % (
-            req.peer_dir, "a repo's lock directory (or inside one)" if parts[0] == ".locks" and len(parts) > 1
-            else "the lock root" if parts == [".locks"] else "inside the repo folder %s" % parts[0], fix))
-    if parts[-1] != req.folder or len(parts) < 2 or parts[-2] != PEER_PARENT:
-        # the clean-up deletes what peer_dir holds: it must be this repo's, never another repo's candidates
+    if req.peer_dir != wanted:
         raise StageError("peer_dir %s is not this repo's candidate folder: its name must be %s and its parent's "
-                         "%s: %s" % (req.peer_dir, req.folder, PEER_PARENT, fix))
+                         "%s, in dest's .locks: %s" % (req.peer_dir, req.folder, PEER_PARENT, fix))
     if os.path.isdir(req.dest):
-        problem = linked_dir_problem(req.dest, peer_dir_rel(req)) or mount_point_problem(req.dest, peer_dir_rel(req))
+        rel = os.path.relpath(req.peer_dir, req.dest).replace(os.sep, "/")
+        problem = linked_dir_problem(req.dest, rel) or mount_point_problem(req.dest, rel)
         if problem:
             raise StageError("peer_dir %s: %s" % (req.peer_dir, problem))
-
-
-# peer_dir's parent folder (by convention <dest>/.locks/dgx-stage-peer/<repo folder>)
-PEER_PARENT = "dgx-stage-peer"
 
 
 def count_candidates(plan, req):

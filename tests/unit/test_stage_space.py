@@ -1,4 +1,4 @@
-"""The stage role's space filter (roles/stage/filter_plugins/stage_space.py): what all repos of a host need
+"""The stage role's space filter (roles/stage/filter_plugins/stage_lane.py): what all repos of a host need
 together on its one local disk, from the preflight pass's hf_hub_mirror results (each repo measured alone,
 tests/unit/test_mirror.py's space tests)."""
 
@@ -8,7 +8,7 @@ from pluginfile import load_filter
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-space = load_filter("stage", "stage_space")
+space = load_filter("stage", "stage_lane")
 
 
 def result(need, free, reserve=0, reclaimable=0):
@@ -18,7 +18,7 @@ def result(need, free, reserve=0, reclaimable=0):
 
 
 def test_the_filter_is_registered_under_its_name():
-    assert space.FilterModule().filters() == {"dgx_stage_space_total": space.stage_space_total}
+    assert space.FilterModule().filters()["dgx_stage_space_total"] is space.stage_space_total
 
 
 def test_repos_that_each_fit_alone_do_not_fit_together():

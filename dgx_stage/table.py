@@ -68,8 +68,7 @@ def _files_on_disk(rows, check):
 
 
 def _files_rows(report):
-    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's (verify,
-    else stage); a repo whose run ended without figures (its lock held, a job killed) has a row without `files`."""
+    """(the last complete pass's rows, whether no pass that ran is complete) of a real run."""
     ran = [name for name in ("verify", "stage") if _rows(report, name)]
     complete = [name for name in ran if all(isinstance(row.get("files"), dict) for row in _rows(report, name))]
     return (_rows(report, complete[0]) if complete else []), bool(ran) and not complete
@@ -156,8 +155,7 @@ def _pair(a, b):
 
 
 def host_row(report, receipts_removed=None):
-    """{column key: text} of one host's row, each one line (a name or an engine's error cannot forge a row), and
-    its "stage_pass" (stage_figures)."""
+    """{column key: one-line text} of one host's row (nothing can forge a row), and its "stage_pass"."""
     f = host_figures(report, receipts_removed)
     cells = {
         "host": str(f["host"] or NONE),
@@ -188,8 +186,7 @@ def _clock(epoch, day):
 
 
 def stage_window(started, finished, run_started=None):
-    """'10:17:43-10:17:52' (UTC): when a host's own stage work ran; a date only on an end whose day is not
-    the run's (then ' - ' between the ends, as the dates have hyphens); '-' when it did not stage."""
+    """'10:17:43-10:17:52' (UTC), an end on another day than the run's with its date (then ' - ' between)."""
     start, end = utc_epoch(started), utc_epoch(finished)
     if start is None and end is None:
         return NONE
@@ -204,8 +201,7 @@ def _count(value):
 
 
 def stage_figures(report):
-    """One host's stage pass: window, bytes from the NAS and from peers (None when the run did not stage, or only
-    planned: a --check run reads nothing), peer blobs rejected; each figure also as its cell's text."""
+    """One host's stage pass (window, bytes from the NAS and from peers, peer blobs rejected), figures and text."""
     rows = _rows(report, "stage")
     check = report.get("check_mode") is True or report.get("status") == "check"
     staged = bool(rows) or utc_epoch(report.get("stage_started")) is not None
@@ -222,7 +218,7 @@ def stage_figures(report):
 
 
 def rank_order(reports):
-    """A sort key of the hosts of {host: report or info}: by rank, the hosts without one last, then by name."""
+    """A sort key of the hosts of {host: report}: by rank (none last), then by name."""
     def order(host):
         rank = reports[host].get("rank")
         return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
@@ -241,9 +237,7 @@ STAGE_TITLE = "Stage pass (UTC)"
 
 
 def _stage_block(rows):
-    """(cells: a header and a line per host, the lane's total or None) of the "Stage pass" block, or None: it shows
-    for a lane whose hosts staged, or when a host took or rejected peer blobs (one host staging from the NAS alone,
-    the demo, prints the table alone); the rejected column only when a host rejected a peer blob."""
+    """(cells, the lane's total or None) of the "Stage pass" block, or None: shown for a lane or peer blobs."""
     passes = [row["stage_pass"] for row in rows]
     if not (any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes)
             or len(rows) > 1 and any(p["staged"] for p in passes)):
@@ -265,7 +259,7 @@ def _aligned(cells):
 
 
 def stage_lines(rows):
-    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown."""
+    """The plain "Stage pass" block's lines ([] when not shown)."""
     block = _stage_block(rows)
     if not block:
         return []
@@ -274,8 +268,7 @@ def stage_lines(rows):
 
 
 def column_bands(widths, width):
-    """COLUMNS folded into bands of at most `width` characters, each led by HOST (a band holds at least one
-    column besides it, however wide)."""
+    """COLUMNS folded into bands of at most `width` characters, each led by HOST and at least one more."""
     host, rest = COLUMNS[0], COLUMNS[1:]
     bands, band = [], [host]
     for column in rest:
@@ -287,8 +280,7 @@ def column_bands(widths, width):
 
 
 def render_plain(rows, width=PLAIN_WIDTH):
-    """Aligned text columns, no escape codes, folded into bands that fit `width` (a log or a pipe has no
-    terminal width to ask), then the stage pass block."""
+    """Aligned text columns folded to `width` (a log has no terminal width to ask), then the stage pass block."""
     widths = dict((key, max([len(title)] + [len(row[key]) for row in rows])) for key, title in COLUMNS)
     lines = []
     for band in column_bands(widths, width):
@@ -310,8 +302,7 @@ def _markdown_table(header, lines):
 
 
 def render_markdown(rows, title=None, failures=(), inventory=None):
-    """A Markdown table for a change log (optionally a title line and the failures as a list, the fixes they
-    give with -i inventory)."""
+    """The table in Markdown for a change log, with a title and the failures when given."""
     lines = ["### " + markdown_escape(title), ""] if title else []
     if rows:
         lines += _markdown_table([title for _key, title in COLUMNS], [[row[key] for key, _t in COLUMNS] for row in rows])
@@ -338,8 +329,7 @@ def rich_table_min_width(rows):
 
 
 def print_table(console, rows, title=None):
-    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing in 40
-    columns), else the plain table folded at the terminal's width; then the stage pass block."""
+    """The rich table when it fits (rich would squeeze the host names away), else the plain one folded."""
     if console.width < rich_table_min_width(rows):
         # soft_wrap: the lines as render_plain made them (the terminal wraps a long one, rich would reflow it)
         text = render_plain(rows, console.width)
@@ -366,8 +356,7 @@ def rich_table(rows, title=None):
 
 
 def with_inventory(text, inventory):
-    """The `dgx-stage SUBCOMMAND ...` fixes a message gives (built on the hosts, which do not know the
-    controller's inventory), each with the run's -i INVENTORY: the fix is run against the same hosts."""
+    """text with the run's -i INVENTORY in each `dgx-stage SUBCOMMAND` fix (the hosts do not know it)."""
     if not inventory:
         return text
     return re.sub(r"`dgx-stage (?!report\b)([a-z-]+)",

@@ -1,8 +1,6 @@
-# -*- coding: utf-8 -*-
 """The one writer of the host reports (module_utils/dgx_report.py owns their schema), from the results Ansible
 already sends its callbacks (DOCUMENTATION says when it writes what), and the printer of the lane summary: Ansible
 sends events to the other callbacks in no set order, so only the writer knows its last write."""
-from __future__ import annotations
 
 import atexit
 import os
@@ -75,7 +73,6 @@ class CallbackModule(CallbackBase):
         self._run_args = None   # the summary's: how the run was started, set when it starts
         self._interrupted = False
 
-    # -- what the run says -------------------------------------------------------------------------------
     def v2_playbook_on_start(self, playbook):
         if not summary.summary_wanted(C.config.get_config_value("DEFAULT_STDOUT_CALLBACK")):
             return
@@ -173,7 +170,6 @@ class CallbackModule(CallbackBase):
             # play the host was lost in.
             info["in_play"] = False
 
-    # -- writing -----------------------------------------------------------------------------------------
     def _commit(self, name, info):
         """The host's last failure is the play's (it did not go on): written now, the host out of the run."""
         info["failure"], info["pending"] = info["last_failure"], False

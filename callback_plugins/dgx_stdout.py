@@ -1,8 +1,6 @@
-# -*- coding: utf-8 -*-
 """The repo's stdout callback: Ansible's default one, through its public hooks, with what the operator of a
 run without the front end needs besides (see DOCUMENTATION). The lane summary is the dgx_report callback's:
 it prints it once the reports it is made of are final."""
-from __future__ import annotations
 
 import os
 import sys

@@ -87,9 +87,4 @@ class Display(object):
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def table(self, rows, title):
-        """The run's table: rich's on a terminal, else the plain text folded at 100 columns."""
-        if self.bars:
-            table.print_table(self.console, rows, title=title)
-        else:
-            self.print(title)
-            self.print(table.render_plain(rows))
+        table.print_table(self.console, rows, title, None if self.bars else table.PLAIN_WIDTH)

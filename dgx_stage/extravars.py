@@ -166,8 +166,6 @@ def as_files(values, directory):
     return out
 
 
-# --- which variables there are ------------------------------------------------------------------------------
-
 def _load_yaml(path):
     with open(path) as handle:
         return yaml.safe_load(handle) or {}
@@ -269,8 +267,6 @@ def _unreadable_vars_file(inventory, exc):
     return UsageError("inventory %s does not parse: %s %s; %s; fix it or pass another with -i"
                       % (inventory, path or "one of its group_vars or host_vars files", why, NOT_SHOWN))
 
-
-# --- checking the values ---------------------------------------------------------------------------------------
 
 def _templated(value):
     return isinstance(value, str) and ("{{" in value or "{%" in value)

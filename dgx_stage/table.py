@@ -79,12 +79,11 @@ def host_figures(report, receipts_removed=None):
     # A check run copies nothing: each pass reports what it would copy, the same bytes again (stage's
     # would-be copies are still missing when verify looks), so one pass counts, and there is no rate.
     check = report.get("check_mode") is True or report.get("status") == "check"
-    copying = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
-        else _rows(report, "stage", "verify")
+    planned = _rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")
+    copying = planned if check else _rows(report, "stage", "verify")
     # FILES: in --check what the plan stages; in a real run what is on the disk after it - the last complete
     # pass's rows (_files_rows), less what a pass left unstaged or dangling; unknown when no pass is complete.
-    files_rows, files_unknown = ((_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight"),
-                                  False) if check else _files_rows(report))
+    files_rows, files_unknown = (planned, False) if check else _files_rows(report)
     stage = _rows(report, "stage")
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
     engine = _dict(report.get("engine"))
@@ -328,11 +327,12 @@ def rich_table_min_width(rows):
     return total
 
 
-def print_table(console, rows, title=None):
-    """The rich table when it fits (rich would squeeze the host names away), else the plain one folded."""
-    if console.width < rich_table_min_width(rows):
+def print_table(console, rows, title=None, plain_width=None):
+    """The rich table when it fits (rich would squeeze the host names away), else the plain one folded at
+    plain_width (a log or a pipe) or the terminal's width."""
+    if plain_width or console.width < rich_table_min_width(rows):
         # soft_wrap: the lines as render_plain made them (the terminal wraps a long one, rich would reflow it)
-        text = render_plain(rows, console.width)
+        text = render_plain(rows, plain_width or console.width)
         console.print(title + "\n" + text if title else text, markup=False, highlight=False, soft_wrap=True)
         return
     console.print(rich_table(rows, title=title))

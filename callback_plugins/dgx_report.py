@@ -1,6 +1,4 @@
-"""The one writer of the host reports (module_utils/dgx_report.py owns their schema), from the results Ansible
-already sends its callbacks (DOCUMENTATION says when it writes what), and the printer of the lane summary: Ansible
-sends events to the other callbacks in no set order, so only the writer knows its last write."""
+"""The one writer of the host reports, and so the printer of the lane summary: only the writer knows its last write."""
 
 import atexit
 import os
@@ -136,10 +134,10 @@ class CallbackModule(CallbackBase):
         else:
             info["pending"] = False   # the host went on (a rescue, an always section): not out of the run yet
 
-    def _seen(self, result, took_part=True):
+    def _seen(self, result):
         info = self._host(result.host.get_name())
         info["last"] = utc_text()
-        if took_part and self._play and short_action(result.task.action) not in NOT_TAKING_PART:
+        if self._play and short_action(result.task.action) not in NOT_TAKING_PART:
             info["in_play"] = True
         return info
 
@@ -265,7 +263,6 @@ class CallbackModule(CallbackBase):
                                               run["id"])
             lines = summary.lane_summary(reports, paths, run, stopped, engine_runs)
             if lines:
-                self._display.display("\n".join(lines))
-                self._display.display("")
+                self._display.display("\n".join(lines + [""]))
         except (UsageError, OSError) as exc:   # an unreadable report dir; a closed stdout at exit
             self._display.error("no lane summary: %s" % exc)

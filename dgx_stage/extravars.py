@@ -1,7 +1,5 @@
-"""The operator's -e values: checked before a run against the variables the plays, roles and inventory know, handed
-to ansible-playbook as files only the run can read (an inline value would be in `ps`, ansible-runner's `command`
-artifact and run.json), recorded by name only. A message names an -e by its place, never by its text, which may be
-a token; a !vault value is refused (no vault password is passed)."""
+"""The operator's -e values: checked against the variables the plays, roles and inventory know, passed as files only
+the run can read (not in `ps` or run.json), named in messages by place only (the text may be a token)."""
 import contextlib
 import difflib
 import glob

@@ -226,8 +226,6 @@ def rank_order(reports):
 
 def table_rows(reports, receipts=None):
     """Rows in host order (rank order when the reports have ranks) from {host: report}."""
-    reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
-                   for h, r in reports.items())
     return [host_row(dict(reports[h], host=reports[h].get("host") or h), (receipts or {}).get(h))
             for h in sorted(reports, key=rank_order(reports))]
 

@@ -14,8 +14,7 @@ from ansible.module_utils.dgx_status import one_line  # noqa: E402
 
 class _Console(Console):
     def on_broken_pipe(self):
-        # `dgx-stage stage | head`: the reader left; the run goes on silently to its end and its run.json, and
-        # Python's flush at exit writes to /dev/null.
+        # `dgx-stage stage | head`: the reader left; the run goes on silently to its end and its run.json.
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self.file.fileno())

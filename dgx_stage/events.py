@@ -108,8 +108,7 @@ class RunState(object):
         for host in sorted(failed | dark):
             seen = self.unreachable.get(host) if host in dark else self.failures.get(host)
             seen = dict(seen or {"host": host, "play": None, "task": None, "msg": "(no failure event)"})
-            # An unreachable host's own event says why (the ssh error); its report, written for it by another
-            # host, only says it did not reach the end of the run.
+            # An unreachable host's event says why (ssh); its report, written by another host, cannot.
             report = {} if host in dark and host in self.unreachable else self.reports.get(host) or {}
             if report.get("status") == "failed" and report.get("failed_task"):
                 seen.update(play=report.get("failed_play") or seen["play"], task=report["failed_task"],

@@ -13,8 +13,7 @@ import yaml
 
 from dgx_stage import REPO, UsageError, use_module_utils
 
-# Read by the playbooks themselves, not by a role's entry point: the lane (an inventory group), whether to become
-# root on the nodes, whether the engine plays run on a host.
+# Read by the playbooks themselves, not by a role's entry point.
 PLAY_VARIABLES = {"lane": {"type": "str"}, "become_root": {"type": "bool"}, "engine_enabled": {"type": "bool"}}
 PLAYBOOK_FILES = ("stage-deepseek.yml", "playbooks/*.yml", "playbooks/tasks/*.yml")
 SET_FACT = ("set_fact", "ansible.builtin.set_fact")

@@ -76,13 +76,11 @@ def _files_rows(report):
 
 def host_figures(report, receipts_removed=None):
     """The raw figures of one host's row (numbers, None when the run did not produce them)."""
-    # A check run copies nothing: each pass reports what it would copy, the same bytes again (stage's
-    # would-be copies are still missing when verify looks), so one pass counts, and there is no rate.
+    # A check run copies nothing: each pass reports the same would-be copies, so one pass counts, and no rate.
     check = report.get("check_mode") is True or report.get("status") == "check"
     planned = _rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")
     copying = planned if check else _rows(report, "stage", "verify")
-    # FILES: in --check what the plan stages; in a real run what is on the disk after it - the last complete
-    # pass's rows (_files_rows), less what a pass left unstaged or dangling; unknown when no pass is complete.
+    # FILES: in --check what the plan stages; in a real run what is on the disk after the last complete pass.
     files_rows, files_unknown = (planned, False) if check else _files_rows(report)
     stage = _rows(report, "stage")
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)

@@ -209,7 +209,7 @@ class Inventory(object):
     """An inventory read once as ansible-playbook reads it: its hosts, the names it defines, its lanes."""
 
     def __init__(self, inventory):
-        os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+        loader = _loader()   # first: it points Ansible's config at the repo's ansible.cfg
         from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager
         from ansible.vars.plugins import get_vars_from_inventory_sources
@@ -217,7 +217,6 @@ class Inventory(object):
         sources = [inventory] if isinstance(inventory, str) else list(inventory)
         sources = [s if "," in s and not os.path.exists(s) else os.path.abspath(s) for s in sources]
         said = io.StringIO()
-        loader = _loader()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
                 self.manager = InventoryManager(loader=loader, sources=sources)

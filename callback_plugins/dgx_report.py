@@ -259,6 +259,7 @@ class CallbackModule(CallbackBase):
                                               run["id"])
             lines = summary.lane_summary(reports, paths, run, stopped, engine_runs)
             if lines:
-                self._display.display("\n".join(lines + [""]))
+                self._display.display("\n".join(lines))
+                self._display.display("")
         except (UsageError, OSError) as exc:   # an unreadable report dir; a closed stdout at exit
             self._display.error("no lane summary: %s" % exc)

@@ -1,8 +1,4 @@
-# -*- coding: utf-8 -*-
-"""The one writer of the host reports (module_utils/dgx_report.py owns their schema), from the results Ansible
-already sends its callbacks (DOCUMENTATION says when it writes what), and the printer of the lane summary: Ansible
-sends events to the other callbacks in no set order, so only the writer knows its last write."""
-from __future__ import annotations
+"""The one writer of the host reports, and so the printer of the lane summary: only the writer knows its last write."""
 
 import atexit
 import os
@@ -53,8 +49,7 @@ REPORT_FACTS = ("lane_name", "lane_rank", "lane_world_size", "lane_hosts", "lane
                 "lane_engine_runs")   # the summary's only: why no engine started
 # Set on one host with run_once, the same for every host: a host without its own takes them from the lane.
 LANE_FACTS = ("lane_name", "lane_hosts", "lane_targets", "lane_run_id", "lane_run_started", "lane_report_dir")
-# Tasks that do not make a host part of a play: the argument checks of roles (tagged always, they run in plays
-# the tags skip) and messages (the engine play says why it starts nothing before it ends the host).
+# Tasks that do not make a host part of a play: roles' argument checks (tagged always) and messages.
 NOT_TAKING_PART = ("validate_argument_spec", "debug", "meta")
 
 
@@ -75,7 +70,6 @@ class CallbackModule(CallbackBase):
         self._run_args = None   # the summary's: how the run was started, set when it starts
         self._interrupted = False
 
-    # -- what the run says -------------------------------------------------------------------------------
     def v2_playbook_on_start(self, playbook):
         if not summary.summary_wanted(C.config.get_config_value("DEFAULT_STDOUT_CALLBACK")):
             return
@@ -132,17 +126,16 @@ class CallbackModule(CallbackBase):
             info.update(play=self._play, started=utc_text(), in_play=False, failure=None, last_failure=None,
                         pending=False)
         if task.get_vars().get("dgx_play_failed"):
-            # The play's frame rescue: the failure it rescues (the last one, as ansible_failed_task) is the
-            # play's, written before the rescue reads it.
+            # The play's frame rescue: the failure it rescues is the play's, written before the rescue reads it.
             if info["last_failure"] and not info["failure"]:
                 self._commit(host.get_name(), info)
         else:
             info["pending"] = False   # the host went on (a rescue, an always section): not out of the run yet
 
-    def _seen(self, result, took_part=True):
+    def _seen(self, result):
         info = self._host(result.host.get_name())
         info["last"] = utc_text()
-        if took_part and self._play and short_action(result.task.action) not in NOT_TAKING_PART:
+        if self._play and short_action(result.task.action) not in NOT_TAKING_PART:
             info["in_play"] = True
         return info
 
@@ -159,8 +152,7 @@ class CallbackModule(CallbackBase):
         failure = {"task": name, "result": result.result}
         info["last_failure"], info["pending"] = failure, True
         if getattr(result.task, "run_once", False):
-            # Ansible fails every host of the play at a run_once task's failure, with this one result: each host
-            # that runs no further task (not even a rescue) leaves the play with it.
+            # A run_once task's failure fails every host of the play: each that runs no further task leaves with it.
             for other in self._play_hosts - self._out - {result.host.get_name()}:
                 if not self._host(other)["failure"]:
                     self._host(other).update(last_failure=failure, pending=True)
@@ -169,11 +161,9 @@ class CallbackModule(CallbackBase):
         info = self._seen(result)
         if not result.task.ignore_unreachable:
             self._out.add(result.host.get_name())
-            # The play is not recorded: the host did not finish it, and the end of the run names it as the
-            # play the host was lost in.
+            # The play is not recorded: the end of the run names it as the one the host was lost in.
             info["in_play"] = False
 
-    # -- writing -----------------------------------------------------------------------------------------
     def _commit(self, name, info):
         """The host's last failure is the play's (it did not go on): written now, the host out of the run."""
         info["failure"], info["pending"] = info["last_failure"], False

@@ -1,8 +1,4 @@
-# -*- coding: utf-8 -*-
-"""The repo's stdout callback: Ansible's default one, through its public hooks, with what the operator of a
-run without the front end needs besides (see DOCUMENTATION). The lane summary is the dgx_report callback's:
-it prints it once the reports it is made of are final."""
-from __future__ import annotations
+"""The repo's stdout callback: Ansible's default one with what a run without the front end needs (DOCUMENTATION)."""
 
 import os
 import sys
@@ -38,9 +34,6 @@ requirements:
   - set as stdout_callback in ansible.cfg
 """
 
-STATUS_ACTION = "stage_status"
-
-
 class CallbackModule(DefaultCallback):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "stdout"
@@ -74,7 +67,14 @@ class CallbackModule(DefaultCallback):
         super(CallbackModule, self).v2_runner_on_ok(result)
         if not result.result.get("changed") and not self.get_option("display_ok_hosts"):
             self._handle_warnings_and_exception(result)   # the default callback drops them with the result
-        self._collect(result)
+        # The status play's: each host's lane facts and its stage_status lines.
+        facts = result.result.get("ansible_facts") or {}
+        if "lane_name" in facts:
+            self._status_host(result)["lane"] = facts["lane_name"]
+        if str(facts.get("lane_rank")).isdigit():
+            self._status_host(result)["rank"] = int(facts["lane_rank"])
+        if short_action(result.task.action) == "stage_status" and isinstance(result.result.get("lines"), list):
+            self._status_host(result)["lines"] = result.result["lines"]
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         # A no_log result keeps the exception Ansible raised for it, whose text may be the hidden message
@@ -95,16 +95,6 @@ class CallbackModule(DefaultCallback):
 
     def _status_host(self, result):
         return self._status.setdefault(result.host.get_name(), {})
-
-    def _collect(self, result):
-        """The status play's: each host's lane facts and its stage_status lines."""
-        facts = result.result.get("ansible_facts") or {}
-        if "lane_name" in facts:
-            self._status_host(result)["lane"] = facts["lane_name"]
-        if str(facts.get("lane_rank")).isdigit():
-            self._status_host(result)["rank"] = int(facts["lane_rank"])
-        if short_action(result.task.action) == STATUS_ACTION and isinstance(result.result.get("lines"), list):
-            self._status_host(result)["lines"] = result.result["lines"]
 
     def v2_playbook_on_stats(self, stats):
         super(CallbackModule, self).v2_playbook_on_stats(stats)

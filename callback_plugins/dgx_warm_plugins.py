@@ -15,19 +15,14 @@ DOCUMENTATION = """
 """
 
 
-def load_jinja_plugins():
-    for loader in (filter_loader, test_loader):
-        next(iter(loader.all()), None)
-
-
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
     CALLBACK_NAME = "dgx_warm_plugins"
     CALLBACK_NEEDS_ENABLED = True
 
-    def v2_playbook_on_task_start(self, task, is_conditional):
-        load_jinja_plugins()
+    def v2_playbook_on_task_start(self, task, is_conditional=False):
+        for loader in (filter_loader, test_loader):
+            next(iter(loader.all()), None)
 
-    def v2_playbook_on_handler_task_start(self, task):
-        load_jinja_plugins()
+    v2_playbook_on_handler_task_start = v2_playbook_on_task_start

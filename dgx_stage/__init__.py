@@ -9,8 +9,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def use_module_utils():
-    """Make module_utils importable as `ansible.module_utils.dgx_*`, as the modules name it (Ansible adds it for
-    modules only); inside Ansible its configured module_utils comes first, so plugins run the modules' very code."""
+    """Make module_utils importable as the modules name it; Ansible's configured path first, so it is one code."""
     import ansible.module_utils
     config = sys.modules.get("ansible.constants")
     for path in list(getattr(config, "DEFAULT_MODULE_UTILS_PATH", None) or []) + [os.path.join(REPO, "module_utils")]:
@@ -28,8 +27,7 @@ SUBCOMMANDS = {
     "status": (os.path.join("playbooks", "status.yml"), None, "what each host holds (changes nothing)"),
 }
 
-# dgx-stage's exit codes: every host ok; ansible-playbook failed with no host result; a host failed or was
-# unreachable; a usage error; interrupted.
+# Exit codes: all ok; ansible-playbook failed with no host result; a host failed or unreachable; usage; interrupted.
 EXIT_OK, EXIT_ANSIBLE, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 64, 99
 
 

@@ -1,6 +1,7 @@
 """`dgx-stage`: the operator's command line for the dgx-stage playbooks (SUBCOMMANDS), on ansible-runner, and
 `dgx-stage report [RUN_ID] [--markdown]`, which runs no playbook. Exit codes: see dgx_stage.EXIT_*."""
 import argparse
+import functools
 import os
 import re
 import sys
@@ -9,11 +10,6 @@ from dgx_stage import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, REPO, SUBCOMMANDS, 
 
 
 class Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        # An option is only its full spelling: a prefix (`--extra`) is refused, not read as --extra-vars.
-        kwargs["allow_abbrev"] = False
-        super(Parser, self).__init__(*args, **kwargs)
-
     def parse_args(self, args=None, namespace=None):
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
@@ -47,7 +43,7 @@ QUOTING = (
 
 
 def without_arguments(message):
-    """argparse's `message` without the argument it quotes (QUOTING), naming the problem and the choices."""
+    """argparse's `message` without the argument it quotes (QUOTING)."""
     for pattern, said in QUOTING:
         found = pattern.match(message)
         if found:
@@ -62,9 +58,11 @@ def runs_dir(args):
 
 
 def build_parser():
-    parser = Parser(prog="dgx-stage", description="Stage, verify and serve the DeepSeek checkpoints on the lane "
+    # allow_abbrev=False: a prefix (`--extra`) is refused, not read as --extra-vars.
+    strict = functools.partial(Parser, allow_abbrev=False)
+    parser = strict(prog="dgx-stage", description="Stage, verify and serve the DeepSeek checkpoints on the lane "
                                                   "(the playbooks of this repo, run through ansible-runner).")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=strict)
     sub.required = True
     for name, (playbook, tags, help_text) in SUBCOMMANDS.items():
         cmd = sub.add_parser(name, help=help_text, description="%s: runs %s%s" % (
@@ -92,13 +90,8 @@ def build_parser():
     return parser
 
 
-def parse_args(argv):
-    return build_parser().parse_args(argv)
-
-
 def resolve_inventory(path):
-    """The inventory (-i, else $DGX_STAGE_INVENTORY: none implicit, as a forgotten -i would run against production)
-    as an absolute path, as the playbook runs from the repo; a host list ('a,b,') is passed through."""
+    """-i, else $DGX_STAGE_INVENTORY, made absolute (none implicit: a forgotten -i must not reach production)."""
     path = path or os.environ.get("DGX_STAGE_INVENTORY")
     if not path:
         folder = os.path.join(REPO, "inventory")
@@ -113,8 +106,7 @@ def resolve_inventory(path):
 
 
 def resolve_limit(limit):
-    """--limit with an @file (a retry file) made absolute, as -i and -e @file: ansible-playbook runs in the
-    repo, so a relative one named another file (or none) there; UsageError when it is missing."""
+    """--limit with an @file made absolute, as ansible-playbook runs in the repo."""
     if not limit or not limit.startswith("@"):
         return limit
     if not os.path.isfile(limit[1:]):
@@ -122,19 +114,16 @@ def resolve_limit(limit):
     return "@" + os.path.abspath(limit[1:])
 
 
-def load_inventory(path):
-    """The Inventory, read once; UsageError when it gives no host (ansible-playbook would run on none, exit 0)."""
+def load_inventory(path, limit=None):
+    """The Inventory; UsageError when it or --limit gives no host (ansible-playbook would run on none, exit 0)."""
     inventory = extravars.Inventory(path)
     if not inventory.hosts():
         raise UsageError("inventory %s has no host (%s); fix it or pass another with -i"
                          % (path, " ".join(inventory.warnings[:3]) or "it is empty"))
-    return inventory
-
-
-def check_limit(inventory, limit):
     if limit and not inventory.hosts(limit):
         raise UsageError("--limit %s matches no host of %s (hosts: %s)"
-                         % (limit, inventory.source, ", ".join(inventory.hosts()) or "none"))
+                         % (limit, path, ", ".join(inventory.hosts())))
+    return inventory
 
 
 def run_subcommand(args, out=None):
@@ -142,10 +131,8 @@ def run_subcommand(args, out=None):
     playbook, tags, _help = SUBCOMMANDS[args.command]
     inventory = resolve_inventory(args.inventory)
     extra_vars = extravars.resolve(args.extra_vars)
-    loaded = load_inventory(inventory)
-    extravars.check(extra_vars, loaded, allow_unknown=args.allow_unknown_vars)
     args.limit = resolve_limit(args.limit)
-    check_limit(loaded, args.limit)
+    extravars.check(extra_vars, load_inventory(inventory, args.limit), allow_unknown=args.allow_unknown_vars)
     spec = {"subcommand": args.command, "playbook": playbook, "tags": tags,
             "inventory": inventory, "limit": args.limit, "extra_vars": extra_vars, "check": args.check,
             "verbose": args.verbose}
@@ -159,9 +146,7 @@ def _limit_hosts(hosts, limit):
 
 
 def load_run_reports(args):
-    """(record or {}, run id or None, {host: report}) for `report`: the run asked for, else the latest run that
-    could change the lane (any but status) whatever happened to it, else the latest in --report-dir; UsageError
-    when the run is unknown or there is none."""
+    """(record or {}, run id, {host: report}) of the run asked for, else the latest that could change the lane."""
     import json
     folder = runs_dir(args)
     records = runs.read_records(folder)
@@ -239,7 +224,7 @@ def report_subcommand(args, out=None):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = parse_args(argv)
+        args = build_parser().parse_args(argv)
         if args.command == "report":
             return report_subcommand(args)
         return run_subcommand(args)

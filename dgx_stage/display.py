@@ -14,8 +14,7 @@ from ansible.module_utils.dgx_status import one_line  # noqa: E402
 
 class _Console(Console):
     def on_broken_pipe(self):
-        # `dgx-stage stage | head`: the reader left; the run goes on silently to its end and its run.json, and
-        # Python's flush at exit writes to /dev/null.
+        # `dgx-stage stage | head`: the reader left; the run goes on silently to its end and its run.json.
         self.quiet = True
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, self.file.fileno())
@@ -87,9 +86,4 @@ class Display(object):
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def table(self, rows, title):
-        """The run's table: rich's on a terminal, else the plain text folded at 100 columns."""
-        if self.bars:
-            table.print_table(self.console, rows, title=title)
-        else:
-            self.print(title)
-            self.print(table.render_plain(rows))
+        table.print_table(self.console, rows, title, None if self.bars else table.PLAIN_WIDTH)

@@ -12,8 +12,7 @@ def short_action(action):
 
 
 def result_message(res):
-    """A failed or unreachable result's message: a loop's failed or unreachable items' labels and messages (the
-    loop's own msg says only that items failed), else msg, else the last line of stderr, reason or exception."""
+    """A failed result's message: its failed items' (a loop's own msg only says items failed), else msg or stderr."""
     res = res or {}
     if res.get("censored"):     # no_log: its exception may hold the hidden message
         return str(res["censored"])
@@ -28,7 +27,6 @@ def result_message(res):
 
 
 def _results(res):
-    """The result itself, or each item's result of a looped task."""
     if isinstance(res.get("results"), list):
         return [item for item in res["results"] if isinstance(item, dict)]
     return [res]
@@ -101,8 +99,7 @@ class RunState(object):
                 self.status_lines[host] = list(item["lines"])
 
     def failed_hosts(self):
-        """[{"host", "play", "task", "msg", "unreachable"}] of every host the run counts failed or unreachable (what
-        the events said while the run stopped before its recap), its report's failed play and task preferred."""
+        """[{"host", "play", "task", "msg", "unreachable"}] of each host failed or unreachable, its report preferred."""
         if self.stats is None:
             failed, dark = set(self.failures), set(self.unreachable)
         else:
@@ -111,8 +108,7 @@ class RunState(object):
         for host in sorted(failed | dark):
             seen = self.unreachable.get(host) if host in dark else self.failures.get(host)
             seen = dict(seen or {"host": host, "play": None, "task": None, "msg": "(no failure event)"})
-            # An unreachable host's own event says why (the ssh error); its report, written for it by another
-            # host, only says it did not reach the end of the run.
+            # An unreachable host's event says why (ssh); its report, written by another host, cannot.
             report = {} if host in dark and host in self.unreachable else self.reports.get(host) or {}
             if report.get("status") == "failed" and report.get("failed_task"):
                 seen.update(play=report.get("failed_play") or seen["play"], task=report["failed_task"],

@@ -1,7 +1,5 @@
-"""The operator's -e values: checked before a run against the variables the plays, roles and inventory know, handed
-to ansible-playbook as files only the run can read (an inline value would be in `ps`, ansible-runner's `command`
-artifact and run.json), recorded by name only. A message names an -e by its place, never by its text, which may be
-a token; a !vault value is refused (no vault password is passed)."""
+"""The operator's -e values: checked against the variables the plays, roles and inventory know, passed as files only
+the run can read (not in `ps` or run.json), named in messages by place only (the text may be a token)."""
 import contextlib
 import difflib
 import glob
@@ -15,8 +13,7 @@ import yaml
 
 from dgx_stage import REPO, UsageError, use_module_utils
 
-# Read by the playbooks themselves, not by a role's entry point: the lane (an inventory group), whether to become
-# root on the nodes, whether the engine plays run on a host.
+# Read by the playbooks themselves, not by a role's entry point.
 PLAY_VARIABLES = {"lane": {"type": "str"}, "become_root": {"type": "bool"}, "engine_enabled": {"type": "bool"}}
 PLAYBOOK_FILES = ("stage-deepseek.yml", "playbooks/*.yml", "playbooks/tasks/*.yml")
 SET_FACT = ("set_fact", "ansible.builtin.set_fact")
@@ -68,8 +65,7 @@ def _vault_error(exc):
 
 
 def variables_of(value, position=0):
-    """The variables one -e value (the `position`th, from 0) sets, as ansible.utils.vars.load_extra_vars reads it:
-    @file or inline JSON/YAML through the data loader, anything else as key=value pairs."""
+    """The variables the `position`th -e sets, read as ansible.utils.vars.load_extra_vars reads it."""
     path = value[1:] if value.startswith("@") else None
     structured = path or value.startswith(("{", "["))
     try:
@@ -99,17 +95,15 @@ def _holds_vault(value):
     return isinstance(value, EncryptedString)
 
 
-def _json_cannot_carry(value):
+def _json_can_carry(value):
     try:
-        json.dumps(value)
-        return False
+        return bool(json.dumps(value))
     except (TypeError, ValueError):
-        return True
+        return False
 
 
 def resolve(values):
-    """-e values with @file made absolute; UsageError for a missing file, one that does not parse (ansible-playbook
-    would stop with exit 1 and no host result), a !vault value, or an inline value as_files cannot write as JSON."""
+    """-e values with @file made absolute; UsageError for what ansible-playbook or as_files could not take."""
     out = []
     for position, value in enumerate(values):
         if value.startswith("@"):
@@ -122,7 +116,7 @@ def resolve(values):
         if vaulted:
             raise UsageError("%s: %s %s a !vault value; %s" % (
                 _named(position, path), ", ".join(vaulted), "holds" if len(vaulted) == 1 else "hold", NO_VAULT))
-        bad = [] if path else sorted(str(name) for name, given in data.items() if _json_cannot_carry(given))
+        bad = [] if path else sorted(str(name) for name, given in data.items() if not _json_can_carry(given))
         if bad:
             raise UsageError("%s: %s %s a YAML date or binary value, which an inline -e cannot pass on: quote it as a "
                              "string, or give it in an -e @FILE" % (_named(position), ", ".join(bad),
@@ -140,9 +134,7 @@ def described(value):
 
 
 class _UntrustedDumper(yaml.SafeDumper):
-    """YAML whose strings load through Ansible's loader as untrusted (!unsafe), as an inline -e is: Ansible trusts
-    an @file's strings as templates. A string !unsafe would read as another type ("123", "true", "") goes
-    untagged; none holds a {."""
+    """YAML whose strings load as untrusted (!unsafe), as an inline -e's do; one !unsafe would retype holds no {."""
 
 
 def _represent_str(dumper, value):
@@ -155,8 +147,7 @@ _UntrustedDumper.add_representer(str, _represent_str)
 
 
 def as_files(values, directory):
-    """The -e values as ansible-playbook gets them: each inline one written as untrusted YAML to a file of its own
-    in `directory` (0700, each file 0600, in the order given, so later values still win); @file values as given."""
+    """The -e values with each inline one written to its own 0600 file in `directory`, in order (later ones win)."""
     out = []
     for number, value in enumerate(values):
         if value.startswith("@"):
@@ -172,15 +163,13 @@ def as_files(values, directory):
     return out
 
 
-# --- which variables there are ------------------------------------------------------------------------------
-
 def _load_yaml(path):
     with open(path) as handle:
         return yaml.safe_load(handle) or {}
 
 
 def role_variables():
-    """{name: {type, choices}} of every variable a role reads: its argument_specs (any entry point), its defaults."""
+    """{name: {type, choices}} of every variable a role reads (argument_specs, defaults)."""
     known = {}
     for path in sorted(glob.glob(os.path.join(REPO, "roles", "*", "meta", "argument_specs.yml"))):
         for entry in (_load_yaml(path).get("argument_specs") or {}).values():
@@ -208,8 +197,7 @@ def _names_set(node, found):
 
 
 def playbook_variables():
-    """The names the playbooks set themselves (set_fact, play vars, the vars they pass to a role): an -e of one
-    would override what the run computes (a host's rank, the lane's hosts, a report's fields)."""
+    """The names the playbooks set themselves: an -e of one would override what the run computes."""
     found = set()
     for pattern in PLAYBOOK_FILES:
         for path in sorted(glob.glob(os.path.join(REPO, pattern))):
@@ -218,12 +206,10 @@ def playbook_variables():
 
 
 class Inventory(object):
-    """An inventory read once, as ansible-playbook reads it (its group_vars and host_vars too, never the run's
-    extra vars): its hosts, the names it defines for any host or group, its lanes (the groups with a host but
-    Ansible's own). UsageError when it does not parse, and naming the vars file (never its text) that does not."""
+    """An inventory read once as ansible-playbook reads it: its hosts, the names it defines, its lanes."""
 
     def __init__(self, inventory):
-        os.environ["ANSIBLE_CONFIG"] = os.path.join(REPO, "ansible.cfg")
+        loader = _loader()   # first: it points Ansible's config at the repo's ansible.cfg
         from ansible.errors import AnsibleError
         from ansible.inventory.manager import InventoryManager
         from ansible.vars.plugins import get_vars_from_inventory_sources
@@ -231,7 +217,6 @@ class Inventory(object):
         sources = [inventory] if isinstance(inventory, str) else list(inventory)
         sources = [s if "," in s and not os.path.exists(s) else os.path.abspath(s) for s in sources]
         said = io.StringIO()
-        loader = _loader()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
                 self.manager = InventoryManager(loader=loader, sources=sources)
@@ -265,7 +250,6 @@ class Inventory(object):
 
 
 def _unreadable_vars_file(inventory, exc):
-    """The UsageError for a group_vars or host_vars file of `inventory` that Ansible could not read (exc)."""
     path, parse, merge = None, False, False
     for cause in _causes(exc):
         path = path or getattr(getattr(cause, "obj", None), "path", None)
@@ -280,8 +264,6 @@ def _unreadable_vars_file(inventory, exc):
                       % (inventory, path or "one of its group_vars or host_vars files", why, NOT_SHOWN))
 
 
-# --- checking the values ---------------------------------------------------------------------------------------
-
 def _templated(value):
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
@@ -292,8 +274,7 @@ def _close(name, names, cutoff=0.6):
 
 
 def raw_text_problem(text, argument, place, names):
-    """Why -e text without NAME= is refused. A name that is the whole -e argument is quoted when it is a known
-    name or a typo of one; anything else may be a value (a token given alone, or split at its spaces)."""
+    """Why -e text without NAME= is refused; it is quoted only when it is a known name or a typo of one."""
     word = text.strip()
     if NAME.match(word) and word == argument.strip():
         if word in names or _close(word, names):
@@ -313,7 +294,7 @@ def _number(value, kind):
 
 
 def _reserve(value):
-    """Whether the stage module reads `value` as a reserve (module_utils/dgx_space.py)."""
+    """Whether the stage module reads `value` as a reserve."""
     use_module_utils()
     from ansible.module_utils.dgx_errors import StageError
     from ansible.module_utils.dgx_space import parse_reserve
@@ -325,8 +306,7 @@ def _reserve(value):
 
 
 def value_problem(name, value, spec):
-    """Why `value` cannot be `name` (its declared type or choices), or None; the value is never shown (it may be a
-    token pasted into the wrong variable). A templated value is left to Ansible."""
+    """Why `value` cannot be `name`, or None; never shows the value (it may be a misplaced token)."""
     if _templated(value):
         return None
     kind, choices = spec.get("type"), spec.get("choices")
@@ -345,9 +325,7 @@ def value_problem(name, value, spec):
 
 
 def problems(values, inventory, allow_unknown=False):
-    """The problems of the -e values against the variables there are and the Inventory, one line each naming the
-    variable and the fix. A name is shown only when the plays know it or it is a typo of one they know: any
-    other may be a value given where a name goes."""
+    """One line per problem of the -e values; an unknown name is never shown (it may be a value)."""
     known = dict(role_variables(), **PLAY_VARIABLES)
     derived = playbook_variables()
     names = sorted(set(known) | inventory.names)

@@ -37,22 +37,21 @@ os.execv(%(playbook)r, [%(playbook)r] + sys.argv[1:])
 """
 
 
-def write_guard(bin_dir, parent=None, playbook=None):
-    """<bin_dir>/ansible-playbook: the shim above, ending its run with the front end `parent`."""
+def write_guard(bin_dir, playbook=None):
+    """<bin_dir>/ansible-playbook: the shim above, ending its run with this front end."""
     real = playbook or os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "ansible-playbook")
     os.makedirs(bin_dir, exist_ok=True)
     path = os.path.join(bin_dir, "ansible-playbook")
     with open(path, "w") as handle:
-        handle.write(GUARD % {"python": sys.executable, "parent": parent or os.getpid(), "playbook": real})
+        handle.write(GUARD % {"python": sys.executable, "parent": os.getpid(), "playbook": real})
     os.chmod(path, 0o755)
     return path
 
 
-def runner_env(guard_dir=None):
-    """The repo's ansible.cfg and callback plugins (ansible-runner adds its own after them), this interpreter's
-    ansible-playbook first (behind the guard of guard_dir when given)."""
+def runner_env(guard_dir):
+    """The repo's ansible.cfg and callback plugins, the guard then this interpreter's ansible-playbook first."""
     plugins = [os.path.join(REPO, "callback_plugins")] + [p for p in [os.environ.get("ANSIBLE_CALLBACK_PLUGINS")] if p]
-    bin_dirs = ([guard_dir] if guard_dir else []) + [os.path.dirname(os.path.abspath(sys.executable))]
+    bin_dirs = [guard_dir, os.path.dirname(os.path.abspath(sys.executable))]
     return {"ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"), "ANSIBLE_CALLBACK_PLUGINS": os.pathsep.join(plugins),
             "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
             "PATH": os.pathsep.join(bin_dirs + [os.environ.get("PATH", os.defpath)])}
@@ -106,8 +105,7 @@ class PlaybookRun(object):
             self.events.put({"_note": "interrupted again: cancelling the run"})
 
     def _forward(self):
-        """SIGINT to ansible-playbook's process group, once its first event named its pid (the run loop tries
-        again until then)."""
+        """SIGINT to ansible-playbook's process group once an event named its pid (the run loop retries until then)."""
         if self.state.pid:
             with contextlib.suppress(OSError):
                 os.killpg(os.getpgid(self.state.pid), signal.SIGINT)
@@ -120,13 +118,11 @@ class PlaybookRun(object):
         runs.write_json(os.path.join(self.run_dir, "run.json"), self.record)
 
     def _read_reports(self):
-        """This run's host reports, from the files the dgx_report callback wrote (the run's id is ours)."""
         reports, paths = runs.run_reports(self.state.report_dirs, self.ident)
         self.state.reports.update(reports)
         self.state.history_paths.update(paths)
 
     def _make_run_dir(self):
-        """A new dir for this run (another ident when a concurrent run took this one)."""
         fix = "; pass --runs-dir or set DGX_STAGE_RUNS_DIR"
         for _attempt in range(20):
             try:
@@ -270,8 +266,7 @@ class PlaybookRun(object):
         return code
 
     def _settle_reports(self, failures):
-        """A report of this run still `running` says `failed` with what the events said, else `interrupted`
-        (always after an interrupt: its events include failures a rescue handled)."""
+        """Settle the reports still `running` (all `interrupted` after an interrupt: a rescue may have run)."""
         if self.state.run_id:
             seen = {} if self.interrupts else dict((f["host"], f) for f in failures)
             self.state.reports.update(runs.settle_unfinished(self.state.history_paths, self.state.run_id, seen))

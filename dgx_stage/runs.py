@@ -22,8 +22,7 @@ HISTORY_FILE = re.compile(r"^(?P<host>.+)-(?P<run_id>\d{8}T\d{6}Z-[0-9a-f]{4})\.
 
 
 def new_ident():
-    """A run's id, sortable by start time: 20261201T100609Z-1a2b. It names the runner's dir and, passed to the
-    playbook (run_identity_env), the lane's run id and its host reports: one id for one run."""
+    """A run's id, sortable by start time (20261201T100609Z-1a2b): the runner's dir, the lane's run id."""
     return "%s-%s" % (datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"), secrets.token_hex(2))
 
 
@@ -52,8 +51,7 @@ def _read_json(path):
 
 
 def front_end_alive(record):
-    """Whether a run's front end still runs: its record says running and names a live pid, started when the record
-    says (a killed front end's pid reused by another process does not count)."""
+    """Whether a run's front end still runs (its pid alive and started when recorded: a reused pid does not count)."""
     if not isinstance(record, dict) or record.get("status") != "running":
         return False
     pid, started = record.get("pid"), record.get("pid_started")
@@ -67,8 +65,7 @@ def this_process():
 
 
 def sweep_extra_vars(runs_dir):
-    """Remove the -e files of every run under runs_dir whose front end is gone (a killed one could not); returns
-    the run idents swept."""
+    """Remove the -e files of every run whose front end is gone (a killed one could not); returns their idents."""
     swept = []
     for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
         folder = os.path.join(runs_dir, name, EXTRA_VARS)
@@ -80,8 +77,7 @@ def sweep_extra_vars(runs_dir):
 
 
 def scrub_command(run_dir):
-    """ansible-runner's `command` artifact without its `env` (the operator's whole environment, tokens included);
-    returns whether it was rewritten."""
+    """Drop `env` (the operator's environment, tokens included) from runner's `command` artifact; True if done."""
     path = os.path.join(run_dir, "command")
     artifact = _read_json(path)
     if not isinstance(artifact, dict) or "env" not in artifact:
@@ -95,9 +91,7 @@ def scrub_command(run_dir):
 
 
 def settle_unfinished(report_paths, run_id, failures):
-    """The host reports of a run that is over and still say `running` (dgx_report, their owner, rewrites them):
-    `failed` with its failure for a host in failures ({host: {"play", "task", "msg"}}), else `interrupted`.
-    Returns {host: settled report} of the hosts whose reports changed."""
+    """{host: report} of the reports still `running` rewritten `failed` (a host in failures) or `interrupted`."""
     settled = {}
     for host, path in sorted(report_paths.items()):
         failure = failures.get(host)
@@ -116,8 +110,7 @@ def runs_dirs_nearby(root, current):
 
 
 def _names(folder, what, option):
-    """The names in folder, sorted ([] when it does not exist); UsageError naming it and the fix when it cannot be
-    listed (a file, no permission)."""
+    """The names in folder, sorted ([] when it does not exist); UsageError naming the fix when it cannot be listed."""
     try:
         return sorted(os.listdir(folder))
     except FileNotFoundError:
@@ -127,8 +120,7 @@ def _names(folder, what, option):
 
 
 def read_records(runs_dir):
-    """Every readable run.json under runs_dir, oldest first, as `report` reads it: a hand-edited or foreign field of
-    another type reads as absent, the ident falls back to the dir's name, a killed front end's run as interrupted."""
+    """Every readable run.json, oldest first; a field of another type reads as absent, a dead run as interrupted."""
     records = []
     for name in _names(runs_dir, "runs dir", "--runs-dir DIR or set DGX_STAGE_RUNS_DIR"):
         record = _read_json(os.path.join(runs_dir, name, "run.json"))
@@ -140,13 +132,11 @@ def read_records(runs_dir):
         record["ident"] = record["ident"] or name
         if record["status"] == "running" and not front_end_alive(record):
             record["status"] = "interrupted"
-        reports, failures, receipts = (record.get(key) for key in ("reports", "failures", "receipts_removed"))
-        record["reports"] = dict((h, p) for h, p in reports.items() if isinstance(p, str)) \
-            if isinstance(reports, dict) else {}
-        record["failures"] = [f for f in failures if isinstance(f, dict) and isinstance(f.get("host"), str)] \
-            if isinstance(failures, list) else []
-        record["receipts_removed"] = dict((h, p) for h, p in receipts.items() if isinstance(p, list)) \
-            if isinstance(receipts, dict) else {}
+        for key, kind in (("reports", str), ("receipts_removed", list)):
+            given = record.get(key) if isinstance(record.get(key), dict) else {}
+            record[key] = dict((h, p) for h, p in given.items() if isinstance(p, kind))
+        failures = record.get("failures") if isinstance(record.get("failures"), list) else []
+        record["failures"] = [f for f in failures if isinstance(f, dict) and isinstance(f.get("host"), str)]
         records.append(record)
     return sorted(records, key=lambda r: (r.get("started") or "", r["ident"]))
 
@@ -162,8 +152,7 @@ def history_files(report_dir):
 
 
 def run_reports(report_dirs, run_id):
-    """({host: report}, {host: path}) of the history files of run_id in the report dirs (what the dgx_report
-    callback wrote for this run; an unreadable file is left out)."""
+    """({host: report}, {host: path}) of run_id's readable history files in the report dirs."""
     reports, paths = {}, {}
     for directory in report_dirs:
         for host, path in history_files(directory).get(run_id, {}).items():

@@ -40,8 +40,7 @@ def command(run, hosts, extra=()):
 
 
 def tags_asked(msg):
-    """The tags a failure message asks to run, in its order: `--tags stage`, `--tags=stage,verify`, or a front end
-    command (`dgx-stage stage --limit dgx2`: the plays that subcommand runs)."""
+    """The tags a failure message asks to run, in order (`--tags X`, or a `dgx-stage SUBCOMMAND`'s plays)."""
     tags = []
     for flag, subcommand in re.findall(r"--tags[ =]+([\w,-]+)|dgx-stage ([a-z-]+)", str(msg or "")):
         group = flag or (SUBCOMMANDS.get(subcommand) or (None, ""))[1] or ""
@@ -50,10 +49,7 @@ def tags_asked(msg):
 
 
 def rerun_command(run, host, play, msg=None, lane=None):
-    """What to run once the cause is fixed: the whole playbook for that host (staged blobs are reused), or
-    only the failed play - with the plays its message asks for first (verify refused for files not staged
-    asks for the stage play: --tags stage,verify). lane: the hosts of a lane whose engine runs; the engine
-    play refuses part of a lane, so a run that reaches it names them all."""
+    """The re-run: the playbook for the host (or its whole `lane`, the engine restarts as one), or the plays asked."""
     whole = list(lane or [host])
     text = command(run, whole)
     if play:
@@ -70,8 +66,7 @@ def rerun_command(run, host, play, msg=None, lane=None):
 
 
 def rerun_extra_vars(values):
-    """The run's -e values as its re-run step names them: an @file by its path; an inline value, and the file the
-    front end writes for one (removed when its run ends), as NAME=... for each name it sets (never its value)."""
+    """The -e values of a re-run: an @file by its path, an inline value (or its run's file) as NAME=... only."""
     out = []
     for value in values:
         if value.startswith("@") and os.path.basename(os.path.dirname(value[1:])) != runs.EXTRA_VARS:
@@ -96,8 +91,7 @@ def extra_var_warnings(values, inventories):
 
 
 def engine_lane(reports, host, engine_runs):
-    """The hosts of host's lane in rank order when its engine runs in this run: a re-run that reaches the engine
-    play must name them all."""
+    """The hosts of host's lane in rank order when its engine runs (a re-run of the engine names them all)."""
     lane = reports[host].get("lane")
     if engine_runs.get(host) is not True or not lane:
         return None
@@ -106,8 +100,7 @@ def engine_lane(reports, host, engine_runs):
 
 
 def failure_steps(report, path, run, lane=None):
-    """For a failed host: what failed and why (table.failure_line, as the front end says it), then what to read
-    (the host's latest report, beside this run's at `path`) and what to run."""
+    """A failed host's failure line, then what to read (its latest report, beside `path`) and what to run."""
     host = report.get("host")
     unreachable = report.get("failed_task") == "(host unreachable)"
     msg = " ".join(str(report.get("failed_msg") or "").split())
@@ -133,9 +126,7 @@ def relative(path, cwd=None):
 
 
 def lane_summary(reports, paths, run, stopped=None, engine_runs=None):
-    """The summary lines of a run from its host reports and their paths (runs.run_reports). run: run_of's, with id
-    and wall_s; stopped: INTERRUPTED or STOPPED when the run ended before its recap; engine_runs: {host:
-    lane_engine_runs}."""
+    """The summary lines of a run (run_of's with id and wall_s; stopped: INTERRUPTED or STOPPED before the recap)."""
     if not reports:
         return []
     engine_runs = engine_runs or {}
@@ -186,8 +177,7 @@ def run_of(args, playbook, cwd=None):
 
 
 def status_lines(hosts, run):
-    """The status playbook's summary: per host in rank order ({host: {lane, rank, lines, failure, unreachable}})
-    its stage_status lines, or why it has none; then the count and a next step for a host not read."""
+    """The status play's summary: each host's stage_status lines or why it has none, the count, the next steps."""
     if not hosts:
         return []
     order = sorted(hosts, key=table.rank_order(hosts))

@@ -68,8 +68,7 @@ def _files_on_disk(rows, check):
 
 
 def _files_rows(report):
-    """(rows FILES counts, whether the passes that ran cannot say) of a real run: the last complete pass's (verify,
-    else stage); a repo whose run ended without figures (its lock held, a job killed) has a row without `files`."""
+    """(the last complete pass's rows, whether no pass that ran is complete) of a real run."""
     ran = [name for name in ("verify", "stage") if _rows(report, name)]
     complete = [name for name in ran if all(isinstance(row.get("files"), dict) for row in _rows(report, name))]
     return (_rows(report, complete[0]) if complete else []), bool(ran) and not complete
@@ -77,15 +76,12 @@ def _files_rows(report):
 
 def host_figures(report, receipts_removed=None):
     """The raw figures of one host's row (numbers, None when the run did not produce them)."""
-    # A check run copies nothing: each pass reports what it would copy, the same bytes again (stage's
-    # would-be copies are still missing when verify looks), so one pass counts, and there is no rate.
+    # A check run copies nothing: each pass reports the same would-be copies, so one pass counts, and no rate.
     check = report.get("check_mode") is True or report.get("status") == "check"
-    copying = (_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")) if check \
-        else _rows(report, "stage", "verify")
-    # FILES: in --check what the plan stages; in a real run what is on the disk after it - the last complete
-    # pass's rows (_files_rows), less what a pass left unstaged or dangling; unknown when no pass is complete.
-    files_rows, files_unknown = ((_rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight"),
-                                  False) if check else _files_rows(report))
+    planned = _rows(report, "stage") or _rows(report, "verify") or _rows(report, "preflight")
+    copying = planned if check else _rows(report, "stage", "verify")
+    # FILES: in --check what the plan stages; in a real run what is on the disk after the last complete pass.
+    files_rows, files_unknown = (planned, False) if check else _files_rows(report)
     stage = _rows(report, "stage")
     stage_bytes, stage_s = _sum(stage, "bytes_copied"), sum(_number(r.get("duration_s")) or 0 for r in stage)
     engine = _dict(report.get("engine"))
@@ -156,8 +152,7 @@ def _pair(a, b):
 
 
 def host_row(report, receipts_removed=None):
-    """{column key: text} of one host's row, each one line (a name or an engine's error cannot forge a row), and
-    its "stage_pass" (stage_figures)."""
+    """{column key: one-line text} of one host's row (nothing can forge a row), and its "stage_pass"."""
     f = host_figures(report, receipts_removed)
     cells = {
         "host": str(f["host"] or NONE),
@@ -188,8 +183,7 @@ def _clock(epoch, day):
 
 
 def stage_window(started, finished, run_started=None):
-    """'10:17:43-10:17:52' (UTC): when a host's own stage work ran; a date only on an end whose day is not
-    the run's (then ' - ' between the ends, as the dates have hyphens); '-' when it did not stage."""
+    """'10:17:43-10:17:52' (UTC), an end on another day than the run's with its date (then ' - ' between)."""
     start, end = utc_epoch(started), utc_epoch(finished)
     if start is None and end is None:
         return NONE
@@ -204,8 +198,7 @@ def _count(value):
 
 
 def stage_figures(report):
-    """One host's stage pass: window, bytes from the NAS and from peers (None when the run did not stage, or only
-    planned: a --check run reads nothing), peer blobs rejected; each figure also as its cell's text."""
+    """One host's stage pass (window, bytes from the NAS and from peers, peer blobs rejected), figures and text."""
     rows = _rows(report, "stage")
     check = report.get("check_mode") is True or report.get("status") == "check"
     staged = bool(rows) or utc_epoch(report.get("stage_started")) is not None
@@ -222,7 +215,7 @@ def stage_figures(report):
 
 
 def rank_order(reports):
-    """A sort key of the hosts of {host: report or info}: by rank, the hosts without one last, then by name."""
+    """A sort key of the hosts of {host: report}: by rank (none last), then by name."""
     def order(host):
         rank = reports[host].get("rank")
         return (0, rank, host) if isinstance(rank, int) and not isinstance(rank, bool) else (1, 0, host)
@@ -231,8 +224,6 @@ def rank_order(reports):
 
 def table_rows(reports, receipts=None):
     """Rows in host order (rank order when the reports have ranks) from {host: report}."""
-    reports = dict((h, r if isinstance(r, dict) else {"host": h, "status": "unreadable: not a JSON object"})
-                   for h, r in reports.items())
     return [host_row(dict(reports[h], host=reports[h].get("host") or h), (receipts or {}).get(h))
             for h in sorted(reports, key=rank_order(reports))]
 
@@ -241,9 +232,7 @@ STAGE_TITLE = "Stage pass (UTC)"
 
 
 def _stage_block(rows):
-    """(cells: a header and a line per host, the lane's total or None) of the "Stage pass" block, or None: it shows
-    for a lane whose hosts staged, or when a host took or rejected peer blobs (one host staging from the NAS alone,
-    the demo, prints the table alone); the rejected column only when a host rejected a peer blob."""
+    """(cells, the lane's total or None) of the "Stage pass" block, or None: shown for a lane or peer blobs."""
     passes = [row["stage_pass"] for row in rows]
     if not (any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes)
             or len(rows) > 1 and any(p["staged"] for p in passes)):
@@ -265,7 +254,7 @@ def _aligned(cells):
 
 
 def stage_lines(rows):
-    """The plain "Stage pass" block: a title, one aligned line per host, the lane's total; [] when not shown."""
+    """The plain "Stage pass" block's lines ([] when not shown)."""
     block = _stage_block(rows)
     if not block:
         return []
@@ -274,8 +263,7 @@ def stage_lines(rows):
 
 
 def column_bands(widths, width):
-    """COLUMNS folded into bands of at most `width` characters, each led by HOST (a band holds at least one
-    column besides it, however wide)."""
+    """COLUMNS folded into bands of at most `width` characters, each led by HOST and at least one more."""
     host, rest = COLUMNS[0], COLUMNS[1:]
     bands, band = [], [host]
     for column in rest:
@@ -287,8 +275,7 @@ def column_bands(widths, width):
 
 
 def render_plain(rows, width=PLAIN_WIDTH):
-    """Aligned text columns, no escape codes, folded into bands that fit `width` (a log or a pipe has no
-    terminal width to ask), then the stage pass block."""
+    """Aligned text columns folded to `width` (a log has no terminal width to ask), then the stage pass block."""
     widths = dict((key, max([len(title)] + [len(row[key]) for row in rows])) for key, title in COLUMNS)
     lines = []
     for band in column_bands(widths, width):
@@ -310,8 +297,7 @@ def _markdown_table(header, lines):
 
 
 def render_markdown(rows, title=None, failures=(), inventory=None):
-    """A Markdown table for a change log (optionally a title line and the failures as a list, the fixes they
-    give with -i inventory)."""
+    """The table in Markdown for a change log, with a title and the failures when given."""
     lines = ["### " + markdown_escape(title), ""] if title else []
     if rows:
         lines += _markdown_table([title for _key, title in COLUMNS], [[row[key] for key, _t in COLUMNS] for row in rows])
@@ -337,12 +323,12 @@ def rich_table_min_width(rows):
     return total
 
 
-def print_table(console, rows, title=None):
-    """The rich table on a terminal wide enough for it (rich would squeeze the host names away, to nothing in 40
-    columns), else the plain table folded at the terminal's width; then the stage pass block."""
-    if console.width < rich_table_min_width(rows):
+def print_table(console, rows, title=None, plain_width=None):
+    """The rich table when it fits (rich would squeeze the host names away), else the plain one folded at
+    plain_width (a log or a pipe) or the terminal's width."""
+    if plain_width or console.width < rich_table_min_width(rows):
         # soft_wrap: the lines as render_plain made them (the terminal wraps a long one, rich would reflow it)
-        text = render_plain(rows, console.width)
+        text = render_plain(rows, plain_width or console.width)
         console.print(title + "\n" + text if title else text, markup=False, highlight=False, soft_wrap=True)
         return
     console.print(rich_table(rows, title=title))
@@ -366,8 +352,7 @@ def rich_table(rows, title=None):
 
 
 def with_inventory(text, inventory):
-    """The `dgx-stage SUBCOMMAND ...` fixes a message gives (built on the hosts, which do not know the
-    controller's inventory), each with the run's -i INVENTORY: the fix is run against the same hosts."""
+    """text with the run's -i INVENTORY in each `dgx-stage SUBCOMMAND` fix (the hosts do not know it)."""
     if not inventory:
         return text
     return re.sub(r"`dgx-stage (?!report\b)([a-z-]+)",

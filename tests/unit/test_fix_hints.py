@@ -84,7 +84,6 @@ def test_the_hints_are_found_where_the_messages_are():
 def test_each_hint_is_a_command_dgx_stage_accepts(where, command):
     words = shlex.split(command)
     assert words[0] == "dgx-stage" and words[1] in cli.SUBCOMMANDS, (where, command)
-    args = cli.parse_args(words[1:] + ["-i", DEMO])
-    inventory = cli.load_inventory(DEMO)
-    cli.check_limit(inventory, args.limit)
+    args = cli.build_parser().parse_args(words[1:] + ["-i", DEMO])
+    inventory = cli.load_inventory(DEMO, args.limit)
     extravars.check(extravars.resolve(args.extra_vars), inventory)

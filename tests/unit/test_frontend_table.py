@@ -190,10 +190,10 @@ def test_a_report_with_strings_nulls_or_wrong_shapes_renders_instead_of_crashing
     assert row["copied"] == table.human_bytes(sum(int(r["bytes_copied"]) for r in report["passes"]["stage"]))
     assert (row["repaired"], row["nas_corrupt"], row["mib_s"]) == ("0", "0", "-")
     assert (row["engine"], row["smoke"], row["decode"]) == ("1", "-", "35.0, floor 30: ok")
-    for bad in ([], "text", {"passes": "x", "engine": "x", "status": 5}, {"passes": {"stage": [{"files": "x"}]}}):
+    # (a file holding no JSON object never reaches the table: test_frontend_cli's garbage report files test)
+    for bad in ({"passes": "x", "engine": "x", "status": 5}, {"passes": {"stage": [{"files": "x"}]}}):
         rows = table.table_rows({"h": bad})
         assert rows[0]["host"] == "h" and table.render_plain(rows) and table.render_markdown(rows)
-    assert table.table_rows({"h": []})[0]["status"] == "unreadable: not a JSON object"
 
 
 def test_control_characters_in_names_and_engine_errors_are_escaped_in_every_rendering():

@@ -5,9 +5,8 @@ import json
 import time
 
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, contains_expected,
-                                             first_model_id, http_json, open_within, parse_sse, request_failed,
-                                             stream_tokens, timed_lines)
+from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, first_model_id, http_json,
+                                             open_within, parse_sse, request_failed, stream_tokens, timed_lines)
 from ansible.module_utils.dgx_units import plain_number
 from http import client as http_client
 from urllib.request import urlopen
@@ -223,15 +222,20 @@ def probe_report(mode, result, floor=None):
     return row
 
 
+def _ask(base, model, prompt, expected, max_tokens, timeout, opener, clock):
+    """(the answer, whether it contains expected): the smoke test's and the bench's pass rule."""
+    text = completion_text(http_json(api_url(base, "/v1/chat/completions"), chat_payload(model, prompt, max_tokens),
+                                     timeout=timeout, opener=opener, clock=clock))
+    return text, str(expected) in text
+
+
 def smoke(base, model, question=SMOKE_QUESTION, expected=SMOKE_EXPECTED, max_tokens=256,
           timeout=300.0, opener=urlopen, clock=time.monotonic):
     """One chat completion; passed when the answer contains expected."""
     t0 = clock()
-    body = http_json(api_url(base, "/v1/chat/completions"), chat_payload(model, question, max_tokens),
-                     timeout=timeout, opener=opener, clock=clock)
-    text = completion_text(body)
-    return {"question": question, "expected": expected, "answer": text[:500],
-            "passed": contains_expected(text, expected), "duration_s": round(clock() - t0, 4)}
+    text, passed = _ask(base, model, question, expected, max_tokens, timeout, opener, clock)
+    return {"question": question, "expected": expected, "answer": text[:500], "passed": passed,
+            "duration_s": round(clock() - t0, 4)}
 
 
 def decode_probe(base, model, prompt=DECODE_PROMPT, max_tokens=400, timeout=300.0, opener=urlopen,
@@ -256,12 +260,9 @@ def bench(base, model, items, max_tokens=512, timeout=300.0, opener=urlopen, clo
     """Run each item at temperature 0; an item passes when the answer contains its expected string."""
     t0 = clock()
     outcomes = []
-    url = api_url(base, "/v1/chat/completions")
     for item in items:
-        text = completion_text(http_json(url, chat_payload(model, item["prompt"], max_tokens),
-                                         timeout=timeout, opener=opener, clock=clock))
-        outcomes.append({"line": item["line"], "expected": item["expected"], "answer": text,
-                         "passed": contains_expected(text, item["expected"])})
+        text, passed = _ask(base, model, item["prompt"], item["expected"], max_tokens, timeout, opener, clock)
+        outcomes.append({"line": item["line"], "expected": item["expected"], "answer": text, "passed": passed})
     summary = bench_summary(outcomes)
     summary["duration_s"] = round(clock() - t0, 3)
     return summary

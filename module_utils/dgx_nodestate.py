@@ -3,6 +3,7 @@ who listens on the API port), read without changing anything."""
 
 import errno
 import hashlib
+import importlib.util
 import json
 import os
 import stat
@@ -65,16 +66,12 @@ def bind_problems(manifest):
                 problems.append("mount %d of the manifest: its %s %s" % (index, key, why))
                 unbindable.add(index)
     mounts = [mount for index, mount in enumerate(manifest["mounts"]) if index not in unbindable]
-    repo_folders = _snapshots(manifest, "local_snapshot")
-    for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "local")):
-        why = _local_unusable(path, repo_folders)
-        if why:
-            problems.append("%s %s" % (path, why))
-    snapshots = _snapshots(manifest, "nas_snapshot")
-    for path in sorted(set(m["source"] for m in mounts if m.get("origin") == "nas")):
-        why = _nas_unusable(path, snapshots)
-        if why:
-            problems.append("NAS source %s %s" % (path, why))
+    for origin, say, unusable in (("local", "%s %s", _local_unusable), ("nas", "NAS source %s %s", _nas_unusable)):
+        snapshots = _snapshots(manifest, origin + "_snapshot")
+        for path in sorted(set(m["source"] for m in mounts if m.get("origin") == origin)):
+            why = unusable(path, snapshots)
+            if why:
+                problems.append(say % (path, why))
     return problems + [moved for moved in map(_ref_moved, manifest["repos"]) if moved]
 
 
@@ -89,12 +86,14 @@ def _open_problem(exc):
     return "cannot be read (%s)" % errno.errorcode.get(exc.errno, exc.errno)
 
 
-def _regular_problem(fd):
+def _file_head(fd, size=0):
+    """(the first size bytes of the regular file fd, None), else (None, why not); fd is closed."""
     try:
-        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "is not a regular file"
+        return os.read(fd, size), None
     finally:
         os.close(fd)
-    return None if stat.S_ISREG(mode) else "is not a regular file"
 
 
 def _snapshots(manifest, key):
@@ -109,13 +108,13 @@ def _snapshots(manifest, key):
     return found
 
 
-def _open_in_local_hub(hub, rel):
-    """(fd, None) of the file rel ('/'-separated) below the local hub root, opened through real folders only
-    (a linked folder would show the container other bytes under the staged name), or (None, why not)."""
-    folder, name = rel.rsplit("/", 1) if "/" in rel else ("", rel)
+def _staged_head(hub, rel, size=0):
+    """_file_head() of the file rel ('/'-separated) below the local hub root, opened through real folders only
+    (a linked folder would show the container other bytes under the staged name)."""
+    folder, _sep, name = rel.rpartition("/")
     try:
         with LocalTree(hub).open_dir(folder) as parent:
-            return os.open(name, _OPEN_FLAGS, dir_fd=parent.fd), None
+            return _file_head(os.open(name, _OPEN_FLAGS, dir_fd=parent.fd), size)
     except StageError as exc:
         return None, "has a symlink or a mount on the way: %s" % exc
     except ValueError:
@@ -132,8 +131,7 @@ def _local_unusable(path, repo_folders):
         return "is in no local repo folder of the manifest's repos (%s): a local bind is a staged file" % (
             ", ".join(sorted(set(folder for _snap, folder, _hub in repo_folders))) or "none names a local snapshot")
     hub = inside[0][1]
-    fd, why = _open_in_local_hub(hub, os.path.relpath(path, hub).replace(os.sep, "/"))
-    return why or _regular_problem(fd)
+    return _staged_head(hub, os.path.relpath(path, hub).replace(os.sep, "/"))[1]
 
 
 def _nas_unusable(path, snapshots):
@@ -148,7 +146,7 @@ def _nas_unusable(path, snapshots):
     if os.path.isdir(real):
         return None if os.access(real, os.R_OK | os.X_OK) else "is a folder that cannot be read"
     try:
-        return _regular_problem(os.open(real, _OPEN_FLAGS))
+        return _file_head(os.open(real, _OPEN_FLAGS))[1]
     except OSError as exc:
         return _open_problem(exc)
 
@@ -164,20 +162,14 @@ def _ref_moved(repo):
     # normpath: a snapshot written with a trailing slash names the same folder.
     folder = os.path.dirname(os.path.dirname(os.path.normpath(snapshot)))
     ref = os.path.join(folder, "refs", *revision.split("/"))
-    fd, why = _open_in_local_hub(os.path.dirname(folder), "%s/refs/%s" % (os.path.basename(folder), revision))
-    now = ""
-    if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
-        with os.fdopen(fd, "rb") as handle:
-            now = handle.read(256).decode("utf-8", "replace").strip()
-    elif fd is not None:
-        os.close(fd)
-        why = "is not a regular file"
+    head, why = _staged_head(os.path.dirname(folder), "%s/refs/%s" % (os.path.basename(folder), revision), 256)
     if why == "is missing":
         return None
     if why:
         return ("%s@%s: the local hub's ref %s %s, so whether the manifest's commit %s is still the one staged "
                 "cannot be told; make it a file naming the commit (stage again)"
                 % (repo.get("repo_id"), revision, ref, why, commit))
+    now = head.decode("utf-8", "replace").strip()
     if now and now != commit:
         return ("%s@%s: the manifest binds commit %s but the local hub's ref %s names %s now (staged since the "
                 "manifest was written)" % (repo.get("repo_id"), revision, commit, ref, now))
@@ -221,31 +213,15 @@ def files_fingerprint(paths):
     return digest.hexdigest(), pairs, [path for path, identity in pairs if identity == "missing"]
 
 
-def parse_proc_net_tcp(text):
-    """[(local port, socket inode)] of the LISTEN sockets in a /proc/net/tcp or tcp6 table."""
-    out = []
-    for line in (text or "").splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != TCP_LISTEN:
-            continue
-        try:
-            port = int(fields[1].rsplit(":", 1)[1], 16)
-            inode = int(fields[9])
-        except (IndexError, ValueError):
-            continue
-        if inode:
-            out.append((port, inode))
-    return out
-
-
 def listening_inodes(port, proc_root="/proc"):
-    """Socket inodes listening on TCP `port`, IPv4 and IPv6."""
+    """Socket inodes listening on TCP `port`, IPv4 and IPv6 (the LISTEN rows of /proc/net/tcp and tcp6)."""
     inodes = set()
     for table in ("tcp", "tcp6"):
-        for listen_port, inode in parse_proc_net_tcp(read_text(os.path.join(proc_root, "net", table))):
-            if listen_port == port:
-                inodes.add(inode)
-    return inodes
+        for line in (read_text(os.path.join(proc_root, "net", table)) or "").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(fields[9]))
+    return inodes - {0}
 
 
 def port_holders(port, proc_root="/proc"):
@@ -257,18 +233,13 @@ def port_holders(port, proc_root="/proc"):
             for pid in pids if any(text in wanted for _link, text in fd_links(proc_root, pid))]
 
 
-def python_modules(names, finder=None):
-    """{executable, version, missing}: the modules of names this Python cannot find (finding them, since importing
+def python_modules(names):
+    """{executable, version, missing}: the modules of names this Python cannot find (found, not imported: an import
     could have side effects)."""
-    if finder is None:
-        import importlib.util
-        finder = importlib.util.find_spec
-    missing = []
-    for name in names:
+    def found(name):
         try:
-            found = finder(name) is not None
+            return importlib.util.find_spec(name) is not None
         except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    return {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3], "missing": missing}
+            return False
+    return {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3],
+            "missing": [name for name in names if not found(name)]}

@@ -52,11 +52,6 @@ def completion_text(body):
     return "".join(p for p in parts if isinstance(p, str))
 
 
-def contains_expected(text, expected):
-    """The bench and smoke pass rule: the answer contains the expected string."""
-    return str(expected) in (text or "")
-
-
 def parse_sse(timed_lines):
     """{"chunks", "t_first", "t_last", "usage", "text", "finish_reason", "done"} of (arrival time, raw line)
     pairs; a malformed event raises StageError quoting it."""

@@ -13,7 +13,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible.module_utils.dgx_nodestate import (file_identity, files_fingerprint, listening_inodes, local_sources,
-                                                 missing_paths, parse_proc_net_tcp, port_holders, read_manifest)
+                                                 missing_paths, port_holders, read_manifest)
 from ansible.module_utils import dgx_secrets as lane_secrets
 from ansible.module_utils.dgx_runtime import container_facts
 from pluginfile import load_filter
@@ -151,10 +151,11 @@ def fake_proc(root, processes):
     return str(root)
 
 
-def test_parse_proc_net_tcp_keeps_listening_sockets_only():
-    assert parse_proc_net_tcp(TCP) == [(8000, 111), (22, 333)]
-    assert parse_proc_net_tcp(TCP6) == [(8000, 444)]
-    assert parse_proc_net_tcp("") == [] and parse_proc_net_tcp("header\n garbage line\n") == []
+def test_only_listening_sockets_count(tmp_path):
+    proc = fake_proc(tmp_path / "proc", {})
+    assert listening_inodes(8000, proc) == {111, 444} and listening_inodes(22, proc) == {333}
+    assert listening_inodes(0x9C40, proc) == set()          # the remote end of a connection
+    assert listening_inodes(8000, str(tmp_path / "no-proc")) == set()
 
 
 def test_port_holders_name_the_process_and_its_container(tmp_path):

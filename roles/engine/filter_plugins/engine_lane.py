@@ -21,57 +21,46 @@ from ansible.module_utils.dgx_errors import StageError  # noqa: E402
 from ansible.module_utils.dgx_mountspec import mount_path_problem  # noqa: E402
 from ansible.module_utils.dgx_secrets import redacted, secret_values  # noqa: E402
 
-LANE = "dgx-stage.lane"
-LANE_HOSTS = "dgx-stage.lane-hosts"
-RANK = "dgx-stage.rank"
-WORLD_SIZE = "dgx-stage.world-size"
-PORT = "dgx-stage.port"
-RUN_ID = "dgx-stage.run-id"
-IMAGE = "dgx-stage.image"
-IMAGE_ID = "dgx-stage.image-id"
-COMMAND = "dgx-stage.command-sha256"
-ENV = "dgx-stage.env-sha256"
-MOUNTS = "dgx-stage.mounts-sha256"
-FILES = "dgx-stage.files-sha256"
-DEVICES = "dgx-stage.devices-sha256"
-
-# The aspects compared on every plan, in the order reasons are given. RUN_ID is not one: it names the run
-# that started the container and changes every run.
-ASPECTS = (
-    (LANE, "lane %s -> %s"), (LANE_HOSTS, "lane hosts %s -> %s"), (RANK, "rank %s -> %s"),
-    (WORLD_SIZE, "world size %s -> %s"), (PORT, "port %s -> %s"), (IMAGE, "image %s -> %s"),
-    (IMAGE_ID, "image rebuilt or re-pulled (id %s -> %s)"), (COMMAND, "command changed"), (ENV, "env changed"),
-    (MOUNTS, "mounts changed"),
-    (FILES, "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
-    (DEVICES, "GPU devices changed"),
+# One label per aspect of what a rank runs, in the order restart reasons are given: (spec key, label, reason).
+# The run id gives no reason: it names the run that started the container and changes every run.
+LABELS = (
+    ("lane", "dgx-stage.lane", "lane %s -> %s"),
+    ("lane_hosts", "dgx-stage.lane-hosts", "lane hosts %s -> %s"),
+    ("rank", "dgx-stage.rank", "rank %s -> %s"),
+    ("world_size", "dgx-stage.world-size", "world size %s -> %s"),
+    ("port", "dgx-stage.port", "port %s -> %s"),
+    ("run_id", "dgx-stage.run-id", None),
+    ("image", "dgx-stage.image", "image %s -> %s"),
+    ("image_id", "dgx-stage.image-id", "image rebuilt or re-pulled (id %s -> %s)"),
+    ("command", "dgx-stage.command-sha256", "command changed"),
+    ("env", "dgx-stage.env-sha256", "env changed"),
+    ("mounts", "dgx-stage.mounts-sha256", "mounts changed"),
+    ("files", "dgx-stage.files-sha256",
+     "bound files changed (a verify repair, re-stage or prune: new or missing inodes)"),
+    ("devices", "dgx-stage.devices-sha256", "GPU devices changed"),
 )
+_LABEL = dict((key, label) for key, label, _say in LABELS)
+LANE, LANE_HOSTS, RANK, RUN_ID = _LABEL["lane"], _LABEL["lane_hosts"], _LABEL["rank"], _LABEL["run_id"]
+IMAGE, IMAGE_ID, ENV, MOUNTS = _LABEL["image"], _LABEL["image_id"], _LABEL["env"], _LABEL["mounts"]
 
 
 def _digest(value):
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
+# How a spec value becomes its label (str otherwise); the command and env are digests, never their values.
+_ENCODE = {"lane_hosts": lambda hosts: ",".join(str(h) for h in hosts),
+           "command": lambda argv: _digest([str(a) for a in argv]),
+           "env": lambda env: _digest(dict((str(k), str(v)) for k, v in env.items())),
+           "devices": _digest}
+
+
 def dgx_engine_labels(spec):
     """The engine container's labels, one per aspect of what it runs, from the values the role computed."""
-    missing = sorted(set(("lane", "lane_hosts", "rank", "world_size", "port", "run_id", "image", "image_id",
-                          "command", "env", "mounts", "files", "devices")) - set(spec))
+    missing = sorted(set(_LABEL) - set(spec))
     if missing:
         raise AnsibleFilterError("dgx_engine_labels: missing %s" % ", ".join(missing))
-    return {
-        LANE: str(spec["lane"]),
-        LANE_HOSTS: ",".join(str(h) for h in spec["lane_hosts"]),
-        RANK: str(spec["rank"]),
-        WORLD_SIZE: str(spec["world_size"]),
-        PORT: str(spec["port"]),
-        RUN_ID: str(spec["run_id"]),
-        IMAGE: str(spec["image"]),
-        IMAGE_ID: str(spec["image_id"]),
-        COMMAND: _digest([str(a) for a in spec["command"]]),
-        ENV: _digest(dict((str(k), str(v)) for k, v in spec["env"].items())),
-        MOUNTS: str(spec["mounts"]),
-        FILES: str(spec["files"]),
-        DEVICES: _digest(spec["devices"]),
-    }
+    return dict((label, _ENCODE.get(key, str)(spec[key])) for key, label, _say in LABELS)
 
 
 def _state_text(container):
@@ -96,7 +85,7 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
     current = own.get("labels") or {}
     if LANE not in current:
         return reasons + ["the container predates the lane labels (started by an earlier dgx-stage)"]
-    for key, say in ASPECTS:
+    for _key, key, say in (aspect for aspect in LABELS if aspect[2]):
         old, new = current.get(key), labels.get(key)
         if old == new or (key == IMAGE_ID and (not image_present or current.get(IMAGE) != labels.get(IMAGE))):
             continue
@@ -115,7 +104,8 @@ def dgx_restart_reasons(own, labels, image_present=True, pull="never", dry_run_c
 def _describe(container):
     labels = container.get("labels") or {}
     if LANE in labels:
-        return "an engine of lane %s, rank %s of %s" % (labels[LANE], labels.get(RANK, "?"), labels.get(LANE_HOSTS, "?"))
+        return "an engine of lane %s, rank %s of %s" % (labels[LANE], labels.get(RANK, "?"),
+                                                         labels.get(LANE_HOSTS, "?"))
     if MOUNTS in labels:
         return "a dgx-stage engine without lane labels"
     return "not started by dgx-stage"
@@ -331,8 +321,6 @@ def dgx_podman_mount_specs(binds):
 def dgx_mounts_digest(specs):
     """sha256 hex of the specs in their order, NUL-separated: case-sensitive (podman_container compares `mount`
     lowercased)."""
-    if not isinstance(specs, (list, tuple)):
-        raise AnsibleFilterError("dgx_mounts_digest: expected a list of strings, got %s" % type(specs).__name__)
     return hashlib.sha256("\0".join(str(s) for s in specs).encode("utf-8")).hexdigest()
 
 
@@ -347,21 +335,7 @@ class FilterModule(object):
     """Engine role filters (see the module docstring)."""
 
     def filters(self):
-        return {
-            "dgx_bind_problem_lines": dgx_bind_problem_lines,
-            "dgx_redact": dgx_redact,
-            "dgx_secret_values": dgx_secret_values,
-            "dgx_engine_labels": dgx_engine_labels,
-            "dgx_lane_survey": dgx_lane_survey,
-            "dgx_left_hosts": dgx_left_hosts,
-            "dgx_left_strays": dgx_left_strays,
-            "dgx_restart_reasons": dgx_restart_reasons,
-            "dgx_lane_plan": dgx_lane_plan,
-            "dgx_stray_lines": dgx_stray_lines,
-            "dgx_stop_outcomes": dgx_stop_outcomes,
-            "dgx_binds": dgx_binds,
-            "dgx_docker_mounts": dgx_docker_mounts,
-            "dgx_podman_mount_specs": dgx_podman_mount_specs,
-            "dgx_mounts_digest": dgx_mounts_digest,
-            "dgx_container_env": dgx_container_env,
-        }
+        return dict((f.__name__, f) for f in (
+            dgx_bind_problem_lines, dgx_redact, dgx_secret_values, dgx_engine_labels, dgx_lane_survey, dgx_left_hosts,
+            dgx_left_strays, dgx_restart_reasons, dgx_lane_plan, dgx_stray_lines, dgx_stop_outcomes, dgx_binds,
+            dgx_docker_mounts, dgx_podman_mount_specs, dgx_mounts_digest, dgx_container_env))

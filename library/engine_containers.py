@@ -47,21 +47,16 @@ options:
     elements: str
     default: []
 extends_documentation_fragment:
+  - dgx_node
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Check mode pulls nothing; it reads the same.
   diff_mode:
     support: none
     details: A pull is the only change; it has no diff.
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
     details: A pull that brings no new image id is no change.
-  platform:
-    support: full
-    platforms: posix
 notes:
   - Needs the runtime's command line on the node. Listing the holders of a port reads every process's
     C(/proc/<pid>/fd), which needs root for other users' processes.

@@ -46,23 +46,14 @@ options:
     default: []
     no_log: true
 extends_documentation_fragment:
+  - dgx_node
+  - dgx_node.read_only
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Read-only requests and runtime queries; behaves the same in check mode.
-  diff_mode:
-    support: none
-    details: Nothing changes, so there is no diff.
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
     details: Only reads the engine's API, the container runtime and C(/proc); it never changes the engine.
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -59,23 +59,12 @@ options:
     type: str
     default: the host report
 extends_documentation_fragment:
+  - dgx_node
+  - dgx_node.read_only
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: O(plan) adds the files the stage pass would copy.
-  diff_mode:
-    support: none
-    details: Nothing changes, so there is no diff.
-  idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
-    details: The module never writes.
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -24,23 +24,12 @@ options:
     elements: str
     default: []
 extends_documentation_fragment:
+  - dgx_node
+  - dgx_node.read_only
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Check mode reads the same.
-  diff_mode:
-    support: none
-    details: Nothing changes, so there is no diff.
-  idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
-    details: The module never writes.
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -37,23 +37,18 @@ options:
     default: ""
   inventory_hostname: {description: "This node's name, the C(--limit) of the fix command a refusal gives.", type: str}
 extends_documentation_fragment:
+  - dgx_node
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: RV(removed) says what would go; the in-use check still runs.
   diff_mode:
     support: full
     details: Each root present before, absent after.
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
     details: Once the roots are gone nothing is removed.
-  platform:
-    support: full
-    platforms: posix
 notes:
-  - Runs on the node with the system Python; stdlib only. Missing roots are no error.
+  - Missing roots are no error.
 """
 
 EXAMPLES = r"""

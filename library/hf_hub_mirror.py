@@ -107,23 +107,17 @@ options:
     type: int
     default: 0
 extends_documentation_fragment:
+  - dgx_node
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Reports what would be copied, repaired and pruned; changes nothing (takes no lock).
   diff_mode:
     support: full
     details: The plan in one line, then one line per copy, repair, prune, ref and link.
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
     details: A second run finds every blob proven and every link, ref and tree listing in place.
-  platform:
-    support: full
-    platforms: posix
 notes:
-  - Runs on the node with the system Python; stdlib only.
   - A blob adopted from O(peer_dir) is not read on the NAS, so that run does not see a corrupt NAS copy of it; a run
     without candidates, or a verify pass with O(verify=sample), does.
 """

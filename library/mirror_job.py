@@ -50,24 +50,17 @@ options:
         whose process is gone without a result ends failed.
     type: path
 extends_documentation_fragment:
+  - dgx_node
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: O(mode=prepare) says what it would create and remove; O(mode=result) leaves the job file; polls only read.
   diff_mode:
     support: full
     details: O(mode=result) returns the job's own diff (hf_hub_mirror's, when its task ran in diff mode).
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
     details: Polls change nothing; O(mode=prepare) reports creating or clearing the jobs dir; O(mode=result) the
       job's C(changed).
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -33,23 +33,14 @@ options:
     type: path
   repo_id: {description: "The repo the snapshot belongs to, echoed in RV(report).", type: str}
 extends_documentation_fragment:
+  - dgx_node
+  - dgx_node.read_only
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Read-only; behaves the same in check mode.
-  diff_mode:
-    support: none
-    details: Nothing changes, so there is no diff.
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
     details: Only reads shard headers; it never writes.
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -26,23 +26,17 @@ options:
     required: true
   report: {description: The host's latest report view (C(host_report)'s RV(latest))., type: dict, required: true}
 extends_documentation_fragment:
+  - dgx_node
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Renders the file and writes nothing; RV(content) is what would be written.
   diff_mode:
     support: full
     details: The old and the new file.
   idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
     support: partial
     details: A file whose only difference is the run's timestamps is rewritten (for freshness alerts) but not a change.
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -39,23 +39,12 @@ options:
   manifest_path: {description: The engine's mount manifest on this node; unset - not reported., type: path}
   hub_nas_root: {description: "The NAS hub cache root, to tell whether it moved past the manifest.", type: path}
 extends_documentation_fragment:
+  - dgx_node
+  - dgx_node.read_only
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    support: full
     details: Read-only; check mode reads the same.
-  diff_mode:
-    support: none
-    details: Nothing changes, so there is no diff.
-  idempotent:
-    description: A second run with the same options and the same state reports C(changed=false).
-    support: full
-    details: The module never writes.
-  platform:
-    support: full
-    platforms: posix
-notes:
-  - Runs on the node with the system Python; stdlib only.
 """
 
 EXAMPLES = r"""

@@ -219,8 +219,13 @@ def listening_inodes(port, proc_root="/proc"):
     for table in ("tcp", "tcp6"):
         for line in (read_text(os.path.join(proc_root, "net", table)) or "").splitlines()[1:]:
             fields = line.split()
-            if len(fields) > 9 and fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(int(fields[9]))
+            if len(fields) < 10 or fields[3] != TCP_LISTEN:
+                continue
+            try:   # a row this parser cannot read is skipped: the port-holder check must not crash on it
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(int(fields[9]))
+            except (IndexError, ValueError):
+                continue
     return inodes - {0}
 
 

@@ -156,6 +156,10 @@ def test_only_listening_sockets_count(tmp_path):
     assert listening_inodes(8000, proc) == {111, 444} and listening_inodes(22, proc) == {333}
     assert listening_inodes(0x9C40, proc) == set()          # the remote end of a connection
     assert listening_inodes(8000, str(tmp_path / "no-proc")) == set()
+    # A row it cannot read is skipped, the others still count.
+    with open(os.path.join(proc, "net", "tcp"), "a") as table:
+        table.write("   9: garbage:ZZ 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0 0 x 1\n")
+    assert listening_inodes(8000, proc) == {111, 444}
 
 
 def test_port_holders_name_the_process_and_its_container(tmp_path):
@@ -654,6 +658,15 @@ def test_overlapping_secrets_leave_no_piece_of_either():
     secrets = lane.dgx_secret_values({"A_TOKEN": "abcdXYZ", "B_TOKEN": "XYZ123"})
     assert lane.dgx_redact("joined=abcdXYZ123 and XYZ123abcdXYZ", secrets) == "joined=<hidden> and <hidden>"
 
+
+def test_a_lane_host_that_cannot_be_reached_for_its_strays_fails():
+    # Else the rank restarts its engine beside the stray it could not stop.
+    outcomes = lane.dgx_stop_outcomes(
+        [{"results": [{"item": {"name": "old", "host": "dgx1"}, "unreachable": True, "msg": "ssh: timed out"},
+                      {"item": {"name": "rank3", "host": "dgx3"}, "unreachable": True, "msg": "ssh: timed out"}]}],
+        ["dgx0", "dgx1"])
+    assert outcomes["failed"] == ["could not stop old on dgx1: dgx1 could not be reached (ssh: timed out)"]
+    assert [line.split(" was not")[0] for line in outcomes["unreached"]] == ["rank3 on dgx3"]
 
 def test_the_strays_that_could_not_be_stopped_are_said_one_line_each():
     outcomes = lane.dgx_stop_outcomes([

@@ -227,14 +227,18 @@ def dgx_bind_problem_lines(states, hosts):
             for problem in (state or {}).get("bind_problems") or []]
 
 
-def dgx_stop_outcomes(results):
-    """{failed, unreached}: one line per stray the looped stop tasks' registered results could not stop."""
+def dgx_stop_outcomes(results, lane_hosts=()):
+    """{failed, unreached}: one line per stray the looped stop tasks' registered results could not stop. A lane
+    host that could not be reached fails: its stray would run beside the engine the lane restarts."""
     failed, unreached = [], []
     for registered in results or []:
         for result in (registered or {}).get("results") or []:
             item = result.get("item") or {}
             where = "%s on %s" % (item.get("name"), item.get("host")) if item.get("host") else str(item.get("name"))
-            if result.get("unreachable"):
+            if result.get("unreachable") and item.get("host") in lane_hosts:
+                failed.append("could not stop %s: %s could not be reached (%s)"
+                              % (where, item.get("host"), result.get("msg") or "unreachable"))
+            elif result.get("unreachable"):
                 unreached.append("%s was not stopped: %s could not be reached (%s); stop it there when it is back"
                                  % (where, item.get("host"), result.get("msg") or "unreachable"))
             elif result.get("failed"):

@@ -126,33 +126,30 @@ def data_segments(size, rng):
     return segments
 
 
-class SparseShard(object):
-    """One shard's data (deterministic from its label), its sha256 and a writer."""
+def sparse_shard(label, size):
+    """(data segments, sha256 of the logical content) of a shard, deterministic from its label; no disk I/O."""
+    rng = random.Random("benchhub:" + label)
+    segments = [(offset, rng.randbytes(length)) for offset, length in data_segments(size, rng)]
+    h = hashlib.sha256()
+    pos = 0
+    for offset, data in segments + [(size, b"")]:
+        while pos < offset:
+            step = min(offset - pos, len(_ZEROS))
+            h.update(_ZEROS[:step])      # large updates release the GIL: shards hash in parallel
+            pos += step
+        h.update(data)
+        pos += len(data)
+    return segments, h.hexdigest()
 
-    def __init__(self, label, size):
-        rng = random.Random("benchhub:" + label)
-        self.size = size
-        self.segments = [(offset, rng.randbytes(length)) for offset, length in data_segments(size, rng)]
-        # sha256 of the logical content (data plus zeros for the holes), without touching the disk
-        h = hashlib.sha256()
-        pos = 0
-        for offset, data in self.segments + [(self.size, b"")]:
-            while pos < offset:
-                step = min(offset - pos, len(_ZEROS))
-                h.update(_ZEROS[:step])      # large updates release the GIL: shards hash in parallel
-                pos += step
-            h.update(data)
-            pos += len(data)
-        self.sha256 = h.hexdigest()
 
-    def write(self, path):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            for offset, data in self.segments:
-                os.pwrite(fd, data, offset)
-            os.ftruncate(fd, self.size)
-        finally:
-            os.close(fd)
+def write_sparse(path, segments, size):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for offset, data in segments:
+            os.pwrite(fd, data, offset)
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
 
 
 SPARSE_FORMS = (hubgen.FORM_REAL, hubgen.FORM_REL_STORE, hubgen.FORM_ABS_STORE)   # shard i: SPARSE_FORMS[i % 3]
@@ -169,13 +166,13 @@ def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
 
         def place(i):
             """Hash and write shard i in its NAS form; blob_id is the LFS pointer's, as huggingface_hub lists it."""
-            shard = SparseShard("%d:%s:%s" % (seed, key, names[i]), shard_size)
+            segments, sha = sparse_shard("%d:%s:%s" % (seed, key, names[i]), shard_size)
             form = SPARSE_FORMS[i % 3]
             return names[i], repo.link(repo.snap, names[i], {
-                "kind": "link", "etag": shard.sha256, "size": shard.size, "sha256": shard.sha256,
-                "blob_id": hubgen.git_blob_sha1(hubgen.lfs_pointer(shard.sha256, shard.size)), "blob_form": form,
-                "store_path": repo.place(shard.sha256, shard.write, form),
-                "data_bytes": sum(len(d) for _, d in shard.segments)})
+                "kind": "link", "etag": sha, "size": shard_size, "sha256": sha,
+                "blob_id": hubgen.git_blob_sha1(hubgen.lfs_pointer(sha, shard_size)), "blob_form": form,
+                "store_path": repo.place(sha, lambda path: write_sparse(path, segments, shard_size), form),
+                "data_bytes": sum(len(d) for _, d in segments)})
 
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             repo.files.update(pool.map(place, range(n_shards)))
@@ -228,12 +225,6 @@ def file_states(top):
             states[os.path.relpath(path, top)] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
                                                   os.readlink(path) if os.path.islink(path) else None)
     return states
-
-
-def allocated_bytes(top):
-    """Bytes allocated on disk below top (sparse files count their data blocks only)."""
-    du = subprocess.run(["du", "-s", "-B1", top], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    return int(du.stdout.split()[0])
 
 
 # Measuring: cold cache, processes, ad-hoc ansible, peak RSS, disk use.
@@ -409,7 +400,8 @@ DISK = {"peak": 0, "min_free": float("inf")}   # bytes allocated under .cache/be
 
 
 def disk_sample():
-    DISK["peak"] = max(DISK["peak"], allocated_bytes(ROOT))
+    du = subprocess.run(["du", "-s", "-B1", ROOT], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    DISK["peak"] = max(DISK["peak"], int(du.stdout.split()[0]))   # allocated: sparse files count data only
     DISK["min_free"] = min(DISK["min_free"], shutil.disk_usage(ROOT).free)
 
 

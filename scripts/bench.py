@@ -659,9 +659,8 @@ def case_peak_rss():
                                   ("hf_hub_mirror staging 8 blobs, workers=8", 1, stage(eight, workers=8))])
     peaks = dict((name, max(records[0]["rss_hwm_bytes"], records[0]["rss_sum_bytes"]))
                  for name, records in runs.items())
-    rows = [row(name, records, one["logical_bytes"]) for name, records in runs.items()]
-    for each in rows:
-        each["peak_rss_mib"] = peaks[each["contender"]] / MIB
+    rows = [dict(row(name, records, one["logical_bytes"]), peak_rss_mib=peaks[name] / MIB)
+            for name, records in runs.items()]
     return {
         "title": "peak RSS: one %.2f GiB blob, then 8 blobs of %.2f GiB with 8 workers (sparse NAS sources, dense "
                  "local writes), cold cache" % (one["logical_bytes"] / GIB, eight["logical_bytes"] / 8 / GIB),
@@ -680,8 +679,7 @@ def case_peak_rss():
     }
 
 
-CASE_FUNCS = {"cold_stage": case_cold_stage, "full_verify": case_full_verify, "stage_play": case_stage_play,
-              "warm_rerun": case_warm_rerun, "peak_rss": case_peak_rss}
+CASE_FUNCS = {name: globals()["case_" + name] for name in CASE_NAMES}
 
 
 # Machine description, table, JSON.
@@ -724,10 +722,7 @@ def describe_machine():
     usage = shutil.disk_usage(ROOT)
     can_drop = os.access("/proc/sys/vm/drop_caches", os.W_OK)
     first, again = page_cache_fill_rates() if can_drop else (None, None)
-    try:
-        from ansible.release import __version__ as ansible_version
-    except ImportError:
-        ansible_version = None
+    from ansible.release import __version__ as ansible_version   # the bench drives this venv's ansible
     return {
         "cores": os.cpu_count(), "cpu": _first("/proc/cpuinfo", "model name"),
         "ram_gib": round(meminfo_bytes("MemTotal") / GIB, 1),

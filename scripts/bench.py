@@ -96,12 +96,7 @@ def median(values):
     return statistics.median(values) if values else None
 
 
-# ------------------------------------------------------------------------------------------------
-# hub layouts, cached under HUBS keyed by their parameters; a layout is complete when its layout.json
-# exists. Sparse shards hold a few MiB of data (head, tail, one 64 KiB block every 32 MiB) and holes, so a
-# >= 100 GiB layout takes well under 1 GB of disk; blob names are the sha256 of the logical content,
-# computed from the layout without reading the file back.
-# ------------------------------------------------------------------------------------------------
+# Hub layouts, cached under HUBS; sparse shards keep a >= 100 GiB layout well under 1 GB of disk.
 
 def cached_layout(root, key, build):
     """The description of layout `key` under root, built by build(path) -> dict when not complete."""
@@ -131,41 +126,37 @@ def data_segments(size, rng):
     return segments
 
 
-class SparseShard(object):
-    """One shard's data (deterministic from its label), its sha256 and a writer."""
+def sparse_shard(label, size):
+    """(data segments, sha256 of the logical content) of a shard, deterministic from its label; no disk I/O."""
+    rng = random.Random("benchhub:" + label)
+    segments = [(offset, rng.randbytes(length)) for offset, length in data_segments(size, rng)]
+    h = hashlib.sha256()
+    pos = 0
+    for offset, data in segments + [(size, b"")]:
+        while pos < offset:
+            step = min(offset - pos, len(_ZEROS))
+            h.update(_ZEROS[:step])      # large updates release the GIL: shards hash in parallel
+            pos += step
+        h.update(data)
+        pos += len(data)
+    return segments, h.hexdigest()
 
-    def __init__(self, label, size):
-        rng = random.Random("benchhub:" + label)
-        self.size = size
-        self.segments = [(offset, rng.randbytes(length)) for offset, length in data_segments(size, rng)]
-        # sha256 of the logical content (data plus zeros for the holes), without touching the disk
-        h = hashlib.sha256()
-        pos = 0
-        for offset, data in self.segments + [(self.size, b"")]:
-            while pos < offset:
-                step = min(offset - pos, len(_ZEROS))
-                h.update(_ZEROS[:step])      # large updates release the GIL: shards hash in parallel
-                pos += step
-            h.update(data)
-            pos += len(data)
-        self.sha256 = h.hexdigest()
 
-    def write(self, path):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            for offset, data in self.segments:
-                os.pwrite(fd, data, offset)
-            os.ftruncate(fd, self.size)
-        finally:
-            os.close(fd)
+def write_sparse(path, segments, size):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for offset, data in segments:
+            os.pwrite(fd, data, offset)
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
 
 
 SPARSE_FORMS = (hubgen.FORM_REAL, hubgen.FORM_REL_STORE, hubgen.FORM_ABS_STORE)   # shard i: SPARSE_FORMS[i % 3]
 
 
 def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
-    """A NAS hub with one repo, written by hubgen's repo writer: n_shards sparse weight shards (+ 4 small
-    files and the index when metadata: a 141-blob layout is 136 shards + 5 small files)."""
+    """A hubgen NAS hub with one repo of n_shards sparse shards (+ 4 small files and the index when metadata)."""
     key = "sparse-%s-%dx%dMiB%s-seed%d" % (repo_id.replace("/", "--"), n_shards, shard_size // MIB,
                                           "-meta" if metadata else "", seed)
 
@@ -174,15 +165,14 @@ def sparse_hub(root, repo_id, n_shards, shard_size, metadata=True, seed=0):
         names = hubgen.shard_names(n_shards)
 
         def place(i):
-            """Hash shard i from its layout, then write it in its NAS form (its data is dropped once written);
-            its trees blob_id is the LFS pointer's, as huggingface_hub 2.x lists it."""
-            shard = SparseShard("%d:%s:%s" % (seed, key, names[i]), shard_size)
+            """Hash and write shard i in its NAS form; blob_id is the LFS pointer's, as huggingface_hub lists it."""
+            segments, sha = sparse_shard("%d:%s:%s" % (seed, key, names[i]), shard_size)
             form = SPARSE_FORMS[i % 3]
             return names[i], repo.link(repo.snap, names[i], {
-                "kind": "link", "etag": shard.sha256, "size": shard.size, "sha256": shard.sha256,
-                "blob_id": hubgen.git_blob_sha1(hubgen.lfs_pointer(shard.sha256, shard.size)), "blob_form": form,
-                "store_path": repo.place(shard.sha256, shard.write, form),
-                "data_bytes": sum(len(d) for _, d in shard.segments)})
+                "kind": "link", "etag": sha, "size": shard_size, "sha256": sha,
+                "blob_id": hubgen.git_blob_sha1(hubgen.lfs_pointer(sha, shard_size)), "blob_form": form,
+                "store_path": repo.place(sha, lambda path: write_sparse(path, segments, shard_size), form),
+                "data_bytes": sum(len(d) for _, d in segments)})
 
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
             repo.files.update(pool.map(place, range(n_shards)))
@@ -205,8 +195,7 @@ SPARSE_CP = ["cp", "--sparse=always", "--preserve=mode,timestamps"]
 
 
 def stage_like_module(desc, dest_hub):
-    """Lay out `desc` (a sparse_hub) under dest_hub exactly as hf_hub_mirror leaves a fully staged repo,
-    with sparse copies of the NAS blobs: a run of the module on it must report changed=false."""
+    """Lay out `desc` under dest_hub as hf_hub_mirror leaves it staged (sparse copies), so a re-run changes nothing."""
     nas_repo = os.path.join(desc["hub"], desc["folder"])
     repo = os.path.join(dest_hub, desc["folder"])
     snapshot = os.path.join(repo, "snapshots", desc["commit"])
@@ -227,8 +216,7 @@ def stage_like_module(desc, dest_hub):
 
 
 def file_states(top):
-    """{relative path: (inode, size, mtime, ctime, link text)} of every entry below top: any write,
-    replacement or relink shows up as a changed state."""
+    """{relative path: (inode, size, mtime, ctime, link text)} below top: any write or relink changes a state."""
     states = {}
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:
@@ -239,15 +227,7 @@ def file_states(top):
     return states
 
 
-def allocated_bytes(top):
-    """Bytes allocated on disk below top (sparse files count their data blocks only)."""
-    du = subprocess.run(["du", "-s", "-B1", top], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    return int(du.stdout.split()[0])
-
-
-# ------------------------------------------------------------------------------------------------
-# measuring: cold cache, processes, ad-hoc ansible, peak RSS, disk use
-# ------------------------------------------------------------------------------------------------
+# Measuring: cold cache, processes, ad-hoc ansible, peak RSS, disk use.
 
 def cold():
     """Sync, drop the page cache and let the machine settle; False when the cache cannot be dropped."""
@@ -262,10 +242,7 @@ def cold():
 
 
 class ProcWatch(threading.Thread):
-    """Polls the python descendants of one process whose command line holds `needle` (the module's
-    AnsiballZ interpreter): the highest VmHWM of any of them, the highest sum of their VmRSS at one poll
-    (threads share a process; forked workers keep the parent's command line, so they count too), and
-    the bytes they read and wrote (rchar/wchar of /proc/<pid>/io, page-cache hits included, as last seen)."""
+    """Peak VmHWM, peak summed VmRSS and rchar/wchar of the python descendants whose argv holds `needle`."""
 
     def __init__(self, proc, needle):
         threading.Thread.__init__(self, daemon=True)
@@ -341,8 +318,7 @@ RESULT_KEYS = ("changed", "blobs", "bytes_copied", "duration_s", "files", "rc", 
 
 
 def ansible(module, args, check=False, watch=False):
-    """One ad-hoc `ansible localhost -m module -a args` call (json callback): a run record with the
-    call's wall time, the module's own time (duration_s, or the command's delta) and its result."""
+    """One ad-hoc `ansible localhost -m module` call: wall time, own time (duration_s or delta) and result."""
     argv = [os.path.join(BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local",
             "-e", "ansible_python_interpreter=%s" % sys.executable, "-m", module, "-a", json.dumps(args)]
     if check:
@@ -398,8 +374,7 @@ def cold_run(call, prepare=None, cleanup=None):
 
 
 def alternate(label, contenders):
-    """contenders: [(name, rounds, run)]. Round r runs each contender once, in reverse order every other
-    round, so neither always runs first. Returns {name: [run records]}."""
+    """{name: [run records]} of contenders [(name, rounds, run)], order reversed every other round."""
     runs = dict((name, []) for name, _, _ in contenders)
     for r in range(max(rounds for _, rounds, _ in contenders)):
         for name, rounds, run in (contenders if r % 2 == 0 else contenders[::-1]):
@@ -413,8 +388,7 @@ def alternate(label, contenders):
 
 
 def row(name, records, nbytes=None):
-    """A table row: medians over the run records; MiB/s over the contender's own time; cache GiB: how much
-    the page cache grew during the run."""
+    """A table row: medians over the run records; MiB/s over the contender's own time."""
     own = median([r["own_s"] for r in records])
     return {"contender": name, "runs": len(records), "wall_s": median([r["wall_s"] for r in records]),
             "own_s": own, "mib_s": (nbytes / MIB / own) if nbytes and own else None,
@@ -426,13 +400,10 @@ DISK = {"peak": 0, "min_free": float("inf")}   # bytes allocated under .cache/be
 
 
 def disk_sample():
-    DISK["peak"] = max(DISK["peak"], allocated_bytes(ROOT))
+    du = subprocess.run(["du", "-s", "-B1", ROOT], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    DISK["peak"] = max(DISK["peak"], int(du.stdout.split()[0]))   # allocated: sparse files count data only
     DISK["min_free"] = min(DISK["min_free"], shutil.disk_usage(ROOT).free)
 
-
-# ------------------------------------------------------------------------------------------------
-# targets
-# ------------------------------------------------------------------------------------------------
 
 UNIT_FORMAT = {"x": "%.2fx", "%": "%.0f %%", "s": "%.2f s", "MB": "%.1f MB"}
 DELTA_FORMAT = dict(UNIT_FORMAT, **{"%": "%.0f points"})
@@ -451,9 +422,7 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-# ------------------------------------------------------------------------------------------------
-# cases
-# ------------------------------------------------------------------------------------------------
+# Cases.
 
 STAGED = os.path.join(WORK, "stage-local")   # the case-1 local hub, staged by the module
 
@@ -690,9 +659,8 @@ def case_peak_rss():
                                   ("hf_hub_mirror staging 8 blobs, workers=8", 1, stage(eight, workers=8))])
     peaks = dict((name, max(records[0]["rss_hwm_bytes"], records[0]["rss_sum_bytes"]))
                  for name, records in runs.items())
-    rows = [row(name, records, one["logical_bytes"]) for name, records in runs.items()]
-    for each in rows:
-        each["peak_rss_mib"] = peaks[each["contender"]] / MIB
+    rows = [dict(row(name, records, one["logical_bytes"]), peak_rss_mib=peaks[name] / MIB)
+            for name, records in runs.items()]
     return {
         "title": "peak RSS: one %.2f GiB blob, then 8 blobs of %.2f GiB with 8 workers (sparse NAS sources, dense "
                  "local writes), cold cache" % (one["logical_bytes"] / GIB, eight["logical_bytes"] / 8 / GIB),
@@ -711,13 +679,10 @@ def case_peak_rss():
     }
 
 
-CASE_FUNCS = {"cold_stage": case_cold_stage, "full_verify": case_full_verify, "stage_play": case_stage_play,
-              "warm_rerun": case_warm_rerun, "peak_rss": case_peak_rss}
+CASE_FUNCS = {name: globals()["case_" + name] for name in CASE_NAMES}
 
 
-# ------------------------------------------------------------------------------------------------
-# machine description, table, JSON
-# ------------------------------------------------------------------------------------------------
+# Machine description, table, JSON.
 
 def _first(path, prefix):
     with open(path) as handle:
@@ -729,9 +694,7 @@ def meminfo_bytes(key):
 
 
 def page_cache_fill_rates():
-    """GiB/s at which reading a 1 GiB hole fills the page cache right after cold(), then again with the
-    pages just released. A VM that hands freed RAM back to its host shows a much lower first rate:
-    after a cache drop, every page any tool newly caches costs a host fault."""
+    """GiB/s filling the page cache from a 1 GiB hole after cold(), then with recycled pages (shows VM host faults)."""
     path = os.path.join(WORK, "page-cache-probe")
     fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
     buf = bytearray(8 * MIB)
@@ -759,10 +722,7 @@ def describe_machine():
     usage = shutil.disk_usage(ROOT)
     can_drop = os.access("/proc/sys/vm/drop_caches", os.W_OK)
     first, again = page_cache_fill_rates() if can_drop else (None, None)
-    try:
-        from ansible.release import __version__ as ansible_version
-    except ImportError:
-        ansible_version = None
+    from ansible.release import __version__ as ansible_version   # the bench drives this venv's ansible
     return {
         "cores": os.cpu_count(), "cpu": _first("/proc/cpuinfo", "model name"),
         "ram_gib": round(meminfo_bytes("MemTotal") / GIB, 1),

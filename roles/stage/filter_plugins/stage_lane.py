@@ -127,10 +127,7 @@ def _entry_parts(repo, rank, world_size, caller):
     if not isinstance(repo, dict):
         raise AnsibleFilterError("%s: a stage_repos entry must be a dict, got %r" % (caller, repo))
     repo_name = _repo_name(repo)
-    rank = _whole(rank, "%s: the rank (lane_rank)" % caller, 0)
-    world_size = _whole(world_size, "%s: the lane's size (lane_world_size)" % caller, 1)
-    if rank >= world_size:
-        raise AnsibleFilterError("%s: rank %d is not in a lane of %d hosts" % (caller, rank, world_size))
+    rank, world_size = _lane_rank(rank, world_size, caller + ": ")
     allow = repo.get("allow_patterns")
     allow = [] if allow is None else _pattern_list(allow, repo_name, "allow_patterns")
     rank_patterns = repo.get("rank_patterns")
@@ -186,6 +183,15 @@ def _whole(value, what, least):
     return number
 
 
+def _lane_rank(rank, world_size, prefix=""):
+    """(rank, world size) as whole numbers, the rank one of the lane's."""
+    rank = _whole(rank, prefix + "the rank (lane_rank)", 0)
+    world_size = _whole(world_size, prefix + "the lane's size (lane_world_size)", 1)
+    if rank >= world_size:
+        raise AnsibleFilterError("%srank %d is not in a lane of %d hosts" % (prefix, rank, world_size))
+    return rank, world_size
+
+
 def readers_of(readers, world_size):
     """stage_nas_readers as a number of hosts: empty, None, 0 or more than the lane mean the whole lane."""
     world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
@@ -196,10 +202,7 @@ def readers_of(readers, world_size):
 
 
 def stage_wave(rank, world_size, readers, fanout):
-    rank = _whole(rank, "the rank (lane_rank)", 0)
-    world_size = _whole(world_size, "the lane's size (lane_world_size)", 1)
-    if rank >= world_size:
-        raise AnsibleFilterError("rank %d is not in a lane of %d hosts" % (rank, world_size))
+    rank, world_size = _lane_rank(rank, world_size)
     readers = readers_of(readers, world_size)
     if not fanout:
         return rank // readers

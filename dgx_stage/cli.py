@@ -77,6 +77,10 @@ def build_parser():
         cmd.add_argument("--check", action="store_true", help="dry run: --check --diff, nothing changes")
         cmd.add_argument("-v", "--verbose", action="count", default=0,
                          help="also stream the playbook's output (-vv and up: ansible-playbook -v...)")
+        if tags and ("stage" in tags.split(",") or "verify" in tags.split(",")):
+            cmd.add_argument("--live", action="store_true",
+                             help="beside a serving engine: reads capped at the inventory's stage_live_max_mib_s, "
+                                  "in the stage_live_io_priority I/O class (-e stage_live=true)")
     report = sub.add_parser("report", help="render the stored host reports of a run",
                             description="Render the host reports of a recorded run (default: the latest) as the "
                                         "final table, or as Markdown for a change log.")
@@ -130,7 +134,7 @@ def run_subcommand(args, out=None):
     from dgx_stage.run import PlaybookRun
     playbook, tags, _help = SUBCOMMANDS[args.command]
     inventory = resolve_inventory(args.inventory)
-    extra_vars = extravars.resolve(args.extra_vars)
+    extra_vars = extravars.resolve(args.extra_vars) + (["stage_live=true"] if getattr(args, "live", False) else [])
     args.limit = resolve_limit(args.limit)
     extravars.check(extra_vars, load_inventory(inventory, args.limit), allow_unknown=args.allow_unknown_vars)
     spec = {"subcommand": args.command, "playbook": playbook, "tags": tags,

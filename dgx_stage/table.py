@@ -1,5 +1,6 @@
 """The final table: one row per host from its host report of the run (pure functions, no I/O), and below it the
-"Stage pass" block (each host's window, bytes from the NAS and from peers) for a lane or when peers were used."""
+"Stage pass" block (each host's window, bytes from the NAS and from peers, the read cap and the rate achieved under
+it) for a lane, when peers were used or the reads were capped."""
 import contextlib
 import re
 import shlex
@@ -208,10 +209,16 @@ def stage_figures(report):
             nas, peers = stage_bytes(rows)
     nas, peers = (None, None) if check or not staged else (nas or 0, peers or 0)
     rejected = sum(_count(r.get("peer_rejected")) for r in rows)
+    cap = max([_number(r.get("max_mib_s")) or 0 for r in rows] or [0])
+    read_s = sum(_number(r.get("read_s")) or 0 for r in rows)
+    read = _sum(rows, "bytes_read", "local") + _sum(rows, "bytes_read", "nas")
+    achieved = read / MIB / read_s if read_s >= 1 and not check else None
     return {"started": report.get("stage_started"), "finished": report.get("stage_finished"),
             "bytes_from_nas": nas, "bytes_from_peers": peers, "peer_rejected": rejected, "staged": staged,
             "window": stage_window(report.get("stage_started"), report.get("stage_finished"), report.get("started")),
-            "from_nas": human_bytes(nas), "from_peers": human_bytes(peers), "rejected": str(rejected)}
+            "from_nas": human_bytes(nas), "from_peers": human_bytes(peers), "rejected": str(rejected),
+            "max_mib_s": cap, "achieved_mib_s": achieved, "cap": str(cap) if cap else NONE,
+            "achieved": NONE if achieved is None else "%.1f" % achieved}
 
 
 def rank_order(reports):
@@ -232,13 +239,16 @@ STAGE_TITLE = "Stage pass (UTC)"
 
 
 def _stage_block(rows):
-    """(cells, the lane's total or None) of the "Stage pass" block, or None: shown for a lane or peer blobs."""
+    """(cells, the lane's total or None) of the "Stage pass" block, or None: shown for a lane, peer blobs or a read
+    cap (then with the cap and the read rate achieved under it)."""
     passes = [row["stage_pass"] for row in rows]
-    if not (any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes)
+    capped = any(p["max_mib_s"] for p in passes)
+    if not (any(p["bytes_from_peers"] or p["peer_rejected"] for p in passes) or capped
             or len(rows) > 1 and any(p["staged"] for p in passes)):
         return None
     columns = [("window", "STAGE WINDOW"), ("from_nas", "FROM NAS"), ("from_peers", "FROM PEERS")]
     columns += [("rejected", "PEER REJECTED")] if any(p["peer_rejected"] for p in passes) else []
+    columns += [("cap", "CAP MiB/s"), ("achieved", "READ MiB/s")] if capped else []
     cells = [["HOST"] + [title for _key, title in columns]] + [
         [row["host"]] + [row["stage_pass"][key] for key, _title in columns] for row in rows]
     total = None if len(rows) < 2 or all(p["bytes_from_nas"] is None for p in passes) else \

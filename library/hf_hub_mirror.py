@@ -73,6 +73,21 @@ options:
     description: Files copied or checked at once, 1 to 32; unset - the node's CPU count, between 2 and 8. All read
       buffers together stay within 32 MiB.
     type: int
+  max_mib_s:
+    description:
+      - Reads of this run (copies, content checks, peer candidates), all workers together, stay at or under this
+        many MiB/s averaged over any 5 s; V(0) - no cap. Each read waits its turn, so a capped run beside a
+        serving engine leaves it the rest of the NAS link and the disk. RV(achieved_mib_s) is what it got.
+    type: int
+    default: 0
+  io_priority:
+    description:
+      - V(idle) puts the run (and its workers) in the idle I/O class (C(ioprio_set)), so the engine's reads go
+        first where the disk's I/O scheduler honours classes; V(normal) leaves the class as it is. What was
+        applied, or why the kernel refused, is RV(io_priority).
+    type: str
+    choices: [normal, idle]
+    default: normal
   lease_file:
     description:
       - For a background run (C(async)) - a C(dgx-lease.*) file (inside O(dest) only under its C(.locks)) whose
@@ -139,6 +154,14 @@ EXAMPLES = r"""
     verify: full
     copy_missing: false
     phase: verify
+
+- name: Stage beside a serving engine - reads at most 500 MiB/s, idle I/O class
+  hf_hub_mirror:
+    src: /mnt/nas/hf/hub
+    dest: /raid/hf-local/hub
+    repo_id: coolbho3k/DeepSeek-V4.1-Flash-EXL3-3bpw
+    max_mib_s: 500
+    io_priority: idle
 """
 
 RETURN = r"""
@@ -298,6 +321,26 @@ space:
     peers_peak: {description: The largest of them (one per worker) still on the disk during their copies., type: int}
     reclaimable: {description: "Bytes the plan frees (prune, debris).", type: int}
 duration_s: {description: The module's own run time in seconds., returned: *result, type: float}
+read_s: {description: "Seconds from the first step that read (checks or copies) to the last byte read.", returned: *result, type: float}
+max_mib_s: {description: O(max_mib_s)., returned: *result, type: int}
+achieved_mib_s:
+  description: RV(bytes_read) (both sides) per RV(read_s), in MiB/s; null under a second of reading.
+  returned: *result
+  type: float
+io_priority:
+  description: The I/O class of the run, as the kernel reports it after O(io_priority) was applied.
+  returned: *result
+  type: dict
+  contains:
+    requested: {description: O(io_priority)., type: str}
+    applied:
+      description: "The class C(ioprio_get) reports - V(idle), V(best-effort), V(realtime) or V(none) (the default,
+        best-effort by nice); null when it cannot be read."
+      type: str
+    problem: {description: "Why the class could not be set (the kernel refused ioprio_set, an unknown architecture); else null.", type: str}
+    scheduler: {description: "The I/O scheduler of the disk holding O(dest) (e.g. V(none), V(mq-deadline), V(bfq)); null when it has none (tmpfs, overlay).", type: str}
+    note: {description: "Set when the class is idle but the scheduler ignores classes (V(none), V(kyber)): then only O(max_mib_s) protects the engine.", type: str}
+  sample: {requested: idle, applied: idle, problem: null, scheduler: none, note: "the local disk's I/O scheduler (none) ..."}
 report:
   description:
     - This repo's row of the host report (keys not described are the results of the same name). A run that ends
@@ -322,6 +365,10 @@ report:
     peer_rejected: {returned: when the run has a result, description: How many RV(peer_rejected)., type: int}
     bytes_read: {returned: when the run has a result, description: RV(bytes_read)., type: dict}
     duration_s: {returned: when the run has a result, description: RV(duration_s)., type: float}
+    read_s: {returned: when the run has a result, description: RV(read_s)., type: float}
+    max_mib_s: {returned: when the run has a result, description: RV(max_mib_s)., type: int}
+    achieved_mib_s: {returned: when the run has a result, description: RV(achieved_mib_s)., type: float}
+    io_priority: {returned: when the run has a result, description: RV(io_priority)., type: dict}
     verify: {description: RV(verify)., type: str}
     phase: {description: RV(phase)., type: str}
     changed: {returned: when the run has a result, description: The run changed (would change) the hub., type: bool}
@@ -380,6 +427,8 @@ ARGUMENT_SPEC = dict(
     require_match=dict(type="list", elements="str"),
     other_rank_patterns=dict(type="list", elements="str"),
     inventory_hostname=dict(type="str"),
+    max_mib_s=dict(type="int", default=0),
+    io_priority=dict(type="str", default="normal", choices=["normal", "idle"]),
 )
 
 # The options the module itself handles; the others are MirrorRequest's own.

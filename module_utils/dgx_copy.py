@@ -104,9 +104,8 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
     """Read, hash and write chunk by chunk; reading stops one chunk past `size` (a source that grew)."""
     copied = flushed = 0
     while copied <= size:
-        buf.check()
         try:
-            got = os.readv(src_fd, [buf.data])
+            got = buf.read_from(src_fd)
         except OSError as exc:
             raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
                                 % (source, copied, size, exc), source, error=exc)

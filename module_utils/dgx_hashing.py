@@ -48,11 +48,13 @@ class Cancelled(BaseException):
 
 class ChunkBuffer(object):
     """A worker's reusable read buffer, taken on first use: large chunks keep NFS streaming and let hashlib
-    release the GIL. check() raises Cancelled once the run is stopping."""
+    release the GIL. check() raises Cancelled once the run is stopping; every read waits its turn under the
+    run's read cap (a dgx_throttle.ReadCap shared by all workers), when there is one."""
 
-    def __init__(self, size=READ_CHUNK, stop=None):
+    def __init__(self, size=READ_CHUNK, stop=None, cap=None):
         self.size = size
         self._stop = stop
+        self.cap = cap
         self._data = self._view = None
 
     @property
@@ -69,6 +71,23 @@ class ChunkBuffer(object):
     def check(self):
         if self._stop is not None and self._stop.is_set():
             raise Cancelled()
+
+    def pace(self, nbytes):
+        """Wait until the read cap lets `nbytes` be read (at once without a cap)."""
+        if self.cap is not None:
+            self.cap.reserve(nbytes, self._stop)
+        self.check()
+
+    def read_from(self, fd):
+        """One read of fd into the buffer, within the read cap: the byte count (0 at the end of the file)."""
+        self.check()
+        if self.cap is None:
+            return os.readv(fd, [self.data])
+        wanted = self.cap.read_size(self.size)
+        self.pace(wanted)
+        got = os.readv(fd, [self.view[:wanted]])
+        self.cap.give_back(wanted - got)
+        return got
 
 
 def advise(fd, advice, offset=0, length=0):
@@ -89,8 +108,7 @@ def feed_file(path, consumer, buf=None, on_read=None):
     try:
         advise(fd, "POSIX_FADV_SEQUENTIAL")
         while True:
-            buf.check()
-            got = os.readv(fd, [buf.data])
+            got = buf.read_from(fd)
             if not got:
                 return total
             consumer.update(buf.view[:got])
@@ -141,15 +159,26 @@ def sampled_bytes(size):
     return sum(length for _offset, length in sample_ranges(size))
 
 
-def samples_match(local_path, source_path, size, on_read=None):
+def _sample_reads(size, buf):
+    """The sampled ranges, each cut into reads the read cap allows for a pair (one read on each side)."""
+    cap = getattr(buf, "cap", None)
+    for offset, length in sample_ranges(size):
+        step = length if cap is None else max(1, cap.read_size(length) // 2)
+        for start in range(offset, offset + length, step):
+            yield start, min(step, offset + length - start)
+
+
+def samples_match(local_path, source_path, size, on_read=None, buf=None):
     """Same raw bytes at the sampled ranges of both files of `size` bytes (a byte changed between two samples is
-    not seen: verify=full is)."""
+    not seen: verify=full is); buf paces the reads under its read cap."""
     fds = []
     try:
         for path in (local_path, source_path):
             fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK))
             advise(fds[-1], "POSIX_FADV_RANDOM")    # read the samples, not the readahead around them
-        for offset, length in sample_ranges(size):
+        for offset, length in _sample_reads(size, buf):
+            if buf is not None:
+                buf.pace(2 * length)
             local, nas = os.pread(fds[0], length, offset), os.pread(fds[1], length, offset)
             if on_read is not None:
                 on_read(len(local), len(nas))

@@ -13,7 +13,7 @@ from ansible.module_utils.dgx_units import human_bytes, utc_epoch
 # The keys every `progress` dict has (null or 0 before the job wrote its first figures).
 PROGRESS_KEYS = ("repo_id", "pass", "step", "current", "files_done", "files_total", "bytes_done", "bytes_total",
                  "percent", "mib_per_s", "eta_s", "status", "finished", "aborted", "error", "started_at",
-                 "updated_at", "waiting")
+                 "updated_at", "waiting", "max_mib_s")
 
 
 def pass_figures(doc, phase):
@@ -52,7 +52,7 @@ def shape_progress(figures, repo_id, phase):
         "percent": round(percent, 1), "mib_per_s": _number(figures.get("mib_per_s"), float),
         "eta_s": _number(figures.get("eta_s"), float), "status": text("status"), "finished": finished,
         "aborted": figures.get("aborted") is True, "error": text("error"), "started_at": text("started_at"),
-        "updated_at": text("updated_at"), "waiting": None,
+        "updated_at": text("updated_at"), "waiting": None, "max_mib_s": _number(figures.get("max_mib_s")) or 0,
     }
 
 
@@ -91,7 +91,8 @@ def progress_line(progress, finished=False, job_result=None):
     if progress.get("files_total"):
         parts.append("%d/%d files" % (progress["files_done"], progress["files_total"]))
     if progress.get("mib_per_s") is not None:
-        parts.append(human_rate(progress["mib_per_s"]))
+        parts.append(human_rate(progress["mib_per_s"]) + (" (cap %d)" % progress["max_mib_s"]
+                                                          if progress.get("max_mib_s") else ""))
     if finished or progress.get("finished") or progress.get("aborted"):
         return "%s: %s, %s" % (head, _ended_text(job_result, failed or progress.get("aborted"), progress),
                                ", ".join(parts))

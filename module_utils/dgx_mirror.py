@@ -15,13 +15,16 @@ from ansible.module_utils.dgx_nas_suspects import remembered
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_repolock import RepoLock
 from ansible.module_utils.dgx_space import check_space, space_figures
+from ansible.module_utils.dgx_throttle import set_io_priority
 from ansible.module_utils.dgx_units import utc_text
 
 
 def run_mirror(req, check_mode=False, progress=True):
     """The run's result; StageError for bad input, MirrorFailed (with the result) for what it could not stage."""
     started = time.monotonic()
-    meter = PassMeter(req.phase, req.repo_id, req.verify)
+    meter = PassMeter(req.phase, req.repo_id, req.verify, max_mib_s=req.max_mib_s)
+    # Before any read, in this thread: the copy workers started later inherit the class.
+    meter.io_priority = set_io_priority(req.io_priority, req.dest)
     if check_mode:
         return _check_mode_run(req, started, meter)
     early = _refuse_before_locking(req, started, meter)

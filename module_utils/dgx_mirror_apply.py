@@ -124,7 +124,8 @@ def _write_blobs(tree, plan, req, meter, outcome):
 
         if plan.writes:
             meter.begin("copying")
-        run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers)
+        run_workers(sorted(plan.writes, key=lambda w: (w.etag is None, -w.size, w.final)), place, req.workers,
+                    req.read_cap)
         for directory in dirs.values():
             try:
                 os.fsync(directory.fd)

@@ -36,7 +36,7 @@ def content_matches(work, verify, buf, meter):
     """Prove one present file: sampled against the NAS, or (full) hashed against its name (a real file: the NAS's)."""
     if verify == "sample":
         return samples_match(work.final, work.source, work.size,
-                             on_read=lambda local, nas: meter.count("hashing", local=local, nas=nas))
+                             on_read=lambda local, nas: meter.count("hashing", local=local, nas=nas), buf=buf)
     if work.etag:
         work.local_hash, count = hash_as_named(work.final, work.etag, work.size, buf, meter.reader("hashing", "local"))
         return count == work.size and work.local_hash == work.etag
@@ -78,7 +78,7 @@ def prove_present(plan, req, meter):
             work.checked = True
             meter.item_done("hashing", file_done=verdict not in ("missing", "size", "content"))
 
-    run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers)
+    run_workers(sorted(plan.to_prove, key=lambda w: -w.size), prove, req.workers, req.read_cap)
     for work in plan.to_prove:
         verdict = verdicts[id(work)]
         if verdict in ("missing", "size", "content"):

@@ -3,6 +3,7 @@ import os
 
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_hubcache import repo_folder_name
+from ansible.module_utils.dgx_throttle import ReadCap
 from ansible.module_utils.dgx_workers import default_workers
 
 
@@ -19,7 +20,8 @@ class MirrorRequest(object):
     def __init__(self, src, dest, repo_id, repo_type="model", revision="main", allow_patterns=None,
                  ignore_patterns=None, verify="sample", reserve="2%", prune=False, lock_timeout=60, workers=None,
                  copy_missing=True, phase="stage", peer_dir=None, require_match=None, other_rank_patterns=None,
-                 host=None, run_id=None, on_lock_wait=None):
+                 host=None, run_id=None, on_lock_wait=None, max_mib_s=0,
+                 io_priority="normal"):
         self.src, self.dest = os.path.abspath(src), os.path.abspath(dest)
         self.repo_id, self.repo_type, self.revision = repo_id, repo_type, revision or "main"
         self.allow_patterns = list(allow_patterns) if allow_patterns else None
@@ -29,6 +31,13 @@ class MirrorRequest(object):
         if workers is not None and not 1 <= int(workers) <= MAX_WORKERS_PARAM:
             raise StageError("workers must be between 1 and %d, not %r" % (MAX_WORKERS_PARAM, workers))
         self.workers = int(workers) if workers else default_workers()
+        if max_mib_s is None or max_mib_s < 0:
+            raise StageError("max_mib_s must be 0 (no cap) or a positive MiB/s, not %r (stage_max_mib_s)"
+                             % (max_mib_s,))
+        # One cap for every read of this run, in all its workers and both of its passes' steps.
+        self.max_mib_s = max_mib_s
+        self.read_cap = ReadCap(max_mib_s) if max_mib_s else None
+        self.io_priority = io_priority
         self.folder = repo_folder_name(repo_id, repo_type)
         self.copy_missing = bool(copy_missing)
         self.peer_dir_given = peer_dir    # as given: a relative path or '..' in it is refused

@@ -60,7 +60,8 @@ def describe_plan(plan, check_mode=False):
 
 REPORT_KEYS = ("commit", "snapshot", "files", "blobs", "bytes_copied", "bytes_staged", "bytes_read", "duration_s",
                "verify", "phase", "changed", "repaired_paths", "repairs", "pruned", "excluded_paths", "nas_corrupt",
-               "nas_corrupt_blobs", "unstaged_paths", "bytes_from_nas", "bytes_from_peers")
+               "nas_corrupt_blobs", "unstaged_paths", "bytes_from_nas", "bytes_from_peers", "read_s", "max_mib_s",
+               "achieved_mib_s", "io_priority")
 
 
 def with_report(result, req, check_mode=False, failed=False):
@@ -114,7 +115,20 @@ def summary_line(result, req, check_mode, failed):
         "; ".join(parts), human_bytes(read["local"]), human_bytes(read["nas"]), result["duration_s"])
     if not check_mode and result["duration_s"] >= 0.1 and read["local"] + read["nas"]:
         text += " (%.1f MiB/s)" % ((read["local"] + read["nas"]) / 1048576.0 / result["duration_s"])
+    if req.max_mib_s and not check_mode:
+        achieved = result["achieved_mib_s"]
+        text += "; read cap %d MiB/s, achieved %s" % (
+            req.max_mib_s, "not measured (under a second of reading)" if achieved is None else "%.1f" % achieved)
+    io_class = (result["io_priority"] or {}).get("applied")
+    if req.io_priority != "normal":
+        text += "; I/O class %s" % (io_class or "unknown")
     return text + ("; FAILED" if failed else "")
+
+
+def io_priority_warnings(report, repo_id):
+    """The warnings of set_io_priority's report: a kernel that refused the class, a scheduler that ignores it."""
+    report = report or {}
+    return ["%s: %s" % (repo_id, text) for text in (report.get("problem"), report.get("note")) if text]
 
 
 def failure_text(req, plan, outcome):
@@ -173,6 +187,7 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
     from_peers = plan.peer_bytes if check_mode else sum(w.size for w in outcome.from_peers)
     peer_blobs = set() if check_mode else set(w.etag for w in outcome.from_peers)
     bytes_copied = sum(w.size for w in done)
+    read_s, achieved = meter.read_rate()
     return {
         "changed": bool(done or links or refs_written or pruned or debris or listing
                         or any(r["local"] == "removed" for r in nas_corrupt)),
@@ -196,6 +211,10 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
         "source_snapshot": os.path.join(plan.src_repo, "snapshots", plan.commit) if plan.commit else None,
         "bytes_staged": sum(e.size for e in plan.selected),
         "bytes_read": meter.bytes_read(),
+        "read_s": read_s,
+        "max_mib_s": req.max_mib_s,
+        "achieved_mib_s": achieved,
+        "io_priority": meter.io_priority,
         "excluded_paths": [e.path for e in plan.excluded],
         "pruned": pruned,
         "stale_paths": plan.stale,
@@ -209,7 +228,8 @@ def mirror_result(plan, req, outcome, space, dangling, started, meter):
         "progress_file": os.path.join(req.dest, lock_dir_rel(req.folder), PROGRESS_NAME),
         "space": space,
         "duration_s": round(time.monotonic() - started, 3),
-        "warnings": plan.warnings + [repair_warning(r, req, check_mode, r["blob"] in peer_blobs) for r in repairs]
+        "warnings": plan.warnings + io_priority_warnings(meter.io_priority, req.repo_id)
+        + [repair_warning(r, req, check_mode, r["blob"] in peer_blobs) for r in repairs]
         + ["peer_dir candidate blobs/%s of %s (%s) was not adopted: %s; it was fetched from the NAS instead"
            % (r["blob"], req.repo_id, name_some(r["paths"]), r["why"])
            for r in ([] if check_mode else outcome.peer_rejected)],

@@ -125,16 +125,19 @@ def is_snapshot_path(path):
 class PassMeter(object):
     """The figures of one pass of one repo, kept by every worker at once (thread-safe), per step (STEPS); a file
     counts once, when all its work is over. Once attached, each write goes to the progress file: every pass's
-    latest under `passes`, this one also at the top level, `suspects` under SUSPECTS_KEY."""
+    latest under `passes`, this one also at the top level, `suspects` under SUSPECTS_KEY. It measures the read rate
+    its read cap (max_mib_s, 0: none) bounds from the first step that reads to the last byte read: achieved_mib_s."""
 
-    def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None):
-        self.phase, self.repo_id, self.verify = phase, repo_id, verify
+    def __init__(self, phase, repo_id, verify, clock=time.monotonic, wall=time.time, interval=None, max_mib_s=0):
+        self.phase, self.repo_id, self.verify, self.max_mib_s = phase, repo_id, verify, max_mib_s
+        self.io_priority = None     # dgx_throttle.set_io_priority's report, once applied
         self.commit = None
         self._clock, self._wall = clock, wall
         self.interval = PROGRESS_EVERY_S if interval is None else interval
         self._lock = threading.Lock()
         self._started, self._started_at = clock(), wall()
         self._read = {"local": 0, "nas": 0}
+        self._reading_since = self._last_read = None
         self._steps = dict((step, {"files_done": 0, "files_total": 0, "bytes_done": 0, "bytes_total": 0})
                            for step in STEPS)
         self._files = {"done": 0, "total": 0}
@@ -158,6 +161,8 @@ class PassMeter(object):
     def begin(self, step):
         with self._lock:
             self.step = step
+            if self._reading_since is None:
+                self._reading_since = self._clock()
             self._write_locked()
 
     def working_on(self, path):
@@ -172,7 +177,8 @@ class PassMeter(object):
             figures = self._steps[step]
             figures["bytes_done"] += local + nas
             figures["bytes_total"] = max(figures["bytes_total"], figures["bytes_done"])
-            if self._dir_fd is not None and self._clock() - self._last_write >= self.interval:
+            self._last_read = self._clock()
+            if self._dir_fd is not None and self._last_read - self._last_write >= self.interval:
                 self._write_locked()
 
     def reader(self, step, side):
@@ -189,6 +195,18 @@ class PassMeter(object):
     def bytes_read(self):
         with self._lock:
             return dict(self._read)
+
+    def read_rate(self):
+        """(seconds spent reading, achieved MiB/s or None): from the first reading step's start to the last read."""
+        with self._lock:
+            return self._read_rate_locked()
+
+    def _read_rate_locked(self):
+        if self._reading_since is None or self._last_read is None:
+            return 0.0, None
+        seconds = max(self._last_read - self._reading_since, 0.0)
+        nbytes = self._read["local"] + self._read["nas"]
+        return round(seconds, 3), (round(nbytes / 1048576.0 / seconds, 1) if seconds >= RATE_AFTER_S else None)
 
     def add_reads(self, other):
         """Count the bytes another meter read (a pre-check before the lock) in this one's tally."""
@@ -256,6 +274,7 @@ class PassMeter(object):
             "bytes_done": done, "bytes_total": total,
             "mib_per_s": round(rate / 1048576, 1) if rate is not None else None, "eta_s": eta,
             "bytes_read": dict(self._read),
+            "max_mib_s": self.max_mib_s, "achieved_mib_s": self._read_rate_locked()[1], "io_priority": self.io_priority,
             "hashing": dict(self._steps["hashing"]), "copying": dict(self._steps["copying"]),
             "status": self.status, "finished": self.status == "ok", "aborted": self.status not in ("ok", "running"),
             "error": self.error,

@@ -25,15 +25,16 @@ def chunk_size(workers):
     return max(MIN_CHUNK, min(READ_CHUNK, BUFFER_BUDGET // max(workers, 1)))
 
 
-def run_workers(items, task, workers):
-    """Call task(item, buf) for every item in order, `workers` at a time, each worker owning one ChunkBuffer.
+def run_workers(items, task, workers, cap=None):
+    """Call task(item, buf) for every item in order, `workers` at a time, each worker owning one ChunkBuffer
+    whose reads share the read cap `cap` (a dgx_throttle.ReadCap, or None).
     An exception from task (a full disk), Ctrl-C or SIGTERM stops the pool: no new item starts, those in
     flight stop at their next chunk (Cancelled) and the exception is raised here once no worker runs.
     One worker or one item runs in the caller's thread."""
     pending = collections.deque(items)
     size = chunk_size(workers)
     if workers <= 1 or len(pending) <= 1:
-        buf = ChunkBuffer(size)
+        buf = ChunkBuffer(size, cap=cap)
         for item in pending:
             task(item, buf)
         return
@@ -43,7 +44,7 @@ def run_workers(items, task, workers):
 
     def worker(done):
         try:
-            _work_until_done(pending, lock, stop, errors, task, ChunkBuffer(size, stop))
+            _work_until_done(pending, lock, stop, errors, task, ChunkBuffer(size, stop, cap))
         finally:
             done.set()
 

@@ -76,6 +76,18 @@ def test_subcommands_run_their_tags_of_the_playbooks():
         assert os.path.isfile(os.path.join(cli.REPO, playbook)) or playbook.endswith("status.yml")
 
 
+def test_live_is_offered_where_stage_or_verify_runs_and_sets_stage_live(inventory, monkeypatch):
+    for name in ("stage", "verify"):
+        assert cli.build_parser().parse_args([name, "--live"]).live is True
+    for name in ("serve", "clean-receipts", "status"):
+        with pytest.raises(cli.UsageError, match="unrecognized arguments: --live"):
+            cli.build_parser().parse_args([name, "--live"])
+    ran = []
+    monkeypatch.setattr(run.PlaybookRun, "run", lambda self: ran.append(self.spec) or 0)
+    assert cli.main(["stage", "-i", inventory, "--live", "-e", "stage_verify=full"]) == 0
+    assert ran[0]["extra_vars"] == ["stage_verify=full", "stage_live=true"]
+
+
 def test_the_runner_command_line_quotes_values_and_adds_diff_to_check():
     line = run.runner_cmdline("verify", "rank0,rank1", ["stage_verify=full", "msg='a b'", "@/x y.yml"], True, 3)
     assert line == ("--tags verify --limit rank0,rank1 -e stage_verify=full -e 'msg='\"'\"'a b'\"'\"'' "

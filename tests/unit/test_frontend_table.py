@@ -324,6 +324,21 @@ def test_a_single_host_staging_from_the_nas_prints_the_table_alone_as_before():
     assert lines[2] == "localhost  10:17:43-10:17:52  48.0 MiB  0 B         2"
 
 
+def test_a_capped_stage_shows_the_cap_and_the_rate_achieved_under_it_even_on_one_host():
+    report = fixture("report-stage-ok.json")
+    main, drafter = report["passes"]["stage"][:2]
+    main.update(max_mib_s=8, read_s=5.5, bytes_read={"local": 0, "nas": 44 * 2 ** 20})
+    drafter.update(max_mib_s=8, read_s=0.5, bytes_read={"local": 0, "nas": 4 * 2 ** 20})
+    lines = table.stage_lines(table.table_rows({"localhost": report}))
+    assert lines[1] == "HOST       STAGE WINDOW       FROM NAS  FROM PEERS  CAP MiB/s  READ MiB/s"
+    assert lines[2] == "localhost  10:17:43-10:17:52  48.0 MiB  0 B         8          8.0"
+    # Under a second of reading there is no rate to show; a check run reads nothing.
+    main["read_s"] = drafter["read_s"] = 0.4
+    assert table.stage_lines(table.table_rows({"localhost": report}))[2].endswith("8          -")
+    report["status"] = "check"
+    assert table.stage_lines(table.table_rows({"localhost": report}))[2].split()[-2:] == ["8", "-"]
+
+
 def test_hosts_that_did_not_stage_show_dashes_and_a_lane_that_did_not_stage_shows_no_block():
     reports = lane_reports(world_size=2)
     reports["dgx2"] = fixture("report-preflight-failed.json")

@@ -151,6 +151,12 @@ def test_the_line_of_a_running_copy():
                     "current: model-00003.safetensors")
 
 
+def test_the_line_of_a_capped_copy_names_its_cap():
+    line = progress_line(shape_progress(figures(mib_per_s=47.6, max_mib_s=48), REPO, "stage"))
+    assert ", 48 MiB/s (cap 48), ETA" in line
+    assert shape_progress(figures(), REPO, "stage")["max_mib_s"] == 0
+
+
 def test_the_line_before_figures_without_a_rate_and_at_the_end():
     assert progress_line(shape_progress(None, REPO, "verify")) == "verify org/model: starting (no figures yet)"
     early = progress_line(shape_progress(figures(mib_per_s=None, eta_s=None, current=None), REPO, "stage"))

@@ -267,3 +267,16 @@ def test_allow_patterns_as_text_is_refused():
 def test_a_rank_outside_its_lane_is_refused(rank, world_size):
     with pytest.raises(AnsibleFilterError):
         lane.stage_allow(entry(rank_patterns=TEMPLATES), rank, world_size)
+
+
+def test_a_live_stage_takes_the_live_values_and_is_refused_without_a_cap():
+    assert lane.stage_read_limits(0, "normal") == {"max_mib_s": 0, "io_priority": "normal"}
+    assert lane.stage_read_limits("250", "idle") == {"max_mib_s": 250, "io_priority": "idle"}
+    assert lane.stage_read_limits(0, "normal", True, 400, "idle") == {"max_mib_s": 400, "io_priority": "idle"}
+    with pytest.raises(AnsibleFilterError, match="stage_live_max_mib_s is 0.*set stage_live_max_mib_s in the "
+                                                 "inventory.*Nothing was written"):
+        lane.stage_read_limits(100, "normal", True, 0, "idle")
+    for bad in (-1, 1.5, "fast", True):
+        with pytest.raises(AnsibleFilterError, match="stage_max_mib_s must be a whole number of at least 0"):
+            lane.stage_read_limits(bad, "normal")
+    assert lane.FilterModule().filters()["dgx_stage_read_limits"] is lane.stage_read_limits

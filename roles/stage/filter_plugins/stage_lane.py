@@ -3,7 +3,7 @@
 rank_patterns select) partition the repo; a host stages allow_patterns plus its own, and ignores the other ranks'
 (bound read-only from the NAS). rank_patterns is a list of templates (`{rank}` required, `{world_size}`, at most
 an integer width) or a map rank -> patterns with a key for every rank of the lane (keys past it skipped).
-The wave (in rank order, at most stage_nas_readers hosts; with fan-out rank 0 alone first) in which each host reads
+How fast a pass may read (stage_live). The wave (in rank order, at most stage_nas_readers hosts; with fan-out rank 0 alone first) in which each host reads
 the NAS, the peer of an earlier wave it takes proven blobs from, a repo's hub folder, and the space all repos of a
 host need together on its one local disk (each hf_hub_mirror result measures one repo).
 """
@@ -259,10 +259,25 @@ def stage_space_total(results):
     return total
 
 
+def stage_read_limits(max_mib_s, io_priority, live=False, live_max_mib_s=0, live_io_priority="idle"):
+    """{max_mib_s, io_priority} of this host's stage and verify passes and peer copies: with stage_live
+    (dgx-stage --live) the stage_live_* values, and a live stage without a cap is refused."""
+    if not live:
+        return {"max_mib_s": _whole(max_mib_s, "stage_max_mib_s", 0), "io_priority": str(io_priority)}
+    cap = _whole(live_max_mib_s, "stage_live_max_mib_s", 0)
+    if not cap:
+        raise AnsibleFilterError(
+            "stage_live (dgx-stage --live) stages beside a serving engine, but stage_live_max_mib_s is 0, which "
+            "would read the NAS and the local disk uncapped: set stage_live_max_mib_s in the inventory (e.g. a "
+            "quarter of this node's measured stage rate, `make bench`). Nothing was written")
+    return {"max_mib_s": cap, "io_priority": str(live_io_priority)}
+
+
 class FilterModule(object):
     def filters(self):
         return {"dgx_stage_allow": stage_allow, "dgx_stage_ignore": stage_ignore,
                 "dgx_stage_rank_patterns": stage_rank_patterns,
                 "dgx_stage_other_rank_patterns": stage_other_rank_patterns, "dgx_stage_wave": stage_wave,
                 "dgx_stage_wave_count": stage_wave_count, "dgx_stage_peer": stage_peer,
-                "dgx_stage_repo_folder": stage_repo_folder, "dgx_stage_space_total": stage_space_total}
+                "dgx_stage_repo_folder": stage_repo_folder, "dgx_stage_space_total": stage_space_total,
+                "dgx_stage_read_limits": stage_read_limits}

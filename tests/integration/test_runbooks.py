@@ -14,12 +14,14 @@ real output, `...` standing for anything (paths, rates), and a run id or timesta
 test's set-up writes to it). The copy runs its own dgx_stage package (PYTHONPATH), so the front end finds
 the copy's playbooks and records its runs there.
 """
+import glob
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -251,3 +253,72 @@ def test_runbook(staged_demo, tmp_path, name):
     assert not problems, "%s:\n%s" % (name, "\n".join(problems))
     assert snapshot_diff(nas_before, tree_snapshot(nas)) == [], "the runbook's commands wrote to the NAS copy"
     sys.stderr.write("%s: %s\n" % (name, ", ".join("%.1f s" % r[2] for r in results)))
+
+
+# ------------------------------------------------------------------------------------------------
+# a live stage of the demo: the cap holds and the workers are in the idle I/O class
+# ------------------------------------------------------------------------------------------------
+
+# MiB/s: the demo's 48 MiB take 12 s, two 5 s windows; each file's fsync (while no worker reads) is then a small
+# part of the time even for the demo's 8 MiB shards.
+LIVE_CAP = 4
+
+
+def mirror_processes():
+    """{pid: [thread ids]} of the processes running hf_hub_mirror itself (not the async wrapper naming it)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                argv = handle.read().split(b"\0")
+            if len(argv) > 1 and os.path.basename(argv[1]).startswith(b"AnsiballZ_hf_hub_mirror"):
+                found[int(pid)] = os.listdir("/proc/%s/task" % pid)
+        except OSError:
+            continue
+    return found
+
+
+def io_class(tid):
+    """`ionice -p` of one thread: idle, none, best-effort...; None once it is gone."""
+    shown = subprocess.run(["ionice", "-p", str(tid)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           universal_newlines=True)
+    return shown.stdout.split(":")[0].strip() if shown.returncode == 0 else None
+
+
+def test_a_live_stage_of_the_demo_holds_its_cap_with_every_worker_in_the_idle_io_class(staged_demo, tmp_path):
+    work = restore(staged_demo)
+    clear_tree(os.path.join(work, LOCAL_HUB))              # everything is copied again, from the NAS
+    env = dict(command_env(work), DGX_STAGE_INVENTORY="inventory/demo")
+    log = tmp_path / "live.log"
+    with open(str(log), "w") as out:
+        run = subprocess.Popen(["dgx-stage", "stage", "--live", "-e", "stage_live_max_mib_s=%d" % LIVE_CAP],
+                               cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+        seen = []          # (pid, {tid: class}) while the module runs
+        try:
+            while run.poll() is None:
+                for pid, tids in mirror_processes().items():
+                    classes = dict((tid, io_class(tid)) for tid in tids)
+                    seen.append((pid, dict((tid, cls) for tid, cls in classes.items() if cls is not None)))
+                time.sleep(0.2)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    output = log.read_text()
+    assert run.returncode == 0, output[-4000:]
+    # While it copied, the module process had its workers (beside its main thread and lease watch), all idle; a
+    # module process is in its default class only while it starts, before any thread of its own.
+    copying = [classes for _pid, classes in seen if len(classes) >= 3]
+    assert copying and all(set(classes.values()) == {"idle"} for classes in copying), seen
+    reports = sorted(glob.glob(os.path.join(work, DEMO, "reports", "localhost-*.json")), key=os.path.getmtime)
+    with open(reports[-1]) as handle:
+        report = json.load(handle)
+    main = [row for row in report["passes"]["stage"] if row["repo_id"] == hubgen.MAIN_REPO][0]
+    assert main["max_mib_s"] == LIVE_CAP and main["io_priority"]["applied"] == "idle"
+    assert main["bytes_from_nas"] > 5 * LIVE_CAP * 2 ** 20 and main["read_s"] >= 5
+    assert abs(main["achieved_mib_s"] - LIVE_CAP) <= 0.1 * LIVE_CAP, main
+    # The module's own clock cannot beat the cap: what it read took at least that long at the cap.
+    read = main["bytes_read"]["local"] + main["bytes_read"]["nas"]
+    assert main["duration_s"] >= 0.9 * read / 2 ** 20 / LIVE_CAP, main
+    # The lane summary's stage pass shows the cap and the rate achieved under it (both repos of the host).
+    shown = re.search(r"^localhost .* %d +(\d+\.\d)$" % LIVE_CAP, output, re.M)
+    assert shown and abs(float(shown.group(1)) - LIVE_CAP) <= 0.1 * LIVE_CAP, output[-3000:]

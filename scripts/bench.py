@@ -9,6 +9,8 @@ Cases (each alternates the module and its baselines for BENCH_ROUNDS rounds; med
 4. stage_play   `ansible-playbook stage-deepseek.yml --tags [preflight,]stage` on a warm hub vs the
                 module's summed duration_s: Ansible's overhead per host.
 5. peak_rss     peak RSS (VmHWM) of the module process staging one BENCH_BIG_GIB GiB blob.
+6. capped_stage the case-1 stage with max_mib_s at a quarter of this machine's uncapped rate and io_priority=idle:
+                the module's achieved_mib_s within 10 % of the cap.
 
 Module and baselines both run through ad-hoc `ansible localhost -m ...` (json callback) so both pay the
 same start: "wall" is that call's time, "own" the module's duration_s or the command's delta. Before each
@@ -66,9 +68,9 @@ SHARD_MIB = int(os.environ.get("BENCH_SHARD_MIB", "700"))
 WARM_BLOBS = int(os.environ.get("BENCH_WARM_BLOBS", "141"))
 WARM_GIB = float(os.environ.get("BENCH_WARM_GIB", "106"))
 BIG_GIB = float(os.environ.get("BENCH_BIG_GIB", "4.5"))
-CASE_NAMES = ("cold_stage", "full_verify", "warm_rerun", "stage_play", "peak_rss")
-# Run order: the stage play re-uses case 1's staged hub, which is removed before the big sparse layout.
-RUN_ORDER = ("cold_stage", "full_verify", "stage_play", "warm_rerun", "peak_rss")
+CASE_NAMES = ("cold_stage", "full_verify", "warm_rerun", "stage_play", "peak_rss", "capped_stage")
+# Run order: the stage play and the capped stage re-use case 1's local hub, removed before the big sparse layout.
+RUN_ORDER = ("cold_stage", "full_verify", "stage_play", "capped_stage", "warm_rerun", "peak_rss")
 CASES = [c.strip() for c in os.environ.get("BENCH_CASES", ",".join(CASE_NAMES)).split(",") if c.strip()]
 
 MAIN_REPO = hubgen.MAIN_REPO
@@ -314,7 +316,8 @@ def ansible_env():
                 PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
 
 
-RESULT_KEYS = ("changed", "blobs", "bytes_copied", "duration_s", "files", "rc", "delta")
+RESULT_KEYS = ("changed", "blobs", "bytes_copied", "duration_s", "files", "rc", "delta", "bytes_read", "read_s",
+               "max_mib_s", "achieved_mib_s", "io_priority")
 
 
 def ansible(module, args, check=False, watch=False):
@@ -590,6 +593,49 @@ def case_stage_play():
                   "ansible-playbook and the lane-selection play; page cache left warm on purpose (this measures "
                   "Ansible's own work, not disk reads)"
                   % ", ".join("%s: %d" % (name, n) for name, n in calls.items())],
+    }
+
+
+def case_capped_stage():
+    """Cold stages capped at a quarter of one uncapped cold stage's read rate, in the idle I/O class."""
+    main = trap_hub()["repos"][MAIN_REPO]
+    nbytes = sum(f["size"] for p, f in main["files"].items() if p not in main["page15"])
+
+    def stage(**extra):
+        return cold_run(lambda: mirror(main_args(**extra), nbytes, "the selection"), prepare=lambda: fresh(STAGED))
+
+    def read_mib(record):
+        return sum(record["result"]["bytes_read"].values()) / MIB
+
+    probe = alternate("capped_stage", [("hf_hub_mirror uncapped (probe)", 1, stage())])
+    first = probe["hf_hub_mirror uncapped (probe)"][0]
+    rate = first["result"]["achieved_mib_s"] or ratio(read_mib(first), first["result"]["read_s"])
+    if not rate:
+        raise BenchError("the uncapped stage read nothing in a measurable time: %s" % first["result"])
+    cap = max(1, int(round(rate / 4)))
+    name = "hf_hub_mirror max_mib_s=%d io_priority=idle" % cap
+    runs = alternate("capped_stage", [(name, ROUNDS, stage(max_mib_s=cap, io_priority="idle"))])
+    records = runs[name]
+    achieved = median([r["result"]["achieved_mib_s"] for r in records])
+    overall = median([read_mib(r) / r["own_s"] for r in records])
+    read_s = median([r["result"]["read_s"] for r in records])
+    io = records[0]["result"]["io_priority"]
+    return {
+        "title": "capped stage: case 1's selection (%.2f GiB), cold cache, cap = a quarter of the uncapped rate"
+                 % (nbytes / GIB),
+        "bytes": nbytes, "rows": [row(n, rs, nbytes) for n, rs in list(probe.items()) + list(runs.items())],
+        "ratios": {"uncapped MiB/s": rate, "cap MiB/s": cap, "achieved_mib_s": achieved,
+                   "bytes read / duration_s MiB/s": overall, "capped read_s": read_s},
+        "targets": [target("capped stage, |achieved_mib_s - cap| / cap", None if achieved is None else
+                           100.0 * abs(achieved - cap) / cap, "<=", 10.0, "%")],
+        "notes": ["uncapped rate = the probe's %s; the capped runs' achieved_mib_s is the module's own figure, "
+                  "bytes read / duration_s the bench's (it also counts the time before the first read and after the "
+                  "last: planning, fsync, links)" % ("achieved_mib_s" if first["result"]["achieved_mib_s"] else
+                                                     "bytes read / read_s (under 1 s of reading: no achieved_mib_s)"),
+                  "I/O class applied: %s, scheduler %s%s" % (io.get("applied"), io.get("scheduler"),
+                                                              "; " + io["note"] if io.get("note") else "")]
+                 + (["the capped reads lasted %.1f s, near the cap's 5 s window: raise BENCH_SHARDS or "
+                     "BENCH_SHARD_MIB for a meaningful target" % read_s] if read_s < 10 else []),
     }
 
 

@@ -321,7 +321,10 @@ space:
     peers_peak: {description: The largest of them (one per worker) still on the disk during their copies., type: int}
     reclaimable: {description: "Bytes the plan frees (prune, debris).", type: int}
 duration_s: {description: The module's own run time in seconds., returned: *result, type: float}
-read_s: {description: "Seconds from the first step that read (checks or copies) to the last byte read.", returned: *result, type: float}
+read_s:
+  description: "Seconds from the first step that read (checks or copies) to the last byte read."
+  returned: *result
+  type: float
 max_mib_s: {description: O(max_mib_s)., returned: *result, type: int}
 achieved_mib_s:
   description: RV(bytes_read) (both sides) per RV(read_s), in MiB/s; null under a second of reading.
@@ -337,10 +340,18 @@ io_priority:
       description: "The class C(ioprio_get) reports - V(idle), V(best-effort), V(realtime) or V(none) (the default,
         best-effort by nice); null when it cannot be read."
       type: str
-    problem: {description: "Why the class could not be set (the kernel refused ioprio_set, an unknown architecture); else null.", type: str}
-    scheduler: {description: "The I/O scheduler of the disk holding O(dest) (e.g. V(none), V(mq-deadline), V(bfq)); null when it has none (tmpfs, overlay).", type: str}
-    note: {description: "Set when the class is idle but the scheduler ignores classes (V(none), V(kyber)): then only O(max_mib_s) protects the engine.", type: str}
-  sample: {requested: idle, applied: idle, problem: null, scheduler: none, note: "the local disk's I/O scheduler (none) ..."}
+    problem:
+      description: "Why the class could not be set (the kernel refused ioprio_set, an unknown architecture); else null."
+      type: str
+    scheduler:
+      description: "The I/O scheduler of the disk holding O(dest) (e.g. V(none), V(mq-deadline), V(bfq)); null when
+        it has none (tmpfs, overlay)."
+      type: str
+    note:
+      description: "Set when the class is idle but the scheduler ignores classes (V(none), V(kyber)): then only
+        O(max_mib_s) protects the engine."
+      type: str
+  sample: {requested: idle, applied: idle, problem: null, scheduler: none, note: "the local disk's I/O scheduler ..."}
 report:
   description:
     - This repo's row of the host report (keys not described are the results of the same name). A run that ends

@@ -117,7 +117,9 @@ progress:
         pid: {description: The holder's process id., type: int}
         run_id: {description: The holder's lane run id (null when it did not say)., type: str}
         since: {description: When it took the lock (ISO 8601 UTC)., type: str}
-    max_mib_s: {description: "The job's read cap in MiB/s (M(hf_hub_mirror)'s O(hf_hub_mirror#module:max_mib_s)); 0 - none.", type: int}
+    max_mib_s:
+      description: "The job's read cap in MiB/s (M(hf_hub_mirror)'s O(hf_hub_mirror#module:max_mib_s)); 0 - none."
+      type: int
 finished: {description: The job ended., returned: *watched, type: bool}
 line:
   description: One line for the operator - the figures; before them V(starting) or the lock it waits for; at the end

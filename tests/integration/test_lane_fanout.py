@@ -137,14 +137,16 @@ def test_fanout_reads_the_shared_files_from_the_nas_once_per_lane_and_proves_eve
 
 def write_corrupting_rsync(tmp_path, victim_root):
     """An rsync for ansible.posix.synchronize (ansible_rsync_path) that runs the real one, then, once, flips a
-    byte of the largest candidate it just delivered under victim_root: a blob corrupted in transit. Returns
-    (the wrapper's path, the file naming the blob it corrupted)."""
+    byte of the largest candidate it just delivered under victim_root: a blob corrupted in transit. Each call's
+    arguments go to rsync-argv.txt beside it. Returns (the wrapper's path, the file naming the blob it corrupted)."""
     real = shutil.which("rsync")
     wrapper, record = tmp_path / "rsync-corrupting", tmp_path / "rsync-corrupted.txt"
     wrapper.write_text("""#!%(python)s
 import os, subprocess, sys
 sys.path.insert(0, %(tools)r)
 import hubgen
+with open(%(argv)r, "a") as handle:
+    handle.write(" ".join(sys.argv[1:]) + "\\n")
 rc = subprocess.call([%(real)r] + sys.argv[1:])
 dest = os.path.realpath(sys.argv[-1].split(":", 1)[-1].rstrip("/"))
 if rc == 0 and dest.startswith(%(victim)r + os.sep) and not os.path.exists(%(record)r):
@@ -156,7 +158,7 @@ if rc == 0 and dest.startswith(%(victim)r + os.sep) and not os.path.exists(%(rec
             handle.write(os.path.basename(largest))
 sys.exit(rc)
 """ % {"python": sys.executable, "tools": os.path.dirname(os.path.abspath(hubgen.__file__)), "real": real,
-       "victim": os.path.realpath(victim_root), "record": str(record)})
+       "victim": os.path.realpath(victim_root), "record": str(record), "argv": str(tmp_path / "rsync-argv.txt")})
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return str(wrapper), record
 
@@ -167,10 +169,14 @@ def test_a_candidate_corrupted_in_transit_is_rejected_and_fetched_from_the_nas(t
         pytest.skip("rsync is not installed (make system-packages installs it)")
     victim_root = tmp_path / CORRUPT_HOST / "hub" / ".locks" / "dgx-stage-peer"
     wrapper, record = write_corrupting_rsync(tmp_path, str(victim_root))
-    inventory = write_lane(tmp_path, nas, repo, fanout=True, extra_vars={"ansible_rsync_path": wrapper})
+    # A read cap too high to slow this lane down: the peer copies are sent at it (rsync's KiB/s).
+    inventory = write_lane(tmp_path, nas, repo, fanout=True,
+                           extra_vars={"ansible_rsync_path": wrapper, "stage_max_mib_s": 1000})
     code, data = run_playbook(tmp_path, inventory, "--tags", TAGS)
     assert code == 0, failures(data)
     assert record.exists(), "the rsync wrapper never delivered a candidate to %s" % CORRUPT_HOST
+    calls = (tmp_path / "rsync-argv.txt").read_text().splitlines()
+    assert calls and all("--bwlimit=1024000" in call.split() for call in calls), calls
     corrupted = record.read_text()
     [path] = [p for p, f in repo["files"].items() if f["etag"] == corrupted]
     assert path in repo["shared"], path

@@ -2,6 +2,7 @@
 use by every read of a pass, and the idle I/O class as the kernel reports it."""
 import ctypes
 import errno
+import hashlib
 import heapq
 import os
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from ansible.module_utils import dgx_throttle
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_hashing import ChunkBuffer, sampled_bytes, samples_match
+from ansible.module_utils.dgx_hashing import ChunkBuffer, file_sha256, sampled_bytes, samples_match
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorRequest
 from ansible.module_utils.dgx_progress_file import PassMeter
@@ -115,6 +116,27 @@ def test_a_buffer_under_a_cap_reads_in_slices_and_the_cap_counts_every_byte(tmp_
     assert b"".join(got) == data and max(len(chunk) for chunk in got) == cap.largest_read
     # The timeline holds what was read, not what was asked for: the short reads at the end gave their rest back.
     assert cap.delay_for(0) == pytest.approx(len(data) / cap.pace - (clock.now - 1000.0), abs=1e-6)
+
+
+def test_reads_of_a_known_size_ask_for_what_is_left_so_almost_nothing_is_given_back(tmp_path):
+    # A reservation given back after another worker reserved is time in which no worker reads: a copy or a hash
+    # asks for what it expects plus one byte (a file that grew), not a whole slice, at the end of each file.
+    class Recording(ReadCap):
+        def __init__(self, mib_s):
+            ReadCap.__init__(self, mib_s)
+            self.asked, self.returned = [], []
+
+        def reserve(self, nbytes, stop=None):
+            self.asked.append(nbytes)
+
+        def give_back(self, nbytes):
+            self.returned.append(nbytes)
+
+    data = os.urandom(MIB + 10)
+    (tmp_path / "blob").write_bytes(data)
+    cap = Recording(4)
+    assert hashlib.sha256(data).hexdigest() == file_sha256(str(tmp_path / "blob"), ChunkBuffer(cap=cap))
+    assert sum(cap.asked) == len(data) + 1 and sum(cap.returned) == 1
 
 
 def test_sampled_checks_read_their_pairs_in_slices_the_cap_allows(tmp_path):

@@ -6,6 +6,7 @@ import heapq
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -83,6 +84,24 @@ def test_idle_time_earns_no_burst_and_a_short_read_gives_its_rest_back():
     assert cap.delay_for(size) == pytest.approx(size / cap.pace)     # no credit for the idle minute
     cap.give_back(size)                               # that read found the end of its file at once
     assert cap.delay_for(size) == pytest.approx(size / cap.pace)
+
+
+def test_a_turn_given_back_after_another_worker_reserved_is_not_given_twice():
+    clock = VirtualClock()
+    cap = ReadCap(10, clock=clock, sleep=clock.sleep)
+    size = cap.read_size(8 * MIB)
+    turns = []
+
+    def worker(*steps):
+        thread = threading.Thread(target=lambda: [step() for step in steps])
+        thread.start()
+        thread.join()
+
+    worker(lambda: turns.append(cap.delay_for(size)))            # A: its read finds the end of its file...
+    worker(lambda: turns.append(cap.delay_for(size)), lambda: turns.append(cap.delay_for(size)))   # B, C queue
+    worker(lambda: cap.give_back(size))                           # ...A's rest comes back: B and C keep their turns
+    turns.append(cap.delay_for(size))                             # D: after C, not beside it
+    assert turns == pytest.approx([0, size / cap.pace, 2 * size / cap.pace, 3 * size / cap.pace])
 
 
 def test_read_sizes_and_a_cap_that_is_no_cap():

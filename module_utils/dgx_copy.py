@@ -105,7 +105,7 @@ def _copy_chunks(src_fd, source, dst_fd, final, size, buf, hasher, progress):
     copied = flushed = 0
     while copied <= size:
         try:
-            got = buf.read_from(src_fd)
+            got = buf.read_from(src_fd, size - copied)
         except OSError as exc:
             raise SourceProblem("reading %s failed after %d of %d bytes: %s; check the NAS"
                                 % (source, copied, size, exc), source, error=exc)

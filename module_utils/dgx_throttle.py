@@ -58,7 +58,7 @@ class ReadCap(object):
         is still the last one: a later one already has its turn, and a turn given twice would read over the cap."""
         if nbytes > 0:
             with self._lock:
-                if self._free_at == getattr(self._mine, "end", None):
+                if self._free_at is not None and self._free_at == getattr(self._mine, "end", None):
                     self._free_at -= nbytes / self.pace
 
 

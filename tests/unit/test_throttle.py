@@ -2,6 +2,7 @@
 use by every read of a pass, and the idle I/O class as the kernel reports it."""
 import ctypes
 import errno
+import hashlib
 import heapq
 import os
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 
 from ansible.module_utils import dgx_throttle
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_hashing import ChunkBuffer, sampled_bytes, samples_match
+from ansible.module_utils.dgx_copy import _copy_chunks
+from ansible.module_utils.dgx_hashing import ChunkBuffer, feed_file, sampled_bytes, samples_match
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorRequest
 from ansible.module_utils.dgx_progress_file import PassMeter
@@ -134,6 +136,31 @@ def test_a_buffer_under_a_cap_reads_in_slices_and_the_cap_counts_every_byte(tmp_
     assert b"".join(got) == data and max(len(chunk) for chunk in got) == cap.largest_read
     # The timeline holds what was read, not what was asked for: the short reads at the end gave their rest back.
     assert cap.delay_for(0) == pytest.approx(len(data) / cap.pace - (clock.now - 1000.0), abs=1e-6)
+
+
+def test_the_read_that_finds_the_end_of_a_file_holds_one_byte_of_the_cap(tmp_path):
+    class Recording(ReadCap):
+        def __init__(self, mib_s):
+            ReadCap.__init__(self, mib_s)
+            self.asked = []
+
+        def reserve(self, nbytes, stop=None):
+            self.asked.append(nbytes)
+
+    cap = Recording(1)
+    size = 2 * cap.largest_read                  # ends on a whole read: the last read finds nothing
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(size))
+    assert feed_file(str(path), hashlib.sha256(), ChunkBuffer(cap=cap)) == size
+    assert cap.asked == [cap.largest_read, cap.largest_read, 1]
+    del cap.asked[:]
+    src, dst = os.open(str(path), os.O_RDONLY), os.open(str(tmp_path / "copy"), os.O_WRONLY | os.O_CREAT)
+    try:
+        assert _copy_chunks(src, str(path), dst, "copy", size, ChunkBuffer(cap=cap), None, None) == size
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert cap.asked == [cap.largest_read, cap.largest_read, 1]
 
 
 def test_sampled_checks_read_their_pairs_in_slices_the_cap_allows(tmp_path):

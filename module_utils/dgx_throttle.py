@@ -84,6 +84,9 @@ def set_io_priority(wanted, path=None, machine=None, syscall=None, threads=None)
     problem, scheduler, note}; never raises."""
     report = {"requested": wanted, "applied": None, "problem": None, "scheduler": disk_scheduler(path),
               "note": None}
+    if machine is None and platform.system() != "Linux":
+        report["problem"] = "ioprio_set is Linux only, not %s" % platform.system()
+        return report
     arch = machine or platform.machine()
     if arch not in IOPRIO_SYSCALLS:
         report["problem"] = "ioprio_set is not known on this architecture (%s)" % arch

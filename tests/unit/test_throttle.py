@@ -262,6 +262,15 @@ def test_a_kernel_that_refuses_the_idle_class_is_named_and_nothing_raises(tmp_pa
     assert (untouched["applied"], untouched["problem"]) == ("best-effort", None)
 
 
+def test_no_syscall_is_made_off_linux_where_the_numbers_mean_other_calls(monkeypatch):
+    # macOS on arm64: syscall 30 is accept(2) there, not ioprio_set.
+    monkeypatch.setattr(dgx_throttle.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(dgx_throttle.platform, "machine", lambda: "arm64")
+    calls = []
+    report = set_io_priority("idle", syscall=lambda *args: calls.append(args) or 0, threads=[0])
+    assert calls == [] and report["applied"] is None and "Linux only, not Darwin" in report["problem"]
+
+
 def test_the_disk_scheduler_is_read_for_the_disk_or_its_partition_and_noted_when_it_ignores_classes(tmp_path):
     device = os.stat(str(tmp_path)).st_dev
     sysfs = tmp_path / "sys"

@@ -78,14 +78,14 @@ class ChunkBuffer(object):
             self.cap.reserve(nbytes, self._stop)
         self.check()
 
-    def read_from(self, fd, expected=None):
-        """One read of fd into the buffer, within the read cap: the byte count (0 at the end of the file). Under a
-        cap a read asks for at most `expected` bytes (what the caller expects is left; one byte once it expects
-        none, to see a file that grew): a reservation given back after another worker's is time no worker reads."""
+    def read_from(self, fd, left=None):
+        """One read of fd into the buffer, within the read cap: the byte count (0 at the end of the file). left: the
+        bytes the caller still expects (None: unknown); under a cap a read where none are left asks for one byte, so
+        the read that finds the end of a file holds no turn of the cap that other workers wait behind."""
         self.check()
         if self.cap is None:
             return os.readv(fd, [self.data])
-        wanted = self.cap.read_size(self.size if expected is None else min(self.size, max(expected, 1)))
+        wanted = self.cap.read_size(self.size if left is None or left < 0 else max(1, min(self.size, left)))
         self.pace(wanted)
         got = os.readv(fd, [self.view[:wanted]])
         self.cap.give_back(wanted - got)
@@ -109,9 +109,9 @@ def feed_file(path, consumer, buf=None, on_read=None):
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         advise(fd, "POSIX_FADV_SEQUENTIAL")
-        size = os.fstat(fd).st_size
+        expected = os.fstat(fd).st_size
         while True:
-            got = buf.read_from(fd, size - total)
+            got = buf.read_from(fd, expected - total)
             if not got:
                 return total
             consumer.update(buf.view[:got])

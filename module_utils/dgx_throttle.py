@@ -30,6 +30,7 @@ class ReadCap(object):
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._free_at = None        # when the bytes reserved so far have been paid for
+        self._mine = threading.local()  # the end of this thread's latest reservation
 
     def read_size(self, wanted):
         """How much one read may ask for: a read larger than a slice of the cap would be a burst."""
@@ -49,14 +50,16 @@ class ReadCap(object):
         with self._lock:
             now = self._clock()
             start = now if self._free_at is None or self._free_at < now else self._free_at
-            self._free_at = start + nbytes / self.pace
+            self._free_at = self._mine.end = start + nbytes / self.pace
             return start - now
 
     def give_back(self, nbytes):
-        """A read that got fewer bytes than it reserved (the end of a file) returns the rest."""
+        """A read that got fewer bytes than it reserved (the end of a file) returns the rest, while its reservation
+        is still the last one: a later one already has its turn, and a turn given twice would read over the cap."""
         if nbytes > 0:
             with self._lock:
-                self._free_at -= nbytes / self.pace
+                if self._free_at is not None and self._free_at == getattr(self._mine, "end", None):
+                    self._free_at -= nbytes / self.pace
 
 
 # ioprio_set(2) and ioprio_get(2): the syscall numbers per architecture (Python's os has no wrapper).
@@ -81,6 +84,9 @@ def set_io_priority(wanted, path=None, machine=None, syscall=None, threads=None)
     problem, scheduler, note}; never raises."""
     report = {"requested": wanted, "applied": None, "problem": None, "scheduler": disk_scheduler(path),
               "note": None}
+    if machine is None and platform.system() != "Linux":
+        report["problem"] = "ioprio_set is Linux only, not %s" % platform.system()
+        return report
     arch = machine or platform.machine()
     if arch not in IOPRIO_SYSCALLS:
         report["problem"] = "ioprio_set is not known on this architecture (%s)" % arch

@@ -239,3 +239,28 @@ def test_the_bool_checker_sees_raw_reads_and_passes_filtered_ones():
     assert raw_bool_reads("text naming flag, then {{ other }}", names) == []
     assert list(template_strings({"when": "flag and x", "msg": "flag", "that": ["flag | bool"]})) == [
         "{{ flag and x }}", "{{ flag | bool }}"]
+
+
+def _mirror_calls(tasks, defaults=None):
+    """(task name, hf_hub_mirror arguments with the module_defaults of its blocks) of every call in tasks."""
+    for task in tasks or []:
+        scope = dict(defaults or {})
+        scope.update((task.get("module_defaults") or {}).get("hf_hub_mirror") or {})
+        if "hf_hub_mirror" in (task.get("module_defaults") or {}):
+            yield "module_defaults of %s" % task.get("name"), scope
+        if "hf_hub_mirror" in task:
+            yield task.get("name"), dict(scope, **(task["hf_hub_mirror"] or {}))
+        for key in ("block", "rescue", "always"):
+            for found in _mirror_calls(task.get(key), scope):
+                yield found
+
+
+def test_every_hf_hub_mirror_call_of_the_stage_role_reads_under_the_pass_cap_and_class():
+    calls = []
+    for path in sorted(glob.glob(os.path.join(ROLES, "stage", "tasks", "*.yml"))):
+        calls += list(_mirror_calls(load(path)))
+    assert len([name for name, args in calls if "src" in args]) >= 2
+    for name, args in calls:
+        if "src" in args:    # mirror-sync.yml and mirror-job.yml take all theirs from mirror.yml's module_defaults
+            assert args.get("max_mib_s") == "{{ _stage_read_limits.max_mib_s }}", name
+            assert args.get("io_priority") == "{{ _stage_read_limits.io_priority }}", name

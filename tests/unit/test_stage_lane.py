@@ -280,3 +280,12 @@ def test_a_live_stage_takes_the_live_values_and_is_refused_without_a_cap():
         with pytest.raises(AnsibleFilterError, match="stage_max_mib_s must be a whole number of at least 0"):
             lane.stage_read_limits(bad, "normal")
     assert lane.FilterModule().filters()["dgx_stage_read_limits"] is lane.stage_read_limits
+
+
+def test_the_hosts_a_peer_sends_to_at_once_share_its_read_cap():
+    hosts = ["h%d" % i for i in range(8)]
+    sharers = [lane.stage_peer_sharers(rank, hosts, hosts, 4, True) for rank in range(8)]
+    assert sharers == [1, 4, 4, 4, 4, 1, 1, 1]       # the first wave after rank 0 all take from rank 0
+    assert [lane.stage_peer_sharers(rank, hosts, hosts, 4, False) for rank in range(8)] == [1] * 8
+    assert lane.stage_peer_sharers(1, hosts, [h for h in hosts if h != "h2"], 4, True) == 3   # h2 left the play
+    assert lane.FilterModule().filters()["dgx_stage_peer_sharers"] is lane.stage_peer_sharers

@@ -7,12 +7,14 @@ import heapq
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from ansible.module_utils import dgx_throttle
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_hashing import ChunkBuffer, file_sha256, sampled_bytes, samples_match
+from ansible.module_utils.dgx_copy import _copy_chunks
+from ansible.module_utils.dgx_hashing import ChunkBuffer, feed_file, sampled_bytes, samples_match
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorRequest
 from ansible.module_utils.dgx_progress_file import PassMeter
@@ -86,6 +88,24 @@ def test_idle_time_earns_no_burst_and_a_short_read_gives_its_rest_back():
     assert cap.delay_for(size) == pytest.approx(size / cap.pace)
 
 
+def test_a_turn_given_back_after_another_worker_reserved_is_not_given_twice():
+    clock = VirtualClock()
+    cap = ReadCap(10, clock=clock, sleep=clock.sleep)
+    size = cap.read_size(8 * MIB)
+    turns = []
+
+    def worker(*steps):
+        thread = threading.Thread(target=lambda: [step() for step in steps])
+        thread.start()
+        thread.join()
+
+    worker(lambda: turns.append(cap.delay_for(size)))            # A: its read finds the end of its file...
+    worker(lambda: turns.append(cap.delay_for(size)), lambda: turns.append(cap.delay_for(size)))   # B, C queue
+    worker(lambda: cap.give_back(size))                           # ...A's rest comes back: B and C keep their turns
+    turns.append(cap.delay_for(size))                             # D: after C, not beside it
+    assert turns == pytest.approx([0, size / cap.pace, 2 * size / cap.pace, 3 * size / cap.pace])
+
+
 def test_read_sizes_and_a_cap_that_is_no_cap():
     cap = ReadCap(1)
     assert cap.read_size(8 * MIB) == int(0.1 * MIB) and cap.read_size(4096) == 4096
@@ -118,25 +138,29 @@ def test_a_buffer_under_a_cap_reads_in_slices_and_the_cap_counts_every_byte(tmp_
     assert cap.delay_for(0) == pytest.approx(len(data) / cap.pace - (clock.now - 1000.0), abs=1e-6)
 
 
-def test_reads_of_a_known_size_ask_for_what_is_left_so_almost_nothing_is_given_back(tmp_path):
-    # A reservation given back after another worker reserved is time in which no worker reads: a copy or a hash
-    # asks for what it expects plus one byte (a file that grew), not a whole slice, at the end of each file.
+def test_the_read_that_finds_the_end_of_a_file_holds_one_byte_of_the_cap(tmp_path):
     class Recording(ReadCap):
         def __init__(self, mib_s):
             ReadCap.__init__(self, mib_s)
-            self.asked, self.returned = [], []
+            self.asked = []
 
         def reserve(self, nbytes, stop=None):
             self.asked.append(nbytes)
 
-        def give_back(self, nbytes):
-            self.returned.append(nbytes)
-
-    data = os.urandom(MIB + 10)
-    (tmp_path / "blob").write_bytes(data)
-    cap = Recording(4)
-    assert hashlib.sha256(data).hexdigest() == file_sha256(str(tmp_path / "blob"), ChunkBuffer(cap=cap))
-    assert sum(cap.asked) == len(data) + 1 and sum(cap.returned) == 1
+    cap = Recording(1)
+    size = 2 * cap.largest_read                  # ends on a whole read: the last read finds nothing
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(size))
+    assert feed_file(str(path), hashlib.sha256(), ChunkBuffer(cap=cap)) == size
+    assert cap.asked == [cap.largest_read, cap.largest_read, 1]
+    del cap.asked[:]
+    src, dst = os.open(str(path), os.O_RDONLY), os.open(str(tmp_path / "copy"), os.O_WRONLY | os.O_CREAT)
+    try:
+        assert _copy_chunks(src, str(path), dst, "copy", size, ChunkBuffer(cap=cap), None, None) == size
+    finally:
+        os.close(src)
+        os.close(dst)
+    assert cap.asked == [cap.largest_read, cap.largest_read, 1]
 
 
 def test_sampled_checks_read_their_pairs_in_slices_the_cap_allows(tmp_path):
@@ -236,6 +260,15 @@ def test_a_kernel_that_refuses_the_idle_class_is_named_and_nothing_raises(tmp_pa
     assert "not known on this architecture (mips)" in set_io_priority("idle", machine="mips")["problem"]
     untouched = set_io_priority("normal", machine="x86_64", syscall=lambda *args: (2 << 13) | 4)
     assert (untouched["applied"], untouched["problem"]) == ("best-effort", None)
+
+
+def test_no_syscall_is_made_off_linux_where_the_numbers_mean_other_calls(monkeypatch):
+    # macOS on arm64: syscall 30 is accept(2) there, not ioprio_set.
+    monkeypatch.setattr(dgx_throttle.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(dgx_throttle.platform, "machine", lambda: "arm64")
+    calls = []
+    report = set_io_priority("idle", syscall=lambda *args: calls.append(args) or 0, threads=[0])
+    assert calls == [] and report["applied"] is None and "Linux only, not Darwin" in report["problem"]
 
 
 def test_the_disk_scheduler_is_read_for_the_disk_or_its_partition_and_noted_when_it_ignores_classes(tmp_path):

@@ -231,6 +231,20 @@ def stage_peer(rank, lane_hosts, live_hosts, readers, fanout):
     return earlier[(int(rank) - first_of_wave) % len(earlier)]
 
 
+def stage_peer_sharers(rank, lane_hosts, live_hosts, readers, fanout):
+    """How many hosts of this host's wave take blobs from its peer at once (at least 1): the peer's reads for them
+    share its read cap."""
+    peer = stage_peer(rank, lane_hosts, live_hosts, readers, fanout)
+    if not peer:
+        return 1
+    lane_hosts = list(lane_hosts)
+    wave = stage_wave(rank, len(lane_hosts), readers, fanout)
+    live = set(live_hosts)
+    return max(1, sum(1 for index, host in enumerate(lane_hosts)
+                      if host in live and stage_wave(index, len(lane_hosts), readers, fanout) == wave
+                      and stage_peer(index, lane_hosts, live_hosts, readers, fanout) == peer))
+
+
 def stage_repo_folder(repo):
     """The repo's folder: <type>s--org--name; a repo_id that could leave the hub root is refused."""
     repo = repo if isinstance(repo, dict) else {}
@@ -280,4 +294,4 @@ class FilterModule(object):
                 "dgx_stage_other_rank_patterns": stage_other_rank_patterns, "dgx_stage_wave": stage_wave,
                 "dgx_stage_wave_count": stage_wave_count, "dgx_stage_peer": stage_peer,
                 "dgx_stage_repo_folder": stage_repo_folder, "dgx_stage_space_total": stage_space_total,
-                "dgx_stage_read_limits": stage_read_limits}
+                "dgx_stage_read_limits": stage_read_limits, "dgx_stage_peer_sharers": stage_peer_sharers}

@@ -11,9 +11,11 @@ import time
 
 MIB = 1024 * 1024
 # The cap holds over any window of this many seconds: a read is at most READ_SLICE_S of the cap, and the pace is
-# kept that much under the cap, so even the window that ends with a whole read never sums above it.
+# kept LATE_S plus that much under the cap, so even the window that ends with a whole read, after a read that
+# started up to LATE_S after its turn (a busy machine), never sums above it.
 WINDOW_S = 5.0
 READ_SLICE_S = 0.1
+LATE_S = 0.05
 MIN_READ = 64 * 1024
 
 
@@ -25,7 +27,7 @@ class ReadCap(object):
         if not mib_s or mib_s < 0:
             raise ValueError("a read cap must be a positive MiB/s, not %r" % (mib_s,))
         self.mib_s = mib_s
-        self.pace = mib_s * MIB * (1.0 - READ_SLICE_S / WINDOW_S)    # bytes/s
+        self.pace = mib_s * MIB * (1.0 - (READ_SLICE_S + LATE_S) / WINDOW_S)    # bytes/s
         self.largest_read = max(MIN_READ, int(mib_s * MIB * READ_SLICE_S))
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()

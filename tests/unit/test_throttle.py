@@ -54,13 +54,14 @@ def test_one_reader_keeps_any_5_s_window_at_or_under_the_cap_and_gets_close_to_i
     assert size == 10 * MIB        # a read is at most a tenth of a second of the cap
     assert worst_window(reads) <= 100 * MIB * WINDOW_S
     total = sum(n for _t, n in reads)
-    assert 0.97 * 100 <= total / MIB / (clock.now - began) <= 100
+    assert 0.96 * 100 <= total / MIB / (clock.now - began) <= 100
 
 
 def test_workers_together_stay_under_the_cap_however_their_reads_interleave():
     clock = VirtualClock()
     cap = ReadCap(40, clock=clock, sleep=clock.sleep)
-    # Four workers; each computes (hashes, writes) for a while after a read before it asks for the next.
+    # Four workers; each computes (hashes, writes) for a while after a read before it asks for the next, and now
+    # and then a busy machine starts a read up to LATE_S after its turn.
     pending = [(clock.now + 0.01 * worker, worker) for worker in range(4)]
     reads = []
     while pending:
@@ -68,7 +69,7 @@ def test_workers_together_stay_under_the_cap_however_their_reads_interleave():
         if at > clock.now:
             clock.now = at
         size = cap.read_size(4 * MIB) if worker % 2 else 300 * 1024
-        read_at = at + cap.delay_for(size)
+        read_at = at + cap.delay_for(size) + (dgx_throttle.LATE_S if len(reads) % 50 == 0 else 0)
         reads.append((read_at, size))
         if read_at < 1030:
             heapq.heappush(pending, (read_at + 0.003 * (worker + 1), worker))

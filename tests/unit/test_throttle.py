@@ -20,6 +20,7 @@ from ansible.module_utils.dgx_mirror_request import MirrorRequest
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_throttle import MIB, WINDOW_S, ReadCap, disk_scheduler, set_io_priority
 from nashub import build_nas
+from treestate import snapshot_diff, tree_snapshot
 import hubgen
 
 MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -223,6 +224,11 @@ def test_every_read_of_a_stage_and_a_verify_pass_waits_its_turn_under_the_cap(na
     verified = run_mirror(request(verify=verify, phase="verify", copy_missing=False))
     read = verified["bytes_read"]["local"] + verified["bytes_read"]["nas"]
     assert read > 0 and sum(asked) >= read
+    # A cap changes how fast, never what: a re-run changes nothing, check mode writes nothing.
+    before = tree_snapshot(str(tmp_path))
+    assert run_mirror(request(verify=verify), check_mode=True)["changed"] is False
+    assert snapshot_diff(before, tree_snapshot(str(tmp_path))) == []
+    assert run_mirror(request(verify=verify))["changed"] is False
 
 
 def test_idle_reaches_every_thread_of_the_process_those_started_later_too():

@@ -24,7 +24,7 @@ def pass_figures(doc, phase):
 def _number(value, kind=int):
     try:
         return kind(value) if value is not None and not isinstance(value, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):     # int(Infinity) of a hand-edited progress file
         return None
 
 

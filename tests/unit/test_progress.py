@@ -151,6 +151,12 @@ def test_the_line_of_a_running_copy():
                     "current: model-00003.safetensors")
 
 
+def test_figures_a_hand_edit_made_infinite_read_as_unknown():
+    shaped = shape_progress(figures(bytes_done=float("inf"), max_mib_s=float("inf")), REPO, "stage")
+    assert (shaped["bytes_done"], shaped["max_mib_s"]) == (0, 0)
+    assert progress_line(shaped).startswith("stage org/model: 0 B of 300.0 GiB")
+
+
 def test_the_line_of_a_capped_copy_names_its_cap():
     line = progress_line(shape_progress(figures(mib_per_s=47.6, max_mib_s=48), REPO, "stage"))
     assert ", 48 MiB/s (cap 48), ETA" in line

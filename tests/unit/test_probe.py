@@ -6,6 +6,7 @@ import urllib.error
 
 import pytest
 
+from fakeclock import FakeClock
 from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils import dgx_decode
 from ansible.module_utils.dgx_decode import (DECODE_PROMPT, bench, bench_summary, decode_probe, decode_rate,
@@ -14,19 +15,6 @@ from ansible.module_utils.dgx_lane_wait import wait_report
 from ansible.module_utils.dgx_openai import (api_url, chat_payload, completion_text, first_model_id,
                                              parse_sse)
 from ansible.module_utils.dgx_decode import run_probe
-
-
-class FakeClock(object):
-    """A clock the fakes advance; sleep() advances it too."""
-
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 class FakeResponse(io.BytesIO):

@@ -19,23 +19,13 @@ from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorRequest
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_throttle import MIB, WINDOW_S, ReadCap, disk_scheduler, set_io_priority
+from fakeclock import FakeClock
 from nashub import build_nas
 from treestate import snapshot_diff, tree_snapshot
 import hubgen
 
 MODULE_UTILS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                             "module_utils")
-
-
-class VirtualClock(object):
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 def worst_window(reads):
@@ -45,7 +35,7 @@ def worst_window(reads):
 
 
 def test_one_reader_keeps_any_5_s_window_at_or_under_the_cap_and_gets_close_to_it():
-    clock = VirtualClock()
+    clock = FakeClock()
     cap = ReadCap(100, clock=clock, sleep=clock.sleep)
     reads, began = [], clock.now
     while clock.now - began < 60:
@@ -59,11 +49,12 @@ def test_one_reader_keeps_any_5_s_window_at_or_under_the_cap_and_gets_close_to_i
 
 
 def test_workers_together_stay_under_the_cap_however_their_reads_interleave():
-    clock = VirtualClock()
+    clock = FakeClock()
     cap = ReadCap(40, clock=clock, sleep=clock.sleep)
     # Four workers; each computes (hashes, writes) for a while after a read before it asks for the next, and now
     # and then a busy machine starts a read up to LATE_S after its turn.
-    pending = [(clock.now + 0.01 * worker, worker) for worker in range(4)]
+    began = clock.now
+    pending = [(began + 0.01 * worker, worker) for worker in range(4)]
     reads = []
     while pending:
         at, worker = heapq.heappop(pending)
@@ -72,14 +63,14 @@ def test_workers_together_stay_under_the_cap_however_their_reads_interleave():
         size = cap.read_size(4 * MIB) if worker % 2 else 300 * 1024
         read_at = at + cap.delay_for(size) + (dgx_throttle.LATE_S if len(reads) % 50 == 0 else 0)
         reads.append((read_at, size))
-        if read_at < 1030:
+        if read_at < began + 30:
             heapq.heappush(pending, (read_at + 0.003 * (worker + 1), worker))
     assert worst_window(reads) <= 40 * MIB * WINDOW_S
     assert sum(n for _t, n in reads) / MIB / 30 >= 0.95 * 40
 
 
 def test_idle_time_earns_no_burst_and_a_short_read_gives_its_rest_back():
-    clock = VirtualClock()
+    clock = FakeClock()
     cap = ReadCap(10, clock=clock, sleep=clock.sleep)
     size = cap.read_size(8 * MIB)
     assert cap.delay_for(size) == 0
@@ -91,7 +82,7 @@ def test_idle_time_earns_no_burst_and_a_short_read_gives_its_rest_back():
 
 
 def test_a_turn_given_back_after_another_worker_reserved_is_not_given_twice():
-    clock = VirtualClock()
+    clock = FakeClock()
     cap = ReadCap(10, clock=clock, sleep=clock.sleep)
     size = cap.read_size(8 * MIB)
     turns = []
@@ -120,7 +111,8 @@ def test_read_sizes_and_a_cap_that_is_no_cap():
 
 
 def test_a_buffer_under_a_cap_reads_in_slices_and_the_cap_counts_every_byte(tmp_path):
-    clock = VirtualClock()
+    clock = FakeClock()
+    began = clock.now
     cap = ReadCap(1, clock=clock, sleep=clock.sleep)
     data = os.urandom(MIB + 10)
     path = tmp_path / "blob"
@@ -137,7 +129,7 @@ def test_a_buffer_under_a_cap_reads_in_slices_and_the_cap_counts_every_byte(tmp_
         os.close(fd)
     assert b"".join(got) == data and max(len(chunk) for chunk in got) == cap.largest_read
     # The timeline holds what was read, not what was asked for: the short reads at the end gave their rest back.
-    assert cap.delay_for(0) == pytest.approx(len(data) / cap.pace - (clock.now - 1000.0), abs=1e-6)
+    assert cap.delay_for(0) == pytest.approx(len(data) / cap.pace - (clock.now - began), abs=1e-6)
 
 
 def test_the_read_that_finds_the_end_of_a_file_holds_one_byte_of_the_cap(tmp_path):
@@ -183,7 +175,7 @@ def test_sampled_checks_read_their_pairs_in_slices_the_cap_allows(tmp_path):
 
 
 def test_the_meter_measures_the_rate_from_the_first_reading_step_to_the_last_read():
-    clock = VirtualClock()
+    clock = FakeClock()
     meter = PassMeter("stage", "org/model", "none", clock=clock, wall=lambda: 0.0, max_mib_s=8)
     clock.now += 5                               # planning reads nothing
     meter.begin("copying")

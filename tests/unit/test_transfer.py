@@ -1,6 +1,5 @@
 """Atomic, name-checked placement inside the local tree, debris and locking."""
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -12,6 +11,7 @@ import time
 
 import pytest
 
+from fakeclock import FakeClock
 from treestate import workers_still_running
 
 from ansible.module_utils.dgx_errors import StageError
@@ -402,13 +402,6 @@ def test_buffers_stay_within_the_budget_and_are_taken_on_first_use():
 # ------------------------------------------------------------------------------------------------
 # PassMeter: the figures of a pass and its progress file
 # ------------------------------------------------------------------------------------------------
-
-class FakeClock(object):
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
 
 
 def read_progress(tmp_path):

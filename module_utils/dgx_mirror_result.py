@@ -119,9 +119,8 @@ def summary_line(result, req, check_mode, failed):
         achieved = result["achieved_mib_s"]
         text += "; read cap %d MiB/s, achieved %s" % (
             req.max_mib_s, "not measured (under a second of reading)" if achieved is None else "%.1f" % achieved)
-    io_class = (result["io_priority"] or {}).get("applied")
     if req.io_priority != "normal":
-        text += "; I/O class %s" % (io_class or "unknown")
+        text += "; I/O class %s" % ((result["io_priority"] or {}).get("applied") or "unknown")
     return text + ("; FAILED" if failed else "")
 
 

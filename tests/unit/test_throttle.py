@@ -16,7 +16,7 @@ from ansible.module_utils.dgx_errors import StageError
 from ansible.module_utils.dgx_copy import _copy_chunks
 from ansible.module_utils.dgx_hashing import ChunkBuffer, feed_file, sampled_bytes, samples_match
 from ansible.module_utils.dgx_mirror import run_mirror
-from ansible.module_utils.dgx_mirror_request import MirrorRequest
+from ansible.module_utils.dgx_mirror_request import MirrorFailed, MirrorRequest
 from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_throttle import MIB, WINDOW_S, ReadCap, disk_scheduler, set_io_priority
 from fakeclock import FakeClock
@@ -295,3 +295,21 @@ def test_the_disk_scheduler_is_read_for_the_disk_or_its_partition_and_noted_when
         dgx_throttle.disk_scheduler = original
     assert noted["applied"] == "idle" and noted["scheduler"] == "none"
     assert "does not order requests by I/O class" in noted["note"] and "stage_max_mib_s" in noted["note"]
+
+
+def test_under_a_cap_a_nas_blob_that_fails_its_name_is_never_staged_under_it(tmp_path):
+    # The capped read path (slices, reads sized to what is left) feeds the same hash that names the blob.
+    from test_mirror import corrupt_nas_blob, selected
+    nas = build_nas(tmp_path / "nas", shard_size=3 * MIB, n_shards=2)
+    try:
+        shard = nas.repo()["shards"][0]
+        etag = selected(nas)[shard]["etag"]
+        corrupt_nas_blob(nas, etag)
+        local = tmp_path / "local"
+        local.mkdir()
+        with pytest.raises(MirrorFailed, match="do not hold the bytes their names say.*nothing was staged under that"):
+            run_mirror(MirrorRequest(src=nas["hub"], dest=str(local), repo_id=hubgen.MAIN_REPO, max_mib_s=100000,
+                                     ignore_patterns=["page15/"]))
+        assert not os.path.lexists(os.path.join(str(local), nas.repo()["folder"], "blobs", etag))
+    finally:
+        nas.thaw()

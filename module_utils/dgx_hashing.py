@@ -101,12 +101,14 @@ def advise(fd, advice, offset=0, length=0):
             pass
 
 
-def feed_file(path, consumer, buf=None, on_read=None):
+def feed_file(path, consumer, buf=None, on_read=None, dir_fd=None):
     """Stream a file into consumer.update(), returning the byte count; pages are dropped once hashed, so re-proving
-    300 GB never evicts the running engine's page cache."""
+    300 GB never evicts the running engine's page cache. dir_fd: path is a name in that open directory, and a
+    symlink there is not followed (what is read is what the caller then keeps or removes through the same fd)."""
     buf = buf or ChunkBuffer()
     total = 0
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    nofollow = os.O_NOFOLLOW if dir_fd is not None else 0
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | nofollow, dir_fd=dir_fd)
     try:
         advise(fd, "POSIX_FADV_SEQUENTIAL")
         expected = os.fstat(fd).st_size
@@ -123,12 +125,12 @@ def feed_file(path, consumer, buf=None, on_read=None):
         os.close(fd)
 
 
-def hash_as_named(path, name, size=None, buf=None, on_read=None):
+def hash_as_named(path, name, size=None, buf=None, on_read=None, dir_fd=None):
     """(hex digest, bytes read) of the file hashed as blob `name` is named, at `size` (default its own)."""
     if size is None:
-        size = os.lstat(path).st_size
+        size = os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_size
     hasher = NameHasher(name, size)
-    count = feed_file(path, hasher, buf, on_read)
+    count = feed_file(path, hasher, buf, on_read, dir_fd)
     return hasher.hexdigest(), count
 
 

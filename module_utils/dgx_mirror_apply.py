@@ -86,7 +86,8 @@ def _place(directory, work, meter, buf, outcome, peer=None):
 
 
 def _nas_corrupt_record(directory, work, problem, outcome, buf, meter):
-    """A NAS blob failed its name while copied: keep a local copy that passes it, remove one that does not."""
+    """A NAS blob failed its name while copied: keep a local copy that passes it, remove one that does not. The copy
+    is read through the directory the run holds open, as it is removed: its path may lead elsewhere by now."""
     name = os.path.basename(work.final)
     local = "absent"
     try:
@@ -94,7 +95,8 @@ def _nas_corrupt_record(directory, work, problem, outcome, buf, meter):
     except FileNotFoundError:
         st = None
     if st is not None and stat.S_ISREG(st.st_mode) and \
-            hash_as_named(work.final, work.etag, None, buf, meter.reader("copying", "local"))[0] == work.etag:
+            hash_as_named(name, work.etag, st.st_size, buf, meter.reader("copying", "local"),
+                          dir_fd=directory.fd)[0] == work.etag:
         local = "kept"
     elif st is not None:
         os.unlink(name, dir_fd=directory.fd)   # it has the name but not the bytes: never serve it

@@ -24,10 +24,11 @@ import hubgen
 from ansible.module_utils import dgx_mirror, dgx_mirror_apply, dgx_mirror_plan, dgx_space
 from ansible.module_utils.dgx_copy import LocalWriteError
 from ansible.module_utils.dgx_errors import StageError
-from ansible.module_utils.dgx_hashing import sample_ranges
+from ansible.module_utils.dgx_hashing import ChunkBuffer, sample_ranges
 from ansible.module_utils.dgx_mirror import run_mirror
 from ansible.module_utils.dgx_mirror_plan import plan_mirror
 from ansible.module_utils.dgx_mirror_request import MirrorFailed, MirrorRequest
+from ansible.module_utils.dgx_progress_file import PassMeter
 from ansible.module_utils.dgx_nas_suspects import suspects_of
 from ansible.module_utils.dgx_space import parse_reserve, parse_size
 from ansible.module_utils.dgx_fsutil import TEMP_PREFIX
@@ -1858,3 +1859,28 @@ def test_a_bind_mount_inside_the_local_repo_is_refused_before_anything_is_writte
 
     assert in_private_mount_namespace(stage_through_the_mount) == 0
     assert snapshot_diff(before, tree_snapshot(str(outside))) == []
+
+
+def test_a_local_copy_judged_after_a_nas_blob_fails_is_read_where_it_is_kept_or_removed(tmp_path):
+    # blobs/ may be moved aside and its name made a link during a long copy: the local copy is judged through the
+    # directory the run holds open, the one it is kept in or removed from.
+    from ansible.module_utils.dgx_copy import SourceProblem
+    from ansible.module_utils.dgx_localtree import LocalDir
+    from ansible.module_utils.dgx_mirror_apply import Outcome, _nas_corrupt_record
+    from ansible.module_utils.dgx_mirror_request import Work
+    good = b"the blob's own bytes\n"
+    etag = hashlib.sha256(good).hexdigest()
+    held, elsewhere = tmp_path / "blobs.moved", tmp_path / "blobs"
+    held.mkdir()
+    elsewhere.mkdir()
+    (held / etag).write_bytes(b"the blob's 0wn bytes\n")       # wrong bytes under the name
+    (elsewhere / etag).write_bytes(good)                        # what the old path leads to now
+    work = Work(str(elsewhere / etag), "/nas/blobs/" + etag, len(good), etag, "missing", ["f.bin"])
+    outcome = Outcome()
+    directory = LocalDir(os.open(str(held), os.O_RDONLY | os.O_DIRECTORY), str(held))
+    with directory:
+        record = _nas_corrupt_record(directory, work, SourceProblem("corrupt", work.source, etag, "0" * 64), outcome,
+                                     ChunkBuffer(), PassMeter("stage", "a/b", "sample"))
+    assert record["local"] == "removed"
+    assert not os.path.lexists(str(held / etag))
+    assert outcome.unavailable == {"f.bin"}

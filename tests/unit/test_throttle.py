@@ -314,27 +314,3 @@ def test_under_a_cap_a_nas_blob_that_fails_its_name_is_never_staged_under_it(tmp
     finally:
         nas.thaw()
 
-
-def test_a_local_copy_judged_after_a_nas_blob_fails_is_read_where_it_is_kept_or_removed(tmp_path):
-    # A slow capped copy is a long window: blobs/ may be moved aside and its name made a link meanwhile. The local
-    # copy is judged through the directory the run holds open, the one it is kept in or removed from.
-    from ansible.module_utils.dgx_copy import SourceProblem
-    from ansible.module_utils.dgx_localtree import LocalDir
-    from ansible.module_utils.dgx_mirror_apply import Outcome, _nas_corrupt_record
-    from ansible.module_utils.dgx_mirror_request import Work
-    good = b"the blob's own bytes\n"
-    etag = hashlib.sha256(good).hexdigest()
-    held, elsewhere = tmp_path / "blobs.moved", tmp_path / "blobs"
-    held.mkdir()
-    elsewhere.mkdir()
-    (held / etag).write_bytes(b"the blob's 0wn bytes\n")       # wrong bytes under the name
-    (elsewhere / etag).write_bytes(good)                        # what the old path leads to now
-    work = Work(str(elsewhere / etag), "/nas/blobs/" + etag, len(good), etag, "missing", ["f.bin"])
-    outcome = Outcome()
-    directory = LocalDir(os.open(str(held), os.O_RDONLY | os.O_DIRECTORY), str(held))
-    with directory:
-        record = _nas_corrupt_record(directory, work, SourceProblem("corrupt", work.source, etag, "0" * 64), outcome,
-                                     ChunkBuffer(), PassMeter("stage", "a/b", "sample"))
-    assert record["local"] == "removed"
-    assert not os.path.lexists(str(held / etag))
-    assert outcome.unavailable == {"f.bin"}
